@@ -1,0 +1,225 @@
+//! Owned, decoded kernel events: what every later stage reads.
+//!
+//! Produced by `capture::decode` from the raw `retry_common` records (or by the recorder's
+//! replay, or by synthetic fixtures in tests). Timestamps are CLOCK_MONOTONIC nanoseconds, the
+//! clock `bpf_ktime_get_ns` reads.
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// Identity of one TCP connection as seen by one process: survives fd reuse because the
+/// generation (kernel socket cookie, or a per-fd counter bumped at connect/accept/close) changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ConnId {
+    pub pid: u32,
+    pub fd: u32,
+    pub generation: u64,
+}
+
+/// Which side of the connection this process is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The process called connect().
+    Client,
+    /// The process accepted the connection.
+    Server,
+    /// Picked up mid-life (e.g. existed before the agent started) and not yet resolved.
+    Unknown,
+}
+
+/// Direction of the bytes relative to the observed process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// The process wrote/sent these bytes.
+    Egress,
+    /// The process read/received these bytes.
+    Ingress,
+}
+
+/// The syscall that moved the bytes (for diagnostics; parsers never depend on it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Syscall {
+    Read,
+    Write,
+    Readv,
+    Writev,
+    Sendto,
+    Recvfrom,
+    Sendmsg,
+    Recvmsg,
+    Sendmmsg,
+    Recvmmsg,
+    Other,
+}
+
+/// Local and remote address of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Tuple {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+/// One completed socket I/O syscall on a TCP connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataEvent {
+    pub conn: ConnId,
+    pub role: Role,
+    pub direction: Direction,
+    pub syscall: Syscall,
+    pub tuple: Option<Tuple>,
+    pub pid: u32,
+    pub tid: u32,
+    /// Goroutine id when a Go uprobe provided one.
+    pub goid: Option<u64>,
+    pub ts_enter_ns: u64,
+    pub ts_exit_ns: u64,
+    /// Bytes the syscall actually moved (its positive return value).
+    pub len: u64,
+    /// The first bytes of those `len` (at most the configured capture size).
+    #[serde(with = "bytes_serde")]
+    pub payload: Bytes,
+}
+
+impl DataEvent {
+    /// Whether the payload holds every byte the syscall moved.
+    pub fn is_complete(&self) -> bool {
+        self.payload.len() as u64 >= self.len
+    }
+}
+
+/// Lifecycle of a connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ConnEventKind {
+    /// connect() finished; `errno` is 0 on success (or EINPROGRESS for non-blocking sockets,
+    /// whose outcome arrives later as `Established` or `Failed`).
+    Connect { errno: i32 },
+    /// A non-blocking connect or a handshake reached ESTABLISHED.
+    Established,
+    /// A non-blocking connect failed (ECONNREFUSED, ETIMEDOUT, ...).
+    Failed { errno: i32 },
+    Accept,
+    /// The process closed its fd.
+    Close,
+    /// The peer reset the connection (seen as a state change to CLOSE from an open state
+    /// without a FIN exchange, or an I/O errno of ECONNRESET/EPIPE).
+    Reset { errno: i32 },
+    /// Found in /proc at start-up: existed before the agent.
+    Existing,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnEvent {
+    pub conn: ConnId,
+    pub role: Role,
+    pub tuple: Option<Tuple>,
+    pub pid: u32,
+    pub tid: u32,
+    pub ts_ns: u64,
+    #[serde(flatten)]
+    pub kind: ConnEventKind,
+}
+
+/// Everything the capture layer emits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    Data(DataEvent),
+    Conn(ConnEvent),
+    ProcessExit { pid: u32, ts_ns: u64 },
+}
+
+impl Event {
+    pub fn ts_ns(&self) -> u64 {
+        match self {
+            Event::Data(d) => d.ts_exit_ns,
+            Event::Conn(c) => c.ts_ns,
+            Event::ProcessExit { ts_ns, .. } => *ts_ns,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        match self {
+            Event::Data(d) => d.pid,
+            Event::Conn(c) => c.pid,
+            Event::ProcessExit { pid, .. } => *pid,
+        }
+    }
+}
+
+/// Payload bytes as a lossless JSON string: printable ASCII kept, everything else `\xNN`,
+/// so `trace` output reads like the wire and round-trips.
+mod bytes_serde {
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(b: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+        let mut out = String::with_capacity(b.len());
+        for &c in b.iter() {
+            match c {
+                b'\\' => out.push_str("\\\\"),
+                0x20..=0x7e => out.push(c as char),
+                _ => out.push_str(&format!("\\x{c:02x}")),
+            }
+        }
+        s.serialize_str(&out)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        let s = String::deserialize(d)?;
+        let mut out = Vec::with_capacity(s.len());
+        let b = s.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'\\' {
+                match b.get(i + 1) {
+                    Some(b'\\') => {
+                        out.push(b'\\');
+                        i += 2;
+                    }
+                    Some(b'x') => {
+                        let hex = s.get(i + 2..i + 4).ok_or_else(|| D::Error::custom("short \\x escape"))?;
+                        out.push(u8::from_str_radix(hex, 16).map_err(D::Error::custom)?);
+                        i += 4;
+                    }
+                    _ => return Err(D::Error::custom("bad escape in payload")),
+                }
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        Ok(Bytes::from(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_round_trips_through_json() {
+        let ev = Event::Data(DataEvent {
+            conn: ConnId { pid: 1, fd: 3, generation: 7 },
+            role: Role::Client,
+            direction: Direction::Egress,
+            syscall: Syscall::Write,
+            tuple: None,
+            pid: 1,
+            tid: 2,
+            goid: None,
+            ts_enter_ns: 10,
+            ts_exit_ns: 11,
+            len: 6,
+            payload: Bytes::from_static(b"GET \\\x00\xff"),
+        });
+        let s = serde_json::to_string(&ev).unwrap();
+        assert!(s.contains(r#"GET \\\\\\x00\\xff"#), "{s}");
+        let back: Event = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, ev);
+    }
+}

@@ -1,0 +1,51 @@
+//! Stage 4: policy. Verdicts and edge figures in, [`Decision`]s out. No IO.
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::correlate::Edge;
+
+/// Why retries on an edge must stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The callee's errors are symptoms of failures further down: retrying here only amplifies.
+    CalleeUnclaimed,
+    /// Retries exceed the budget (retries / requests).
+    OverBudget,
+    /// Arrival rate at the callee over its baseline beyond the threshold.
+    Amplification,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::CalleeUnclaimed => "callee_unclaimed",
+            Reason::OverBudget => "over_budget",
+            Reason::Amplification => "amplification",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Answer recognised retries on this edge locally; first attempts always pass.
+    SuppressRetries,
+    /// Lift a previous suppression.
+    Allow,
+}
+
+/// One decision about one edge, with a time to live: an actuator that hears nothing more lets it
+/// lapse, so a dead agent cannot leave retries suppressed forever (fail open).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub id: u64,
+    pub edge: Edge,
+    /// Addresses the callee was reached at (for actuators that key by destination).
+    pub callee_addrs: Vec<SocketAddr>,
+    pub action: Action,
+    pub reason: Reason,
+    pub issued_at_ns: u64,
+    pub ttl_ms: u64,
+}

@@ -1,0 +1,1 @@
+//! recorder: see ARCHITECTURE.md.

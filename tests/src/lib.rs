@@ -1,0 +1,1 @@
+//! Kernel and network integration tests: see tests/tests/.
