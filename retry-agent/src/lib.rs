@@ -9,4 +9,5 @@ pub mod actuate;
 pub mod recorder;
 pub mod metrics;
 pub mod api;
+pub mod app;
 pub mod cli;

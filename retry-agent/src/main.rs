@@ -1,18 +1,37 @@
-//! Thin main: parse config, init logs, run, exit.
-use anyhow::Result;
+//! Thin main: parse config, init logs, dispatch; errors print once and exit non-zero.
+use std::process::ExitCode;
+
 use clap::Parser;
 use retry_agent::cli::{Cli, Command};
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log)?)
-        .with_writer(std::io::stderr)
-        .init();
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Run => {
-            tracing::info!("retry-agent: nothing wired yet");
-            Ok(())
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("retry-agent: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let command = cli.command.unwrap_or_else(|| Command::Run(Box::default()));
+    let result = rt.block_on(async move {
+        match command {
+            Command::Run(args) => retry_agent::app::run(*args).await,
+            Command::Trace(args) => retry_agent::capture::trace::run(args).await,
+            Command::Shim(args) => retry_agent::actuate::shim::run(args).await,
+            Command::Dump(args) => retry_agent::recorder::run_dump(args).await,
+            Command::Forensics(args) => retry_agent::recorder::forensics::run(args),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("retry-agent: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -6,3 +6,5 @@ pub use event::{ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, R
 
 /// The eBPF object embedded at build time (empty when built without `cargo xtask build-ebpf`).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/retry-ebpf.o"));
+
+pub mod trace;

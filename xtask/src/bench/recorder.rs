@@ -1,0 +1,4 @@
+//! `cargo xtask bench recorder`.
+pub fn run() -> anyhow::Result<()> {
+    anyhow::bail!("bench recorder is not implemented yet")
+}
