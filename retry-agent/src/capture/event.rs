@@ -124,12 +124,28 @@ pub struct ConnEvent {
     pub kind: ConnEventKind,
 }
 
+/// Process metadata, emitted once per process before its first event (and again if it changes),
+/// so every later stage, and an offline replay, can name services without reading /proc.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub comm: String,
+    pub exe: Option<String>,
+    /// cgroup v2 path (from /proc/PID/cgroup).
+    pub cgroup: Option<String>,
+    /// Container id parsed from the cgroup path, when it has one.
+    pub container_id: Option<String>,
+    /// Network namespace inode: addresses are only unique within one.
+    pub netns: Option<u64>,
+}
+
 /// Everything the capture layer emits.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     Data(DataEvent),
     Conn(ConnEvent),
+    Process(ProcessInfo),
     ProcessExit { pid: u32, ts_ns: u64 },
 }
 
@@ -139,6 +155,7 @@ impl Event {
             Event::Data(d) => d.ts_exit_ns,
             Event::Conn(c) => c.ts_ns,
             Event::ProcessExit { ts_ns, .. } => *ts_ns,
+            Event::Process(_) => 0,
         }
     }
 
@@ -147,6 +164,7 @@ impl Event {
             Event::Data(d) => d.pid,
             Event::Conn(c) => c.pid,
             Event::ProcessExit { pid, .. } => *pid,
+            Event::Process(p) => p.pid,
         }
     }
 }
