@@ -4,6 +4,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod fuzz;
 mod lab;
 
 #[derive(Debug, Parser)]
@@ -19,11 +20,14 @@ enum Command {
     Bench(bench::BenchArgs),
     /// The storm lab.
     Lab(lab::LabArgs),
+    /// Fuzz the parsers and the dump reader.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Bench(a) => bench::run(a),
         Command::Lab(a) => lab::run(a),
+        Command::Fuzz(a) => fuzz::run(a),
     }
 }
