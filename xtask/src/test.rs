@@ -1,0 +1,45 @@
+//! `cargo xtask test`: the whole suite, as CI runs it. Unit tests first (fast, no kernel), then
+//! the integration tests that load real programs and drive real traffic (root needed).
+use std::process::Command;
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use crate::{build, setup, sh::run};
+
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// Only the unit tests (no kernel, no root).
+    #[arg(long)]
+    unit: bool,
+    /// Only these integration test files (e.g. --only capture --only shim).
+    #[arg(long)]
+    only: Vec<String>,
+}
+
+pub fn run_tests(args: TestArgs) -> Result<()> {
+    if !args.unit {
+        setup::all()?;
+    }
+    let obj = build::ebpf()?;
+    let root = setup::root();
+    run(Command::new("cargo")
+        .args(["test", "--workspace", "--exclude", "integration-tests"])
+        .current_dir(&root)
+        .env("RETRY_EBPF_OBJECT", &obj))?;
+    if args.unit {
+        return Ok(());
+    }
+    if !setup::is_root() {
+        bail!("integration tests load eBPF programs and create network namespaces: run as root");
+    }
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "-p", "integration-tests"]).current_dir(&root).env("RETRY_EBPF_OBJECT", &obj);
+    for t in &args.only {
+        cmd.args(["--test", t]);
+    }
+    // Tests create namespaces, iptables rules and servers: one at a time keeps them from
+    // contending for 2 cores and for the shared iptables tables.
+    cmd.args(["--", "--test-threads=1"]);
+    run(&mut cmd)
+}
