@@ -1,3 +1,330 @@
 //! Stage 5: the only side effects on the network. Decisions go to any set of actuators
 //! through one trait; failures are counted and logged, never fatal.
+//!
+//! Semantics every actuator follows:
+//! - `apply` receives *new* decisions (incremental). `SuppressRetries` starts or refreshes a
+//!   suppression on the edge for `ttl_ms`; `Allow` lifts it. An actuator that hears nothing more
+//!   lets the suppression lapse after its TTL (fail open: a dead agent suppresses nothing for long).
+//! - `apply(&[])` is a tick: actuators drop what expired. [`Dispatcher::tick`] does this; call it
+//!   about once a second.
+//! - `publish_claims` carries the per-service error claim the shim stamps on inbound error
+//!   responses (`x-error-claim`). Actuators that have no use for claims ignore them.
+use std::{
+    fmt,
+    future::Future,
+    net::SocketAddr,
+    path::PathBuf,
+    pin::Pin,
+};
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+use crate::{correlate::ServiceId, decide::Decision, l7::Claim};
+
+pub mod control;
+pub mod decision_log;
+pub mod envoy;
+pub mod haproxy;
 pub mod shim;
+
+/// Default path of the agent ↔ shim control socket.
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/retry-agent/control.sock";
+
+/// Future returned by [`Actuator`] methods (boxed so the trait stays object safe).
+pub type ActuateFuture<'a> = Pin<Box<dyn Future<Output = Result<(), ActuateError>> + Send + 'a>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActuateError {
+    #[error("control socket {path}: {source}")]
+    ControlSocket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("decision log {path}: {source}")]
+    DecisionLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("haproxy runtime API at {path}: {source}")]
+    HaproxyIo {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("haproxy refused `{command}`: {reply}")]
+    HaproxyCommand { command: String, reply: String },
+    #[error("envoy admin at {addr}: {source}")]
+    EnvoyIo {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("envoy admin at {addr} answered {status}: {body}")]
+    EnvoyStatus { addr: SocketAddr, status: String, body: String },
+    #[error("timed out talking to {what}")]
+    Timeout { what: &'static str },
+    #[error("serializing {what}: {source}")]
+    Serialize {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("actuators need a tokio runtime (call from_config inside one)")]
+    NoRuntime,
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The error claim the agent holds for one service: what the shim stamps on that service's inbound
+/// error responses. `addrs` are the service's listening addresses (an unspecified IP matches any
+/// local IP on that port).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceClaim {
+    pub service: ServiceId,
+    pub addrs: Vec<SocketAddr>,
+    /// `Claimed` or `Unclaimed`; `Missing` withdraws the claim (no header is added).
+    pub claim: Claim,
+    pub ttl_ms: u64,
+}
+
+/// One side-effecting consumer of decisions.
+pub trait Actuator: Send {
+    /// Short stable name, used as a metric label and in logs.
+    fn name(&self) -> &'static str;
+    /// Enforce new decisions (incremental; `&[]` = tick, expire what lapsed).
+    fn apply<'a>(&'a mut self, decisions: &'a [Decision]) -> ActuateFuture<'a>;
+    /// Replace the per-service claims (full set). Default: not interested.
+    fn publish_claims<'a>(&'a mut self, _claims: &'a [ServiceClaim]) -> ActuateFuture<'a> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Which actuators `retry-agent run` drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ActuatorKind {
+    /// Serve decisions and claims to shims over the control socket.
+    Control,
+    /// Drive HAProxy's suppression map through its runtime API (stats socket).
+    Haproxy,
+    /// Drive Envoy runtime keys through its admin API (untested against a real Envoy here).
+    Envoy,
+    /// Append every decision as a JSON line to a file.
+    DecisionLog,
+}
+
+impl fmt::Display for ActuatorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Self::Control => "control",
+            Self::Haproxy => "haproxy",
+            Self::Envoy => "envoy",
+            Self::DecisionLog => "decision-log",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Actuation settings (flatten into the `run` arguments).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ActuateConfig {
+    /// Actuators to drive, comma-separated (control, haproxy, envoy, decision-log).
+    #[arg(long, env = "RETRY_AGENT_ACTUATORS", value_enum, value_delimiter = ',', default_value = "control,decision-log")]
+    pub actuators: Vec<ActuatorKind>,
+    /// Unix socket on which shims receive decisions and claims (JSON lines).
+    #[arg(long, env = "RETRY_AGENT_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
+    pub control_socket: PathBuf,
+    /// HAProxy runtime API socket (`stats socket ... level admin`).
+    #[arg(long, env = "RETRY_AGENT_HAPROXY_SOCKET", default_value = haproxy::DEFAULT_SOCKET)]
+    pub haproxy_socket: PathBuf,
+    /// HAProxy suppression map, as named in haproxy.cfg (callee service → suppressed-until unix s).
+    #[arg(long, env = "RETRY_AGENT_HAPROXY_MAP", default_value = haproxy::DEFAULT_MAP)]
+    pub haproxy_map: String,
+    /// Envoy admin address.
+    #[arg(long, env = "RETRY_AGENT_ENVOY_ADMIN", default_value = envoy::DEFAULT_ADMIN)]
+    pub envoy_admin: SocketAddr,
+    /// JSON-lines decision log.
+    #[arg(long, env = "RETRY_AGENT_DECISION_LOG", default_value = decision_log::DEFAULT_PATH)]
+    pub decision_log: PathBuf,
+}
+
+impl Default for ActuateConfig {
+    /// Same values as the flag defaults.
+    fn default() -> Self {
+        ActuateConfig {
+            actuators: vec![ActuatorKind::Control, ActuatorKind::DecisionLog],
+            control_socket: PathBuf::from(DEFAULT_CONTROL_SOCKET),
+            haproxy_socket: PathBuf::from(haproxy::DEFAULT_SOCKET),
+            haproxy_map: haproxy::DEFAULT_MAP.to_string(),
+            envoy_admin: envoy::default_admin(),
+            decision_log: PathBuf::from(decision_log::DEFAULT_PATH),
+        }
+    }
+}
+
+/// Per-actuator outcome counters (for metrics and the API).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ActuatorStats {
+    pub name: &'static str,
+    pub ok: u64,
+    pub failed: u64,
+    pub last_error: Option<String>,
+}
+
+struct Slot {
+    actuator: Box<dyn Actuator>,
+    stats: ActuatorStats,
+}
+
+impl Slot {
+    fn record(&mut self, what: &'static str, r: Result<(), ActuateError>) {
+        match r {
+            Ok(()) => self.stats.ok += 1,
+            Err(e) => {
+                self.stats.failed += 1;
+                // Failures are expected (HAProxy restarting, no shim yet): warn, count, carry on.
+                tracing::warn!(actuator = self.stats.name, what, error = %e, "actuation failed");
+                self.stats.last_error = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// Fans decisions out to every configured actuator. Never fails and never panics because one
+/// actuator did: each outcome is counted per actuator.
+#[derive(Default)]
+pub struct Dispatcher {
+    slots: Vec<Slot>,
+}
+
+impl fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.slots.iter().map(|s| &s.stats)).finish()
+    }
+}
+
+impl Dispatcher {
+    /// Builds the configured actuators. Must run inside a tokio runtime (the control actuator
+    /// binds its socket and spawns its server task here, so shims can connect before the first
+    /// decision).
+    pub fn from_config(cfg: &ActuateConfig) -> Result<Dispatcher, ActuateError> {
+        let mut d = Dispatcher::default();
+        let mut seen = Vec::new();
+        for kind in &cfg.actuators {
+            if seen.contains(kind) {
+                continue;
+            }
+            seen.push(*kind);
+            let a: Box<dyn Actuator> = match kind {
+                ActuatorKind::Control => Box::new(control::ControlActuator::bind(&cfg.control_socket)?),
+                ActuatorKind::Haproxy => {
+                    Box::new(haproxy::HaproxyActuator::new(cfg.haproxy_socket.clone(), cfg.haproxy_map.clone()))
+                }
+                ActuatorKind::Envoy => Box::new(envoy::EnvoyActuator::new(cfg.envoy_admin)),
+                ActuatorKind::DecisionLog => Box::new(decision_log::DecisionLog::open(&cfg.decision_log)?),
+            };
+            d.push(a);
+        }
+        Ok(d)
+    }
+
+    /// Adds an actuator (tests, or callers assembling their own set).
+    pub fn push(&mut self, actuator: Box<dyn Actuator>) {
+        let name = actuator.name();
+        self.slots.push(Slot { actuator, stats: ActuatorStats { name, ..Default::default() } });
+    }
+
+    /// Sends new decisions to every actuator; failures are counted and logged.
+    pub async fn apply(&mut self, decisions: &[Decision]) {
+        for slot in &mut self.slots {
+            let r = slot.actuator.apply(decisions).await;
+            slot.record("apply", r);
+        }
+    }
+
+    /// Expiry tick: `apply(&[])`. Call about once a second.
+    pub async fn tick(&mut self) {
+        self.apply(&[]).await;
+    }
+
+    /// Replaces the per-service claims on every actuator that uses them.
+    pub async fn publish_claims(&mut self, claims: &[ServiceClaim]) {
+        for slot in &mut self.slots {
+            let r = slot.actuator.publish_claims(claims).await;
+            slot.record("publish_claims", r);
+        }
+    }
+
+    pub fn stats(&self) -> Vec<ActuatorStats> {
+        self.slots.iter().map(|s| s.stats.clone()).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
+
+/// Suppressions an actuator holds, keyed by edge, with local expiry. Shared by actuators that
+/// must re-send or expire state themselves.
+#[derive(Debug, Default)]
+pub struct ActiveSet {
+    entries: std::collections::BTreeMap<crate::correlate::Edge, (Decision, std::time::Instant)>,
+}
+
+/// What changed in an [`ActiveSet`] after an update.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub upserted: Vec<Decision>,
+    pub removed: Vec<Decision>,
+}
+
+impl ActiveSet {
+    /// Applies new decisions at `now` and expires lapsed ones.
+    pub fn update(&mut self, decisions: &[Decision], now: std::time::Instant) -> Changes {
+        let mut ch = Changes::default();
+        for d in decisions {
+            match d.action {
+                crate::decide::Action::SuppressRetries => {
+                    let until = now + std::time::Duration::from_millis(d.ttl_ms);
+                    self.entries.insert(d.edge.clone(), (d.clone(), until));
+                    ch.upserted.push(d.clone());
+                }
+                crate::decide::Action::Allow => {
+                    if let Some((old, _)) = self.entries.remove(&d.edge) {
+                        ch.removed.push(old);
+                    }
+                }
+            }
+        }
+        let expired: Vec<_> =
+            self.entries.iter().filter(|(_, (_, until))| *until <= now).map(|(e, _)| e.clone()).collect();
+        for e in expired {
+            if let Some((old, _)) = self.entries.remove(&e) {
+                ch.removed.push(old);
+            }
+        }
+        ch
+    }
+
+    /// Active decisions with their remaining time at `now`.
+    pub fn remaining(&self, now: std::time::Instant) -> impl Iterator<Item = (&Decision, std::time::Duration)> {
+        self.entries.values().filter_map(move |(d, until)| {
+            let left = until.saturating_duration_since(now);
+            (!left.is_zero()).then_some((d, left))
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests;
