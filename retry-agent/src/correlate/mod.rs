@@ -1,5 +1,12 @@
 //! Stage 3: thread-context association, ownership verdicts, retry detection, amplification.
 //! Pure logic: no IO. Input exchanges, output verdicts and edge figures.
+pub mod config;
+mod engine;
 pub mod types;
 
-pub use types::{ChildFailure, Edge, ServiceId, Verdict};
+pub use config::{ConfigError, CorrelateConfig, ServiceMatch, ServiceOverride};
+pub use engine::Engine;
+pub use types::{
+    ChildFailure, ClaimCounts, DependencyKind, DepthStats, Edge, EdgeStats, EngineStats, PathStats,
+    RetrySuccess, ServiceClaim, ServiceId, Verdict,
+};

@@ -63,3 +63,163 @@ pub struct Verdict {
     pub caused_by: Vec<ChildFailure>,
     pub ts_ns: u64,
 }
+
+/// Counts of the claims a callee's errors carried (from our own verdicts on the callee's inbound
+/// exchanges when it runs on this node, else from the claim header on the response, else missing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimCounts {
+    pub claimed: u64,
+    pub unclaimed: u64,
+    pub missing: u64,
+}
+
+impl ClaimCounts {
+    pub fn total(&self) -> u64 {
+        self.claimed + self.unclaimed + self.missing
+    }
+    pub fn add(&mut self, claim: Claim) {
+        match claim {
+            Claim::Claimed => self.claimed += 1,
+            Claim::Unclaimed => self.unclaimed += 1,
+            Claim::Missing => self.missing += 1,
+        }
+    }
+    pub fn get(&self, claim: Claim) -> u64 {
+        match claim {
+            Claim::Claimed => self.claimed,
+            Claim::Unclaimed => self.unclaimed,
+            Claim::Missing => self.missing,
+        }
+    }
+    /// The claim most of the errors carried (ties favour the one that keeps retries: claimed,
+    /// then missing), `None` without errors.
+    pub fn majority(&self) -> Option<Claim> {
+        if self.total() == 0 {
+            return None;
+        }
+        let best = [Claim::Claimed, Claim::Missing, Claim::Unclaimed]
+            .into_iter()
+            .max_by_key(|c| (self.get(*c), std::cmp::Reverse(*c as u8)))?;
+        Some(best)
+    }
+}
+
+/// Retries after a failure of one class and how many of them succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RetrySuccess {
+    /// Class of the failure that was retried.
+    pub outcome_class: OutcomeClass,
+    pub retries: u64,
+    pub succeeded: u64,
+    /// succeeded / retries (0 without retries).
+    pub ratio: f64,
+}
+
+/// Figures for one edge over the engine's sliding window (rates per second), plus lifetime totals.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EdgeStats {
+    pub edge: Edge,
+    /// Addresses the callee was reached at (bounded).
+    pub callee_addrs: Vec<std::net::SocketAddr>,
+    /// Length of the window the figures cover, seconds.
+    pub window_seconds: f64,
+    /// All attempts, per second.
+    pub request_rate: f64,
+    pub requests: u64,
+    pub first_attempts: u64,
+    pub retries: u64,
+    pub failures: u64,
+    /// requests / first attempts (1 = no retries).
+    pub attempts_per_request: f64,
+    /// retries / requests.
+    pub retry_ratio: f64,
+    pub failure_ratio: f64,
+    pub retry_success: Vec<RetrySuccess>,
+    /// Claims the callee's errors carried in the window.
+    pub callee_claims: ClaimCounts,
+    /// Request rate / baseline rate (1 without a baseline yet).
+    pub amplification: f64,
+    pub baseline_rate: Option<f64>,
+    /// A fault is active on the node: the baseline is frozen.
+    pub fault_active: bool,
+    /// Retries started while the previous attempt was still in flight (hedging, per-try timeouts).
+    pub hedged_retries: u64,
+    /// Retries of non-idempotent requests without an idempotency key.
+    pub non_idempotent_retries: u64,
+    /// Retry gaps are aligned (coefficient of variation under 10% over enough samples): no jitter.
+    pub no_jitter: bool,
+    /// The caller abandoned exchanges the callee was still working on (window / lifetime).
+    pub timeout_mismatches: u64,
+    pub timeout_mismatches_total: u64,
+    pub requests_total: u64,
+    pub retries_total: u64,
+    /// The caller's own failures whose failed child on this edge was found (fail-close evidence):
+    /// learned failure pattern of this dependency.
+    pub dependency: DependencyKind,
+}
+
+/// What the failure-pattern memory learned about a dependency (caller → callee).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DependencyKind {
+    /// Its failures are followed by the caller's failures: they can unclaim the caller's errors.
+    FailClose,
+    /// The caller survives its failures: coincidental errors must not unclaim.
+    FailOpen,
+    /// Not enough evidence yet (treated as fail-close).
+    Unknown,
+}
+
+/// Arrival figures for the services at one depth of the node's call graph (depth 0 = services
+/// no local service calls).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DepthStats {
+    pub depth: u32,
+    pub services: Vec<ServiceId>,
+    /// Inbound exchanges per second at these services.
+    pub arrival_rate: f64,
+    pub baseline_rate: Option<f64>,
+    pub amplification: f64,
+}
+
+/// Amplification along the call paths on this node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PathStats {
+    pub depths: Vec<DepthStats>,
+    /// Longest chain of edges with retries active in the window while a fault is active.
+    pub storm_radius: u32,
+    /// That chain, caller first.
+    pub storm_path: Vec<ServiceId>,
+    pub fault_active: bool,
+}
+
+/// The claim a service's error responses should carry now (for the shim's header), from its
+/// recent verdicts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceClaim {
+    pub service: ServiceId,
+    /// Addresses the service was seen serving on (bounded).
+    pub addrs: Vec<std::net::SocketAddr>,
+    /// Majority of recent verdicts; `Missing` means: add no header.
+    pub claim: Claim,
+    pub counts: ClaimCounts,
+}
+
+/// Engine counters since start (for metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineStats {
+    pub exchanges: u64,
+    pub inbound: u64,
+    pub outbound: u64,
+    pub verdicts: ClaimCounts,
+    pub retries: u64,
+    pub hedged_retries: u64,
+    pub non_idempotent_retries: u64,
+    pub timeout_mismatches: u64,
+    /// Per-class retry outcomes since start: (retries, succeeded), indexed like `OutcomeClass::ALL`.
+    pub retry_outcomes: [(u64, u64); 5],
+    /// Inbound contexts evicted or dropped because a table was full (bounded memory).
+    pub evictions: u64,
+    /// Services/edges folded into "other" because the cap was reached.
+    pub overflowed: u64,
+}

@@ -1,6 +1,9 @@
 //! Stage 4: policy. Verdicts and edge figures in, [`Decision`]s out. No IO.
 use std::net::SocketAddr;
 
+mod decider;
+pub use decider::{DecideConfig, DecideConfigError, Decider};
+
 use serde::{Deserialize, Serialize};
 
 use crate::correlate::Edge;
@@ -11,9 +14,12 @@ use crate::correlate::Edge;
 pub enum Reason {
     /// The callee's errors are symptoms of failures further down: retrying here only amplifies.
     CalleeUnclaimed,
-    /// Retries exceed the budget (retries / requests).
+    /// Retries exceed the budget (retries / requests). The callee owns (or may own) its errors,
+    /// so at-least-once holds: actuators that can count let retries through up to the budget
+    /// (retries <= budget x first attempts) and answer the rest; those that cannot suppress all.
     OverBudget,
-    /// Arrival rate at the callee over its baseline beyond the threshold.
+    /// Arrival rate at the callee over its baseline beyond the threshold while this edge retries.
+    /// Same enforcement as `OverBudget`.
     Amplification,
 }
 

@@ -1,1 +1,272 @@
-//! metrics: see ARCHITECTURE.md.
+//! Prometheus metrics (prometheus-client): `retry_agent_` prefix, base units, `_total` only on
+//! counters, bounded labels with an "other" overflow. Observers take plain numbers and the
+//! stages' figures; no stage depends on this module.
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use crate::{
+    correlate::{EdgeStats, EngineStats, PathStats, Verdict},
+    decide::{Action, Decision},
+    l7::OutcomeClass,
+};
+
+#[cfg(test)]
+mod tests;
+
+/// Edges that get their own label value; the rest are summed into `edge="other"`.
+pub const DEFAULT_MAX_EDGE_LABELS: usize = 64;
+/// Depths that get their own label value (deeper ones are folded into the last).
+const MAX_DEPTH_LABELS: u32 = 16;
+pub const OTHER: &str = "other";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EdgeLabels {
+    edge: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    outcome_class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimLabels {
+    claim: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    action: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DepthLabels {
+    depth: String,
+}
+
+type GaugeF = Gauge<f64, AtomicU64>;
+
+/// Holder of the registry and every metric. Shared by reference (`Arc`): all methods take `&self`.
+pub struct Metrics {
+    registry: Registry,
+    max_edge_labels: usize,
+    retry_ratio: Family<EdgeLabels, GaugeF>,
+    amplification: Family<EdgeLabels, GaugeF>,
+    request_rate: Family<EdgeLabels, GaugeF>,
+    retry_success_ratio: Family<ClassLabels, GaugeF>,
+    depth_amplification: Family<DepthLabels, GaugeF>,
+    storm_radius: Gauge,
+    verdicts: Family<ClaimLabels, Counter>,
+    retries: Counter,
+    hedged_retries: Counter,
+    non_idempotent_retries: Counter,
+    timeout_mismatches: Counter,
+    correlate_evictions: Counter,
+    decisions: Family<DecisionLabels, Counter>,
+    suppressed_edges: Gauge,
+    capture_events: Counter,
+    capture_drops: Counter,
+    l7_exchanges: Counter,
+    l7_evictions: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self::with_max_edge_labels(DEFAULT_MAX_EDGE_LABELS)
+    }
+
+    pub fn with_max_edge_labels(max_edge_labels: usize) -> Self {
+        let mut registry = Registry::with_prefix("retry_agent");
+        let m = Metrics {
+            max_edge_labels: max_edge_labels.max(1),
+            retry_ratio: Family::default(),
+            amplification: Family::default(),
+            request_rate: Family::default(),
+            retry_success_ratio: Family::default(),
+            depth_amplification: Family::default(),
+            storm_radius: Gauge::default(),
+            verdicts: Family::default(),
+            retries: Counter::default(),
+            hedged_retries: Counter::default(),
+            non_idempotent_retries: Counter::default(),
+            timeout_mismatches: Counter::default(),
+            correlate_evictions: Counter::default(),
+            decisions: Family::default(),
+            suppressed_edges: Gauge::default(),
+            capture_events: Counter::default(),
+            capture_drops: Counter::default(),
+            l7_exchanges: Counter::default(),
+            l7_evictions: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("retry_ratio", "Retries / requests per edge over the sliding window", m.retry_ratio.clone());
+        registry.register(
+            "amplification_factor",
+            "Request rate on an edge over its baseline (frozen while a fault is active)",
+            m.amplification.clone(),
+        );
+        registry.register_with_unit(
+            "edge_requests",
+            "Requests (all attempts) per second on an edge over the sliding window",
+            prometheus_client::registry::Unit::Other("per_second".into()),
+            m.request_rate.clone(),
+        );
+        registry.register(
+            "retry_success_ratio",
+            "Retries that succeeded / retries, by the class of the failure retried (window)",
+            m.retry_success_ratio.clone(),
+        );
+        registry.register(
+            "depth_amplification_factor",
+            "Arrival rate over baseline at the services at each depth of the node's call graph",
+            m.depth_amplification.clone(),
+        );
+        registry.register("storm_radius", "Longest chain of edges retrying during a fault", m.storm_radius.clone());
+        registry.register("verdicts", "Ownership verdicts for failed inbound exchanges", m.verdicts.clone());
+        registry.register("retries", "Retry attempts detected on outbound exchanges", m.retries.clone());
+        registry.register("hedged_retries", "Retries started while the previous attempt was in flight", m.hedged_retries.clone());
+        registry.register(
+            "non_idempotent_retries",
+            "Retries of non-idempotent requests without an idempotency key",
+            m.non_idempotent_retries.clone(),
+        );
+        registry.register(
+            "timeout_mismatch",
+            "Exchanges the caller abandoned while the callee was still working on them",
+            m.timeout_mismatches.clone(),
+        );
+        registry.register(
+            "correlate_evictions",
+            "Contexts or pending verdicts dropped by the correlation engine's bounds",
+            m.correlate_evictions.clone(),
+        );
+        registry.register("decisions", "Decisions issued (suppressions, renewals, lifts)", m.decisions.clone());
+        registry.register("suppressed_edges", "Edges with retries suppressed now", m.suppressed_edges.clone());
+        registry.register("capture_events", "Kernel events decoded", m.capture_events.clone());
+        registry.register("capture_drops", "Kernel events lost (ring buffer full or channel full)", m.capture_drops.clone());
+        registry.register("l7_exchanges", "HTTP exchanges reassembled", m.l7_exchanges.clone());
+        registry.register("l7_evictions", "Connections or streams evicted by l7's bounds", m.l7_evictions.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        // Writing into a String cannot fail; an error here would be an encoder bug: serve what we have.
+        if encode(&mut s, &self.registry).is_err() {
+            tracing::warn!("metrics encoding failed");
+        }
+        s
+    }
+
+    /// Per-edge gauges from the engine's edge figures (replaces the previous set).
+    pub fn observe_edges(&self, edges: &[EdgeStats]) {
+        self.retry_ratio.clear();
+        self.amplification.clear();
+        self.request_rate.clear();
+        let mut sorted: Vec<&EdgeStats> = edges.iter().collect();
+        // Busiest edges keep their own label; stable order so labels do not hop between scrapes.
+        sorted.sort_by(|a, b| b.requests.cmp(&a.requests).then_with(|| a.edge.cmp(&b.edge)));
+        let (named, rest) = sorted.split_at(sorted.len().min(self.max_edge_labels));
+        for e in named {
+            let l = EdgeLabels { edge: e.edge.to_string() };
+            self.retry_ratio.get_or_create(&l).set(e.retry_ratio);
+            self.amplification.get_or_create(&l).set(e.amplification);
+            self.request_rate.get_or_create(&l).set(e.request_rate);
+        }
+        if !rest.is_empty() {
+            let l = EdgeLabels { edge: OTHER.to_string() };
+            let requests: u64 = rest.iter().map(|e| e.requests).sum();
+            let retries: u64 = rest.iter().map(|e| e.retries).sum();
+            let rate: f64 = rest.iter().map(|e| e.request_rate).sum();
+            let base: f64 = rest.iter().filter_map(|e| e.baseline_rate).sum();
+            self.retry_ratio.get_or_create(&l).set(ratio(retries, requests));
+            self.amplification.get_or_create(&l).set(if base > 0.0 { rate / base } else { 1.0 });
+            self.request_rate.get_or_create(&l).set(rate);
+        }
+        for class in OutcomeClass::ALL.into_iter().filter(|c| c.is_failure()) {
+            let (n, ok) = edges
+                .iter()
+                .flat_map(|e| e.retry_success.iter())
+                .filter(|r| r.outcome_class == class)
+                .fold((0, 0), |(n, ok), r| (n + r.retries, ok + r.succeeded));
+            self.retry_success_ratio.get_or_create(&ClassLabels { outcome_class: class.as_str() }).set(ratio(ok, n));
+        }
+    }
+
+    pub fn observe_paths(&self, paths: &PathStats) {
+        self.depth_amplification.clear();
+        for d in &paths.depths {
+            let depth = d.depth.min(MAX_DEPTH_LABELS);
+            let label = if d.depth >= MAX_DEPTH_LABELS { format!("{depth}+") } else { depth.to_string() };
+            self.depth_amplification.get_or_create(&DepthLabels { depth: label }).set(d.amplification);
+        }
+        self.storm_radius.set(i64::from(paths.storm_radius));
+    }
+
+    /// Engine totals since start (monotonic): counters follow them.
+    pub fn observe_engine(&self, s: &EngineStats) {
+        for claim in [crate::l7::Claim::Claimed, crate::l7::Claim::Unclaimed, crate::l7::Claim::Missing] {
+            set_counter(&self.verdicts.get_or_create(&ClaimLabels { claim: claim.as_str() }), s.verdicts.get(claim));
+        }
+        set_counter(&self.retries, s.retries);
+        set_counter(&self.hedged_retries, s.hedged_retries);
+        set_counter(&self.non_idempotent_retries, s.non_idempotent_retries);
+        set_counter(&self.timeout_mismatches, s.timeout_mismatches);
+        set_counter(&self.correlate_evictions, s.evictions);
+    }
+
+    /// Count verdicts one by one (alternative to `observe_engine` when only verdicts flow, e.g.
+    /// a replay); do not use both for the same engine.
+    pub fn observe_verdicts(&self, verdicts: &[Verdict]) {
+        for v in verdicts {
+            self.verdicts.get_or_create(&ClaimLabels { claim: v.claim.as_str() }).inc();
+        }
+    }
+
+    /// Decisions as they are issued, and the number in force.
+    pub fn observe_decisions(&self, issued: &[Decision], active: usize) {
+        for d in issued {
+            let action = match d.action {
+                Action::SuppressRetries => "suppress_retries",
+                Action::Allow => "allow",
+            };
+            self.decisions.get_or_create(&DecisionLabels { action, reason: d.reason.as_str() }).inc();
+        }
+        self.suppressed_edges.set(i64::try_from(active).unwrap_or(i64::MAX));
+    }
+
+    /// Capture totals since start (events decoded, events lost).
+    pub fn observe_capture(&self, events: u64, drops: u64) {
+        set_counter(&self.capture_events, events);
+        set_counter(&self.capture_drops, drops);
+    }
+
+    /// l7 totals since start (exchanges emitted, connections/streams evicted).
+    pub fn observe_l7(&self, exchanges: u64, evictions: u64) {
+        set_counter(&self.l7_exchanges, exchanges);
+        set_counter(&self.l7_evictions, evictions);
+    }
+}
+
+/// Counters mirror a monotonic total kept elsewhere; never move backwards (a restarted source
+/// would otherwise look like a counter reset).
+fn set_counter(c: &Counter, total: u64) {
+    c.inner().fetch_max(total, Ordering::Relaxed);
+}
+
+fn ratio(n: u64, d: u64) -> f64 {
+    if d == 0 { 0.0 } else { n as f64 / d as f64 }
+}

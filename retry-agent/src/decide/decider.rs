@@ -1,0 +1,216 @@
+//! The decider: edge figures in, suppression decisions with TTL and hysteresis out.
+use std::collections::BTreeMap;
+
+use clap::Args;
+
+use super::{Action, Decision, Reason};
+use crate::{
+    correlate::{Edge, EdgeStats, Engine},
+    l7::Claim,
+};
+
+/// Policy thresholds.
+#[derive(Args, Debug, Clone)]
+pub struct DecideConfig {
+    /// Retry budget: retries / requests on an edge above this is over budget.
+    #[arg(long, env = "RETRY_AGENT_RETRY_BUDGET", default_value_t = 0.10)]
+    pub retry_budget: f64,
+    /// Arrival rate over baseline at a callee above this (while the edge retries) is a storm.
+    #[arg(long, env = "RETRY_AGENT_AMPLIFICATION_THRESHOLD", default_value_t = 1.5)]
+    pub amplification_threshold: f64,
+    /// Time to live of a decision; renewed at half-life while its condition holds.
+    #[arg(long, env = "RETRY_AGENT_DECISION_TTL_MS", default_value_t = 30_000)]
+    pub decision_ttl_ms: u64,
+    /// A decision is lifted only after its condition has been false this long.
+    #[arg(long, env = "RETRY_AGENT_DECISION_HYSTERESIS_MS", default_value_t = 15_000)]
+    pub hysteresis_ms: u64,
+    /// While a decision is active its thresholds are scaled by this (< 1), so figures hovering
+    /// at a threshold do not flap.
+    #[arg(long, env = "RETRY_AGENT_DECISION_EXIT_FRACTION", default_value_t = 0.5)]
+    pub exit_fraction: f64,
+    /// Requests in the window an edge needs before budget or amplification count.
+    #[arg(long, env = "RETRY_AGENT_DECISION_MIN_REQUESTS", default_value_t = 20)]
+    pub min_requests: u64,
+    /// Callee errors in the window before their claims count.
+    #[arg(long, env = "RETRY_AGENT_DECISION_MIN_FAILURES", default_value_t = 5)]
+    pub min_failures: u64,
+}
+
+impl Default for DecideConfig {
+    fn default() -> Self {
+        DecideConfig {
+            retry_budget: 0.10,
+            amplification_threshold: 1.5,
+            decision_ttl_ms: 30_000,
+            hysteresis_ms: 15_000,
+            exit_fraction: 0.5,
+            min_requests: 20,
+            min_failures: 5,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DecideConfigError {
+    #[error("{name} must be {what}, got {value}")]
+    OutOfRange { name: &'static str, what: &'static str, value: f64 },
+}
+
+impl DecideConfig {
+    /// Check every setting; all errors at once.
+    pub fn validate(&self) -> Result<(), Vec<DecideConfigError>> {
+        let mut errs = Vec::new();
+        if !(self.retry_budget >= 0.0 && self.retry_budget <= 1.0) {
+            errs.push(DecideConfigError::OutOfRange { name: "retry-budget", what: "in [0, 1]", value: self.retry_budget });
+        }
+        if !(self.amplification_threshold > 1.0) {
+            errs.push(DecideConfigError::OutOfRange {
+                name: "amplification-threshold",
+                what: "> 1",
+                value: self.amplification_threshold,
+            });
+        }
+        if !(self.exit_fraction > 0.0 && self.exit_fraction <= 1.0) {
+            errs.push(DecideConfigError::OutOfRange { name: "decision-exit-fraction", what: "in (0, 1]", value: self.exit_fraction });
+        }
+        if self.decision_ttl_ms == 0 {
+            errs.push(DecideConfigError::OutOfRange { name: "decision-ttl-ms", what: "positive", value: 0.0 });
+        }
+        if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Active {
+    decision: Decision,
+    /// Last time the condition held.
+    last_true_ns: u64,
+}
+
+/// Turns edge figures into decisions. Holds the active set; `evaluate` returns only changes.
+pub struct Decider {
+    cfg: DecideConfig,
+    next_id: u64,
+    active: BTreeMap<Edge, Active>,
+}
+
+impl Decider {
+    pub fn new(cfg: DecideConfig) -> Self {
+        Decider { cfg, next_id: 1, active: BTreeMap::new() }
+    }
+
+    pub fn config(&self) -> &DecideConfig {
+        &self.cfg
+    }
+
+    /// Decide from the engine's current edge figures.
+    pub fn evaluate(&mut self, engine: &Engine, now_ns: u64) -> Vec<Decision> {
+        self.evaluate_edges(&engine.edges(), now_ns)
+    }
+
+    /// Decide from edge figures (new, renewed, changed or lifted decisions only).
+    pub fn evaluate_edges(&mut self, edges: &[EdgeStats], now_ns: u64) -> Vec<Decision> {
+        let mut out = Vec::new();
+        for e in edges {
+            let active = self.active.get(&e.edge);
+            let want = self.condition(e, active.is_some());
+            match (want, self.active.get_mut(&e.edge)) {
+                (Some(reason), None) => {
+                    let d = self.issue(e, reason, now_ns);
+                    self.active.insert(e.edge.clone(), Active { decision: d.clone(), last_true_ns: now_ns });
+                    out.push(d);
+                }
+                (Some(reason), Some(a)) => {
+                    a.last_true_ns = now_ns;
+                    let half_life = self.cfg.decision_ttl_ms.saturating_mul(1_000_000) / 2;
+                    let stale = now_ns.saturating_sub(a.decision.issued_at_ns) >= half_life;
+                    if stale || a.decision.reason != reason {
+                        // Renewal keeps the id: actuators treat it as the same decision, refreshed.
+                        a.decision.reason = reason;
+                        a.decision.issued_at_ns = now_ns;
+                        a.decision.callee_addrs = e.callee_addrs.clone();
+                        out.push(a.decision.clone());
+                    }
+                }
+                (None, Some(a)) => {
+                    if now_ns.saturating_sub(a.last_true_ns) >= self.cfg.hysteresis_ms.saturating_mul(1_000_000) {
+                        let mut lift = a.decision.clone();
+                        lift.action = Action::Allow;
+                        lift.issued_at_ns = now_ns;
+                        lift.id = self.next_id;
+                        self.next_id += 1;
+                        self.active.remove(&e.edge);
+                        out.push(lift);
+                    }
+                }
+                (None, None) => {}
+            }
+        }
+        // Edges that vanished from the figures (aged out): lift after the hysteresis too.
+        let hyst = self.cfg.hysteresis_ms.saturating_mul(1_000_000);
+        let gone: Vec<Edge> = self
+            .active
+            .iter()
+            .filter(|(edge, a)| {
+                now_ns.saturating_sub(a.last_true_ns) >= hyst && !edges.iter().any(|e| &e.edge == *edge)
+            })
+            .map(|(edge, _)| edge.clone())
+            .collect();
+        for edge in gone {
+            if let Some(a) = self.active.remove(&edge) {
+                let mut lift = a.decision;
+                lift.action = Action::Allow;
+                lift.issued_at_ns = now_ns;
+                lift.id = self.next_id;
+                self.next_id += 1;
+                out.push(lift);
+            }
+        }
+        out
+    }
+
+    /// Decisions currently in force.
+    pub fn active(&self) -> Vec<Decision> {
+        self.active.values().map(|a| a.decision.clone()).collect()
+    }
+
+    fn issue(&mut self, e: &EdgeStats, reason: Reason, now_ns: u64) -> Decision {
+        let id = self.next_id;
+        self.next_id += 1;
+        Decision {
+            id,
+            edge: e.edge.clone(),
+            callee_addrs: e.callee_addrs.clone(),
+            action: Action::SuppressRetries,
+            reason,
+            issued_at_ns: now_ns,
+            ttl_ms: self.cfg.decision_ttl_ms,
+        }
+    }
+
+    /// Whether the edge should have its retries suppressed, and why (the strongest reason).
+    /// With `active`, exit thresholds apply (hysteresis).
+    fn condition(&self, e: &EdgeStats, active: bool) -> Option<Reason> {
+        let scale = if active { self.cfg.exit_fraction } else { 1.0 };
+        // Ownership: the callee's errors are symptoms. Missing claims never count here: the
+        // first node that sees a missing claim keeps its retry (at-least-once).
+        let claims = e.callee_claims;
+        if claims.total() >= self.cfg.min_failures.max(1)
+            && claims.majority() == Some(Claim::Unclaimed)
+            && (claims.unclaimed as f64) >= (claims.total() as f64) * 0.5 * scale.max(0.5)
+        {
+            return Some(Reason::CalleeUnclaimed);
+        }
+        if e.requests < self.cfg.min_requests {
+            return None;
+        }
+        if e.retries > 0 && e.retry_ratio > self.cfg.retry_budget * scale {
+            return Some(Reason::OverBudget);
+        }
+        let amp_threshold = 1.0 + (self.cfg.amplification_threshold - 1.0) * scale;
+        if e.retries > 0 && e.fault_active && e.amplification > amp_threshold {
+            return Some(Reason::Amplification);
+        }
+        None
+    }
+}

@@ -1,0 +1,69 @@
+use super::*;
+use crate::correlate::{ClaimCounts, DependencyKind, Edge, RetrySuccess, ServiceId};
+
+fn edge_stats(caller: &str, callee: &str, requests: u64, retries: u64) -> EdgeStats {
+    EdgeStats {
+        edge: Edge { caller: ServiceId::new(caller), callee: ServiceId::new(callee) },
+        callee_addrs: vec![],
+        window_seconds: 10.0,
+        request_rate: requests as f64 / 10.0,
+        requests,
+        first_attempts: requests - retries,
+        retries,
+        failures: 0,
+        attempts_per_request: 1.0,
+        retry_ratio: retries as f64 / requests as f64,
+        failure_ratio: 0.0,
+        retry_success: vec![RetrySuccess { outcome_class: OutcomeClass::Transient, retries, succeeded: retries / 2, ratio: 0.5 }],
+        callee_claims: ClaimCounts::default(),
+        amplification: 2.0,
+        baseline_rate: Some(requests as f64 / 20.0),
+        fault_active: true,
+        hedged_retries: 0,
+        non_idempotent_retries: 0,
+        no_jitter: false,
+        timeout_mismatches: 0,
+        timeout_mismatches_total: 0,
+        requests_total: requests,
+        retries_total: retries,
+        dependency: DependencyKind::Unknown,
+    }
+}
+
+#[test]
+fn names_units_and_overflow_label() {
+    let m = Metrics::with_max_edge_labels(2);
+    let edges = vec![
+        edge_stats("a", "b", 100, 50),
+        edge_stats("b", "c", 90, 10),
+        edge_stats("c", "d", 10, 2),
+        edge_stats("d", "e", 10, 4),
+    ];
+    m.observe_edges(&edges);
+    let mut s = EngineStats::default();
+    s.verdicts.add(crate::l7::Claim::Unclaimed);
+    s.timeout_mismatches = 3;
+    m.observe_engine(&s);
+    m.observe_capture(1000, 7);
+    let text = m.encode();
+    assert!(text.contains(r#"retry_agent_retry_ratio{edge="a->b"} 0.5"#), "{text}");
+    // The two smallest edges share "other": 6 retries of 20 requests.
+    assert!(text.contains(r#"retry_agent_retry_ratio{edge="other"} 0.3"#), "{text}");
+    assert!(!text.contains("c->d"), "{text}");
+    assert!(text.contains(r#"retry_agent_verdicts_total{claim="unclaimed"} 1"#), "{text}");
+    assert!(text.contains("retry_agent_timeout_mismatch_total 3"), "{text}");
+    assert!(text.contains("retry_agent_capture_drops_total 7"), "{text}");
+    assert!(text.contains(r#"retry_agent_retry_success_ratio{outcome_class="transient"} 0.5"#), "{text}");
+    // Gauges never carry _total.
+    assert!(!text.contains("retry_ratio_total"), "{text}");
+}
+
+#[test]
+fn counters_never_go_backwards() {
+    let m = Metrics::new();
+    m.observe_capture(10, 5);
+    m.observe_capture(3, 1);
+    let text = m.encode();
+    assert!(text.contains("retry_agent_capture_events_total 10"), "{text}");
+    assert!(text.contains("retry_agent_capture_drops_total 5"), "{text}");
+}
