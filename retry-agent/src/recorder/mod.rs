@@ -1,11 +1,509 @@
-//! Flight recorder: bounded ring of events and derived records; dump format and reader.
-use clap::Args;
+//! Flight recorder: an always-on bounded ring of kernel events and the records derived from them
+//! (exchanges, verdicts, decisions), written on demand or on a storm into a self-checking dump
+//! file that `retry-agent forensics` replays offline.
+//!
+//! Invariants:
+//! - Privacy is applied at record time ([`redact`]): secrets never enter the ring, so no dump,
+//!   on-disk ring or crash can leak them.
+//! - The ring is bounded by time (`window`) and bytes (`max_mib`); recording never blocks and
+//!   never fails (it only counts what it evicts).
+//! - Dump IO happens outside the recording path: [`SharedRecorder::dump`] snapshots under the
+//!   lock and writes after releasing it; storm auto-dumps write on their own thread.
+use std::{
+    collections::{HashMap, VecDeque},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
 
+use clap::{ArgAction, Args};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    capture::{Event, ProcessInfo},
+    correlate::Verdict,
+    decide::{Action, Decision},
+    l7::Exchange,
+};
+
+pub mod client;
+pub mod format;
 pub mod forensics;
+pub mod redact;
+pub mod replay;
 
-#[derive(Debug, Args)]
-pub struct DumpArgs {}
+#[cfg(test)]
+mod tests;
 
-pub async fn run_dump(_args: DumpArgs) -> anyhow::Result<()> {
-    anyhow::bail!("dump is not implemented yet")
+pub use client::{DumpArgs, dump_api_response, run_dump, spawn_sigusr1_dumps};
+pub use format::{DumpHeader, DumpReader, DumpWriter, FormatError, ReadOutcome};
+
+/// Recorder settings: every one a flag with an env var and a default.
+#[derive(Args, Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecorderConfig {
+    /// Keep a flight recorder of recent events and derived records (off: nothing is kept).
+    #[arg(long = "recorder", env = "RETRY_AGENT_RECORDER", default_value_t = true, action = ArgAction::Set)]
+    pub enabled: bool,
+    /// How much history the ring keeps, in seconds.
+    #[arg(long = "recorder-window-secs", env = "RETRY_AGENT_RECORDER_WINDOW_SECS", default_value_t = 300)]
+    pub window_secs: u64,
+    /// Memory bound of the ring, in MiB (whichever of window and size is hit first evicts).
+    #[arg(long = "recorder-max-mib", env = "RETRY_AGENT_RECORDER_MAX_MIB", default_value_t = 64)]
+    pub max_mib: u64,
+    /// Optional fixed-size file the ring also spills compressed blocks to (survives a crash).
+    #[arg(long = "recorder-disk-file", env = "RETRY_AGENT_RECORDER_DISK_FILE")]
+    pub disk_file: Option<PathBuf>,
+    /// Size of the disk ring file, in MiB.
+    #[arg(long = "recorder-disk-mib", env = "RETRY_AGENT_RECORDER_DISK_MIB", default_value_t = 256)]
+    pub disk_mib: u64,
+    /// Where dump files are written (created 0700 if missing; files are 0600).
+    #[arg(long = "recorder-dump-dir", env = "RETRY_AGENT_RECORDER_DUMP_DIR", default_value = "/var/lib/retry-agent/dumps")]
+    pub dump_dir: PathBuf,
+    /// Write a dump automatically when a storm is detected (a suppression decision).
+    #[arg(long = "recorder-auto-dump", env = "RETRY_AGENT_RECORDER_AUTO_DUMP", default_value_t = true, action = ArgAction::Set)]
+    pub auto_dump: bool,
+    /// Seconds of history before the storm trigger an auto-dump covers.
+    #[arg(long = "recorder-auto-before-secs", env = "RETRY_AGENT_RECORDER_AUTO_BEFORE_SECS", default_value_t = 120)]
+    pub auto_before_secs: u64,
+    /// Seconds after the trigger an auto-dump waits for (and covers) before writing.
+    #[arg(long = "recorder-auto-after-secs", env = "RETRY_AGENT_RECORDER_AUTO_AFTER_SECS", default_value_t = 60)]
+    pub auto_after_secs: u64,
+}
+
+impl Default for RecorderConfig {
+    fn default() -> Self {
+        RecorderConfig {
+            enabled: true,
+            window_secs: 300,
+            max_mib: 64,
+            disk_file: None,
+            disk_mib: 256,
+            dump_dir: PathBuf::from("/var/lib/retry-agent/dumps"),
+            auto_dump: true,
+            auto_before_secs: 120,
+            auto_after_secs: 60,
+        }
+    }
+}
+
+/// What the pipeline hands the recorder at each stage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Record {
+    Event(Event),
+    Exchange(Exchange),
+    Verdict(Verdict),
+    Decision(Decision),
+}
+
+impl Record {
+    /// CLOCK_MONOTONIC ns the record belongs to (0 for process metadata, which is timeless).
+    pub fn ts_ns(&self) -> u64 {
+        match self {
+            Record::Event(e) => e.ts_ns(),
+            Record::Exchange(x) => x.end_ns(),
+            Record::Verdict(v) => v.ts_ns,
+            Record::Decision(d) => d.issued_at_ns,
+        }
+    }
+
+    /// Rough heap + inline size, for the ring's byte bound (cheap: no serialisation).
+    fn approx_size(&self) -> usize {
+        const BASE: usize = std::mem::size_of::<Record>() + 16;
+        match self {
+            Record::Event(Event::Data(d)) => BASE + d.payload.len(),
+            Record::Event(Event::Process(p)) => {
+                BASE + p.comm.len()
+                    + p.exe.as_ref().map_or(0, String::len)
+                    + p.cgroup.as_ref().map_or(0, String::len)
+                    + p.container_id.as_ref().map_or(0, String::len)
+            }
+            Record::Event(_) => BASE,
+            Record::Exchange(x) => {
+                BASE + x.authority.as_ref().map_or(0, String::len)
+                    + x.path.as_ref().map_or(0, String::len)
+                    + x.route.as_ref().map_or(0, String::len)
+            }
+            Record::Verdict(v) => BASE + v.caused_by.len() * 48,
+            Record::Decision(d) => BASE + d.callee_addrs.len() * 32,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecorderError {
+    #[error("the flight recorder is turned off")]
+    Disabled,
+    #[error("cannot create dump directory {path}")]
+    DumpDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write dump {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("dump format")]
+    Format(#[from] FormatError),
+    #[error("the recorder lock was poisoned")]
+    Poisoned,
+}
+
+/// Counters the metrics module can export.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecorderStats {
+    pub records_total: u64,
+    pub records_in_ring: u64,
+    pub bytes_in_ring: u64,
+    /// Evicted because they aged out of the window.
+    pub evicted_age_total: u64,
+    /// Evicted early because the byte bound was hit.
+    pub evicted_size_total: u64,
+    /// Header values masked and body bytes dropped at record time.
+    pub redacted_headers_total: u64,
+    pub redacted_body_bytes_total: u64,
+    pub dumps_total: u64,
+    pub dump_errors_total: u64,
+    pub oldest_ns: u64,
+    pub newest_ns: u64,
+}
+
+/// Why a dump was written (goes into the header and the file name).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DumpReason {
+    /// `retry-agent dump` / the HTTP API.
+    OnDemand,
+    Signal,
+    /// A storm was detected at `trigger_ns` (first suppression decision).
+    Storm { trigger_ns: u64, edge: String },
+    /// Tests, benchmarks, tools.
+    Other(String),
+}
+
+impl DumpReason {
+    fn slug(&self) -> &str {
+        match self {
+            DumpReason::OnDemand => "ondemand",
+            DumpReason::Signal => "signal",
+            DumpReason::Storm { .. } => "storm",
+            DumpReason::Other(_) => "other",
+        }
+    }
+}
+
+/// A consistent copy of the ring (cheap: payloads are reference-counted), written off-lock.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub reason: DumpReason,
+    pub config: RecorderConfig,
+    /// Process metadata first, so a replay names services from the first event on.
+    pub records: Vec<Record>,
+    pub from_ns: u64,
+    pub to_ns: u64,
+}
+
+impl Snapshot {
+    /// Write into `dir` as a new 0600 file; returns its path.
+    pub fn write_to_dir(&self, dir: &Path) -> Result<PathBuf, RecorderError> {
+        ensure_dir(dir)?;
+        let node = format::node_name();
+        let wall_ms = format::unix_ms();
+        let mut n = 0u32;
+        loop {
+            let name = format!("retry-agent-{node}-{wall_ms}-{}{}.radump", self.reason.slug(),
+                if n == 0 { String::new() } else { format!("-{n}") });
+            let path = dir.join(name);
+            match self.write_file(&path) {
+                Err(RecorderError::Write { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => n += 1,
+                other => return other.map(|()| path),
+            }
+        }
+    }
+
+    /// Write to exactly `path` (must not exist), mode 0600.
+    pub fn write_file(&self, path: &Path) -> Result<(), RecorderError> {
+        let werr = |source| RecorderError::Write { path: path.to_path_buf(), source };
+        let file = format::create_private(path).map_err(werr)?;
+        let header = DumpHeader::new(self.reason.clone(), self.config.clone(), self.from_ns, self.to_ns);
+        let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).map_err(werr)?;
+        for r in &self.records {
+            w.push(r).map_err(werr)?;
+        }
+        let mut inner = w.finish().map_err(werr)?;
+        std::io::Write::flush(&mut inner).map_err(werr)?;
+        inner.get_ref().sync_all().map_err(werr)?;
+        Ok(())
+    }
+}
+
+fn ensure_dir(dir: &Path) -> Result<(), RecorderError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| RecorderError::DumpDir { path: dir.to_path_buf(), source })
+}
+
+struct Stored {
+    ts_ns: u64,
+    size: usize,
+    rec: Record,
+}
+
+/// A storm seen; the dump is written once `after` has passed (in record time).
+struct PendingAuto {
+    trigger_ns: u64,
+    edge: String,
+}
+
+/// Most processes we keep metadata for; more are dropped (the ring still has their events).
+const MAX_PROCESSES: usize = 16_384;
+
+/// The flight recorder. Owned by the pipeline task (`record` is `&mut self`, no locking); wrap it
+/// in a [`SharedRecorder`] when the API or a signal handler must reach it.
+pub struct Recorder {
+    cfg: RecorderConfig,
+    ring: VecDeque<Stored>,
+    processes: HashMap<u32, ProcessInfo>,
+    redactor: redact::Redactor,
+    bytes: usize,
+    max_bytes: usize,
+    window_ns: u64,
+    stats: RecorderStats,
+    pending: Option<PendingAuto>,
+    /// No new storm auto-dump before this record time (one dump per storm, not per decision).
+    auto_quiet_until_ns: u64,
+    /// Auto-dump threads still writing (joined by `wait_auto_dumps`, in tests and at shutdown).
+    auto_threads: Vec<std::thread::JoinHandle<Result<PathBuf, RecorderError>>>,
+}
+
+impl Recorder {
+    pub fn new(cfg: RecorderConfig) -> Result<Self, RecorderError> {
+        if cfg.enabled && cfg.auto_dump {
+            // Fail at start-up, not during the storm, when the dump directory is unusable.
+            ensure_dir(&cfg.dump_dir)?;
+        }
+        if cfg.disk_file.is_some() {
+            tracing::warn!("recorder: the disk ring file is not implemented yet; keeping the ring in memory only");
+        }
+        let max_bytes = usize::try_from(cfg.max_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        Ok(Recorder {
+            window_ns: cfg.window_secs.saturating_mul(1_000_000_000),
+            max_bytes,
+            cfg,
+            ring: VecDeque::new(),
+            processes: HashMap::new(),
+            redactor: redact::Redactor::new(),
+            bytes: 0,
+            stats: RecorderStats::default(),
+            pending: None,
+            auto_quiet_until_ns: 0,
+            auto_threads: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &RecorderConfig {
+        &self.cfg
+    }
+
+    /// Record one item. Never fails, never blocks on IO (a due storm dump is written on its own
+    /// thread).
+    pub fn record(&mut self, rec: Record) {
+        if !self.cfg.enabled {
+            return;
+        }
+        self.stats.records_total += 1;
+        let rec = match rec {
+            Record::Event(Event::Process(p)) => {
+                if self.processes.len() < MAX_PROCESSES || self.processes.contains_key(&p.pid) {
+                    self.processes.insert(p.pid, p);
+                }
+                return;
+            }
+            Record::Event(Event::Data(d)) => {
+                let (d, r) = self.redactor.redact(d);
+                self.stats.redacted_headers_total += r.headers;
+                self.stats.redacted_body_bytes_total += r.body_bytes;
+                Record::Event(Event::Data(d))
+            }
+            Record::Event(Event::ProcessExit { pid, ts_ns }) => {
+                self.redactor.forget_pid(pid);
+                Record::Event(Event::ProcessExit { pid, ts_ns })
+            }
+            other => other,
+        };
+        let ts_ns = rec.ts_ns();
+        if let Record::Decision(d) = &rec {
+            self.note_decision(d);
+        }
+        let size = rec.approx_size();
+        self.bytes += size;
+        self.stats.newest_ns = self.stats.newest_ns.max(ts_ns);
+        self.ring.push_back(Stored { ts_ns, size, rec });
+        self.evict();
+        self.maybe_auto_dump();
+    }
+
+    fn evict(&mut self) {
+        let horizon = self.stats.newest_ns.saturating_sub(self.window_ns);
+        while let Some(front) = self.ring.front() {
+            let aged = front.ts_ns < horizon;
+            let over = self.bytes > self.max_bytes;
+            if !aged && !over {
+                break;
+            }
+            if aged {
+                self.stats.evicted_age_total += 1;
+            } else {
+                self.stats.evicted_size_total += 1;
+            }
+            self.bytes -= front.size;
+            self.ring.pop_front();
+        }
+        self.stats.records_in_ring = self.ring.len() as u64;
+        self.stats.bytes_in_ring = self.bytes as u64;
+        self.stats.oldest_ns = self.ring.front().map_or(0, |s| s.ts_ns);
+    }
+
+    fn note_decision(&mut self, d: &Decision) {
+        if !self.cfg.auto_dump || d.action != Action::SuppressRetries {
+            return;
+        }
+        if self.pending.is_none() && d.issued_at_ns >= self.auto_quiet_until_ns {
+            tracing::info!(edge = %d.edge, "recorder: storm detected, dump follows after the after-window");
+            self.pending = Some(PendingAuto { trigger_ns: d.issued_at_ns, edge: d.edge.to_string() });
+        }
+    }
+
+    fn maybe_auto_dump(&mut self) {
+        let Some(p) = &self.pending else { return };
+        let after_ns = self.cfg.auto_after_secs.saturating_mul(1_000_000_000);
+        if self.stats.newest_ns < p.trigger_ns.saturating_add(after_ns) {
+            return;
+        }
+        let from = p.trigger_ns.saturating_sub(self.cfg.auto_before_secs.saturating_mul(1_000_000_000));
+        let to = p.trigger_ns.saturating_add(after_ns);
+        let reason = DumpReason::Storm { trigger_ns: p.trigger_ns, edge: p.edge.clone() };
+        self.pending = None;
+        self.auto_quiet_until_ns = to;
+        let snap = self.snapshot_range(reason, from, to);
+        let dir = self.cfg.dump_dir.clone();
+        self.stats.dumps_total += 1;
+        let spawned = std::thread::Builder::new().name("recorder-dump".into()).spawn(move || {
+            let r = snap.write_to_dir(&dir);
+            match &r {
+                Ok(path) => tracing::info!(path = %path.display(), "recorder: storm dump written"),
+                Err(e) => tracing::warn!(error = %e, "recorder: storm dump failed"),
+            }
+            r
+        });
+        match spawned {
+            Ok(h) => self.auto_threads.push(h),
+            Err(e) => {
+                self.stats.dump_errors_total += 1;
+                tracing::warn!(error = %e, "recorder: cannot start the dump thread");
+            }
+        }
+        self.auto_threads.retain(|h| !h.is_finished());
+    }
+
+    /// Wait for storm dumps still being written; returns their results (tests, shutdown).
+    pub fn wait_auto_dumps(&mut self) -> Vec<Result<PathBuf, RecorderError>> {
+        self.auto_threads
+            .drain(..)
+            .map(|h| h.join().unwrap_or(Err(RecorderError::Poisoned)))
+            .collect()
+    }
+
+    /// Everything in the ring.
+    pub fn snapshot(&self, reason: DumpReason) -> Snapshot {
+        self.snapshot_range(reason, 0, u64::MAX)
+    }
+
+    /// Ring records with `from_ns <= ts <= to_ns` (plus all process metadata and timeless records).
+    pub fn snapshot_range(&self, reason: DumpReason, from_ns: u64, to_ns: u64) -> Snapshot {
+        let mut pids: Vec<&ProcessInfo> = self.processes.values().collect();
+        pids.sort_by_key(|p| p.pid);
+        let mut records: Vec<Record> = pids.into_iter().map(|p| Record::Event(Event::Process(p.clone()))).collect();
+        let mut lo = u64::MAX;
+        let mut hi = 0;
+        for s in &self.ring {
+            if s.ts_ns >= from_ns && s.ts_ns <= to_ns {
+                lo = lo.min(s.ts_ns);
+                hi = hi.max(s.ts_ns);
+                records.push(s.rec.clone());
+            }
+        }
+        if lo > hi {
+            lo = 0;
+        }
+        Snapshot { reason, config: self.cfg.clone(), records, from_ns: lo, to_ns: hi }
+    }
+
+    /// Write the whole ring into the dump directory now (synchronous; prefer
+    /// [`SharedRecorder::dump`] from async code).
+    pub fn dump(&mut self, reason: DumpReason) -> Result<PathBuf, RecorderError> {
+        if !self.cfg.enabled {
+            return Err(RecorderError::Disabled);
+        }
+        let r = self.snapshot(reason).write_to_dir(&self.cfg.dump_dir);
+        self.count_dump(&r);
+        r
+    }
+
+    fn count_dump<T>(&mut self, r: &Result<T, RecorderError>) {
+        self.stats.dumps_total += 1;
+        if r.is_err() {
+            self.stats.dump_errors_total += 1;
+        }
+    }
+
+    pub fn stats(&self) -> RecorderStats {
+        self.stats
+    }
+}
+
+/// The recorder behind a lock, for the pipeline, the API route and the signal handler.
+#[derive(Clone)]
+pub struct SharedRecorder(Arc<Mutex<Recorder>>);
+
+impl SharedRecorder {
+    pub fn new(rec: Recorder) -> Self {
+        SharedRecorder(Arc::new(Mutex::new(rec)))
+    }
+
+    pub fn record(&self, rec: Record) {
+        if let Ok(mut r) = self.0.lock() {
+            r.record(rec);
+        }
+    }
+
+    /// Run `f` with the recorder locked (batch recording: one lock per batch).
+    pub fn with<T>(&self, f: impl FnOnce(&mut Recorder) -> T) -> Result<T, RecorderError> {
+        let mut g = self.0.lock().map_err(|_| RecorderError::Poisoned)?;
+        Ok(f(&mut g))
+    }
+
+    pub fn stats(&self) -> RecorderStats {
+        self.0.lock().map(|r| r.stats()).unwrap_or_default()
+    }
+
+    /// Snapshot under the lock, write after releasing it (on a blocking thread).
+    pub async fn dump(&self, reason: DumpReason) -> Result<PathBuf, RecorderError> {
+        let (snap, dir) = self.with(|r| {
+            if !r.cfg.enabled {
+                return Err(RecorderError::Disabled);
+            }
+            Ok((r.snapshot(reason), r.cfg.dump_dir.clone()))
+        })??;
+        let result = tokio::task::spawn_blocking(move || snap.write_to_dir(&dir))
+            .await
+            .unwrap_or(Err(RecorderError::Poisoned));
+        let _ = self.with(|r| r.count_dump(&result));
+        result
+    }
 }

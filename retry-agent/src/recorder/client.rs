@@ -1,0 +1,154 @@
+//! The ways a dump is asked for: `retry-agent dump` (a client of the agent's HTTP API), the API
+//! route body (`dump_api_response`, which the API server calls for `POST /v1/dump`), and SIGUSR1.
+use std::time::Duration;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{DumpReason, SharedRecorder};
+
+#[derive(Debug, Args)]
+pub struct DumpArgs {
+    /// Base URL of the running agent's HTTP API (plain http).
+    #[arg(long, env = "RETRY_AGENT_API", default_value = "http://127.0.0.1:9464")]
+    pub api: String,
+    /// Free-text reason, kept in the dump header.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// How long to wait for the agent to write the dump, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_secs: u64,
+}
+
+/// Body of `POST /v1/dump` (optional; an empty body is fine).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct DumpRequest {
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Answer of `POST /v1/dump`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DumpResponse {
+    pub path: Option<String>,
+    pub error: Option<String>,
+}
+
+/// The `POST /v1/dump` route: returns the HTTP status and a JSON body.
+pub async fn dump_api_response(rec: &SharedRecorder, body: &[u8]) -> (u16, String) {
+    let req: DumpRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        DumpRequest::default()
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return (400, json(None, Some(format!("bad request body: {e}")))),
+        }
+    };
+    let reason = match req.reason {
+        Some(r) => DumpReason::Other(r.chars().take(200).collect()),
+        None => DumpReason::OnDemand,
+    };
+    match rec.dump(reason).await {
+        Ok(path) => (200, json(Some(path.display().to_string()), None)),
+        Err(super::RecorderError::Disabled) => (409, json(None, Some("the flight recorder is turned off".into()))),
+        Err(e) => {
+            tracing::warn!(error = %e, "recorder: on-demand dump failed");
+            (500, json(None, Some(error_chain(&e))))
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn json(path: Option<String>, error: Option<String>) -> String {
+    serde_json::to_string(&DumpResponse { path, error }).unwrap_or_else(|_| "{}".into())
+}
+
+/// Write a dump on every SIGUSR1 (for the live agent; spawn once).
+pub fn spawn_sigusr1_dumps(rec: SharedRecorder) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let mut sig = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())?;
+    Ok(tokio::spawn(async move {
+        while sig.recv().await.is_some() {
+            match rec.dump(DumpReason::Signal).await {
+                Ok(path) => tracing::info!(path = %path.display(), "recorder: dump written on SIGUSR1"),
+                Err(e) => tracing::warn!(error = %e, "recorder: SIGUSR1 dump failed"),
+            }
+        }
+    }))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("only http://host:port URLs are supported, got {0:?}")]
+    Url(String),
+    #[error("cannot reach the agent at {addr}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the agent did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("malformed answer from the agent")]
+    Malformed,
+    #[error("the agent could not write the dump (HTTP {status}): {message}")]
+    Agent { status: u16, message: String },
+}
+
+/// `POST {api}/v1/dump`; returns the dump path the agent wrote.
+pub async fn request_dump(api: &str, reason: Option<String>, timeout: Duration) -> Result<String, ClientError> {
+    let rest = api.strip_prefix("http://").ok_or_else(|| ClientError::Url(api.to_string()))?;
+    let (hostport, prefix) = match rest.find('/') {
+        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+        None => (rest, ""),
+    };
+    if hostport.is_empty() {
+        return Err(ClientError::Url(api.to_string()));
+    }
+    let body = serde_json::to_string(&DumpRequest { reason }).map_err(|_| ClientError::Malformed)?;
+    let req = format!(
+        "POST {prefix}/v1/dump HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(hostport)
+            .await
+            .map_err(|source| ClientError::Connect { addr: hostport.to_string(), source })?;
+        let io = |source| ClientError::Connect { addr: hostport.to_string(), source };
+        s.write_all(req.as_bytes()).await.map_err(io)?;
+        let mut resp = Vec::new();
+        s.take(1 << 20).read_to_end(&mut resp).await.map_err(io)?;
+        Ok::<_, ClientError>(resp)
+    };
+    let resp = tokio::time::timeout(timeout, exchange).await.map_err(|_| ClientError::Timeout(timeout))??;
+    let text = String::from_utf8_lossy(&resp);
+    let status: u16 = text
+        .strip_prefix("HTTP/1.")
+        .and_then(|r| r.get(2..5))
+        .and_then(|c| c.parse().ok())
+        .ok_or(ClientError::Malformed)?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let parsed: Option<DumpResponse> = serde_json::from_str(body.trim()).ok();
+    match (status, parsed) {
+        (200, Some(DumpResponse { path: Some(p), .. })) => Ok(p),
+        (status, Some(DumpResponse { error: Some(message), .. })) => Err(ClientError::Agent { status, message }),
+        (status, _) => Err(ClientError::Agent { status, message: body.trim().chars().take(500).collect() }),
+    }
+}
+
+pub async fn run_dump(args: DumpArgs) -> anyhow::Result<()> {
+    let path = request_dump(&args.api, args.reason, Duration::from_secs(args.timeout_secs)).await?;
+    println!("{path}");
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! Recorder unit tests: ring bounds, dump round trip, corruption recovery, privacy, storm dumps.
+use std::{collections::BTreeSet, os::unix::fs::PermissionsExt, path::PathBuf};
+
+use bytes::Bytes;
+
+use super::{format::BlockSpan, *};
+use crate::{
+    capture::{ConnId, DataEvent, Direction, Role, Syscall},
+    correlate::{Edge, ServiceId},
+    decide::Reason,
+};
+
+/// Small deterministic RNG (xorshift64*): seeded, so a failure reproduces.
+pub(crate) struct Rng(u64);
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Rng(seed.max(1))
+    }
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+pub(crate) fn temp_dir(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "ra-recorder-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn cfg(dir: PathBuf) -> RecorderConfig {
+    RecorderConfig { dump_dir: dir, ..RecorderConfig::default() }
+}
+
+fn data(fd: u32, dir: Direction, ts: u64, payload: &[u8]) -> Event {
+    Event::Data(DataEvent {
+        conn: ConnId { pid: 10, fd, generation: 1 },
+        role: Role::Client,
+        direction: dir,
+        syscall: Syscall::Write,
+        tuple: None,
+        pid: 10,
+        tid: 11,
+        goid: None,
+        ts_enter_ns: ts,
+        ts_exit_ns: ts,
+        len: payload.len() as u64,
+        payload: Bytes::copy_from_slice(payload),
+    })
+}
+
+fn marker(i: u64) -> Record {
+    // Unique, cheap, and its identity survives the round trip.
+    Record::Event(Event::ProcessExit { pid: i as u32, ts_ns: i })
+}
+
+fn decision(ts: u64) -> Record {
+    Record::Decision(Decision {
+        id: 1,
+        edge: Edge { caller: ServiceId::new("a"), callee: ServiceId::new("b") },
+        callee_addrs: vec![],
+        action: Action::SuppressRetries,
+        reason: Reason::CalleeUnclaimed,
+        issued_at_ns: ts,
+        ttl_ms: 1000,
+    })
+}
+
+/// A dump of `n` marker records, with the byte span of each block.
+fn build_dump(n: u64) -> (Vec<u8>, Vec<BlockSpan>) {
+    let header = DumpHeader::new(DumpReason::Other("test".into()), RecorderConfig::default(), 0, n);
+    let mut w = DumpWriter::new(Vec::new(), &header).unwrap();
+    for i in 0..n {
+        w.push(&marker(i)).unwrap();
+    }
+    w.finish_with_spans().unwrap()
+}
+
+fn ids(out: &ReadOutcome) -> BTreeSet<u64> {
+    out.records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Event(Event::ProcessExit { ts_ns, .. }) => Some(*ts_ns),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Records of the blocks `spans[k]` (writer order: block k holds the next `records` markers).
+fn ids_of_blocks(spans: &[BlockSpan], keep: impl Fn(&BlockSpan) -> bool) -> BTreeSet<u64> {
+    let mut next = 0u64;
+    let mut set = BTreeSet::new();
+    for s in spans {
+        let r = u64::from(s.records);
+        if keep(s) {
+            set.extend(next..next + r);
+        }
+        next += r;
+    }
+    set
+}
+
+#[test]
+fn round_trip_keeps_every_record_in_order() {
+    let (bytes, spans) = build_dump(10_000);
+    assert!(spans.len() > 3, "want several blocks, got {}", spans.len());
+    let out = DumpReader::read(&bytes).unwrap();
+    assert!(out.loss.is_clean(), "{}", out.loss);
+    assert_eq!(out.loss.blocks_ok, spans.len() as u64);
+    assert_eq!(out.records, (0..10_000).map(marker).collect::<Vec<_>>());
+    assert_eq!(out.header.unwrap().reason, DumpReason::Other("test".into()));
+}
+
+#[test]
+fn truncation_keeps_every_whole_block_and_reports_the_cut() {
+    let (bytes, spans) = build_dump(6_000);
+    let mut rng = Rng::new(7);
+    for _ in 0..300 {
+        let cut = rng.below(bytes.len());
+        let out = match DumpReader::read(&bytes[..cut]) {
+            Ok(o) => o,
+            // Only a cut inside the 8-byte magic leaves nothing to call a dump.
+            Err(FormatError::NotADump) => {
+                assert!(cut < 8 || spans.first().is_some_and(|s| (cut as u64) < s.end), "cut {cut}");
+                continue;
+            }
+            Err(e) => panic!("cut {cut}: {e}"),
+        };
+        let want = ids_of_blocks(&spans, |s| s.end <= cut as u64);
+        assert_eq!(ids(&out), want, "cut at {cut}");
+        assert!(out.loss.truncated, "cut at {cut} not reported");
+        assert!(!out.loss.is_clean());
+    }
+}
+
+#[test]
+fn flipped_bytes_lose_only_the_blocks_they_hit() {
+    let (bytes, spans) = build_dump(6_000);
+    let all: BTreeSet<u64> = (0..6_000).collect();
+    let mut rng = Rng::new(42);
+    for round in 0..300 {
+        let mut b = bytes.clone();
+        let flips: Vec<usize> = (0..1 + rng.below(4)).map(|_| rng.below(b.len())).collect();
+        for &f in &flips {
+            b[f] ^= 1 << rng.below(8);
+        }
+        let out = DumpReader::read(&b).unwrap_or_else(|e| panic!("round {round}, flips {flips:?}: {e}"));
+        let got = ids(&out);
+        let intact = ids_of_blocks(&spans, |s| !flips.iter().any(|&f| (s.start..s.end).contains(&(f as u64))));
+        assert!(got.is_superset(&intact), "round {round}: lost an intact block (flips {flips:?})");
+        assert!(got.is_subset(&all), "round {round}: invented records");
+        assert!(!out.loss.is_clean(), "round {round}: damage not reported (flips {flips:?})");
+        if got.len() < all.len() {
+            assert!(out.loss.blocks_lost > 0 || out.loss.truncated, "round {round}: {}", out.loss);
+        }
+    }
+}
+
+#[test]
+fn random_garbage_never_panics() {
+    let mut rng = Rng::new(99);
+    let (dump, _) = build_dump(500);
+    for _ in 0..500 {
+        let mut b: Vec<u8> = (0..rng.below(4096)).map(|_| rng.next() as u8).collect();
+        // Sprinkle real magics and real dump pieces so the parser goes deep.
+        if rng.below(2) == 0 {
+            let at = rng.below(dump.len());
+            b.extend_from_slice(&dump[at..(at + rng.below(2000)).min(dump.len())]);
+        }
+        if rng.below(2) == 0 {
+            b.splice(0..0, b"RAFLTREC\x01\x00\x00\x00".iter().copied());
+        }
+        let _ = DumpReader::read(&b);
+    }
+}
+
+#[test]
+fn future_version_is_refused_with_a_clear_message() {
+    let (mut bytes, _) = build_dump(10);
+    bytes[8..10].copy_from_slice(&2u16.to_le_bytes());
+    let len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..16]), &bytes[20..20 + len]);
+    bytes[16..20].copy_from_slice(&crc.to_le_bytes());
+    let err = DumpReader::read(&bytes).unwrap_err();
+    assert!(matches!(err, FormatError::FutureVersion { found: 2, supported: 1 }), "{err:?}");
+    assert!(err.to_string().contains("newer"), "{err}");
+}
+
+#[test]
+fn a_bit_flip_in_the_version_does_not_refuse_the_file() {
+    let (mut bytes, _) = build_dump(10);
+    bytes[9] ^= 0x40;
+    let out = DumpReader::read(&bytes).unwrap();
+    assert!(out.loss.header_damaged);
+    assert_eq!(out.records.len(), 10);
+}
+
+#[test]
+fn ring_is_bounded_by_window() {
+    let dir = temp_dir("window");
+    let mut r = Recorder::new(RecorderConfig { window_secs: 10, auto_dump: false, ..cfg(dir) }).unwrap();
+    for s in 0..100u64 {
+        r.record(Record::Event(Event::ProcessExit { pid: 1, ts_ns: s * 1_000_000_000 }));
+    }
+    let st = r.stats();
+    assert_eq!(st.records_total, 100);
+    assert_eq!(st.records_in_ring, 11, "{st:?}");
+    assert_eq!(st.oldest_ns, 89_000_000_000);
+    assert_eq!(st.evicted_age_total, 89);
+}
+
+#[test]
+fn ring_is_bounded_by_bytes() {
+    let dir = temp_dir("bytes");
+    let mut r = Recorder::new(RecorderConfig { max_mib: 1, auto_dump: false, ..cfg(dir) }).unwrap();
+    let body = vec![b'x'; 4000];
+    for i in 0..1000u64 {
+        r.record(Record::Event(data(3, Direction::Egress, i, &body)));
+    }
+    let st = r.stats();
+    assert!(st.bytes_in_ring <= 1 << 20, "{st:?}");
+    assert!(st.evicted_size_total > 600, "{st:?}");
+    assert!(st.records_in_ring > 200, "{st:?}");
+}
+
+#[test]
+fn disabled_recorder_keeps_nothing_and_refuses_dumps() {
+    let dir = temp_dir("off");
+    let mut r = Recorder::new(RecorderConfig { enabled: false, ..cfg(dir.clone()) }).unwrap();
+    r.record(marker(1));
+    assert_eq!(r.stats().records_total, 0);
+    assert!(matches!(r.dump(DumpReason::OnDemand), Err(RecorderError::Disabled)));
+    assert!(!dir.exists());
+}
+
+const SECRET_REQ: &[u8] = b"POST /pay?token=SECRETQUERY HTTP/1.1\r\nHost: shop\r\nAuthorization: Bearer SECRETAUTH\r\n\
+Cookie: session=SECRETCOOKIE\r\nX-Error-Claim: claimed\r\nProxy-Authorization: Basic SECRETPROXY\r\n\
+Content-Length: 18\r\n\r\ncard=SECRETBODY123";
+const SECRET_RESP: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nSet-Cookie: id=SECRETSETCOOKIE\r\nRetry-After: 1\r\n\
+Content-Length: 0\r\n\r\n";
+
+#[test]
+fn secrets_never_reach_a_dump_file() {
+    let dir = temp_dir("secrets");
+    let mut r = Recorder::new(RecorderConfig { auto_dump: false, ..cfg(dir.clone()) }).unwrap();
+    // Whole, and split mid-header across two syscalls.
+    r.record(Record::Event(data(3, Direction::Egress, 1, SECRET_REQ)));
+    r.record(Record::Event(data(3, Direction::Ingress, 2, SECRET_RESP)));
+    let (a, b) = SECRET_REQ.split_at(60);
+    r.record(Record::Event(data(4, Direction::Egress, 3, a)));
+    r.record(Record::Event(data(4, Direction::Egress, 4, b)));
+    let path = r.dump(DumpReason::OnDemand).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let raw = std::fs::read(&path).unwrap();
+    let out = DumpReader::read(&raw).unwrap();
+    assert_eq!(out.records.len(), 4);
+    // The file is compressed: check both its bytes and everything that decodes from it.
+    let mut decoded = serde_json::to_vec(&out.records).unwrap();
+    for rec in &out.records {
+        if let Record::Event(Event::Data(d)) = rec {
+            decoded.extend_from_slice(&d.payload);
+        }
+    }
+    for hay in [&raw, &decoded] {
+        let text = String::from_utf8_lossy(hay);
+        assert!(!text.contains("SECRET"), "a secret leaked: {text}");
+    }
+    let text = String::from_utf8_lossy(&decoded);
+    // What the product needs is still there.
+    for kept in ["POST /pay?", "Host: shop", "X-Error-Claim: claimed", "Content-Length: 18", "HTTP/1.1 503", "Retry-After: 1", "Authorization: "] {
+        assert!(text.contains(kept), "{kept:?} missing: {text}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn storm_writes_a_dump_covering_before_and_after() {
+    let dir = temp_dir("storm");
+    let mut r = Recorder::new(RecorderConfig { auto_before_secs: 5, auto_after_secs: 5, ..cfg(dir.clone()) }).unwrap();
+    let s = 1_000_000_000u64;
+    for t in 0..30 {
+        r.record(Record::Event(Event::ProcessExit { pid: 1, ts_ns: t * s }));
+        if t == 20 {
+            r.record(decision(20 * s));
+            r.record(decision(20 * s + 1)); // a second decision of the same storm: no second dump
+        }
+    }
+    let done = r.wait_auto_dumps();
+    assert_eq!(done.len(), 1);
+    let path = done.into_iter().next().unwrap().unwrap();
+    let out = DumpReader::open(&path).unwrap();
+    let h = out.header.unwrap();
+    assert!(matches!(h.reason, DumpReason::Storm { trigger_ns, .. } if trigger_ns == 20 * s));
+    let ts: Vec<u64> = out.records.iter().map(Record::ts_ns).collect();
+    assert_eq!(ts.first(), Some(&(15 * s)));
+    assert_eq!(ts.last(), Some(&(25 * s)));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
