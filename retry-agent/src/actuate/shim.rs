@@ -1,9 +1,325 @@
 //! `retry-agent shim`: the iptables-steered transparent proxy.
+//!
+//! Lifecycle: bind the listeners, start following the agent's control socket, then install the
+//! steering rules (only once something listens, so nothing is redirected into the void). On
+//! SIGTERM/SIGINT/SIGHUP the rules are removed before exit.
+//!
+//! Dead shim (SIGKILL, crash): a watchdog process (`--watchdog`, on by default; the shim spawns
+//! `retry-agent shim --cleanup --watch-pid <shim pid>`) waits on a pidfd for the shim to die and
+//! removes the rules, so new connections go direct within milliseconds; connections the shim was
+//! carrying die with it (reset). If the watchdog is also gone, the supervisor runs
+//! `retry-agent shim --cleanup` (e.g. systemd `ExecStopPost=`), which is idempotent; a restarted
+//! shim re-installs without duplicating rules. A pid file (`/run/retry-agent/shim-<chain>.pid`)
+//! keeps a late watchdog from removing the rules of a newer shim.
+//!
+//! Dead agent: the shim keeps forwarding; what it was told expires by TTL (fail open).
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::Context as _;
 use clap::Args;
+use tokio::net::TcpListener;
 
-#[derive(Debug, Args)]
-pub struct ShimArgs {}
+use super::control::{self, ControlView};
 
-pub async fn run(_args: ShimArgs) -> anyhow::Result<()> {
-    anyhow::bail!("shim is not implemented yet")
+pub mod iptables;
+pub mod net;
+pub mod policy;
+pub mod proxy;
+
+pub const DEFAULT_CHAIN: &str = "RETRY_SHIM";
+pub const DEFAULT_MARK: u32 = 0x52a0;
+pub const DEFAULT_PORT: u16 = 15001;
+
+fn parse_mark(s: &str) -> Result<u32, String> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|e| format!("bad mark {s:?}: {e}"))
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ShimArgs {
+    /// Port the shim listens on (all addresses, IPv4 and IPv6); steering redirects here.
+    #[arg(long, env = "RETRY_AGENT_SHIM_PORT", default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// Address to listen on for IPv4 (REDIRECT from PREROUTING needs the interface address).
+    #[arg(long, env = "RETRY_AGENT_SHIM_LISTEN", default_value = "0.0.0.0")]
+    pub listen: std::net::IpAddr,
+    /// Also listen on [::] and steer IPv6 (when ip6tables nat is available).
+    #[arg(long, env = "RETRY_AGENT_SHIM_IPV6", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ipv6: bool,
+    /// Agent control socket to follow.
+    #[arg(long, env = "RETRY_AGENT_CONTROL_SOCKET", default_value = super::DEFAULT_CONTROL_SOCKET)]
+    pub control_socket: PathBuf,
+    /// nat chain name (the inbound chain gets `_IN` appended).
+    #[arg(long, env = "RETRY_AGENT_SHIM_CHAIN", default_value = DEFAULT_CHAIN)]
+    pub chain: String,
+    /// SO_MARK on the shim's upstream connections; the chain lets marked packets through.
+    #[arg(long, env = "RETRY_AGENT_SHIM_MARK", default_value = "0x52a0", value_parser = parse_mark)]
+    pub mark: u32,
+    /// Steer outbound connections of this uid (repeatable).
+    #[arg(long = "uid", env = "RETRY_AGENT_SHIM_UIDS", value_delimiter = ',')]
+    pub uids: Vec<u32>,
+    /// Steer outbound connections from this cgroup v2 path (repeatable).
+    #[arg(long = "cgroup", env = "RETRY_AGENT_SHIM_CGROUPS", value_delimiter = ',')]
+    pub cgroups: Vec<String>,
+    /// Steer outbound connections to this destination port (repeatable).
+    #[arg(long = "dport", env = "RETRY_AGENT_SHIM_DPORTS", value_delimiter = ',')]
+    pub dports: Vec<u16>,
+    /// Steer inbound connections (PREROUTING) to this local port (repeatable).
+    #[arg(long = "inbound-port", env = "RETRY_AGENT_SHIM_INBOUND_PORTS", value_delimiter = ',')]
+    pub inbound_ports: Vec<u16>,
+    /// Do not touch iptables (steering is managed elsewhere).
+    #[arg(long, env = "RETRY_AGENT_SHIM_NO_IPTABLES")]
+    pub no_iptables: bool,
+    /// Spawn a watchdog process that removes the rules if the shim dies without cleaning up.
+    #[arg(long, env = "RETRY_AGENT_SHIM_WATCHDOG", default_value_t = true, action = clap::ArgAction::Set)]
+    pub watchdog: bool,
+    /// Remove leftover rules of `--chain` and exit.
+    #[arg(long)]
+    pub cleanup: bool,
+    /// With --cleanup: first wait for this pid to exit (the watchdog mode).
+    #[arg(long, requires = "cleanup", hide = true)]
+    pub watch_pid: Option<i32>,
+    /// A failed request repeated within this window counts as a retry.
+    #[arg(long, env = "RETRY_AGENT_SHIM_RETRY_WINDOW_MS", default_value_t = 10_000)]
+    pub retry_window_ms: u64,
+    /// Per-client retry budget: retries allowed per request (e.g. 0.1). Off unless set.
+    #[arg(long, env = "RETRY_AGENT_SHIM_RETRY_BUDGET")]
+    pub retry_budget: Option<f64>,
+    /// Client-side adaptive throttling of retries with this K (e.g. 2). Off unless set.
+    #[arg(long, env = "RETRY_AGENT_SHIM_THROTTLE_K")]
+    pub throttle_k: Option<f64>,
+    /// How long to wait for a client's first bytes before treating the stream as opaque.
+    #[arg(long, env = "RETRY_AGENT_SHIM_DETECT_TIMEOUT_MS", default_value_t = 300)]
+    pub detect_timeout_ms: u64,
+    /// Upstream connect timeout.
+    #[arg(long, env = "RETRY_AGENT_SHIM_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
+    pub connect_timeout_ms: u64,
+    /// Directory for the ownership pid file.
+    #[arg(long, env = "RETRY_AGENT_SHIM_RUN_DIR", default_value = "/run/retry-agent")]
+    pub run_dir: PathBuf,
+}
+
+impl ShimArgs {
+    pub fn steering(&self) -> iptables::Steering {
+        iptables::Steering {
+            chain: self.chain.clone(),
+            listen_port: self.port,
+            mark: self.mark,
+            uids: self.uids.clone(),
+            cgroups: self.cgroups.clone(),
+            dports: self.dports.clone(),
+            inbound_ports: self.inbound_ports.clone(),
+        }
+    }
+
+    fn pid_file(&self) -> PathBuf {
+        self.run_dir.join(format!("shim-{}.pid", self.chain))
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if !iptables::valid_chain(&self.chain) {
+            anyhow::bail!("--chain {:?}: 1-24 characters of [A-Za-z0-9_-]", self.chain);
+        }
+        if !self.no_iptables && !self.cleanup {
+            self.steering().validate()?;
+        }
+        if let Some(b) = self.retry_budget
+            && !(0.0..=10.0).contains(&b)
+        {
+            anyhow::bail!("--retry-budget {b}: expected a ratio like 0.1");
+        }
+        if let Some(k) = self.throttle_k
+            && !(k > 0.0 && k.is_finite())
+        {
+            anyhow::bail!("--throttle-k {k}: expected a positive number like 2");
+        }
+        Ok(())
+    }
+}
+
+pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
+    args.validate()?;
+    if args.cleanup {
+        return cleanup_mode(&args).await;
+    }
+    let ctx = Arc::new(proxy::Ctx {
+        view: ControlView::new(),
+        tracker: Mutex::new(policy::Tracker::new(policy::PolicyConfig {
+            window: Duration::from_millis(args.retry_window_ms),
+            budget_ratio: args.retry_budget,
+            throttle_k: args.throttle_k,
+            ..Default::default()
+        })),
+        mark: args.mark,
+        listen_port: args.port,
+        connect_timeout: Duration::from_millis(args.connect_timeout_ms),
+        detect_timeout: Duration::from_millis(args.detect_timeout_ms),
+        stats: proxy::Stats::default(),
+    });
+
+    let v4 = TcpListener::bind(SocketAddr::new(args.listen, args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.listen, args.port))?;
+    let v6_ok = args.ipv6 && iptables::Family::V6.available();
+    let v6 = if v6_ok { bind_v6_only(args.port).map_err(|e| tracing::warn!(error = %e, "no IPv6 listener")).ok() } else { None };
+
+    tokio::spawn(control::follow(args.control_socket.clone(), ctx.view.clone()));
+
+    let pid_file = args.pid_file();
+    if !args.no_iptables {
+        let st = args.steering();
+        st.install(iptables::Family::V4).context("installing IPv4 steering")?;
+        if v6.is_some()
+            && let Err(e) = st.install(iptables::Family::V6)
+        {
+            tracing::warn!(error = %e, "IPv6 steering not installed");
+        }
+        if let Err(e) = write_pid_file(&pid_file) {
+            tracing::warn!(error = %e, "cannot write the pid file");
+        }
+        if args.watchdog {
+            spawn_watchdog(&args);
+        }
+        tracing::info!(chain = %args.chain, port = args.port, "steering installed");
+    }
+
+    let serve = async {
+        let a = accept_loop(v4, ctx.clone());
+        match v6 {
+            Some(l6) => {
+                tokio::join!(a, accept_loop(l6, ctx.clone()));
+            }
+            None => a.await,
+        }
+    };
+    tokio::select! {
+        _ = serve => {}
+        s = shutdown_signal() => tracing::info!(signal = s, "shutting down"),
+    }
+    if !args.no_iptables {
+        // Rules first: from here on new connections go direct.
+        if let Err(e) = iptables::cleanup(&args.chain) {
+            tracing::warn!(error = %e, "removing steering failed; run `retry-agent shim --cleanup`");
+        }
+        let _ = std::fs::remove_file(&pid_file);
+    }
+    tracing::info!(stats = %ctx.stats.summary(), "shim stopped");
+    Ok(())
+}
+
+fn bind_v6_only(port: u16) -> std::io::Result<TcpListener> {
+    let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)?;
+    s.set_only_v6(true)?;
+    s.set_reuse_address(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())?;
+    s.listen(1024)?;
+    TcpListener::from_std(s.into())
+}
+
+async fn accept_loop(l: TcpListener, ctx: Arc<proxy::Ctx>) {
+    loop {
+        match l.accept().await {
+            Ok((s, peer)) => {
+                tokio::spawn(proxy::handle(s, peer, ctx.clone()));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut t), Ok(mut i), Ok(mut h)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
+    else {
+        tracing::warn!("cannot install signal handlers; the watchdog or --cleanup must remove the rules");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = t.recv() => "SIGTERM",
+        _ = i.recv() => "SIGINT",
+        _ = h.recv() => "SIGHUP",
+    }
+}
+
+fn write_pid_file(p: &Path) -> std::io::Result<()> {
+    if let Some(d) = p.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    std::fs::write(p, std::process::id().to_string())
+}
+
+fn spawn_watchdog(args: &ShimArgs) {
+    use std::os::unix::process::CommandExt;
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(error = %e, "no watchdog: cannot find our executable");
+            return;
+        }
+    };
+    let r = std::process::Command::new(exe)
+        .args(["shim", "--cleanup", "--chain", &args.chain, "--watch-pid", &std::process::id().to_string()])
+        .arg("--run-dir")
+        .arg(&args.run_dir)
+        .stdin(std::process::Stdio::null())
+        // Own process group: a Ctrl-C or group kill aimed at the shim leaves the watchdog to clean.
+        .process_group(0)
+        .spawn();
+    match r {
+        Ok(child) => tracing::debug!(pid = child.id(), "watchdog started"),
+        Err(e) => tracing::warn!(error = %e, "watchdog not started"),
+    }
+}
+
+/// `--cleanup`, optionally after waiting for `--watch-pid` to exit.
+async fn cleanup_mode(args: &ShimArgs) -> anyhow::Result<()> {
+    if let Some(pid) = args.watch_pid {
+        wait_for_exit(pid).await?;
+        // Only the shim we watched may be cleaned up after: a newer one owns the file now.
+        let owner = std::fs::read_to_string(args.pid_file()).ok().and_then(|s| s.trim().parse::<i32>().ok());
+        if owner != Some(pid) {
+            tracing::debug!(?owner, pid, "the watched shim cleaned up or was replaced; nothing to do");
+            return Ok(());
+        }
+        tracing::warn!(pid, chain = %args.chain, "shim died without cleaning up; removing its rules");
+        let _ = std::fs::remove_file(args.pid_file());
+    }
+    let found = iptables::cleanup(&args.chain)?;
+    tracing::info!(chain = %args.chain, found, "cleanup done");
+    Ok(())
+}
+
+/// Waits on a pidfd until `pid` exits (returns at once if it is already gone).
+async fn wait_for_exit(pid: i32) -> anyhow::Result<()> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            return Ok(());
+        }
+        return Err(e).context("pidfd_open");
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: the AsyncFd owns the pidfd and nothing else closes or replaces it.
+    let afd = unsafe { tokio::io::unix::AsyncFd::register(fd) }.context("watching the pidfd")?;
+    // A pidfd becomes readable when the process exits.
+    let _ = afd.readable().await.context("waiting on the pidfd")?;
+    Ok(())
 }

@@ -1,0 +1,307 @@
+//! The shim's retry logic, without IO: recognise retries, remember failures, apply budgets.
+//!
+//! A request is a *retry* when it carries a retry marker, or when a request with the same
+//! [`RequestKey`] failed within the window. First attempts are always forwarded (at-least-once).
+//! A retry is answered locally when its edge is suppressed by the agent, when the callee's last
+//! failure came back `x-error-claim: unclaimed` (the decision matrix), or when an optional
+//! per-client policy (retry budget, adaptive throttling) says no.
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::{decide::Reason, l7::Claim};
+
+/// Who sent a request: the connection's source address, or on loopback (where every workload
+/// shares 127.0.0.1) the uid owning the client socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CallerId {
+    Addr(IpAddr),
+    Uid(u32),
+}
+
+/// What identifies "the same request again".
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RequestKey {
+    pub caller: CallerId,
+    pub method: http::Method,
+    /// Original destination (the callee as the caller addressed it).
+    pub dst: SocketAddr,
+    /// Host/:authority as sent (empty if none).
+    pub authority: String,
+    /// Path and query.
+    pub target: String,
+    /// `x-request-id` if the caller sends one: distinct ids are distinct logical requests.
+    pub request_id: Option<String>,
+}
+
+/// The failure an attempt got, kept to answer suppressed retries with the same thing.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FailureReply {
+    /// An HTTP (or gRPC) response.
+    Response {
+        status: http::StatusCode,
+        headers: HeaderMap,
+        /// Body prefix (bounded).
+        body: Bytes,
+        /// gRPC status, from trailers or a trailers-only response.
+        grpc_status: Option<u32>,
+        grpc_message: Option<HeaderValue>,
+    },
+    /// The upstream reset or closed without a response.
+    Reset,
+}
+
+#[derive(Clone, Debug)]
+pub struct RecordedFailure {
+    pub reply: FailureReply,
+    /// Error claim the callee stamped on it (`Missing` when absent).
+    pub claim: Claim,
+    pub at: Instant,
+}
+
+/// Why a retry was answered locally (value of `x-retry-suppressed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SuppressReason {
+    /// The agent's decision for this edge.
+    Decision(Reason),
+    /// The callee's last error was unclaimed: not its own, so retrying it cannot help.
+    CalleeUnclaimed,
+    /// The caller's retry budget is spent.
+    RetryBudget,
+    /// Client-side adaptive throttling.
+    AdaptiveThrottle,
+}
+
+impl SuppressReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SuppressReason::Decision(r) => r.as_str(),
+            SuppressReason::CalleeUnclaimed => "callee_unclaimed",
+            SuppressReason::RetryBudget => "retry_budget",
+            SuppressReason::AdaptiveThrottle => "adaptive_throttle",
+        }
+    }
+}
+
+/// Outcome for one request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    Forward { retry: bool },
+    Answer { reason: SuppressReason, reply: Option<FailureReply> },
+}
+
+#[derive(Clone, Debug)]
+pub struct PolicyConfig {
+    /// How long a failure makes the same request a retry.
+    pub window: Duration,
+    /// Retries allowed per request (e.g. 0.1); `None` = no budget.
+    pub budget_ratio: Option<f64>,
+    /// Adaptive throttling multiplier K (e.g. 2.0); `None` = off.
+    pub throttle_k: Option<f64>,
+    /// Decay time constant of the per-client counters.
+    pub counter_tau: Duration,
+    /// Bound on remembered failures and clients (memory); beyond it the shim forgets (fails open).
+    pub max_entries: usize,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            window: Duration::from_secs(10),
+            budget_ratio: None,
+            throttle_k: None,
+            counter_tau: Duration::from_secs(60),
+            max_entries: 65_536,
+        }
+    }
+}
+
+/// Exponentially decayed counter: recent events weigh most, no buckets to rotate.
+#[derive(Clone, Copy, Debug)]
+struct Decayed {
+    v: f64,
+    t: Instant,
+}
+
+impl Decayed {
+    fn new(now: Instant) -> Self {
+        Decayed { v: 0.0, t: now }
+    }
+    fn get(&self, now: Instant, tau: Duration) -> f64 {
+        let dt = now.saturating_duration_since(self.t).as_secs_f64();
+        self.v * (-dt / tau.as_secs_f64().max(1e-3)).exp()
+    }
+    fn add(&mut self, now: Instant, tau: Duration, x: f64) {
+        self.v = self.get(now, tau) + x;
+        self.t = now;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Client {
+    requests: Decayed,
+    retries: Decayed,
+    accepts: Decayed,
+}
+
+/// All shim-wide retry state. One per shim, behind a mutex (every operation is O(1)).
+#[derive(Debug)]
+pub struct Tracker {
+    cfg: PolicyConfig,
+    failures: HashMap<RequestKey, RecordedFailure>,
+    clients: HashMap<CallerId, Client>,
+    rng: u64,
+}
+
+impl Tracker {
+    pub fn new(cfg: PolicyConfig) -> Tracker {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x9e37_79b9_7f4a_7c15);
+        Tracker { cfg, failures: HashMap::new(), clients: HashMap::new(), rng: seed | 1 }
+    }
+
+    pub fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+
+    /// xorshift64*: adequate for a rejection coin, no dependency.
+    fn coin(&mut self) -> f64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn client(&mut self, c: CallerId, now: Instant) -> Option<&mut Client> {
+        if !self.clients.contains_key(&c) && self.clients.len() >= self.cfg.max_entries {
+            let tau = self.cfg.counter_tau;
+            self.clients.retain(|_, v| v.requests.get(now, tau) > 0.01);
+            if self.clients.len() >= self.cfg.max_entries {
+                return None;
+            }
+        }
+        Some(self.clients.entry(c).or_insert(Client {
+            requests: Decayed::new(now),
+            retries: Decayed::new(now),
+            accepts: Decayed::new(now),
+        }))
+    }
+
+    /// Classifies a request and counts it. `suppressed` is the agent's decision for its edge.
+    pub fn on_request(
+        &mut self,
+        key: &RequestKey,
+        marked_retry: bool,
+        suppressed: Option<Reason>,
+        now: Instant,
+    ) -> Verdict {
+        let last = self.failures.get(key).filter(|f| now.saturating_duration_since(f.at) <= self.cfg.window).cloned();
+        let retry = marked_retry || last.is_some();
+        let tau = self.cfg.counter_tau;
+        let (budget, k) = (self.cfg.budget_ratio, self.cfg.throttle_k);
+        let coin = self.coin();
+        let mut reason = None;
+        if retry {
+            reason = match (suppressed, &last) {
+                (Some(r), _) => Some(SuppressReason::Decision(r)),
+                (None, Some(f)) if f.claim == Claim::Unclaimed => Some(SuppressReason::CalleeUnclaimed),
+                _ => None,
+            };
+        }
+        if let Some(cl) = self.client(key.caller, now) {
+            if retry && reason.is_none() {
+                let reqs = cl.requests.get(now, tau);
+                if let Some(ratio) = budget {
+                    // Counting this retry, retries must stay within ratio × requests.
+                    if cl.retries.get(now, tau) + 1.0 > ratio * (reqs + 1.0) {
+                        reason = Some(SuppressReason::RetryBudget);
+                    }
+                }
+                if let (None, Some(k)) = (reason, k) {
+                    let p = ((reqs - k * cl.accepts.get(now, tau)) / (reqs + 1.0)).max(0.0);
+                    if coin < p {
+                        reason = Some(SuppressReason::AdaptiveThrottle);
+                    }
+                }
+            }
+            cl.requests.add(now, tau, 1.0);
+            if retry && reason.is_none() {
+                cl.retries.add(now, tau, 1.0);
+            }
+        }
+        match reason {
+            Some(reason) => Verdict::Answer { reason, reply: last.map(|f| f.reply) },
+            None => Verdict::Forward { retry },
+        }
+    }
+
+    /// The upstream answered `key`: remember a failure, forget it on success.
+    pub fn on_outcome(&mut self, key: &RequestKey, failure: Option<(FailureReply, Claim)>, now: Instant) {
+        let tau = self.cfg.counter_tau;
+        match failure {
+            None => {
+                self.failures.remove(key);
+                if let Some(c) = self.client(key.caller, now) {
+                    c.accepts.add(now, tau, 1.0);
+                }
+            }
+            Some((reply, claim)) => {
+                if !self.failures.contains_key(key) && self.failures.len() >= self.cfg.max_entries {
+                    let w = self.cfg.window;
+                    self.failures.retain(|_, f| now.saturating_duration_since(f.at) <= w);
+                    if self.failures.len() >= self.cfg.max_entries {
+                        return;
+                    }
+                }
+                self.failures.insert(key.clone(), RecordedFailure { reply, claim, at: now });
+            }
+        }
+    }
+
+    pub fn remembered_failures(&self) -> usize {
+        self.failures.len()
+    }
+}
+
+/// Whether an HTTP status is a failure worth remembering (what retry policies retry on).
+pub fn status_is_failure(s: http::StatusCode) -> bool {
+    s.is_server_error() || s == http::StatusCode::TOO_MANY_REQUESTS || s == http::StatusCode::REQUEST_TIMEOUT
+}
+
+/// Retry markers on a request (the same ones l7 reads from the wire).
+pub fn retry_markers(h: &HeaderMap) -> crate::l7::RetryMarkers {
+    let num = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse::<u32>().ok());
+    crate::l7::RetryMarkers {
+        envoy_attempt_count: num("x-envoy-attempt-count"),
+        retry_attempt: num("x-retry-attempt").or_else(|| num("x-retry-count")),
+        grpc_previous_attempts: num("grpc-previous-rpc-attempts"),
+    }
+}
+
+/// gRPC status from a header map (trailers, or headers of a trailers-only response).
+pub fn grpc_status(h: &HeaderMap) -> Option<u32> {
+    h.get("grpc-status").and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok())
+}
+
+/// The error claim a response carries.
+pub fn claim_of(h: &HeaderMap) -> Option<Claim> {
+    h.get(crate::l7::ERROR_CLAIM_HEADER).and_then(|v| Claim::parse(v.as_bytes()))
+}
+
+/// Headers that must not be copied into a locally built reply (framing is recomputed).
+pub fn is_hop_or_framing(n: &HeaderName) -> bool {
+    matches!(
+        n.as_str(),
+        "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "te" | "trailer" | "upgrade" | "content-length"
+    )
+}
+
+#[cfg(test)]
+mod tests;

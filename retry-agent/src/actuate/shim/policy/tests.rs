@@ -1,0 +1,153 @@
+use std::net::Ipv4Addr;
+
+use super::*;
+
+fn key(target: &str) -> RequestKey {
+    RequestKey {
+        caller: CallerId::Uid(0),
+        method: http::Method::GET,
+        dst: "127.0.0.1:8080".parse().expect("addr"),
+        authority: "svc".into(),
+        target: target.into(),
+        request_id: None,
+    }
+}
+
+fn bad_gateway() -> FailureReply {
+    FailureReply::Response {
+        status: http::StatusCode::BAD_GATEWAY,
+        headers: HeaderMap::new(),
+        body: Bytes::from_static(b"down"),
+        grpc_status: None,
+        grpc_message: None,
+    }
+}
+
+#[test]
+fn first_attempts_always_pass_even_when_suppressed() {
+    let mut t = Tracker::new(PolicyConfig::default());
+    let now = Instant::now();
+    let v = t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now);
+    assert_eq!(v, Verdict::Forward { retry: false });
+}
+
+#[test]
+fn retry_after_failure_is_answered_with_that_failure_on_a_suppressed_edge() {
+    let mut t = Tracker::new(PolicyConfig::default());
+    let now = Instant::now();
+    t.on_request(&key("/a"), false, Some(Reason::OverBudget), now);
+    t.on_outcome(&key("/a"), Some((bad_gateway(), Claim::Missing)), now);
+    let v = t.on_request(&key("/a"), false, Some(Reason::OverBudget), now + Duration::from_millis(5));
+    assert_eq!(
+        v,
+        Verdict::Answer { reason: SuppressReason::Decision(Reason::OverBudget), reply: Some(bad_gateway()) }
+    );
+    // Another logical request (different target) is a first attempt.
+    assert_eq!(t.on_request(&key("/b"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
+    // Not suppressed: the retry is recognised but forwarded.
+    assert_eq!(t.on_request(&key("/a"), false, None, now), Verdict::Forward { retry: true });
+    // Outside the window the failure is forgotten.
+    let late = now + PolicyConfig::default().window + Duration::from_millis(1);
+    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), late), Verdict::Forward { retry: false });
+}
+
+#[test]
+fn success_clears_the_failure() {
+    let mut t = Tracker::new(PolicyConfig::default());
+    let now = Instant::now();
+    t.on_outcome(&key("/a"), Some((bad_gateway(), Claim::Missing)), now);
+    t.on_outcome(&key("/a"), None, now);
+    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
+}
+
+#[test]
+fn marker_makes_a_retry_without_history() {
+    let mut t = Tracker::new(PolicyConfig::default());
+    let v = t.on_request(&key("/a"), true, Some(Reason::Amplification), Instant::now());
+    assert_eq!(v, Verdict::Answer { reason: SuppressReason::Decision(Reason::Amplification), reply: None });
+}
+
+#[test]
+fn decision_matrix_unclaimed_stops_claimed_and_missing_allow() {
+    let mut t = Tracker::new(PolicyConfig::default());
+    let now = Instant::now();
+    for (target, claim) in [("/u", Claim::Unclaimed), ("/c", Claim::Claimed), ("/m", Claim::Missing)] {
+        t.on_outcome(&key(target), Some((bad_gateway(), claim)), now);
+    }
+    assert!(matches!(
+        t.on_request(&key("/u"), false, None, now),
+        Verdict::Answer { reason: SuppressReason::CalleeUnclaimed, .. }
+    ));
+    assert_eq!(t.on_request(&key("/c"), false, None, now), Verdict::Forward { retry: true });
+    assert_eq!(t.on_request(&key("/m"), false, None, now), Verdict::Forward { retry: true });
+}
+
+#[test]
+fn retry_budget_caps_retries_at_the_ratio() {
+    let cfg = PolicyConfig { budget_ratio: Some(0.1), counter_tau: Duration::from_secs(3600), ..Default::default() };
+    let mut t = Tracker::new(cfg);
+    let now = Instant::now();
+    let mut forwarded_retries = 0;
+    for i in 0..200 {
+        let k = key(&format!("/{i}"));
+        t.on_request(&k, false, None, now);
+        t.on_outcome(&k, Some((bad_gateway(), Claim::Missing)), now);
+        if let Verdict::Forward { retry: true } = t.on_request(&k, false, None, now) {
+            forwarded_retries += 1;
+        }
+    }
+    // 400 requests in all at 10%: about 36 retries (the budget counts retries as requests too).
+    assert!((30..=45).contains(&forwarded_retries), "{forwarded_retries}");
+}
+
+#[test]
+fn adaptive_throttle_rejects_when_accepts_are_few() {
+    let cfg = PolicyConfig { throttle_k: Some(2.0), counter_tau: Duration::from_secs(3600), ..Default::default() };
+    let mut t = Tracker::new(cfg);
+    let now = Instant::now();
+    let mut rejected = 0;
+    for i in 0..500 {
+        let k = key(&format!("/{i}"));
+        t.on_request(&k, false, None, now);
+        t.on_outcome(&k, Some((bad_gateway(), Claim::Missing)), now);
+        if matches!(t.on_request(&k, false, None, now), Verdict::Answer { reason: SuppressReason::AdaptiveThrottle, .. }) {
+            rejected += 1;
+        }
+    }
+    // No accepts: p → (requests)/(requests+1) ≈ 1 once warmed up.
+    assert!(rejected > 450, "{rejected}");
+    // Healthy client: all accepted, p = max(0, (n − 2n)/(n+1)) = 0.
+    let mut t = Tracker::new(PolicyConfig { throttle_k: Some(2.0), ..Default::default() });
+    let other = RequestKey { caller: CallerId::Addr(Ipv4Addr::LOCALHOST.into()), ..key("/x") };
+    for _ in 0..100 {
+        t.on_request(&other, false, None, now);
+        t.on_outcome(&other, None, now);
+    }
+    assert_eq!(t.on_request(&other, true, None, now), Verdict::Forward { retry: true });
+}
+
+#[test]
+fn memory_is_bounded_and_fails_open() {
+    let mut t = Tracker::new(PolicyConfig { max_entries: 4, ..Default::default() });
+    let now = Instant::now();
+    for i in 0..10 {
+        t.on_outcome(&key(&format!("/{i}")), Some((bad_gateway(), Claim::Missing)), now);
+    }
+    assert_eq!(t.remembered_failures(), 4);
+    assert_eq!(t.on_request(&key("/9"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
+}
+
+#[test]
+fn markers_and_grpc_fields_parse() {
+    let mut h = HeaderMap::new();
+    h.insert("grpc-previous-rpc-attempts", HeaderValue::from_static("1"));
+    h.insert("grpc-status", HeaderValue::from_static("14"));
+    h.insert(crate::l7::ERROR_CLAIM_HEADER, HeaderValue::from_static("unclaimed"));
+    assert!(retry_markers(&h).says_retry());
+    assert_eq!(grpc_status(&h), Some(14));
+    assert_eq!(claim_of(&h), Some(Claim::Unclaimed));
+    h.insert("grpc-previous-rpc-attempts", HeaderValue::from_static("0"));
+    assert!(!retry_markers(&h).says_retry());
+    h.insert("x-envoy-attempt-count", HeaderValue::from_static("zz"));
+    assert!(!retry_markers(&h).says_retry());
+}

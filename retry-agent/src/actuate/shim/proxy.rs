@@ -1,0 +1,685 @@
+//! One redirected connection: detect the protocol, then splice (opaque) or proxy HTTP.
+//!
+//! Detection favours availability: anything that is not clearly HTTP/1.x or the h2c preface
+//! within the detection timeout (TLS, server-speaks-first protocols, CONNECT, Upgrade) is spliced
+//! byte for byte. The upstream is dialled before detection, so a refused or unreachable callee
+//! looks to the caller like a reset connection, as it would without the shim.
+use std::{
+    io,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use hyper::{body::Incoming, client::conn as cconn, server::conn as sconn, service::service_fn};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf},
+    net::TcpStream,
+};
+
+use super::{
+    net,
+    policy::{self, CallerId, FailureReply, RequestKey, SuppressReason, Tracker, Verdict},
+};
+use crate::{
+    actuate::control::ControlView,
+    l7::{Claim, ERROR_CLAIM_HEADER, RETRY_SUPPRESSED_HEADER},
+};
+
+/// Bound on the failure body kept to replay to suppressed retries.
+const MAX_FAILURE_BODY: usize = 64 << 10;
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const METHODS: [&[u8]; 8] = [b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"TRACE "];
+
+/// Shared by every connection of one shim.
+pub struct Ctx {
+    pub view: Arc<ControlView>,
+    pub tracker: Mutex<Tracker>,
+    pub mark: u32,
+    pub listen_port: u16,
+    pub connect_timeout: Duration,
+    pub detect_timeout: Duration,
+    pub stats: Stats,
+}
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub connections: AtomicU64,
+    pub opaque: AtomicU64,
+    pub http1: AtomicU64,
+    pub h2: AtomicU64,
+    pub requests: AtomicU64,
+    pub retries_forwarded: AtomicU64,
+    pub suppressed: AtomicU64,
+    pub upstream_errors: AtomicU64,
+    pub not_redirected: AtomicU64,
+}
+
+impl Stats {
+    pub fn summary(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "connections={} opaque={} http1={} h2={} requests={} retries_forwarded={} suppressed={} upstream_errors={} not_redirected={}",
+            g(&self.connections),
+            g(&self.opaque),
+            g(&self.http1),
+            g(&self.h2),
+            g(&self.requests),
+            g(&self.retries_forwarded),
+            g(&self.suppressed),
+            g(&self.upstream_errors),
+            g(&self.not_redirected)
+        )
+    }
+}
+
+fn bump(a: &AtomicU64) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detected {
+    Http1,
+    H2,
+    Opaque,
+}
+
+/// Classifies the first bytes; `None` = not enough bytes yet to tell.
+pub fn classify(buf: &[u8]) -> Option<Detected> {
+    if buf.is_empty() {
+        return None;
+    }
+    if H2_PREFACE.starts_with(buf) {
+        return (buf.len() >= H2_PREFACE.len()).then_some(Detected::H2);
+    }
+    if buf.starts_with(H2_PREFACE) {
+        return Some(Detected::H2);
+    }
+    for m in METHODS {
+        if buf.starts_with(m) {
+            // Upgrades (WebSocket) switch protocols mid-connection: splice them whole.
+            return Some(if has_upgrade(buf) { Detected::Opaque } else { Detected::Http1 });
+        }
+        if m.starts_with(buf) {
+            return None;
+        }
+    }
+    Some(Detected::Opaque)
+}
+
+fn has_upgrade(head: &[u8]) -> bool {
+    head.windows(10).any(|w| w.eq_ignore_ascii_case(b"\nupgrade: ") || w.eq_ignore_ascii_case(b"\nupgrade:\t"))
+}
+
+/// A stream with bytes already read from it put back in front.
+pub struct Prefixed<S> {
+    prefix: Bytes,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    pub fn new(prefix: Bytes, inner: S) -> Self {
+        Prefixed { prefix, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Reads until the protocol is known, EOF, or the detection timeout (then: opaque).
+async fn detect(client: &mut TcpStream, timeout: Duration) -> (Bytes, Detected) {
+    let mut buf = BytesMut::with_capacity(4096);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(d) = classify(&buf) {
+            return (buf.freeze(), d);
+        }
+        if buf.len() >= H2_PREFACE.len() {
+            return (buf.freeze(), Detected::Opaque);
+        }
+        match tokio::time::timeout_at(deadline, client.read_buf(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => continue,
+            _ => return (buf.freeze(), Detected::Opaque),
+        }
+    }
+}
+
+/// Serves one redirected connection to completion. Never panics; errors end the connection.
+pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+    bump(&ctx.stats.connections);
+    let orig = match net::original_dst(&client) {
+        Ok(o) if !(o.port() == ctx.listen_port && client.local_addr().is_ok_and(|l| l.ip() == o.ip())) => o,
+        _ => {
+            // Not redirected: proxying it would loop back to ourselves.
+            bump(&ctx.stats.not_redirected);
+            tracing::debug!(%peer, "connection was not redirected; closing");
+            return;
+        }
+    };
+    let upstream = match net::connect_marked(orig, ctx.mark, ctx.connect_timeout).await {
+        Ok(u) => u,
+        Err(e) => {
+            bump(&ctx.stats.upstream_errors);
+            tracing::debug!(%peer, %orig, error = %e, "upstream connect failed");
+            net::reset(client);
+            return;
+        }
+    };
+    let _ = client.set_nodelay(true);
+    let mut client = client;
+    let (prefix, kind) = detect(&mut client, ctx.detect_timeout).await;
+    let io = Prefixed::new(prefix, client);
+    let r = match kind {
+        Detected::Opaque => {
+            bump(&ctx.stats.opaque);
+            splice(io, upstream).await.map_err(ProxyError::Connect)
+        }
+        Detected::Http1 => {
+            bump(&ctx.stats.http1);
+            serve_http1(io, upstream, peer, orig, ctx.clone()).await
+        }
+        Detected::H2 => {
+            bump(&ctx.stats.h2);
+            serve_h2(io, upstream, peer, orig, ctx.clone()).await
+        }
+    };
+    if let Err(e) = r {
+        tracing::debug!(%peer, %orig, error = %e, "connection ended with an error");
+    }
+}
+
+async fn splice(mut client: Prefixed<TcpStream>, mut upstream: TcpStream) -> io::Result<()> {
+    tokio::io::copy_bidirectional(&mut client, &mut upstream).await.map(|_| ())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("upstream: {0}")]
+    Upstream(#[from] hyper::Error),
+    #[error("upstream io: {0}")]
+    Connect(#[from] io::Error),
+    #[error("suppressed retry answered with a reset")]
+    SuppressedReset,
+    #[error("bad request target: {0}")]
+    Uri(#[from] http::Error),
+}
+
+type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;
+
+struct ConnInfo {
+    peer: SocketAddr,
+    orig: SocketAddr,
+    caller: CallerId,
+}
+
+/// HTTP/1 upstream: one connection per client connection, redialled if the callee closed it
+/// between requests (mirrors what the client would see from its own pool).
+struct H1Upstream {
+    orig: SocketAddr,
+    sender: tokio::sync::Mutex<Option<cconn::http1::SendRequest<Incoming>>>,
+}
+
+async fn h1_handshake(s: TcpStream) -> Result<cconn::http1::SendRequest<Incoming>, ProxyError> {
+    let (sender, conn) = cconn::http1::Builder::new().preserve_header_case(true).handshake(TokioIo::new(s)).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "upstream http1 connection ended");
+        }
+    });
+    Ok(sender)
+}
+
+async fn serve_http1(
+    io: Prefixed<TcpStream>,
+    upstream: TcpStream,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    ctx: Arc<Ctx>,
+) -> Result<(), ProxyError> {
+    let sender = h1_handshake(upstream).await?;
+    let up = Arc::new(H1Upstream { orig, sender: tokio::sync::Mutex::new(Some(sender)) });
+    let info = Arc::new(ConnInfo { peer, orig, caller: net::caller_of(peer) });
+    let svc = service_fn(move |req: Request<Incoming>| {
+        let (up, info, ctx) = (up.clone(), info.clone(), ctx.clone());
+        async move {
+            let ctx2 = ctx.clone();
+            exchange(req, &info, &ctx, false, move |req| {
+                let (up, ctx) = (up.clone(), ctx2.clone());
+                async move {
+                    let mut g = up.sender.lock().await;
+                    if g.as_ref().is_none_or(|s| s.is_closed()) {
+                        let s = net::connect_marked(up.orig, ctx.mark, ctx.connect_timeout).await?;
+                        *g = Some(h1_handshake(s).await?);
+                    }
+                    let Some(s) = g.as_mut() else { return Err(ProxyError::SuppressedReset) };
+                    s.ready().await?;
+                    Ok(s.send_request(req).await?)
+                }
+            })
+            .await
+        }
+    });
+    sconn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .preserve_header_case(true)
+        .serve_connection(TokioIo::new(io), svc)
+        .await?;
+    Ok(())
+}
+
+async fn serve_h2(
+    io: Prefixed<TcpStream>,
+    upstream: TcpStream,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    ctx: Arc<Ctx>,
+) -> Result<(), ProxyError> {
+    let (sender, conn) =
+        cconn::http2::Builder::new(TokioExecutor::new()).timer(TokioTimer::new()).handshake(TokioIo::new(upstream)).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "upstream h2 connection ended");
+        }
+    });
+    let info = Arc::new(ConnInfo { peer, orig, caller: net::caller_of(peer) });
+    let svc = service_fn(move |req: Request<Incoming>| {
+        let (sender, info, ctx) = (sender.clone(), info.clone(), ctx.clone());
+        async move {
+            exchange(req, &info, &ctx, true, move |req| {
+                let mut sender = sender.clone();
+                async move {
+                    sender.ready().await?;
+                    Ok(sender.send_request(req).await?)
+                }
+            })
+            .await
+        }
+    });
+    sconn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .serve_connection(TokioIo::new(io), svc)
+        .await?;
+    Ok(())
+}
+
+fn is_grpc(h: &HeaderMap) -> bool {
+    h.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+fn key_of(req: &Request<Incoming>, info: &ConnInfo) -> RequestKey {
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string))
+        .unwrap_or_default();
+    RequestKey {
+        caller: info.caller,
+        method: req.method().clone(),
+        dst: info.orig,
+        authority,
+        target: req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default(),
+        request_id: req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string),
+    }
+}
+
+/// One request: classify, answer locally or forward, and remember the outcome.
+async fn exchange<F, Fut>(
+    mut req: Request<Incoming>,
+    info: &ConnInfo,
+    ctx: &Arc<Ctx>,
+    h2: bool,
+    send: F,
+) -> Result<Response<RespBody>, ProxyError>
+where
+    F: FnOnce(Request<Incoming>) -> Fut,
+    Fut: std::future::Future<Output = Result<Response<Incoming>, ProxyError>>,
+{
+    bump(&ctx.stats.requests);
+    let now = Instant::now();
+    let key = key_of(&req, info);
+    let grpc = is_grpc(req.headers());
+    let marked = policy::retry_markers(req.headers()).says_retry();
+    let suppressed = ctx.view.suppression(&info.orig, now);
+    let verdict = lock(&ctx.tracker).on_request(&key, marked, suppressed, now);
+    match verdict {
+        Verdict::Answer { reason, reply } => {
+            bump(&ctx.stats.suppressed);
+            tracing::debug!(peer = %info.peer, orig = %info.orig, target = %key.target, reason = reason.as_str(), "retry answered locally");
+            return local_reply(reason, reply, grpc);
+        }
+        Verdict::Forward { retry: true } => bump(&ctx.stats.retries_forwarded),
+        Verdict::Forward { retry: false } => {}
+    }
+    if h2 && req.uri().scheme().is_none() {
+        // The h2 client needs :scheme and :authority; h2c is plain http to the original dst.
+        let auth = if key.authority.is_empty() { info.orig.to_string() } else { key.authority.clone() };
+        let pq = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string();
+        *req.uri_mut() = http::Uri::builder().scheme("http").authority(auth).path_and_query(pq).build()?;
+    }
+    let resp = match send(req).await {
+        Ok(r) => r,
+        Err(e) => {
+            bump(&ctx.stats.upstream_errors);
+            lock(&ctx.tracker).on_outcome(&key, Some((FailureReply::Reset, Claim::Missing)), Instant::now());
+            return Err(e);
+        }
+    };
+    let (mut parts, body) = resp.into_parts();
+    let stamp = ctx.view.claim(&info.orig, now);
+    let mut grpc_status = if grpc { policy::grpc_status(&parts.headers) } else { None };
+    let http_failed = policy::status_is_failure(parts.status);
+    // Trailers-only gRPC responses carry the status in the headers.
+    if grpc_status.is_some_and(|s| s != 0) || (!grpc && http_failed) {
+        annotate_failure(&mut parts.headers, stamp, grpc && suppressed.is_some());
+    }
+    if grpc_status.is_none() && grpc && parts.headers.contains_key("grpc-status") {
+        grpc_status = Some(2); // unparseable status: UNKNOWN, a failure
+    }
+    let watch = grpc || http_failed;
+    if !watch {
+        // Success: forget any earlier failure of this request; nothing to watch in the body.
+        lock(&ctx.tracker).on_outcome(&key, None, now);
+    }
+    let tee = Tee {
+        inner: body,
+        watch: watch.then(|| Watch {
+            ctx: ctx.clone(),
+            key,
+            status: parts.status,
+            headers: parts.headers.clone(),
+            body: BytesMut::new(),
+            grpc,
+            grpc_status,
+            grpc_message: parts.headers.get("grpc-message").cloned(),
+            claim: policy::claim_of(&parts.headers).unwrap_or(Claim::Missing),
+            stamp,
+            pushback: grpc && suppressed.is_some(),
+        }),
+        done: false,
+    };
+    Ok(Response::from_parts(parts, tee.boxed_unsync()))
+}
+
+fn lock(m: &Mutex<Tracker>) -> std::sync::MutexGuard<'_, Tracker> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Stamps the agent's claim (inbound side) and, on a suppressed gRPC edge, the do-not-retry
+/// pushback, on a failure's headers or trailers. An existing claim header is left alone.
+fn annotate_failure(h: &mut HeaderMap, stamp: Option<Claim>, pushback: bool) {
+    if let Some(c) = stamp
+        && !h.contains_key(ERROR_CLAIM_HEADER)
+    {
+        h.insert(ERROR_CLAIM_HEADER, HeaderValue::from_static(c.as_str()));
+    }
+    if pushback {
+        h.insert("grpc-retry-pushback-ms", HeaderValue::from_static("-1"));
+    }
+}
+
+/// Builds the local answer to a suppressed retry: the failure the last attempt got, or a 503
+/// (gRPC: UNAVAILABLE) when only a marker made it a retry; always with `x-retry-suppressed`.
+fn local_reply(reason: SuppressReason, reply: Option<FailureReply>, grpc: bool) -> Result<Response<RespBody>, ProxyError> {
+    let why = HeaderValue::from_static(reason.as_str());
+    let (status, headers, body, gstatus, gmsg) = match reply {
+        Some(FailureReply::Reset) if !grpc => return Err(ProxyError::SuppressedReset),
+        Some(FailureReply::Reset) | None => (StatusCode::SERVICE_UNAVAILABLE, HeaderMap::new(), Bytes::new(), None, None),
+        Some(FailureReply::Response { status, headers, body, grpc_status, grpc_message }) => {
+            (status, headers, body, grpc_status, grpc_message)
+        }
+    };
+    if grpc {
+        let mut b = Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/grpc");
+        b = b.header(RETRY_SUPPRESSED_HEADER, why.clone());
+        let mut trailers = HeaderMap::new();
+        let code = gstatus.filter(|s| *s != 0).unwrap_or(14);
+        trailers.insert("grpc-status", HeaderValue::from(code));
+        trailers.insert(
+            "grpc-message",
+            gmsg.unwrap_or_else(|| HeaderValue::from_static("retry suppressed by retry-agent")),
+        );
+        trailers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("-1"));
+        trailers.insert(RETRY_SUPPRESSED_HEADER, why);
+        return Ok(b.body(TrailersOnly(Some(trailers)).boxed_unsync())?);
+    }
+    let mut resp = Response::new(Full::new(body).map_err(|never| match never {}).boxed_unsync());
+    *resp.status_mut() = status;
+    for (n, v) in headers.iter() {
+        if !policy::is_hop_or_framing(n) {
+            resp.headers_mut().append(n.clone(), v.clone());
+        }
+    }
+    resp.headers_mut().insert(RETRY_SUPPRESSED_HEADER, why);
+    Ok(resp)
+}
+
+/// A body of trailers only (local gRPC answers).
+struct TrailersOnly(Option<HeaderMap>);
+
+impl Body for TrailersOnly {
+    type Data = Bytes;
+    type Error = hyper::Error;
+    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Poll::Ready(self.0.take().map(|t| Ok(Frame::trailers(t))))
+    }
+    fn is_end_stream(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+struct Watch {
+    ctx: Arc<Ctx>,
+    key: RequestKey,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: BytesMut,
+    grpc: bool,
+    grpc_status: Option<u32>,
+    grpc_message: Option<HeaderValue>,
+    claim: Claim,
+    stamp: Option<Claim>,
+    pushback: bool,
+}
+
+impl Watch {
+    fn commit(self, reset: bool) {
+        let failed = if self.grpc { self.grpc_status.is_none_or(|s| s != 0) } else { policy::status_is_failure(self.status) };
+        let now = Instant::now();
+        let outcome = if reset {
+            Some((FailureReply::Reset, self.claim))
+        } else if failed {
+            let mut headers = self.headers;
+            headers.remove(ERROR_CLAIM_HEADER);
+            Some((
+                FailureReply::Response {
+                    status: self.status,
+                    headers,
+                    body: self.body.freeze(),
+                    grpc_status: self.grpc_status,
+                    grpc_message: self.grpc_message,
+                },
+                self.claim,
+            ))
+        } else {
+            None
+        };
+        lock(&self.ctx.tracker).on_outcome(&self.key, outcome, now);
+    }
+}
+
+/// Passes the response body through untouched, except that on a failure it keeps a bounded copy
+/// and edits the gRPC trailers (claim, pushback); at the end it records the outcome.
+struct Tee {
+    inner: Incoming,
+    watch: Option<Watch>,
+    done: bool,
+}
+
+impl Body for Tee {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let r = match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(r) => r,
+        };
+        match r {
+            Some(Ok(frame)) => {
+                let frame = match frame.into_trailers() {
+                    Ok(mut t) => {
+                        if let Some(w) = this.watch.as_mut() {
+                            if w.grpc {
+                                w.grpc_status = policy::grpc_status(&t).or(w.grpc_status);
+                                w.grpc_message = t.get("grpc-message").cloned().or(w.grpc_message.take());
+                                if let Some(c) = policy::claim_of(&t) {
+                                    w.claim = c;
+                                }
+                                if w.grpc_status.is_some_and(|s| s != 0) {
+                                    annotate_failure(&mut t, w.stamp, w.pushback);
+                                }
+                            }
+                        }
+                        Frame::trailers(t)
+                    }
+                    Err(frame) => {
+                        if let (Some(w), Some(d)) = (this.watch.as_mut(), frame.data_ref()) {
+                            let room = MAX_FAILURE_BODY.saturating_sub(w.body.len());
+                            w.body.extend_from_slice(d.get(..room.min(d.len())).unwrap_or_default());
+                        }
+                        frame
+                    }
+                };
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(e)) => {
+                if let Some(w) = this.watch.take() {
+                    w.commit(true);
+                }
+                this.done = true;
+                Poll::Ready(Some(Err(e)))
+            }
+            None => {
+                if let Some(w) = this.watch.take() {
+                    w.commit(false);
+                }
+                this.done = true;
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Report the end only after we saw it, so the final poll (which commits) always happens.
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_first_bytes() {
+        assert_eq!(classify(b""), None);
+        assert_eq!(classify(b"GE"), None);
+        assert_eq!(classify(b"GET / HTTP/1.1\r\n"), Some(Detected::Http1));
+        assert_eq!(classify(b"DELETE /x HTTP/1.1\r\n"), Some(Detected::Http1));
+        assert_eq!(classify(b"PRI * HTTP/2.0\r\n"), None);
+        assert_eq!(classify(H2_PREFACE), Some(Detected::H2));
+        assert_eq!(classify(b"\x16\x03\x01\x02\x00"), Some(Detected::Opaque));
+        assert_eq!(classify(b"hello"), Some(Detected::Opaque));
+        assert_eq!(classify(b"CONNECT host:443 HTTP/1.1\r\n"), Some(Detected::Opaque));
+        assert_eq!(
+            classify(b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n"),
+            Some(Detected::Opaque)
+        );
+    }
+
+    #[test]
+    fn local_http_reply_replays_the_failure() {
+        let mut h = HeaderMap::new();
+        h.insert("content-length", HeaderValue::from_static("4"));
+        h.insert("x-app", HeaderValue::from_static("1"));
+        let reply = FailureReply::Response {
+            status: StatusCode::BAD_GATEWAY,
+            headers: h,
+            body: Bytes::from_static(b"down"),
+            grpc_status: None,
+            grpc_message: None,
+        };
+        let r = local_reply(SuppressReason::CalleeUnclaimed, Some(reply), false).expect("reply");
+        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(r.headers().get(RETRY_SUPPRESSED_HEADER).map(|v| v.as_bytes()), Some(&b"callee_unclaimed"[..]));
+        assert_eq!(r.headers().get("x-app").map(|v| v.as_bytes()), Some(&b"1"[..]));
+        assert!(r.headers().get("content-length").is_none());
+        assert!(matches!(local_reply(SuppressReason::RetryBudget, Some(FailureReply::Reset), false), Err(ProxyError::SuppressedReset)));
+    }
+
+    #[tokio::test]
+    async fn local_grpc_reply_has_pushback_trailers() {
+        let r = local_reply(SuppressReason::Decision(crate::decide::Reason::OverBudget), None, true).expect("reply");
+        assert_eq!(r.status(), StatusCode::OK);
+        let body = r.into_body().collect().await.expect("body");
+        let t = body.trailers().cloned().expect("trailers");
+        assert_eq!(t.get("grpc-status").map(|v| v.as_bytes()), Some(&b"14"[..]));
+        assert_eq!(t.get("grpc-retry-pushback-ms").map(|v| v.as_bytes()), Some(&b"-1"[..]));
+    }
+
+    #[test]
+    fn annotate_keeps_an_existing_claim() {
+        let mut h = HeaderMap::new();
+        annotate_failure(&mut h, Some(Claim::Unclaimed), false);
+        assert_eq!(h.get(ERROR_CLAIM_HEADER).map(|v| v.as_bytes()), Some(&b"unclaimed"[..]));
+        annotate_failure(&mut h, Some(Claim::Claimed), true);
+        assert_eq!(h.get(ERROR_CLAIM_HEADER).map(|v| v.as_bytes()), Some(&b"unclaimed"[..]));
+        assert_eq!(h.get("grpc-retry-pushback-ms").map(|v| v.as_bytes()), Some(&b"-1"[..]));
+    }
+}
