@@ -30,12 +30,14 @@ pub mod format;
 pub mod forensics;
 pub mod redact;
 pub mod replay;
+pub mod synth;
 
 #[cfg(test)]
 mod tests;
 
 pub use client::{DumpArgs, dump_api_response, run_dump, spawn_sigusr1_dumps};
-pub use format::{DumpHeader, DumpReader, DumpWriter, FormatError, ReadOutcome};
+pub use format::{DumpHeader, DumpReader, DumpWriter, FormatError, Loss, ReadOutcome};
+pub use replay::{EdgeSnapshot, Pipeline, Replayed, StageOutput, replay};
 
 /// Recorder settings: every one a flag with an env var and a default.
 #[derive(Args, Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -93,6 +95,10 @@ pub enum Record {
     Exchange(Exchange),
     Verdict(Verdict),
     Decision(Decision),
+    /// Edge and call-path figures at one evaluation (what the decisions were made from).
+    Edges(replay::EdgeSnapshot),
+    /// An evaluation the live loop made without an event (idle timer): a replay ticks here too.
+    Tick { now_ns: u64 },
 }
 
 impl Record {
@@ -103,6 +109,8 @@ impl Record {
             Record::Exchange(x) => x.end_ns(),
             Record::Verdict(v) => v.ts_ns,
             Record::Decision(d) => d.issued_at_ns,
+            Record::Edges(e) => e.ts_ns,
+            Record::Tick { now_ns } => *now_ns,
         }
     }
 
@@ -125,6 +133,8 @@ impl Record {
             }
             Record::Verdict(v) => BASE + v.caused_by.len() * 48,
             Record::Decision(d) => BASE + d.callee_addrs.len() * 32,
+            Record::Edges(e) => BASE + e.edges.len() * 512 + e.paths.depths.len() * 128,
+            Record::Tick { .. } => BASE,
         }
     }
 }
