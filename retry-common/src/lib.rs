@@ -1,12 +1,16 @@
 //! Types shared by kernel (retry-ebpf) and userspace (retry-agent).
 //!
 //! Everything here is `#[repr(C)]` and `Copy`, with explicit padding so both sides agree on the
-//! layout byte for byte; `tests` pins sizes and offsets.
+//! layout byte for byte; `tests` pins sizes and offsets. Enumerations that cross the boundary are
+//! plain `u32` constants, not Rust enums: a kernel record with an unexpected value must decode to
+//! an error, never to an invalid enum discriminant.
 #![no_std]
 
 /// Upper bound on the payload prefix one event carries. The configured capture size
 /// (`CaptureConfig::payload_bytes`) is clamped to this.
 pub const MAX_PAYLOAD: usize = 4096;
+/// Payload prefix captured when userspace configures nothing.
+pub const DEFAULT_PAYLOAD: u32 = 256;
 
 /// Kind tag, first field of every ring-buffer record so userspace can dispatch.
 #[repr(u32)]
@@ -17,28 +21,302 @@ pub enum EventKind {
     ProcessExit = 3,
 }
 
-/// Placeholder proving the build path; the capture work replaces it with the real records.
+/// `EventKind` values as raw integers, for matching on the first `u32` of a record.
+pub const KIND_DATA: u32 = EventKind::Data as u32;
+pub const KIND_CONN: u32 = EventKind::Conn as u32;
+pub const KIND_PROCESS_EXIT: u32 = EventKind::ProcessExit as u32;
+
+/// Which syscall moved the bytes (`DataHeader::syscall`).
+pub mod syscall {
+    pub const READ: u32 = 1;
+    pub const WRITE: u32 = 2;
+    pub const READV: u32 = 3;
+    pub const WRITEV: u32 = 4;
+    pub const SENDTO: u32 = 5;
+    pub const RECVFROM: u32 = 6;
+    pub const SENDMSG: u32 = 7;
+    pub const RECVMSG: u32 = 8;
+    pub const SENDMMSG: u32 = 9;
+    pub const RECVMMSG: u32 = 10;
+
+    /// Whether the syscall sends (egress) rather than receives.
+    pub const fn is_egress(sc: u32) -> bool {
+        matches!(sc, WRITE | WRITEV | SENDTO | SENDMSG | SENDMMSG)
+    }
+}
+
+/// Side of the connection the process is on (`ConnInfo::role`, records' `role`).
+pub mod role {
+    pub const UNKNOWN: u32 = 0;
+    /// The process called connect().
+    pub const CLIENT: u32 = 1;
+    /// The process accepted the connection.
+    pub const SERVER: u32 = 2;
+}
+
+/// Direction of bytes relative to the process (`DataHeader::direction`).
+pub mod direction {
+    pub const EGRESS: u32 = 1;
+    pub const INGRESS: u32 = 2;
+}
+
+/// `ConnRecord::conn_kind`.
+pub mod conn_kind {
+    /// connect() returned; `errno` is its -ret (0, EINPROGRESS, ECONNREFUSED, ...).
+    pub const CONNECT: u32 = 1;
+    /// A connecting socket reached ESTABLISHED (seen in softirq context; pid/tid are the owner's).
+    pub const ESTABLISHED: u32 = 2;
+    /// A connect that had already returned (non-blocking) failed: SYN_SENT -> CLOSE.
+    pub const FAILED: u32 = 3;
+    /// accept()/accept4() returned a TCP connection.
+    pub const ACCEPT: u32 = 4;
+    /// The process closed a tracked fd.
+    pub const CLOSE: u32 = 5;
+    /// An open connection went to CLOSE without the FIN exchange (RST sent or received), or an
+    /// I/O syscall failed with ECONNRESET/EPIPE.
+    pub const RESET: u32 = 6;
+}
+
+/// Linux TCP states, as `sock:inet_sock_set_state` reports them.
+pub mod tcp_state {
+    pub const ESTABLISHED: u32 = 1;
+    pub const SYN_SENT: u32 = 2;
+    pub const SYN_RECV: u32 = 3;
+    pub const FIN_WAIT1: u32 = 4;
+    pub const FIN_WAIT2: u32 = 5;
+    pub const TIME_WAIT: u32 = 6;
+    pub const CLOSE: u32 = 7;
+    pub const CLOSE_WAIT: u32 = 8;
+    pub const LAST_ACK: u32 = 9;
+    pub const LISTEN: u32 = 10;
+    pub const CLOSING: u32 = 11;
+    pub const NEW_SYN_RECV: u32 = 12;
+}
+
+pub const AF_INET: u16 = 2;
+pub const AF_INET6: u16 = 10;
+pub const IPPROTO_TCP: u16 = 6;
+
+/// Local and remote endpoint. Ports in host byte order; addresses in network byte order, IPv4 in
+/// the first 4 bytes. `family == 0` means unknown; `lport == 0` means the local side is not yet
+/// known (a connect whose port is chosen after SYN_SENT).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Probe {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockTuple {
+    pub family: u16,
+    pub lport: u16,
+    pub rport: u16,
+    pub _pad: u16,
+    pub laddr: [u8; 16],
+    pub raddr: [u8; 16],
+}
+
+/// Header of a data record; `captured` payload bytes follow it directly in the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataHeader {
+    /// `KIND_DATA`.
+    pub kind: u32,
+    /// `syscall::*`.
+    pub syscall: u32,
     pub pid: u32,
     pub tid: u32,
+    pub fd: u32,
+    /// `role::*`.
+    pub role: u32,
+    /// `direction::*`.
+    pub direction: u32,
+    /// Payload bytes that follow this header (≤ `len`, ≤ the configured size).
+    pub captured: u32,
+    /// Connection generation: CLOCK_MONOTONIC ns at connect/accept/pick-up, so fd reuse differs.
+    pub generation: u64,
+    pub ts_enter_ns: u64,
+    pub ts_exit_ns: u64,
+    /// The syscall's return value (bytes, or messages for sendmmsg/recvmmsg).
+    pub ret: i64,
+    /// Bytes the syscall moved (for *mmsg: those of the first message).
+    pub len: u64,
+    pub tuple: SockTuple,
+}
+
+/// Per-CPU scratch in which the kernel assembles a data record (too big for the 512 B stack).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DataRecord {
+    pub header: DataHeader,
+    pub payload: [u8; MAX_PAYLOAD],
+}
+
+/// A connection lifecycle record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnRecord {
+    /// `KIND_CONN`.
+    pub kind: u32,
+    /// `conn_kind::*`.
+    pub conn_kind: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub fd: u32,
+    /// `role::*`.
+    pub role: u32,
+    /// Positive errno (0 when none).
+    pub errno: i32,
+    /// TCP states for events derived from `inet_sock_set_state` (0 otherwise).
+    pub oldstate: u32,
+    pub newstate: u32,
+    pub _pad: u32,
+    pub generation: u64,
+    pub ts_ns: u64,
+    pub tuple: SockTuple,
+}
+
+/// A whole process (thread group) exited.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessExitRecord {
+    /// `KIND_PROCESS_EXIT`.
+    pub kind: u32,
+    pub pid: u32,
     pub ts_ns: u64,
 }
 
+/// Key of the tracked-connection map: one fd in one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ConnKey {
+    pub tgid: u32,
+    pub fd: u32,
+}
+
+/// Value of the tracked-connection map. Presence means "this fd is a TCP socket": every other fd
+/// is filtered at syscall entry by one lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnInfo {
+    pub generation: u64,
+    /// Kernel `struct sock *` (0 when unknown, e.g. picked up from /proc): only an identity.
+    pub skaddr: u64,
+    /// `role::*`.
+    pub role: u32,
+    pub _pad: u32,
+    pub tuple: SockTuple,
+}
+
+/// Set while the owning connect() syscall is still running: its return value reports the result,
+/// so a SYN_SENT -> CLOSE in that window emits no separate FAILED.
+pub const OWNER_IN_CONNECT: u32 = 1;
+/// Set once SYN_SENT -> ESTABLISHED fired: a non-blocking connect() that returns EINPROGRESS after
+/// the handshake already finished still gets its ESTABLISHED event.
+pub const OWNER_ESTABLISHED: u32 = 2;
+
+/// Owner of a kernel socket, keyed by `struct sock *`: lets state changes that fire in softirq
+/// context (established, reset) be attributed to the process and fd.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockOwner {
+    pub pid_tgid: u64,
+    pub generation: u64,
+    pub fd: u32,
+    pub role: u32,
+    /// `OWNER_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
+    pub tuple: SockTuple,
+}
+
+/// Remote endpoint of an accepted connection, to find the tuple the SYN_RECV -> ESTABLISHED
+/// transition recorded when accept() returns the peer address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerKey {
+    pub family: u16,
+    pub port: u16,
+    pub addr: [u8; 16],
+}
+
+/// A server-side connection that reached ESTABLISHED and waits to be accepted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerEst {
+    pub skaddr: u64,
+    pub tuple: SockTuple,
+}
+
+/// Arguments of an I/O syscall saved at entry (only for tracked fds), completed at exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoArgs {
+    /// Buffer, iovec array, msghdr or mmsghdr pointer, depending on `syscall`.
+    pub buf: u64,
+    pub ts_enter_ns: u64,
+    pub fd: u32,
+    pub syscall: u32,
+}
+
+/// connect() arguments saved at entry; the TCP state tracepoint in the same task marks it TCP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectArgs {
+    pub ts_enter_ns: u64,
+    pub skaddr: u64,
+    pub fd: u32,
+    /// 1 once CLOSE -> SYN_SENT fired in this task during the call.
+    pub is_tcp: u32,
+}
+
+/// accept()/accept4() arguments saved at entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AcceptArgs {
+    /// User pointer to the peer sockaddr (0 when the caller passed NULL).
+    pub addr: u64,
+    pub ts_enter_ns: u64,
+    pub fd: u32,
+    pub _pad: u32,
+}
+
+/// Settings userspace writes into the one-element `CONFIG` array before attaching.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// The agent's own tgid: never traced.
+    pub agent_tgid: u32,
+    /// Payload prefix size, ≤ `MAX_PAYLOAD`.
+    pub payload_bytes: u32,
+    /// Offset of `sk_err` in `struct sock`, from /sys/kernel/btf/vmlinux (0 = unknown): the errno
+    /// of a non-blocking connect failure or a reset, read when the socket goes to CLOSE.
+    pub sk_err_offset: u32,
+    pub _pad: u32,
+}
+
+/// Names of the maps and programs, used by both sides.
+pub mod names {
+    pub const EVENTS: &str = "EVENTS";
+    pub const DROPS: &str = "DROPS";
+    pub const CONFIG: &str = "CONFIG";
+    pub const CONNS: &str = "CONNS";
+}
+
 #[cfg(feature = "user")]
-// SAFETY: Probe is repr(C), Copy, and has no padding or pointers.
-unsafe impl aya::Pod for Probe {}
+mod pod {
+    use super::*;
+    // SAFETY (all): repr(C), Copy, only integer fields and byte arrays, explicit padding fields so
+    // no byte is uninitialised; the layout tests below pin that.
+    unsafe impl aya::Pod for SockTuple {}
+    unsafe impl aya::Pod for DataHeader {}
+    unsafe impl aya::Pod for ConnRecord {}
+    unsafe impl aya::Pod for ProcessExitRecord {}
+    unsafe impl aya::Pod for ConnKey {}
+    unsafe impl aya::Pod for ConnInfo {}
+    unsafe impl aya::Pod for SockOwner {}
+    unsafe impl aya::Pod for PeerKey {}
+    unsafe impl aya::Pod for ServerEst {}
+    unsafe impl aya::Pod for IoArgs {}
+    unsafe impl aya::Pod for ConnectArgs {}
+    unsafe impl aya::Pod for AcceptArgs {}
+    unsafe impl aya::Pod for Config {}
+}
 
 #[cfg(test)]
-mod tests {
-    extern crate std;
-    use super::*;
-    use core::mem::{offset_of, size_of};
-
-    #[test]
-    fn probe_layout() {
-        assert_eq!(size_of::<Probe>(), 16);
-        assert_eq!(offset_of!(Probe, ts_ns), 8);
-    }
-}
+mod tests;

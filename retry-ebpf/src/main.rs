@@ -1,22 +1,641 @@
+//! Kernel side of retry-agent: syscall and TCP-state tracepoints that turn socket I/O of TCP
+//! connections into ring-buffer records (`retry_common`).
+//!
+//! Programs are thin: `ra_*` entry points call `try_*` functions and ignore their errors (a failed
+//! helper call must never affect the traced process; lost records are counted in `DROPS`).
+//!
+//! Filtering is the cost lever: every read/write on the node costs one hash lookup in `CONNS`
+//! (tracked TCP fds) at entry; only tracked fds save arguments and produce records.
 #![no_std]
 #![no_main]
 
+use core::{ffi::c_void, mem::size_of};
+
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user, generated},
     macros::{map, tracepoint},
-    maps::RingBuf,
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
-use retry_common::Probe;
+use retry_common::{
+    AF_INET, AF_INET6, AcceptArgs, Config, ConnInfo, ConnKey, ConnRecord, ConnectArgs, DataHeader, DataRecord,
+    IPPROTO_TCP, IoArgs, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT, MAX_PAYLOAD, OWNER_ESTABLISHED, OWNER_IN_CONNECT, PeerKey,
+    ProcessExitRecord, ServerEst, SockOwner, SockTuple, conn_kind, direction, role, syscall, tcp_state,
+};
 
+// Both sides must agree on layouts; retry-common's tests pin them for the host, these for BPF.
+const _: () = assert!(size_of::<DataHeader>() == 112);
+const _: () = assert!(size_of::<DataRecord>() == 112 + MAX_PAYLOAD);
+const _: () = assert!(size_of::<ConnRecord>() == 96);
+const _: () = assert!(size_of::<ProcessExitRecord>() == 16);
+const _: () = assert!(size_of::<ConnKey>() == 8);
+const _: () = assert!(size_of::<ConnInfo>() == 64);
+const _: () = assert!(size_of::<SockOwner>() == 72);
+const _: () = assert!(size_of::<PeerKey>() == 20);
+const _: () = assert!(size_of::<ServerEst>() == 48);
+const _: () = assert!(size_of::<Config>() == 16);
+
+const ECONNRESET: i64 = 104;
+const EPIPE: i64 = 32;
+const EINPROGRESS: i64 = 115;
+
+/// Size is overridden by userspace (`CaptureConfig::ring_bytes`).
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+/// Records that did not fit in `EVENTS`.
+#[map]
+static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+/// Tracked TCP fds. LRU so a process that dies without close cannot fill it; userspace also
+/// removes a process's entries when it exits.
+#[map]
+static CONNS: LruHashMap<ConnKey, ConnInfo> = LruHashMap::with_max_entries(65536, 0);
+/// `struct sock *` -> owner, for state changes seen outside the owner's context.
+#[map]
+static SOCKS: LruHashMap<u64, SockOwner> = LruHashMap::with_max_entries(65536, 0);
+/// Server connections established but not yet accepted, by peer address.
+#[map]
+static SERVER_EST: LruHashMap<PeerKey, ServerEst> = LruHashMap::with_max_entries(16384, 0);
+#[map]
+static IO_ARGS: LruHashMap<u64, IoArgs> = LruHashMap::with_max_entries(16384, 0);
+#[map]
+static CONNECT_ARGS: LruHashMap<u64, ConnectArgs> = LruHashMap::with_max_entries(8192, 0);
+#[map]
+static ACCEPT_ARGS: LruHashMap<u64, AcceptArgs> = LruHashMap::with_max_entries(8192, 0);
+/// Data records are assembled here: 4 KiB of payload does not fit the 512 B stack.
+#[map]
+static SCRATCH: PerCpuArray<DataRecord> = PerCpuArray::with_max_entries(1, 0);
 
-#[tracepoint]
-pub fn probe_enter_connect(_ctx: TracePointContext) -> u32 {
+/// Syscall tracepoint layout: 8 bytes of common header and syscall nr, then 8-byte arguments.
+#[inline(always)]
+fn arg(ctx: &TracePointContext, n: usize) -> Result<u64, i32> {
+    // SAFETY: reads the tracepoint record through bpf_probe_read_kernel; offsets from the format files.
+    unsafe { ctx.read_at::<u64>(16 + 8 * n) }
+}
+
+#[inline(always)]
+fn exit_ret(ctx: &TracePointContext) -> Result<i64, i32> {
+    // SAFETY: as `arg`; sys_exit_* has `long ret` at 16.
+    unsafe { ctx.read_at::<i64>(16) }
+}
+
+#[inline(always)]
+fn now() -> u64 {
+    // SAFETY: no preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+fn config() -> Config {
+    CONFIG.get(0).copied().unwrap_or_default()
+}
+
+#[inline(always)]
+fn count_drop() {
+    if let Some(p) = DROPS.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, only this CPU writes it while this program runs.
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn is_agent(pid_tgid: u64) -> bool {
+    let agent = config().agent_tgid;
+    agent != 0 && (pid_tgid >> 32) as u32 == agent
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn emit_conn(
+    kind: u32,
+    pid_tgid: u64,
+    fd: u32,
+    role: u32,
+    errno: i32,
+    states: (u32, u32),
+    generation: u64,
+    tuple: &SockTuple,
+) {
+    let rec = ConnRecord {
+        kind: KIND_CONN,
+        conn_kind: kind,
+        pid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        fd,
+        role,
+        errno,
+        oldstate: states.0,
+        newstate: states.1,
+        _pad: 0,
+        generation,
+        ts_ns: now(),
+        tuple: *tuple,
+    };
+    if EVENTS.output(&rec, 0).is_err() {
+        count_drop();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data syscalls
+
+#[inline(always)]
+fn try_enter_io(ctx: &TracePointContext, sc: u32) -> Result<(), i32> {
+    let fd = arg(ctx, 0)? as u32;
     let pid_tgid = bpf_get_current_pid_tgid();
-    let ev = Probe { pid: (pid_tgid >> 32) as u32, tid: pid_tgid as u32, ts_ns: unsafe { bpf_ktime_get_ns() } };
-    let _ = EVENTS.output(&ev, 0);
+    let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd };
+    if CONNS.get_ptr(&key).is_none() {
+        return Ok(());
+    }
+    let args = IoArgs { buf: arg(ctx, 1)?, ts_enter_ns: now(), fd, syscall: sc };
+    IO_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Iovec {
+    base: u64,
+    len: u64,
+}
+
+#[inline(always)]
+fn read_user<T>(addr: u64) -> Result<T, i32> {
+    // SAFETY: bpf_probe_read_user validates the user address; failure is an error, not a fault.
+    unsafe { bpf_probe_read_user(addr as *const T) }.map_err(|e| e as i32)
+}
+
+/// Where the first bytes are, how many of them are contiguous there, and how many the syscall
+/// moved in total.
+#[inline(always)]
+fn payload_source(a: &IoArgs, ret: i64) -> Result<(u64, u64, u64), i32> {
+    let total = ret as u64;
+    match a.syscall {
+        syscall::READV | syscall::WRITEV => {
+            let iov: Iovec = read_user(a.buf)?;
+            Ok((iov.base, iov.len, total))
+        }
+        syscall::SENDMSG | syscall::RECVMSG => {
+            // struct user_msghdr: msg_iov at 16.
+            let iovp: u64 = read_user(a.buf + 16)?;
+            let iov: Iovec = read_user(iovp)?;
+            Ok((iov.base, iov.len, total))
+        }
+        syscall::SENDMMSG | syscall::RECVMMSG => {
+            // struct mmsghdr: msg_hdr (56 bytes) then msg_len; only the first message is reported.
+            let iovp: u64 = read_user(a.buf + 16)?;
+            let msg_len: u32 = read_user(a.buf + 56)?;
+            let iov: Iovec = read_user(iovp)?;
+            Ok((iov.base, iov.len, msg_len as u64))
+        }
+        _ => Ok((a.buf, total, total)),
+    }
+}
+
+#[inline(always)]
+fn try_exit_io(ctx: &TracePointContext) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let a = match IO_ARGS.get_ptr(&pid_tgid) {
+        // SAFETY: the value is copied out before the entry is removed.
+        Some(p) => unsafe { *p },
+        None => return Ok(()),
+    };
+    let _ = IO_ARGS.remove(&pid_tgid);
+    let ret = exit_ret(ctx)?;
+    let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: a.fd };
+    let info = match CONNS.get_ptr(&key) {
+        // SAFETY: copied out; a concurrent close only makes this record slightly stale.
+        Some(p) => unsafe { *p },
+        None => return Ok(()),
+    };
+    if ret <= 0 {
+        if ret == -ECONNRESET || ret == -EPIPE {
+            let states = (0, 0);
+            emit_conn(conn_kind::RESET, pid_tgid, a.fd, info.role, (-ret) as i32, states, info.generation, &info.tuple);
+        }
+        return Ok(());
+    }
+    let (src, contiguous, total) = payload_source(&a, ret)?;
+    let rec = match SCRATCH.get_ptr_mut(0) {
+        Some(r) => r,
+        None => return Ok(()),
+    };
+    let cap = config().payload_bytes as u64;
+    let mut n = total;
+    if contiguous < n {
+        n = contiguous;
+    }
+    if cap < n {
+        n = cap;
+    }
+    // Explicit bound for the verifier (cap is ≤ MAX_PAYLOAD already, but it cannot know).
+    if n > MAX_PAYLOAD as u64 {
+        n = MAX_PAYLOAD as u64;
+    }
+    let mut n = n as u32;
+    // SAFETY: `rec` points at this CPU's scratch value; `n` ≤ MAX_PAYLOAD = payload's size.
+    unsafe {
+        if n > 0 {
+            let r = generated::bpf_probe_read_user(
+                (*rec).payload.as_mut_ptr() as *mut c_void,
+                n,
+                src as *const c_void,
+            );
+            if r != 0 {
+                n = 0;
+            }
+        }
+        (*rec).header = DataHeader {
+            kind: KIND_DATA,
+            syscall: a.syscall,
+            pid: key.tgid,
+            tid: pid_tgid as u32,
+            fd: a.fd,
+            role: info.role,
+            direction: if syscall::is_egress(a.syscall) { direction::EGRESS } else { direction::INGRESS },
+            captured: n,
+            generation: info.generation,
+            ts_enter_ns: a.ts_enter_ns,
+            ts_exit_ns: now(),
+            ret,
+            len: total,
+            tuple: info.tuple,
+        };
+        let size = size_of::<DataHeader>() + n as usize;
+        let bytes = core::slice::from_raw_parts(rec as *const u8, size);
+        if EVENTS.output(bytes, 0).is_err() {
+            count_drop();
+        }
+    }
+    Ok(())
+}
+
+macro_rules! io_programs {
+    ($($enter:ident, $exit:ident, $tp_enter:literal, $tp_exit:literal, $sc:expr;)*) => {$(
+        #[tracepoint(category = "syscalls", name = $tp_enter)]
+        pub fn $enter(ctx: TracePointContext) -> u32 {
+            let _ = try_enter_io(&ctx, $sc);
+            0
+        }
+        #[tracepoint(category = "syscalls", name = $tp_exit)]
+        pub fn $exit(ctx: TracePointContext) -> u32 {
+            let _ = try_exit_io(&ctx);
+            0
+        }
+    )*};
+}
+
+io_programs! {
+    ra_enter_read, ra_exit_read, "sys_enter_read", "sys_exit_read", syscall::READ;
+    ra_enter_write, ra_exit_write, "sys_enter_write", "sys_exit_write", syscall::WRITE;
+    ra_enter_readv, ra_exit_readv, "sys_enter_readv", "sys_exit_readv", syscall::READV;
+    ra_enter_writev, ra_exit_writev, "sys_enter_writev", "sys_exit_writev", syscall::WRITEV;
+    ra_enter_sendto, ra_exit_sendto, "sys_enter_sendto", "sys_exit_sendto", syscall::SENDTO;
+    ra_enter_recvfrom, ra_exit_recvfrom, "sys_enter_recvfrom", "sys_exit_recvfrom", syscall::RECVFROM;
+    ra_enter_sendmsg, ra_exit_sendmsg, "sys_enter_sendmsg", "sys_exit_sendmsg", syscall::SENDMSG;
+    ra_enter_recvmsg, ra_exit_recvmsg, "sys_enter_recvmsg", "sys_exit_recvmsg", syscall::RECVMSG;
+    ra_enter_sendmmsg, ra_exit_sendmmsg, "sys_enter_sendmmsg", "sys_exit_sendmmsg", syscall::SENDMMSG;
+    ra_enter_recvmmsg, ra_exit_recvmmsg, "sys_enter_recvmmsg", "sys_exit_recvmmsg", syscall::RECVMMSG;
+}
+
+// ---------------------------------------------------------------------------------------------
+// connect / accept / close
+
+#[inline(always)]
+fn try_enter_connect(ctx: &TracePointContext) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if is_agent(pid_tgid) {
+        return Ok(());
+    }
+    let fd = arg(ctx, 0)? as u32;
+    let args = ConnectArgs { ts_enter_ns: now(), skaddr: 0, fd, is_tcp: 0 };
+    CONNECT_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
+}
+
+#[inline(always)]
+fn try_exit_connect(ctx: &TracePointContext) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let c = match CONNECT_ARGS.get_ptr(&pid_tgid) {
+        // SAFETY: copied out before removal.
+        Some(p) => unsafe { *p },
+        None => return Ok(()),
+    };
+    let _ = CONNECT_ARGS.remove(&pid_tgid);
+    if c.is_tcp == 0 {
+        return Ok(());
+    }
+    let ret = exit_ret(ctx)?;
+    let errno = if ret < 0 { -ret } else { 0 };
+    let mut tuple = SockTuple::default();
+    let mut established = false;
+    if let Some(o) = SOCKS.get_ptr_mut(&c.skaddr) {
+        // SAFETY: map value pointer, valid for this program run.
+        unsafe {
+            tuple = (*o).tuple;
+            established = (*o).flags & OWNER_ESTABLISHED != 0;
+            (*o).flags &= !OWNER_IN_CONNECT;
+        }
+    }
+    if errno == 0 || errno == EINPROGRESS {
+        let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: c.fd };
+        let info = ConnInfo { generation: c.ts_enter_ns, skaddr: c.skaddr, role: role::CLIENT, _pad: 0, tuple };
+        let _ = CONNS.insert(&key, &info, 0);
+    } else if SOCKS.get_ptr(&c.skaddr).is_some() {
+        // A blocking connect that failed: its CLOSE already fired (kept for the tuple above).
+        let _ = SOCKS.remove(&c.skaddr);
+    }
+    emit_conn(conn_kind::CONNECT, pid_tgid, c.fd, role::CLIENT, errno as i32, (0, 0), c.ts_enter_ns, &tuple);
+    if errno == EINPROGRESS && established {
+        // The handshake finished inside the call (loopback): report it now, it will not fire again.
+        let states = (tcp_state::SYN_SENT, tcp_state::ESTABLISHED);
+        emit_conn(conn_kind::ESTABLISHED, pid_tgid, c.fd, role::CLIENT, 0, states, c.ts_enter_ns, &tuple);
+    }
+    Ok(())
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_connect")]
+pub fn ra_enter_connect(ctx: TracePointContext) -> u32 {
+    let _ = try_enter_connect(&ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_connect")]
+pub fn ra_exit_connect(ctx: TracePointContext) -> u32 {
+    let _ = try_exit_connect(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_enter_accept(ctx: &TracePointContext) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if is_agent(pid_tgid) {
+        return Ok(());
+    }
+    let args = AcceptArgs { addr: arg(ctx, 1)?, ts_enter_ns: now(), fd: arg(ctx, 0)? as u32, _pad: 0 };
+    ACCEPT_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SockaddrIn6 {
+    family: u16,
+    port: u16,
+    flowinfo: u32,
+    addr: [u8; 16],
+}
+
+#[inline(always)]
+fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let a = match ACCEPT_ARGS.get_ptr(&pid_tgid) {
+        // SAFETY: copied out before removal.
+        Some(p) => unsafe { *p },
+        None => return Ok(()),
+    };
+    let _ = ACCEPT_ARGS.remove(&pid_tgid);
+    let ret = exit_ret(ctx)?;
+    // Without a peer address buffer the socket family is unknown: not tracked (documented limit).
+    if ret < 0 || a.addr == 0 {
+        return Ok(());
+    }
+    let newfd = ret as u32;
+    // sockaddr_in is a prefix-compatible subset: family, port, then 4 address bytes at offset 4.
+    let sa: SockaddrIn6 = read_user(a.addr)?;
+    let mut peer = PeerKey { family: sa.family, port: u16::from_be(sa.port), addr: [0; 16] };
+    if sa.family == AF_INET {
+        let b = sa.flowinfo.to_ne_bytes();
+        peer.addr[0] = b[0];
+        peer.addr[1] = b[1];
+        peer.addr[2] = b[2];
+        peer.addr[3] = b[3];
+    } else if sa.family == AF_INET6 {
+        peer.addr = sa.addr;
+    } else {
+        return Ok(());
+    }
+    let (skaddr, tuple) = match SERVER_EST.get_ptr(&peer) {
+        // SAFETY: copied out before removal.
+        Some(p) => unsafe { ((*p).skaddr, (*p).tuple) },
+        None => (
+            0,
+            SockTuple { family: peer.family, lport: 0, rport: peer.port, _pad: 0, laddr: [0; 16], raddr: peer.addr },
+        ),
+    };
+    let _ = SERVER_EST.remove(&peer);
+    let generation = now();
+    let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: newfd };
+    let info = ConnInfo { generation, skaddr, role: role::SERVER, _pad: 0, tuple };
+    let _ = CONNS.insert(&key, &info, 0);
+    if skaddr != 0 {
+        let owner = SockOwner { pid_tgid, generation, fd: newfd, role: role::SERVER, flags: 0, _pad: 0, tuple };
+        let _ = SOCKS.insert(&skaddr, &owner, 0);
+    }
+    emit_conn(conn_kind::ACCEPT, pid_tgid, newfd, role::SERVER, 0, (0, 0), generation, &tuple);
+    Ok(())
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_accept")]
+pub fn ra_enter_accept(ctx: TracePointContext) -> u32 {
+    let _ = try_enter_accept(&ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_accept")]
+pub fn ra_exit_accept(ctx: TracePointContext) -> u32 {
+    let _ = try_exit_accept(&ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_accept4")]
+pub fn ra_enter_accept4(ctx: TracePointContext) -> u32 {
+    let _ = try_enter_accept(&ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_accept4")]
+pub fn ra_exit_accept4(ctx: TracePointContext) -> u32 {
+    let _ = try_exit_accept(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_enter_close(ctx: &TracePointContext) -> Result<(), i32> {
+    let fd = arg(ctx, 0)? as u32;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd };
+    let info = match CONNS.get_ptr(&key) {
+        // SAFETY: copied out before removal.
+        Some(p) => unsafe { *p },
+        None => return Ok(()),
+    };
+    let _ = CONNS.remove(&key);
+    emit_conn(conn_kind::CLOSE, pid_tgid, fd, info.role, 0, (0, 0), info.generation, &info.tuple);
+    Ok(())
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_close")]
+pub fn ra_enter_close(ctx: TracePointContext) -> u32 {
+    let _ = try_enter_close(&ctx);
+    0
+}
+
+// ---------------------------------------------------------------------------------------------
+// TCP state changes
+
+/// `sock:inet_sock_set_state` record after the 8-byte common header.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct InetSockSetState {
+    skaddr: u64,
+    oldstate: i32,
+    newstate: i32,
+    sport: u16,
+    dport: u16,
+    family: u16,
+    protocol: u16,
+    saddr: [u8; 4],
+    daddr: [u8; 4],
+    saddr_v6: [u8; 16],
+    daddr_v6: [u8; 16],
+}
+
+#[inline(always)]
+fn tuple_of(a: &InetSockSetState) -> SockTuple {
+    let mut t = SockTuple { family: a.family, lport: a.sport, rport: a.dport, _pad: 0, laddr: [0; 16], raddr: [0; 16] };
+    if a.family == AF_INET6 {
+        t.laddr = a.saddr_v6;
+        t.raddr = a.daddr_v6;
+    } else {
+        t.laddr[0] = a.saddr[0];
+        t.laddr[1] = a.saddr[1];
+        t.laddr[2] = a.saddr[2];
+        t.laddr[3] = a.saddr[3];
+        t.raddr[0] = a.daddr[0];
+        t.raddr[1] = a.daddr[1];
+        t.raddr[2] = a.daddr[2];
+        t.raddr[3] = a.daddr[3];
+    }
+    t
+}
+
+#[inline(always)]
+fn sk_err(skaddr: u64) -> i32 {
+    let off = config().sk_err_offset;
+    if off == 0 || off > 4096 {
+        return 0;
+    }
+    // SAFETY: bpf_probe_read_kernel tolerates a bad address (returns an error).
+    unsafe { bpf_probe_read_kernel((skaddr + off as u64) as *const i32) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
+    // SAFETY: reads the tracepoint record; layout from its format file.
+    let a: InetSockSetState = unsafe { ctx.read_at(8)? };
+    if a.protocol != IPPROTO_TCP {
+        return Ok(());
+    }
+    let old = a.oldstate as u32;
+    let new = a.newstate as u32;
+    let tuple = tuple_of(&a);
+
+    if old == tcp_state::CLOSE && new == tcp_state::SYN_SENT {
+        // Runs in the connecting task: marks its pending connect() as TCP.
+        let pid_tgid = bpf_get_current_pid_tgid();
+        if let Some(c) = CONNECT_ARGS.get_ptr_mut(&pid_tgid) {
+            // SAFETY: map value pointer, valid for this program run.
+            let (generation, fd) = unsafe {
+                (*c).is_tcp = 1;
+                (*c).skaddr = a.skaddr;
+                ((*c).ts_enter_ns, (*c).fd)
+            };
+            let owner =
+                SockOwner { pid_tgid, generation, fd, role: role::CLIENT, flags: OWNER_IN_CONNECT, _pad: 0, tuple };
+            let _ = SOCKS.insert(&a.skaddr, &owner, 0);
+        }
+        return Ok(());
+    }
+    if old == tcp_state::SYN_RECV && new == tcp_state::ESTABLISHED {
+        // Server side: remember the full tuple until accept() names the peer.
+        let peer = PeerKey { family: a.family, port: a.dport, addr: tuple.raddr };
+        let _ = SERVER_EST.insert(&peer, &ServerEst { skaddr: a.skaddr, tuple }, 0);
+        return Ok(());
+    }
+    let o = match SOCKS.get_ptr_mut(&a.skaddr) {
+        Some(o) => o,
+        None => return Ok(()),
+    };
+    // SAFETY: map value pointer, valid for this program run.
+    let owner = unsafe {
+        if tuple.lport != 0 {
+            (*o).tuple = tuple;
+        }
+        *o
+    };
+    let in_connect = owner.flags & OWNER_IN_CONNECT != 0;
+    if old == tcp_state::SYN_SENT && new == tcp_state::ESTABLISHED {
+        // SAFETY: map value pointer, valid for this program run.
+        unsafe { (*o).flags |= OWNER_ESTABLISHED };
+        let key = ConnKey { tgid: (owner.pid_tgid >> 32) as u32, fd: owner.fd };
+        if let Some(info) = CONNS.get_ptr_mut(&key) {
+            // SAFETY: map value pointer; generation check so a reused fd is not overwritten.
+            unsafe {
+                if (*info).generation == owner.generation {
+                    (*info).tuple = tuple;
+                }
+            }
+        }
+        if !in_connect {
+            emit_conn(conn_kind::ESTABLISHED, owner.pid_tgid, owner.fd, owner.role, 0, (old, new), owner.generation, &tuple);
+        }
+        return Ok(());
+    }
+    if new != tcp_state::CLOSE {
+        return Ok(());
+    }
+    if old == tcp_state::SYN_SENT {
+        if in_connect {
+            // connect() itself reports the errno and removes the entry.
+            return Ok(());
+        }
+        let errno = sk_err(a.skaddr);
+        emit_conn(conn_kind::FAILED, owner.pid_tgid, owner.fd, owner.role, errno, (old, new), owner.generation, &tuple);
+    } else if old == tcp_state::ESTABLISHED || old == tcp_state::CLOSE_WAIT || old == tcp_state::SYN_RECV {
+        // Straight to CLOSE from an open state: RST received or sent (abortive close).
+        let mut errno = sk_err(a.skaddr);
+        if errno == 0 {
+            errno = ECONNRESET as i32;
+        }
+        emit_conn(conn_kind::RESET, owner.pid_tgid, owner.fd, owner.role, errno, (old, new), owner.generation, &tuple);
+    }
+    let _ = SOCKS.remove(&a.skaddr);
+    Ok(())
+}
+
+#[tracepoint(category = "sock", name = "inet_sock_set_state")]
+pub fn ra_sock_state(ctx: TracePointContext) -> u32 {
+    let _ = try_sock_state(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_process_exit(ctx: &TracePointContext) -> Result<(), i32> {
+    // SAFETY: `bool group_dead` at 32 in sched_process_exit's format.
+    let group_dead: u8 = unsafe { ctx.read_at(32)? };
+    if group_dead == 0 {
+        return Ok(());
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let rec = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: (pid_tgid >> 32) as u32, ts_ns: now() };
+    if EVENTS.output(&rec, 0).is_err() {
+        count_drop();
+    }
+    Ok(())
+}
+
+#[tracepoint(category = "sched", name = "sched_process_exit")]
+pub fn ra_process_exit(ctx: TracePointContext) -> u32 {
+    let _ = try_process_exit(&ctx);
     0
 }
 

@@ -1,1 +1,3 @@
 //! Kernel and network integration tests: see tests/tests/.
+pub mod capture;
+pub mod actuate;

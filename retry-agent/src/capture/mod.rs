@@ -1,6 +1,34 @@
 //! Stage 1: load and attach the eBPF programs, read the ring buffer, decode raw records into
 //! owned [`Event`]s. The only stage that talks to the kernel.
+//!
+//! ```text
+//! tracepoints ──RINGBUF──▶ reader task ──decode──▶ bounded mpsc ──▶ Capture::events()
+//!                                 └─ /proc metadata: Event::Process once per pid, first
+//! ```
+//! The reader never blocks on the channel: a full channel counts a drop. Dropping [`Capture`]
+//! stops the reader and detaches every program (nothing is pinned).
+pub mod decode;
 pub mod event;
+pub mod procfs;
+pub mod trace;
+
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::{ProgramError, TracePoint},
+};
+use retry_common::{Config, ConnInfo, ConnKey, MAX_PAYLOAD, names};
+use tokio::{io::unix::AsyncFd, sync::mpsc, task::JoinHandle};
 
 pub use event::{
     ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, ProcessInfo, Role, Syscall, Tuple,
@@ -9,4 +37,521 @@ pub use event::{
 /// The eBPF object embedded at build time (empty when built without `cargo xtask build-ebpf`).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/retry-ebpf.o"));
 
-pub mod trace;
+/// Capture settings.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CaptureConfig {
+    /// Kernel ring buffer size in bytes (a power of two, at least one page).
+    #[arg(long, env = "RETRY_AGENT_RING_BYTES", default_value_t = 16 << 20)]
+    pub ring_bytes: u32,
+    /// Payload prefix captured per syscall, in bytes (at most 4096).
+    #[arg(long, env = "RETRY_AGENT_PAYLOAD_BYTES", default_value_t = retry_common::DEFAULT_PAYLOAD)]
+    pub payload_bytes: u32,
+    /// Capacity of the channel between the ring reader and the pipeline, in events.
+    #[arg(long, env = "RETRY_AGENT_CHANNEL_CAPACITY", default_value_t = 65536)]
+    pub channel_capacity: usize,
+    /// Where to read process metadata and pre-existing connections.
+    #[arg(long, env = "RETRY_AGENT_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        Self {
+            ring_bytes: 16 << 20,
+            payload_bytes: retry_common::DEFAULT_PAYLOAD,
+            channel_capacity: 65536,
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl CaptureConfig {
+    /// Every problem with the settings at once.
+    pub fn validate(&self) -> Result<(), CaptureError> {
+        let mut problems = Vec::new();
+        if !self.ring_bytes.is_power_of_two() || self.ring_bytes < 4096 {
+            problems.push(format!("ring bytes {} must be a power of two ≥ 4096", self.ring_bytes));
+        }
+        if self.payload_bytes as usize > MAX_PAYLOAD {
+            problems.push(format!("payload bytes {} exceeds {MAX_PAYLOAD}", self.payload_bytes));
+        }
+        if self.channel_capacity == 0 {
+            problems.push("channel capacity must be at least 1".to_string());
+        }
+        if problems.is_empty() { Ok(()) } else { Err(CaptureError::Config(problems.join("; "))) }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("invalid capture settings: {0}")]
+    Config(String),
+    #[error(
+        "missing capability {0}: the agent loads eBPF programs; run it as root or grant CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)"
+    )]
+    MissingCapability(&'static str),
+    #[error("tracefs is not mounted at /sys/kernel/tracing and mounting it failed; run: mount -t tracefs nodev /sys/kernel/tracing")]
+    TracefsNotMounted,
+    #[error("kernel {0} is too old: the ring buffer needs Linux 5.8 or newer")]
+    KernelTooOld(String),
+    #[error("the embedded eBPF object is empty: run `cargo xtask build-ebpf` and rebuild the agent")]
+    EmptyObject,
+    #[error("capture must be started inside a tokio runtime")]
+    NoRuntime,
+    #[error("loading the eBPF object")]
+    Load(#[source] aya::EbpfError),
+    #[error("the verifier rejected program {program}: {source}\nverifier log:\n{log}")]
+    Verifier {
+        program: String,
+        log: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("program {program}")]
+    Program {
+        program: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("the eBPF object has no map {0}")]
+    MissingMap(&'static str),
+    #[error("map {map}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("polling the ring buffer")]
+    Poll(#[source] std::io::Error),
+}
+
+/// Counters readable at any time from any thread.
+#[derive(Debug, Default)]
+pub struct StatsInner {
+    events: AtomicU64,
+    kernel_drops: AtomicU64,
+    channel_drops: AtomicU64,
+    decode_errors: AtomicU64,
+}
+
+/// A snapshot of the capture counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CaptureStats {
+    /// Records decoded from the ring buffer (and /proc pick-ups).
+    pub events: u64,
+    /// Records the kernel could not put into a full ring buffer (refreshed about once a second).
+    pub kernel_drops: u64,
+    /// Decoded events dropped because the pipeline's channel was full.
+    pub channel_drops: u64,
+    /// Malformed records.
+    pub decode_errors: u64,
+}
+
+/// Shared handle to the counters (clone it into metrics).
+#[derive(Clone, Debug, Default)]
+pub struct StatsHandle(Arc<StatsInner>);
+
+impl StatsHandle {
+    pub fn snapshot(&self) -> CaptureStats {
+        let s = &self.0;
+        CaptureStats {
+            events: s.events.load(Ordering::Relaxed),
+            kernel_drops: s.kernel_drops.load(Ordering::Relaxed),
+            channel_drops: s.channel_drops.load(Ordering::Relaxed),
+            decode_errors: s.decode_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Every program: (name in the object, tracepoint category, tracepoint name).
+const PROGRAMS: &[(&str, &str, &str)] = &[
+    ("ra_enter_read", "syscalls", "sys_enter_read"),
+    ("ra_exit_read", "syscalls", "sys_exit_read"),
+    ("ra_enter_write", "syscalls", "sys_enter_write"),
+    ("ra_exit_write", "syscalls", "sys_exit_write"),
+    ("ra_enter_readv", "syscalls", "sys_enter_readv"),
+    ("ra_exit_readv", "syscalls", "sys_exit_readv"),
+    ("ra_enter_writev", "syscalls", "sys_enter_writev"),
+    ("ra_exit_writev", "syscalls", "sys_exit_writev"),
+    ("ra_enter_sendto", "syscalls", "sys_enter_sendto"),
+    ("ra_exit_sendto", "syscalls", "sys_exit_sendto"),
+    ("ra_enter_recvfrom", "syscalls", "sys_enter_recvfrom"),
+    ("ra_exit_recvfrom", "syscalls", "sys_exit_recvfrom"),
+    ("ra_enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
+    ("ra_exit_sendmsg", "syscalls", "sys_exit_sendmsg"),
+    ("ra_enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
+    ("ra_exit_recvmsg", "syscalls", "sys_exit_recvmsg"),
+    ("ra_enter_sendmmsg", "syscalls", "sys_enter_sendmmsg"),
+    ("ra_exit_sendmmsg", "syscalls", "sys_exit_sendmmsg"),
+    ("ra_enter_recvmmsg", "syscalls", "sys_enter_recvmmsg"),
+    ("ra_exit_recvmmsg", "syscalls", "sys_exit_recvmmsg"),
+    ("ra_enter_connect", "syscalls", "sys_enter_connect"),
+    ("ra_exit_connect", "syscalls", "sys_exit_connect"),
+    ("ra_enter_accept", "syscalls", "sys_enter_accept"),
+    ("ra_exit_accept", "syscalls", "sys_exit_accept"),
+    ("ra_enter_accept4", "syscalls", "sys_enter_accept4"),
+    ("ra_exit_accept4", "syscalls", "sys_exit_accept4"),
+    ("ra_enter_close", "syscalls", "sys_enter_close"),
+    ("ra_sock_state", "sock", "inet_sock_set_state"),
+    ("ra_process_exit", "sched", "sched_process_exit"),
+];
+
+/// A running capture: programs attached, reader task running.
+pub struct Capture {
+    // Owns the loaded programs and their links: dropping it detaches everything.
+    _ebpf: Ebpf,
+    rx: mpsc::Receiver<Event>,
+    stats: StatsHandle,
+    reader: JoinHandle<()>,
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl Capture {
+    /// Checks the environment, loads and attaches every program, picks up existing connections
+    /// from /proc and starts the ring reader. Must be called inside a tokio runtime.
+    pub fn load(cfg: &CaptureConfig) -> Result<Capture, CaptureError> {
+        cfg.validate()?;
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| CaptureError::NoRuntime)?;
+        preflight()?;
+        if EBPF_OBJECT.is_empty() {
+            return Err(CaptureError::EmptyObject);
+        }
+        raise_memlock();
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(names::EVENTS, cfg.ring_bytes)
+            .load(EBPF_OBJECT)
+            .map_err(CaptureError::Load)?;
+
+        let agent_tgid = std::process::id();
+        let config = Config {
+            agent_tgid,
+            payload_bytes: cfg.payload_bytes.min(MAX_PAYLOAD as u32),
+            sk_err_offset: btf::sk_err_offset().unwrap_or(0),
+            _pad: 0,
+        };
+        {
+            let map = ebpf.map_mut(names::CONFIG).ok_or(CaptureError::MissingMap(names::CONFIG))?;
+            let mut arr: Array<&mut MapData, Config> =
+                Array::try_from(map).map_err(|source| CaptureError::Map { map: names::CONFIG, source })?;
+            arr.set(0, &config, 0).map_err(|source| CaptureError::Map { map: names::CONFIG, source })?;
+        }
+
+        for (prog, category, tp) in PROGRAMS {
+            attach(&mut ebpf, prog, category, tp)?;
+        }
+
+        let ring = take_map(&mut ebpf, names::EVENTS)?;
+        let ring = RingBuf::try_from(ring).map_err(|source| CaptureError::Map { map: names::EVENTS, source })?;
+        let drops = take_map(&mut ebpf, names::DROPS)?;
+        let drops: PerCpuArray<MapData, u64> =
+            PerCpuArray::try_from(drops).map_err(|source| CaptureError::Map { map: names::DROPS, source })?;
+        let conns = take_map(&mut ebpf, names::CONNS)?;
+        let mut conns: BpfHashMap<MapData, ConnKey, ConnInfo> =
+            BpfHashMap::try_from(conns).map_err(|source| CaptureError::Map { map: names::CONNS, source })?;
+
+        // Attached before the scan, so a connection opened meanwhile is seen by one or the other.
+        let initial = pick_up_existing(&cfg.proc_root, agent_tgid, &mut conns);
+
+        let stats = StatsHandle::default();
+        let (tx, rx) = mpsc::channel(cfg.channel_capacity);
+        let reader = {
+            let _guard = rt.enter();
+            // SAFETY: the RingBuf owns its map fd, which stays open and the same for as long as
+            // the AsyncFd owns the RingBuf.
+            let async_ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+                .map_err(|e| CaptureError::Poll(std::io::Error::other(e.to_string())))?;
+            let state = Reader {
+                tx,
+                stats: stats.clone(),
+                drops,
+                conns,
+                proc_root: cfg.proc_root.clone(),
+                seen: HashSet::new(),
+            };
+            rt.spawn(state.run(async_ring, initial))
+        };
+        tracing::info!(programs = PROGRAMS.len(), payload_bytes = config.payload_bytes, "capture attached");
+        Ok(Capture { _ebpf: ebpf, rx, stats, reader })
+    }
+
+    /// The decoded event stream.
+    pub fn events(&mut self) -> &mut mpsc::Receiver<Event> {
+        &mut self.rx
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> CaptureStats {
+        self.stats.snapshot()
+    }
+
+    /// A handle that reads the counters after `self` has been split up.
+    pub fn stats_handle(&self) -> StatsHandle {
+        self.stats.clone()
+    }
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, CaptureError> {
+    ebpf.take_map(name).ok_or(CaptureError::MissingMap(name))
+}
+
+fn attach(ebpf: &mut Ebpf, prog: &str, category: &str, tp: &str) -> Result<(), CaptureError> {
+    let program = ebpf.program_mut(prog).ok_or_else(|| CaptureError::Program {
+        program: prog.to_string(),
+        source: ProgramError::NotLoaded,
+    })?;
+    let program: &mut TracePoint = program
+        .try_into()
+        .map_err(|source| CaptureError::Program { program: prog.to_string(), source })?;
+    match program.load() {
+        Ok(()) => {}
+        Err(ProgramError::LoadError { io_error, verifier_log }) => {
+            return Err(CaptureError::Verifier {
+                program: prog.to_string(),
+                log: verifier_log.to_string(),
+                source: ProgramError::LoadError { io_error, verifier_log },
+            });
+        }
+        Err(source) => return Err(CaptureError::Program { program: prog.to_string(), source }),
+    }
+    program.attach(category, tp).map_err(|source| CaptureError::Program { program: prog.to_string(), source })?;
+    Ok(())
+}
+
+/// Names the first missing prerequisite instead of letting the bpf() syscall fail obscurely.
+fn preflight() -> Result<(), CaptureError> {
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status")
+        && let Some(eff) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+    {
+        const CAP_SYS_ADMIN: u64 = 21;
+        const CAP_PERFMON: u64 = 38;
+        const CAP_BPF: u64 = 39;
+        let has = |c: u64| eff & (1 << c) != 0;
+        if !has(CAP_SYS_ADMIN) {
+            if !has(CAP_BPF) {
+                return Err(CaptureError::MissingCapability("CAP_BPF"));
+            }
+            if !has(CAP_PERFMON) {
+                return Err(CaptureError::MissingCapability("CAP_PERFMON"));
+            }
+        }
+    }
+    if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
+        let mut it = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+        if (major, minor) < (5, 8) {
+            return Err(CaptureError::KernelTooOld(release.trim().to_string()));
+        }
+    }
+    let tracefs = Path::new("/sys/kernel/tracing/events");
+    if !tracefs.exists() && !Path::new("/sys/kernel/debug/tracing/events").exists() {
+        if mount("tracefs", "/sys/kernel/tracing", "tracefs") && tracefs.exists() {
+            tracing::info!("mounted tracefs at /sys/kernel/tracing");
+        } else {
+            return Err(CaptureError::TracefsNotMounted);
+        }
+    }
+    // Nothing is pinned, so bpffs is optional; mount it when missing as the usual set-up expects.
+    if std::fs::read_dir("/sys/fs/bpf").map(|mut d| d.next().is_none()).unwrap_or(true)
+        && !is_bpffs("/sys/fs/bpf")
+        && !mount("bpf", "/sys/fs/bpf", "bpf")
+    {
+        tracing::warn!("bpffs is not mounted at /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf); not needed: nothing is pinned");
+    }
+    Ok(())
+}
+
+fn is_bpffs(path: &str) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+    let Ok(c) = std::ffi::CString::new(path) else { return false };
+    // SAFETY: statfs writes into the zeroed struct we own; the path is NUL-terminated.
+    unsafe {
+        let mut s: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut s) == 0 && s.f_type as i64 == BPF_FS_MAGIC
+    }
+}
+
+fn mount(source: &str, target: &str, fstype: &str) -> bool {
+    let (Ok(s), Ok(t), Ok(f)) =
+        (std::ffi::CString::new(source), std::ffi::CString::new(target), std::ffi::CString::new(fstype))
+    else {
+        return false;
+    };
+    // SAFETY: all strings are NUL-terminated and outlive the call; no data argument.
+    unsafe { libc::mount(s.as_ptr(), t.as_ptr(), f.as_ptr(), 0, std::ptr::null()) == 0 }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
+fn raise_memlock() {
+    let rl = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: plain syscall with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) } != 0 {
+        tracing::debug!("could not raise RLIMIT_MEMLOCK");
+    }
+}
+
+/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// Inserts connections that predate the agent into the kernel map and returns their events.
+fn pick_up_existing(
+    proc_root: &Path,
+    agent_tgid: u32,
+    conns: &mut BpfHashMap<MapData, ConnKey, ConnInfo>,
+) -> Vec<Event> {
+    let now = monotonic_ns();
+    let mut out = Vec::new();
+    for c in procfs::scan_existing(proc_root, agent_tgid) {
+        let key = ConnKey { tgid: c.pid, fd: c.fd };
+        // A connection the programs saw being made meanwhile is already there, with its real role.
+        if conns.get(&key, 0).is_ok() {
+            continue;
+        }
+        let role = match c.role {
+            Role::Client => retry_common::role::CLIENT,
+            Role::Server => retry_common::role::SERVER,
+            Role::Unknown => retry_common::role::UNKNOWN,
+        };
+        let info = ConnInfo { generation: now, skaddr: 0, role, _pad: 0, tuple: decode::sock_tuple(&c.tuple) };
+        if let Err(e) = conns.insert(&key, &info, 0) {
+            tracing::debug!(pid = c.pid, fd = c.fd, error = %e, "cannot track existing connection");
+            continue;
+        }
+        out.push(Event::Conn(ConnEvent {
+            conn: ConnId { pid: c.pid, fd: c.fd, generation: now },
+            role: c.role,
+            tuple: Some(c.tuple),
+            pid: c.pid,
+            tid: c.pid,
+            ts_ns: now,
+            kind: ConnEventKind::Existing,
+        }));
+    }
+    tracing::info!(connections = out.len(), "picked up existing TCP connections");
+    out
+}
+
+/// The ring reader task's state.
+struct Reader {
+    tx: mpsc::Sender<Event>,
+    stats: StatsHandle,
+    drops: PerCpuArray<MapData, u64>,
+    conns: BpfHashMap<MapData, ConnKey, ConnInfo>,
+    proc_root: PathBuf,
+    /// Pids whose `Event::Process` was sent.
+    seen: HashSet<u32>,
+}
+
+impl Reader {
+    async fn run(mut self, mut ring: AsyncFd<RingBuf<MapData>>, initial: Vec<Event>) {
+        for ev in initial {
+            self.stats.0.events.fetch_add(1, Ordering::Relaxed);
+            if !self.forward(ev) {
+                return;
+            }
+        }
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut raw = Vec::with_capacity(8192);
+        loop {
+            tokio::select! {
+                guard = ring.readable_mut() => {
+                    let mut guard = match guard {
+                        Ok(g) => g,
+                        Err(e) => {
+                            tracing::error!(error = %e, "ring buffer poll failed; capture stops");
+                            return;
+                        }
+                    };
+                    let rb = guard.get_inner_mut();
+                    // Bounded batch so the drop counter and a closed channel are noticed under load.
+                    for _ in 0..4096 {
+                        let Some(item) = rb.next() else { break };
+                        raw.clear();
+                        raw.extend_from_slice(&item);
+                        drop(item);
+                        if !self.handle(&raw) {
+                            return;
+                        }
+                    }
+                    guard.clear_ready();
+                }
+                _ = tick.tick() => self.refresh_drops(),
+            }
+        }
+    }
+
+    fn refresh_drops(&self) {
+        if let Ok(v) = self.drops.get(&0, 0) {
+            let total: u64 = v.iter().sum();
+            self.stats.0.kernel_drops.store(total, Ordering::Relaxed);
+        }
+    }
+
+    /// Returns false when the consumer is gone.
+    fn handle(&mut self, raw: &[u8]) -> bool {
+        match decode::decode(raw) {
+            Ok(ev) => {
+                self.stats.0.events.fetch_add(1, Ordering::Relaxed);
+                self.forward(ev)
+            }
+            Err(e) => {
+                let n = self.stats.0.decode_errors.fetch_add(1, Ordering::Relaxed);
+                // Rate-limited: the first few and then every 1000th.
+                if n < 5 || n % 1000 == 0 {
+                    tracing::warn!(error = %e, total = n + 1, "malformed capture record");
+                }
+                true
+            }
+        }
+    }
+
+    fn forward(&mut self, ev: Event) -> bool {
+        let pid = ev.pid();
+        if let Event::ProcessExit { .. } = ev {
+            // Exits of processes never traced are noise.
+            if !self.seen.remove(&pid) {
+                return true;
+            }
+            self.forget_conns(pid);
+        } else if self.seen.insert(pid) {
+            let info = procfs::process_info(&self.proc_root, pid);
+            if !self.send(Event::Process(info)) {
+                return false;
+            }
+        }
+        self.send(ev)
+    }
+
+    fn send(&self, ev: Event) -> bool {
+        match self.tx.try_send(ev) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.stats.0.channel_drops.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// The kernel cannot iterate its map on exit; drop the dead process's entries here.
+    fn forget_conns(&mut self, pid: u32) {
+        let keys: Vec<ConnKey> = self.conns.keys().filter_map(Result::ok).filter(|k| k.tgid == pid).collect();
+        for k in keys {
+            let _ = self.conns.remove(&k);
+        }
+    }
+}
+
+mod btf;

@@ -1,0 +1,154 @@
+//! Raw ring-buffer records → owned [`Event`]s. Pure: no IO, never panics on a malformed record
+//! (it returns a [`DecodeError`], which the reader counts).
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use bytes::Bytes;
+use retry_common::{
+    AF_INET, AF_INET6, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT, ProcessExitRecord, SockTuple,
+    conn_kind, direction, role, syscall,
+};
+
+use super::event::{ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, Role, Syscall, Tuple};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("record of {len} bytes is shorter than its {what} ({need} bytes)")]
+    Short { what: &'static str, len: usize, need: usize },
+    #[error("unknown record kind {0}")]
+    UnknownKind(u32),
+    #[error("unknown {what} value {value}")]
+    UnknownValue { what: &'static str, value: u32 },
+}
+
+/// Reads a `T` from the start of `raw` after checking the length (records in the ring buffer are
+/// only 8-byte aligned, hence `read_unaligned`).
+fn read<T: aya::Pod>(raw: &[u8], what: &'static str) -> Result<T, DecodeError> {
+    let need = size_of::<T>();
+    if raw.len() < need {
+        return Err(DecodeError::Short { what, len: raw.len(), need });
+    }
+    // SAFETY: length checked above; T is Pod (every bit pattern valid, no padding).
+    Ok(unsafe { std::ptr::read_unaligned(raw.as_ptr().cast::<T>()) })
+}
+
+/// Decodes one ring-buffer record.
+pub fn decode(raw: &[u8]) -> Result<Event, DecodeError> {
+    let kind: u32 = read(raw, "kind tag")?;
+    match kind {
+        KIND_DATA => decode_data(raw).map(Event::Data),
+        KIND_CONN => decode_conn(raw).map(Event::Conn),
+        KIND_PROCESS_EXIT => {
+            let r: ProcessExitRecord = read(raw, "process exit record")?;
+            Ok(Event::ProcessExit { pid: r.pid, ts_ns: r.ts_ns })
+        }
+        other => Err(DecodeError::UnknownKind(other)),
+    }
+}
+
+fn decode_data(raw: &[u8]) -> Result<DataEvent, DecodeError> {
+    let h: DataHeader = read(raw, "data header")?;
+    let start = size_of::<DataHeader>();
+    let end = start + h.captured as usize;
+    let payload = raw.get(start..end).ok_or(DecodeError::Short { what: "payload", len: raw.len(), need: end })?;
+    Ok(DataEvent {
+        conn: ConnId { pid: h.pid, fd: h.fd, generation: h.generation },
+        role: role_of(h.role)?,
+        direction: match h.direction {
+            direction::EGRESS => Direction::Egress,
+            direction::INGRESS => Direction::Ingress,
+            v => return Err(DecodeError::UnknownValue { what: "direction", value: v }),
+        },
+        syscall: syscall_of(h.syscall),
+        tuple: tuple_of(&h.tuple),
+        pid: h.pid,
+        tid: h.tid,
+        goid: None,
+        ts_enter_ns: h.ts_enter_ns,
+        ts_exit_ns: h.ts_exit_ns,
+        len: h.len,
+        payload: Bytes::copy_from_slice(payload),
+    })
+}
+
+fn decode_conn(raw: &[u8]) -> Result<ConnEvent, DecodeError> {
+    let r: ConnRecord = read(raw, "connection record")?;
+    let kind = match r.conn_kind {
+        conn_kind::CONNECT => ConnEventKind::Connect { errno: r.errno },
+        conn_kind::ESTABLISHED => ConnEventKind::Established,
+        conn_kind::FAILED => ConnEventKind::Failed { errno: r.errno },
+        conn_kind::ACCEPT => ConnEventKind::Accept,
+        conn_kind::CLOSE => ConnEventKind::Close,
+        conn_kind::RESET => ConnEventKind::Reset { errno: r.errno },
+        v => return Err(DecodeError::UnknownValue { what: "connection event kind", value: v }),
+    };
+    Ok(ConnEvent {
+        conn: ConnId { pid: r.pid, fd: r.fd, generation: r.generation },
+        role: role_of(r.role)?,
+        tuple: tuple_of(&r.tuple),
+        pid: r.pid,
+        tid: r.tid,
+        ts_ns: r.ts_ns,
+        kind,
+    })
+}
+
+fn role_of(v: u32) -> Result<Role, DecodeError> {
+    match v {
+        role::CLIENT => Ok(Role::Client),
+        role::SERVER => Ok(Role::Server),
+        role::UNKNOWN => Ok(Role::Unknown),
+        v => Err(DecodeError::UnknownValue { what: "role", value: v }),
+    }
+}
+
+fn syscall_of(v: u32) -> Syscall {
+    match v {
+        syscall::READ => Syscall::Read,
+        syscall::WRITE => Syscall::Write,
+        syscall::READV => Syscall::Readv,
+        syscall::WRITEV => Syscall::Writev,
+        syscall::SENDTO => Syscall::Sendto,
+        syscall::RECVFROM => Syscall::Recvfrom,
+        syscall::SENDMSG => Syscall::Sendmsg,
+        syscall::RECVMSG => Syscall::Recvmsg,
+        syscall::SENDMMSG => Syscall::Sendmmsg,
+        syscall::RECVMMSG => Syscall::Recvmmsg,
+        _ => Syscall::Other,
+    }
+}
+
+/// Kernel tuple → addresses. IPv4-mapped IPv6 addresses (dual-stack sockets) become IPv4 so the
+/// two ends of one loopback connection compare equal whatever family each socket has. An unknown
+/// family gives `None`; a not-yet-known local side is `0.0.0.0:0` / `[::]:0`.
+pub fn tuple_of(t: &SockTuple) -> Option<Tuple> {
+    let (local, remote) = match t.family {
+        AF_INET => {
+            let l = Ipv4Addr::new(t.laddr[0], t.laddr[1], t.laddr[2], t.laddr[3]);
+            let r = Ipv4Addr::new(t.raddr[0], t.raddr[1], t.raddr[2], t.raddr[3]);
+            (IpAddr::V4(l), IpAddr::V4(r))
+        }
+        AF_INET6 => (Ipv6Addr::from(t.laddr).to_canonical(), Ipv6Addr::from(t.raddr).to_canonical()),
+        _ => return None,
+    };
+    Some(Tuple { local: SocketAddr::new(local, t.lport), remote: SocketAddr::new(remote, t.rport) })
+}
+
+/// Addresses → kernel tuple (for connections the agent inserts itself, e.g. from /proc).
+pub fn sock_tuple(t: &Tuple) -> SockTuple {
+    fn bytes(ip: IpAddr) -> (u16, [u8; 16]) {
+        match ip {
+            IpAddr::V4(v4) => {
+                let mut b = [0u8; 16];
+                b[..4].copy_from_slice(&v4.octets());
+                (AF_INET, b)
+            }
+            IpAddr::V6(v6) => (AF_INET6, v6.octets()),
+        }
+    }
+    let (family, laddr) = bytes(t.local.ip());
+    let (_, raddr) = bytes(t.remote.ip());
+    SockTuple { family, lport: t.local.port(), rport: t.remote.port(), _pad: 0, laddr, raddr }
+}
+
+#[cfg(test)]
+mod tests;

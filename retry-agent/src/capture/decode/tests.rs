@@ -1,0 +1,160 @@
+use retry_common::{
+    AF_INET, AF_INET6, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT, ProcessExitRecord, SockTuple,
+    conn_kind, direction, role, syscall,
+};
+
+use super::*;
+
+fn as_bytes<T: aya::Pod>(v: &T) -> Vec<u8> {
+    // SAFETY: Pod types have no padding; reading their bytes is defined.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+}
+
+fn v4_tuple() -> SockTuple {
+    let mut t = SockTuple { family: AF_INET, lport: 40000, rport: 8080, ..Default::default() };
+    t.laddr[..4].copy_from_slice(&[127, 0, 0, 1]);
+    t.raddr[..4].copy_from_slice(&[127, 0, 0, 2]);
+    t
+}
+
+fn data_record(payload: &[u8], captured: u32) -> Vec<u8> {
+    let h = DataHeader {
+        kind: KIND_DATA,
+        syscall: syscall::WRITE,
+        pid: 10,
+        tid: 11,
+        fd: 5,
+        role: role::CLIENT,
+        direction: direction::EGRESS,
+        captured,
+        generation: 77,
+        ts_enter_ns: 100,
+        ts_exit_ns: 150,
+        ret: 1000,
+        len: 1000,
+        tuple: v4_tuple(),
+    };
+    let mut raw = as_bytes(&h);
+    raw.extend_from_slice(payload);
+    raw
+}
+
+#[test]
+fn data_record_decodes_every_field() {
+    let raw = data_record(b"GET / HTTP/1.1\r\n", 16);
+    let Ok(Event::Data(d)) = decode(&raw) else { panic!("not data: {:?}", decode(&raw)) };
+    assert_eq!(d.conn, ConnId { pid: 10, fd: 5, generation: 77 });
+    assert_eq!((d.pid, d.tid), (10, 11));
+    assert_eq!(d.role, Role::Client);
+    assert_eq!(d.direction, Direction::Egress);
+    assert_eq!(d.syscall, Syscall::Write);
+    assert_eq!((d.ts_enter_ns, d.ts_exit_ns, d.len), (100, 150, 1000));
+    assert_eq!(&d.payload[..], b"GET / HTTP/1.1\r\n");
+    assert!(!d.is_complete());
+    let t = d.tuple.unwrap();
+    assert_eq!(t.local, "127.0.0.1:40000".parse().unwrap());
+    assert_eq!(t.remote, "127.0.0.2:8080".parse().unwrap());
+}
+
+#[test]
+fn payload_shorter_than_captured_is_an_error_not_a_panic() {
+    let raw = data_record(b"GET", 16);
+    assert!(matches!(decode(&raw), Err(DecodeError::Short { what: "payload", .. })));
+    let raw = data_record(b"", u32::MAX);
+    assert!(decode(&raw).is_err());
+}
+
+#[test]
+fn truncated_and_garbage_records_are_errors() {
+    let raw = data_record(b"x", 1);
+    for cut in 0..raw.len() - 1 {
+        assert!(decode(&raw[..cut]).is_err(), "cut at {cut}");
+    }
+    assert_eq!(decode(&[9, 0, 0, 0, 0, 0, 0, 0]), Err(DecodeError::UnknownKind(9)));
+    let mut bad_dir = data_record(b"", 0);
+    bad_dir[24] = 7; // direction field
+    assert!(matches!(decode(&bad_dir), Err(DecodeError::UnknownValue { what: "direction", value: 7 })));
+    let mut bad_role = data_record(b"", 0);
+    bad_role[20] = 9;
+    assert!(matches!(decode(&bad_role), Err(DecodeError::UnknownValue { what: "role", .. })));
+}
+
+#[test]
+fn arbitrary_bytes_never_panic() {
+    // Cheap deterministic fuzz: every prefix of several pseudo-random buffers tagged with each kind.
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    for kind in [KIND_DATA, KIND_CONN, KIND_PROCESS_EXIT, 0, 4] {
+        for _ in 0..50 {
+            let mut buf: Vec<u8> = (0..300)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            buf[..4].copy_from_slice(&kind.to_ne_bytes());
+            for len in [0, 3, 4, 15, 16, 95, 96, 111, 112, 113, 300] {
+                let _ = decode(&buf[..len]);
+            }
+        }
+    }
+}
+
+#[test]
+fn conn_records_map_to_kinds_with_errno() {
+    let cases = [
+        (conn_kind::CONNECT, 111, ConnEventKind::Connect { errno: 111 }),
+        (conn_kind::ESTABLISHED, 0, ConnEventKind::Established),
+        (conn_kind::FAILED, 110, ConnEventKind::Failed { errno: 110 }),
+        (conn_kind::ACCEPT, 0, ConnEventKind::Accept),
+        (conn_kind::CLOSE, 0, ConnEventKind::Close),
+        (conn_kind::RESET, 104, ConnEventKind::Reset { errno: 104 }),
+    ];
+    for (k, errno, want) in cases {
+        let r = ConnRecord {
+            kind: KIND_CONN,
+            conn_kind: k,
+            pid: 3,
+            tid: 4,
+            fd: 9,
+            role: role::SERVER,
+            errno,
+            generation: 5,
+            ts_ns: 6,
+            tuple: v4_tuple(),
+            ..Default::default()
+        };
+        let Ok(Event::Conn(c)) = decode(&as_bytes(&r)) else { panic!("kind {k}") };
+        assert_eq!(c.kind, want);
+        assert_eq!(c.conn, ConnId { pid: 3, fd: 9, generation: 5 });
+        assert_eq!((c.pid, c.tid, c.ts_ns, c.role), (3, 4, 6, Role::Server));
+    }
+    let r = ConnRecord { kind: KIND_CONN, conn_kind: 42, ..Default::default() };
+    assert!(decode(&as_bytes(&r)).is_err());
+}
+
+#[test]
+fn process_exit_decodes() {
+    let r = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: 1234, ts_ns: 99 };
+    assert_eq!(decode(&as_bytes(&r)), Ok(Event::ProcessExit { pid: 1234, ts_ns: 99 }));
+}
+
+#[test]
+fn v6_tuples_and_mapped_v4() {
+    let mut t = SockTuple { family: AF_INET6, lport: 1, rport: 2, ..Default::default() };
+    t.laddr = "::1".parse::<std::net::Ipv6Addr>().unwrap().octets();
+    t.raddr = "::ffff:10.1.2.3".parse::<std::net::Ipv6Addr>().unwrap().octets();
+    let got = tuple_of(&t).unwrap();
+    assert_eq!(got.local, "[::1]:1".parse().unwrap());
+    assert_eq!(got.remote, "10.1.2.3:2".parse().unwrap());
+    assert_eq!(tuple_of(&SockTuple::default()), None);
+}
+
+#[test]
+fn sock_tuple_round_trips() {
+    for (l, r) in [("127.0.0.1:5", "127.0.0.9:80"), ("[fe80::1]:7", "[::1]:443")] {
+        let t = Tuple { local: l.parse().unwrap(), remote: r.parse().unwrap() };
+        assert_eq!(tuple_of(&sock_tuple(&t)), Some(t));
+    }
+}

@@ -1,0 +1,89 @@
+//! Layout pins: the kernel object and the agent are built by different compilers for different
+//! targets, so every shared type's size and field offsets are written down here by hand. A change
+//! to any of them must be deliberate (and both sides rebuilt).
+extern crate std;
+use super::*;
+use core::mem::{align_of, offset_of, size_of};
+
+/// Asserts size and each field's offset, and that the fields cover the struct with no hidden
+/// padding (hidden padding would be uninitialised bytes in a Pod).
+macro_rules! layout {
+    ($t:ty, size $size:expr, { $($f:ident @ $off:expr, $fsize:expr);* $(;)? }) => {{
+        assert_eq!(size_of::<$t>(), $size, "size of {}", stringify!($t));
+        let mut covered = 0usize;
+        $(
+            assert_eq!(offset_of!($t, $f), $off, "offset of {}.{}", stringify!($t), stringify!($f));
+            covered += $fsize;
+        )*
+        assert_eq!(covered, $size, "{} has implicit padding", stringify!($t));
+    }};
+}
+
+#[test]
+fn sock_tuple_layout() {
+    layout!(SockTuple, size 40, { family @ 0, 2; lport @ 2, 2; rport @ 4, 2; _pad @ 6, 2; laddr @ 8, 16; raddr @ 24, 16 });
+    assert_eq!(align_of::<SockTuple>(), 2);
+}
+
+#[test]
+fn data_header_layout() {
+    layout!(DataHeader, size 112, {
+        kind @ 0, 4; syscall @ 4, 4; pid @ 8, 4; tid @ 12, 4; fd @ 16, 4; role @ 20, 4;
+        direction @ 24, 4; captured @ 28, 4; generation @ 32, 8; ts_enter_ns @ 40, 8;
+        ts_exit_ns @ 48, 8; ret @ 56, 8; len @ 64, 8; tuple @ 72, 40;
+    });
+}
+
+#[test]
+fn data_record_layout() {
+    layout!(DataRecord, size 112 + MAX_PAYLOAD, { header @ 0, 112; payload @ 112, MAX_PAYLOAD });
+}
+
+#[test]
+fn conn_record_layout() {
+    layout!(ConnRecord, size 96, {
+        kind @ 0, 4; conn_kind @ 4, 4; pid @ 8, 4; tid @ 12, 4; fd @ 16, 4; role @ 20, 4;
+        errno @ 24, 4; oldstate @ 28, 4; newstate @ 32, 4; _pad @ 36, 4; generation @ 40, 8;
+        ts_ns @ 48, 8; tuple @ 56, 40;
+    });
+}
+
+#[test]
+fn process_exit_layout() {
+    layout!(ProcessExitRecord, size 16, { kind @ 0, 4; pid @ 4, 4; ts_ns @ 8, 8 });
+}
+
+#[test]
+fn map_key_and_value_layouts() {
+    layout!(ConnKey, size 8, { tgid @ 0, 4; fd @ 4, 4 });
+    layout!(ConnInfo, size 64, { generation @ 0, 8; skaddr @ 8, 8; role @ 16, 4; _pad @ 20, 4; tuple @ 24, 40 });
+    layout!(SockOwner, size 72, {
+        pid_tgid @ 0, 8; generation @ 8, 8; fd @ 16, 4; role @ 20, 4; flags @ 24, 4; _pad @ 28, 4; tuple @ 32, 40;
+    });
+    layout!(PeerKey, size 20, { family @ 0, 2; port @ 2, 2; addr @ 4, 16 });
+    layout!(ServerEst, size 48, { skaddr @ 0, 8; tuple @ 8, 40 });
+    layout!(IoArgs, size 24, { buf @ 0, 8; ts_enter_ns @ 8, 8; fd @ 16, 4; syscall @ 20, 4 });
+    layout!(ConnectArgs, size 24, { ts_enter_ns @ 0, 8; skaddr @ 8, 8; fd @ 16, 4; is_tcp @ 20, 4 });
+    layout!(AcceptArgs, size 24, { addr @ 0, 8; ts_enter_ns @ 8, 8; fd @ 16, 4; _pad @ 20, 4 });
+    layout!(Config, size 16, { agent_tgid @ 0, 4; payload_bytes @ 4, 4; sk_err_offset @ 8, 4; _pad @ 12, 4 });
+}
+
+#[test]
+fn kind_tags_are_distinct_and_first() {
+    assert_eq!(KIND_DATA, 1);
+    assert_eq!(KIND_CONN, 2);
+    assert_eq!(KIND_PROCESS_EXIT, 3);
+    assert_eq!(offset_of!(DataHeader, kind), 0);
+    assert_eq!(offset_of!(ConnRecord, kind), 0);
+    assert_eq!(offset_of!(ProcessExitRecord, kind), 0);
+}
+
+#[test]
+fn egress_syscalls() {
+    for sc in [syscall::WRITE, syscall::WRITEV, syscall::SENDTO, syscall::SENDMSG, syscall::SENDMMSG] {
+        assert!(syscall::is_egress(sc));
+    }
+    for sc in [syscall::READ, syscall::READV, syscall::RECVFROM, syscall::RECVMSG, syscall::RECVMMSG, 0, 99] {
+        assert!(!syscall::is_egress(sc));
+    }
+}

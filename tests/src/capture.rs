@@ -1,0 +1,218 @@
+//! Helpers for the kernel capture tests (tests/tests/capture.rs): loading the capture in-process,
+//! collecting events, child processes and network namespaces that clean up after themselves.
+use std::{
+    net::TcpListener,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use retry_agent::capture::{Capture, CaptureConfig, CaptureError, Event};
+
+/// Whether the capture tests can run here; prints why not.
+pub fn can_run() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc_geteuid() } != 0 {
+        eprintln!("skip: capture tests need root");
+        return false;
+    }
+    if retry_agent::capture::EBPF_OBJECT.is_empty() {
+        eprintln!("skip: no embedded eBPF object (cargo xtask build-ebpf)");
+        return false;
+    }
+    if !std::path::Path::new("/sys/kernel/tracing/events/syscalls").exists() {
+        eprintln!("skip: syscall tracepoints unavailable");
+        return false;
+    }
+    true
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+/// Loads the capture; `None` (with the reason printed) when the kernel refuses in a way that means
+/// "feature missing here" rather than a bug.
+pub fn load() -> Option<Capture> {
+    match Capture::load(&CaptureConfig::default()) {
+        Ok(c) => Some(c),
+        Err(e @ (CaptureError::MissingCapability(_) | CaptureError::TracefsNotMounted | CaptureError::KernelTooOld(_))) => {
+            eprintln!("skip: {e}");
+            None
+        }
+        Err(e) => panic!("capture failed to load: {e:?}\n{e}"),
+    }
+}
+
+/// Drains events for `dur` (or until `done` says enough), keeping those `keep` selects.
+pub async fn collect(
+    cap: &mut Capture,
+    dur: Duration,
+    mut keep: impl FnMut(&Event) -> bool,
+    mut done: impl FnMut(&[Event]) -> bool,
+) -> Vec<Event> {
+    let deadline = tokio::time::Instant::now() + dur;
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, cap.events().recv()).await {
+            Ok(Some(ev)) => {
+                if keep(&ev) {
+                    out.push(ev);
+                    if done(&out) {
+                        break;
+                    }
+                }
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    out
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+}
+
+/// A child process killed (and reaped) on drop.
+pub struct Proc(pub Child);
+
+impl Proc {
+    pub fn spawn(cmd: &mut Command) -> Proc {
+        let child = cmd.stdin(Stdio::null()).spawn().unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+        Proc(child)
+    }
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+    /// One line of its stdout (spawned with `Stdio::piped()`); empty at EOF.
+    pub fn read_line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        if let Some(out) = self.0.stdout.take() {
+            let mut r = std::io::BufReader::new(out);
+            let _ = r.read_line(&mut line);
+            // Keep the pipe open (dropping it could SIGPIPE a chatty child).
+            self.0.stdout = Some(r.into_inner());
+        }
+        line
+    }
+    /// Waits for it to exit by itself; panics after `limit`.
+    pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(st)) = self.0.try_wait() {
+                return st;
+            }
+            assert!(start.elapsed() < limit, "process {} did not finish in {limit:?}", self.pid());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs a Python program (`python3 -c`), with args.
+pub fn python(code: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("python3");
+    c.arg("-u").arg("-c").arg(code).args(args);
+    c
+}
+
+/// Waits until something accepts TCP connections at `addr` (probing from the test process, which
+/// the capture ignores as the agent's own pid), optionally inside a netns.
+pub fn wait_listening(addr: &str, netns: Option<&str>) {
+    let start = Instant::now();
+    loop {
+        let ok = match netns {
+            None => std::net::TcpStream::connect_timeout(&addr.parse().expect("addr"), Duration::from_millis(200)).is_ok(),
+            Some(ns) => {
+                // Probe with bash's /dev/tcp inside the namespace: a separate short-lived process.
+                let (host, port) = addr.rsplit_once(':').expect("host:port");
+                Command::new("ip")
+                    .args(["netns", "exec", ns, "bash", "-c", &format!("exec 3<>/dev/tcp/{host}/{port}")])
+                    .stderr(Stdio::null())
+                    .status()
+                    .map(|s| s.success())
+                    .unwrap_or(false)
+            }
+        };
+        if ok {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "nothing listening at {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Two network namespaces joined by a veth pair: `a` has `ip_a`, `b` has `ip_b` (/24).
+/// Everything is removed on drop, also when the test panics.
+pub struct NetnsPair {
+    pub a: String,
+    pub b: String,
+    pub ip_a: String,
+    pub ip_b: String,
+}
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip").args(args).stderr(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+}
+
+impl NetnsPair {
+    /// `None` (printing why) when namespaces or veth cannot be made here.
+    pub fn create(tag: &str, subnet: u8) -> Option<NetnsPair> {
+        let p = NetnsPair {
+            a: format!("racap{tag}a"),
+            b: format!("racap{tag}b"),
+            ip_a: format!("10.213.{subnet}.1"),
+            ip_b: format!("10.213.{subnet}.2"),
+        };
+        // Leftovers of an earlier crashed run.
+        let _ = ip(&["netns", "del", &p.a]);
+        let _ = ip(&["netns", "del", &p.b]);
+        let va = format!("racap{tag}va");
+        let vb = format!("racap{tag}vb");
+        let steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), p.a.clone()],
+            vec!["netns".into(), "add".into(), p.b.clone()],
+            vec!["link".into(), "add".into(), va.clone(), "type".into(), "veth".into(), "peer".into(), "name".into(), vb.clone()],
+            vec!["link".into(), "set".into(), va.clone(), "netns".into(), p.a.clone()],
+            vec!["link".into(), "set".into(), vb.clone(), "netns".into(), p.b.clone()],
+            vec!["-n".into(), p.a.clone(), "addr".into(), "add".into(), format!("{}/24", p.ip_a), "dev".into(), va.clone()],
+            vec!["-n".into(), p.b.clone(), "addr".into(), "add".into(), format!("{}/24", p.ip_b), "dev".into(), vb.clone()],
+            vec!["-n".into(), p.a.clone(), "link".into(), "set".into(), va.clone(), "up".into()],
+            vec!["-n".into(), p.b.clone(), "link".into(), "set".into(), vb.clone(), "up".into()],
+            vec!["-n".into(), p.a.clone(), "link".into(), "set".into(), "lo".into(), "up".into()],
+            vec!["-n".into(), p.b.clone(), "link".into(), "set".into(), "lo".into(), "up".into()],
+        ];
+        for s in steps {
+            let args: Vec<&str> = s.iter().map(String::as_str).collect();
+            if !ip(&args) {
+                eprintln!("skip: `ip {}` failed (no netns/veth support?)", args.join(" "));
+                // Drop cleans up whatever was made.
+                return None;
+            }
+        }
+        Some(p)
+    }
+
+    /// A command run inside namespace `ns`.
+    pub fn exec(ns: &str, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns, program]);
+        c
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        // Deleting a namespace removes its end of the veth, which removes the pair.
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
