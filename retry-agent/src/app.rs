@@ -1,10 +1,212 @@
-//! The live pipeline: capture → l7 → correlate → decide → actuate, with the recorder tapping
-//! every stage and metrics/API reading the results.
+//! `retry-agent run`: the live pipeline.
+//!
+//! capture → [`Pipeline`] (l7 → correlate → decide, the same driver forensics replays with) →
+//! actuators, with the recorder tapping every stage and the API/metrics reading published
+//! snapshots. One task owns the pipeline state; the kernel reader and the actuators run on their
+//! own tasks behind bounded channels, so a slow actuator never stalls capture and a full channel
+//! drops (and counts) instead of blocking.
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use axum::{Router, body::Bytes, extract::State, http::StatusCode, response::IntoResponse, routing::post};
 use clap::Args;
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
+use tracing::{info, warn};
+
+use crate::{
+    actuate::{self, ActuateConfig, Dispatcher},
+    api::{self, ApiConfig, SharedState},
+    capture::{Capture, CaptureConfig, monotonic_ns},
+    correlate::{self, CorrelateConfig},
+    decide::{DecideConfig, Decision},
+    l7::L7Config,
+    metrics::Metrics,
+    recorder::{self, Pipeline, Recorder, RecorderConfig, SharedRecorder, StageOutput},
+};
 
 #[derive(Debug, Default, Args)]
-pub struct RunArgs {}
+pub struct RunArgs {
+    #[command(flatten)]
+    pub capture: CaptureConfig,
+    #[command(flatten)]
+    pub l7: L7Config,
+    #[command(flatten)]
+    pub correlate: CorrelateConfig,
+    #[command(flatten)]
+    pub decide: DecideConfig,
+    #[command(flatten)]
+    pub actuate: ActuateConfig,
+    #[command(flatten)]
+    pub recorder: RecorderConfig,
+    #[command(flatten)]
+    pub api: ApiConfig,
+}
 
-pub async fn run(_args: RunArgs) -> anyhow::Result<()> {
-    anyhow::bail!("the live pipeline is not wired yet")
+/// How often published figures, claims and actuator expiry are refreshed.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// Decision batches waiting for the actuator task; beyond this they are dropped and counted
+/// (the next evaluation re-issues live decisions, so nothing is lost for long).
+const ACTUATOR_QUEUE: usize = 64;
+
+enum ToActuators {
+    Decisions(Vec<Decision>),
+    Claims(Vec<actuate::ServiceClaim>),
+    Tick,
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    validate(&args)?;
+
+    let metrics = Arc::new(Metrics::new());
+    let state = SharedState::new(metrics.clone(), args.api.max_verdicts);
+    let recorder = if args.recorder.enabled {
+        Some(SharedRecorder::new(Recorder::new(args.recorder.clone()).context("starting the flight recorder")?))
+    } else {
+        None
+    };
+
+    // Load programs before binding sockets: a node that cannot run the capture should fail fast
+    // and say why, not serve empty metrics.
+    let mut capture = Capture::load(&args.capture).context("loading the capture programs")?;
+    let capture_stats = capture.stats_handle();
+
+    let listener = tokio::net::TcpListener::bind(args.api.addr)
+        .await
+        .with_context(|| format!("binding the API to {}", args.api.addr))?;
+    tokio::spawn(serve_api(listener, state.clone(), recorder.clone()));
+    if let Some(rec) = &recorder {
+        if let Err(e) = recorder::spawn_sigusr1_dumps(rec.clone()) {
+            warn!(error = %e, "SIGUSR1 dumps unavailable");
+        }
+    }
+
+    let dispatcher = Dispatcher::from_config(&args.actuate).context("starting the actuators")?;
+    let (to_actuators, actuator_rx) = mpsc::channel(ACTUATOR_QUEUE);
+    tokio::spawn(drive_actuators(dispatcher, actuator_rx));
+
+    let mut pipeline = Pipeline::new(args.l7.clone(), args.correlate.clone(), args.decide.clone());
+    if let Some(rec) = &recorder {
+        pipeline = pipeline.with_recorder(rec.clone());
+    }
+    let mut out = StageOutput::default();
+    let mut publish = tokio::time::interval(PUBLISH_EVERY);
+    publish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut last_event_ns = 0u64;
+    info!("retry-agent running");
+
+    loop {
+        tokio::select! {
+            ev = capture.events().recv() => {
+                let Some(ev) = ev else {
+                    bail!("the capture stream ended unexpectedly");
+                };
+                last_event_ns = ev.ts_ns().max(last_event_ns);
+                pipeline.push(&ev, &mut out);
+                drain(&mut out, &state, &to_actuators);
+            }
+            _ = publish.tick() => {
+                let now = monotonic_ns();
+                // Evaluation follows event time while events flow; the idle tick only keeps
+                // timers (expiry, lapsed decisions) moving on a quiet node.
+                if now.saturating_sub(last_event_ns) > PUBLISH_EVERY.as_nanos() as u64 {
+                    pipeline.tick(now, &mut out);
+                    drain(&mut out, &state, &to_actuators);
+                }
+                state.publish(&pipeline.engine, &pipeline.decider);
+                let c = capture_stats.snapshot();
+                metrics.observe_capture(c.events, c.kernel_drops + c.channel_drops);
+                let l = pipeline.reassembler.stats();
+                metrics.observe_l7(l.exchanges, l.evictions_close + l.evictions_lru + l.evictions_idle);
+                let claims = pipeline.engine.service_claims().into_iter().map(to_actuate_claim).collect();
+                send(&to_actuators, ToActuators::Claims(claims));
+                send(&to_actuators, ToActuators::Tick);
+            }
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+        }
+    }
+
+    info!("shutting down: detaching programs");
+    drop(capture);
+    pipeline.finish(&mut out);
+    drain(&mut out, &state, &to_actuators);
+    Ok(())
+}
+
+/// Every configuration problem at once, before anything is loaded or bound.
+fn validate(args: &RunArgs) -> Result<()> {
+    let mut problems: Vec<String> = Vec::new();
+    if let Err(e) = args.capture.validate() {
+        problems.push(format!("{e:#}"));
+    }
+    if let Err(es) = args.correlate.validate() {
+        problems.extend(es.iter().map(ToString::to_string));
+    }
+    if let Err(es) = args.decide.validate() {
+        problems.extend(es.iter().map(ToString::to_string));
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    bail!("invalid configuration:\n  {}", problems.join("\n  "))
+}
+
+fn drain(out: &mut StageOutput, state: &SharedState, to_actuators: &mpsc::Sender<ToActuators>) {
+    if !out.verdicts.is_empty() {
+        state.record_verdicts(&out.verdicts);
+        state.metrics().observe_verdicts(&out.verdicts);
+    }
+    if !out.decisions.is_empty() {
+        for d in &out.decisions {
+            info!(edge = %d.edge, action = ?d.action, reason = d.reason.as_str(), ttl_ms = d.ttl_ms, "decision");
+        }
+        send(to_actuators, ToActuators::Decisions(std::mem::take(&mut out.decisions)));
+    }
+    out.clear();
+}
+
+fn send(to_actuators: &mpsc::Sender<ToActuators>, msg: ToActuators) {
+    if to_actuators.try_send(msg).is_err() {
+        // Actuators are behind; the next evaluation re-issues what is still live.
+        tracing::debug!("actuator queue full: batch dropped");
+    }
+}
+
+async fn drive_actuators(mut dispatcher: Dispatcher, mut rx: mpsc::Receiver<ToActuators>) {
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            ToActuators::Decisions(ds) => dispatcher.apply(&ds).await,
+            ToActuators::Claims(cs) => dispatcher.publish_claims(&cs).await,
+            ToActuators::Tick => dispatcher.tick().await,
+        }
+    }
+}
+
+fn to_actuate_claim(c: correlate::ServiceClaim) -> actuate::ServiceClaim {
+    actuate::ServiceClaim { service: c.service, addrs: c.addrs, claim: c.claim, ttl_ms: CLAIM_TTL_MS }
+}
+
+/// Claims are republished every second; a shim that stops hearing them drops them after this.
+const CLAIM_TTL_MS: u64 = 10_000;
+
+async fn serve_api(listener: tokio::net::TcpListener, state: SharedState, recorder: Option<SharedRecorder>) {
+    let mut router = api::router(state);
+    if let Some(rec) = recorder {
+        router = router.merge(Router::new().route("/v1/dump", post(dump_route)).with_state(rec));
+    }
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    info!(?addr, "API and metrics listening");
+    if let Err(e) = axum::serve(listener, router).await {
+        warn!(error = %e, "API server stopped");
+    }
+}
+
+async fn dump_route(State(rec): State<SharedRecorder>, body: Bytes) -> impl IntoResponse {
+    let (status, json) = recorder::dump_api_response(&rec, &body).await;
+    (StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), json)
 }
