@@ -4,16 +4,29 @@
 //! Entry point: [`Reassembler`]. Feed it every [`crate::capture::Event`] in kernel order with
 //! [`Reassembler::push`], call [`Reassembler::tick`] as time passes; completed exchanges are
 //! appended to the caller's vector.
+mod classify;
+mod conn;
 pub mod exchange;
+mod http1;
+mod http2;
+mod msg;
+mod util;
+
+use std::num::NonZeroUsize;
 
 use clap::Args;
+use lru::LruCache;
 
 pub use exchange::{
     Claim, ERROR_CLAIM_HEADER, Exchange, ExchangeId, Failure, Method, OutcomeClass, Protocol,
     RETRY_SUPPRESSED_HEADER, RetryMarkers,
 };
 
-use crate::capture::Event;
+pub use util::route_template;
+
+use crate::capture::{ConnEvent, ConnEventKind, ConnId, Event, Role};
+use conn::{Conn, EndKind, Emitter};
+use msg::Ctx;
 
 /// Settings of the L7 stage. Flattened into the commands that reassemble (`run`, `trace
 /// --exchanges`, `forensics`).
@@ -76,11 +89,14 @@ pub struct Reassembler {
     cfg: L7Config,
     stats: L7Stats,
     next_id: u64,
+    /// Connections by recency of their last event (LRU eviction when full).
+    conns: LruCache<ConnId, Conn>,
 }
 
 impl Reassembler {
     pub fn new(cfg: L7Config) -> Self {
-        Reassembler { cfg, stats: L7Stats::default(), next_id: 0 }
+        let cap = NonZeroUsize::new(cfg.max_connections).unwrap_or(NonZeroUsize::MIN);
+        Reassembler { cfg, stats: L7Stats::default(), next_id: 0, conns: LruCache::new(cap) }
     }
 
     pub fn config(&self) -> &L7Config {
@@ -90,16 +106,124 @@ impl Reassembler {
     /// Feed one event (events arrive in kernel order, roughly by time). Completed exchanges are
     /// appended to `out`.
     pub fn push(&mut self, ev: &Event, out: &mut Vec<Exchange>) {
-        let _ = (ev, out, self.next_id);
+        match ev {
+            Event::Data(d) => {
+                let mut em = Emitter { out, stats: &mut self.stats, next_id: &mut self.next_id };
+                if !self.conns.contains(&d.conn) {
+                    // First sight of a connection mid-life: its bytes may start mid-message.
+                    let c = Conn::new(d.conn, d.pid, d.role, d.tuple, false, self.cfg.conn_buffer_bytes, self.cfg.max_inflight);
+                    insert(&mut self.conns, d.conn, c, &mut em);
+                }
+                if let Some(c) = self.conns.get_mut(&d.conn) {
+                    c.data(d, &mut em);
+                }
+            }
+            Event::Conn(c) => self.conn_event(c, out),
+            Event::ProcessExit { pid, ts_ns } => {
+                let dead: Vec<ConnId> = self.conns.iter().filter(|(_, c)| c.pid() == *pid).map(|(k, _)| *k).collect();
+                let ctx = Ctx { ts_start: *ts_ns, ts_end: *ts_ns, tid: *pid, goid: None };
+                let mut em = Emitter { out, stats: &mut self.stats, next_id: &mut self.next_id };
+                for id in dead {
+                    if let Some(mut c) = self.conns.pop(&id) {
+                        c.end(EndKind::Close, &ctx, &mut em);
+                        em.stats.evictions_close += 1;
+                    }
+                }
+            }
+            Event::Process(_) => {}
+        }
+        self.stats.connections = self.conns.len() as u64;
+    }
+
+    fn conn_event(&mut self, ev: &ConnEvent, out: &mut Vec<Exchange>) {
+        let mut em = Emitter { out, stats: &mut self.stats, next_id: &mut self.next_id };
+        let ctx = Ctx { ts_start: ev.ts_ns, ts_end: ev.ts_ns, tid: ev.tid, goid: None };
+        let (cap, inflight) = (self.cfg.conn_buffer_bytes, self.cfg.max_inflight);
+        let open = |conns: &mut LruCache<ConnId, Conn>, role: Role, fresh: bool, em: &mut Emitter<'_>| {
+            if let Some(c) = conns.get_mut(&ev.conn) {
+                c.set_tuple(ev.tuple);
+                return;
+            }
+            let mut c = Conn::new(ev.conn, ev.pid, role, ev.tuple, fresh, cap, inflight);
+            c.last_ts = ev.ts_ns;
+            insert(conns, ev.conn, c, em);
+        };
+        match ev.kind {
+            ConnEventKind::Connect { errno } | ConnEventKind::Failed { errno } => match connect_failure(errno) {
+                Some(f) => {
+                    if let Some(mut c) = self.conns.pop(&ev.conn) {
+                        c.end(EndKind::Close, &ctx, &mut em);
+                    }
+                    em.emit(conn::connect_failure(ev.conn, ev.pid, ev.tid, ev.tuple, ev.ts_ns, f));
+                }
+                None if matches!(ev.kind, ConnEventKind::Connect { .. }) => open(&mut self.conns, Role::Client, true, &mut em),
+                None => {}
+            },
+            ConnEventKind::Established => open(&mut self.conns, Role::Client, true, &mut em),
+            ConnEventKind::Accept => open(&mut self.conns, Role::Server, true, &mut em),
+            ConnEventKind::Existing => open(&mut self.conns, ev.role, false, &mut em),
+            ConnEventKind::Close | ConnEventKind::Reset { .. } => {
+                if let Some(mut c) = self.conns.pop(&ev.conn) {
+                    let kind = if ev.kind == ConnEventKind::Close { EndKind::Close } else { EndKind::Reset };
+                    c.end(kind, &ctx, &mut em);
+                    em.stats.evictions_close += 1;
+                }
+            }
+        }
+        self.stats.connections = self.conns.len() as u64;
     }
 
     /// Time passes: connections idle past the timeout are evicted; requests with no response by
     /// then are emitted as failures.
     pub fn tick(&mut self, now_ns: u64, out: &mut Vec<Exchange>) {
-        let _ = (now_ns, out);
+        let timeout = self.cfg.idle_timeout_secs.saturating_mul(1_000_000_000);
+        let mut em = Emitter { out, stats: &mut self.stats, next_id: &mut self.next_id };
+        // Least recently used first; events arrive roughly by time, so the idle ones are there.
+        while let Some((_, c)) = self.conns.peek_lru() {
+            if c.last_ts.saturating_add(timeout) > now_ns {
+                break;
+            }
+            if let Some((_, mut c)) = self.conns.pop_lru() {
+                let ctx = Ctx { ts_start: now_ns, ts_end: now_ns, tid: 0, goid: None };
+                c.end(EndKind::Idle, &ctx, &mut em);
+                em.stats.evictions_idle += 1;
+            }
+        }
+        self.stats.connections = self.conns.len() as u64;
     }
 
     pub fn stats(&self) -> L7Stats {
         self.stats
     }
+
+    /// Bytes held in per-connection buffers now (bounded by connections × cap).
+    pub fn buffered_bytes(&self) -> usize {
+        self.conns.iter().map(|(_, c)| c.buffered()).sum()
+    }
 }
+
+/// Insert a connection, evicting the least recently used one when the table is full.
+fn insert(conns: &mut LruCache<ConnId, Conn>, id: ConnId, c: Conn, em: &mut Emitter<'_>) {
+    if let Some((old_id, mut old)) = conns.push(id, c)
+        && old_id != id
+    {
+        let ctx = Ctx { ts_start: old.last_ts, ts_end: old.last_ts, tid: 0, goid: None };
+        old.end(EndKind::Evicted, &ctx, em);
+        em.stats.evictions_lru += 1;
+    }
+}
+
+/// The failure a connect errno means, if it means one (0 and EINPROGRESS do not).
+fn connect_failure(errno: i32) -> Option<Failure> {
+    let e = errno.checked_abs().unwrap_or(0);
+    match e {
+        libc::ECONNREFUSED | libc::ECONNRESET => Some(Failure::ConnectRefused),
+        libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH => Some(Failure::ConnectTimeout),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_h2;

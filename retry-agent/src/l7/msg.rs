@@ -1,0 +1,106 @@
+//! What the protocol parsers hand to the connection: message heads and the event context.
+use super::{
+    classify::Signals,
+    exchange::{Claim, ERROR_CLAIM_HEADER, Method, RetryMarkers},
+    util::{MAX_AUTHORITY, MAX_PATH, bounded_string, parse_u32},
+};
+
+/// The syscall a byte arrived in: whose thread, and when.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Ctx {
+    /// When the message start is taken to be: syscall entry for writes (the process began
+    /// sending), exit for reads (the bytes had arrived).
+    pub ts_start: u64,
+    /// Syscall exit: when these bytes were done.
+    pub ts_end: u64,
+    pub tid: u32,
+    pub goid: Option<u64>,
+}
+
+/// A request head, HTTP/1 or HTTP/2.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ReqInfo {
+    pub method: Option<Method>,
+    pub authority: Option<String>,
+    /// Path without query string.
+    pub path: Option<String>,
+    pub idempotency_key: bool,
+    pub markers: RetryMarkers,
+    /// Head cut short or decoder out of sync: fields may be missing.
+    pub unknown: bool,
+}
+
+/// A final response head (or trailers), HTTP/1 or HTTP/2.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RespInfo {
+    pub signals: Signals,
+    pub claim: Option<Claim>,
+    pub unknown: bool,
+}
+
+pub(crate) fn parse_method(m: &[u8]) -> Method {
+    match m {
+        b"GET" => Method::Get,
+        b"HEAD" => Method::Head,
+        b"POST" => Method::Post,
+        b"PUT" => Method::Put,
+        b"DELETE" => Method::Delete,
+        b"PATCH" => Method::Patch,
+        b"OPTIONS" => Method::Options,
+        b"CONNECT" => Method::Connect,
+        b"TRACE" => Method::Trace,
+        other => Method::Other(bounded_string(other, 24)),
+    }
+}
+
+/// Apply one request header (any case; HTTP/2 names are already lower case).
+/// Returns whether the name was one of ours.
+pub(crate) fn apply_request_header(req: &mut ReqInfo, name: &[u8], value: &[u8]) {
+    let n = name;
+    if n.eq_ignore_ascii_case(b"host") || n == b":authority" {
+        // HTTP/2 sends both on some clients; :authority wins as it comes first.
+        if req.authority.is_none() {
+            req.authority = Some(bounded_string(value.trim_ascii(), MAX_AUTHORITY));
+        }
+    } else if n.eq_ignore_ascii_case(b"idempotency-key") || n.eq_ignore_ascii_case(b"x-idempotency-key") {
+        req.idempotency_key = !value.trim_ascii().is_empty();
+    } else if n.eq_ignore_ascii_case(b"x-envoy-attempt-count") {
+        req.markers.envoy_attempt_count = parse_u32(value);
+    } else if n.eq_ignore_ascii_case(b"grpc-previous-rpc-attempts") {
+        req.markers.grpc_previous_attempts = parse_u32(value);
+    } else if is_retry_attempt_header(n)
+        && let Some(v) = parse_u32(value)
+    {
+        req.markers.retry_attempt = Some(v);
+    }
+}
+
+/// The retry-attempt headers clients and libraries send ("as sent": the number is kept).
+fn is_retry_attempt_header(n: &[u8]) -> bool {
+    const NAMES: [&[u8]; 6] =
+        [b"x-retry-attempt", b"x-retry-count", b"x-retry-attempts", b"retry-attempt", b"x-attempt", b"x-request-attempt"];
+    NAMES.iter().any(|h| n.eq_ignore_ascii_case(h))
+}
+
+/// Apply one response header or trailer.
+pub(crate) fn apply_response_header(resp: &mut RespInfo, name: &[u8], value: &[u8]) {
+    let n = name;
+    if n == b":status" {
+        resp.signals.status = parse_u32(value).and_then(|s| u16::try_from(s).ok());
+    } else if n.eq_ignore_ascii_case(b"grpc-status") {
+        resp.signals.grpc_status = parse_u32(value);
+    } else if n.eq_ignore_ascii_case(b"retry-after") {
+        resp.signals.retry_after = true;
+    } else if n.eq_ignore_ascii_case(b"grpc-retry-pushback-ms") {
+        resp.signals.pushback = true;
+    } else if n.eq_ignore_ascii_case(b"x-envoy-ratelimited") {
+        resp.signals.ratelimited = true;
+    } else if n.eq_ignore_ascii_case(ERROR_CLAIM_HEADER.as_bytes()) {
+        resp.claim = Claim::parse(value);
+    }
+}
+
+/// Path of a request target (query split off), bounded.
+pub(crate) fn path_string(path: &[u8]) -> String {
+    bounded_string(path, MAX_PATH)
+}

@@ -1,0 +1,295 @@
+//! HTTP/2 and gRPC: frames built by hand, header blocks by the HPACK encoder (and one
+//! Huffman-coded block from RFC 7541 §C.4, as real peers send them).
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+use super::tests::{PID, conn_ev, data, data_trunc, run, run_split_invariant};
+use super::*;
+use crate::capture::{ConnEventKind, Direction, Event, Role};
+
+use Direction::{Egress as OUT, Ingress as IN};
+
+const H: u8 = 0x1;
+const D: u8 = 0x0;
+const RST: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const GOAWAY: u8 = 0x7;
+const CONT: u8 = 0x9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// One peer's HPACK encoder: blocks refer to earlier ones through the dynamic table.
+struct Peer(loona_hpack::Encoder<'static>);
+
+impl Peer {
+    fn new() -> Self {
+        Peer(loona_hpack::Encoder::new())
+    }
+    fn headers(&mut self, stream: u32, end_stream: bool, hs: &[(&str, &str)]) -> Vec<u8> {
+        let block = self.0.encode(hs.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
+        frame(H, END_HEADERS | if end_stream { END_STREAM } else { 0 }, stream, &block)
+    }
+}
+
+fn grpc_msg(body: &[u8]) -> Vec<u8> {
+    let mut m = vec![0u8];
+    m.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+fn req_headers(path: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (":method", "POST".into()),
+        (":scheme", "http".into()),
+        (":path", path.into()),
+        (":authority", "orders:50051".into()),
+        ("content-type", "application/grpc".into()),
+        ("te", "trailers".into()),
+    ]
+}
+
+fn hs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    v.iter().map(|(n, s)| (*n, s.as_str())).collect()
+}
+
+/// A gRPC client connection: preface, SETTINGS, then the given client and server writes.
+fn client_conn(fd: u32, writes: Vec<(Direction, Vec<u8>)>) -> Vec<Event> {
+    let mut ev = vec![conn_ev(fd, Role::Client, 1, ConnEventKind::Connect { errno: 0 })];
+    let mut first = http2::PREFACE.to_vec();
+    first.extend(frame(SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 100]));
+    ev.push(data(fd, Role::Client, OUT, 5, &first));
+    ev.push(data(fd, Role::Client, IN, 6, &frame(SETTINGS, 0, 0, &[])));
+    for (i, (dir, bytes)) in writes.into_iter().enumerate() {
+        ev.push(data(fd, Role::Client, dir, 10 + 10 * i as u64, &bytes));
+    }
+    ev
+}
+
+fn unary(client: &mut Peer, server: &mut Peer, stream: u32, path: &str, trailers: &[(&str, &str)]) -> Vec<(Direction, Vec<u8>)> {
+    let mut req = client.headers(stream, false, &hs(&req_headers(path)));
+    req.extend(frame(D, END_STREAM, stream, &grpc_msg(b"\x0a\x03abc")));
+    let mut resp = server.headers(stream, false, &[(":status", "200"), ("content-type", "application/grpc")]);
+    resp.extend(frame(D, 0, stream, &grpc_msg(b"\x08\x01")));
+    resp.extend(server.headers(stream, true, trailers));
+    vec![(OUT, req), (IN, resp)]
+}
+
+#[test]
+fn grpc_unary_calls_and_trailer_statuses() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let mut w = unary(&mut c, &mut s, 1, "/shop.Orders/Get", &[("grpc-status", "0")]);
+    w.extend(unary(&mut c, &mut s, 3, "/shop.Orders/Get", &[("grpc-status", "14"), ("grpc-message", "backend down")]));
+    w.extend(unary(&mut c, &mut s, 5, "/shop.Orders/Put", &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "-1")]));
+    w.extend(unary(&mut c, &mut s, 7, "/shop.Orders/Put", &[("grpc-status", "3")]));
+    let ev = client_conn(3, w);
+    let ex = run_split_invariant(&ev);
+    let got: Vec<_> = ex.iter().map(|e| (e.stream_id, e.grpc_status, e.outcome)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (Some(1), Some(0), OutcomeClass::Success),
+            (Some(3), Some(14), OutcomeClass::Transient),
+            (Some(5), Some(8), OutcomeClass::Overload),
+            (Some(7), Some(3), OutcomeClass::Semantic),
+        ]
+    );
+    let e = &ex[0];
+    assert_eq!(e.protocol, Protocol::Http2);
+    assert_eq!(e.method, Some(Method::Post));
+    assert_eq!(e.path.as_deref(), Some("/shop.Orders/Get"));
+    assert_eq!(e.authority.as_deref(), Some("orders:50051"));
+    assert_eq!(e.status, Some(200));
+    assert!(!e.idempotent && !e.unknown);
+    assert!(e.body_hash.is_some());
+    assert_eq!(ex[1].body_hash, e.body_hash);
+    assert!(ex[2].retry_after, "pushback");
+    assert_eq!((e.request_start_ns, e.response_end_ns), (10, Some(25)));
+}
+
+#[test]
+fn trailers_only_response_and_retry_marker() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let mut h = req_headers("/svc/M");
+    h.push(("grpc-previous-rpc-attempts", "2".into()));
+    let mut req = c.headers(1, false, &hs(&h));
+    req.extend(frame(D, END_STREAM, 1, &grpc_msg(b"x")));
+    let resp = s.headers(1, true, &[(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "14")]);
+    let ex = run_split_invariant(&client_conn(3, vec![(OUT, req), (IN, resp)]));
+    assert_eq!(ex.len(), 1);
+    assert_eq!(ex[0].retry_markers.grpc_previous_attempts, Some(2));
+    assert!(ex[0].retry_markers.says_retry());
+    assert_eq!((ex[0].grpc_status, ex[0].outcome), (Some(14), OutcomeClass::Transient));
+}
+
+#[test]
+fn many_concurrent_streams_pair_by_stream_id() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let n = 101u32;
+    let ids: Vec<u32> = (0..n).map(|i| 2 * i + 1).collect();
+    let mut reqs = Vec::new();
+    for &id in &ids {
+        reqs.extend(c.headers(id, true, &hs(&[(":method", "GET".into()), (":scheme", "http".into()), (":path", format!("/items/{id}")), (":authority", "a".into())])));
+    }
+    // Answered in reverse order, interleaved: all heads first, then bodies.
+    let mut resps = Vec::new();
+    for &id in ids.iter().rev() {
+        let st = if id % 3 == 0 { "503" } else { "200" };
+        resps.extend(s.headers(id, false, &[(":status", st)]));
+    }
+    for &id in ids.iter().rev() {
+        resps.extend(frame(D, END_STREAM, id, format!("body{id}").as_bytes()));
+    }
+    let ex = run_split_invariant(&client_conn(3, vec![(OUT, reqs), (IN, resps)]));
+    assert_eq!(ex.len(), n as usize);
+    for e in &ex {
+        let id = e.stream_id.unwrap();
+        assert_eq!(e.path.as_deref(), Some(format!("/items/{id}").as_str()));
+        assert_eq!(e.route.as_deref(), Some("/items/{id}"));
+        assert_eq!(e.status, Some(if id % 3 == 0 { 503 } else { 200 }));
+        assert_eq!(e.method, Some(Method::Get));
+        assert!(e.idempotent && !e.unknown);
+    }
+    assert_eq!(ex[0].stream_id, Some(ids[n as usize - 1]), "emitted as streams complete");
+}
+
+#[test]
+fn rst_stream_and_goaway_fail_the_affected_streams() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let mut reqs = Vec::new();
+    for id in [1, 3, 5, 7, 9] {
+        reqs.extend(c.headers(id, true, &hs(&req_headers("/svc/M"))));
+    }
+    let mut resps = frame(RST, 0, 1, &7u32.to_be_bytes()); // REFUSED_STREAM
+    resps.extend(s.headers(3, false, &[(":status", "200")]));
+    resps.extend(frame(RST, 0, 3, &2u32.to_be_bytes())); // INTERNAL_ERROR mid-response
+    let mut goaway = 5u32.to_be_bytes().to_vec();
+    goaway.extend(0u32.to_be_bytes());
+    goaway.extend(b"shutting down");
+    resps.extend(frame(GOAWAY, 0, 0, &goaway));
+    resps.extend(s.headers(5, true, &[(":status", "200"), ("grpc-status", "0")]));
+    let client_cancel = frame(RST, 0, 9, &8u32.to_be_bytes());
+    let ev = client_conn(3, vec![(OUT, reqs), (IN, resps), (OUT, client_cancel)]);
+    let ex = run_split_invariant(&ev);
+    let got: Vec<_> = ex.iter().map(|e| (e.stream_id.unwrap(), e.failure, e.outcome)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, Some(Failure::RstStream(7)), OutcomeClass::Transient),
+            (3, Some(Failure::RstStream(2)), OutcomeClass::Transient),
+            (7, Some(Failure::GoAway(0)), OutcomeClass::Transient),
+            (9, Some(Failure::GoAway(0)), OutcomeClass::Transient),
+            (5, None, OutcomeClass::Success),
+        ]
+    );
+    assert_eq!(ex[1].status, Some(200), "stream 3 had its head");
+}
+
+#[test]
+fn continuation_frames_and_huffman_blocks() {
+    // RFC 7541 C.4.1: Huffman-coded GET http://www.example.com/ .
+    let huff = [0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab, 0x90, 0xf4, 0xff];
+    let mut req = frame(H, END_STREAM, 1, &huff[..5]);
+    req.extend(frame(CONT, 0, 1, &huff[5..9]));
+    req.extend(frame(CONT, END_HEADERS, 1, &huff[9..]));
+    let mut s = Peer::new();
+    let resp = s.headers(1, true, &[(":status", "404")]);
+    let ex = run_split_invariant(&client_conn(3, vec![(OUT, req), (IN, resp)]));
+    assert_eq!(ex.len(), 1);
+    assert_eq!(ex[0].method, Some(Method::Get));
+    assert_eq!(ex[0].path.as_deref(), Some("/"));
+    assert_eq!(ex[0].authority.as_deref(), Some("www.example.com"));
+    assert_eq!((ex[0].status, ex[0].outcome), (Some(404), OutcomeClass::Semantic));
+}
+
+#[test]
+fn server_side_grpc_with_server_preface_first() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let mut ev = vec![conn_ev(4, Role::Server, 1, ConnEventKind::Accept)];
+    // The server writes its SETTINGS before it reads the client preface.
+    ev.push(data(4, Role::Server, OUT, 2, &frame(SETTINGS, 0, 0, &[0, 4, 0, 1, 0, 0])));
+    let mut first = http2::PREFACE.to_vec();
+    first.extend(frame(SETTINGS, 0, 0, &[]));
+    first.extend(c.headers(1, false, &hs(&req_headers("/svc/A"))));
+    first.extend(frame(D, END_STREAM, 1, &grpc_msg(b"q")));
+    ev.push(data(4, Role::Server, IN, 3, &first));
+    let mut resp = s.headers(1, false, &[(":status", "200")]);
+    resp.extend(frame(D, 0, 1, &grpc_msg(b"r")));
+    resp.extend(s.headers(1, true, &[("grpc-status", "5")]));
+    ev.push(data_trunc(4, Role::Server, OUT, 4, 9, &resp, resp.len() as u64));
+    let ex = run_split_invariant(&ev);
+    assert_eq!(ex.len(), 1, "{ex:#?}");
+    assert_eq!(ex[0].role, Role::Server);
+    assert_eq!(ex[0].path.as_deref(), Some("/svc/A"));
+    assert_eq!((ex[0].grpc_status, ex[0].outcome), (Some(5), OutcomeClass::Semantic));
+    assert_eq!(ex[0].response_tid, Some(9));
+}
+
+#[test]
+fn mid_connection_start_is_unknown_and_the_next_connection_recovers() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    // Warm the encoders as an earlier, unseen part of the connection would have.
+    let _ = c.headers(1, true, &hs(&req_headers("/svc/Warm")));
+    let _ = s.headers(1, true, &[(":status", "200"), ("grpc-status", "0")]);
+    let w = unary(&mut c, &mut s, 3, "/svc/Warm", &[("grpc-status", "0")]);
+    let mut ev: Vec<Event> = Vec::new();
+    for (i, (dir, b)) in w.into_iter().enumerate() {
+        ev.push(data(3, Role::Client, dir, 10 + i as u64, &b));
+    }
+    let (ex, _) = run(&ev);
+    assert_eq!(ex.len(), 1, "{ex:#?}");
+    assert!(ex[0].unknown, "decoder state was unknowable");
+    assert_eq!(ex[0].path, None, "no guessed fields");
+    assert_eq!(ex[0].stream_id, Some(3));
+    assert_eq!(ex[0].outcome, OutcomeClass::Unknown);
+    // A fresh connection decodes again.
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let mut all = ev.clone();
+    all.extend(client_conn(4, unary(&mut c, &mut s, 1, "/svc/Fresh", &[("grpc-status", "0")])));
+    let (ex, _) = run(&all);
+    assert_eq!(ex.len(), 2);
+    assert!(!ex[1].unknown);
+    assert_eq!(ex[1].path.as_deref(), Some("/svc/Fresh"));
+}
+
+#[test]
+fn truncated_header_block_makes_later_streams_unknown() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let big = "v".repeat(3000);
+    let mut h1 = req_headers("/svc/Big");
+    h1.push(("x-big", big));
+    let req1 = c.headers(1, true, &hs(&h1));
+    let req3 = c.headers(3, true, &hs(&req_headers("/svc/After")));
+    let resp1 = s.headers(1, true, &[(":status", "200"), ("grpc-status", "0")]);
+    let resp3 = s.headers(3, true, &[(":status", "200"), ("grpc-status", "0")]);
+    let mut ev = client_conn(3, vec![]);
+    ev.push(data_trunc(3, Role::Client, OUT, 10, 7, &req1[..200], req1.len() as u64));
+    ev.push(data(3, Role::Client, IN, 20, &resp1));
+    ev.push(data(3, Role::Client, OUT, 30, &req3));
+    ev.push(data(3, Role::Client, IN, 40, &resp3));
+    let (ex, stats) = run(&ev);
+    assert_eq!(ex.len(), 2, "{ex:#?}");
+    assert!(ex[0].unknown && ex[0].path.is_none());
+    assert!(ex[1].unknown && ex[1].path.is_none(), "the request decoder lost its table");
+    assert_eq!(ex[1].status, Some(200), "the response decoder is still in sync");
+    assert_eq!(ex[1].outcome, OutcomeClass::Success);
+    assert_eq!(stats.truncations, 1);
+}
+
+#[test]
+fn close_with_open_streams() {
+    let (mut c, _) = (Peer::new(), Peer::new());
+    let reqs = c.headers(1, true, &hs(&req_headers("/svc/Slow")));
+    let mut ev = client_conn(3, vec![(OUT, reqs)]);
+    ev.push(conn_ev(3, Role::Client, 100, ConnEventKind::Close));
+    let (ex, _) = run(&ev);
+    assert_eq!(ex.len(), 1);
+    assert_eq!((ex[0].failure, ex[0].outcome), (Some(Failure::Abandoned), OutcomeClass::Unknown));
+    assert_eq!(ex[0].pid, PID);
+}
