@@ -1,0 +1,3 @@
+module ralab/svc
+
+go 1.19

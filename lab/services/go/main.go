@@ -1,0 +1,208 @@
+// Lab service, Go flavour: net/http server; outbound calls through http.Client wrapped in the
+// retry loop Go users typically write (attempts, jittered backoff, retry on 5xx and transport
+// errors). It knows nothing about the agent. Config: JSON in $LAB_CFG; ground truth: one JSON
+// line per request served, appended to cfg.Log.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+)
+
+type Fault struct {
+	Kind      string  `json:"kind"`
+	Rate      float64 `json:"rate"`
+	Start     float64 `json:"start"`
+	End       float64 `json:"end"`
+	LatencyMs int     `json:"latency_ms"`
+}
+
+type Downstream struct {
+	Name      string   `json:"name"`
+	URL       string   `json:"url"`
+	Retries   int      `json:"retries"`
+	TimeoutMs int      `json:"timeout_ms"`
+	BackoffMs int      `json:"backoff_ms"`
+	Budget    *float64 `json:"budget"`
+}
+
+type Config struct {
+	Name        string       `json:"name"`
+	Listen      string       `json:"listen"`
+	Downstreams []Downstream `json:"downstreams"`
+	Fault       *Fault       `json:"fault"`
+	WorkMs      int          `json:"work_ms"`
+	Log         string       `json:"log"`
+}
+
+// budget: each first attempt deposits ratio tokens, each retry withdraws one.
+type budget struct {
+	mu     sync.Mutex
+	ratio  float64
+	tokens float64
+}
+
+func (b *budget) deposit() {
+	b.mu.Lock()
+	b.tokens += b.ratio
+	if b.tokens > 10 {
+		b.tokens = 10
+	}
+	b.mu.Unlock()
+}
+
+func (b *budget) withdraw() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.tokens >= 1 {
+		b.tokens--
+		return true
+	}
+	return false
+}
+
+type caller struct {
+	ds     Downstream
+	client *http.Client
+	budget *budget
+}
+
+// do is the usual hand-written retry loop: try, and on a transport error or 5xx back off with
+// jitter and try again, up to ds.Retries more times.
+func (c *caller) do(reqID string) (bool, int) {
+	if c.budget != nil {
+		c.budget.deposit()
+	}
+	attempts := 0
+	for {
+		attempts++
+		req, err := http.NewRequest("GET", c.ds.URL, nil)
+		if err != nil {
+			return false, attempts
+		}
+		req.Header.Set("x-lab-parent", reqID)
+		resp, err := c.client.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode < 500 {
+				return true, attempts
+			}
+		}
+		if attempts > c.ds.Retries {
+			return false, attempts
+		}
+		if c.budget != nil && !c.budget.withdraw() {
+			return false, attempts
+		}
+		if c.ds.BackoffMs > 0 {
+			time.Sleep(time.Duration(rand.Intn(c.ds.BackoffMs*attempts+1)) * time.Millisecond)
+		}
+	}
+}
+
+var (
+	cfg     Config
+	callers []*caller
+	logMu   sync.Mutex
+	logF    *os.File
+)
+
+func faultNow() *Fault {
+	f := cfg.Fault
+	if f == nil {
+		return nil
+	}
+	now := float64(time.Now().UnixNano()) / 1e9
+	if now >= f.Start && now < f.End && rand.Float64() < f.Rate {
+		return f
+	}
+	return nil
+}
+
+func handler(w http.ResponseWriter, r *http.Request) {
+	t0 := time.Now()
+	reqID := fmt.Sprintf("%016x", rand.Uint64())
+	attempts := map[string]int{}
+	cause := "none"
+	for _, c := range callers {
+		ok, n := c.do(reqID)
+		attempts[c.ds.Name] = n
+		if !ok {
+			cause = "downstream"
+			break
+		}
+	}
+	var fault *Fault
+	if cause == "none" {
+		fault = faultNow()
+	}
+	if fault != nil {
+		if fault.Kind == "latency" {
+			time.Sleep(time.Duration(fault.LatencyMs) * time.Millisecond)
+		} else {
+			cause = "own"
+		}
+	}
+	if cfg.WorkMs > 0 {
+		time.Sleep(time.Duration(cfg.WorkMs) * time.Millisecond)
+	}
+	status := map[string]int{"none": 200, "own": 503, "downstream": 502}[cause]
+	w.Header().Set("Content-Length", "3")
+	w.WriteHeader(status)
+	_, werr := w.Write([]byte("ok\n"))
+	rec := map[string]interface{}{
+		"t": float64(t0.UnixNano()) / 1e9, "d": time.Since(t0).Seconds(), "svc": cfg.Name,
+		"id": reqID, "parent": nilIfEmpty(r.Header.Get("x-lab-parent")), "cause": cause,
+		"ok": cause == "none", "attempts": attempts, "fault": fault != nil, "status": status,
+	}
+	if werr != nil || r.Context().Err() != nil {
+		rec["abandoned"] = true
+	}
+	line, _ := json.Marshal(rec)
+	logMu.Lock()
+	logF.Write(append(line, '\n'))
+	logMu.Unlock()
+}
+
+func nilIfEmpty(s string) interface{} {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func main() {
+	if err := json.Unmarshal([]byte(os.Getenv("LAB_CFG")), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "bad LAB_CFG:", err)
+		os.Exit(64)
+	}
+	var err error
+	logF, err = os.OpenFile(cfg.Log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "log:", err)
+		os.Exit(1)
+	}
+	rand.Seed(time.Now().UnixNano())
+	for _, ds := range cfg.Downstreams {
+		c := &caller{ds: ds, client: &http.Client{
+			Timeout:   time.Duration(ds.TimeoutMs) * time.Millisecond,
+			Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
+		}}
+		if ds.Budget != nil {
+			c.budget = &budget{ratio: *ds.Budget}
+		}
+		callers = append(callers, c)
+	}
+	srv := &http.Server{Addr: cfg.Listen, Handler: http.HandlerFunc(handler)}
+	if err := srv.ListenAndServe(); err != nil {
+		fmt.Fprintln(os.Stderr, "serve:", err)
+		os.Exit(1)
+	}
+}

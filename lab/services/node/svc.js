@@ -1,0 +1,88 @@
+// Lab service, Node flavour: http server; outbound calls through fetch (undici) wrapped in the
+// retry helper Node users typically write (attempts, jittered backoff, AbortSignal.timeout).
+// It knows nothing about the agent. Config: JSON in $LAB_CFG; ground truth: one JSON line per
+// request served, appended to cfg.log.
+'use strict';
+const http = require('http');
+const fs = require('fs');
+const crypto = require('crypto');
+
+const cfg = JSON.parse(process.env.LAB_CFG);
+const log = fs.createWriteStream(cfg.log, { flags: 'a' });
+
+// Retry budget: each first attempt deposits `ratio` tokens, each retry withdraws one.
+function makeBudget(ratio) {
+  let tokens = 0;
+  return {
+    deposit() { tokens = Math.min(10, tokens + ratio); },
+    withdraw() { if (tokens >= 1) { tokens -= 1; return true; } return false; },
+  };
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+function makeCaller(ds) {
+  const budget = ds.budget == null ? null : makeBudget(ds.budget);
+  return async function call(reqId) {
+    if (budget) budget.deposit();
+    let attempts = 0;
+    for (;;) {
+      attempts += 1;
+      try {
+        const res = await fetch(ds.url, {
+          headers: { 'x-lab-parent': reqId },
+          signal: AbortSignal.timeout(ds.timeout_ms),
+        });
+        await res.arrayBuffer();
+        if (res.status < 500) return [true, attempts];
+      } catch (_e) {
+        // timeout, refused, reset: retryable like a 5xx
+      }
+      if (attempts > ds.retries) return [false, attempts];
+      if (budget && !budget.withdraw()) return [false, attempts];
+      if (ds.backoff_ms > 0) await sleep(Math.random() * ds.backoff_ms * attempts);
+    }
+  };
+}
+
+const callers = (cfg.downstreams || []).map((ds) => [ds.name, makeCaller(ds)]);
+
+function faultNow() {
+  const f = cfg.fault;
+  if (!f) return null;
+  const now = Date.now() / 1000;
+  if (now >= f.start && now < f.end && Math.random() < (f.rate ?? 1)) return f;
+  return null;
+}
+
+const server = http.createServer(async (req, res) => {
+  const t0 = Date.now();
+  const reqId = crypto.randomBytes(8).toString('hex');
+  const attempts = {};
+  let cause = 'none';
+  for (const [name, call] of callers) {
+    const [ok, n] = await call(reqId);
+    attempts[name] = n;
+    if (!ok) { cause = 'downstream'; break; }
+  }
+  const fault = cause === 'none' ? faultNow() : null;
+  if (fault) {
+    if (fault.kind === 'latency') await sleep(fault.latency_ms || 3000);
+    else cause = 'own';
+  }
+  if (cfg.work_ms) await sleep(cfg.work_ms);
+  const status = { none: 200, own: 503, downstream: 502 }[cause];
+  const rec = {
+    t: t0 / 1000, d: (Date.now() - t0) / 1000, svc: cfg.name, id: reqId,
+    parent: req.headers['x-lab-parent'] || null, cause, ok: cause === 'none', attempts,
+    fault: !!fault, status,
+  };
+  if (res.destroyed || req.socket.destroyed) rec.abandoned = true;
+  res.writeHead(status, { 'Content-Length': 3 });
+  res.end('ok\n');
+  log.write(JSON.stringify(rec) + '\n');
+});
+server.keepAliveTimeout = 30000;
+const i = cfg.listen.lastIndexOf(':');
+server.listen(Number(cfg.listen.slice(i + 1)), cfg.listen.slice(0, i));
+process.on('SIGTERM', () => { log.end(() => process.exit(0)); });
