@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::{sync::Arc, time::Duration};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -2,6 +2,8 @@
 //! Pure logic: no IO. Input exchanges, output verdicts and edge figures.
 pub mod config;
 mod engine;
+pub mod sim;
+mod table;
 pub mod types;
 
 pub use config::{ConfigError, CorrelateConfig, ServiceMatch, ServiceOverride};

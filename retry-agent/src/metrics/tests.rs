@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
 use crate::correlate::{ClaimCounts, DependencyKind, Edge, RetrySuccess, ServiceId};
 

@@ -1,0 +1,595 @@
+//! Verdict tables (every row of the decision matrix), context rules, retry detection, figures.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::net::SocketAddr;
+
+use super::*;
+use crate::{
+    correlate::sim::ExchangeBuilder as X,
+    decide::{DecideConfig, Decider, Reason},
+    l7::{Method, RetryMarkers},
+};
+
+const MS: u64 = 1_000_000;
+const A: u32 = 10;
+const B: u32 = 20;
+const C: u32 = 30;
+const D: u32 = 40;
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+}
+fn svc(pid: u32) -> SocketAddr {
+    addr(&format!("10.0.0.{}:80", pid / 10))
+}
+fn eph(pid: u32, port: u16) -> SocketAddr {
+    addr(&format!("10.0.0.{}:{port}", pid / 10))
+}
+
+fn cfg() -> CorrelateConfig {
+    let mut c = CorrelateConfig::default();
+    for (pid, name) in [(A, "a"), (B, "b"), (C, "c"), (D, "d")] {
+        c.service_names.push(format!("pid:{pid}={name}").parse().unwrap());
+    }
+    c
+}
+
+struct World {
+    e: Engine,
+    v: Vec<Verdict>,
+    id: u64,
+    port: u16,
+    /// Logical request number: outbound calls carry it in their path, so repeats of one
+    /// request are retries and other requests are not.
+    req: u64,
+}
+
+impl World {
+    fn new() -> Self {
+        Self::with(cfg())
+    }
+    fn with(c: CorrelateConfig) -> Self {
+        World { e: Engine::new(c), v: Vec::new(), id: 0, port: 30_000, req: 0 }
+    }
+    fn id(&mut self) -> u64 {
+        self.id += 1;
+        self.id
+    }
+    fn port(&mut self) -> u16 {
+        self.port += 1;
+        self.port
+    }
+    fn next_request(&mut self) {
+        self.req += 1;
+    }
+    fn push(&mut self, x: Exchange) {
+        self.e.push(&x, &mut self.v);
+    }
+    /// `caller` calls `callee` (both local) on the caller's thread `tid`; the callee answers
+    /// `status`. Returns the callee's server exchange id. Pushed in completion order.
+    fn call(&mut self, caller: u32, tid: u32, callee: u32, t: u64, dur: u64, status: u16) -> u64 {
+        let local = eph(caller, self.port());
+        let sid = self.id();
+        self.push(X::server(sid, callee, callee * 10, svc(callee), local, t + MS / 10, t + dur - MS / 10).status(status).build());
+        let cid = self.id();
+        let route = format!("/r/{}", self.req);
+        self.push(X::client(cid, caller, tid, local, svc(callee), t, t + dur).route(&route).status(status).build());
+        sid
+    }
+    /// `caller` calls a callee that is not on this node.
+    fn call_remote(&mut self, caller: u32, tid: u32, remote: &str, t: u64, dur: u64, status: u16, header: Option<Claim>) {
+        let local = eph(caller, self.port());
+        let id = self.id();
+        let route = format!("/r/{}", self.req);
+        let mut x = X::client(id, caller, tid, local, addr(remote), t, t + dur).route(&route).status(status);
+        if let Some(h) = header {
+            x = x.claim_header(h);
+        }
+        self.push(x.build());
+    }
+    /// The inbound exchange of `pid` on `tid` over [t, t+dur] from an outside client.
+    fn inbound(&mut self, pid: u32, tid: u32, t: u64, dur: u64, status: u16) -> u64 {
+        let id = self.id();
+        let from = addr(&format!("192.168.1.1:{}", self.port()));
+        self.push(X::server(id, pid, tid, svc(pid), from, t, t + dur).status(status).build());
+        id
+    }
+    fn finish(&mut self) -> &[Verdict] {
+        self.e.flush(&mut self.v);
+        &self.v
+    }
+    fn verdict(&mut self, id: u64) -> Verdict {
+        self.e.flush(&mut self.v);
+        self.v.iter().find(|v| v.exchange == ExchangeId(id)).cloned().unwrap_or_else(|| panic!("no verdict for {id}: {:?}", self.v))
+    }
+    fn edge(&self, caller: &str, callee: &str) -> EdgeStats {
+        self.e
+            .edges()
+            .into_iter()
+            .find(|e| e.edge.caller.as_str() == caller && e.edge.callee.as_str() == callee)
+            .unwrap_or_else(|| panic!("no edge {caller}->{callee}: {:?}", self.e.edges()))
+    }
+}
+
+// ---- the decision matrix ------------------------------------------------------------------
+
+/// Row 1: the callee did not err, the caller did → the caller owns it (claimed).
+#[test]
+fn row1_callee_ok_caller_fails_claimed() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    w.call(B, 200, C, t + MS, 5 * MS, 200);
+    let b = w.inbound(B, 200, t, 10 * MS, 500);
+    let v = w.verdict(b);
+    assert_eq!(v.claim, Claim::Claimed);
+    assert!(v.caused_by.is_empty());
+    assert_eq!(v.service.as_str(), "b");
+}
+
+/// Row 2: the callee erred with a missing claim (not on this node, no header) → the caller may
+/// retry and passes the error upward unclaimed; missing never suppresses the retry.
+#[test]
+fn row2_callee_missing_caller_retries_and_unclaims() {
+    let mut w = World::new();
+    let mut t = 1_000 * MS;
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        w.next_request();
+        w.call_remote(B, 200, "203.0.113.9:443", t + MS, 2 * MS, 503, None);
+        w.call_remote(B, 200, "203.0.113.9:443", t + 4 * MS, 2 * MS, 503, None);
+        ids.push(w.inbound(B, 200, t, 10 * MS, 502));
+        t += 100 * MS;
+    }
+    w.e.tick(t + 2_000 * MS, &mut w.v);
+    for id in ids {
+        let v = w.verdict(id);
+        assert_eq!(v.claim, Claim::Unclaimed);
+        assert_eq!(v.caused_by.len(), 2, "both failed attempts explain it");
+        assert_eq!(v.caused_by[0].callee.as_str(), "203.0.113.9:443");
+    }
+    let e = w.edge("b", "203.0.113.9:443");
+    assert_eq!(e.callee_claims, ClaimCounts { claimed: 0, unclaimed: 0, missing: 20 });
+    assert_eq!(e.retries, 10);
+    let mut d = Decider::new(DecideConfig { retry_budget: 1.0, ..DecideConfig::default() });
+    let decisions = d.evaluate(&w.e, w.e.now_ns());
+    assert!(decisions.iter().all(|d| d.reason != Reason::CalleeUnclaimed), "{decisions:?}");
+}
+
+/// Row 3: the callee erred and claimed it → the caller retries; its own failure is unclaimed.
+#[test]
+fn row3_callee_claimed_caller_retries_and_unclaims() {
+    let mut w = World::new();
+    let mut t = 1_000 * MS;
+    let mut c_ids = Vec::new();
+    let mut b_ids = Vec::new();
+    for _ in 0..10 {
+        w.next_request();
+        // C fails on its own (no outbound calls): claimed.
+        c_ids.push(w.call(B, 200, C, t + MS, 3 * MS, 503));
+        c_ids.push(w.call(B, 200, C, t + 5 * MS, 3 * MS, 503));
+        b_ids.push(w.inbound(B, 200, t, 10 * MS, 502));
+        t += 100 * MS;
+    }
+    w.e.tick(t + 2_000 * MS, &mut w.v);
+    for id in c_ids {
+        assert_eq!(w.verdict(id).claim, Claim::Claimed);
+    }
+    for id in b_ids {
+        let v = w.verdict(id);
+        assert_eq!(v.claim, Claim::Unclaimed);
+        assert!(v.caused_by.iter().all(|c| c.callee.as_str() == "c"));
+        assert_eq!(v.caller, None, "outside client");
+    }
+    let e = w.edge("b", "c");
+    assert_eq!(e.callee_claims.claimed, 20);
+    assert_eq!(e.retries, 10);
+    // Retries into the owner stay allowed for ownership; only the budget can meter them.
+    let mut d = Decider::new(DecideConfig::default());
+    let decisions = d.evaluate(&w.e, w.e.now_ns());
+    assert!(decisions.iter().all(|d| d.reason != Reason::CalleeUnclaimed), "{decisions:?}");
+    assert!(decisions.iter().any(|d| d.reason == Reason::OverBudget), "50% retries: {decisions:?}");
+}
+
+/// Row 4: the callee erred unclaimed → the caller must not retry (suppress the edge) and passes
+/// the error upward unclaimed.
+#[test]
+fn row4_callee_unclaimed_no_retry_and_unclaims() {
+    let mut w = World::new();
+    let mut t = 1_000 * MS;
+    let mut b_ids = Vec::new();
+    let mut c_ids = Vec::new();
+    for _ in 0..10 {
+        w.next_request();
+        // C's request: C calls D twice (a retry), D fails both, C fails: C's error is unclaimed.
+        let local = eph(B, w.port());
+        w.call(C, C * 10, D, t + 2 * MS, MS, 503);
+        w.call(C, C * 10, D, t + 3 * MS + MS / 2, MS, 503);
+        let cid = w.id();
+        w.push(X::server(cid, C, C * 10, svc(C), local, t + MS, t + 6 * MS).status(502).build());
+        let id = w.id();
+        w.push(X::client(id, B, 200, local, svc(C), t + MS / 2, t + 6 * MS + MS / 2).status(502).build());
+        c_ids.push(cid);
+        b_ids.push(w.inbound(B, 200, t, 10 * MS, 502));
+        t += 100 * MS;
+    }
+    w.e.tick(t + 2_000 * MS, &mut w.v);
+    for id in c_ids {
+        let v = w.verdict(id);
+        assert_eq!(v.claim, Claim::Unclaimed);
+        assert_eq!(v.caller.as_ref().map(ServiceId::as_str), Some("b"));
+    }
+    for id in b_ids {
+        assert_eq!(w.verdict(id).claim, Claim::Unclaimed);
+    }
+    assert_eq!(w.edge("b", "c").callee_claims.unclaimed, 10);
+    let mut d = Decider::new(DecideConfig::default());
+    let decisions = d.evaluate(&w.e, w.e.now_ns());
+    let bc: Vec<_> = decisions.iter().filter(|d| d.edge.caller.as_str() == "b" && d.edge.callee.as_str() == "c").collect();
+    assert_eq!(bc.len(), 1, "{decisions:?}");
+    assert_eq!(bc[0].reason, Reason::CalleeUnclaimed);
+    assert_eq!(bc[0].callee_addrs, vec![svc(C)]);
+    // C -> D: D claimed its errors: never suppressed for ownership (only metered by budget).
+    assert!(
+        decisions.iter().filter(|d| d.edge.caller.as_str() == "c").all(|d| d.reason == Reason::OverBudget),
+        "{decisions:?}"
+    );
+}
+
+/// The callee's claim can come from the wire (the shim's header) when it is not on this node.
+#[test]
+fn header_claims_count_for_remote_callees() {
+    let mut w = World::new();
+    let mut t = 1_000 * MS;
+    for _ in 0..6 {
+        w.call_remote(B, 200, "203.0.113.9:443", t, 2 * MS, 503, Some(Claim::Unclaimed));
+        t += 10 * MS;
+    }
+    w.e.tick(t + 2_000 * MS, &mut w.v);
+    assert_eq!(w.edge("b", "203.0.113.9:443").callee_claims.unclaimed, 6);
+}
+
+/// At-least-once: the callee claimed a retryable error, the caller's edge never retries: the
+/// caller owns its error so the retry happens one level up.
+#[test]
+fn at_least_once_caller_without_retries_claims() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    w.call(B, 200, C, t + MS, 3 * MS, 503);
+    let b = w.inbound(B, 200, t, 10 * MS, 502);
+    assert_eq!(w.verdict(b).claim, Claim::Claimed);
+
+    // Off: the plain matrix (unclaimed).
+    let mut c = cfg();
+    c.at_least_once = false;
+    let mut w = World::with(c);
+    w.call(B, 200, C, t + MS, 3 * MS, 503);
+    let b = w.inbound(B, 200, t, 10 * MS, 502);
+    assert_eq!(w.verdict(b).claim, Claim::Unclaimed);
+}
+
+/// The plain matrix without the at-least-once rule (which would own unretried errors).
+fn no_alo() -> World {
+    let mut c = cfg();
+    c.at_least_once = false;
+    World::with(c)
+}
+
+// ---- context rules ------------------------------------------------------------------------
+
+/// Overlapping inbound requests on one thread (an event loop) are not guessed: missing when
+/// the process had an outbound failure meanwhile, claimed when it had none at all.
+#[test]
+fn event_loop_overlap_is_missing_unless_no_failure_anywhere() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    w.call_remote(B, 200, "203.0.113.9:443", t + 2 * MS, 2 * MS, 503, None);
+    let r1 = w.inbound(B, 200, t, 10 * MS, 502);
+    let r2 = w.inbound(B, 200, t + MS, 10 * MS, 502);
+    assert_eq!(w.verdict(r1).claim, Claim::Missing);
+    assert_eq!(w.verdict(r2).claim, Claim::Missing);
+
+    let mut w = World::new();
+    w.call_remote(B, 200, "203.0.113.9:443", t + 2 * MS, 2 * MS, 200, None);
+    let r1 = w.inbound(B, 200, t, 10 * MS, 500);
+    let r2 = w.inbound(B, 200, t + MS, 10 * MS, 500);
+    assert_eq!(w.verdict(r1).claim, Claim::Claimed, "no outbound call failed at all");
+    assert_eq!(w.verdict(r2).claim, Claim::Claimed);
+}
+
+/// A response written by another thread than the one that read the request: the context
+/// crossed threads, so the children cannot be linked.
+#[test]
+fn cross_thread_response_is_missing() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    w.call_remote(B, 201, "203.0.113.9:443", t + 2 * MS, 2 * MS, 503, None);
+    let id = w.id();
+    let from = addr("192.168.1.1:5555");
+    w.push(X::server(id, B, 200, svc(B), from, t, t + 10 * MS).response_tid(201).status(502).build());
+    assert_eq!(w.verdict(id).claim, Claim::Missing);
+}
+
+/// Work handed to a pool thread that serves no request: the context break is detected and the
+/// verdict is missing rather than a wrong claim.
+#[test]
+fn failure_on_orphan_thread_makes_missing() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    w.call_remote(B, 299, "203.0.113.9:443", t + 2 * MS, 2 * MS, 503, None);
+    let id = w.inbound(B, 200, t, 10 * MS, 502);
+    assert_eq!(w.verdict(id).claim, Claim::Missing);
+}
+
+/// Goroutine ids, when known, are the context: two goroutines on one thread do not overlap.
+#[test]
+fn goroutines_are_contexts() {
+    let mut w = no_alo();
+    let t = 1_000 * MS;
+    let id1 = w.id();
+    w.push(X::client(id1, B, 200, eph(B, 1), addr("203.0.113.9:443"), t + 2 * MS, t + 3 * MS).goid(7).status(503).build());
+    let r1 = w.id();
+    w.push(X::server(r1, B, 200, svc(B), addr("192.168.1.1:1"), t, t + 10 * MS).goid(7).status(502).build());
+    let r2 = w.id();
+    w.push(X::server(r2, B, 200, svc(B), addr("192.168.1.1:2"), t + MS, t + 11 * MS).goid(8).status(500).build());
+    assert_eq!(w.verdict(r1).claim, Claim::Unclaimed);
+    // Goroutine 8 made no call, but goroutine 7's failed call overlapped it on a context that
+    // served a request, so it is accounted for: claimed.
+    assert_eq!(w.verdict(r2).claim, Claim::Claimed);
+}
+
+/// A child that ends after the parent answered did not cause the parent's error.
+#[test]
+fn late_children_do_not_explain() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    let id = w.inbound(B, 200, t, 10 * MS, 500);
+    w.call_remote(B, 200, "203.0.113.9:443", t + 5 * MS, 50 * MS, 503, None);
+    assert_eq!(w.verdict(id).claim, Claim::Claimed);
+}
+
+/// Verdicts wait for the grace period, so a child reported after its parent still counts.
+#[test]
+fn grace_period_waits_for_late_reports() {
+    let mut w = no_alo();
+    let t = 1_000 * MS;
+    let id = w.inbound(B, 200, t, 10 * MS, 502);
+    assert!(w.v.is_empty(), "not judged before the grace period");
+    w.call_remote(B, 200, "203.0.113.9:443", t + 2 * MS, 2 * MS, 503, None);
+    w.e.tick(t + 10 * MS + 250 * MS, &mut w.v);
+    assert_eq!(w.v.len(), 1);
+    assert_eq!(w.verdict(id).claim, Claim::Unclaimed);
+}
+
+/// Failure-pattern memory: a fail-open dependency's coincidental errors do not unclaim.
+#[test]
+fn fail_open_dependency_does_not_unclaim() {
+    let run = |memory: bool| {
+        let mut c = cfg();
+        c.failure_memory = memory;
+        // Isolate the memory: at-least-once would own these unretried errors anyway.
+        c.at_least_once = false;
+        let mut w = World::with(c);
+        let mut t = 1_000 * MS;
+        let (mut own, mut unclaimed) = (0, 0);
+        let mut rng = 12345u64;
+        let mut draw = || {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (rng >> 33) as f64 / (1u64 << 31) as f64
+        };
+        for _ in 0..3000 {
+            w.next_request();
+            let cache_fails = draw() < 0.1;
+            let own_fails = draw() < 0.1;
+            w.call_remote(B, 200, "10.9.9.9:6379", t + MS, MS, if cache_fails { 503 } else { 200 }, None);
+            let id = w.inbound(B, 200, t, 5 * MS, if own_fails { 500 } else { 200 });
+            if own_fails {
+                own += 1;
+                if w.verdict(id).claim == Claim::Unclaimed {
+                    unclaimed += 1;
+                }
+            }
+            t += 10 * MS;
+        }
+        unclaimed as f64 / own as f64
+    };
+    let without = run(false);
+    let with = run(true);
+    assert!(without > 0.05, "coincidence unclaims ~10% without memory: {without}");
+    // Only the first coincidences, before the pattern is learned, unclaim.
+    assert!(with < 0.02 && with < without / 4.0, "memory keeps them claimed: {with} vs {without}");
+    let mut w = World::new();
+    let mut t = 1_000 * MS;
+    for i in 0..50 {
+        w.next_request();
+        w.call_remote(B, 200, "10.9.9.9:6379", t + MS, MS, if i % 2 == 0 { 503 } else { 200 }, None);
+        w.inbound(B, 200, t, 5 * MS, 200);
+        t += 10 * MS;
+    }
+    w.e.tick(t + 2_000 * MS, &mut w.v);
+    assert_eq!(w.edge("b", "10.9.9.9:6379").dependency, DependencyKind::FailOpen);
+}
+
+// ---- retries --------------------------------------------------------------------------------
+
+fn get(w: &mut World, t: u64, dur: u64, status: u16, route: &str) -> Exchange {
+    let id = w.id();
+    X::client(id, A, 100, eph(A, 1000 + (id % 50) as u16), addr("203.0.113.9:443"), t, t + dur).route(route).status(status).build()
+}
+
+#[test]
+fn retry_after_failure_and_new_request_after_success() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    let x = get(&mut w, t, MS, 503, "/a");
+    w.push(x);
+    let x = get(&mut w, t + 10 * MS, MS, 200, "/a"); // retry, succeeded
+    w.push(x);
+    let x = get(&mut w, t + 20 * MS, MS, 200, "/a"); // new request (previous succeeded)
+    w.push(x);
+    let x = get(&mut w, t + 30 * MS, MS, 200, "/b"); // other request
+    w.push(x);
+    let x = get(&mut w, t + 12_000 * MS, MS, 503, "/c");
+    w.push(x);
+    let x = get(&mut w, t + 24_000 * MS, MS, 503, "/c"); // beyond the 10 s window: new
+    w.push(x);
+    w.e.tick(t + 25_000 * MS, &mut w.v);
+    let s = w.e.stats();
+    assert_eq!(s.retries, 1);
+    assert_eq!(s.retry_outcomes[1], (1, 1), "one retry after a transient failure, succeeded");
+}
+
+#[test]
+fn hedged_non_idempotent_and_marker_retries() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    // Attempt 2 starts at 1 s while attempt 1 (2.5 s) still runs: per-try timeout hedging.
+    let id = w.id();
+    let a2 = X::client(id, A, 100, eph(A, 2), addr("203.0.113.9:443"), t + 1_000 * MS, t + 1_100 * MS).status(200).build();
+    let id = w.id();
+    let a1 = X::client(id, A, 100, eph(A, 1), addr("203.0.113.9:443"), t, t + 2_500 * MS).status(200).build();
+    w.push(a2);
+    w.push(a1); // reported later: it finished later
+    // A POST retried without an idempotency key.
+    let id = w.id();
+    w.push(X::client(id, A, 100, eph(A, 3), addr("203.0.113.9:443"), t + 3_000 * MS, t + 3_001 * MS).method(Method::Post).route("/pay").status(503).build());
+    let id = w.id();
+    w.push(X::client(id, A, 100, eph(A, 4), addr("203.0.113.9:443"), t + 3_100 * MS, t + 3_101 * MS).method(Method::Post).route("/pay").status(200).build());
+    // The same with a key: a retry, but a safe one.
+    let id = w.id();
+    w.push(X::client(id, A, 100, eph(A, 5), addr("203.0.113.9:443"), t + 3_200 * MS, t + 3_201 * MS).method(Method::Post).route("/pay2").idempotency_key().status(503).build());
+    let id = w.id();
+    w.push(X::client(id, A, 100, eph(A, 6), addr("203.0.113.9:443"), t + 3_300 * MS, t + 3_301 * MS).method(Method::Post).route("/pay2").idempotency_key().status(200).build());
+    // A wire marker alone.
+    let id = w.id();
+    w.push(
+        X::client(id, A, 100, eph(A, 7), addr("203.0.113.9:443"), t + 3_400 * MS, t + 3_401 * MS)
+            .route("/m")
+            .markers(RetryMarkers { envoy_attempt_count: Some(2), ..Default::default() })
+            .build(),
+    );
+    let s = w.e.stats();
+    assert_eq!(s.hedged_retries, 1);
+    assert_eq!(s.non_idempotent_retries, 1);
+    assert_eq!(s.retries, 4);
+    w.e.tick(t + 5_000 * MS, &mut w.v);
+    let e = w.edge("a", "203.0.113.9:443");
+    assert_eq!((e.requests, e.retries, e.first_attempts, e.hedged_retries), (7, 4, 3, 1));
+}
+
+#[test]
+fn aligned_retry_gaps_are_flagged_no_jitter() {
+    let run = |jitter: bool| {
+        let mut w = World::new();
+        let mut t = 1_000 * MS;
+        let mut rng = 7u64;
+        for i in 0..40 {
+            let route = format!("/j/{i}");
+            let x = get(&mut w, t, MS, 503, &route);
+            w.push(x);
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let gap = if jitter { 1 + (rng >> 33) % 200 } else { 100 };
+            let x = get(&mut w, t + MS + gap * MS, MS, 200, &route);
+            w.push(x);
+            t += 250 * MS;
+        }
+        w.e.tick(t + 2_000 * MS, &mut w.v);
+        w.edge("a", "203.0.113.9:443").no_jitter
+    };
+    assert!(run(false), "fixed 100 ms backoff is a pulse");
+    assert!(!run(true), "full jitter is not");
+}
+
+// ---- edge figures -------------------------------------------------------------------------
+
+#[test]
+fn timeout_mismatch_when_callee_finishes_after_caller_abandons() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    let local = eph(B, 4242);
+    // B gives up at 1 s; C answers at 2.5 s.
+    let id = w.id();
+    w.push(
+        X::client(id, B, 200, local, svc(C), t, t + 1_000 * MS)
+            .failure(Failure::Abandoned)
+            .request_end(t + 1_000 * MS)
+            .build(),
+    );
+    let id = w.id();
+    w.push(X::server(id, C, C * 10, svc(C), local, t + MS, t + 2_500 * MS).status(200).build());
+    // A callee finishing before the caller's close is no mismatch.
+    let local = eph(B, 4243);
+    let id = w.id();
+    w.push(X::client(id, B, 200, local, svc(C), t + 3_000 * MS, t + 4_000 * MS).failure(Failure::Abandoned).request_end(t + 4_000 * MS).build());
+    let id = w.id();
+    w.push(X::server(id, C, C * 10, svc(C), local, t + 3_001 * MS, t + 3_500 * MS).status(200).build());
+    assert_eq!(w.e.stats().timeout_mismatches, 1);
+    w.e.tick(t + 10_000 * MS, &mut w.v);
+    assert_eq!(w.edge("b", "c").timeout_mismatches_total, 1);
+}
+
+#[test]
+fn rates_and_amplification_with_frozen_baseline() {
+    let mut w = World::new();
+    let mut t = 1_000_000 * MS;
+    // Baseline: 10 req/s for 20 s.
+    for _ in 0..200 {
+        w.next_request();
+        w.call(B, 200, C, t, MS, 200);
+        t += 100 * MS;
+    }
+    // Fault: 40 req/s of which most fail, for 10 s.
+    for i in 0..400 {
+        w.next_request();
+        w.call(B, 200, C, t, MS, if i % 4 == 0 { 200 } else { 503 });
+        t += 25 * MS;
+    }
+    w.e.tick(t, &mut w.v);
+    let e = w.edge("b", "c");
+    assert!(e.fault_active);
+    let base = e.baseline_rate.unwrap_or(0.0);
+    assert!((base - 10.0).abs() < 0.5, "baseline stays at the pre-fault rate: {base}");
+    assert!((e.amplification - 4.0).abs() < 0.3, "{}", e.amplification);
+    assert!((e.request_rate - 40.0).abs() < 2.0, "{}", e.request_rate);
+    let p = w.e.paths();
+    assert!(p.fault_active);
+    let c_depth = p.depths.iter().find(|d| d.services.iter().any(|s| s.as_str() == "c")).map(|d| (d.depth, d.amplification));
+    // B never served, so C is the root of the node's graph.
+    assert!(c_depth.is_some_and(|(d, a)| d == 0 && (a - 4.0).abs() < 0.3), "{p:?}");
+    assert_eq!(p.storm_radius, 0, "no retries: no storm");
+}
+
+#[test]
+fn names_default_to_comm_and_port_and_overflow_to_other() {
+    let mut c = CorrelateConfig::default();
+    c.max_services = 2;
+    c.service_names.push("api:80=frontend".parse().unwrap());
+    let mut w = World::with(c);
+    for (pid, comm) in [(B, "api"), (C, "python3"), (D, "java")] {
+        w.e.on_process(&ProcessInfo { pid, comm: comm.into(), exe: None, cgroup: None, container_id: None, netns: Some(1) });
+    }
+    let t = 1_000 * MS;
+    w.inbound(B, 200, t, 20 * MS, 200);
+    w.call(B, 200, C, t, MS, 200);
+    w.call(C, 300, D, t + 10 * MS, MS, 200);
+    w.e.tick(t + 3_000 * MS, &mut w.v);
+    let names: Vec<String> = w.e.edges().iter().map(|e| e.edge.to_string()).collect();
+    assert!(names.contains(&"frontend->python3:80".to_string()), "{names:?}");
+    assert!(names.contains(&"python3:80->other".to_string()), "cap of 2 names: {names:?}");
+}
+
+#[test]
+fn memory_is_bounded() {
+    let mut c = cfg();
+    c.max_threads = 1_000;
+    c.max_retry_keys = 1_000;
+    let mut w = World::with(c);
+    let mut t = 1_000 * MS;
+    for i in 0..20_000u32 {
+        let id = w.id();
+        w.push(X::client(id, B, 1_000 + i, eph(B, (i % 60_000) as u16), addr("203.0.113.9:443"), t, t + MS).route(&format!("/{i}")).build());
+        t += MS / 10;
+    }
+    assert!(w.e.threads.len() <= 1_000);
+    assert!(w.e.retry_keys.len() <= 1_000);
+    assert!(w.e.stats().evictions > 0);
+    let _ = w.finish();
+}
