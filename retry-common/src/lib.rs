@@ -209,6 +209,9 @@ pub const OWNER_IN_CONNECT: u32 = 1;
 /// Set once SYN_SENT -> ESTABLISHED fired: a non-blocking connect() that returns EINPROGRESS after
 /// the handshake already finished still gets its ESTABLISHED event.
 pub const OWNER_ESTABLISHED: u32 = 2;
+/// Set when SYN_SENT -> CLOSE fired while connect() was still running but it will return
+/// EINPROGRESS (the RST was processed at release_sock): connect()'s exit reports FAILED.
+pub const OWNER_FAILED: u32 = 4;
 
 /// Owner of a kernel socket, keyed by `struct sock *`: lets state changes that fire in softirq
 /// context (established, reset) be attributed to the process and fd.
@@ -221,7 +224,8 @@ pub struct SockOwner {
     pub role: u32,
     /// `OWNER_*` bits.
     pub flags: u32,
-    pub _pad: u32,
+    /// errno of a failure seen while `OWNER_IN_CONNECT` (with `OWNER_FAILED`).
+    pub errno: i32,
     pub tuple: SockTuple,
 }
 

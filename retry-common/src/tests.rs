@@ -58,7 +58,7 @@ fn map_key_and_value_layouts() {
     layout!(ConnKey, size 8, { tgid @ 0, 4; fd @ 4, 4 });
     layout!(ConnInfo, size 64, { generation @ 0, 8; skaddr @ 8, 8; role @ 16, 4; _pad @ 20, 4; tuple @ 24, 40 });
     layout!(SockOwner, size 72, {
-        pid_tgid @ 0, 8; generation @ 8, 8; fd @ 16, 4; role @ 20, 4; flags @ 24, 4; _pad @ 28, 4; tuple @ 32, 40;
+        pid_tgid @ 0, 8; generation @ 8, 8; fd @ 16, 4; role @ 20, 4; flags @ 24, 4; errno @ 28, 4; tuple @ 32, 40;
     });
     layout!(PeerKey, size 20, { family @ 0, 2; port @ 2, 2; addr @ 4, 16 });
     layout!(ServerEst, size 48, { skaddr @ 0, 8; tuple @ 8, 40 });

@@ -19,7 +19,7 @@ use aya_ebpf::{
 };
 use retry_common::{
     AF_INET, AF_INET6, AcceptArgs, Config, ConnInfo, ConnKey, ConnRecord, ConnectArgs, DataHeader, DataRecord,
-    IPPROTO_TCP, IoArgs, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT, MAX_PAYLOAD, OWNER_ESTABLISHED, OWNER_IN_CONNECT, PeerKey,
+    IPPROTO_TCP, IoArgs, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT, MAX_PAYLOAD, OWNER_ESTABLISHED, OWNER_FAILED, OWNER_IN_CONNECT, PeerKey,
     ProcessExitRecord, ServerEst, SockOwner, SockTuple, conn_kind, direction, role, syscall, tcp_state,
 };
 
@@ -38,6 +38,7 @@ const _: () = assert!(size_of::<Config>() == 16);
 const ECONNRESET: i64 = 104;
 const EPIPE: i64 = 32;
 const EINPROGRESS: i64 = 115;
+const ECONNREFUSED: i32 = 111;
 
 /// Size is overridden by userspace (`CaptureConfig::ring_bytes`).
 #[map]
@@ -328,11 +329,15 @@ fn try_exit_connect(ctx: &TracePointContext) -> Result<(), i32> {
     let errno = if ret < 0 { -ret } else { 0 };
     let mut tuple = SockTuple::default();
     let mut established = false;
+    let mut failed = 0i32;
     if let Some(o) = SOCKS.get_ptr_mut(&c.skaddr) {
         // SAFETY: map value pointer, valid for this program run.
         unsafe {
             tuple = (*o).tuple;
             established = (*o).flags & OWNER_ESTABLISHED != 0;
+            if (*o).flags & OWNER_FAILED != 0 {
+                failed = (*o).errno;
+            }
             (*o).flags &= !OWNER_IN_CONNECT;
         }
     }
@@ -340,8 +345,9 @@ fn try_exit_connect(ctx: &TracePointContext) -> Result<(), i32> {
         let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: c.fd };
         let info = ConnInfo { generation: c.ts_enter_ns, skaddr: c.skaddr, role: role::CLIENT, _pad: 0, tuple };
         let _ = CONNS.insert(&key, &info, 0);
-    } else if SOCKS.get_ptr(&c.skaddr).is_some() {
-        // A blocking connect that failed: its CLOSE already fired (kept for the tuple above).
+    }
+    if failed != 0 || (errno != 0 && errno != EINPROGRESS) {
+        // The socket already went to CLOSE (its entry was kept for the tuple above).
         let _ = SOCKS.remove(&c.skaddr);
     }
     emit_conn(conn_kind::CONNECT, pid_tgid, c.fd, role::CLIENT, errno as i32, (0, 0), c.ts_enter_ns, &tuple);
@@ -349,6 +355,10 @@ fn try_exit_connect(ctx: &TracePointContext) -> Result<(), i32> {
         // The handshake finished inside the call (loopback): report it now, it will not fire again.
         let states = (tcp_state::SYN_SENT, tcp_state::ESTABLISHED);
         emit_conn(conn_kind::ESTABLISHED, pid_tgid, c.fd, role::CLIENT, 0, states, c.ts_enter_ns, &tuple);
+    }
+    if errno == EINPROGRESS && failed != 0 {
+        let states = (tcp_state::SYN_SENT, tcp_state::CLOSE);
+        emit_conn(conn_kind::FAILED, pid_tgid, c.fd, role::CLIENT, failed, states, c.ts_enter_ns, &tuple);
     }
     Ok(())
 }
@@ -427,7 +437,7 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     let info = ConnInfo { generation, skaddr, role: role::SERVER, _pad: 0, tuple };
     let _ = CONNS.insert(&key, &info, 0);
     if skaddr != 0 {
-        let owner = SockOwner { pid_tgid, generation, fd: newfd, role: role::SERVER, flags: 0, _pad: 0, tuple };
+        let owner = SockOwner { pid_tgid, generation, fd: newfd, role: role::SERVER, flags: 0, errno: 0, tuple };
         let _ = SOCKS.insert(&skaddr, &owner, 0);
     }
     emit_conn(conn_kind::ACCEPT, pid_tgid, newfd, role::SERVER, 0, (0, 0), generation, &tuple);
@@ -550,7 +560,7 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
                 ((*c).ts_enter_ns, (*c).fd)
             };
             let owner =
-                SockOwner { pid_tgid, generation, fd, role: role::CLIENT, flags: OWNER_IN_CONNECT, _pad: 0, tuple };
+                SockOwner { pid_tgid, generation, fd, role: role::CLIENT, flags: OWNER_IN_CONNECT, errno: 0, tuple };
             let _ = SOCKS.insert(&a.skaddr, &owner, 0);
         }
         return Ok(());
@@ -595,7 +605,17 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     }
     if old == tcp_state::SYN_SENT {
         if in_connect {
-            // connect() itself reports the errno and removes the entry.
+            // connect() reports it: as its errno, or (returning EINPROGRESS because the RST was
+            // processed at release_sock) as FAILED with this errno. It also removes the entry.
+            let mut errno = sk_err(a.skaddr);
+            if errno == 0 {
+                errno = ECONNREFUSED;
+            }
+            // SAFETY: map value pointer, valid for this program run.
+            unsafe {
+                (*o).flags |= OWNER_FAILED;
+                (*o).errno = errno;
+            }
             return Ok(());
         }
         let errno = sk_err(a.skaddr);

@@ -373,6 +373,7 @@ const RESET_SERVER_PY: &str = r#"
 import socket, struct, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4)
+print("ready", flush=True)
 c, _ = s.accept()
 c.recv(64)
 c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -396,8 +397,9 @@ async fn reset_connection_reports_errno() {
     }
     let Some(mut cap) = load() else { return };
     let port = free_port();
-    let mut server = Proc::spawn(python(RESET_SERVER_PY, &[&port.to_string()]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
+    // The server accepts once: it says when it listens instead of being probed.
+    let mut server = Proc::spawn(python(RESET_SERVER_PY, &[&port.to_string()]).stdout(Stdio::piped()));
+    assert_eq!(server.read_line().trim(), "ready");
     let mut client = Proc::spawn(&mut python(RESET_CLIENT_PY, &[&port.to_string()]));
     assert!(client.wait(Duration::from_secs(10)).success(), "client saw no reset");
     let _ = server.wait(Duration::from_secs(10));
@@ -423,11 +425,14 @@ async fn reset_connection_reports_errno() {
 }
 
 const LATE_SERVER_PY: &str = r#"
-import socket, sys
+import os, socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4)
 print("ready", flush=True)
 c, _ = s.accept()
+# Not blocked in recv() while the agent attaches: a syscall entered before attach is not seen.
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
 assert c.recv(64) == b"LATE-PING"
 c.sendall(b"LATE-PONG")
 c.recv(64)
@@ -453,7 +458,7 @@ async fn connection_opened_before_start_is_attributed() {
     let trigger = std::env::temp_dir().join(format!("racap-go-{port}"));
     let _ = std::fs::remove_file(&trigger);
     // The server says when it listens (a probe connection would be its one accept).
-    let mut server = Proc::spawn(python(LATE_SERVER_PY, &[&port.to_string()]).stdout(Stdio::piped()));
+    let mut server = Proc::spawn(python(LATE_SERVER_PY, &[&port.to_string(), &trigger.to_string_lossy()]).stdout(Stdio::piped()));
     assert_eq!(server.read_line().trim(), "ready");
     let mut client = Proc::spawn(python(LATE_CLIENT_PY, &[&port.to_string(), &trigger.to_string_lossy()]).stdout(Stdio::piped()));
     // The client prints its fd once connected.
