@@ -9,8 +9,9 @@
 //!   digest followed by `.`s: equal bodies still look equal (retry matching by body hash keeps
 //!   working in a replay) but the key lives only in this process, so the digest reveals nothing.
 //! - HTTP/2 header blocks: literal values whose name is sensitive (static-table index or plain
-//!   literal name) are masked; Huffman-coded literal names are not decoded (see ARCHITECTURE
-//!   notes: gRPC stacks send these headers by static index).
+//!   literal name) are masked; Huffman-coded literal names are not decoded (gRPC stacks send
+//!   these headers by static index). A header block split across syscalls or CONTINUATION
+//!   frames is masked whole: a replay loses that block, but no secret survives a split.
 use std::{
     collections::HashMap,
     hash::{BuildHasher, Hasher, RandomState},
@@ -116,8 +117,11 @@ struct H2 {
     have: usize,
     left: u32,
     kind: u8,
-    /// Header block bytes of a HEADERS/CONTINUATION frame, masked once the frame is complete.
-    block: Vec<usize>,
+    /// The current frame's header arrived in this syscall (its payload may be whole here).
+    fresh: bool,
+    /// A header block continues in CONTINUATION frames: all of it is masked (a field may
+    /// straddle frames, and a split secret must not survive).
+    continuing: bool,
 }
 
 pub struct Redactor {
@@ -191,7 +195,7 @@ fn skip(st: &mut Stream, n: u64) {
         }
         Stream::H2(h) if h.have == 0 && u64::from(h.left) > n => {
             h.left -= n as u32;
-            h.block.clear();
+            h.fresh = false;
         }
         // Lost sync: the next event that starts a message resynchronises.
         _ => *st = Stream::Start,
@@ -282,7 +286,7 @@ fn walk(st: &mut Stream, b: &mut [u8], red: &mut Redacted, body: &mut Vec<(usize
 }
 
 fn h2_start(preface: bool) -> Stream {
-    Stream::H2(H2 { preface_left: if preface { H2_PREFACE.len() } else { 0 }, hdr: [0; 9], have: 0, left: 0, kind: 0, block: Vec::new() })
+    Stream::H2(H2 { preface_left: if preface { H2_PREFACE.len() } else { 0 }, hdr: [0; 9], have: 0, left: 0, kind: 0, fresh: false, continuing: false })
 }
 
 /// Process head bytes from `i`; returns the next index.
@@ -395,6 +399,10 @@ const H2_CONTINUATION: u8 = 0x9;
 
 fn h2_bytes(h: &mut H2, b: &mut [u8], mut i: usize, red: &mut Redacted, body: &mut Vec<(usize, usize)>) -> usize {
     let n = b.len();
+    if i == 0 {
+        // A frame continuing from an earlier syscall is not whole here.
+        h.fresh = false;
+    }
     while i < n {
         if h.preface_left > 0 {
             let take = h.preface_left.min(n - i);
@@ -413,27 +421,34 @@ fn h2_bytes(h: &mut H2, b: &mut [u8], mut i: usize, red: &mut Redacted, body: &m
                 h.left = u32::from_be_bytes([0, h.hdr[0], h.hdr[1], h.hdr[2]]);
                 h.kind = h.hdr[3];
                 h.have = 0;
-                h.block.clear();
+                h.fresh = true;
+                let flags = h.hdr[4];
+                if matches!(h.kind, H2_HEADERS | H2_PUSH_PROMISE) {
+                    h.continuing = flags & 0x4 == 0;
+                }
             }
             continue;
         }
         let take = (h.left as usize).min(n - i);
+        let whole = h.fresh && take == h.left as usize;
         match h.kind {
             H2_DATA => body.push((i, i + take)),
-            H2_HEADERS | H2_CONTINUATION | H2_PUSH_PROMISE => h.block.extend(i..i + take),
+            H2_HEADERS | H2_PUSH_PROMISE if whole && !h.continuing => {
+                let pad = h.hdr[4] & 0x8 != 0;
+                let prio = h.hdr[4] & 0x20 != 0 && h.kind == H2_HEADERS;
+                hpack_mask(b, i, i + take, pad, prio, h.kind == H2_PUSH_PROMISE, red);
+            }
+            H2_HEADERS | H2_CONTINUATION | H2_PUSH_PROMISE => {
+                // Split across syscalls or frames: cannot be parsed safely, so none of it is kept.
+                red.headers += 1;
+                body.push((i, i + take));
+            }
             _ => {}
         }
         i += take;
         h.left -= take as u32;
-        if h.left == 0 && !h.block.is_empty() {
-            // Whole frame payload captured in this syscall? Mask secret literals.
-            let idx = std::mem::take(&mut h.block);
-            let contiguous = idx.first().zip(idx.last()).is_some_and(|(f, l)| l - f + 1 == idx.len());
-            if contiguous && let (Some(&f), Some(&l)) = (idx.first(), idx.last()) {
-                let pad = h.hdr[4] & 0x8 != 0 && h.kind != H2_CONTINUATION;
-                let prio = h.hdr[4] & 0x20 != 0 && h.kind == H2_HEADERS;
-                hpack_mask(b, f, l + 1, pad, prio, h.kind == H2_PUSH_PROMISE, red);
-            }
+        if h.left == 0 && h.kind == H2_CONTINUATION && h.hdr[4] & 0x4 != 0 {
+            h.continuing = false;
         }
     }
     i
