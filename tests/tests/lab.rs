@@ -1,0 +1,120 @@
+//! The storm lab end to end (root; namespaces, real services in four runtimes, open-loop load).
+//! Run: `cargo test -p integration-tests --test lab -- --nocapture` as root.
+//!
+//! Thresholds are the issue's: without control the faulty node at depth 3 serves ≈ 2^3 Ƞ; with
+//! the agent and shim it serves ≤ 1.2 Ƞ; under a transient 5% fault the root's availability
+//! stays within 1 percentage point of no control; verdict precision ≥ 99% for the
+//! thread-per-request (Python) services. The lab leaves nothing behind.
+use std::sync::{Mutex, MutexGuard};
+
+use integration_tests::lab;
+
+/// The lab's names are fixed (one fleet per machine): these tests take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn skip() -> bool {
+    match lab::skip_reason() {
+        Some(why) => {
+            eprintln!("SKIP storm lab: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+fn assert_clean(after: &str) {
+    let left = lab::leftovers().expect("lab leftovers");
+    assert!(lab::is_clean(&left), "the lab left things behind after {after}: {left}");
+}
+
+fn near(x: f64, want: f64, tol: f64) -> bool {
+    (x - want).abs() <= want * tol
+}
+
+#[test]
+fn storm_multiplies_without_control_and_stops_with_agent_and_shim() {
+    let _turn = serial();
+    if skip() {
+        return;
+    }
+    let r = lab::run("depth4.toml", "none,observe,shim", "test-depth4", &[]).expect("lab run");
+    assert_clean("depth4");
+
+    // No control: every hop retries once, so depth d serves 2^d Ƞ while D fails.
+    let none = lab::mode(&r, "none").expect("no-control mode always runs");
+    for (node, want) in [("a", 1.0), ("b", 2.0), ("c", 4.0), ("d", 8.0)] {
+        let got = lab::served_x(none, node);
+        assert!(near(got, want, 0.1), "no control: {node} served {got}Ƞ, want ≈{want}Ƞ");
+    }
+    let avail = none.pointer("/root/availability_fault_window").and_then(|v| v.as_f64());
+    assert!(avail.is_some_and(|a| a < 0.05), "a hard fault fails the root: {avail:?}");
+
+    match lab::mode(&r, "shim") {
+        Err(why) => eprintln!("SKIP agent+shim part of the storm lab: {why}"),
+        Ok(shim) => {
+            let d = lab::served_x(shim, "d");
+            assert!(d <= 1.2, "agent+shim: D served {d}Ƞ, want ≤ 1.2Ƞ");
+            assert!(lab::served_x(shim, "a") > 0.9, "first attempts must all pass");
+        }
+    }
+    match lab::mode(&r, "observe") {
+        Err(why) => eprintln!("SKIP agent verdict part of the storm lab: {why}"),
+        Ok(obs) => {
+            let py = obs.pointer("/agent/per_runtime/python").cloned().unwrap_or_default();
+            let precision = py.get("precision").and_then(|v| v.as_f64());
+            assert!(
+                precision.is_some_and(|p| p >= 0.99),
+                "verdict precision for the thread-per-request services ≥ 99%: {py}"
+            );
+            let d = lab::served_x(obs, "d");
+            assert!(d > 6.0, "observing only must not change the storm: D served {d}Ƞ");
+        }
+    }
+}
+
+#[test]
+fn transient_fault_keeps_root_availability_under_suppression() {
+    let _turn = serial();
+    if skip() {
+        return;
+    }
+    let r = lab::run("depth4-transient.toml", "none,shim", "test-transient", &[]).expect("lab run");
+    assert_clean("depth4-transient");
+    let none = lab::mode(&r, "none").expect("no-control mode always runs");
+    let base = lab::availability(none);
+    // 5% errors at D, retried on every hop: the root hardly ever sees one.
+    assert!(base > 0.98, "no control under a 5% transient fault: availability {base}");
+    match lab::mode(&r, "shim") {
+        Err(why) => eprintln!("SKIP agent+shim part of the transient scenario: {why}"),
+        Ok(shim) => {
+            let a = lab::availability(shim);
+            assert!((base - a).abs() <= 0.01, "availability {a} with the shim vs {base} without");
+        }
+    }
+}
+
+#[test]
+fn lab_cleans_up_after_an_interruption() {
+    let _turn = serial();
+    if skip() {
+        return;
+    }
+    let mut child = lab::spawn("depth4.toml", "none", "test-interrupt").expect("spawn lab");
+    // Interrupt while the fleet and load are running (setup + startup take a few seconds).
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    let during = lab::leftovers().expect("leftovers");
+    let pid = child.id().to_string();
+    let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(killed.is_ok_and(|s| s.success()), "could not signal the lab");
+    let status = child.wait().expect("wait lab");
+    assert!(!status.success(), "an interrupted run reports failure");
+    assert!(
+        during.get("namespaces").and_then(|v| v.as_array()).is_some_and(|a| a.len() >= 5),
+        "the fleet was up when interrupted: {during}"
+    );
+    assert_clean("SIGTERM");
+}
