@@ -1,3 +1,4 @@
 //! Kernel and network integration tests: see tests/tests/.
 pub mod capture;
 pub mod actuate;
+pub mod lab;
