@@ -1,10 +1,14 @@
 //! `retry-agent trace`: live events as JSON lines, one object per line, like tcpdump/bpftrace.
-use std::{collections::HashMap, io::Write};
+use std::{
+    collections::HashMap,
+    io::Write,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context;
 use clap::Args;
 
-use super::{Capture, CaptureConfig, Event};
+use super::{Capture, CaptureConfig, Event, ProcessInfo};
 
 #[derive(Debug, Args)]
 pub struct TraceArgs {
@@ -19,80 +23,142 @@ pub struct TraceArgs {
     /// Only processes whose command name (comm) is one of these (repeatable).
     #[arg(long)]
     pub comm: Vec<String>,
+    /// Print reassembled HTTP exchanges instead of raw events.
+    #[arg(long, conflicts_with = "count")]
+    pub exchanges: bool,
+    #[command(flatten)]
+    pub l7: crate::l7::L7Config,
+    /// Print nothing per event; on exit (Ctrl-C/SIGTERM) print the capture counters as one JSON
+    /// object (benchmarks, health checks).
+    #[arg(long)]
+    pub count: bool,
 }
 
 /// Which events `trace` prints. Pure, so the filter logic is tested without a kernel.
+///
+/// `Event::Process` is held back until the first event of that pid passes the filters, so the
+/// metadata line precedes exactly the processes that are shown.
 #[derive(Debug, Default)]
 pub struct Filter {
     pids: Vec<u32>,
     ports: Vec<u16>,
     comms: Vec<String>,
-    /// comm of each pid, learned from `Event::Process` (which always precedes a pid's events).
-    comm_of: HashMap<u32, String>,
+    /// Metadata of pids not shown yet.
+    pending: HashMap<u32, ProcessInfo>,
+    /// comm of pids already shown.
+    shown: HashMap<u32, String>,
 }
 
 impl Filter {
     pub fn new(pids: Vec<u32>, ports: Vec<u16>, comms: Vec<String>) -> Self {
-        Self { pids, ports, comms, comm_of: HashMap::new() }
+        Self { pids, ports, comms, ..Default::default() }
     }
 
-    pub fn accepts(&mut self, ev: &Event) -> bool {
-        if let Event::Process(p) = ev {
-            self.comm_of.insert(p.pid, p.comm.clone());
-        }
+    /// Appends to `out` what to print for `ev` (nothing, the event, or its process's metadata
+    /// and then the event).
+    pub fn admit(&mut self, ev: Event, out: &mut Vec<Event>) {
         let pid = ev.pid();
-        if !self.pids.is_empty() && !self.pids.contains(&pid) {
-            return false;
-        }
-        if !self.comms.is_empty() {
-            let comm = self.comm_of.get(&pid).map(String::as_str).unwrap_or("");
-            if !self.comms.iter().any(|c| c == comm) {
-                return false;
+        match ev {
+            Event::Process(p) => {
+                self.shown.remove(&p.pid);
+                self.pending.insert(p.pid, p);
+            }
+            Event::ProcessExit { .. } => {
+                self.pending.remove(&pid);
+                if self.shown.remove(&pid).is_some() {
+                    out.push(ev);
+                }
+            }
+            Event::Data(_) | Event::Conn(_) => {
+                if !self.pids.is_empty() && !self.pids.contains(&pid) {
+                    return;
+                }
+                if !self.comms.is_empty() {
+                    let comm = self
+                        .shown
+                        .get(&pid)
+                        .map(String::as_str)
+                        .or_else(|| self.pending.get(&pid).map(|p| p.comm.as_str()))
+                        .unwrap_or("");
+                    if !self.comms.iter().any(|c| c == comm) {
+                        return;
+                    }
+                }
+                if !self.ports.is_empty() {
+                    let tuple = match &ev {
+                        Event::Data(d) => d.tuple,
+                        Event::Conn(c) => c.tuple,
+                        _ => None,
+                    };
+                    let Some(t) = tuple else { return };
+                    if !self.ports.contains(&t.local.port()) && !self.ports.contains(&t.remote.port()) {
+                        return;
+                    }
+                }
+                if let Some(p) = self.pending.remove(&pid) {
+                    self.shown.insert(pid, p.comm.clone());
+                    out.push(Event::Process(p));
+                }
+                out.push(ev);
             }
         }
-        if !self.ports.is_empty() {
-            let tuple = match ev {
-                Event::Data(d) => d.tuple,
-                Event::Conn(c) => c.tuple,
-                // Metadata and exits carry no port: shown when the pid/comm filters allow.
-                Event::Process(_) | Event::ProcessExit { .. } => return true,
-            };
-            let Some(t) = tuple else { return false };
-            if !self.ports.contains(&t.local.port()) && !self.ports.contains(&t.remote.port()) {
-                return false;
-            }
-        }
-        if let Event::ProcessExit { pid, .. } = ev {
-            self.comm_of.remove(pid);
-        }
-        true
     }
 }
 
 pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
     let mut capture = Capture::load(&args.capture).context("starting capture")?;
     let mut filter = Filter::new(args.pid, args.port, args.comm);
+    let mut reassembler = args.exchanges.then(|| crate::l7::Reassembler::new(args.l7.clone()));
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let started = Instant::now();
+    let (mut shown, mut exchanges) = (Vec::new(), Vec::new());
     loop {
         tokio::select! {
             _ = &mut ctrl_c => break,
+            _ = sigterm.recv() => break,
+            _ = tick.tick() => {
+                if let Some(r) = reassembler.as_mut() {
+                    r.tick(super::monotonic_ns(), &mut exchanges);
+                }
+            }
             ev = capture.events().recv() => {
                 let Some(ev) = ev else { break };
-                if !filter.accepts(&ev) {
+                if args.count {
                     continue;
                 }
-                serde_json::to_writer(&mut out, &ev).context("encoding event")?;
-                if writeln!(out).and_then(|()| out.flush()).is_err() {
-                    // stdout closed (e.g. piped into head): a normal way to stop.
-                    break;
+                filter.admit(ev, &mut shown);
+                match reassembler.as_mut() {
+                    Some(r) => shown.drain(..).for_each(|ev| r.push(&ev, &mut exchanges)),
+                    None => {
+                        for ev in shown.drain(..) {
+                            serde_json::to_writer(&mut out, &ev).context("encoding event")?;
+                            out.write_all(b"\n").ok();
+                        }
+                    }
                 }
             }
         }
+        for x in exchanges.drain(..) {
+            serde_json::to_writer(&mut out, &x).context("encoding exchange")?;
+            out.write_all(b"\n").ok();
+        }
+        if out.flush().is_err() {
+            // stdout closed (e.g. piped into head): a normal way to stop.
+            break;
+        }
     }
     let stats = capture.stats();
+    if args.count {
+        let v = serde_json::json!({ "seconds": started.elapsed().as_secs_f64(), "stats": stats });
+        writeln!(out, "{v}").ok();
+        out.flush().ok();
+    }
     tracing::info!(?stats, "trace stopped");
     Ok(())
 }
@@ -132,29 +198,40 @@ mod tests {
         })
     }
 
+    fn admit(f: &mut Filter, ev: Event) -> Vec<Event> {
+        let mut out = Vec::new();
+        f.admit(ev, &mut out);
+        out
+    }
+
     #[test]
-    fn no_filters_accept_everything() {
+    fn no_filters_accept_everything_and_metadata_comes_first() {
         let mut f = Filter::default();
-        assert!(f.accepts(&data(1, "127.0.0.1:1", "127.0.0.1:2")));
-        assert!(f.accepts(&Event::ProcessExit { pid: 1, ts_ns: 0 }));
+        assert!(admit(&mut f, process(1, "curl")).is_empty(), "held back");
+        let out = admit(&mut f, data(1, "127.0.0.1:1", "127.0.0.1:2"));
+        assert!(matches!(out.as_slice(), [Event::Process(p), Event::Data(_)] if p.pid == 1));
+        assert_eq!(admit(&mut f, data(1, "127.0.0.1:1", "127.0.0.1:2")).len(), 1, "metadata once");
+        assert_eq!(admit(&mut f, Event::ProcessExit { pid: 1, ts_ns: 0 }).len(), 1);
+        assert!(admit(&mut f, Event::ProcessExit { pid: 2, ts_ns: 0 }).is_empty(), "never shown");
     }
 
     #[test]
     fn pid_port_and_comm_filters() {
         let mut f = Filter::new(vec![], vec![8080], vec![]);
-        assert!(f.accepts(&data(1, "127.0.0.1:40000", "127.0.0.1:8080")));
-        assert!(f.accepts(&data(1, "127.0.0.1:8080", "127.0.0.1:40000")));
-        assert!(!f.accepts(&data(1, "127.0.0.1:40000", "127.0.0.1:9090")));
+        assert_eq!(admit(&mut f, data(1, "127.0.0.1:40000", "127.0.0.1:8080")).len(), 1);
+        assert_eq!(admit(&mut f, data(1, "127.0.0.1:8080", "127.0.0.1:40000")).len(), 1);
+        assert!(admit(&mut f, data(1, "127.0.0.1:40000", "127.0.0.1:9090")).is_empty());
 
         let mut f = Filter::new(vec![7], vec![], vec![]);
-        assert!(f.accepts(&data(7, "127.0.0.1:1", "127.0.0.1:2")));
-        assert!(!f.accepts(&data(8, "127.0.0.1:1", "127.0.0.1:2")));
+        assert_eq!(admit(&mut f, data(7, "127.0.0.1:1", "127.0.0.1:2")).len(), 1);
+        assert!(admit(&mut f, data(8, "127.0.0.1:1", "127.0.0.1:2")).is_empty());
 
         let mut f = Filter::new(vec![], vec![], vec!["curl".into()]);
-        assert!(f.accepts(&process(5, "curl")));
-        assert!(!f.accepts(&process(6, "python3")));
-        assert!(f.accepts(&data(5, "127.0.0.1:1", "127.0.0.1:2")));
-        assert!(!f.accepts(&data(6, "127.0.0.1:1", "127.0.0.1:2")));
-        assert!(!f.accepts(&data(9, "127.0.0.1:1", "127.0.0.1:2")), "unknown comm is not curl");
+        assert!(admit(&mut f, process(5, "curl")).is_empty());
+        assert!(admit(&mut f, process(6, "python3")).is_empty());
+        assert_eq!(admit(&mut f, data(5, "127.0.0.1:1", "127.0.0.1:2")).len(), 2);
+        assert!(admit(&mut f, data(6, "127.0.0.1:1", "127.0.0.1:2")).is_empty());
+        assert!(admit(&mut f, data(9, "127.0.0.1:1", "127.0.0.1:2")).is_empty(), "unknown comm is not curl");
+        assert!(admit(&mut f, Event::ProcessExit { pid: 6, ts_ns: 0 }).is_empty());
     }
 }
