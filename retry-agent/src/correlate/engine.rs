@@ -173,6 +173,14 @@ struct Pending {
     status: Option<u16>,
     /// The response was written by another thread than the one that read the request.
     cross_thread: bool,
+    /// Context as seen when the exchange arrived (children usually arrive first; the thread's
+    /// ring may have moved on by the time the grace period ends).
+    ambiguous: bool,
+    children: Vec<Child>,
+    /// Process-wide checks as of arrival: (a fail-close call failed meanwhile, one failed on a
+    /// thread serving no request).
+    process_failed: bool,
+    orphan_failed: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -181,6 +189,7 @@ struct RetryState {
     end: u64,
     outcome: OutcomeClass,
     attempt: u32,
+    thread: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -680,7 +689,7 @@ impl Engine {
                     // The previous attempt was still in flight: a hedge (or a per-try timeout).
                     out = (true, true, Some(OutcomeClass::Unknown), None);
                     attempt = p.attempt + 1;
-                } else if p.outcome.is_failure() && start - p.end <= window {
+                } else if p.outcome.is_failure() && start - p.end <= window && !self.context_ended(ex.pid, p, start) {
                     let gap = (start - p.end) as f64 / 1e9;
                     out = (true, false, Some(p.outcome), Some(gap));
                     attempt = p.attempt + 1;
@@ -710,8 +719,18 @@ impl Engine {
             out = (true, false, Some(prev.map_or(OutcomeClass::Unknown, |p| p.outcome)), None);
             attempt = 2;
         }
-        self.retry_keys.insert(key, RetryState { start, end, outcome: ex.outcome, attempt });
+        let thread = thread_key(ex.tid, ex.goid);
+        self.retry_keys.insert(key, RetryState { start, end, outcome: ex.outcome, attempt, thread });
         out
+    }
+
+    /// The inbound request that made attempt `p` was answered before `start`: a repeat now is
+    /// not that request's retry (it is a new request, e.g. our caller's retry reaching us).
+    /// Only known for threads that serve one request at a time.
+    fn context_ended(&self, pid: u32, p: RetryState, start: u64) -> bool {
+        self.threads.get(&(pid, p.thread)).is_some_and(|ctx| {
+            !ctx.event_loop && ctx.inbound.iter().any(|w| w.start <= p.start && w.end >= p.end && w.end <= start)
+        })
     }
 
     // ---- inbound ------------------------------------------------------------------------
@@ -749,6 +768,9 @@ impl Engine {
         ctx.inbound.push_back(window);
 
         if failed {
+            let (ambiguous, children) = self.children_of(ex.pid, thread, window.start, window.end);
+            let process_failed = self.process_failed_during(ex.pid, window.start, window.end);
+            let orphan_failed = self.orphan_failed_during(ex.pid, thread, window.start, window.end);
             if self.pending.len() >= self.cfg.max_pending
                 && let Some(p) = self.pending.pop_front()
             {
@@ -769,6 +791,10 @@ impl Engine {
                 outcome: ex.outcome,
                 status: ex.status,
                 cross_thread,
+                ambiguous,
+                children,
+                process_failed,
+                orphan_failed,
             });
         } else if self.cfg.failure_memory && !cross_thread {
             // A success despite failed children: evidence those dependencies are fail-open.
@@ -871,8 +897,26 @@ impl Engine {
     }
 
     fn judge(&mut self, p: Pending, out: &mut Vec<Verdict>) {
-        let (mut ambiguous, children) = self.children_of(p.pid, p.thread, p.start, p.end);
-        ambiguous |= p.cross_thread;
+        // Arrival-time context plus whatever arrived during the grace period.
+        let mut children = p.children.clone();
+        let mut ambiguous = p.ambiguous || p.cross_thread;
+        if let Some(ctx) = self.threads.get(&(p.pid, p.thread)) {
+            ambiguous |= ctx.event_loop;
+            for c in ctx.children.iter().filter(|c| c.start >= p.start && c.start <= p.end) {
+                if !children.iter().any(|k| k.id == c.id) {
+                    children.push(*c);
+                }
+            }
+        }
+        let covered = self.procs.get(&p.pid).is_none_or(|x| x.failures_lost_until < p.start);
+        let (process_failed, orphan_failed) = if covered {
+            (
+                self.process_failed_during(p.pid, p.start, p.end),
+                self.orphan_failed_during(p.pid, p.thread, p.start, p.end),
+            )
+        } else {
+            (p.process_failed, p.orphan_failed)
+        };
         let mut caused_by = Vec::new();
         let claim = if !ambiguous {
             let failed: Vec<Child> = children.into_iter().filter(|c| c.outcome.is_failure() && c.end <= p.end).collect();
@@ -885,7 +929,7 @@ impl Engine {
             }
             let causes: Vec<&Child> = failed.iter().filter(|c| self.fail_close(c.edge)).collect();
             if causes.is_empty() {
-                if self.orphan_failed_during(p.pid, p.thread, p.start, p.end) { Claim::Missing } else { Claim::Claimed }
+                if orphan_failed { Claim::Missing } else { Claim::Claimed }
             } else if self.cfg.at_least_once && causes.iter().all(|c| self.owes_retry(c, &failed)) {
                 // The chain must keep one retry: nobody below retried a retryable error and this
                 // edge never retries, so our caller's retry is the one.
@@ -898,7 +942,7 @@ impl Engine {
                 }
                 Claim::Unclaimed
             }
-        } else if self.process_failed_during(p.pid, p.start, p.end) {
+        } else if process_failed {
             Claim::Missing
         } else {
             // Sound without linking: no outbound call of the whole process failed meanwhile.

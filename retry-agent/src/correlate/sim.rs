@@ -162,11 +162,14 @@ pub struct Node {
     pub fail_open: Vec<usize>,
     /// Outbound calls run on a worker thread: the engine cannot link them to the request.
     pub context_break: bool,
+    /// Its inbound exchanges are seen (false: a service the agent does not observe, e.g. on
+    /// another node: its claims are missing).
+    pub captured: bool,
 }
 
 impl Node {
     pub fn new(name: &str, calls: Vec<usize>, attempts: u32) -> Self {
-        Node { name: name.into(), calls, attempts, own_fault: 0.0, fail_open: Vec::new(), context_break: false }
+        Node { name: name.into(), calls, attempts, own_fault: 0.0, fail_open: Vec::new(), context_break: false, captured: true }
     }
 }
 
@@ -297,9 +300,9 @@ impl Sim {
             self.verdicts.extend(out);
             let issued = self.decider.evaluate(&self.engine, self.t);
             self.decisions.extend(issued.iter().cloned());
-            if self.apply_decisions {
-                self.apply(&issued);
-            }
+            // Always tracked, enforced only while `apply_decisions` (so a run can show what
+            // would have happened without them).
+            self.apply(&issued);
         }
         self.served.clone()
     }
@@ -366,7 +369,9 @@ impl Sim {
         t += 10 * US;
         let id = self.id();
         let ex = ExchangeBuilder::server(id, pid, pid * 10, addr_of(i), from, t0, t).status(if ok { 200 } else { 503 });
-        self.push(ex.build());
+        if node.captured {
+            self.push(ex.build());
+        }
         (ok, t)
     }
 
@@ -410,6 +415,11 @@ impl Sim {
             }
         }
         (false, t)
+    }
+
+    /// Mutable access to a node (set up faults, fail-open calls, context breaks).
+    pub fn node(&mut self, i: usize) -> Option<&mut Node> {
+        self.nodes.get_mut(i)
     }
 
     /// Verdicts the engine gave node `i`'s failed requests: (claimed, unclaimed, missing).
