@@ -613,12 +613,22 @@ impl Body for Tee {
     }
 
     fn is_end_stream(&self) -> bool {
-        // Report the end only after we saw it, so the final poll (which commits) always happens.
-        self.done
+        self.done || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl Drop for Tee {
+    /// hyper stops polling a body once it has written the announced length (or sees
+    /// `is_end_stream`), so the end is often observed only here: record the outcome then. This runs
+    /// before the client can read the last bytes, so its retry always finds the failure.
+    fn drop(&mut self) {
+        if let Some(w) = self.watch.take() {
+            w.commit(false);
+        }
     }
 }
 

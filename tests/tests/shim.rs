@@ -1,0 +1,384 @@
+//! The shim with real clients, real iptables and real process deaths (root).
+//! Run: `cargo test -p integration-tests --test shim -- --test-threads=2`
+use std::{
+    io::{Read, Write},
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use integration_tests::actuate::{
+    ShimOpts, Shim, echo_server, free_port, http_get, python_json, skip_reason, status_server, suppress, wait_until,
+};
+use retry_agent::actuate::{
+    Actuator,
+    control::ControlActuator,
+    shim::iptables::{self, Family},
+};
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("rashim-{}-{name}", std::process::id()))
+}
+
+fn chain(tag: &str) -> String {
+    format!("RASHIM_{tag}_{}", std::process::id() % 100_000)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime")
+}
+
+const HTTP_CLIENT: &str = r#"
+import json, sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+port, n, tag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+attempts = {}
+lock = threading.Lock()
+
+class Down(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        with lock:
+            attempts[self.path] = attempts.get(self.path, 0) + 1
+        body = b"downstream failed\n"
+        self.send_response(502)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+
+srv = ThreadingHTTPServer(("127.0.0.1", port), Down)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+s = requests.Session()
+retry = Retry(total=3, status_forcelist=[502, 503, 504], backoff_factor=0, raise_on_status=False)
+s.mount("http://", HTTPAdapter(max_retries=retry))
+results = []
+for i in range(n):
+    r = s.get(f"http://127.0.0.1:{port}/item?tag={tag}&n={i}", timeout=10)
+    results.append({"status": r.status_code, "suppressed": r.headers.get("x-retry-suppressed"), "body": r.text})
+srv.shutdown()
+print(json.dumps({"attempts": attempts, "results": results}))
+"#;
+
+const GRPC_CLIENT: &str = r#"
+import json, sys, threading
+from concurrent import futures
+import grpc
+
+port, n, tag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+count = [0]
+lock = threading.Lock()
+
+def fail(req, ctx):
+    with lock:
+        count[0] += 1
+    ctx.abort(grpc.StatusCode.UNAVAILABLE, "downstream down")
+
+handler = grpc.method_handlers_generic_handler("rashim.Svc", {"Fail": grpc.unary_unary_rpc_method_handler(fail)})
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+server.add_generic_rpc_handlers((handler,))
+server.add_insecure_port(f"127.0.0.1:{port}")
+server.start()
+cfg = json.dumps({"methodConfig": [{"name": [{"service": "rashim.Svc"}], "retryPolicy": {
+    "maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.05s", "backoffMultiplier": 1.0,
+    "retryableStatusCodes": ["UNAVAILABLE"]}}]})
+ch = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.enable_retries", 1), ("grpc.service_config", cfg)])
+call = ch.unary_unary("/rashim.Svc/Fail")
+codes = []
+for i in range(n):
+    try:
+        call(b"x", timeout=10, metadata=(("x-request-id", f"{tag}-{i}"),))
+        codes.append("OK")
+    except grpc.RpcError as e:
+        codes.append(e.code().name)
+server.stop(0)
+print(json.dumps({"attempts": count[0], "codes": codes}))
+"#;
+
+/// Requests urllib3 retries 3 times: through the shim 4 attempts each reach the failing
+/// downstream; once the agent suppresses the edge over the control socket, exactly 1.
+/// Also measures decision → enforcement latency end to end.
+#[test]
+fn python_requests_retries_stop_at_one_attempt_when_suppressed() {
+    if let Some(r) = skip_reason(&["requests", "urllib3"]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let rt = rt();
+    let _g = rt.enter();
+    let ctl_path = tmp("http.sock");
+    let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
+    let port = free_port();
+    let (probe, _) = status_server("502 Bad Gateway");
+    let ch = chain("HTTP");
+    let _shim = Shim::start(ShimOpts { chain: &ch, dports: &[port, probe.port()], control: &ctl_path, watchdog: true, extra: &[] });
+    let n = 5;
+
+    let out = python_json(HTTP_CLIENT, &[port.to_string(), n.to_string(), "plain".into()]);
+    let attempts = out["attempts"].as_object().expect("attempts");
+    assert_eq!(attempts.len(), n, "{out}");
+    assert!(attempts.values().all(|v| v == 4), "without suppression every request makes 4 attempts: {out}");
+
+    let dst: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let t0 = Instant::now();
+    rt.block_on(ctl.apply(&[suppress("rashim-down", dst, 60_000), suppress("rashim-probe", probe, 60_000)]))
+        .expect("apply");
+    // Decision → enforcement: a marked retry to the probe edge is answered locally.
+    let lat = wait_until(Duration::from_secs(5), || {
+        http_get(probe, "/latency", "x-retry-attempt: 1\r\n").is_ok_and(|(_, head)| head.contains("x-retry-suppressed"))
+    });
+    let lat = lat.map(|_| t0.elapsed()).expect("suppression never took effect");
+    eprintln!("FIGURE decision_to_enforcement_ms={:.2}", lat.as_secs_f64() * 1000.0);
+
+    let out = python_json(HTTP_CLIENT, &[port.to_string(), n.to_string(), "suppressed".into()]);
+    let attempts = out["attempts"].as_object().expect("attempts");
+    assert_eq!(attempts.len(), n, "{out}");
+    assert!(attempts.values().all(|v| v == 1), "with suppression exactly one attempt each: {out}");
+    for r in out["results"].as_array().expect("results") {
+        assert_eq!(r["status"], 502, "{out}");
+        assert_eq!(r["suppressed"], "callee_unclaimed", "{out}");
+        assert_eq!(r["body"], "downstream failed\n", "the local answer replays the real failure: {out}");
+    }
+    drop(ctl);
+    let _ = std::fs::remove_file(&ctl_path);
+}
+
+/// grpcio with a service-config retry policy (4 attempts on UNAVAILABLE): on a suppressed edge
+/// the shim adds `grpc-retry-pushback-ms: -1` to the failure's trailers and the client stops.
+#[test]
+fn grpc_pushback_trailer_stops_client_retries() {
+    if let Some(r) = skip_reason(&["grpc"]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let rt = rt();
+    let _g = rt.enter();
+    let ctl_path = tmp("grpc.sock");
+    let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
+    let port = free_port();
+    let ch = chain("GRPC");
+    let _shim = Shim::start(ShimOpts { chain: &ch, dports: &[port], control: &ctl_path, watchdog: true, extra: &[] });
+    let n = 4;
+
+    let out = python_json(GRPC_CLIENT, &[port.to_string(), n.to_string(), "plain".into()]);
+    assert_eq!(out["attempts"], 4 * n, "without suppression grpcio retries to 4 attempts: {out}");
+
+    let dst: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    rt.block_on(ctl.apply(&[suppress("rashim-grpc", dst, 60_000)])).expect("apply");
+    // The view is updated within a millisecond or so; give it a generous moment.
+    std::thread::sleep(Duration::from_millis(200));
+    let out = python_json(GRPC_CLIENT, &[port.to_string(), n.to_string(), "suppressed".into()]);
+    assert_eq!(out["attempts"], n, "with suppression one attempt per call: {out}");
+    assert!(out["codes"].as_array().expect("codes").iter().all(|c| c == "UNAVAILABLE"), "{out}");
+    drop(ctl);
+    let _ = std::fs::remove_file(&ctl_path);
+}
+
+fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn echo_roundtrip(addr: SocketAddr, payload: &[u8]) -> Vec<u8> {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut w = s.try_clone().expect("clone");
+    let p = payload.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&p);
+        let _ = w.shutdown(std::net::Shutdown::Write);
+    });
+    let mut back = Vec::new();
+    let _ = s.read_to_end(&mut back);
+    let _ = writer.join();
+    back
+}
+
+/// Raw TCP and a TLS-looking stream go through the shim spliced, byte for byte.
+#[test]
+fn opaque_and_tls_streams_pass_unchanged() {
+    if let Some(r) = skip_reason(&[]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let echo = echo_server();
+    let ch = chain("ECHO");
+    let ctl_path = tmp("echo-none.sock");
+    let shim = Shim::start(ShimOpts { chain: &ch, dports: &[echo.port()], control: &ctl_path, watchdog: true, extra: &[] });
+    let mut raw = b"hello, not http at all\n".to_vec();
+    raw.extend(pseudo_random(256 << 10, 7));
+    assert_eq!(echo_roundtrip(echo, &raw), raw, "raw stream changed");
+    // A TLS 1.2 ClientHello record header, then noise.
+    let mut tls = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+    tls.extend(pseudo_random(100 << 10, 11));
+    assert_eq!(echo_roundtrip(echo, &tls), tls, "TLS-looking stream changed");
+    // Something that starts like an HTTP method but is not one.
+    let near = b"GETAWAY\r\n\r\nstill opaque".to_vec();
+    assert_eq!(echo_roundtrip(echo, &near), near);
+    // It really went through the shim: its log counted opaque connections.
+    drop(shim);
+    let log = std::fs::read_to_string(std::env::temp_dir().join(format!("rashim-{ch}.log"))).unwrap_or_default();
+    assert!(log.contains("opaque=3"), "shim did not see 3 opaque connections: {log}");
+}
+
+/// Helper process for `agent_sigkill_*`: serves the control socket with one suppression until
+/// killed. A no-op unless RASHIM_AGENT_HELPER is set.
+#[test]
+fn agent_helper_process() {
+    let Ok(spec) = std::env::var("RASHIM_AGENT_HELPER") else { return };
+    let mut parts = spec.splitn(3, '|');
+    let (Some(path), Some(addr), Some(ttl)) = (parts.next(), parts.next(), parts.next()) else { return };
+    let rt = rt();
+    let _g = rt.enter();
+    let mut ctl = ControlActuator::bind(std::path::Path::new(path)).expect("bind");
+    let addr: SocketAddr = addr.parse().expect("addr");
+    let ttl: u64 = ttl.parse().expect("ttl");
+    // A live agent keeps refreshing its decision while the condition holds.
+    for _ in 0..400 {
+        rt.block_on(ctl.apply(&[suppress("rashim-probe", addr, ttl)])).expect("apply");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// SIGKILL the agent while traffic flows: the shim keeps forwarding (no errors), and the
+/// suppression it was told about lapses by TTL (fail open).
+#[test]
+fn agent_sigkill_under_load_shim_keeps_forwarding_and_fails_open() {
+    if let Some(r) = skip_reason(&[]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let (ok_srv, ok_hits) = status_server("200 OK");
+    let (probe, _) = status_server("502 Bad Gateway");
+    let ctl_path = tmp("agent-kill.sock");
+    let ttl_ms = 1500;
+    let exe = std::env::current_exe().expect("exe");
+    let mut agent = integration_tests::actuate::Proc(
+        std::process::Command::new(exe)
+            .args(["agent_helper_process", "--exact", "--nocapture", "--test-threads=1"])
+            .env("RASHIM_AGENT_HELPER", format!("{}|{probe}|{ttl_ms}", ctl_path.display()))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn agent helper"),
+    );
+    assert!(wait_until(Duration::from_secs(10), || ctl_path.exists()).is_some(), "agent helper never bound");
+    let ch = chain("AKILL");
+    let _shim =
+        Shim::start(ShimOpts { chain: &ch, dports: &[ok_srv.port(), probe.port()], control: &ctl_path, watchdog: true, extra: &[] });
+    let suppressed = || http_get(probe, "/p", "x-retry-attempt: 1\r\n").is_ok_and(|(_, h)| h.contains("x-retry-suppressed"));
+    assert!(wait_until(Duration::from_secs(5), suppressed).is_some(), "suppression from the agent never applied");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (oks, errs) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let load: Vec<_> = (0..4)
+        .map(|i| {
+            let (stop, oks, errs) = (stop.clone(), oks.clone(), errs.clone());
+            std::thread::spawn(move || {
+                let mut k = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    k += 1;
+                    match http_get(ok_srv, &format!("/load/{i}/{k}"), "") {
+                        Ok((200, _)) => oks.fetch_add(1, Ordering::Relaxed),
+                        _ => errs.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let killed_at = Instant::now();
+    let _ = agent.0.kill();
+    let _ = agent.0.wait();
+    let lapsed = wait_until(Duration::from_secs(5), || !suppressed());
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        let _ = t.join();
+    }
+    let (oks, errs) = (oks.load(Ordering::Relaxed), errs.load(Ordering::Relaxed));
+    eprintln!(
+        "FIGURE agent_kill: {oks} ok, {errs} errors under load; suppression lapsed {:?} after SIGKILL (ttl {ttl_ms} ms)",
+        lapsed.map(|_| killed_at.elapsed())
+    );
+    assert_eq!(errs, 0, "requests failed while the agent died");
+    assert!(oks > 20 && ok_hits.load(Ordering::Relaxed) >= oks, "too little load went through ({oks})");
+    let lapsed = lapsed.map(|_| killed_at.elapsed()).expect("suppression never lapsed after the agent died");
+    assert!(lapsed <= Duration::from_millis(ttl_ms + 1000), "lapsed after {lapsed:?}");
+    let _ = std::fs::remove_file(&ctl_path);
+}
+
+/// SIGKILL the shim: the watchdog removes the rules and new connections go direct.
+#[test]
+fn shim_sigkill_watchdog_removes_rules_no_blackhole() {
+    if let Some(r) = skip_reason(&[]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let (srv, hits) = status_server("200 OK");
+    let ch = chain("SKILL");
+    let ctl_path = tmp("skill-none.sock");
+    let mut shim = Shim::start(ShimOpts { chain: &ch, dports: &[srv.port()], control: &ctl_path, watchdog: true, extra: &[] });
+    assert_eq!(http_get(srv, "/before", "").map(|r| r.0).ok(), Some(200));
+    let killed = Instant::now();
+    shim.sigkill();
+    let gone = wait_until(Duration::from_secs(5), || {
+        iptables::count_jumps(Family::V4, "OUTPUT", &ch) == 0 && iptables::list(Family::V4, &ch).is_none()
+    });
+    let gone = gone.map(|_| killed.elapsed()).expect("watchdog did not remove the rules");
+    eprintln!("FIGURE shim_sigkill_rules_removed_after_ms={:.1}", gone.as_secs_f64() * 1000.0);
+    let before = hits.load(Ordering::SeqCst);
+    for i in 0..20 {
+        assert_eq!(http_get(srv, &format!("/after/{i}"), "").map(|r| r.0).ok(), Some(200), "connection black-holed");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), before + 20);
+}
+
+/// Without a watchdog, a SIGKILLed shim leaves rules that refuse connections; `--cleanup`
+/// (what the supervisor runs) restores direct traffic; restarting over leftovers never
+/// duplicates rules.
+#[test]
+fn shim_cleanup_after_crash_and_restart_is_idempotent() {
+    if let Some(r) = skip_reason(&[]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let (srv, _) = status_server("200 OK");
+    let ch = chain("RESTART");
+    let ctl_path = tmp("restart-none.sock");
+    let dports = [srv.port()];
+    let opts = || ShimOpts { chain: &ch, dports: &dports, control: &ctl_path, watchdog: false, extra: &[] };
+    let mut a = Shim::start(opts());
+    a.sigkill();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(iptables::count_jumps(Family::V4, "OUTPUT", &ch), 1, "rules should survive a SIGKILL without watchdog");
+    assert!(http_get(srv, "/dead", "").is_err(), "with leftover rules and no shim, connections are refused");
+    // A restart over the leftovers: still one jump, one chain's worth of rules.
+    let b = Shim::start(opts());
+    assert_eq!(iptables::count_jumps(Family::V4, "OUTPUT", &ch), 1, "duplicate jump rules after restart");
+    let rules = iptables::list(Family::V4, &ch).expect("chain");
+    assert_eq!(rules.iter().filter(|r| r.starts_with("-A ")).count(), 3, "{rules:?}");
+    assert_eq!(http_get(srv, "/restarted", "").map(|r| r.0).ok(), Some(200));
+    let mut b = b;
+    b.sigkill();
+    assert!(b.cleanup_cmd(), "--cleanup failed");
+    assert_eq!(iptables::count_jumps(Family::V4, "OUTPUT", &ch), 0);
+    assert!(b.cleanup_cmd(), "--cleanup is idempotent");
+    assert_eq!(http_get(srv, "/direct", "").map(|r| r.0).ok(), Some(200));
+    drop(a);
+}
