@@ -174,3 +174,48 @@ impl CorrelateConfig {
 
 /// Buckets are kept in a fixed ring: one more than the longest window.
 pub const MAX_WINDOW_BUCKETS: u32 = 60;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn overrides_parse_and_print() {
+        for (s, m) in [
+            ("python3=orders", ServiceMatch::Comm("python3".into())),
+            ("python3:8080=orders", ServiceMatch::CommPort("python3".into(), 8080)),
+            ("pid:42=orders", ServiceMatch::Pid(42)),
+        ] {
+            let o: ServiceOverride = s.parse().unwrap();
+            assert_eq!(o.matcher, m);
+            assert_eq!(o.name, "orders");
+            assert_eq!(o.to_string(), s);
+        }
+        for bad in ["orders", "=x", "a=", "pid:x=y", "a:b=c", ":80=x"] {
+            assert!(bad.parse::<ServiceOverride>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn validation_reports_every_error() {
+        let c = CorrelateConfig { stats_bucket_ms: 0, stats_window_buckets: 99, fault_failure_ratio: 0.0, ..Default::default() };
+        assert_eq!(c.validate().unwrap_err().len(), 3);
+        assert!(CorrelateConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn defaults_match_the_flags() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            c: CorrelateConfig,
+        }
+        let parsed = T::try_parse_from(["t"]).unwrap().c;
+        let d = CorrelateConfig::default();
+        assert_eq!(format!("{parsed:?}"), format!("{d:?}"));
+        let parsed = T::try_parse_from(["t", "--service-name", "a=b", "--service-name", "pid:1=c"]).unwrap().c;
+        assert_eq!(parsed.service_names.len(), 2);
+    }
+}

@@ -3,6 +3,9 @@ use std::collections::BTreeMap;
 
 use clap::Args;
 
+#[cfg(test)]
+mod tests;
+
 use super::{Action, Decision, Reason};
 use crate::{
     correlate::{Edge, EdgeStats, Engine},
