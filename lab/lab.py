@@ -141,9 +141,13 @@ def node_ip(n):
     return "%s.%d" % (NET, 10 + n["index"])
 
 
+PORT_BASE = 18300
+
+
 def node_port(n):
-    # Unique ports let an observer tell services apart by port as well as by process name.
-    return 8000 + n["index"]
+    # Unique ports let an observer tell services apart by port as well as by process name, and
+    # an unusual range keeps the shim's port-based steering off everyone else's traffic.
+    return PORT_BASE + n["index"]
 
 
 def comm(n):
@@ -197,11 +201,15 @@ def command(n):
         target, args = real("node"), [str(LAB / "services" / "node" / "svc.js")]
     else:
         target, args = str(REPO / "target" / "debug" / "lab-rust-svc"), []
-    link = BIN / comm(n)
+    return [str(named_link(comm(n), target))] + args
+
+
+def named_link(name, target):
+    link = BIN / name
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(target)
-    return [str(link)] + args
+    return link
 
 
 # ---- topology and processes ---------------------------------------------------------------------
@@ -228,14 +236,20 @@ def lab_links():
         return []
 
 
+def mentions_lab(line):
+    low = line.lower()
+    return BRIDGE in low or NET + "." in low or "ralab" in low
+
+
 def lab_rules():
-    """iptables rules in the root namespace that mention the lab (its bridge or subnet)."""
+    """iptables rules and chains in the root namespace that belong to the lab: they mention its
+    bridge, subnet, or a RALAB* chain (the shim runs with --chain RALAB_SHIM in the lab)."""
     out = []
     for tool in ("iptables", "ip6tables"):
         for table in ("filter", "nat", "mangle", "raw"):
             r = sh(tool, "-w", "-t", table, "-S", check=False)
             for line in r.stdout.splitlines():
-                if line.startswith("-A") and (BRIDGE in line or NET + "." in line or "ralab" in line):
+                if line.startswith(("-A", "-N")) and mentions_lab(line):
                     out.append((tool, table, line))
     return out
 
@@ -246,7 +260,7 @@ def is_lab_process(pid):
         cmd = Path("/proc/%d/cmdline" % pid).read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return False
-    return any(k in cmd for k in (str(BIN), "loadgen.py", "retry-agent", "netns exec ralab-"))
+    return any(k in cmd for k in (str(BIN), "loadgen.py", "netns exec ralab-"))
 
 
 def lab_pids():
@@ -293,8 +307,15 @@ def cleanup():
         sh("ip", "netns", "del", ns, check=False)
     for link in lab_links():
         sh("ip", "link", "del", link, check=False)
-    for tool, table, line in lab_rules():
-        sh(tool, "-w", "-t", table, *("-D" + line[2:]).split(), check=False)
+    rules = lab_rules()
+    for tool, table, line in rules:
+        if line.startswith("-A"):
+            sh(tool, "-w", "-t", table, *("-D" + line[2:]).split(), check=False)
+    for tool, table, line in rules:
+        if line.startswith("-N"):
+            chain = line.split()[1]
+            sh(tool, "-w", "-t", table, "-F", chain, check=False)
+            sh(tool, "-w", "-t", table, "-X", chain, check=False)
     try:
         STATE.unlink()
     except OSError:
@@ -345,13 +366,29 @@ def wait_port(ip, port, deadline):
 # ---- agent --------------------------------------------------------------------------------------
 
 def agent_binary(args):
+    """A private copy of the agent: the shared target/ is rebuilt by others while the lab runs."""
     p = Path(args.agent) if args.agent else REPO / "target" / "debug" / "retry-agent"
-    return p if p.exists() else None
+    if not p.exists():
+        return None
+    copy = BIN / "retry-agent"
+    if (not copy.exists() or copy.stat().st_mtime < p.stat().st_mtime) and full_agent(p):
+        BIN.mkdir(parents=True, exist_ok=True)
+        tmp = BIN / "retry-agent.tmp"
+        shutil.copy2(p, tmp)
+        tmp.replace(copy)
+    return copy if copy.exists() else None
+
+
+def full_agent(p):
+    # Builds of partial trees show up in target/ now and then (a `run` without its flags).
+    r = subprocess.run([str(p), "run", "--help"], capture_output=True, text=True)
+    return r.returncode == 0 and "--api-addr" in r.stdout
 
 
 def expand(argv, sc, mode_dir):
-    subst = {"api": sc.get("agent", {}).get("api", "127.0.0.1:9464"), "out": str(mode_dir),
-             "bridge": BRIDGE, "net": NET + ".0/24"}
+    subst = {"api": sc.get("agent", {}).get("api", "127.0.0.1:19464"), "out": str(mode_dir),
+             "bridge": BRIDGE, "net": NET + ".0/24", "state": str(STATE_DIR),
+             "ports": ",".join(str(node_port(n)) for n in sc["nodes"])}
     for n in sc["nodes"]:
         subst["addr_" + n["name"]] = "%s:%d" % (node_ip(n), node_port(n))
     return [a.format(**subst) for a in argv]
@@ -458,7 +495,7 @@ def run_mode(sc, mode, args, out):
                 raise LabError("service %s (%s) not listening in time; see %s" % (
                     n["name"], n["runtime"], mode_dir / (n["name"] + ".stderr")))
         root = nodes[0]
-        load = spawn([real("python3"), str(LAB / "loadgen.py"),
+        load = spawn([str(named_link("ra-load", real("python3"))), str(LAB / "loadgen.py"),
                       "http://%s:%d/work" % (node_ip(root), node_port(root)), str(sc["rate"]),
                       repr(t0), str(sc["duration_s"]), str(sc["root_timeout_ms"]),
                       str(mode_dir / "load.jsonl")], ns=LOAD_NS, out=mode_dir / "load.stderr")
@@ -472,7 +509,7 @@ def run_mode(sc, mode, args, out):
             refused.join(5)
         verdicts, decisions = [], []
         if mode != "none":
-            api = sc.get("agent", {}).get("api", "127.0.0.1:9464")
+            api = sc.get("agent", {}).get("api", "127.0.0.1:19464")
             verdicts = items(fetch_json("http://%s/v1/verdicts" % api), "verdicts")
             decisions = items(fetch_json("http://%s/v1/decisions" % api), "decisions")
             with open(mode_dir / "verdicts.json", "w") as fo:

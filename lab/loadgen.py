@@ -23,15 +23,17 @@ f = open(out, "w", buffering=1)
 def worker():
     conn = None
     while True:
-        t = due.get()
-        if t is None:
+        item = due.get()
+        if item is None:
             return
+        k, t = item
         start = time.time()
         status = 0
         try:
             if conn is None:
                 conn = http.client.HTTPConnection(host, port, timeout=timeout)
-            conn.request("GET", path)
+            # Distinct requests have distinct paths (an observer must not take them for retries).
+            conn.request("GET", "%s?rid=load-%d" % (path, k))
             r = conn.getresponse()
             r.read()
             status = r.status
@@ -54,7 +56,7 @@ for k in range(n):
     delay = t - time.time()
     if delay > 0:
         time.sleep(delay)
-    due.put(t)
+    due.put((k, t))
 for _ in workers:
     due.put(None)
 for w in workers:

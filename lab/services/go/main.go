@@ -82,11 +82,13 @@ func (c *caller) do(reqID string) (bool, int) {
 	attempts := 0
 	for {
 		attempts++
-		req, err := http.NewRequest("GET", c.ds.URL, nil)
+		// A distinct path and request id per logical request, the same on every retry of it.
+		req, err := http.NewRequest("GET", c.ds.URL+"?rid="+reqID, nil)
 		if err != nil {
 			return false, attempts
 		}
 		req.Header.Set("x-lab-parent", reqID)
+		req.Header.Set("x-request-id", reqID)
 		resp, err := c.client.Do(req)
 		if err == nil {
 			io.Copy(io.Discard, resp.Body)

@@ -29,8 +29,9 @@ function makeCaller(ds) {
     for (;;) {
       attempts += 1;
       try {
-        const res = await fetch(ds.url, {
-          headers: { 'x-lab-parent': reqId },
+        // A distinct path and request id per logical request, the same on every retry of it.
+        const res = await fetch(`${ds.url}?rid=${reqId}`, {
+          headers: { 'x-lab-parent': reqId, 'x-request-id': reqId },
           signal: AbortSignal.timeout(ds.timeout_ms),
         });
         await res.arrayBuffer();

@@ -101,7 +101,11 @@ def http_caller(ds):
             budget.deposit()
         TLS.retries = 0
         try:
-            r = session().get(ds["url"], headers={"x-lab-parent": req_id}, timeout=timeout)
+            # A distinct path and request id per logical request (as real callers send item ids
+            # and x-request-id), the same on every retry of it.
+            r = session().get(ds["url"], params={"rid": req_id},
+                              headers={"x-lab-parent": req_id, "x-request-id": req_id},
+                              timeout=timeout)
             ok = r.status_code < 500
             r.close()
         except requests.RequestException:
@@ -140,7 +144,7 @@ def grpc_caller(ds):
 
     def call(req_id):
         try:
-            stub(b"w", metadata=(("x-lab-parent", req_id),))
+            stub(req_id.encode(), metadata=(("x-lab-parent", req_id), ("x-request-id", req_id)))
             ok = True
         except grpc.RpcError:
             ok = False
