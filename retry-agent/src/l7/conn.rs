@@ -87,6 +87,12 @@ impl Pending {
         let resp = self.resp.unwrap_or_default();
         let signals: Signals = resp.signals;
         let unknown = self.unknown || self.req.unknown || resp.unknown;
+        // A client that closes after reading the status line chose not to read the body
+        // (urllib raises on a 5xx head and closes): the status is the outcome, not an abandonment.
+        let failure = match failure {
+            Some(Failure::Abandoned) if info.role == Role::Client && signals.status.is_some() => None,
+            f => f,
+        };
         let outcome = classify(failure, &signals);
         let method = self.req.method;
         let idempotent = method.as_ref().is_some_and(Method::is_idempotent) || self.req.idempotency_key;
@@ -818,4 +824,42 @@ pub(crate) fn connect_failure(id: ConnId, pid: u32, tid: u32, tuple: Option<Tupl
     let mut p = Pending::new(0, ReqInfo::default(), &ctx);
     p.req.markers = RetryMarkers::default();
     p.into_exchange(&info, Some(failure))
+}
+
+#[cfg(test)]
+mod close_tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+    use super::super::tests::{conn_ev, data, run};
+    use crate::{
+        capture::{ConnEventKind, Direction, Role},
+        l7::{Failure, OutcomeClass},
+    };
+
+    /// urllib's shape: status line and headers read, then the client closes without the body.
+    #[test]
+    fn client_close_after_error_head_keeps_the_status_outcome() {
+        let (xs, _) = run(&[
+            conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
+            data(3, Role::Client, Direction::Egress, 10, b"GET /b HTTP/1.1\r\nHost: b\r\n\r\n"),
+            data(3, Role::Client, Direction::Ingress, 20, b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 1\r\n\r\n"),
+            conn_ev(3, Role::Client, 30, ConnEventKind::Close),
+        ]);
+        assert_eq!(xs.len(), 1);
+        assert_eq!(xs[0].status, Some(503));
+        assert_eq!(xs[0].outcome, OutcomeClass::Transient);
+        assert_eq!(xs[0].failure, None);
+    }
+
+    /// Without a status line the client's close is still an abandonment.
+    #[test]
+    fn client_close_before_any_head_is_abandoned() {
+        let (xs, _) = run(&[
+            conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
+            data(3, Role::Client, Direction::Egress, 10, b"GET /b HTTP/1.1\r\nHost: b\r\n\r\n"),
+            conn_ev(3, Role::Client, 30, ConnEventKind::Close),
+        ]);
+        assert_eq!(xs.len(), 1);
+        assert_eq!(xs[0].failure, Some(Failure::Abandoned));
+        assert_eq!(xs[0].outcome, OutcomeClass::Unknown);
+    }
 }
