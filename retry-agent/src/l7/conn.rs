@@ -6,7 +6,7 @@ use crate::capture::{ConnId, DataEvent, Direction, Role, Tuple};
 
 use super::{
     L7Stats,
-    classify::{Signals, classify},
+    classify::{Signals, classify, classify_http},
     exchange::{Exchange, ExchangeId, Failure, Method, Protocol, RetryMarkers},
     http1::{self, Answering, H1Parser, H1Sink, Side},
     http2::{self, Block, H2Dir, H2Sink, PREFACE},
@@ -87,10 +87,12 @@ impl Pending {
         let resp = self.resp.unwrap_or_default();
         let signals: Signals = resp.signals;
         let unknown = self.unknown || self.req.unknown || resp.unknown;
-        // A client that closes after reading the status line chose not to read the body
+        // A client that closes after reading an error status line chose not to read the body
         // (urllib raises on a 5xx head and closes): the status is the outcome, not an abandonment.
+        // A success head cut off mid-body stays abandoned (the client may have timed out).
+        let error_head = signals.status.is_some_and(|st| classify_http(st, signals.retry_after).is_failure());
         let failure = match failure {
-            Some(Failure::Abandoned) if info.role == Role::Client && signals.status.is_some() => None,
+            Some(Failure::Abandoned) if info.role == Role::Client && error_head => None,
             f => f,
         };
         let outcome = classify(failure, &signals);
