@@ -512,6 +512,11 @@ def run_mode(sc, mode, args, out):
             api = sc.get("agent", {}).get("api", "127.0.0.1:19464")
             verdicts = items(fetch_json("http://%s/v1/verdicts" % api), "verdicts")
             decisions = items(fetch_json("http://%s/v1/decisions" % api), "decisions")
+            try:
+                with urllib.request.urlopen("http://%s/metrics" % api, timeout=5) as r:
+                    (mode_dir / "metrics.txt").write_bytes(r.read())
+            except OSError as e:
+                log("GET /metrics: %s" % e)
             with open(mode_dir / "verdicts.json", "w") as fo:
                 json.dump(verdicts, fo)
             with open(mode_dir / "decisions.json", "w") as fo:
@@ -657,7 +662,7 @@ def analyse_mode(sc, mode, t0, mode_dir, verdicts, decisions):
         "nodes": nodes, "edges": edges, "timeline": timeline,
     }
     if mode != "none":
-        res["agent"] = score_agent(sc, logs, verdicts, decisions, fs, t0)
+        res["agent"] = score_agent(sc, logs, verdicts, decisions, fs, t0, mode_dir)
     return res
 
 
@@ -681,7 +686,26 @@ def build_timeline(sc, logs, t0):
     return out
 
 
-def score_agent(sc, logs, verdicts, decisions, fs, t0):
+def agent_health(mode_dir):
+    """The agent's own counters (events seen, drops), to tell a blind agent from a wrong one."""
+    out = {}
+    try:
+        text = (mode_dir / "metrics.txt").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, val = line.rsplit(" ", 1)
+        if any(k in name for k in ("capture", "drop", "exchanges", "verdicts", "decisions")):
+            try:
+                out[name] = float(val)
+            except ValueError:
+                pass
+    return out
+
+
+def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
     """Per runtime: precision = verdicts whose claim matches the ground truth / verdicts that
     took a side; recall = correct verdicts / failures the services actually served."""
     by_rt = defaultdict(lambda: {"verdicts": 0, "correct": 0, "missing": 0, "unmatched": 0,
@@ -736,6 +760,7 @@ def score_agent(sc, logs, verdicts, decisions, fs, t0):
             if ts is not None and ts >= fs - 1 and (first is None or ts < first):
                 first = ts
     return {"verdicts": len(verdicts), "decisions": len(decisions), "per_runtime": per_rt,
+            "health": agent_health(logs_dir),
             "unknown_services": sorted(unknown_services)[:20],
             "first_suppression_s": round(first - fs, 3) if first else None,
             "first_suppression_at": round(first - t0, 3) if first else None}
