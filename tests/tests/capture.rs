@@ -17,7 +17,9 @@ const EINPROGRESS: i32 = 115;
 /// Threaded HTTP server; each response names the serving thread (X-Tid) so the test can check
 /// the tid the kernel reported.
 const SERVER_PY: &str = r#"
-import sys, threading, http.server
+import socket, sys, threading, http.server
+if ":" in sys.argv[1]:
+    http.server.ThreadingHTTPServer.address_family = socket.AF_INET6
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = b"hello " + self.path.encode()
@@ -175,6 +177,91 @@ async fn loopback_http_curl_and_python_client() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_ipv6() {
+    if !can_run() {
+        return;
+    }
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skip: no IPv6 loopback");
+        return;
+    }
+    let Some(mut cap) = load() else { return };
+    let port = free_port();
+    let ps = port.to_string();
+    let server = Proc::spawn(python(SERVER_PY, &["::1", &ps]).stdout(Stdio::null()));
+    wait_listening(&format!("[::1]:{port}"), None);
+    let mut curl = Proc::spawn(
+        std::process::Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://[::1]:{port}/v6")]),
+    );
+    assert!(curl.wait(Duration::from_secs(10)).success());
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&[server.pid(), curl.pid()]), |_| false).await;
+    assert_exchange(&evs, curl.pid(), server.pid(), "/v6");
+    let t = data_events(&evs).into_iter().find(|d| d.pid == curl.pid()).and_then(|d| d.tuple).expect("tuple");
+    assert_eq!(t.remote, format!("[::1]:{port}").parse().unwrap());
+    assert!(t.local.is_ipv6());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_capture_unloads_every_program() {
+    if !can_run() {
+        return;
+    }
+    let Some(cap) = load() else { return };
+    let ours = cap.program_ids();
+    assert!(ours.len() >= 30, "every program loaded: {ours:?}");
+    let before = retry_agent::capture::loaded_program_ids();
+    assert!(ours.iter().all(|id| before.contains(id)));
+    drop(cap);
+    // The reader task is aborted asynchronously; its ring-buffer fd goes with it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = retry_agent::capture::loaded_program_ids();
+    let left: Vec<_> = ours.iter().filter(|id| after.contains(id)).collect();
+    assert!(left.is_empty(), "programs still loaded after drop: {left:?}");
+}
+
+const DUP_PY: &str = r#"
+import os, socket, sys, tempfile
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+fd = s.fileno()
+s.sendall(b"BEFORE-CLOSE"); s.recv(64)
+# Close the socket's fd behind a dup2 of a regular file onto it: the number now names a file.
+f = open(tempfile.mktemp(prefix="racap"), "wb+")
+os.dup2(f.fileno(), fd)
+os.write(fd, b"FILE-AFTER-DUP2")
+os.unlink(f.name)
+print(fd, flush=True)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fd_reused_for_a_file_is_not_traced() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load() else { return };
+    let port = free_port();
+    let echo = Proc::spawn(python(ECHO_PY, &[&port.to_string()]).stdout(Stdio::null()));
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let mut p = Proc::spawn(python(DUP_PY, &[&port.to_string()]).stdout(Stdio::piped()));
+    let fd: u32 = p.read_line().trim().parse().expect("fd");
+    assert!(p.wait(Duration::from_secs(10)).success());
+    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[p.pid(), echo.pid()]), |_| false).await;
+    let data = data_events(&evs);
+    let before = data.iter().find(|d| d.pid == p.pid() && d.payload.starts_with(b"BEFORE-CLOSE"));
+    let conn = before.unwrap_or_else(|| panic!("TCP write captured\n{}", dump(&evs))).conn;
+    assert_eq!(conn.fd, fd);
+    assert!(
+        !data.iter().any(|d| d.payload.starts_with(b"FILE-AFTER-DUP2")),
+        "file write through a reused fd number was traced\n{}",
+        dump(&evs)
+    );
+    assert!(
+        conn_events(&evs).iter().any(|c| c.conn == conn && c.kind == ConnEventKind::Close),
+        "dup2 over the socket ends the connection\n{}",
+        dump(&evs)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn veth_between_namespaces() {
     if !can_run() {
         return;
@@ -231,6 +318,34 @@ assert a.startswith(b"ECHO:WRITEV-"), a
 s.sendmsg([b"SENDMSG-", b"X"])
 data, _, _, _ = s.recvmsg(128)
 assert data == b"ECHO:SENDMSG-X", data
+# sendmmsg/recvmmsg through libc (Python has no wrapper): two messages out, one in.
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+class msghdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.POINTER(iovec)),
+                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+class mmsghdr(ctypes.Structure):
+    _fields_ = [("hdr", msghdr), ("len", ctypes.c_uint)]
+bufs = [ctypes.create_string_buffer(b"MMSG-ONE", 8), ctypes.create_string_buffer(b"MMSG-TWO!", 9)]
+iovs = [iovec(ctypes.cast(b, ctypes.c_void_p), len(b.raw)) for b in bufs]
+msgs = (mmsghdr * 2)()
+for m, v in zip(msgs, iovs):
+    m.hdr.iov = ctypes.pointer(v); m.hdr.iovlen = 1
+assert libc.sendmmsg(s.fileno(), msgs, 2, 0) == 2, ctypes.get_errno()
+want = b"ECHO:MMSG-ONEMMSG-TWO!"
+got = b""
+while len(got) < len(want):
+    rb = ctypes.create_string_buffer(64)
+    riov = iovec(ctypes.cast(rb, ctypes.c_void_p), 64)
+    r = (mmsghdr * 1)()
+    r[0].hdr.iov = ctypes.pointer(riov); r[0].hdr.iovlen = 1
+    assert libc.recvmmsg(s.fileno(), r, 1, 0, None) == 1, ctypes.get_errno()
+    # The echo may come as one reply or one per message: read until both are in.
+    got += rb.raw[:r[0].len]
+assert got.replace(b"ECHO:", b"").startswith(b"MMSG-ONE"), got
 s.close()
 "#;
 
@@ -265,7 +380,14 @@ async fn vectored_and_msg_syscalls() {
     assert_eq!((sm.direction, sm.len, &sm.payload[..]), (Direction::Egress, 9, &b"SENDMSG-"[..]));
     let rm = find(Syscall::Recvmsg);
     assert_eq!((rm.direction, &rm.payload[..]), (Direction::Ingress, &b"ECHO:SENDMSG-X"[..]));
-    for d in [w, r, sm, rm] {
+    let smm = find(Syscall::Sendmmsg);
+    // First message only: its length and bytes.
+    assert_eq!((smm.direction, smm.len, &smm.payload[..]), (Direction::Egress, 8, &b"MMSG-ONE"[..]));
+    let rmm = find(Syscall::Recvmmsg);
+    assert_eq!(rmm.direction, Direction::Ingress);
+    assert!(rmm.payload.starts_with(b"ECHO:MMSG-ONE"), "{:?}", rmm.payload);
+    assert_eq!(rmm.len as usize, rmm.payload.len());
+    for d in [w, r, sm, rm, smm, rmm] {
         assert_eq!(d.role, Role::Client);
         assert_eq!(d.conn, w.conn, "all on one connection");
     }

@@ -192,6 +192,11 @@ const PROGRAMS: &[(&str, &str, &str)] = &[
     ("ra_enter_accept4", "syscalls", "sys_enter_accept4"),
     ("ra_exit_accept4", "syscalls", "sys_exit_accept4"),
     ("ra_enter_close", "syscalls", "sys_enter_close"),
+    ("ra_exit_openat", "syscalls", "sys_exit_openat"),
+    ("ra_exit_socket", "syscalls", "sys_exit_socket"),
+    ("ra_exit_dup", "syscalls", "sys_exit_dup"),
+    ("ra_enter_dup2", "syscalls", "sys_enter_dup2"),
+    ("ra_enter_dup3", "syscalls", "sys_enter_dup3"),
     ("ra_sock_state", "sock", "inet_sock_set_state"),
     ("ra_process_exit", "sched", "sched_process_exit"),
 ];
@@ -289,10 +294,20 @@ impl Capture {
         self.stats.snapshot()
     }
 
+    /// Kernel ids of this capture's programs (they disappear when `self` is dropped).
+    pub fn program_ids(&self) -> Vec<u32> {
+        self._ebpf.programs().filter_map(|(_, p)| p.info().ok()).map(|i| i.id()).collect()
+    }
+
     /// A handle that reads the counters after `self` has been split up.
     pub fn stats_handle(&self) -> StatsHandle {
         self.stats.clone()
     }
+}
+
+/// Ids of every program loaded in the kernel right now (to check nothing outlives a capture).
+pub fn loaded_program_ids() -> Vec<u32> {
+    aya::programs::loaded_programs().filter_map(Result::ok).map(|p| p.id()).collect()
 }
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, CaptureError> {
@@ -476,8 +491,12 @@ impl Reader {
                     };
                     let rb = guard.get_inner_mut();
                     // Bounded batch so the drop counter and a closed channel are noticed under load.
+                    let mut drained = false;
                     for _ in 0..4096 {
-                        let Some(item) = rb.next() else { break };
+                        let Some(item) = rb.next() else {
+                            drained = true;
+                            break;
+                        };
                         raw.clear();
                         raw.extend_from_slice(&item);
                         drop(item);
@@ -485,7 +504,14 @@ impl Reader {
                             return;
                         }
                     }
-                    guard.clear_ready();
+                    // Clear readiness only once the ring is empty: the kernel wakes the reader
+                    // only when a record lands in an empty ring (adaptive notification), so
+                    // clearing with records left would stall capture for good under load.
+                    if drained {
+                        guard.clear_ready();
+                    } else {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 _ = tick.tick() => self.refresh_drops(),
             }
