@@ -462,8 +462,13 @@ def run_mode(sc, mode, args, out):
             if why:
                 log("mode %s skipped: %s" % (mode, why))
                 return {"mode": mode, "skipped": why}
-        # The fault window is absolute time, fixed before the services start.
-        t0 = time.time() + sc.get("startup_s", 4.0)
+        # Fault windows are relative to time zero, which the lab writes to epoch_file once
+        # every service listens (slow starts on a busy machine do not shift the windows).
+        epoch_file = mode_dir / "epoch"
+        try:
+            epoch_file.unlink()
+        except OSError:
+            pass
         f = sc.get("fault")
         for n in nodes:
             cfg = {
@@ -471,6 +476,7 @@ def run_mode(sc, mode, args, out):
                 "listen": "%s:%d" % (node_ip(n), node_port(n)),
                 "proto": "grpc" if n["runtime"] == "python-grpc" else "http",
                 "log": str(mode_dir / (n["name"] + ".jsonl")),
+                "epoch_file": str(epoch_file),
                 "work_ms": n.get("work_ms", sc.get("work_ms", 0)),
                 "downstreams": [],
                 "fault": None,
@@ -485,15 +491,20 @@ def run_mode(sc, mode, args, out):
                     "backoff_ms": int(p.get("backoff_ms", 0)), "budget": p.get("budget"),
                 })
             if f and f["node"] == n["name"] and f["kind"] in ("error", "latency"):
-                cfg["fault"] = {"kind": f["kind"], "rate": f["rate"], "start": t0 + f["start_s"],
-                                "end": t0 + f["end_s"], "latency_ms": f["latency_ms"]}
+                cfg["fault"] = {"kind": f["kind"], "rate": f["rate"], "start": f["start_s"],
+                                "end": f["end_s"], "latency_ms": f["latency_ms"]}
             env = dict(os.environ, LAB_CFG=json.dumps(cfg), PYTHONUNBUFFERED="1")
             procs.append(spawn(command(n), ns="ralab-" + n["name"], env=env,
                                out=mode_dir / (n["name"] + ".stderr")))
+        ready_by = time.time() + sc.get("startup_timeout_s", 60.0)
         for n in nodes:
-            if not wait_port(node_ip(n), node_port(n), t0 - 0.2):
+            if not wait_port(node_ip(n), node_port(n), ready_by):
                 raise LabError("service %s (%s) not listening in time; see %s" % (
                     n["name"], n["runtime"], mode_dir / (n["name"] + ".stderr")))
+        t0 = time.time() + sc.get("startup_s", 1.0)
+        tmp = mode_dir / "epoch.tmp"
+        tmp.write_text(repr(t0))
+        tmp.replace(epoch_file)
         root = nodes[0]
         load = spawn([str(named_link("ra-load", real("python3"))), str(LAB / "loadgen.py"),
                       "http://%s:%d/work" % (node_ip(root), node_port(root)), str(sc["rate"]),
@@ -591,7 +602,7 @@ def analyse_mode(sc, mode, t0, mode_dir, verdicts, decisions):
     f = sc.get("fault")
     dur = float(sc["duration_s"])
     if f:
-        fs, fe = t0 + f["start_s"], t0 + f["end_s"]
+        fs, fe = t0 + f["start_s"], t0 + min(f["end_s"], dur)
     else:
         fs, fe = t0 + dur, t0 + dur
     w0, w1 = fs + sc["settle_s"], fe  # storm steady state

@@ -1,10 +1,86 @@
-//! `cargo xtask lab`: the storm lab.
-use anyhow::Result;
+//! `cargo xtask lab`: the storm lab. The orchestrator is lab/lab.py (namespaces, the polyglot
+//! fleet, load, analysis); this entry point builds what a run needs and hands over.
+//!
+//!     cargo xtask lab lab/scenarios/depth4.toml --modes none,observe,shim
+//!     cargo xtask lab lab/scenarios/chain7.toml --modes none --retries 2
+//!     cargo xtask lab --cleanup
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
 use clap::Args;
 
 #[derive(Debug, Args)]
-pub struct LabArgs {}
+pub struct LabArgs {
+    /// Scenario file (TOML, see lab/scenarios/).
+    #[arg(required_unless_present = "cleanup")]
+    pub scenario: Option<PathBuf>,
+    /// Modes to compare, comma-separated: none, observe, shim (default: the scenario's).
+    #[arg(long)]
+    pub modes: Option<String>,
+    /// Retries per hop R on every edge (overrides the scenario).
+    #[arg(long)]
+    pub retries: Option<u32>,
+    /// Requests per second at the root, Ƞ (overrides the scenario).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Seconds of load per mode (overrides the scenario).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Output directory (default lab-out/<scenario>-<time>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Remove every namespace, link, rule and process the lab left behind, then exit.
+    #[arg(long)]
+    pub cleanup: bool,
+}
 
-pub fn run(_args: LabArgs) -> Result<()> {
-    anyhow::bail!("lab is not implemented yet")
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn run(args: LabArgs) -> Result<()> {
+    let lab = repo().join("lab/lab.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&lab).current_dir(repo());
+    if args.cleanup {
+        cmd.arg("cleanup");
+    } else {
+        let scenario = args.scenario.context("a scenario file is required")?;
+        let agent_modes = args.modes.as_deref().is_none_or(|m| m.split(',').any(|m| m != "none"));
+        if agent_modes {
+            // The agent modes run target/debug/retry-agent (the eBPF object must be built).
+            let ok = Command::new("cargo")
+                .args(["build", "-p", "retry-agent"])
+                .current_dir(repo())
+                .status()
+                .context("cargo build -p retry-agent")?;
+            if !ok.success() {
+                bail!("building the agent failed");
+            }
+        }
+        cmd.arg("run").arg(scenario);
+        if let Some(m) = args.modes {
+            cmd.args(["--modes", &m]);
+        }
+        if let Some(r) = args.retries {
+            cmd.args(["--retries", &r.to_string()]);
+        }
+        if let Some(r) = args.rate {
+            cmd.args(["--rate", &r.to_string()]);
+        }
+        if let Some(d) = args.duration {
+            cmd.args(["--duration", &d.to_string()]);
+        }
+        if let Some(o) = args.out {
+            cmd.arg("--out").arg(o);
+        }
+    }
+    let status = cmd.status().with_context(|| format!("running {}", lab.display()))?;
+    if !status.success() {
+        bail!("lab failed: {status}");
+    }
+    Ok(())
 }

@@ -33,6 +33,7 @@ type Downstream struct {
 }
 
 type Config struct {
+	EpochFile   string       `json:"epoch_file"`
 	Name        string       `json:"name"`
 	Listen      string       `json:"listen"`
 	Downstreams []Downstream `json:"downstreams"`
@@ -116,12 +117,34 @@ var (
 	logF    *os.File
 )
 
+var (
+	epochMu  sync.Mutex
+	epochVal float64
+)
+
+// epoch is the run's time zero, written by the lab once the whole fleet listens (fault windows
+// are relative to it); 0 until then.
+func epoch() float64 {
+	epochMu.Lock()
+	defer epochMu.Unlock()
+	if epochVal == 0 {
+		if b, err := os.ReadFile(cfg.EpochFile); err == nil {
+			fmt.Sscanf(string(b), "%g", &epochVal)
+		}
+	}
+	return epochVal
+}
+
 func faultNow() *Fault {
 	f := cfg.Fault
 	if f == nil {
 		return nil
 	}
-	now := float64(time.Now().UnixNano()) / 1e9
+	e := epoch()
+	if e == 0 {
+		return nil
+	}
+	now := float64(time.Now().UnixNano())/1e9 - e
 	if now >= f.Start && now < f.End && rand.Float64() < f.Rate {
 		return f
 	}

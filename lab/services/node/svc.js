@@ -48,10 +48,25 @@ function makeCaller(ds) {
 
 const callers = (cfg.downstreams || []).map((ds) => [ds.name, makeCaller(ds)]);
 
+// The run's time zero, written by the lab once the whole fleet listens (fault windows are
+// relative to it); null until then.
+let epoch = null;
+function getEpoch() {
+  if (epoch === null) {
+    try {
+      const v = parseFloat(fs.readFileSync(cfg.epoch_file, 'utf8'));
+      if (!Number.isNaN(v)) epoch = v;
+    } catch (_e) { /* not written yet */ }
+  }
+  return epoch;
+}
+
 function faultNow() {
   const f = cfg.fault;
   if (!f) return null;
-  const now = Date.now() / 1000;
+  const e = getEpoch();
+  if (e === null) return null;
+  const now = Date.now() / 1000 - e;
   if (now >= f.start && now < f.end && Math.random() < (f.rate ?? 1)) return f;
   return null;
 }

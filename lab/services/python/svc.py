@@ -42,12 +42,31 @@ class Budget:
             return False
 
 
+EPOCH = None
+
+
+def epoch():
+    """The run's time zero, written by the lab once the whole fleet listens (fault windows are
+    relative to it); None until then."""
+    global EPOCH
+    if EPOCH is None:
+        try:
+            with open(CFG["epoch_file"]) as f:
+                EPOCH = float(f.read())
+        except (OSError, ValueError, KeyError):
+            return None
+    return EPOCH
+
+
 def fault_now():
     """The fault configured for this service, if its window is open now."""
     f = CFG.get("fault")
     if not f:
         return None
-    now = time.time()
+    e = epoch()
+    if e is None:
+        return None
+    now = time.time() - e
     if f["start"] <= now < f["end"] and random.random() < f.get("rate", 1.0):
         return f
     return None
