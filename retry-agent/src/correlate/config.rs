@@ -67,10 +67,9 @@ pub const DEFAULT_WINDOW_BUCKETS: u32 = 10;
 pub const DEFAULT_FAULT_FAILURE_RATIO: f64 = 0.05;
 pub const DEFAULT_MAX_SERVICES: usize = 256;
 pub const DEFAULT_MAX_EDGES: usize = 1024;
-pub const DEFAULT_MAX_THREADS: usize = 65_536;
+pub const DEFAULT_MAX_THREADS: usize = 32_768;
 pub const DEFAULT_MAX_PENDING: usize = 65_536;
 pub const DEFAULT_MAX_RETRY_KEYS: usize = 131_072;
-pub const DEFAULT_CHILDREN_PER_THREAD: usize = 32;
 
 /// Correlation: thread context, verdicts, retry detection, edge figures.
 #[derive(Args, Debug, Clone)]

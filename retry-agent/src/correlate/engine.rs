@@ -36,7 +36,7 @@ mod tests;
 const NS_PER_MS: u64 = 1_000_000;
 /// Children remembered per thread (a request with more outbound calls than this that fails is
 /// judged from the process-wide failure record instead).
-const CHILDREN_PER_THREAD: usize = 32;
+const CHILDREN_PER_THREAD: usize = 16;
 const INBOUND_PER_THREAD: usize = 8;
 const FAILURES_PER_PROCESS: usize = 256;
 const ADDRS_PER_ENTRY: usize = 4;
@@ -798,15 +798,20 @@ impl Engine {
             });
         } else if self.cfg.failure_memory && !cross_thread {
             // A success despite failed children: evidence those dependencies are fail-open.
-            let (ambiguous, children) = self.children_of(ex.pid, thread, window.start, window.end);
-            if !ambiguous {
-                let mut seen: Vec<u32> = Vec::new();
-                for c in children.iter().filter(|c| c.outcome.is_failure()) {
-                    if !seen.contains(&c.edge) {
-                        seen.push(c.edge);
-                        self.remember(c.edge, false);
-                    }
-                }
+            // (No allocation unless a child failed: this is the hot path.)
+            let mut failed_edges: Vec<u32> = match self.threads.get(&(ex.pid, thread)) {
+                Some(ctx) if !ctx.event_loop && ctx.children_lost_until < window.start => ctx
+                    .children
+                    .iter()
+                    .filter(|c| c.outcome.is_failure() && c.start >= window.start && c.start <= window.end)
+                    .map(|c| c.edge)
+                    .collect(),
+                _ => Vec::new(),
+            };
+            failed_edges.sort_unstable();
+            failed_edges.dedup();
+            for edge in failed_edges {
+                self.remember(edge, false);
             }
         }
     }
