@@ -2,3 +2,4 @@
 pub mod capture;
 pub mod actuate;
 pub mod lab;
+pub mod correlate;
