@@ -449,6 +449,8 @@ def items(doc, key):
 
 def run_mode(sc, mode, args, out):
     mode_dir = out / mode
+    # Services append to their logs: a reused output directory must start empty.
+    shutil.rmtree(mode_dir, ignore_errors=True)
     mode_dir.mkdir(parents=True, exist_ok=True)
     nodes = sc["nodes"]
     by = {n["name"]: n for n in nodes}
