@@ -524,7 +524,11 @@ def run_mode(sc, mode, args, out):
         if mode != "none":
             api = sc.get("agent", {}).get("api", "127.0.0.1:19464")
             verdicts = items(fetch_json("http://%s/v1/verdicts" % api), "verdicts")
-            decisions = items(fetch_json("http://%s/v1/decisions" % api), "decisions")
+            # The decision log has every decision; the API only the live ones.
+            decisions = [r["decision"] for r in read_jsonl(mode_dir / "decisions.jsonl")
+                         if r.get("kind") == "decision" and isinstance(r.get("decision"), dict)]
+            if not decisions:
+                decisions = items(fetch_json("http://%s/v1/decisions" % api), "decisions")
             try:
                 with urllib.request.urlopen("http://%s/metrics" % api, timeout=5) as r:
                     (mode_dir / "metrics.txt").write_bytes(r.read())
@@ -767,14 +771,28 @@ def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
         per_rt[rt] = dict(s, precision=round(s["correct"] / decided, 4) if decided else None,
                           recall=round(s["correct"] / s["failures"], 4) if s["failures"] else None)
     first = None
+    per_edge = {}
     for d in decisions:
-        if isinstance(d, dict) and d.get("action") == "suppress_retries":
-            ts = to_epoch(d.get("issued_at_ns"))
-            if ts is not None and ts >= fs - 1 and (first is None or ts < first):
-                first = ts
+        if not isinstance(d, dict):
+            continue
+        addrs = [str(a) for a in d.get("callee_addrs") or []]
+        edge = d.get("edge") or {}
+        caller = service_of(edge.get("caller"), sc)
+        callee = service_of(edge.get("callee"), sc)
+        if callee is None and not any(a.startswith(NET + ".") for a in addrs):
+            continue  # someone else's traffic on this node
+        ts = to_epoch(d.get("issued_at_ns"))
+        name = "%s->%s" % (caller["name"] if caller else edge.get("caller"),
+                           callee["name"] if callee else edge.get("callee"))
+        per_edge.setdefault(name, []).append({
+            "action": d.get("action"), "reason": d.get("reason"),
+            "at_s": round(ts - t0, 3) if ts is not None else None})
+        if d.get("action") == "suppress_retries" and ts is not None and ts >= fs - 1 and (
+                first is None or ts < first):
+            first = ts
     return {"verdicts": len(verdicts), "decisions": len(decisions), "per_runtime": per_rt,
             "health": agent_health(logs_dir),
-            "unknown_services": sorted(unknown_services)[:20],
+            "unknown_services": sorted(unknown_services)[:20], "decisions_per_edge": per_edge,
             "first_suppression_s": round(first - fs, 3) if first else None,
             "first_suppression_at": round(first - t0, 3) if first else None}
 
