@@ -476,7 +476,7 @@ pub(crate) fn looks_like_start(side: Side, b: &[u8]) -> bool {
             let m = b.iter().take_while(|c| c.is_ascii_uppercase() || **c == b'-' || **c == b'_').count();
             (1..=16).contains(&m)
                 && b.get(m) == Some(&b' ')
-                && b.get(m + 1).is_some_and(|&c| c == b'/' || c == b'*' || c.is_ascii_alphabetic())
+                && b.get(m + 1).is_some_and(|&c| c == b'/' || c == b'*' || c.is_ascii_alphanumeric())
         }
     }
 }

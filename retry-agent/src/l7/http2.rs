@@ -342,12 +342,16 @@ impl H2Dir {
             DATA => sink.data_end(h.stream, u64::from(h.len), h.flags & FLAG_END_STREAM != 0, ctx),
             HEADERS | PUSH_PROMISE => {
                 let payload = std::mem::take(&mut self.payload);
-                let fragment = if self.payload_cut { None } else { header_fragment(&payload, h) };
+                let fragment = header_fragment(&payload, h);
                 self.block.clear();
-                self.block_cut = fragment.is_none();
-                if let Some(f) = fragment {
-                    self.push_fragment(f);
+                self.block_cut = false;
+                match fragment {
+                    Some(f) => self.push_fragment(f),
+                    None => self.block_cut = true,
                 }
+                // A fragment cut by the capture keeps its prefix: whole instructions in it
+                // still decode (the table before it is known).
+                self.block_cut |= self.payload_cut;
                 self.payload = payload;
                 self.block_stream = h.stream;
                 self.block_end_stream = h.kind == HEADERS && h.flags & FLAG_END_STREAM != 0;
@@ -359,13 +363,10 @@ impl H2Dir {
                 }
             }
             CONTINUATION => {
-                if self.payload_cut {
-                    self.block_cut = true;
-                } else {
-                    let payload = std::mem::take(&mut self.payload);
-                    self.push_fragment(&payload);
-                    self.payload = payload;
-                }
+                let payload = std::mem::take(&mut self.payload);
+                self.push_fragment(&payload);
+                self.payload = payload;
+                self.block_cut |= self.payload_cut;
                 if h.flags & FLAG_END_HEADERS != 0 {
                     self.end_block(ctx, sink);
                 }
@@ -389,6 +390,10 @@ impl H2Dir {
     }
 
     fn push_fragment(&mut self, f: &[u8]) {
+        // After a cut, later bytes are not contiguous with the prefix we hold.
+        if self.block_cut {
+            return;
+        }
         if self.block.len() + f.len() > self.cap {
             self.block_cut = true;
             return;
@@ -398,11 +403,23 @@ impl H2Dir {
 
     fn end_block(&mut self, ctx: &Ctx, sink: &mut impl H2Sink) {
         self.in_block = false;
-        if self.block_cut {
-            sink.truncated();
-            self.hpack_ok = false;
-        }
-        let block = if self.hpack_ok { self.decode() } else { Block::Unknown };
+        let block = match (self.hpack_ok, self.block_cut) {
+            (true, false) => self.decode(false),
+            (true, true) => {
+                sink.truncated();
+                // What the block's captured prefix says, then the table is unknowable: the
+                // rest of the block may have added entries.
+                let b = self.decode(true);
+                self.hpack_ok = false;
+                b
+            }
+            (false, cut) => {
+                if cut {
+                    sink.truncated();
+                }
+                Block::Unknown
+            }
+        };
         self.block.clear();
         if self.block_push {
             // Promised requests are not exchanges we pair; decoding kept the table in sync.
@@ -412,7 +429,9 @@ impl H2Dir {
         sink.headers(self.block_stream, block, self.block_end_stream, &start, ctx);
     }
 
-    fn decode(&mut self) -> Block {
+    /// Decode the held block; `partial`: it is only the captured prefix of the block, so an
+    /// error at its end is expected and what decoded is reported as unknown (incomplete).
+    fn decode(&mut self, partial: bool) -> Block {
         let side = if self.block_push { Side::Request } else { self.side };
         let mut req = ReqInfo::default();
         let mut resp = RespInfo::default();
@@ -420,8 +439,16 @@ impl H2Dir {
             Side::Request => apply_h2_request_header(&mut req, &n, &v),
             Side::Response => apply_response_header(&mut resp, &n, &v),
         });
+        if partial {
+            req.unknown = true;
+            resp.unknown = true;
+        }
         match res {
             Ok(()) => match side {
+                Side::Request => Block::Request(req),
+                Side::Response => Block::Response(resp),
+            },
+            Err(_) if partial => match side {
                 Side::Request => Block::Request(req),
                 Side::Response => Block::Response(resp),
             },
@@ -451,7 +478,8 @@ fn header_fragment(p: &[u8], h: FrameHeader) -> Option<&[u8]> {
     if h.flags & FLAG_PADDED != 0 {
         let pad = usize::from(*p.first()?);
         start += 1;
-        end = end.checked_sub(pad)?;
+        // Padding ends the frame; `p` may be only a captured prefix of it.
+        end = end.min((h.len as usize).checked_sub(pad)?);
     }
     if h.kind == HEADERS && h.flags & FLAG_PRIORITY != 0 {
         start += 5;

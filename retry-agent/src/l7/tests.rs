@@ -558,3 +558,37 @@ fn garbage_never_panics_and_memory_stays_bounded() {
     r.tick(u64::MAX, &mut out);
     assert_eq!(r.stats().connections, 0);
 }
+
+#[test]
+fn pipelining_depth_is_bounded() {
+    let cfg = L7Config { max_inflight: 4, ..L7Config::default() };
+    let mut r = Reassembler::new(cfg);
+    let mut out = Vec::new();
+    r.push(&conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }), &mut out);
+    for i in 0..10 {
+        r.push(&data(3, Role::Client, OUT, 10 + i, GET), &mut out);
+    }
+    assert_eq!(out.len(), 6, "the oldest beyond the depth are given up");
+    assert!(out.iter().all(|e| e.unknown && e.outcome == OutcomeClass::Unknown));
+    r.push(&conn_ev(3, Role::Client, 100, ConnEventKind::Close), &mut out);
+    assert_eq!(out.len(), 10);
+    assert!(out[6..].iter().all(|e| e.failure == Some(Failure::Abandoned)));
+}
+
+#[test]
+fn absolute_form_and_connect_targets() {
+    let ev = vec![
+        conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
+        data(3, Role::Client, OUT, 10, b"GET http://proxy.example:8080/a/1?b=2 HTTP/1.1\r\n\r\n"),
+        data(3, Role::Client, IN, 20, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+        data(3, Role::Client, OUT, 30, b"CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1:443\r\n\r\n"),
+        data(3, Role::Client, IN, 40, b"HTTP/1.1 200 Connection established\r\n\r\n\x16\x03\x01"),
+        data(3, Role::Client, OUT, 50, b"\x16\x03\x01\x00\x10GET / HTTP/1.1\r\n\r\n"),
+    ];
+    let ex = run_split_invariant(&ev);
+    assert_eq!(ex.len(), 2, "{ex:#?}");
+    assert_eq!(ex[0].authority.as_deref(), Some("proxy.example:8080"));
+    assert_eq!(ex[0].route.as_deref(), Some("/a/{id}"));
+    assert_eq!(ex[1].method, Some(Method::Connect));
+    assert_eq!(ex[1].status, Some(200));
+}

@@ -275,7 +275,10 @@ fn truncated_header_block_makes_later_streams_unknown() {
     ev.push(data(3, Role::Client, IN, 40, &resp3));
     let (ex, stats) = run(&ev);
     assert_eq!(ex.len(), 2, "{ex:#?}");
-    assert!(ex[0].unknown && ex[0].path.is_none());
+    // The captured prefix of the block still told method and path; the rest is unknown.
+    assert!(ex[0].unknown);
+    assert_eq!(ex[0].path.as_deref(), Some("/svc/Big"));
+    assert_eq!(ex[0].method, Some(Method::Post));
     assert!(ex[1].unknown && ex[1].path.is_none(), "the request decoder lost its table");
     assert_eq!(ex[1].status, Some(200), "the response decoder is still in sync");
     assert_eq!(ex[1].outcome, OutcomeClass::Success);
@@ -292,4 +295,26 @@ fn close_with_open_streams() {
     assert_eq!(ex.len(), 1);
     assert_eq!((ex[0].failure, ex[0].outcome), (Some(Failure::Abandoned), OutcomeClass::Unknown));
     assert_eq!(ex[0].pid, PID);
+}
+
+#[test]
+fn padding_and_priority_are_stripped() {
+    let mut c = Peer::new();
+    let block = c.0.encode(hs(&req_headers("/svc/Padded")).iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
+    // PADDED | PRIORITY | END_HEADERS: pad length, 5 priority bytes, block, padding.
+    let mut p = vec![3u8, 0, 0, 0, 0, 16];
+    p.extend_from_slice(&block);
+    p.extend_from_slice(&[0, 0, 0]);
+    let mut req = frame(H, 0x8 | 0x20 | END_HEADERS, 1, &p);
+    let mut d = vec![2u8];
+    d.extend_from_slice(&grpc_msg(b"abc"));
+    d.extend_from_slice(&[0, 0]);
+    req.extend(frame(D, END_STREAM | 0x8, 1, &d));
+    let mut s = Peer::new();
+    let resp = s.headers(1, true, &[(":status", "200"), ("grpc-status", "0")]);
+    let ex = run_split_invariant(&client_conn(3, vec![(OUT, req), (IN, resp)]));
+    assert_eq!(ex.len(), 1);
+    assert_eq!(ex[0].path.as_deref(), Some("/svc/Padded"));
+    assert!(!ex[0].unknown);
+    assert_eq!(ex[0].outcome, OutcomeClass::Success);
 }
