@@ -68,6 +68,8 @@ enum Peer {
 #[derive(Default)]
 struct ProcState {
     info: Option<ProcessInfo>,
+    /// The process exited: its entry may go once nothing names it.
+    exited: bool,
     /// Ports the process served on (first seen first; bounded).
     ports: Vec<u16>,
     /// Resolved names by port (0 = the process as a caller); cleared when naming inputs change.
@@ -140,6 +142,8 @@ struct EdgeState {
     /// contexts failed.
     mem_child_fail: f32,
     mem_parent_fail: f32,
+    /// Capture time of the last exchange on this edge (idle slots are reused at the cap).
+    last_ns: u64,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -155,6 +159,7 @@ struct SvcState {
     addrs: Vec<SocketAddr>,
     ring: Ring<SvcBucket>,
     baseline: Option<f64>,
+    last_ns: u64,
 }
 
 /// A failed inbound exchange waiting for its verdict.
@@ -314,18 +319,41 @@ impl Engine {
 
     /// Process metadata (names services). A pid reused by another program starts afresh.
     pub fn on_process(&mut self, info: &ProcessInfo) {
+        if self.procs.len() >= self.cfg.max_threads && !self.procs.contains_key(&info.pid) {
+            self.sweep_procs();
+        }
         let p = self.procs.entry(info.pid).or_default();
         if p.info.as_ref().is_some_and(|old| old.comm != info.comm || old.exe != info.exe) {
             *p = ProcState::default();
         }
         p.info = Some(info.clone());
+        p.exited = false;
         p.names.clear();
     }
 
+    /// Bounded: forget exited processes no edge or service slot refers to any more.
+    fn sweep_procs(&mut self) {
+        let mut referenced: Map<u32, ()> = map();
+        for e in &self.edges {
+            referenced.insert(e.caller, ());
+            if let Peer::Local { pid, .. } = e.peer {
+                referenced.insert(pid, ());
+            }
+        }
+        for s in &self.svcs {
+            referenced.insert(s.pid, ());
+        }
+        let before = self.procs.len();
+        self.procs.retain(|pid, p| !p.exited || referenced.contains_key(pid));
+        self.stats.evictions += (before - self.procs.len()) as u64;
+    }
+
     pub fn on_process_exit(&mut self, pid: u32) {
-        // Figures keyed by the pid stay until they age out; only the context goes.
+        // Figures keyed by the pid stay until they age out (their names with them); the
+        // context goes now, the entry when nothing refers to it.
         if let Some(p) = self.procs.get_mut(&pid) {
             p.failures.clear();
+            p.exited = true;
         }
     }
 
@@ -481,7 +509,44 @@ impl Engine {
             mismatches_total: 0,
             mem_child_fail: 0.0,
             mem_parent_fail: 0.0,
+            last_ns: self.now,
         }
+    }
+
+    /// How long an edge or service slot must be idle before it can be reused at the cap:
+    /// well past every window that could still read it.
+    fn idle_ns(&self) -> u64 {
+        (2 * self.window * self.bucket_ns).max(self.retry_window_ns).saturating_add(self.grace_ns)
+    }
+
+    /// An idle edge slot to reuse (never the overflow edge), forgetting its old key.
+    fn reuse_edge_slot(&mut self) -> Option<u32> {
+        let idle = self.idle_ns();
+        let (i, _) = self
+            .edges
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, e)| self.now.saturating_sub(e.last_ns) > idle)
+            .min_by_key(|(_, e)| e.last_ns)?;
+        let old = self.edges.get(i)?;
+        let key = (old.caller, old.peer);
+        self.edge_index.remove(&key);
+        Some(i as u32)
+    }
+
+    fn reuse_svc_slot(&mut self) -> Option<u32> {
+        let idle = self.idle_ns();
+        let (i, _) = self
+            .svcs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| self.now.saturating_sub(s.last_ns) > idle)
+            .min_by_key(|(_, s)| s.last_ns)?;
+        let old = self.svcs.get(i)?;
+        let key = (old.pid, old.port);
+        self.svc_index.remove(&key);
+        Some(i as u32)
     }
 
     fn edge_for(&mut self, caller: u32, remote: Option<SocketAddr>) -> u32 {
@@ -498,13 +563,21 @@ impl Engine {
     fn edge_key(&mut self, caller: u32, peer: Peer, addr: Option<SocketAddr>) -> u32 {
         let idx = match self.edge_index.get(&(caller, peer)) {
             Some(&i) => i,
-            None if peer == Peer::Overflow || self.edges.len() > self.cfg.max_edges => {
-                self.stats.overflowed += 1;
-                OVERFLOW_EDGE
-            }
+            None if peer == Peer::Overflow => OVERFLOW_EDGE,
             None => {
-                let i = self.edges.len() as u32;
-                self.edges.push(self.new_edge(caller, peer));
+                let fresh = self.new_edge(caller, peer);
+                let i = if self.edges.len() <= self.cfg.max_edges {
+                    self.edges.push(fresh);
+                    self.edges.len() as u32 - 1
+                } else if let Some(i) = self.reuse_edge_slot() {
+                    if let Some(slot) = self.edges.get_mut(i as usize) {
+                        *slot = fresh;
+                    }
+                    i
+                } else {
+                    self.stats.overflowed += 1;
+                    return OVERFLOW_EDGE;
+                };
                 self.edge_index.insert((caller, peer), i);
                 // Register the names now: the service cap is first come, first served.
                 self.name(caller, 0);
@@ -512,8 +585,12 @@ impl Engine {
                 i
             }
         };
-        if let (Some(a), Some(e)) = (addr, self.edges.get_mut(idx as usize)) {
-            push_bounded(&mut e.addrs, a, ADDRS_PER_ENTRY);
+        let now = self.now;
+        if let Some(e) = self.edges.get_mut(idx as usize) {
+            e.last_ns = now;
+            if let Some(a) = addr {
+                push_bounded(&mut e.addrs, a, ADDRS_PER_ENTRY);
+            }
         }
         idx
     }
@@ -523,19 +600,27 @@ impl Engine {
         let idx = match self.svc_index.get(&(pid, port)) {
             Some(&i) => i,
             None => {
-                let i = self.svcs.len() as u32;
-                if self.svcs.len() >= self.cfg.max_edges {
-                    // Bounded: the newest services share the last slot's figures.
-                    self.stats.overflowed += 1;
-                    return i.saturating_sub(1);
-                }
-                self.svcs.push(SvcState {
+                let fresh = SvcState {
                     pid,
                     port,
                     addrs: Vec::new(),
                     ring: Ring::new(self.window as usize + 1),
                     baseline: None,
-                });
+                    last_ns: self.now,
+                };
+                let i = if self.svcs.len() < self.cfg.max_edges {
+                    self.svcs.push(fresh);
+                    self.svcs.len() as u32 - 1
+                } else if let Some(i) = self.reuse_svc_slot() {
+                    if let Some(slot) = self.svcs.get_mut(i as usize) {
+                        *slot = fresh;
+                    }
+                    i
+                } else {
+                    // Bounded: the newest services share the last slot's figures.
+                    self.stats.overflowed += 1;
+                    return self.svcs.len().saturating_sub(1) as u32;
+                };
                 self.svc_index.insert((pid, port), i);
                 let p = self.procs.entry(pid).or_default();
                 if port != 0 && !p.ports.contains(&port) && p.ports.len() < PORTS_PER_PROCESS {
@@ -547,8 +632,12 @@ impl Engine {
                 i
             }
         };
-        if let (Some(a), Some(s)) = (local, self.svcs.get_mut(idx as usize)) {
-            push_bounded(&mut s.addrs, a, ADDRS_PER_ENTRY);
+        let now = self.now;
+        if let Some(s) = self.svcs.get_mut(idx as usize) {
+            s.last_ns = now;
+            if let Some(a) = local {
+                push_bounded(&mut s.addrs, a, ADDRS_PER_ENTRY);
+            }
         }
         idx
     }

@@ -593,3 +593,29 @@ fn memory_is_bounded() {
     assert!(w.e.stats().evictions > 0);
     let _ = w.finish();
 }
+
+#[test]
+fn idle_edge_slots_are_reused_at_the_cap() {
+    let mut c = cfg();
+    c.max_edges = 4;
+    let mut w = World::with(c);
+    let mut t = 1_000 * MS;
+    // Many short-lived callers (new pids), one at a time, each idle long before the next.
+    for i in 0..20u32 {
+        let pid = 5_000 + i;
+        let id = w.id();
+        w.push(X::client(id, pid, pid, eph(B, 1), addr("203.0.113.9:443"), t, t + MS).build());
+        w.e.on_process_exit(pid);
+        t += 60_000 * MS;
+    }
+    w.e.tick(t, &mut w.v);
+    assert_eq!(w.e.stats().overflowed, 0, "idle slots were reused instead of overflowing");
+    assert!(w.e.edges.len() <= 5);
+    // All busy at once: the cap holds and the rest is folded into "other".
+    for i in 0..10u32 {
+        let id = w.id();
+        w.push(X::client(id, 9_000 + i, 1, eph(B, 2), addr("203.0.113.9:443"), t, t + MS).build());
+    }
+    assert!(w.e.stats().overflowed > 0);
+    assert!(w.e.edges.len() <= 5);
+}
