@@ -50,7 +50,7 @@ fn main() -> Result<()> {
         Task::BuildEbpf => build::ebpf().map(|p| println!("{}", p.display())),
         Task::Build => build::agent(true).map(|p| println!("{}", p.display())),
         Task::Run { args } => {
-            setup::all()?;
+            setup::agent()?;
             let bin = build::agent(true)?;
             if !setup::is_root() {
                 bail!("the agent loads eBPF programs: run as root (sudo -E cargo xtask run)");

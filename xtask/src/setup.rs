@@ -57,10 +57,15 @@ unsafe extern "C" {
     fn libc_geteuid() -> u32;
 }
 
-/// Everything, in dependency order.
+/// Everything the tests, lab and benches use, in dependency order.
 pub fn all() -> Result<()> {
     debian_packages()?;
     python_modules()?;
+    agent()
+}
+
+/// What building and running the agent needs: the eBPF toolchain and the kernel filesystems.
+pub fn agent() -> Result<()> {
     let tc = ebpf_toolchain()?;
     nightly(&tc)?;
     bpf_linker(&tc)?;
