@@ -291,7 +291,14 @@ pub struct Config {
     /// Offset of `sk_err` in `struct sock`, from /sys/kernel/btf/vmlinux (0 = unknown): the errno
     /// of a non-blocking connect failure or a reset, read when the socket goes to CLOSE.
     pub sk_err_offset: u32,
-    pub _pad: u32,
+    /// Offsets to go from the current task to the `struct sock` behind an fd, for accept() calls
+    /// that pass no peer-address buffer (libuv/Node): task_struct.files, files_struct.fdt,
+    /// fdtable.fd, file.private_data, socket.sk. All 0 = unknown (such accepts are not tracked).
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdt_fd: u32,
+    pub file_private_data: u32,
+    pub socket_sk: u32,
 }
 
 /// Names of the maps and programs, used by both sides.

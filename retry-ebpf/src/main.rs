@@ -12,7 +12,10 @@
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user, generated},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated,
+    },
     macros::{map, tracepoint},
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
@@ -33,7 +36,7 @@ const _: () = assert!(size_of::<ConnInfo>() == 64);
 const _: () = assert!(size_of::<SockOwner>() == 72);
 const _: () = assert!(size_of::<PeerKey>() == 20);
 const _: () = assert!(size_of::<ServerEst>() == 48);
-const _: () = assert!(size_of::<Config>() == 16);
+const _: () = assert!(size_of::<Config>() == 32);
 
 const ECONNRESET: i64 = 104;
 const EPIPE: i64 = 32;
@@ -58,6 +61,9 @@ static SOCKS: LruHashMap<u64, SockOwner> = LruHashMap::with_max_entries(65536, 0
 /// Server connections established but not yet accepted, by peer address.
 #[map]
 static SERVER_EST: LruHashMap<PeerKey, ServerEst> = LruHashMap::with_max_entries(16384, 0);
+/// The same, by `struct sock *`, for accept() without a peer buffer (found by walking the fd).
+#[map]
+static SERVER_EST_SK: LruHashMap<u64, ServerEst> = LruHashMap::with_max_entries(16384, 0);
 #[map]
 static IO_ARGS: LruHashMap<u64, IoArgs> = LruHashMap::with_max_entries(16384, 0);
 #[map]
@@ -394,6 +400,33 @@ struct SockaddrIn6 {
     addr: [u8; 16],
 }
 
+/// `struct sock *` behind `fd` of the current task, via BTF offsets from userspace (0 if unknown).
+#[inline(always)]
+fn sock_of_fd(fd: u32) -> u64 {
+    let c = config();
+    if c.task_files == 0 || c.files_fdt == 0 || c.fdt_fd == 0 || c.file_private_data == 0 {
+        return 0;
+    }
+    let read = |addr: u64| -> u64 {
+        if addr == 0 {
+            return 0;
+        }
+        // SAFETY: bpf_probe_read_kernel tolerates bad addresses (returns an error).
+        unsafe { bpf_probe_read_kernel(addr as *const u64) }.unwrap_or(0)
+    };
+    // SAFETY: no preconditions; the pointer is only used through probe reads.
+    let task = unsafe { bpf_get_current_task() };
+    let files = read(task + c.task_files as u64);
+    let fdt = read(files + c.files_fdt as u64);
+    let fds = read(fdt + c.fdt_fd as u64);
+    if fds == 0 {
+        return 0;
+    }
+    let file = read(fds + 8 * fd as u64);
+    let socket = read(file + c.file_private_data as u64);
+    read(socket + c.socket_sk as u64)
+}
+
 #[inline(always)]
 fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -404,34 +437,61 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     };
     let _ = ACCEPT_ARGS.remove(&pid_tgid);
     let ret = exit_ret(ctx)?;
-    // Without a peer address buffer the socket family is unknown: not tracked (documented limit).
-    if ret < 0 || a.addr == 0 {
+    if ret < 0 {
         return Ok(());
     }
     let newfd = ret as u32;
-    // sockaddr_in is a prefix-compatible subset: family, port, then 4 address bytes at offset 4.
-    let sa: SockaddrIn6 = read_user(a.addr)?;
-    let mut peer = PeerKey { family: sa.family, port: u16::from_be(sa.port), addr: [0; 16] };
-    if sa.family == AF_INET {
-        let b = sa.flowinfo.to_ne_bytes();
-        peer.addr[0] = b[0];
-        peer.addr[1] = b[1];
-        peer.addr[2] = b[2];
-        peer.addr[3] = b[3];
-    } else if sa.family == AF_INET6 {
-        peer.addr = sa.addr;
-    } else {
-        return Ok(());
+    // The socket behind the new fd, when BTF gave the offsets: exact, and works without a peer
+    // buffer. Only TCP server sockets that reached ESTABLISHED are in SERVER_EST_SK.
+    let sk = sock_of_fd(newfd);
+    let mut found: Option<ServerEst> = None;
+    if sk != 0 {
+        if let Some(p) = SERVER_EST_SK.get_ptr(&sk) {
+            // SAFETY: copied out before removal.
+            found = Some(unsafe { *p });
+            let _ = SERVER_EST_SK.remove(&sk);
+        }
     }
-    let (skaddr, tuple) = match SERVER_EST.get_ptr(&peer) {
-        // SAFETY: copied out before removal.
-        Some(p) => unsafe { ((*p).skaddr, (*p).tuple) },
-        None => (
+    let mut peer = PeerKey { family: 0, port: 0, addr: [0; 16] };
+    if a.addr != 0 {
+        // sockaddr_in is a prefix-compatible subset: family, port, then 4 address bytes at 4.
+        let sa: SockaddrIn6 = read_user(a.addr)?;
+        peer = PeerKey { family: sa.family, port: u16::from_be(sa.port), addr: [0; 16] };
+        if sa.family == AF_INET {
+            let b = sa.flowinfo.to_ne_bytes();
+            peer.addr[0] = b[0];
+            peer.addr[1] = b[1];
+            peer.addr[2] = b[2];
+            peer.addr[3] = b[3];
+        } else if sa.family == AF_INET6 {
+            peer.addr = sa.addr;
+        } else {
+            return Ok(());
+        }
+        if found.is_none() {
+            if let Some(p) = SERVER_EST.get_ptr(&peer) {
+                // SAFETY: copied out before removal.
+                found = Some(unsafe { *p });
+            }
+        }
+        let _ = SERVER_EST.remove(&peer);
+    }
+    let (skaddr, tuple) = match found {
+        Some(e) => (e.skaddr, e.tuple),
+        // A TCP peer address but no ESTABLISHED seen (e.g. it predates the agent): remote only.
+        None if peer.family != 0 => (
             0,
             SockTuple { family: peer.family, lport: 0, rport: peer.port, _pad: 0, laddr: [0; 16], raddr: peer.addr },
         ),
+        // Neither a peer address nor a known socket: cannot tell TCP from Unix; not tracked.
+        None => return Ok(()),
     };
-    let _ = SERVER_EST.remove(&peer);
+    if found.is_some() {
+        // Whichever way it was found, both index entries are consumed now.
+        let key = PeerKey { family: tuple.family, port: tuple.rport, addr: tuple.raddr };
+        let _ = SERVER_EST.remove(&key);
+        let _ = SERVER_EST_SK.remove(&skaddr);
+    }
     let generation = now();
     let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: newfd };
     let info = ConnInfo { generation, skaddr, role: role::SERVER, _pad: 0, tuple };
@@ -641,7 +701,9 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     if old == tcp_state::SYN_RECV && new == tcp_state::ESTABLISHED {
         // Server side: remember the full tuple until accept() names the peer.
         let peer = PeerKey { family: a.family, port: a.dport, addr: tuple.raddr };
-        let _ = SERVER_EST.insert(&peer, &ServerEst { skaddr: a.skaddr, tuple }, 0);
+        let est = ServerEst { skaddr: a.skaddr, tuple };
+        let _ = SERVER_EST.insert(&peer, &est, 0);
+        let _ = SERVER_EST_SK.insert(&a.skaddr, &est, 0);
         return Ok(());
     }
     let o = match SOCKS.get_ptr_mut(&a.skaddr) {

@@ -261,6 +261,63 @@ async fn fd_reused_for_a_file_is_not_traced() {
     );
 }
 
+/// A server that accepts like libuv (Node): accept4(fd, NULL, NULL, flags), no peer buffer.
+const NULL_ACCEPT_SERVER_PY: &str = r#"
+import ctypes, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4)
+print("ready", flush=True)
+fd = libc.accept4(s.fileno(), None, None, 0)
+assert fd >= 0, ctypes.get_errno()
+req = os.read(fd, 64)
+os.write(fd, b"NULLACCEPT-REPLY:" + req)
+os.close(fd)
+"#;
+
+const ONE_SHOT_CLIENT_PY: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(sys.argv[2].encode())
+assert s.recv(128).startswith(b"NULLACCEPT-REPLY:")
+s.close()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_without_peer_buffer_is_tracked() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load() else { return };
+    let port = free_port();
+    let mut server = Proc::spawn(python(NULL_ACCEPT_SERVER_PY, &[&port.to_string()]).stdout(Stdio::piped()));
+    assert_eq!(server.read_line().trim(), "ready");
+    let mut client = Proc::spawn(&mut python(ONE_SHOT_CLIENT_PY, &[&port.to_string(), "NULLACCEPT-REQ"]));
+    assert!(client.wait(Duration::from_secs(10)).success());
+    let _ = server.wait(Duration::from_secs(10));
+    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[server.pid(), client.pid()]), |_| false).await;
+    let ctx = || dump(&evs);
+    let accept = conn_events(&evs)
+        .into_iter()
+        .find(|c| c.pid == server.pid() && c.kind == ConnEventKind::Accept)
+        .unwrap_or_else(|| panic!("accept(NULL) not seen\n{}", ctx()));
+    let t = accept.tuple.expect("tuple from the socket");
+    assert_eq!(t.local.port(), port);
+    let c_local = data_events(&evs)
+        .into_iter()
+        .find(|d| d.pid == client.pid() && d.direction == Direction::Egress)
+        .and_then(|d| d.tuple)
+        .map(|t| t.local);
+    assert_eq!(Some(t.remote), c_local, "server's remote is the client's local address");
+    let data = data_events(&evs);
+    let read = data
+        .iter()
+        .find(|d| d.conn == accept.conn && d.syscall == Syscall::Read)
+        .unwrap_or_else(|| panic!("server read not captured\n{}", ctx()));
+    assert_eq!((&read.payload[..], read.role, read.direction), (&b"NULLACCEPT-REQ"[..], Role::Server, Direction::Ingress));
+    assert!(data.iter().any(|d| d.conn == accept.conn && d.syscall == Syscall::Write && d.payload.starts_with(b"NULLACCEPT-REPLY:")));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn veth_between_namespaces() {
     if !can_run() {

@@ -1,18 +1,57 @@
 //! Kernel struct offsets from BTF (/sys/kernel/btf/vmlinux). Aya emits no CO-RE relocations, so
 //! the one field the programs read (`struct sock.sk_err`, the errno of a failed connect or reset)
-//! gets its offset here and is handed to the kernel through `Config`.
+//! gets its offset here, as do the links from a task to the socket behind an fd, and they are
+//! handed to the kernel through `Config`.
 //!
 //! A minimal reader: walks the type section once, understands only what is needed to find a
 //! member's byte offset (including through anonymous structs/unions). Never panics on bad input.
 
-/// Offset of `sk_err` in `struct sock` on the running kernel.
-pub fn sk_err_offset() -> Option<u32> {
-    let data = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
-    let off = member_offset(&data, "sock", "sk_err");
-    if off.is_none() {
-        tracing::warn!("struct sock.sk_err not found in kernel BTF: connect failures report errno 0");
+/// Kernel struct offsets the programs need; 0 where unknown (the feature then degrades: errno 0
+/// for non-blocking connect failures, accept() without a peer buffer untracked).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub sk_err: u32,
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdt_fd: u32,
+    pub file_private_data: u32,
+    pub socket_sk: u32,
+}
+
+/// Reads /sys/kernel/btf/vmlinux once.
+pub fn kernel_offsets() -> KernelOffsets {
+    let Ok(data) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+        tracing::warn!("no kernel BTF at /sys/kernel/btf/vmlinux: connect-failure errnos and accept(NULL) unavailable");
+        return KernelOffsets::default();
+    };
+    offsets_from(&data)
+}
+
+pub fn offsets_from(data: &[u8]) -> KernelOffsets {
+    let Some(btf) = Parsed::new(data) else {
+        tracing::warn!("kernel BTF unreadable");
+        return KernelOffsets::default();
+    };
+    let get = |s: &str, m: &str| {
+        let o = btf.member_offset(s, m);
+        if o.is_none() {
+            tracing::warn!(strukt = s, member = m, "member not found in kernel BTF");
+        }
+        o.unwrap_or(0)
+    };
+    let o = KernelOffsets {
+        sk_err: get("sock", "sk_err"),
+        task_files: get("task_struct", "files"),
+        files_fdt: get("files_struct", "fdt"),
+        fdt_fd: get("fdtable", "fd"),
+        file_private_data: get("file", "private_data"),
+        socket_sk: get("socket", "sk"),
+    };
+    // The fd walk needs every link; a partial set would read the wrong memory.
+    if o.task_files == 0 || o.files_fdt == 0 || o.fdt_fd == 0 || o.file_private_data == 0 || o.socket_sk == 0 {
+        return KernelOffsets { sk_err: o.sk_err, ..KernelOffsets::default() };
     }
-    off
+    o
 }
 
 const KIND_STRUCT: u32 = 4;
@@ -37,44 +76,63 @@ fn str_at(strings: &[u8], off: u32) -> Option<&str> {
     std::str::from_utf8(&s[..end]).ok()
 }
 
+/// A walked type section.
+struct Parsed<'a> {
+    all: Vec<Type>,
+    types: &'a [u8],
+    strings: &'a [u8],
+}
+
+impl<'a> Parsed<'a> {
+    fn new(btf: &'a [u8]) -> Option<Parsed<'a>> {
+        if btf.get(0..2)? != [0x9f, 0xeb] {
+            return None;
+        }
+        let hdr_len = u32_at(btf, 4)? as usize;
+        let type_off = u32_at(btf, 8)? as usize;
+        let type_len = u32_at(btf, 12)? as usize;
+        let str_off = u32_at(btf, 16)? as usize;
+        let str_len = u32_at(btf, 20)? as usize;
+        let types = btf.get(hdr_len + type_off..hdr_len + type_off + type_len)?;
+        let strings = btf.get(hdr_len + str_off..hdr_len + str_off + str_len)?;
+
+        // Type ids start at 1; index 0 is the void placeholder.
+        let mut all: Vec<Type> = vec![Type { name_off: 0, kind: 0, kind_flag: false, members_at: 0, vlen: 0 }];
+        let mut at = 0usize;
+        while at + 12 <= types.len() {
+            let name_off = u32_at(types, at)?;
+            let info = u32_at(types, at + 4)?;
+            let kind = (info >> 24) & 0x1f;
+            let vlen = (info & 0xffff) as usize;
+            let extra = match kind {
+                1 | 14 | 17 => 4,     // INT, VAR, DECL_TAG
+                3 => 12,              // ARRAY
+                4 | 5 => vlen * 12,   // STRUCT, UNION
+                6 | 13 => vlen * 8,   // ENUM, FUNC_PROTO
+                15 | 19 => vlen * 12, // DATASEC, ENUM64
+                2 | 7..=12 | 16 | 18 => 0,
+                _ => return None,
+            };
+            all.push(Type { name_off, kind, kind_flag: info >> 31 == 1, members_at: at + 12, vlen });
+            at += 12 + extra;
+        }
+        Some(Parsed { all, types, strings })
+    }
+
+    fn member_offset(&self, strukt: &str, member: &str) -> Option<u32> {
+        // The first complete definition (vmlinux has one per name; forward decls are FWD).
+        let id = self
+            .all
+            .iter()
+            .position(|t| t.kind == KIND_STRUCT && t.vlen > 0 && str_at(self.strings, t.name_off) == Some(strukt))?;
+        find_member(&self.all, self.types, self.strings, id, member, 0)
+    }
+}
+
 /// Byte offset of `member` in the struct named `strukt` (little-endian BTF).
-pub fn member_offset(btf: &[u8], strukt: &str, member: &str) -> Option<u32> {
-    if btf.get(0..2)? != [0x9f, 0xeb] {
-        return None;
-    }
-    let hdr_len = u32_at(btf, 4)? as usize;
-    let type_off = u32_at(btf, 8)? as usize;
-    let type_len = u32_at(btf, 12)? as usize;
-    let str_off = u32_at(btf, 16)? as usize;
-    let str_len = u32_at(btf, 20)? as usize;
-    let types = btf.get(hdr_len + type_off..hdr_len + type_off + type_len)?;
-    let strings = btf.get(hdr_len + str_off..hdr_len + str_off + str_len)?;
-
-    // Type ids start at 1; index 0 is the void placeholder.
-    let mut all: Vec<Type> = vec![Type { name_off: 0, kind: 0, kind_flag: false, members_at: 0, vlen: 0 }];
-    let mut at = 0usize;
-    while at + 12 <= types.len() {
-        let name_off = u32_at(types, at)?;
-        let info = u32_at(types, at + 4)?;
-        let kind = (info >> 24) & 0x1f;
-        let vlen = (info & 0xffff) as usize;
-        let extra = match kind {
-            1 | 14 | 17 => 4,       // INT, VAR, DECL_TAG
-            3 => 12,                // ARRAY
-            4 | 5 => vlen * 12,     // STRUCT, UNION
-            6 | 13 => vlen * 8,     // ENUM, FUNC_PROTO
-            15 | 19 => vlen * 12,   // DATASEC, ENUM64
-            2 | 7..=12 | 16 | 18 => 0,
-            _ => return None,
-        };
-        all.push(Type { name_off, kind, kind_flag: info >> 31 == 1, members_at: at + 12, vlen });
-        at += 12 + extra;
-    }
-
-    let sock = all
-        .iter()
-        .position(|t| t.kind == KIND_STRUCT && str_at(strings, t.name_off) == Some(strukt))?;
-    find_member(&all, types, strings, sock, member, 0)
+#[cfg(test)]
+fn member_offset(btf: &[u8], strukt: &str, member: &str) -> Option<u32> {
+    Parsed::new(btf)?.member_offset(strukt, member)
 }
 
 fn find_member(all: &[Type], types: &[u8], strings: &[u8], id: usize, member: &str, depth: u32) -> Option<u32> {
@@ -143,12 +201,17 @@ mod tests {
     }
 
     #[test]
-    fn running_kernel_has_sk_err() {
+    fn running_kernel_has_every_offset() {
         if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
             eprintln!("skip: no kernel BTF");
             return;
         }
-        let off = sk_err_offset();
-        assert!(matches!(off, Some(o) if o > 0 && o < 2048), "{off:?}");
+        let o = kernel_offsets();
+        assert!(o.sk_err > 0 && o.sk_err < 2048, "{o:?}");
+        // Every link of the fd walk, at plausible places.
+        for v in [o.task_files, o.files_fdt, o.fdt_fd, o.file_private_data, o.socket_sk] {
+            assert!(v > 0 && v < 16384, "{o:?}");
+        }
+        assert_eq!(o.fdt_fd % 8, 0, "pointer member is aligned: {o:?}");
     }
 }

@@ -233,11 +233,16 @@ impl Capture {
             .map_err(CaptureError::Load)?;
 
         let agent_tgid = std::process::id();
+        let off = btf::kernel_offsets();
         let config = Config {
             agent_tgid,
             payload_bytes: cfg.payload_bytes.min(MAX_PAYLOAD as u32),
-            sk_err_offset: btf::sk_err_offset().unwrap_or(0),
-            _pad: 0,
+            sk_err_offset: off.sk_err,
+            task_files: off.task_files,
+            files_fdt: off.files_fdt,
+            fdt_fd: off.fdt_fd,
+            file_private_data: off.file_private_data,
+            socket_sk: off.socket_sk,
         };
         {
             let map = ebpf.map_mut(names::CONFIG).ok_or(CaptureError::MissingMap(names::CONFIG))?;
