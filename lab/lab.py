@@ -43,7 +43,9 @@ BRIDGE = "ralab0"
 NET = "10.213.0"
 BRIDGE_IP = NET + ".1"
 LOAD_NS = "ralab-load"
-RUNTIMES = ("python", "python-grpc", "go", "node", "rust")
+RUNTIMES = ("python", "python-grpc", "go", "node", "rust", "haproxy")
+HAPROXY_SOCKET = STATE_DIR / "haproxy.sock"
+HAPROXY_MAP = STATE_DIR / "haproxy.map"
 MODES = ("none", "observe", "shim")
 
 
@@ -101,6 +103,8 @@ def load_scenario(path, overrides):
             raise LabError("node %s: runtime must be one of %s" % (n["name"], RUNTIMES))
         if len(n["name"]) > 8 or not n["name"].isalnum():
             raise LabError("node %s: names are alphanumeric, at most 8 chars" % n["name"])
+        if n["runtime"] == "haproxy" and len(n["calls"]) != 1:
+            raise LabError("haproxy node %s must call exactly one node" % n["name"])
         for c in n["calls"]:
             if c not in by:
                 raise LabError("node %s calls unknown node %s" % (n["name"], c))
@@ -190,9 +194,55 @@ def build(runtimes):
             raise LabError("cargo build -p lab-rust-svc: " + r.stderr[-4000:])
 
 
-def command(n):
+def haproxy_config(sc, n, mode_dir):
+    """An HAProxy hop with L7 retries (`retries`, `retry-on`) that the agent can switch off per
+    backend at runtime through the map (deploy/haproxy/retry-suppress.cfg). Its ground truth is
+    its own access log, one JSON line per request, on stdout."""
+    by = {m["name"]: m for m in sc["nodes"]}
+    callee = by[n["calls"][0]]
+    p = edge_policy(sc, n["name"], callee["name"])
+    # The backend is named as the agent names the callee (comm:port), the map's key.
+    backend = "%s:%d" % (comm(callee), node_port(callee))
+    # %Ts is the connection's accept date (stale on keep-alive): log the end time instead.
+    fmt = ('{"end_ms":%%[date(0,ms)],"d_ms":%%Ta,"svc":"%s","status":%%ST,"retries":%%rc,'
+           '"callee":"%s"}' % (n["name"], callee["name"]))
+    cfg = "\n".join([
+        "global",
+        "    stats socket %s mode 600 level admin" % HAPROXY_SOCKET,
+        "defaults",
+        "    mode http",
+        "    timeout connect %dms" % int(p["timeout_ms"]),
+        "    timeout client 30s",
+        "    timeout server %dms" % int(p["timeout_ms"]),
+        "    log stdout format raw local0",
+        "frontend fe",
+        "    bind %s:%d" % (node_ip(n), node_port(n)),
+        "    log global",
+        "    log-format '%s'" % fmt,
+        "    default_backend %s" % backend,
+        "backend %s" % backend,
+        "    retries %d" % int(p["retries"]),
+        "    retry-on all-retryable-errors",
+        "    http-request set-var(txn.ra_until) be_name,map_str_int(%s,0)" % HAPROXY_MAP,
+        "    http-request set-var(txn.ra_now) date",
+        "    http-request set-var(txn.ra_left) var(txn.ra_until),sub(txn.ra_now)",
+        "    http-request disable-l7-retry if { var(txn.ra_left) -m int gt 0 }",
+        "    server s1 %s:%d" % (node_ip(callee), node_port(callee)),
+        "",
+    ])
+    path = mode_dir / ("%s.haproxy.cfg" % n["name"])
+    path.write_text(cfg)
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    HAPROXY_MAP.touch()
+    return path
+
+
+def command(n, sc=None, mode_dir=None):
     """argv for a node; argv[0] is a per-service symlink so each process's comm names it."""
     rt = n["runtime"]
+    if rt == "haproxy":
+        cfg = haproxy_config(sc, n, mode_dir)
+        return [str(named_link(comm(n), real("haproxy"))), "-db", "-f", str(cfg)]
     if rt in ("python", "python-grpc"):
         target, args = real("python3"), [str(LAB / "services" / "python" / "svc.py")]
     elif rt == "go":
@@ -496,8 +546,9 @@ def run_mode(sc, mode, args, out):
                 cfg["fault"] = {"kind": f["kind"], "rate": f["rate"], "start": f["start_s"],
                                 "end": f["end_s"], "latency_ms": f["latency_ms"]}
             env = dict(os.environ, LAB_CFG=json.dumps(cfg), PYTHONUNBUFFERED="1")
-            procs.append(spawn(command(n), ns="ralab-" + n["name"], env=env,
-                               out=mode_dir / (n["name"] + ".stderr")))
+            # HAProxy's stdout is its access log: the ground truth of that hop.
+            out = mode_dir / (n["name"] + (".jsonl" if n["runtime"] == "haproxy" else ".stderr"))
+            procs.append(spawn(command(n, sc, mode_dir), ns="ralab-" + n["name"], env=env, out=out))
         ready_by = time.time() + sc.get("startup_timeout_s", 60.0)
         for n in nodes:
             if not wait_port(node_ip(n), node_port(n), ready_by):
@@ -573,9 +624,17 @@ def read_jsonl(path):
         with open(path) as f:
             for line in f:
                 try:
-                    out.append(json.loads(line))
+                    r = json.loads(line)
                 except ValueError:
-                    pass  # a line cut by the kill
+                    continue  # a line cut by the kill, or HAProxy's own chatter
+                if isinstance(r, dict) and "d_ms" in r:
+                    # An HAProxy access-log line: a proxy only ever fails because its server did.
+                    r["d"] = r["d_ms"] / 1000.0
+                    r["t"] = (r.get("end_ms", 0) - r["d_ms"]) / 1000.0
+                    r["cause"] = "downstream" if r.get("status", 0) >= 500 or r.get("status", 0) <= 0 else "none"
+                    r["ok"] = r["cause"] == "none"
+                    r["attempts"] = {r.get("callee"): max(0, r.get("retries", 0)) + 1}
+                out.append(r)
     except OSError:
         pass
     return out
