@@ -8,7 +8,10 @@ use std::{process::Stdio, time::Duration};
 
 use integration_tests::{
     capture::{Proc, can_run, collect, free_port, load, python, wait_listening},
-    correlate::{CLIENT_PY, SERVICE_A_PY, SERVICE_B_PY, derive},
+    correlate::{
+        CLIENT_PY, EVENT_LOOP_JS, IMPATIENT_CLIENT_PY, PARALLEL_CLIENT_PY, SERVICE_A_PY, SERVICE_B_PY, capture_while,
+        derive,
+    },
 };
 use retry_agent::{
     capture::{Event, Role},
@@ -35,22 +38,8 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
     let mut args = vec![sa.clone()];
     args.extend(paths.iter().cloned());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut client = Proc::spawn(python(CLIENT_PY, &args).stdout(Stdio::piped()));
-    let pids = [a.pid(), b.pid(), client.pid()];
-    let collecting = collect(&mut cap, Duration::from_secs(8), move |e: &Event| pids.contains(&e.pid()), |_| false);
-    let waiter = tokio::task::spawn_blocking(move || {
-        let mut lines = Vec::new();
-        loop {
-            let l = client.read_line();
-            if l.is_empty() || l.trim() == "done" {
-                break;
-            }
-            lines.push(l.trim().to_string());
-        }
-        (client, lines)
-    });
-    let events = collecting.await;
-    let (_client, lines) = waiter.await.expect("client");
+    let client = Proc::spawn(python(CLIENT_PY, &args).stdout(Stdio::piped()));
+    let (events, lines) = capture_while(&mut cap, client, &[a.pid(), b.pid()]).await;
     assert_eq!(lines.len(), 12, "the client logged every request: {lines:?}");
     assert!(lines.iter().filter(|l| l.starts_with("/chain/")).all(|l| l.ends_with(" 502")), "{lines:?}");
     assert!(lines.iter().filter(|l| l.starts_with("/own/")).all(|l| l.ends_with(" 500")), "{lines:?}");
@@ -95,4 +84,83 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
     let mut decider = Decider::new(DecideConfig { min_requests: 1, ..DecideConfig::default() });
     let decisions = decider.evaluate_edges(&edges, d.engine.now_ns());
     assert!(decisions.iter().all(|x| x.reason != Reason::CalleeUnclaimed), "{decisions:?}");
+}
+
+/// The caller gives up (0.3 s timeout) while A still works (1 s): a timeout mismatch on the
+/// client → A edge, seen from both sides of the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caller_giving_up_is_a_timeout_mismatch() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load() else { return };
+    let (pa, pb) = (free_port(), free_port());
+    let (sa, sb) = (pa.to_string(), pb.to_string());
+    let b = Proc::spawn(python(SERVICE_B_PY, &[&sb]).stdout(Stdio::null()));
+    let a = Proc::spawn(python(SERVICE_A_PY, &[&sa, &sb]).stdout(Stdio::null()));
+    wait_listening(&format!("127.0.0.1:{pa}"), None);
+    let client = Proc::spawn(python(IMPATIENT_CLIENT_PY, &[&sa, "/slow/1", "/slow/2", "/slow/3"]).stdout(Stdio::piped()));
+    let client_pid = client.pid();
+    let (events, lines) = capture_while(&mut cap, client, &[a.pid(), b.pid()]).await;
+    assert_eq!(lines, vec!["/slow/1 timeout", "/slow/2 timeout", "/slow/3 timeout"]);
+    // A answers a second after each request; give it time to write the last one.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut more = collect(&mut cap, Duration::from_millis(500), |e: &Event| e.pid() == a.pid(), |_| false).await;
+    let mut events = events;
+    events.append(&mut more);
+
+    let mut cfg = CorrelateConfig::default();
+    cfg.service_names.push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
+    cfg.service_names.push(format!("pid:{client_pid}=impatient").parse().expect("override"));
+    let d = derive(&events, cfg);
+    let edges = d.engine.edges();
+    let edge = edges.iter().find(|e| e.edge.to_string() == "impatient->svc-a");
+    eprintln!("{edge:?}\nstats {:?}", d.engine.stats());
+    let edge = edge.unwrap_or_else(|| panic!("edge impatient -> svc-a in {edges:?}"));
+    assert_eq!(edge.timeout_mismatches_total, 3, "once per abandoned request: {edge:?}");
+    assert_eq!(d.engine.stats().timeout_mismatches, 3);
+    // The caller giving up is not A's error: no verdicts for A, and no claims on the edge
+    // beyond what A said.
+    assert!(d.verdicts.iter().all(|v| v.service.as_str() != "svc-a"), "{:?}", d.verdicts);
+    assert_eq!(edge.callee_claims.total(), 0, "{edge:?}");
+}
+
+/// An event loop serves overlapping requests on one thread: its outbound failures cannot be
+/// linked to one request, so its errors are `missing`, never a guessed claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_loop_overlap_is_missing_not_guessed() {
+    if !can_run() {
+        return;
+    }
+    let node_ok = std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !node_ok {
+        eprintln!("skip: node not available");
+        return;
+    }
+    let Some(mut cap) = load() else { return };
+    let (pn, pb) = (free_port(), free_port());
+    let (sn, sb) = (pn.to_string(), pb.to_string());
+    let b = Proc::spawn(python(SERVICE_B_PY, &[&sb]).stdout(Stdio::null()));
+    wait_listening(&format!("127.0.0.1:{pb}"), None);
+    let n = Proc::spawn(std::process::Command::new("node").args(["-e", EVENT_LOOP_JS, &sn, &sb]).stdout(Stdio::null()));
+    wait_listening(&format!("127.0.0.1:{pn}"), None);
+    let paths: Vec<String> = (1..=6).map(|i| format!("/chain/{i}")).collect();
+    let mut args = vec![sn.clone()];
+    args.extend(paths);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let client = Proc::spawn(python(PARALLEL_CLIENT_PY, &args).stdout(Stdio::piped()));
+    let (events, _) = capture_while(&mut cap, client, &[n.pid(), b.pid()]).await;
+
+    let mut cfg = CorrelateConfig::default();
+    cfg.service_names.push(format!("pid:{}=loop", n.pid()).parse().expect("override"));
+    cfg.service_names.push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
+    let d = derive(&events, cfg);
+    let mine: Vec<_> = d.verdicts.iter().filter(|v| v.service.as_str() == "loop").collect();
+    for v in &mine {
+        eprintln!("{v:?}");
+    }
+    assert_eq!(mine.len(), 6, "every failed request judged");
+    assert!(mine.iter().all(|v| v.claim == Claim::Missing), "{mine:?}");
+    // B still owns its own errors.
+    assert!(d.verdicts.iter().filter(|v| v.service.as_str() == "svc-b").all(|v| v.claim == Claim::Claimed));
 }

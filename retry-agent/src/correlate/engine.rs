@@ -230,6 +230,8 @@ pub struct Engine {
     recent_verdicts: GenMap<u64, RecentVerdict>,
     /// Client tuple → (abandoned at, edge).
     abandoned: GenMap<u64, (u64, u32)>,
+    /// Client tuples already counted as a timeout mismatch.
+    mismatched: GenMap<u64, ()>,
     retry_keys: GenMap<u64, RetryState>,
     pending: VecDeque<Pending>,
     names_issued: Map<ServiceId, ()>,
@@ -303,6 +305,7 @@ impl Engine {
             client_socks: GenMap::new(cfg.max_threads.max(2)),
             recent_verdicts: GenMap::new(cfg.max_threads.max(2)),
             abandoned: GenMap::new(cfg.max_threads.max(2)),
+            mismatched: GenMap::new(cfg.max_threads.max(2)),
             retry_keys: GenMap::new(cfg.max_retry_keys.max(2)),
             pending: VecDeque::new(),
             names_issued: map(),
@@ -663,7 +666,9 @@ impl Engine {
         // The callee's claim, when it cannot come from our own verdict on its inbound side.
         let local_callee = matches!(self.edges.get(edge as usize).map(|e| e.peer), Some(Peer::Local { .. }));
         let no_server_side = matches!(ex.failure, Some(Failure::ConnectRefused | Failure::ConnectTimeout));
-        let header_claim = if failed && (!local_callee || no_server_side) {
+        // A loopback callee not seen serving yet is on this node: its verdict will say.
+        let loopback = ex.remote.is_some_and(|r| r.ip().is_loopback());
+        let header_claim = if failed && ((!local_callee && !loopback) || no_server_side) {
             Some(ex.claim_header.unwrap_or(Claim::Missing))
         } else {
             None
@@ -834,7 +839,10 @@ impl Engine {
             // Also by bare address, for late resolution of remote-keyed edges.
             self.listeners.insert(hash_one((0u64, local)), (ex.pid, port));
         }
-        let failed = ex.failed();
+        // The caller went away (gave up, reset): a timeout mismatch, not this service's error, so
+        // no verdict and no failure in its figures.
+        let peer_gone = matches!(ex.failure, Some(Failure::Abandoned | Failure::Reset | Failure::ResetMidResponse));
+        let failed = ex.failed() && !peer_gone;
         let ep = self.epoch(ex.request_start_ns);
         if let Some(b) = self.svcs.get_mut(svc as usize).and_then(|s| s.ring.at(ep)) {
             b.served += 1;
@@ -912,7 +920,8 @@ impl Engine {
             Some((at, edge)) if ex.end_ns() > at => Some(edge),
             _ if matches!(
                 ex.failure,
-                Some(Failure::Abandoned | Failure::Reset | Failure::ResetMidResponse | Failure::ClosedNoResponse)
+                // (Not ClosedNoResponse: that is our own close, or idleness.)
+                Some(Failure::Abandoned | Failure::Reset | Failure::ResetMidResponse)
             ) =>
             {
                 // The peer closed or reset while we were still working (caller not on this node,
@@ -929,6 +938,12 @@ impl Engine {
             _ => None,
         };
         if let Some(edge) = edge {
+            // Once per connection: a caller that gave up closes it, and l7 may report both the
+            // unanswered request and the late response written into the closed socket.
+            if self.mismatched.get(&tuple).is_some() {
+                return;
+            }
+            self.mismatched.insert(tuple, ());
             self.stats.timeout_mismatches += 1;
             if let Some(e) = self.edges.get_mut(edge as usize) {
                 e.mismatches_total += 1;
