@@ -618,12 +618,14 @@ struct H2Conn {
 impl H2Conn {
     #[allow(clippy::too_many_arguments)]
     fn feed(&mut self, is_req: bool, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, info: &ConnInfo, em: &mut Emitter<'_>) {
+        // The observed process wrote this direction: the client writes requests.
+        let written = (info.role == Role::Client) == is_req;
         let H2Conn { dirs, streams, max_inflight } = self;
         let [req, resp] = dirs;
         let dir = if is_req { req } else { resp };
         let mut sink = H2Pairing { side: if is_req { Side::Request } else { Side::Response }, streams, info, max_inflight: *max_inflight, em };
         if event_start {
-            dir.event_start(payload, gap == 0);
+            dir.event_start(payload, gap == 0, written);
         }
         dir.feed(payload, ctx, &mut sink);
         if gap > 0 {

@@ -91,6 +91,21 @@ pub(crate) fn is_frame_run(b: &[u8]) -> bool {
     frames > 0 && off == b.len()
 }
 
+/// Whether `b` starts with plausible frame headers: every header that lies wholly within `b`
+/// is plausible (the last frame may run past the captured prefix).
+pub(crate) fn starts_with_frames(b: &[u8]) -> bool {
+    let mut off = 0usize;
+    let mut frames = 0;
+    while let Some(h) = b.get(off..).and_then(FrameHeader::parse) {
+        if !h.plausible() {
+            return false;
+        }
+        frames += 1;
+        off += 9 + h.len as usize;
+    }
+    frames > 0
+}
+
 /// A decoded header block, or the admission that it could not be decoded.
 #[derive(Debug)]
 pub(crate) enum Block {
@@ -196,9 +211,12 @@ impl H2Dir {
         self.payload.capacity() + self.block.capacity()
     }
 
-    /// A syscall's bytes begin: a lost direction resyncs on a run of whole frames.
-    pub(crate) fn event_start(&mut self, payload: &[u8], complete: bool) {
-        if self.state == State::Lost && complete && is_frame_run(payload) {
+    /// A syscall's bytes begin: a lost direction resyncs on a run of whole frames, or, for
+    /// bytes the observed process wrote, on plausible frame headers (HTTP/2 writers write whole
+    /// frames, so a write starts at a frame; reads may start anywhere).
+    pub(crate) fn event_start(&mut self, payload: &[u8], complete: bool, written: bool) {
+        let aligned = (complete && is_frame_run(payload)) || (written && starts_with_frames(payload));
+        if self.state == State::Lost && aligned {
             self.state = State::Header;
             self.hdr_got = 0;
             self.in_block = false;

@@ -318,3 +318,27 @@ fn padding_and_priority_are_stripped() {
     assert!(!ex[0].unknown);
     assert_eq!(ex[0].outcome, OutcomeClass::Success);
 }
+
+#[test]
+fn writes_resync_after_a_gap_over_frame_headers() {
+    // A vectored write whose capture holds only its first piece: the gap covers the rest of
+    // a header block and the next frame's header. The next write starts at a frame again.
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let mut ev = client_conn(3, vec![]);
+    for (i, id) in [1u32, 3, 5].into_iter().enumerate() {
+        let mut w = c.headers(id, false, &hs(&req_headers("/svc/M")));
+        w.extend(frame(D, END_STREAM, id, &grpc_msg(b"x")));
+        let ts = 100 * (i as u64 + 1);
+        ev.push(data_trunc(3, Role::Client, OUT, ts, 7, &w[..11], w.len() as u64));
+        let resp = s.headers(id, true, &[(":status", "200"), ("grpc-status", "14")]);
+        ev.push(data(3, Role::Client, IN, ts + 10, &resp));
+    }
+    let (ex, stats) = run(&ev);
+    assert_eq!(ex.len(), 3, "{ex:#?}");
+    for e in &ex {
+        assert!(e.unknown && e.path.is_none(), "request blocks were cut: {e:#?}");
+        assert_eq!((e.grpc_status, e.outcome), (Some(14), OutcomeClass::Transient), "responses were whole");
+        assert_eq!(e.failure, None);
+    }
+    assert!(stats.truncations >= 3, "{stats:?}");
+}
