@@ -29,6 +29,8 @@ use retry_common::{
 // Both sides must agree on layouts; retry-common's tests pin them for the host, these for BPF.
 const _: () = assert!(size_of::<DataHeader>() == 112);
 const _: () = assert!(size_of::<DataRecord>() == 112 + MAX_PAYLOAD);
+// Data records are assembled in `Scratch` (per-CPU): 4 KiB of payload does not fit the 512 B stack.
+const _: () = assert!(size_of::<Scratch>() == 112 + 2 * MAX_PAYLOAD);
 const _: () = assert!(size_of::<ConnRecord>() == 96);
 const _: () = assert!(size_of::<ProcessExitRecord>() == 16);
 const _: () = assert!(size_of::<ConnKey>() == 8);
@@ -70,9 +72,6 @@ static IO_ARGS: LruHashMap<u64, IoArgs> = LruHashMap::with_max_entries(16384, 0)
 static CONNECT_ARGS: LruHashMap<u64, ConnectArgs> = LruHashMap::with_max_entries(8192, 0);
 #[map]
 static ACCEPT_ARGS: LruHashMap<u64, AcceptArgs> = LruHashMap::with_max_entries(8192, 0);
-/// Data records are assembled here: 4 KiB of payload does not fit the 512 B stack.
-#[map]
-static SCRATCH: PerCpuArray<DataRecord> = PerCpuArray::with_max_entries(1, 0);
 
 /// Syscall tracepoint layout: 8 bytes of common header and syscall nr, then 8-byte arguments.
 #[inline(always)]
@@ -172,30 +171,80 @@ fn read_user<T>(addr: u64) -> Result<T, i32> {
     unsafe { bpf_probe_read_user(addr as *const T) }.map_err(|e| e as i32)
 }
 
-/// Where the first bytes are, how many of them are contiguous there, and how many the syscall
-/// moved in total.
+/// Where the bytes are: one buffer, or an iovec array.
+#[derive(Clone, Copy)]
+enum Src {
+    Flat(u64),
+    Iov(u64),
+}
+
+/// iovecs copied at most per syscall (the prefix usually ends in the first one or two).
+const MAX_IOV: u64 = 8;
+
+/// Where the bytes are and how many the syscall moved in total.
 #[inline(always)]
-fn payload_source(a: &IoArgs, ret: i64) -> Result<(u64, u64, u64), i32> {
+fn payload_source(a: &IoArgs, ret: i64) -> Result<(Src, u64), i32> {
     let total = ret as u64;
     match a.syscall {
-        syscall::READV | syscall::WRITEV => {
-            let iov: Iovec = read_user(a.buf)?;
-            Ok((iov.base, iov.len, total))
-        }
-        syscall::SENDMSG | syscall::RECVMSG => {
-            // struct user_msghdr: msg_iov at 16.
-            let iovp: u64 = read_user(a.buf + 16)?;
-            let iov: Iovec = read_user(iovp)?;
-            Ok((iov.base, iov.len, total))
-        }
+        syscall::READV | syscall::WRITEV => Ok((Src::Iov(a.buf), total)),
+        // struct user_msghdr: msg_iov at 16.
+        syscall::SENDMSG | syscall::RECVMSG => Ok((Src::Iov(read_user(a.buf + 16)?), total)),
         syscall::SENDMMSG | syscall::RECVMMSG => {
             // struct mmsghdr: msg_hdr (56 bytes) then msg_len; only the first message is reported.
-            let iovp: u64 = read_user(a.buf + 16)?;
             let msg_len: u32 = read_user(a.buf + 56)?;
-            let iov: Iovec = read_user(iovp)?;
-            Ok((iov.base, iov.len, msg_len as u64))
+            Ok((Src::Iov(read_user(a.buf + 16)?), msg_len as u64))
         }
-        _ => Ok((a.buf, total, total)),
+        _ => Ok((Src::Flat(a.buf), total)),
+    }
+}
+
+/// Kernel-only scratch: twice the payload so that "offset < MAX_PAYLOAD, length ≤ MAX_PAYLOAD"
+/// (what the verifier can prove for each iovec copy) always stays inside the value.
+#[repr(C)]
+struct Scratch {
+    header: DataHeader,
+    payload: [u8; 2 * MAX_PAYLOAD],
+}
+
+#[map]
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Copies up to `want` (≤ MAX_PAYLOAD) bytes from user memory into `dst`; returns how many.
+///
+/// # Safety
+/// `dst` must point at a buffer of at least 2 × MAX_PAYLOAD bytes.
+#[inline(always)]
+unsafe fn copy_payload(dst: *mut u8, src: Src, want: u64) -> u32 {
+    let read = |off: u64, n: u64, from: u64| -> bool {
+        // Masks restate bounds the verifier cannot infer: off < MAX_PAYLOAD, n ≤ MAX_PAYLOAD.
+        let off = off & (MAX_PAYLOAD as u64 - 1);
+        let n = if n > MAX_PAYLOAD as u64 { MAX_PAYLOAD as u64 } else { n };
+        // SAFETY: dst + off + n ≤ dst + 2 × MAX_PAYLOAD (caller's contract); user memory is read
+        // through the checked helper.
+        unsafe { generated::bpf_probe_read_user(dst.add(off as usize) as *mut c_void, n as u32, from as *const c_void) == 0 }
+    };
+    match src {
+        Src::Flat(p) => {
+            if want > 0 && read(0, want, p) { want as u32 } else { 0 }
+        }
+        Src::Iov(iovp) => {
+            let mut got: u64 = 0;
+            for i in 0..MAX_IOV {
+                if got >= want {
+                    break;
+                }
+                let Ok(iov) = read_user::<Iovec>(iovp + 16 * i) else { break };
+                let mut n = want - got;
+                if iov.len < n {
+                    n = iov.len;
+                }
+                if n > 0 && !read(got, n, iov.base) {
+                    break;
+                }
+                got += n;
+            }
+            got as u32
+        }
     }
 }
 
@@ -222,35 +271,24 @@ fn try_exit_io(ctx: &TracePointContext) -> Result<(), i32> {
         }
         return Ok(());
     }
-    let (src, contiguous, total) = payload_source(&a, ret)?;
+    let (src, total) = payload_source(&a, ret)?;
     let rec = match SCRATCH.get_ptr_mut(0) {
         Some(r) => r,
         None => return Ok(()),
     };
     let cap = config().payload_bytes as u64;
-    let mut n = total;
-    if contiguous < n {
-        n = contiguous;
+    let mut want = total;
+    if cap < want {
+        want = cap;
     }
-    if cap < n {
-        n = cap;
+    if want > MAX_PAYLOAD as u64 {
+        want = MAX_PAYLOAD as u64;
     }
-    // Explicit bound for the verifier (cap is ≤ MAX_PAYLOAD already, but it cannot know).
-    if n > MAX_PAYLOAD as u64 {
-        n = MAX_PAYLOAD as u64;
-    }
-    let mut n = n as u32;
-    // SAFETY: `rec` points at this CPU's scratch value; `n` ≤ MAX_PAYLOAD = payload's size.
+    // SAFETY: `rec` points at this CPU's scratch value, whose payload is 2 × MAX_PAYLOAD.
     unsafe {
-        if n > 0 {
-            let r = generated::bpf_probe_read_user(
-                (*rec).payload.as_mut_ptr() as *mut c_void,
-                n,
-                src as *const c_void,
-            );
-            if r != 0 {
-                n = 0;
-            }
+        let mut n = copy_payload((*rec).payload.as_mut_ptr(), src, want);
+        if n > MAX_PAYLOAD as u32 {
+            n = MAX_PAYLOAD as u32;
         }
         (*rec).header = DataHeader {
             kind: KIND_DATA,

@@ -34,7 +34,12 @@ unsafe extern "C" {
 /// Loads the capture; `None` (with the reason printed) when the kernel refuses in a way that means
 /// "feature missing here" rather than a bug.
 pub fn load() -> Option<Capture> {
-    match Capture::load(&CaptureConfig::default()) {
+    load_with(&CaptureConfig::default())
+}
+
+/// `load` with explicit settings.
+pub fn load_with(cfg: &CaptureConfig) -> Option<Capture> {
+    match Capture::load(cfg) {
         Ok(c) => Some(c),
         Err(e @ (CaptureError::MissingCapability(_) | CaptureError::TracefsNotMounted | CaptureError::KernelTooOld(_))) => {
             eprintln!("skip: {e}");

@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::capture::{NetnsPair, Proc, can_run, collect, free_port, load, python, wait_listening};
+use integration_tests::capture::{NetnsPair, Proc, can_run, collect, free_port, load, load_with, python, wait_listening};
 use retry_agent::capture::{ConnEvent, ConnEventKind, DataEvent, Direction, Event, Role, Syscall};
 
 const ECONNREFUSED: i32 = 111;
@@ -318,6 +318,40 @@ async fn accept_without_peer_buffer_is_tracked() {
     assert!(data.iter().any(|d| d.conn == accept.conn && d.syscall == Syscall::Write && d.payload.starts_with(b"NULLACCEPT-REPLY:")));
 }
 
+const BIG_WRITE_PY: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+body = bytes(i % 251 for i in range(10000))
+s.sendall(body)
+got = b""
+while len(got) < len(body) + 5:
+    got += s.recv(65536)
+s.close()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_prefix_size_is_configurable_up_to_4k() {
+    if !can_run() {
+        return;
+    }
+    let cfg = retry_agent::capture::CaptureConfig { payload_bytes: 4096, ..Default::default() };
+    let Some(mut cap) = load_with(&cfg) else { return };
+    let port = free_port();
+    let echo = Proc::spawn(python(ECHO_PY, &[&port.to_string()]).stdout(Stdio::null()));
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let mut client = Proc::spawn(&mut python(BIG_WRITE_PY, &[&port.to_string()]));
+    assert!(client.wait(Duration::from_secs(10)).success());
+    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[client.pid(), echo.pid()]), |_| false).await;
+    let w = data_events(&evs)
+        .into_iter()
+        .find(|d| d.pid == client.pid() && d.direction == Direction::Egress)
+        .unwrap_or_else(|| panic!("big write not captured\n{}", dump(&evs)));
+    assert_eq!(w.len, 10000);
+    assert_eq!(w.payload.len(), 4096, "prefix is the configured size");
+    assert!(w.payload.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "prefix bytes are the first bytes");
+    assert!(!w.is_complete());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn veth_between_namespaces() {
     if !can_run() {
@@ -428,13 +462,13 @@ async fn vectored_and_msg_syscalls() {
     };
     let w = find(Syscall::Writev);
     assert_eq!((w.direction, w.len), (Direction::Egress, 12));
-    // Only the first iovec is captured (documented): "WRITEV-" of "WRITEV-PART2".
-    assert_eq!(&w.payload[..], b"WRITEV-");
+    // Every iovec up to the capture size: both parts, in order.
+    assert_eq!(&w.payload[..], b"WRITEV-PART2");
     let r = find(Syscall::Readv);
     assert_eq!(r.direction, Direction::Ingress);
     assert!(r.payload.starts_with(b"ECHO:WRITEV-"), "{:?}", r.payload);
     let sm = find(Syscall::Sendmsg);
-    assert_eq!((sm.direction, sm.len, &sm.payload[..]), (Direction::Egress, 9, &b"SENDMSG-"[..]));
+    assert_eq!((sm.direction, sm.len, &sm.payload[..]), (Direction::Egress, 9, &b"SENDMSG-X"[..]));
     let rm = find(Syscall::Recvmsg);
     assert_eq!((rm.direction, &rm.payload[..]), (Direction::Ingress, &b"ECHO:SENDMSG-X"[..]));
     let smm = find(Syscall::Sendmmsg);
