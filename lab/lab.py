@@ -576,8 +576,7 @@ def run_mode(sc, mode, args, out):
             api = sc.get("agent", {}).get("api", "127.0.0.1:19464")
             verdicts = items(fetch_json("http://%s/v1/verdicts" % api), "verdicts")
             # The decision log has every decision; the API only the live ones.
-            decisions = [r["decision"] for r in read_jsonl(mode_dir / "decisions.jsonl")
-                         if r.get("kind") == "decision" and isinstance(r.get("decision"), dict)]
+            decisions = decisions_of(mode_dir)
             if not decisions:
                 decisions = items(fetch_json("http://%s/v1/decisions" % api), "decisions")
             try:
@@ -602,8 +601,8 @@ def threading_refuse(n, start, end):
     import threading
 
     ns = "ralab-" + n["name"]
-    rule = ["-p", "tcp", "--dport", str(node_port(n)), "--syn", "-j", "REJECT",
-            "--reject-with", "tcp-reset"]
+    # Every packet, not only SYNs: kept-alive connections die too, as when a process crashes.
+    rule = ["-p", "tcp", "--dport", str(node_port(n)), "-j", "REJECT", "--reject-with", "tcp-reset"]
 
     def go():
         time.sleep(max(0.0, start - time.time()))
@@ -1014,6 +1013,38 @@ def cmd_run(args):
     for m in modes:
         log("mode %s: %s, Ƞ=%s, %ss" % (m, sc["name"], sc["rate"], sc["duration_s"]))
         result["modes"].append(run_mode(sc, m, args, out))
+    return write_reports(sc, result, out)
+
+
+def decisions_of(mode_dir):
+    return [r["decision"] for r in read_jsonl(mode_dir / "decisions.jsonl")
+            if r.get("kind") == "decision" and isinstance(r.get("decision"), dict)]
+
+
+def cmd_analyse(args):
+    """Recompute the figures of an earlier run from its logs (no namespaces, no root needed)."""
+    out = Path(args.out)
+    old = json.loads((out / "result.json").read_text())
+    overrides = {"retries": old.get("retries"), "rate": old.get("rate"),
+                 "duration_s": args.duration}
+    sc = load_scenario(args.scenario, overrides)
+    result = dict(old, modes=[], expected_x=expected_x(sc))
+    for m in old["modes"]:
+        if m.get("skipped"):
+            result["modes"].append(m)
+            continue
+        mode_dir = out / m["mode"]
+        verdicts = []
+        try:
+            verdicts = json.loads((mode_dir / "verdicts.json").read_text())
+        except (OSError, ValueError):
+            pass
+        result["modes"].append(analyse_mode(sc, m["mode"], m["t0"], mode_dir, verdicts,
+                                            decisions_of(mode_dir)))
+    return write_reports(sc, result, out)
+
+
+def write_reports(sc, result, out):
     (out / "result.json").write_text(json.dumps(result, indent=1))
     (out / "table.md").write_text(markdown(sc, result))
     (out / "plot.svg").write_text(svg(sc, result))
@@ -1037,9 +1068,19 @@ def main():
     r.add_argument("--duration", type=float, help="seconds of load per mode")
     r.add_argument("--out", help="output directory (default lab-out/<scenario>-<time>)")
     r.add_argument("--agent", help="retry-agent binary (default target/debug/retry-agent)")
+    a = sub.add_parser("analyse", help="recompute the figures of an earlier run from its logs")
+    a.add_argument("scenario")
+    a.add_argument("out")
+    a.add_argument("--duration", type=float, help="the run's --duration, if it was given")
     sub.add_parser("cleanup")
     sub.add_parser("leftovers")
     args = ap.parse_args()
+    if args.cmd == "analyse":
+        try:
+            return cmd_analyse(args)
+        except (LabError, OSError, ValueError, KeyError) as e:
+            print("lab: %s" % e, file=sys.stderr)
+            return 1
     if os.geteuid() != 0:
         print("lab: needs root (network namespaces)", file=sys.stderr)
         return 77
