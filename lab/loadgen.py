@@ -33,7 +33,7 @@ def worker():
             if conn is None:
                 conn = http.client.HTTPConnection(host, port, timeout=timeout)
             # Distinct requests have distinct paths (an observer must not take them for retries).
-            conn.request("GET", "%s?rid=load-%d" % (path, k))
+            conn.request("GET", "%s/load-%d" % (path, k))
             r = conn.getresponse()
             r.read()
             status = r.status

@@ -131,7 +131,7 @@ impl Caller {
                 hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|_| CallError::Http)?;
             tokio::spawn(conn);
             // A distinct path and request id per logical request, the same on every retry of it.
-            let req = Request::get(format!("{}?rid={rid}", self.path))
+            let req = Request::get(format!("{}/{rid}", self.path))
                 .header("host", &self.authority)
                 .header("x-request-id", rid)
                 .header("x-lab-parent", rid)

@@ -84,7 +84,7 @@ func (c *caller) do(reqID string) (bool, int) {
 	for {
 		attempts++
 		// A distinct path and request id per logical request, the same on every retry of it.
-		req, err := http.NewRequest("GET", c.ds.URL+"?rid="+reqID, nil)
+		req, err := http.NewRequest("GET", c.ds.URL+"/"+reqID, nil)
 		if err != nil {
 			return false, attempts
 		}

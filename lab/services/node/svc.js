@@ -30,7 +30,7 @@ function makeCaller(ds) {
       attempts += 1;
       try {
         // A distinct path and request id per logical request, the same on every retry of it.
-        const res = await fetch(`${ds.url}?rid=${reqId}`, {
+        const res = await fetch(`${ds.url}/${reqId}`, {
           headers: { 'x-lab-parent': reqId, 'x-request-id': reqId },
           signal: AbortSignal.timeout(ds.timeout_ms),
         });

@@ -122,7 +122,7 @@ def http_caller(ds):
         try:
             # A distinct path and request id per logical request (as real callers send item ids
             # and x-request-id), the same on every retry of it.
-            r = session().get(ds["url"], params={"rid": req_id},
+            r = session().get(ds["url"] + "/" + req_id,
                               headers={"x-lab-parent": req_id, "x-request-id": req_id},
                               timeout=timeout)
             ok = r.status_code < 500
