@@ -118,3 +118,15 @@ fn lab_cleans_up_after_an_interruption() {
     );
     assert_clean("SIGTERM");
 }
+
+/// The lab's own analysis (model, verdict scoring, log parsing): no root needed.
+#[test]
+fn lab_analysis_unit_tests_pass() {
+    let out = std::process::Command::new("python3")
+        .arg(lab::repo().join("lab/test_lab.py"))
+        .output();
+    match out {
+        Err(e) => eprintln!("SKIP lab analysis tests: python3: {e}"),
+        Ok(o) => assert!(o.status.success(), "lab/test_lab.py failed:\n{}", String::from_utf8_lossy(&o.stderr)),
+    }
+}

@@ -1,0 +1,157 @@
+"""Unit tests of the lab's analysis (no root, no namespaces): python3 lab/test_lab.py"""
+import importlib.util
+import tempfile
+import unittest
+from pathlib import Path
+
+# Loaded by path: run from the repo root, `import lab` would find the lab/ directory instead.
+_spec = importlib.util.spec_from_file_location("lab_orchestrator", Path(__file__).resolve().parent / "lab.py")
+lab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lab)
+
+
+def scenario(text):
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(text)
+    return lab.load_scenario(f.name, {})
+
+
+CHAIN7 = """
+rate = 10
+[defaults]
+retries = %d
+%s
+[[nodes]]
+name = "a"
+runtime = "python"
+calls = ["b"]
+[[nodes]]
+name = "b"
+runtime = "go"
+calls = ["c"]
+[[nodes]]
+name = "c"
+runtime = "node"
+calls = ["d"]
+[[nodes]]
+name = "d"
+runtime = "python"
+calls = ["e"]
+[[nodes]]
+name = "e"
+runtime = "rust"
+calls = ["f"]
+[[nodes]]
+name = "f"
+runtime = "go"
+calls = ["g"]
+[[nodes]]
+name = "g"
+runtime = "python"
+[fault]
+node = "d"
+"""
+
+
+class ModelTests(unittest.TestCase):
+    def test_chain_without_control_multiplies_by_attempts_per_hop(self):
+        sc = scenario(CHAIN7 % (1, ""))
+        self.assertEqual([n["depth"] for n in sc["nodes"]], list(range(7)))
+        x = lab.expected_x(sc)
+        self.assertEqual([x[k] for k in "abcdefg"], [1, 2, 4, 8, 8, 8, 8])
+        x = lab.expected_x(scenario(CHAIN7 % (2, "")))
+        self.assertEqual([x[k] for k in "abcdefg"], [1, 3, 9, 27, 27, 27, 27])
+
+    def test_budgets_compound_like_the_design(self):
+        x = lab.expected_x(scenario(CHAIN7 % (3, "budget = 0.1")))
+        self.assertEqual([x[k] for k in "abcdefg"], [1, 1.1, 1.21, 1.331, 1.331, 1.331, 1.331])
+
+    def test_fanout_stops_at_the_first_failing_downstream(self):
+        sc = scenario("""
+[defaults]
+retries = 2
+[[nodes]]
+name = "a"
+runtime = "python"
+calls = ["b", "c", "d"]
+[[nodes]]
+name = "b"
+runtime = "go"
+[[nodes]]
+name = "c"
+runtime = "go"
+[[nodes]]
+name = "d"
+runtime = "go"
+[fault]
+node = "c"
+""")
+        self.assertEqual(lab.expected_x(sc), {"a": 1.0, "b": 1.0, "c": 3.0})
+
+    def test_bad_scenarios_are_refused(self):
+        with self.assertRaises(lab.LabError):
+            scenario('[[nodes]]\nname = "a"\nruntime = "cobol"\n')
+        with self.assertRaises(lab.LabError):
+            scenario('[[nodes]]\nname = "a"\nruntime = "go"\ncalls = ["x"]\n')
+        with self.assertRaises(lab.LabError):  # grpc callees need a Python caller
+            scenario('[[nodes]]\nname = "a"\nruntime = "go"\ncalls = ["b"]\n'
+                     '[[nodes]]\nname = "b"\nruntime = "python-grpc"\n')
+
+
+class AnalysisTests(unittest.TestCase):
+    def setUp(self):
+        self.sc = scenario(CHAIN7 % (1, ""))
+
+    def test_agent_service_ids_map_to_nodes(self):
+        self.assertEqual(lab.service_of("ra-c:18303", self.sc)["name"], "c")
+        self.assertEqual(lab.service_of("ra-c", self.sc)["name"], "c")
+        self.assertEqual(lab.service_of("10.213.0.14:18304", self.sc)["name"], "d")
+        self.assertIsNone(lab.service_of("haproxy:38377", self.sc))
+
+    def test_haproxy_log_lines_become_ground_truth(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write('{"end_ms":1000500,"d_ms":500,"svc":"h","status":502,"retries":1,"callee":"c"}\n')
+            f.write("[WARNING] haproxy chatter\n")
+            f.write('{"end_ms":1001000,"d_ms":10,"svc":"h","status":200,"retries":0,"callee":"c"}\n')
+        recs = lab.read_jsonl(f.name)
+        self.assertEqual(len(recs), 2)
+        self.assertEqual((recs[0]["t"], recs[0]["cause"], recs[0]["attempts"]), (1000.0, "downstream", {"c": 2}))
+        self.assertEqual((recs[1]["cause"], recs[1]["ok"]), ("none", True))
+
+    def test_verdicts_are_scored_against_the_services_own_records(self):
+        logs = {n["name"]: [] for n in self.sc["nodes"]}
+        logs["c"] = [{"t": 1.0, "d": 0.1, "cause": "downstream"}] * 4
+        logs["d"] = [{"t": 1.0, "d": 0.1, "cause": "own"}] * 2
+        verdicts = [
+            {"service": "ra-c:18303", "claim": "unclaimed", "status": 502},  # right
+            {"service": "ra-c:18303", "claim": "claimed", "status": 502},  # wrong
+            {"service": "ra-d:18304", "claim": "claimed", "status": 503},  # right
+            {"service": "ra-d:18304", "claim": "missing", "status": 503},  # no side taken
+            {"service": "someone-else", "claim": "claimed", "status": 503},  # not ours
+        ]
+        with tempfile.TemporaryDirectory() as d:
+            s = lab.score_agent(self.sc, logs, verdicts, [], 0.0, 0.0, Path(d))
+        self.assertEqual(s["unknown_services"], ["someone-else"])
+        py, node = s["per_runtime"]["python"], s["per_runtime"]["node"]
+        self.assertEqual((py["verdicts"], py["correct"], py["missing"]), (2, 1, 1))
+        self.assertEqual(py["precision"], 1.0)  # d: the one decided verdict was right
+        self.assertEqual(py["recall"], 0.5)
+        self.assertEqual((node["correct"], node["precision"], node["recall"]), (1, 0.5, 0.25))
+
+    def test_first_suppression_counts_only_lab_edges(self):
+        decisions = [
+            {"edge": {"caller": "wrk", "callee": "haproxy:1"}, "callee_addrs": ["127.0.0.1:1"],
+             "action": "suppress_retries", "issued_at_ns": int(10.1e9 + 2e18)},
+            {"edge": {"caller": "ra-c:18303", "callee": "ra-d:18304"},
+             "callee_addrs": ["10.213.0.14:18304"], "action": "suppress_retries",
+             "reason": "over_budget", "issued_at_ns": int(10.5e9 + 2e18)},
+        ]
+        with tempfile.TemporaryDirectory() as d:
+            s = lab.score_agent(self.sc, {n["name"]: [] for n in self.sc["nodes"]}, [], decisions,
+                                2e9 + 10.0, 2e9, Path(d))
+        self.assertEqual(list(s["decisions_per_edge"]), ["c->d"])
+        self.assertAlmostEqual(s["first_suppression_s"], 0.5, places=3)
+
+
+if __name__ == "__main__":
+    unittest.main()
