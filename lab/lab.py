@@ -782,7 +782,8 @@ def agent_health(mode_dir):
 
 def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
     """Per runtime: precision = verdicts whose claim matches the ground truth / verdicts that
-    took a side; recall = correct verdicts / failures the services actually served."""
+    took a side; recall = failures served that got a right verdict / failures served (right
+    verdicts are capped per node and cause, so duplicate verdicts cannot push it past 1)."""
     by_rt = defaultdict(lambda: {"verdicts": 0, "correct": 0, "missing": 0, "unmatched": 0,
                                  "failures": 0})
     fail_idx = {}
@@ -790,6 +791,9 @@ def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
         fails = [r for r in logs[n["name"]] if r.get("cause") in ("own", "downstream")]
         by_rt[n["runtime"]]["failures"] += len(fails)
         fail_idx[n["name"]] = sorted(fails, key=lambda r: r["t"] + r["d"])
+    truth_count = {(n["name"], c): sum(1 for r in fail_idx[n["name"]] if r["cause"] == c)
+                   for n in sc["nodes"] for c in ("own", "downstream")}
+    right = defaultdict(int)
     unknown_services = set()
     for v in verdicts:
         if not isinstance(v, dict):
@@ -823,11 +827,16 @@ def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
             truth = best[1]["cause"]
         if (claim == "claimed") == (truth == "own"):
             s["correct"] += 1
+            right[(n["name"], truth)] += 1
+    recalled = defaultdict(int)
+    rt_of = {n["name"]: n["runtime"] for n in sc["nodes"]}
+    for (node, cause), k in right.items():
+        recalled[rt_of[node]] += min(k, truth_count[(node, cause)])
     per_rt = {}
     for rt, s in by_rt.items():
         decided = s["verdicts"] - s["missing"] - s["unmatched"]
         per_rt[rt] = dict(s, precision=round(s["correct"] / decided, 4) if decided else None,
-                          recall=round(s["correct"] / s["failures"], 4) if s["failures"] else None)
+                          recall=round(recalled[rt] / s["failures"], 4) if s["failures"] else None)
     first = None
     per_edge = {}
     for d in decisions:

@@ -138,6 +138,14 @@ class AnalysisTests(unittest.TestCase):
         self.assertEqual(py["recall"], 0.5)
         self.assertEqual((node["correct"], node["precision"], node["recall"]), (1, 0.5, 0.25))
 
+    def test_duplicate_verdicts_do_not_inflate_recall(self):
+        logs = {n["name"]: [] for n in self.sc["nodes"]}
+        logs["d"] = [{"t": 1.0, "d": 0.1, "cause": "own"}]
+        verdicts = [{"service": "ra-d:18304", "claim": "claimed", "status": 503}] * 3
+        with tempfile.TemporaryDirectory() as d:
+            s = lab.score_agent(self.sc, logs, verdicts, [], 0.0, 0.0, Path(d))
+        self.assertEqual(s["per_runtime"]["python"]["recall"], 1.0)
+
     def test_first_suppression_counts_only_lab_edges(self):
         decisions = [
             {"edge": {"caller": "wrk", "callee": "haproxy:1"}, "callee_addrs": ["127.0.0.1:1"],
