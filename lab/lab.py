@@ -1016,7 +1016,13 @@ def cmd_run(args):
         "%s-%s" % (sc["name"], time.strftime("%Y%m%dT%H%M%S")))
     out.mkdir(parents=True, exist_ok=True)
     build({n["runtime"] for n in sc["nodes"]})
-    result = {"scenario": sc["name"], "rate": sc["rate"], "retries": sc["defaults"]["retries"],
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    agent = REPO / "target" / "debug" / "retry-agent"
+    result = {"git_head": head,
+              "agent_built": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(agent.stat().st_mtime))
+              if agent.exists() else None,
+              "scenario": sc["name"], "rate": sc["rate"], "retries": sc["defaults"]["retries"],
               "fault": sc.get("fault"), "expected_x": expected_x(sc), "modes": [],
               "nodes": [{k: n[k] for k in ("name", "runtime", "depth", "calls")} for n in sc["nodes"]]}
     for m in modes:
