@@ -13,11 +13,11 @@
 //!   these headers by static index). A header block split across syscalls or CONTINUATION
 //!   frames is masked whole: a replay loses that block, but no secret survives a split.
 use std::{
-    collections::HashMap,
     hash::{BuildHasher, Hasher, RandomState},
 };
 
 use bytes::Bytes;
+use foldhash::HashMap;
 
 use crate::capture::{ConnId, DataEvent, Direction};
 
@@ -68,6 +68,7 @@ const PRESENCE_ONLY: &[&str] = &["idempotency-key", "x-idempotency-key"];
 const METHODS: &[&[u8]] = &[
     b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"PATCH ", b"OPTIONS ", b"CONNECT ", b"TRACE ",
 ];
+const HEX: &[u8; 16] = b"0123456789abcdef";
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Per-process bound on tracked streams (the state is tiny; the cap guards against fd churn).
 const MAX_STREAMS: usize = 65_536;
@@ -137,7 +138,7 @@ impl Default for Redactor {
 
 impl Redactor {
     pub fn new() -> Self {
-        Redactor { streams: HashMap::new(), key: RandomState::new() }
+        Redactor { streams: HashMap::default(), key: RandomState::new() }
     }
 
     pub fn forget_pid(&mut self, pid: u32) {
@@ -164,9 +165,9 @@ impl Redactor {
                 red.body_bytes += run.len() as u64;
                 let mut h = self.key.build_hasher();
                 h.write(run);
-                let digest = format!("{:016x}", h.finish());
+                let digest = h.finish();
                 for (i, c) in run.iter_mut().enumerate() {
-                    *c = digest.as_bytes().get(i).copied().unwrap_or(b'.');
+                    *c = if i < 16 { HEX[((digest >> (60 - 4 * i)) & 0xf) as usize] } else { b'.' };
                 }
             }
         }
@@ -335,20 +336,15 @@ fn head_bytes(st: &mut Stream, b: &mut [u8], mut i: usize, red: &mut Redacted) -
             }
             match l.iter().position(|&c| c == b':') {
                 Some(colon) => {
-                    let name = l.get(..colon).unwrap_or_default().to_ascii_lowercase();
-                    let name = String::from_utf8_lossy(&name).trim().to_string();
+                    let name = l.get(..colon).unwrap_or_default().trim_ascii();
                     let value_at = i + colon + 1;
                     let value = b.get(value_at..end).unwrap_or_default();
-                    match name.as_str() {
-                        "content-length" => {
-                            info.content_length = std::str::from_utf8(value).ok().and_then(|v| v.trim().parse().ok())
-                        }
-                        "transfer-encoding" => {
-                            info.chunked = value.to_ascii_lowercase().windows(7).any(|w| w == b"chunked")
-                        }
-                        _ => {}
+                    if name.eq_ignore_ascii_case(b"content-length") {
+                        info.content_length = std::str::from_utf8(value).ok().and_then(|v| v.trim().parse().ok());
+                    } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                        info.chunked = value.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked"));
                     }
-                    let keep = keep_value(&name);
+                    let keep = keep_value(name);
                     if !keep {
                         red.headers += 1;
                         mask_value(b, value_at, end);
@@ -380,8 +376,9 @@ fn head_bytes(st: &mut Stream, b: &mut [u8], mut i: usize, red: &mut Redacted) -
     i
 }
 
-fn keep_value(lower_name: &str) -> bool {
-    !SECRET_HEADERS.contains(&lower_name) && !PRESENCE_ONLY.contains(&lower_name) && KEEP_HEADERS.contains(&lower_name)
+fn keep_value(name: &[u8]) -> bool {
+    let is = |list: &[&str]| list.iter().any(|k| k.as_bytes().eq_ignore_ascii_case(name));
+    !is(SECRET_HEADERS) && !is(PRESENCE_ONLY) && is(KEEP_HEADERS)
 }
 
 fn mask_value(b: &mut [u8], from: usize, to: usize) {
@@ -532,9 +529,8 @@ fn hpack_mask(b: &mut [u8], from: usize, to: usize, padded: bool, prio: bool, pr
             let Some(&hb) = b.get(p) else { return };
             let Some((len, np)) = hpack_int(b, p, 7) else { return };
             let Some(name) = b.get(np..np + len as usize) else { return };
-            let lower = name.to_ascii_lowercase();
             // Huffman-coded names are not decoded; plain ones are checked.
-            secret = hb & 0x80 == 0 && SECRET_HEADERS.iter().any(|s| s.as_bytes() == lower.as_slice());
+            secret = hb & 0x80 == 0 && SECRET_HEADERS.iter().any(|s| s.as_bytes().eq_ignore_ascii_case(name));
             p = np + len as usize;
         }
         let Some((len, np)) = hpack_int(b, p, 7) else { return };

@@ -1,4 +1,168 @@
-//! `cargo xtask bench recorder`.
-pub fn run() -> anyhow::Result<()> {
-    anyhow::bail!("bench recorder is not implemented yet")
+//! `cargo xtask bench recorder`: what the flight recorder costs and how fast a dump replays.
+//!
+//! - recording: records/s into the ring and CPU ns per record (redaction included);
+//! - the same pipeline (l7 → correlate → decide) with the recorder on vs off over the same events:
+//!   the CPU ratio is the recorder's share of the agent's userspace work;
+//! - dump: write and read MB/s, bytes per record on disk;
+//! - replay: events/s through the shared `Pipeline` from a dump.
+//!
+//! In-process on synthetic, wire-faithful HTTP/1 storm traffic (`recorder::synth`). Figures,
+//! never pass/fail.
+use std::{hint::black_box, process::Command, time::Instant};
+
+use anyhow::Result;
+use retry_agent::{
+    capture::Event,
+    correlate::CorrelateConfig,
+    decide::DecideConfig,
+    l7::L7Config,
+    recorder::{
+        DumpReader, DumpReason, Pipeline, Record, Recorder, RecorderConfig, SharedRecorder, StageOutput, replay,
+        synth::StormScenario,
+    },
+};
+
+use crate::sh;
+
+/// Process CPU time (user + system) in ns, from /proc/self/stat (clock ticks).
+fn cpu_ns() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0 };
+    // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0 };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    // USER_HZ is 100 on Linux.
+    ticks * 10_000_000
+}
+
+struct Timed {
+    wall_s: f64,
+    cpu_s: f64,
+}
+
+fn timed(f: impl FnOnce()) -> Timed {
+    let (w, c) = (Instant::now(), cpu_ns());
+    f();
+    Timed { wall_s: w.elapsed().as_secs_f64(), cpu_s: (cpu_ns().saturating_sub(c)) as f64 / 1e9 }
+}
+
+fn pipeline() -> Pipeline {
+    Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default())
+}
+
+pub fn run() -> Result<()> {
+    if cfg!(debug_assertions) {
+        // Figures from an unoptimised build mean nothing: run this bench from a release build.
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        return sh::run(
+            Command::new(cargo)
+                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+                .args(["run", "--release", "--quiet", "--package", "xtask", "--", "bench", "recorder"]),
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("ra-recorder-bench-{}", std::process::id()));
+    let cfg = RecorderConfig { dump_dir: dir.clone(), auto_dump: false, max_mib: 256, window_secs: 3600, ..Default::default() };
+    let events = StormScenario { requests: 20_000, interval_ns: 1_000_000, fault: 8_000..12_000, ..Default::default() }.events();
+    let n = events.len() as f64;
+    let payload: usize = events.iter().map(|e| if let Event::Data(d) = e { d.payload.len() } else { 0 }).sum();
+    println!("recorder bench, release build, one core: {} events ({:.1} MB of captured payload)", events.len(), payload as f64 / 1e6);
+
+    // 1. Recording alone: into a ring still growing, and into a full one (steady state: every
+    // record evicts an old one).
+    for (label, mib) in [("growing ring", 256), ("full ring (8 MiB)", 8)] {
+        let mut rec = Recorder::new(RecorderConfig { max_mib: mib, ..cfg.clone() })?;
+        if mib == 8 {
+            events.iter().for_each(|e| rec.record(Record::Event(e.clone())));
+        }
+        let t = timed(|| {
+            for e in &events {
+                rec.record(Record::Event(black_box(e.clone())));
+            }
+        });
+        println!(
+            "  record, {label:<18} {:>10.0} records/s   {:>6.0} ns CPU/record   (ring {:.1} MB, {} records)",
+            n / t.wall_s,
+            t.cpu_s * 1e9 / n,
+            rec.stats().bytes_in_ring as f64 / 1e6,
+            rec.stats().records_in_ring
+        );
+    }
+    println!("  (size of one ring entry before payload: {} bytes)", std::mem::size_of::<Record>());
+
+    // 2. The pipeline with the recorder off and on, same events (best of 3 each). The recorder
+    // runs at its default bound and is filled first: the steady state of a running agent, where
+    // each record evicts an old one (a growing ring also pays first-touch page faults, once).
+    let mut off = f64::MAX;
+    let mut on = f64::MAX;
+    let mut live_out = StageOutput::default();
+    let steady = SharedRecorder::new(Recorder::new(RecorderConfig { max_mib: 64, ..cfg.clone() })?);
+    let mut warm = pipeline().with_recorder(steady.clone());
+    events.iter().for_each(|e| warm.push(e, &mut StageOutput::default()));
+    for _ in 0..3 {
+        let mut p = pipeline();
+        let mut out = StageOutput::default();
+        let t = timed(|| events.iter().for_each(|e| p.push(e, &mut out)));
+        off = off.min(t.cpu_s.max(t.wall_s));
+        let mut p = pipeline().with_recorder(steady.clone());
+        let mut out = StageOutput::default();
+        let t = timed(|| events.iter().for_each(|e| p.push(e, &mut out)));
+        on = on.min(t.cpu_s.max(t.wall_s));
+        live_out = out;
+    }
+    let st = steady.stats();
+    println!("    (steady ring: {:.1} MB, {} records, {} evicted for size)", st.bytes_in_ring as f64 / 1e6, st.records_in_ring, st.evicted_size_total);
+    // A dump of one whole live run (its own ring, large enough to hold it).
+    let shared = SharedRecorder::new(Recorder::new(cfg.clone())?);
+    let mut p = pipeline().with_recorder(shared.clone());
+    events.iter().for_each(|e| p.push(e, &mut StageOutput::default()));
+    let shared = Some(shared);
+    println!(
+        "  pipeline, recorder off: {:>10.0} events/s   recorder on: {:>10.0} events/s   CPU on/off = {:.2}",
+        n / off,
+        n / on,
+        on / off
+    );
+    println!(
+        "    (live run derived {} exchanges, {} verdicts, {} decisions)",
+        live_out.exchanges.len(),
+        live_out.verdicts.len(),
+        live_out.decisions.len()
+    );
+
+    // 3. Dump write and read.
+    let shared = shared.ok_or_else(|| anyhow::anyhow!("no run"))?;
+    let records = shared.stats().records_in_ring;
+    let mut path = None;
+    let t = timed(|| path = Some(shared.with(|r| r.dump(DumpReason::Other("bench".into())))));
+    let path = path.ok_or_else(|| anyhow::anyhow!("no dump"))???;
+    let size = std::fs::metadata(&path)?.len();
+    println!(
+        "  dump write:             {:>10.1} MB/s of file   {} records, {:.1} MB ({:.0} B/record)   {:.2} s",
+        size as f64 / 1e6 / t.wall_s,
+        records,
+        size as f64 / 1e6,
+        size as f64 / records.max(1) as f64,
+        t.wall_s
+    );
+    let mut read = None;
+    let t = timed(|| read = Some(DumpReader::open(&path)));
+    let read = read.ok_or_else(|| anyhow::anyhow!("no read"))??;
+    println!("  dump read:              {:>10.0} records/s   ({})", read.records.len() as f64 / t.wall_s, read.loss);
+
+    // 4. Replay.
+    let mut p = pipeline();
+    let mut rep = None;
+    let t = timed(|| rep = Some(replay(&mut p, &read.records)));
+    let rep = rep.ok_or_else(|| anyhow::anyhow!("no replay"))?;
+    println!(
+        "  replay:                 {:>10.0} events/s   ({} events → {} exchanges, {} verdicts, {} decisions)",
+        rep.events as f64 / t.wall_s,
+        rep.events,
+        rep.exchanges.len(),
+        rep.verdicts.len(),
+        rep.decisions.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
 }
