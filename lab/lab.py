@@ -430,9 +430,18 @@ def agent_binary(args):
 
 
 def full_agent(p):
-    # Builds of partial trees show up in target/ now and then (a `run` without its flags).
+    """Builds of partial trees show up in target/ now and then: a `run` without its flags, or
+    an agent built while the eBPF object was missing. Take only an agent with both."""
     r = subprocess.run([str(p), "run", "--help"], capture_output=True, text=True)
-    return r.returncode == 0 and "--api-addr" in r.stdout
+    if r.returncode != 0 or "--api-addr" not in r.stdout:
+        return False
+    data = Path(p).read_bytes()
+    i = data.find(b"\x7fELF", 1)
+    while i != -1:
+        if data[i + 18:i + 20] == b"\xf7\x00":  # e_machine EM_BPF: the embedded object
+            return True
+        i = data.find(b"\x7fELF", i + 1)
+    return False
 
 
 def expand(argv, sc, mode_dir):
