@@ -3,3 +3,4 @@ pub mod capture;
 pub mod actuate;
 pub mod lab;
 pub mod correlate;
+pub mod recorder;

@@ -1,0 +1,216 @@
+//! Flight recorder end to end: `cargo test -p integration-tests --test recorder` (as root for the
+//! real-traffic test; the others run anywhere).
+//!
+//! - real traffic (capture loaded in-process, a Python caller → front → backend chain on loopback
+//!   with secrets in the headers): the live pipeline records, a dump is asked for over the HTTP
+//!   route, and its replay yields the same exchanges, verdicts, edge figures and decisions;
+//! - the dump route + `retry-agent dump` client, and SIGUSR1.
+use std::{os::unix::fs::PermissionsExt, process::Stdio, time::Duration};
+
+use integration_tests::{
+    capture::{Proc, can_run, collect, free_port, load, python, wait_listening},
+    recorder::{TempDir, serve_dump_api},
+};
+use retry_agent::{
+    capture::Event,
+    correlate::CorrelateConfig,
+    decide::DecideConfig,
+    l7::{Exchange, L7Config},
+    recorder::{
+        DumpReader, DumpReason, Pipeline, Record, Recorder, RecorderConfig, SharedRecorder, StageOutput,
+        client::request_dump, replay, spawn_sigusr1_dumps, synth::StormScenario,
+    },
+};
+
+fn recorder(dir: &TempDir) -> SharedRecorder {
+    let cfg = RecorderConfig { dump_dir: dir.0.clone(), auto_dump: false, ..RecorderConfig::default() };
+    SharedRecorder::new(Recorder::new(cfg).expect("recorder"))
+}
+
+fn pipeline() -> Pipeline {
+    Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default())
+}
+
+/// The recorder replaces bodies by a keyed digest: equal bodies stay equal, hash values differ.
+fn without_body_hash(xs: &[Exchange]) -> Vec<Exchange> {
+    xs.iter()
+        .cloned()
+        .map(|mut x| {
+            x.body_hash = x.body_hash.map(|_| 0);
+            x
+        })
+        .collect()
+}
+
+fn assert_no_secret(raw: &[u8], records: &[Record]) {
+    let mut all = raw.to_vec();
+    for r in records {
+        if let Record::Event(Event::Data(d)) = r {
+            all.extend_from_slice(&d.payload);
+        }
+    }
+    all.extend(serde_json::to_vec(records).unwrap_or_default());
+    let text = String::from_utf8_lossy(&all);
+    assert!(!text.contains("SECRET"), "a secret reached the dump");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_route_client_and_sigusr1() {
+    let dir = TempDir::new("api");
+    let rec = recorder(&dir);
+    let mut p = pipeline().with_recorder(rec.clone());
+    let mut out = StageOutput::default();
+    for ev in (StormScenario { requests: 300, fault: 100..200, ..Default::default() }).events() {
+        p.push(&ev, &mut out);
+    }
+    let (addr, server) = serve_dump_api(rec.clone()).await.expect("serve");
+    let path = request_dump(&format!("http://{addr}"), Some("integration".into()), Duration::from_secs(30))
+        .await
+        .expect("dump over the API");
+    let meta = std::fs::metadata(&path).expect("dump file");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let raw = std::fs::read(&path).expect("read");
+    let dump = DumpReader::read(&raw).expect("parse");
+    assert!(dump.loss.is_clean(), "{}", dump.loss);
+    assert_eq!(dump.header.as_ref().map(|h| h.reason.clone()), Some(DumpReason::Other("integration".into())));
+    let events = dump.records.iter().filter(|r| matches!(r, Record::Event(_))).count();
+    assert!(events > 3000, "{events} events");
+    assert_no_secret(&raw, &dump.records);
+
+    // A wrong route is an error the client reports, not a panic.
+    let err = request_dump(&format!("http://{addr}/nope"), None, Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.to_string().contains("404"), "{err}");
+    server.abort();
+
+    // SIGUSR1: the handler is installed before the signal is sent.
+    let sig = spawn_sigusr1_dumps(rec.clone()).expect("signal handler");
+    let before = std::fs::read_dir(&dir.0).map(|d| d.count()).unwrap_or(0);
+    let status = std::process::Command::new("kill")
+        .args(["-USR1", &std::process::id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let mut found = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        found = std::fs::read_dir(&dir.0)
+            .ok()
+            .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.to_string_lossy().contains("-signal")));
+        if found.is_some() {
+            break;
+        }
+    }
+    sig.abort();
+    let found = found.expect("no dump after SIGUSR1");
+    assert_eq!(std::fs::read_dir(&dir.0).map(|d| d.count()).unwrap_or(0), before + 1);
+    let d = DumpReader::open(&found).expect("signal dump");
+    assert_eq!(d.header.map(|h| h.reason), Some(DumpReason::Signal));
+}
+
+const BACKEND_PY: &str = r#"
+import sys, http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = not self.path.startswith("/fail")
+        body = b"ok" if ok else b"down"
+        self.send_response(200 if ok else 503)
+        self.send_header("Set-Cookie", "sid=SECRET-BACKEND-COOKIE")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+/// Calls the backend from the handler thread (thread context), retrying once on 5xx.
+const FRONT_PY: &str = r#"
+import sys, http.client, http.server
+BACK = int(sys.argv[2])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        status = 0
+        for attempt in range(2):
+            c = http.client.HTTPConnection("127.0.0.1", BACK, timeout=5)
+            hdrs = {"Authorization": "Bearer SECRET-FRONT-TOKEN"}
+            if attempt:
+                hdrs["X-Retry-Attempt"] = str(attempt)
+            c.request("GET", self.path, headers=hdrs)
+            r = c.getresponse(); r.read(); c.close()
+            status = r.status
+            if status < 500:
+                break
+        body = b"front ok" if status == 200 else b"front failed"
+        self.send_response(200 if status == 200 else 502)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+const CLIENT_PY: &str = r#"
+import sys, http.client
+port, n = int(sys.argv[1]), int(sys.argv[2])
+for i in range(n):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    path = "/fail/%d" % i if i % 3 == 0 else "/ok/%d" % i
+    c.request("GET", path, headers={"Authorization": "Bearer SECRET-CLIENT-TOKEN", "Cookie": "sid=SECRET-CLIENT-COOKIE"})
+    r = c.getresponse(); r.read(); c.close()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_traffic_dump_replays_to_the_live_results() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load() else { return };
+    let (bp, fp) = (free_port(), free_port());
+    let backend = Proc::spawn(python(BACKEND_PY, &[&bp.to_string()]).stdout(Stdio::null()));
+    wait_listening(&format!("127.0.0.1:{bp}"), None);
+    let front = Proc::spawn(python(FRONT_PY, &[&fp.to_string(), &bp.to_string()]).stdout(Stdio::null()));
+    wait_listening(&format!("127.0.0.1:{fp}"), None);
+    let n = 60;
+    let mut client = Proc::spawn(&mut python(CLIENT_PY, &[&fp.to_string(), &n.to_string()]));
+    assert!(client.wait(Duration::from_secs(60)).success(), "client failed");
+    let pids = [backend.pid(), front.pid(), client.pid()];
+    let events = collect(&mut cap, Duration::from_secs(3), |e| pids.contains(&e.pid()), |_| false).await;
+    assert!(events.len() > n * 4, "only {} events captured", events.len());
+
+    // The live pipeline, as `retry-agent run` drives it, with the recorder tapping it.
+    let dir = TempDir::new("live");
+    let rec = recorder(&dir);
+    let mut live = pipeline().with_recorder(rec.clone());
+    let mut out = StageOutput::default();
+    for ev in &events {
+        live.push(ev, &mut out);
+    }
+    let last = events.iter().map(Event::ts_ns).max().unwrap_or(0);
+    live.tick(last + 2_000_000_000, &mut out);
+
+    let (addr, server) = serve_dump_api(rec.clone()).await.expect("serve");
+    let path = request_dump(&format!("http://{addr}"), None, Duration::from_secs(30)).await.expect("dump");
+    server.abort();
+    let raw = std::fs::read(&path).expect("read dump");
+    let dump = DumpReader::read(&raw).expect("parse dump");
+    assert!(dump.loss.is_clean(), "{}", dump.loss);
+    assert_no_secret(&raw, &dump.records);
+
+    let mut fresh = pipeline();
+    let rep = replay(&mut fresh, &dump.records);
+    eprintln!(
+        "live: {} events → {} exchanges, {} verdicts, {} snapshots, {} decisions",
+        events.len(),
+        out.exchanges.len(),
+        out.verdicts.len(),
+        out.snapshots.len(),
+        out.decisions.len()
+    );
+    assert!(out.exchanges.len() >= n * 2, "live pipeline saw {} exchanges", out.exchanges.len());
+    assert_eq!(rep.events, events.len() as u64);
+    assert_eq!(without_body_hash(&rep.exchanges), without_body_hash(&out.exchanges), "exchanges differ");
+    assert_eq!(rep.verdicts, out.verdicts, "verdicts differ");
+    assert_eq!(rep.snapshots, out.snapshots, "edge figures differ");
+    assert_eq!(rep.decisions, out.decisions, "decisions differ");
+}
