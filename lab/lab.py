@@ -426,7 +426,7 @@ def agent_binary(args):
         tmp = BIN / "retry-agent.tmp"
         shutil.copy2(p, tmp)
         tmp.replace(copy)
-    return copy if copy.exists() else None
+    return copy if copy.exists() and full_agent(copy) else None
 
 
 def full_agent(p):
@@ -457,7 +457,8 @@ def start_agent(sc, mode, args, mode_dir):
     """Start the processes the scenario lists for this agent mode; returns (procs, skip reason)."""
     binary = agent_binary(args)
     if binary is None:
-        return [], "no agent binary (cargo build -p retry-agent)"
+        return [], ("no complete agent build (target/debug/retry-agent with its eBPF object: "
+                    "cargo xtask build-ebpf && cargo build -p retry-agent)")
     spec = sc.get("agent", {}).get(mode)
     if not spec:
         return [], "scenario has no [agent.%s] section" % mode
