@@ -592,3 +592,20 @@ fn absolute_form_and_connect_targets() {
     assert_eq!(ex[1].method, Some(Method::Connect));
     assert_eq!(ex[1].status, Some(200));
 }
+
+#[test]
+fn process_exit_ends_its_connections() {
+    let ev = vec![
+        conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
+        data(3, Role::Client, OUT, 10, GET),
+        conn_ev(4, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
+        data(4, Role::Client, OUT, 10, GET),
+        data(4, Role::Client, IN, 20, OK_HELLO),
+        Event::ProcessExit { pid: PID, ts_ns: 50 },
+    ];
+    let (ex, stats) = run(&ev);
+    assert_eq!(ex.len(), 2);
+    assert_eq!((ex[0].conn, ex[0].status), (cid(4), Some(200)));
+    assert_eq!((ex[1].conn, ex[1].failure), (cid(3), Some(Failure::Abandoned)));
+    assert_eq!(stats.connections, 0);
+}
