@@ -19,12 +19,15 @@ pub enum EventKind {
     Data = 1,
     Conn = 2,
     ProcessExit = 3,
+    /// A process replaced its image (execve): its metadata changed. Same layout as exit.
+    ProcessExec = 4,
 }
 
 /// `EventKind` values as raw integers, for matching on the first `u32` of a record.
 pub const KIND_DATA: u32 = EventKind::Data as u32;
 pub const KIND_CONN: u32 = EventKind::Conn as u32;
 pub const KIND_PROCESS_EXIT: u32 = EventKind::ProcessExit as u32;
+pub const KIND_PROCESS_EXEC: u32 = EventKind::ProcessExec as u32;
 
 /// Which syscall moved the bytes (`DataHeader::syscall`).
 pub mod syscall {
@@ -171,11 +174,11 @@ pub struct ConnRecord {
     pub tuple: SockTuple,
 }
 
-/// A whole process (thread group) exited.
+/// A whole process (thread group) exited (`KIND_PROCESS_EXIT`), or exec'd (`KIND_PROCESS_EXEC`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessExitRecord {
-    /// `KIND_PROCESS_EXIT`.
+    /// `KIND_PROCESS_EXIT` or `KIND_PROCESS_EXEC`.
     pub kind: u32,
     pub pid: u32,
     pub ts_ns: u64,

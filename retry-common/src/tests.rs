@@ -76,6 +76,7 @@ fn kind_tags_are_distinct_and_first() {
     assert_eq!(KIND_DATA, 1);
     assert_eq!(KIND_CONN, 2);
     assert_eq!(KIND_PROCESS_EXIT, 3);
+    assert_eq!(KIND_PROCESS_EXEC, 4);
     assert_eq!(offset_of!(DataHeader, kind), 0);
     assert_eq!(offset_of!(ConnRecord, kind), 0);
     assert_eq!(offset_of!(ProcessExitRecord, kind), 0);

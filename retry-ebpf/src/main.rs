@@ -22,7 +22,7 @@ use aya_ebpf::{
 };
 use retry_common::{
     AF_INET, AF_INET6, AcceptArgs, Config, ConnInfo, ConnKey, ConnRecord, ConnectArgs, DataHeader, DataRecord,
-    IPPROTO_TCP, IoArgs, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT, MAX_PAYLOAD, OWNER_ESTABLISHED, OWNER_FAILED, OWNER_IN_CONNECT, PeerKey,
+    IPPROTO_TCP, IoArgs, KIND_CONN, KIND_DATA, KIND_PROCESS_EXEC, KIND_PROCESS_EXIT, MAX_PAYLOAD, OWNER_ESTABLISHED, OWNER_FAILED, OWNER_IN_CONNECT, PeerKey,
     ProcessExitRecord, ServerEst, SockOwner, SockTuple, conn_kind, direction, role, syscall, tcp_state,
 };
 
@@ -829,6 +829,17 @@ fn try_process_exit(ctx: &TracePointContext) -> Result<(), i32> {
 #[tracepoint(category = "sched", name = "sched_process_exit")]
 pub fn ra_process_exit(ctx: TracePointContext) -> u32 {
     let _ = try_process_exit(&ctx);
+    0
+}
+
+/// exec replaces comm/exe: userspace re-reads the metadata of processes it already described.
+#[tracepoint(category = "sched", name = "sched_process_exec")]
+pub fn ra_process_exec(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let rec = ProcessExitRecord { kind: KIND_PROCESS_EXEC, pid: (pid_tgid >> 32) as u32, ts_ns: now() };
+    if EVENTS.output(&rec, 0).is_err() {
+        count_drop();
+    }
     0
 }
 

@@ -352,6 +352,40 @@ async fn payload_prefix_size_is_configurable_up_to_4k() {
     assert!(!w.is_complete());
 }
 
+const EXEC_PY: &str = r#"
+import os, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"BEFORE-EXEC"); s.recv(64)
+fd = s.fileno()
+os.set_inheritable(fd, True)
+os.execv("/bin/sh", ["sh", "-c", f"printf AFTER-EXEC >&{fd}; sleep 1"])
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_re_describes_the_process() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load() else { return };
+    let port = free_port();
+    let echo = Proc::spawn(python(ECHO_PY, &[&port.to_string()]).stdout(Stdio::null()));
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let mut p = Proc::spawn(&mut python(EXEC_PY, &[&port.to_string()]));
+    assert!(p.wait(Duration::from_secs(10)).success());
+    let pid = p.pid();
+    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[pid]), |_| false).await;
+    let ctx = || dump(&evs);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(|e| f(e));
+    let before = pos(&|e| matches!(e, Event::Data(d) if d.payload.starts_with(b"BEFORE-EXEC")));
+    let after = pos(&|e| matches!(e, Event::Data(d) if d.payload.starts_with(b"AFTER-EXEC")));
+    let py_info = pos(&|e| matches!(e, Event::Process(i) if i.comm.starts_with("python")));
+    let sh_info = pos(&|e| matches!(e, Event::Process(i) if i.comm == "sh"));
+    let (Some(before), Some(after), Some(py_info), Some(sh_info)) = (before, after, py_info, sh_info) else {
+        panic!("missing events\n{}", ctx());
+    };
+    assert!(py_info < before && before < sh_info && sh_info < after, "order\n{}", ctx());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn veth_between_namespaces() {
     if !can_run() {
@@ -392,10 +426,13 @@ s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(16)
 while True:
     c, _ = s.accept()
-    while True:
-        b = c.recv(4096)
-        if not b: break
-        c.sendall(b"ECHO:" + b)
+    try:
+        while True:
+            b = c.recv(4096)
+            if not b: break
+            c.sendall(b"ECHO:" + b)
+    except OSError:
+        pass  # a client that exits with unread data resets the connection
     c.close()
 "#;
 

@@ -31,6 +31,13 @@ fn read<T: aya::Pod>(raw: &[u8], what: &'static str) -> Result<T, DecodeError> {
     Ok(unsafe { std::ptr::read_unaligned(raw.as_ptr().cast::<T>()) })
 }
 
+/// The pid of a process-exec record (`None` for any other record): not an [`Event`] itself,
+/// it tells the reader to describe that process again.
+pub fn exec_pid(raw: &[u8]) -> Option<u32> {
+    let r: ProcessExitRecord = read(raw, "process exec record").ok()?;
+    (r.kind == retry_common::KIND_PROCESS_EXEC).then_some(r.pid)
+}
+
 /// Decodes one ring-buffer record.
 pub fn decode(raw: &[u8]) -> Result<Event, DecodeError> {
     let kind: u32 = read(raw, "kind tag")?;

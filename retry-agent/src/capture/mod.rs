@@ -13,7 +13,7 @@ pub mod procfs;
 pub mod trace;
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
     sync::{
         Arc,
@@ -199,6 +199,7 @@ const PROGRAMS: &[(&str, &str, &str)] = &[
     ("ra_enter_dup3", "syscalls", "sys_enter_dup3"),
     ("ra_sock_state", "sock", "inet_sock_set_state"),
     ("ra_process_exit", "sched", "sched_process_exit"),
+    ("ra_process_exec", "sched", "sched_process_exec"),
 ];
 
 /// A running capture: programs attached, reader task running.
@@ -281,7 +282,7 @@ impl Capture {
                 drops,
                 conns,
                 proc_root: cfg.proc_root.clone(),
-                seen: HashSet::new(),
+                seen: HashMap::new(),
             };
             rt.spawn(state.run(async_ring, initial))
         };
@@ -313,6 +314,38 @@ impl Capture {
 /// Ids of every program loaded in the kernel right now (to check nothing outlives a capture).
 pub fn loaded_program_ids() -> Vec<u32> {
     aya::programs::loaded_programs().filter_map(Result::ok).map(|p| p.id()).collect()
+}
+
+/// Cumulative kernel run time of one of this project's loaded programs (names `ra_*`). Counts only
+/// grow while BPF statistics are enabled (see [`enable_bpf_stats`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramStat {
+    pub id: u32,
+    pub name: String,
+    pub run_ns: u64,
+    pub runs: u64,
+}
+
+/// Every loaded `ra_*` program of any capture on this host, with its run-time counters.
+pub fn program_stats() -> Vec<ProgramStat> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| {
+            let name = p.name_as_str()?.to_string();
+            name.starts_with("ra_").then(|| ProgramStat {
+                id: p.id(),
+                name,
+                run_ns: p.run_time().as_nanos() as u64,
+                runs: p.run_count(),
+            })
+        })
+        .collect()
+}
+
+/// Turns on kernel BPF run-time statistics for as long as the returned fd is open (they cost a
+/// little per program run, so they are off by default; benchmarks use them).
+pub fn enable_bpf_stats() -> std::io::Result<std::os::fd::OwnedFd> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, CaptureError> {
@@ -470,8 +503,9 @@ struct Reader {
     drops: PerCpuArray<MapData, u64>,
     conns: BpfHashMap<MapData, ConnKey, ConnInfo>,
     proc_root: PathBuf,
-    /// Pids whose `Event::Process` was sent.
-    seen: HashSet<u32>,
+    /// Pids whose `Event::Process` was sent, with the fds the kernel map tracks for them (so an
+    /// exit removes exactly those entries instead of scanning the whole map).
+    seen: HashMap<u32, HashSet<u32>>,
 }
 
 impl Reader {
@@ -532,6 +566,14 @@ impl Reader {
 
     /// Returns false when the consumer is gone.
     fn handle(&mut self, raw: &[u8]) -> bool {
+        if let Some(pid) = decode::exec_pid(raw) {
+            // New image, new comm/exe: describe it again, but only if it was described before.
+            if self.seen.contains_key(&pid) {
+                let info = procfs::process_info(&self.proc_root, pid);
+                return self.send(Event::Process(info));
+            }
+            return true;
+        }
         match decode::decode(raw) {
             Ok(ev) => {
                 self.stats.0.events.fetch_add(1, Ordering::Relaxed);
@@ -552,14 +594,27 @@ impl Reader {
         let pid = ev.pid();
         if let Event::ProcessExit { .. } = ev {
             // Exits of processes never traced are noise.
-            if !self.seen.remove(&pid) {
-                return true;
+            let Some(fds) = self.seen.remove(&pid) else { return true };
+            // The kernel cannot iterate its map on exit; drop the dead process's entries here.
+            for fd in fds {
+                let _ = self.conns.remove(&ConnKey { tgid: pid, fd });
             }
-            self.forget_conns(pid);
-        } else if self.seen.insert(pid) {
+        } else if !self.seen.contains_key(&pid) {
+            self.seen.insert(pid, HashSet::new());
             let info = procfs::process_info(&self.proc_root, pid);
             if !self.send(Event::Process(info)) {
                 return false;
+            }
+        }
+        if let (Event::Conn(c), Some(fds)) = (&ev, self.seen.get_mut(&pid)) {
+            match c.kind {
+                ConnEventKind::Close => {
+                    fds.remove(&c.conn.fd);
+                }
+                ConnEventKind::Connect { .. } | ConnEventKind::Accept | ConnEventKind::Existing => {
+                    fds.insert(c.conn.fd);
+                }
+                _ => {}
             }
         }
         self.send(ev)
@@ -573,14 +628,6 @@ impl Reader {
                 true
             }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
-        }
-    }
-
-    /// The kernel cannot iterate its map on exit; drop the dead process's entries here.
-    fn forget_conns(&mut self, pid: u32) {
-        let keys: Vec<ConnKey> = self.conns.keys().filter_map(Result::ok).filter(|k| k.tgid == pid).collect();
-        for k in keys {
-            let _ = self.conns.remove(&k);
         }
     }
 }

@@ -3,8 +3,10 @@
 //! A loopback HTTP keep-alive load (wrk → haproxy answering every request itself) runs
 //! alternately without and with the agent attached (`retry-agent trace --count`: the full capture
 //! path — kernel programs, ring buffer, decode, process metadata, channel — minus printing). It
-//! prints requests/s for both, their ratio, the events/s the agent consumed and every drop counter.
-//! Figures only, never pass/fail: this machine is shared, so the numbers are noisy.
+//! prints requests/s for both, their ratio, the events/s the agent consumed and every drop counter,
+//! plus two figures other load on the machine does not distort: kernel time spent in our programs
+//! (BPF run-time statistics) and the agent's own CPU time.
+//! Figures only, never pass/fail: this machine is shared, so the throughput numbers are noisy.
 use std::{
     io::{BufRead, BufReader, Read},
     net::TcpListener,
@@ -82,6 +84,11 @@ fn wrk(port: u16) -> Result<f64> {
 }
 
 struct AgentRun {
+    /// Kernel time in our programs during the load (BPF stats), and their invocations.
+    bpf_ns: u64,
+    bpf_runs: u64,
+    /// CPU time of the agent process during the load.
+    agent_cpu_s: f64,
     seconds: f64,
     events: u64,
     kernel_drops: u64,
@@ -114,6 +121,22 @@ fn start_agent(bin: &Path) -> Result<Killed> {
     Ok(Killed(child))
 }
 
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the parenthesised comm; utime and stime are the 14th and 15th overall.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // 100 ticks per second (USER_HZ) on Linux.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Sum of run time and run count over our programs, by program id.
+fn bpf_totals() -> (u64, u64) {
+    retry_agent::capture::program_stats().iter().fold((0, 0), |(ns, n), p| (ns + p.run_ns, n + p.runs))
+}
+
 fn stop_agent(mut agent: Killed) -> Result<AgentRun> {
     let pid = agent.0.id().to_string();
     Command::new("kill").args(["-INT", &pid]).status().context("signalling the agent")?;
@@ -140,6 +163,9 @@ fn stop_agent(mut agent: Killed) -> Result<AgentRun> {
         bail!("the agent printed no counters");
     }
     Ok(AgentRun {
+        bpf_ns: 0,
+        bpf_runs: 0,
+        agent_cpu_s: 0.0,
         seconds,
         events: num("events"),
         kernel_drops: num("kernel_drops"),
@@ -168,8 +194,19 @@ pub fn run() -> Result<()> {
         eprintln!("round {round}: without agent {a:.0} req/s");
         without.push(a);
         let agent = start_agent(&bin)?;
+        let agent_pid = agent.0.id();
+        // Kernel-side cost, measured exactly (not affected by other load on the machine).
+        let stats_fd = retry_agent::capture::enable_bpf_stats().ok();
+        let (ns0, runs0) = bpf_totals();
+        let cpu0 = cpu_seconds(agent_pid);
         let b = wrk(port)?;
-        let r = stop_agent(agent)?;
+        let cpu1 = cpu_seconds(agent_pid);
+        let (ns1, runs1) = bpf_totals();
+        drop(stats_fd);
+        let mut r = stop_agent(agent)?;
+        r.bpf_ns = ns1.saturating_sub(ns0);
+        r.bpf_runs = runs1.saturating_sub(runs0);
+        r.agent_cpu_s = cpu1 - cpu0;
         eprintln!(
             "round {round}: with agent    {b:.0} req/s ({} events in {:.1}s, drops kernel {} channel {})",
             r.events, r.seconds, r.kernel_drops, r.channel_drops
@@ -190,6 +227,20 @@ pub fn run() -> Result<()> {
     println!("  ratio with/without         {:>12.3}", if wo > 0.0 { wi / wo } else { 0.0 });
     println!("  events consumed            {events:>12}  ({:.0}/s over the load, {:.0}/s over agent uptime {secs:.1}s)", events as f64 / load_secs, events as f64 / secs.max(1e-9));
     println!("  events per request         {:>12.2}", events as f64 / (wi * load_secs).max(1.0));
+    let bpf_ns: u64 = agent_runs.iter().map(|r| r.bpf_ns).sum();
+    let bpf_runs: u64 = agent_runs.iter().map(|r| r.bpf_runs).sum();
+    let requests = wi * load_secs;
+    println!(
+        "  eBPF program runs          {bpf_runs:>12}  ({:.0} ns per run, {:.2} µs kernel time per request)",
+        bpf_ns as f64 / (bpf_runs.max(1)) as f64,
+        bpf_ns as f64 / 1000.0 / requests.max(1.0)
+    );
+    let cpu: f64 = agent_runs.iter().map(|r| r.agent_cpu_s).sum();
+    println!(
+        "  agent CPU                  {:>11.1}%  of one core ({:.0} ns per event)",
+        100.0 * cpu / load_secs,
+        cpu * 1e9 / (events.max(1)) as f64
+    );
     println!("  kernel ring drops          {:>12}", agent_runs.iter().map(|r| r.kernel_drops).sum::<u64>());
     println!("  channel drops              {:>12}", agent_runs.iter().map(|r| r.channel_drops).sum::<u64>());
     println!("  decode errors              {:>12}", agent_runs.iter().map(|r| r.decode_errors).sum::<u64>());

@@ -141,6 +141,16 @@ fn process_exit_decodes() {
 }
 
 #[test]
+fn exec_records_are_recognised_not_decoded() {
+    let r = ProcessExitRecord { kind: retry_common::KIND_PROCESS_EXEC, pid: 77, ts_ns: 1 };
+    assert_eq!(exec_pid(&as_bytes(&r)), Some(77));
+    assert_eq!(decode(&as_bytes(&r)), Err(DecodeError::UnknownKind(4)));
+    let exit = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: 77, ts_ns: 1 };
+    assert_eq!(exec_pid(&as_bytes(&exit)), None);
+    assert_eq!(exec_pid(&[4, 0, 0]), None);
+}
+
+#[test]
 fn v6_tuples_and_mapped_v4() {
     let mut t = SockTuple { family: AF_INET6, lport: 1, rport: 2, ..Default::default() };
     t.laddr = "::1".parse::<std::net::Ipv6Addr>().unwrap().octets();
