@@ -300,8 +300,7 @@ impl H1Parser {
                 self.msg_bytes += used as u64;
                 let head = std::mem::take(&mut self.buf);
                 self.parse_head(&head, true, ctx, sink);
-                self.buf = head;
-                self.buf.clear();
+                self.buf = recycle(head);
                 data.get(used..).unwrap_or_default()
             }
             None if take < data.len() || self.buf.len() >= self.cap => {
@@ -323,8 +322,7 @@ impl H1Parser {
     fn truncated_head(&mut self, ctx: &Ctx, sink: &mut impl H1Sink) {
         let head = std::mem::take(&mut self.buf);
         self.parse_head(&head, false, ctx, sink);
-        self.buf = head;
-        self.buf.clear();
+        self.buf = recycle(head);
     }
 
     fn parse_head(&mut self, head: &[u8], complete: bool, ctx: &Ctx, sink: &mut impl H1Sink) {
@@ -441,6 +439,16 @@ impl H1Parser {
         }
     }
 }
+
+/// An emptied buffer to keep: a large one (a rare huge head) is dropped, so idle connections
+/// do not each hold their high-water mark.
+pub(crate) fn recycle(mut b: Vec<u8>) -> Vec<u8> {
+    b.clear();
+    if b.capacity() > KEEP_BUFFER { Vec::new() } else { b }
+}
+
+/// Buffer capacity a connection keeps between messages.
+const KEEP_BUFFER: usize = 4096;
 
 fn parse_hex(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 15 {

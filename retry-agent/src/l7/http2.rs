@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use super::{
-    http1::Side,
+    http1::{Side, recycle},
     msg::{Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method, path_string},
     util::{MAX_AUTHORITY, bounded_string, path_of_target},
 };
@@ -356,6 +356,14 @@ impl H2Dir {
     fn end_frame(&mut self, ctx: &Ctx, sink: &mut impl H2Sink) {
         self.state = State::Header;
         let h = self.frame;
+        self.end_frame_kind(h, ctx, sink);
+        self.payload = recycle(std::mem::take(&mut self.payload));
+        if !self.in_block {
+            self.block = recycle(std::mem::take(&mut self.block));
+        }
+    }
+
+    fn end_frame_kind(&mut self, h: FrameHeader, ctx: &Ctx, sink: &mut impl H2Sink) {
         match h.kind {
             DATA => sink.data_end(h.stream, u64::from(h.len), h.flags & FLAG_END_STREAM != 0, ctx),
             HEADERS | PUSH_PROMISE => {

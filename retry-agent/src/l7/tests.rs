@@ -609,3 +609,21 @@ fn process_exit_ends_its_connections() {
     assert_eq!((ex[1].conn, ex[1].failure), (cid(3), Some(Failure::Abandoned)));
     assert_eq!(stats.connections, 0);
 }
+
+#[test]
+fn buffers_shrink_after_a_large_head() {
+    let mut r = Reassembler::new(L7Config::default());
+    let mut out = Vec::new();
+    r.push(&conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }), &mut out);
+    let mut big = b"GET /a HTTP/1.1\r\nCookie: ".to_vec();
+    big.extend(std::iter::repeat_n(b'c', 30_000));
+    big.extend_from_slice(b"\r\n\r\n");
+    // Arrives in small pieces, so the head is assembled in the connection's buffer.
+    for piece in big.chunks(1000) {
+        r.push(&data(3, Role::Client, OUT, 10, piece), &mut out);
+    }
+    r.push(&data(3, Role::Client, IN, 20, OK_HELLO), &mut out);
+    assert_eq!(out.len(), 1);
+    assert!(!out[0].unknown);
+    assert!(r.buffered_bytes() <= 4096, "{}", r.buffered_bytes());
+}
