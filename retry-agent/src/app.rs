@@ -60,6 +60,11 @@ enum ToActuators {
 pub async fn run(args: RunArgs) -> Result<()> {
     validate(&args)?;
 
+    // Load programs first: a node that cannot run the capture (privileges, tracefs, verifier)
+    // should fail fast with that reason, not with a secondary one or while serving empty metrics.
+    let mut capture = Capture::load(&args.capture).context("loading the capture programs")?;
+    let capture_stats = capture.stats_handle();
+
     let metrics = Arc::new(Metrics::new());
     let state = SharedState::new(metrics.clone(), args.api.max_verdicts);
     let recorder = if args.recorder.enabled {
@@ -67,11 +72,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
     } else {
         None
     };
-
-    // Load programs before binding sockets: a node that cannot run the capture should fail fast
-    // and say why, not serve empty metrics.
-    let mut capture = Capture::load(&args.capture).context("loading the capture programs")?;
-    let capture_stats = capture.stats_handle();
 
     let listener = tokio::net::TcpListener::bind(args.api.addr)
         .await
@@ -153,8 +153,13 @@ fn validate(args: &RunArgs) -> Result<()> {
     if problems.is_empty() {
         return Ok(());
     }
-    bail!("invalid configuration:\n  {}", problems.join("\n  "))
+    Err(InvalidConfig(problems).into())
 }
+
+/// Every configuration problem found, reported at once; `main` exits 64 (EX_USAGE) on it.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n  {}", .0.join("\n  "))]
+pub struct InvalidConfig(pub Vec<String>);
 
 fn drain(out: &mut StageOutput, state: &SharedState, to_actuators: &mpsc::Sender<ToActuators>) {
     if !out.verdicts.is_empty() {

@@ -4,8 +4,18 @@ use std::process::ExitCode;
 use clap::Parser;
 use retry_agent::cli::{Cli, Command};
 
+/// sysexits EX_USAGE: the command line or configuration is wrong; retrying cannot help.
+const EX_USAGE: u8 = 64;
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let usage = e.use_stderr();
+            let _ = e.print();
+            return if usage { ExitCode::from(EX_USAGE) } else { ExitCode::SUCCESS };
+        }
+    };
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
@@ -31,7 +41,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("retry-agent: {e:#}");
-            ExitCode::FAILURE
+            if e.is::<retry_agent::app::InvalidConfig>() { ExitCode::from(EX_USAGE) } else { ExitCode::FAILURE }
         }
     }
 }
