@@ -123,6 +123,46 @@ for name in ["Ok", "Unavailable", "Ok", "Exhausted", "Invalid", "NotFound", "Ok"
 ch.close()
 "#;
 
+/// Node's h2c server: gRPC-style answers (200 + grpc-status trailer) chosen by path; logs
+/// `PATH GRPC_STATUS` per stream.
+const NODE_H2_SERVER_JS: &str = r#"
+const http2 = require('http2');
+const codes = { Ok: '0', Unavailable: '14', Exhausted: '8', Invalid: '3' };
+const server = http2.createServer();
+server.on('stream', (stream, headers) => {
+  const path = headers[':path'];
+  const code = codes[path.split('/').pop()] || '0';
+  stream.respond({ ':status': 200, 'content-type': 'application/grpc' }, { waitForTrailers: true });
+  stream.on('wantTrailers', () => stream.sendTrailers({ 'grpc-status': code }));
+  stream.end(Buffer.from([0, 0, 0, 0, 2, 0x08, 0x01]));
+  console.log(path, code);
+});
+server.listen(+process.argv[process.argv.length - 1], '127.0.0.1', () => console.log('ready'));
+"#;
+
+/// Node's h2c client: sequential calls on one session; logs `PATH GRPC_STATUS`.
+const NODE_H2_CLIENT_JS: &str = r#"
+const http2 = require('http2');
+const port = +process.argv[process.argv.length - 1];
+const session = http2.connect('http://127.0.0.1:' + port);
+const names = ['Ok', 'Unavailable', 'Ok', 'Exhausted', 'Invalid', 'Ok'];
+(async () => {
+  for (const name of names) {
+    const path = '/shop.v1.Orders/' + name;
+    await new Promise((resolve, reject) => {
+      const req = session.request({ ':method': 'POST', ':path': path, 'content-type': 'application/grpc', te: 'trailers' });
+      let code = '';
+      req.on('trailers', (t) => { code = t['grpc-status']; });
+      req.on('data', () => {});
+      req.on('end', () => { console.log(path, code); resolve(); });
+      req.on('error', reject);
+      req.end(Buffer.from([0, 0, 0, 0, 2, 0x0a, 0x00]));
+    });
+  }
+  session.close();
+})();
+"#;
+
 /// Capture with the largest payload prefix, so header blocks are whole (the default of 256
 /// bytes is exercised by the unit tests' truncation cases).
 fn load_capture() -> Option<Capture> {
@@ -270,6 +310,74 @@ async fn http1_exchanges_equal_what_the_peers_logged() {
     }
 }
 
+/// One side's HTTP/2 exchanges, in request order, against that side's log (`PATH CODE` lines).
+/// A field the reassembler reports must equal the logged one; a field it could not know (the
+/// capture cut a header block) must be absent and the exchange marked unknown.
+fn check_h2(ex: &[Exchange], pid: u32, role: Role, log: &[String]) -> Vec<Exchange> {
+    let mut v: Vec<Exchange> =
+        ex.iter().filter(|e| e.pid == pid && e.role == role && e.protocol == Protocol::Http2).cloned().collect();
+    v.sort_by_key(|e| e.request_start_ns);
+    assert_eq!(v.len(), log.len(), "{role:?}: one exchange per logged call\n{v:#?}\n{log:?}");
+    for (e, line) in v.iter().zip(log) {
+        let (path, code) = line.rsplit_once(' ').unwrap_or((line, ""));
+        if let Some(p) = &e.path {
+            assert_eq!(p, path, "{role:?} {e:#?}");
+        } else {
+            assert!(e.unknown, "no path and not marked unknown: {e:#?}");
+        }
+        match e.grpc_status {
+            Some(g) => assert_eq!(g.to_string(), code, "{role:?} {e:#?}"),
+            None => assert!(e.unknown, "no grpc-status and not marked unknown: {e:#?}"),
+        }
+    }
+    v
+}
+
+/// Reads one line from a child's stdout byte by byte (no buffered reader that could swallow
+/// later lines).
+fn first_line(p: &mut Proc) -> String {
+    use std::io::Read;
+    let mut byte = [0u8; 1];
+    let mut line = Vec::new();
+    while let Some(out) = p.0.stdout.as_mut() {
+        if out.read(&mut byte).unwrap_or(0) == 0 || byte[0] == b'\n' {
+            break;
+        }
+        line.push(byte[0]);
+    }
+    String::from_utf8_lossy(&line).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_h2c_exchanges_equal_what_the_peers_logged() {
+    if !can_run() || !have("node", "--version") {
+        return;
+    }
+    let Some(mut cap) = load_capture() else { return };
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = Proc::spawn(Command::new("node").args(["-e", NODE_H2_SERVER_JS, &ps]).stdout(Stdio::piped()));
+    assert_eq!(first_line(&mut server), "ready");
+    let mut client = Proc::spawn(Command::new("node").args(["-e", NODE_H2_CLIENT_JS, &ps]).stdout(Stdio::piped()));
+    let client_lines = output_lines(&mut client);
+    assert_eq!(client_lines.len(), 6, "{client_lines:?}");
+    let pids = [server.pid(), client.pid()];
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let server_pid = server.pid();
+    let _ = server.0.kill();
+    let server_lines = output_lines(&mut server);
+    let ex = reassemble(&evs);
+    let client_ex = check_h2(&ex, client.pid(), Role::Client, &client_lines);
+    check_h2(&ex, server_pid, Role::Server, &server_lines);
+    eprintln!("node h2c: {} exchanges, {} fully known", ex.len(), ex.iter().filter(|e| !e.unknown).count());
+    // Node writes each batch of frames from one buffer, so the capture holds whole header
+    // blocks: every field is known on both sides (Huffman strings, dynamic table and all).
+    assert!(ex.iter().all(|e| !e.unknown && e.method == Some(Method::Post)), "{ex:#?}");
+    use OutcomeClass::*;
+    let classes: Vec<OutcomeClass> = client_ex.iter().map(|e| e.outcome).collect();
+    assert_eq!(classes, vec![Success, Transient, Success, Overload, Semantic, Success]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_exchanges_equal_what_the_peers_logged() {
     if !can_run() {
@@ -283,19 +391,7 @@ async fn grpc_exchanges_equal_what_the_peers_logged() {
     let port = free_port();
     let ps = port.to_string();
     let mut server = Proc::spawn(python(GRPC_SERVER_PY, &[&ps]).stdout(Stdio::piped()));
-    // Wait for "ready" without a buffered reader that could swallow later lines.
-    {
-        use std::io::Read;
-        let mut byte = [0u8; 1];
-        let mut line = Vec::new();
-        while let Some(out) = server.0.stdout.as_mut() {
-            if out.read(&mut byte).unwrap_or(0) == 0 || byte[0] == b'\n' {
-                break;
-            }
-            line.push(byte[0]);
-        }
-        assert_eq!(line, b"ready");
-    }
+    assert_eq!(first_line(&mut server), "ready");
     let mut client = Proc::spawn(python(GRPC_CLIENT_PY, &[&ps]).stdout(Stdio::piped()));
     let client_lines = output_lines(&mut client);
     assert_eq!(client_lines.len(), 7, "{client_lines:?}");
@@ -306,30 +402,8 @@ async fn grpc_exchanges_equal_what_the_peers_logged() {
     let server_lines = output_lines(&mut server);
     let ex = reassemble(&evs);
 
-    // Each side's exchanges, in request order, against that side's log (`PATH CODE` lines).
-    // A field the reassembler reports must equal the logged one; a field it could not know
-    // (the capture cut a header block) must be absent and the exchange marked unknown.
-    let check = |pid: u32, role: Role, log: &[String]| -> Vec<Exchange> {
-        let mut v: Vec<Exchange> =
-            ex.iter().filter(|e| e.pid == pid && e.role == role && e.protocol == Protocol::Http2).cloned().collect();
-        v.sort_by_key(|e| e.request_start_ns);
-        assert_eq!(v.len(), log.len(), "{role:?}: one exchange per logged call\n{v:#?}\n{log:?}");
-        for (e, line) in v.iter().zip(log) {
-            let (path, code) = line.rsplit_once(' ').unwrap_or((line, ""));
-            if let Some(p) = &e.path {
-                assert_eq!(p, path, "{role:?} {e:#?}");
-            } else {
-                assert!(e.unknown, "no path and not marked unknown: {e:#?}");
-            }
-            match e.grpc_status {
-                Some(g) => assert_eq!(g.to_string(), code, "{role:?} {e:#?}"),
-                None => assert!(e.unknown, "no grpc-status and not marked unknown: {e:#?}"),
-            }
-        }
-        v
-    };
-    let client_ex = check(client.pid(), Role::Client, &client_lines);
-    let server_ex = check(server_pid, Role::Server, &server_lines);
+    let client_ex = check_h2(&ex, client.pid(), Role::Client, &client_lines);
+    let server_ex = check_h2(&ex, server_pid, Role::Server, &server_lines);
     // Reads are whole (recvmsg): the client always knows the statuses, the server the paths.
     use OutcomeClass::*;
     let classes: Vec<OutcomeClass> = client_ex.iter().map(|e| e.outcome).collect();
