@@ -70,6 +70,7 @@ pub const DEFAULT_MAX_EDGES: usize = 1024;
 pub const DEFAULT_MAX_THREADS: usize = 32_768;
 pub const DEFAULT_MAX_PENDING: usize = 65_536;
 pub const DEFAULT_MAX_RETRY_KEYS: usize = 131_072;
+pub const DEFAULT_TIMING_LINK_MS: u64 = 5;
 
 /// Correlation: thread context, verdicts, retry detection, edge figures.
 #[derive(Args, Debug, Clone)]
@@ -94,6 +95,12 @@ pub struct CorrelateConfig {
     /// an edge that never retries, so the chain keeps at least one retry (at-least-once).
     #[arg(long, env = "RETRY_AGENT_AT_LEAST_ONCE", default_value_t = true, action = clap::ArgAction::Set)]
     pub at_least_once: bool,
+    /// Where thread context cannot link (event loops, goroutines without ids, work handed to
+    /// another thread), link a failed inbound request to the one failed outbound call of its
+    /// process that completed at most this long before the response was written, if no other
+    /// response of the process followed that call as closely (milliseconds; 0 = never link).
+    #[arg(long, env = "RETRY_AGENT_TIMING_LINK_MS", default_value_t = DEFAULT_TIMING_LINK_MS)]
+    pub timing_link_ms: u64,
     /// Learn fail-close vs fail-open per dependency; unclaim only on fail-close failures.
     #[arg(long, env = "RETRY_AGENT_FAILURE_MEMORY", default_value_t = true, action = clap::ArgAction::Set)]
     pub failure_memory: bool,
@@ -127,6 +134,7 @@ impl Default for CorrelateConfig {
             stats_window_buckets: DEFAULT_WINDOW_BUCKETS,
             fault_failure_ratio: DEFAULT_FAULT_FAILURE_RATIO,
             at_least_once: true,
+            timing_link_ms: DEFAULT_TIMING_LINK_MS,
             failure_memory: true,
             service_names: Vec::new(),
             max_services: DEFAULT_MAX_SERVICES,

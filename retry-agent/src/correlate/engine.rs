@@ -74,8 +74,10 @@ struct ProcState {
     ports: Vec<u16>,
     /// Resolved names by port (0 = the process as a caller); cleared when naming inputs change.
     names: Vec<(u16, ServiceId)>,
-    /// Recent failed outbound calls, process-wide: (start, end, edge, thread).
-    failures: VecDeque<(u64, u64, u32, u64)>,
+    /// Recent failed outbound calls, process-wide, with the thread that made them.
+    failures: VecDeque<(Child, u64)>,
+    /// Recent inbound responses of the process: (first response byte written, exchange).
+    responses: VecDeque<(u64, ExchangeId)>,
     /// End of the newest failure evicted from `failures`: spans older than this are not covered.
     failures_lost_until: u64,
 }
@@ -186,6 +188,9 @@ struct Pending {
     /// thread serving no request).
     process_failed: bool,
     orphan_failed: bool,
+    /// First response byte written (for linking by timing).
+    resp_start: Option<u64>,
+    req_end: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -370,7 +375,7 @@ impl Engine {
             // Unresolved side: nothing sound to say about it.
             Role::Unknown => {}
         }
-        self.advance(ex.end_ns(), out);
+        self.advance(last_ns(ex), out);
     }
 
     /// Advance capture time: judge inbound exchanges whose grace has passed, roll buckets.
@@ -721,15 +726,6 @@ impl Engine {
                 *n += 1;
             }
         }
-        if failed {
-            let p = self.procs.entry(ex.pid).or_default();
-            if p.failures.len() >= FAILURES_PER_PROCESS
-                && let Some((_, end, _, _)) = p.failures.pop_front()
-            {
-                p.failures_lost_until = p.failures_lost_until.max(end);
-            }
-            p.failures.push_back((ex.request_start_ns, ex.end_ns(), edge, thread_key(ex.tid, ex.goid)));
-        }
         if ex.failure == Some(Failure::Abandoned) {
             self.abandoned.insert(tuple, (ex.end_ns(), edge));
         }
@@ -745,6 +741,15 @@ impl Engine {
             retry,
             idempotent: ex.idempotent || ex.idempotency_key,
         };
+        if failed {
+            let p = self.procs.entry(ex.pid).or_default();
+            if p.failures.len() >= FAILURES_PER_PROCESS
+                && let Some((old, _)) = p.failures.pop_front()
+            {
+                p.failures_lost_until = p.failures_lost_until.max(old.end);
+            }
+            p.failures.push_back((child, thread_key(ex.tid, ex.goid)));
+        }
         let ctx = self.threads.get_or_insert_with((ex.pid, thread_key(ex.tid, ex.goid)), ThreadCtx::default);
         if ctx.children.len() >= CHILDREN_PER_THREAD
             && let Some(old) = ctx.children.pop_front()
@@ -841,7 +846,7 @@ impl Engine {
         }
         // The caller went away (gave up, reset): a timeout mismatch, not this service's error, so
         // no verdict and no failure in its figures.
-        let peer_gone = matches!(ex.failure, Some(Failure::Abandoned | Failure::Reset | Failure::ResetMidResponse));
+        let peer_gone = caller_gone(ex);
         let failed = ex.failed() && !peer_gone;
         let ep = self.epoch(ex.request_start_ns);
         if let Some(b) = self.svcs.get_mut(svc as usize).and_then(|s| s.ring.at(ep)) {
@@ -854,7 +859,17 @@ impl Engine {
 
         let thread = thread_key(ex.tid, ex.goid);
         let cross_thread = ex.goid.is_none() && ex.response_tid.is_some_and(|t| t != ex.tid);
-        let window = Window { id: ex.id, start: ex.request_start_ns, end: ex.end_ns() };
+        if let Some(rs) = ex.response_start_ns {
+            let p = self.procs.entry(ex.pid).or_default();
+            if p.responses.len() >= FAILURES_PER_PROCESS {
+                p.responses.pop_front();
+            }
+            p.responses.push_back((rs, ex.id));
+        }
+        let window = Window { id: ex.id, start: ex.request_start_ns, end: last_ns(ex) };
+        // A failed response whose timing was lost (l7 saw the connection end before the
+        // response completed): the span of the request is unknown, so is its context.
+        let span_unknown = ex.response_start_ns.is_none() && ex.response_end_ns.is_none() && ex.status.is_some();
         let ctx = self.threads.get_or_insert_with((ex.pid, thread), ThreadCtx::default);
         if ctx.inbound.iter().any(|w| w.id != window.id && w.start < window.end && window.start < w.end) {
             ctx.event_loop = true;
@@ -866,6 +881,7 @@ impl Engine {
 
         if failed {
             let (ambiguous, children) = self.children_of(ex.pid, thread, window.start, window.end);
+            let ambiguous = ambiguous || span_unknown;
             let process_failed = self.process_failed_during(ex.pid, window.start, window.end);
             let orphan_failed = self.orphan_failed_during(ex.pid, thread, window.start, window.end);
             if self.pending.len() >= self.cfg.max_pending
@@ -876,12 +892,12 @@ impl Engine {
                 self.judge(p, out);
             }
             self.pending.push_back(Pending {
-                deadline: ex.end_ns().saturating_add(self.grace_ns),
+                deadline: window.end.saturating_add(self.grace_ns),
                 id: ex.id,
                 pid: ex.pid,
                 thread,
                 start: ex.request_start_ns,
-                end: ex.end_ns(),
+                end: window.end,
                 svc,
                 tuple,
                 remote: ex.remote,
@@ -892,6 +908,8 @@ impl Engine {
                 children,
                 process_failed,
                 orphan_failed,
+                resp_start: ex.response_start_ns,
+                req_end: ex.request_end_ns,
             });
         } else if self.cfg.failure_memory && !cross_thread {
             // A success despite failed children: evidence those dependencies are fail-open.
@@ -917,13 +935,8 @@ impl Engine {
         let abandoned = self.abandoned.get(&tuple).copied();
         let edge = match abandoned {
             // The caller gave up before we finished: our work was wasted.
-            Some((at, edge)) if ex.end_ns() > at => Some(edge),
-            _ if matches!(
-                ex.failure,
-                // (Not ClosedNoResponse: that is our own close, or idleness.)
-                Some(Failure::Abandoned | Failure::Reset | Failure::ResetMidResponse)
-            ) =>
-            {
+            Some((at, edge)) if last_ns(ex) > at => Some(edge),
+            _ if caller_gone(ex) => {
                 // The peer closed or reset while we were still working (caller not on this node,
                 // or not captured): attribute to its edge if we know it.
                 let caller = ex.remote.and_then(|r| self.client_socks.get(&self.ns_key(ex.pid, r)).copied());
@@ -1027,18 +1040,29 @@ impl Engine {
             (p.process_failed, p.orphan_failed)
         };
         let mut caused_by = Vec::new();
+        // Thread context cannot tell (or saw a failure it cannot place): try the timing link.
+        let mut linked = false;
+        if (ambiguous && process_failed) || (!ambiguous && orphan_failed && children.iter().all(|c| !c.outcome.is_failure())) {
+            if let Some(c) = self.link_by_timing(&p) {
+                children = vec![c];
+                ambiguous = false;
+                linked = true;
+                self.stats.timing_links += 1;
+            }
+        }
         let claim = if !ambiguous {
             let failed: Vec<Child> = children.into_iter().filter(|c| c.outcome.is_failure() && c.end <= p.end).collect();
             let mut seen: Vec<u32> = Vec::new();
             for c in &failed {
-                if self.cfg.failure_memory && !seen.contains(&c.edge) {
+                // Memory learns only from contexts thread context proved.
+                if self.cfg.failure_memory && !linked && !seen.contains(&c.edge) {
                     seen.push(c.edge);
                     self.remember(c.edge, true);
                 }
             }
             let causes: Vec<&Child> = failed.iter().filter(|c| self.fail_close(c.edge)).collect();
             if causes.is_empty() {
-                if orphan_failed { Claim::Missing } else { Claim::Claimed }
+                if orphan_failed && !linked { Claim::Missing } else { Claim::Claimed }
             } else if self.cfg.at_least_once && causes.iter().all(|c| self.owes_retry(c, &failed)) {
                 // The chain must keep one retry: nobody below retried a retryable error and this
                 // edge never retries, so our caller's retry is the one.
@@ -1108,12 +1132,46 @@ impl Engine {
             && !failed.iter().any(|o| o.edge == c.edge && o.retry)
     }
 
+    /// The one failed outbound call of the process that completed within `timing_link_ms`
+    /// before this response started, after the request was read, and that no other response of
+    /// the process followed as closely. An event loop answers right after the call it waited
+    /// for returns; when two calls or two responses compete, nothing is linked.
+    fn link_by_timing(&self, p: &Pending) -> Option<Child> {
+        let gap = self.cfg.timing_link_ms.saturating_mul(NS_PER_MS);
+        let resp = p.resp_start?;
+        if gap == 0 {
+            return None;
+        }
+        let proc_ = self.procs.get(&p.pid)?;
+        let before = |t: u64| t <= resp && resp - t <= gap;
+        let mut found = None;
+        for (c, _) in &proc_.failures {
+            if c.start >= p.req_end && c.end <= resp && before(c.end) {
+                if found.is_some() {
+                    return None; // two candidates
+                }
+                found = Some(*c);
+            }
+        }
+        let c = found?;
+        // Another response of the process written as soon after the call: it could be the one
+        // the call answered.
+        let competing_response = proc_
+            .responses
+            .iter()
+            .any(|&(rs, id)| id != p.id && rs >= c.end && rs.saturating_sub(c.end) <= gap);
+        if competing_response {
+            return None;
+        }
+        Some(c)
+    }
+
     fn process_failed_during(&self, pid: u32, start: u64, end: u64) -> bool {
         let Some(p) = self.procs.get(&pid) else { return false };
         if p.failures_lost_until >= start {
             return true; // cannot prove otherwise
         }
-        p.failures.iter().any(|&(s, e, edge, _)| s <= end && e >= start && self.fail_close(edge))
+        p.failures.iter().any(|(c, _)| c.start <= end && c.end >= start && self.fail_close(c.edge))
     }
 
     /// A fail-close outbound failure of the process during [start, end] on another thread that
@@ -1121,7 +1179,8 @@ impl Engine {
     /// not follow. Its inbound request is somewhere; it may be ours.
     fn orphan_failed_during(&self, pid: u32, thread: u64, start: u64, end: u64) -> bool {
         let Some(p) = self.procs.get(&pid) else { return false };
-        p.failures.iter().any(|&(s, e, edge, t)| {
+        p.failures.iter().any(|&(c, t)| {
+            let (s, e, edge) = (c.start, c.end, c.edge);
             t != thread
                 && s <= end
                 && e >= start
@@ -1355,6 +1414,23 @@ impl Engine {
                 s
             })
             .collect()
+    }
+}
+
+/// The latest instant an exchange is known to span: l7 may lose the response end (a close
+/// racing the last write) and keep only its start.
+fn last_ns(ex: &Exchange) -> u64 {
+    ex.response_end_ns.unwrap_or(0).max(ex.response_start_ns.unwrap_or(0)).max(ex.request_end_ns)
+}
+
+/// A server-side exchange the caller ended before it got its answer: it gave up (or reset).
+/// Not `ClosedNoResponse` (our own close, or idleness), and not an error response that was
+/// written whole before a close raced it (the service did answer, with an error).
+fn caller_gone(ex: &Exchange) -> bool {
+    match ex.failure {
+        Some(Failure::Abandoned | Failure::Reset) => true,
+        Some(Failure::ResetMidResponse) => !ex.status.is_some_and(|s| s >= 400),
+        _ => false,
     }
 }
 

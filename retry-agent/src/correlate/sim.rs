@@ -94,6 +94,18 @@ impl ExchangeBuilder {
         self
     }
 
+    /// The request was fully read (server) or written (client) at `t`.
+    pub fn request_done(mut self, t: u64) -> Self {
+        self.0.request_end_ns = t;
+        self
+    }
+
+    /// The first response byte was written (server) or read (client) at `t`.
+    pub fn response_from(mut self, t: u64) -> Self {
+        self.0.response_start_ns = Some(t);
+        self
+    }
+
     /// Ends at `end` (for failures, which have no response end).
     pub fn request_end(mut self, end: u64) -> Self {
         self.0.request_end_ns = end;

@@ -222,4 +222,6 @@ pub struct EngineStats {
     pub evictions: u64,
     /// Services/edges folded into "other" because the cap was reached.
     pub overflowed: u64,
+    /// Failed inbound exchanges thread context could not link, linked by response timing.
+    pub timing_links: u64,
 }

@@ -619,3 +619,82 @@ fn idle_edge_slots_are_reused_at_the_cap() {
     assert!(w.e.stats().overflowed > 0);
     assert!(w.e.edges.len() <= 5);
 }
+
+/// An event loop with overlapping requests: a failed call followed within the link gap by
+/// exactly one error response is linked (unclaimed); competing calls or responses stay missing.
+#[test]
+fn timing_link_on_event_loops() {
+    let t = 1_000 * MS;
+    let call = |id: u64, port: u16, from: u64, to: u64| {
+        X::client(id, B, 200, eph(B, port), addr("203.0.113.9:443"), t + from * MS, t + to * MS).route(&format!("/{id}")).status(503).build()
+    };
+    // Request read [t+10, t+11 ms], response written from t+51 ms.
+    let resp = |id: u64, port: u16, shift: u64| {
+        X::server(id, B, 200, svc(B), addr(&format!("192.168.1.1:{port}")), t + 10 * MS, t + (78 + shift) * MS)
+            .request_done(t + 11 * MS)
+            .response_from(t + (51 + shift) * MS)
+            .status(502)
+            .build()
+    };
+    let mut w = no_alo();
+    // A long request overlapping on the same thread makes it an event loop.
+    w.inbound(B, 200, t, 200 * MS, 200);
+    w.push(call(1, 7, 20, 50));
+    w.push(resp(2, 1, 0));
+    let v = w.verdict(2);
+    assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
+    assert_eq!(v.caused_by.len(), 1);
+    assert_eq!(v.caused_by[0].exchange, ExchangeId(1));
+    assert_eq!(w.e.stats().timing_links, 1);
+
+    // Off: the same is missing.
+    let mut c = cfg();
+    c.timing_link_ms = 0;
+    let mut w = World::with(c);
+    w.inbound(B, 200, t, 200 * MS, 200);
+    w.push(call(1, 7, 20, 50));
+    w.push(resp(2, 1, 0));
+    assert_eq!(w.verdict(2).claim, Claim::Missing);
+
+    // Two failed calls completing just before the response: no link.
+    let mut w = no_alo();
+    w.inbound(B, 200, t, 200 * MS, 200);
+    w.push(call(1, 7, 20, 50));
+    w.push(call(2, 8, 21, 49));
+    w.push(resp(3, 1, 0));
+    assert_eq!(w.verdict(3).claim, Claim::Missing);
+
+    // Two responses right after one failed call: no link for either.
+    let mut w = no_alo();
+    w.inbound(B, 200, t, 200 * MS, 200);
+    w.push(call(1, 7, 20, 50));
+    w.push(resp(2, 1, 0));
+    w.push(resp(3, 2, 2));
+    assert_eq!(w.verdict(2).claim, Claim::Missing);
+    assert_eq!(w.verdict(3).claim, Claim::Missing);
+
+    // A call that ended long before the response explains nothing.
+    let mut w = no_alo();
+    w.inbound(B, 200, t, 200 * MS, 200);
+    w.push(call(1, 7, 20, 30));
+    w.push(resp(2, 1, 0));
+    assert_eq!(w.verdict(2).claim, Claim::Missing);
+}
+
+/// Work handed to another thread (a gRPC client's poller): the orphan failure is linked by
+/// timing when it is the one that completed right before the response.
+#[test]
+fn timing_link_for_handed_off_calls() {
+    let mut w = no_alo();
+    let t = 1_000 * MS;
+    w.push(X::client(1, B, 299, eph(B, 7), addr("203.0.113.9:443"), t + 2 * MS, t + 6 * MS).route("/x").status(503).build());
+    w.push(
+        X::server(2, B, 200, svc(B), addr("192.168.1.1:1"), t, t + 8 * MS)
+            .request_done(t + MS)
+            .response_from(t + 6 * MS + MS / 2)
+            .status(502)
+            .build(),
+    );
+    let v = w.verdict(2);
+    assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
+}
