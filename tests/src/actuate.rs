@@ -38,7 +38,11 @@ pub fn skip_reason(python_modules: &[&str]) -> Option<String> {
 }
 
 /// Path of the retry-agent binary, built if needed (the tests crate depends on the library only).
+/// `RASHIM_AGENT_BIN` overrides (a binary built elsewhere; the shared target dir is rebuilt often).
 pub fn agent_bin() -> PathBuf {
+    if let Some(b) = std::env::var_os("RASHIM_AGENT_BIN") {
+        return PathBuf::from(b);
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = Command::new(cargo).current_dir(&root).args(["build", "-q", "-p", "retry-agent", "--bin", "retry-agent"]).status();
@@ -109,7 +113,7 @@ impl Shim {
             .arg("--run-dir")
             .arg(&run_dir)
             .args(["--watchdog", if o.watchdog { "true" } else { "false" }])
-            .args(["--dport", &dports.join(",")])
+            .args(["--dport", &dports.join(","), "--ipv6", "false"])
             .args(o.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
@@ -120,9 +124,12 @@ impl Shim {
         let chain = o.chain.to_string();
         let s = Shim { child: Some(child), chain: chain.clone(), port, run_dir, bin };
         // Ready = this shim's own rules are in (a restart over leftovers has the old jump already).
+        // The shim logs "steering installed" once every rule is in and its signal handlers are set.
         let mine = format!("--to-ports {port}");
-        let ready = wait_until(Duration::from_secs(10), || {
-            iptables::count_jumps(Family::V4, "OUTPUT", &chain) == 1
+        let log_path = std::env::temp_dir().join(format!("rashim-{chain}.log"));
+        let ready = wait_until(Duration::from_secs(30), || {
+            std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("steering installed"))
+                && iptables::count_jumps(Family::V4, "OUTPUT", &chain) == 1
                 && iptables::list(Family::V4, &chain).is_some_and(|r| r.iter().any(|l| l.ends_with(&mine)))
         });
         assert!(ready.is_some(), "shim {chain} did not come up (see /tmp/rashim-{chain}.log)");

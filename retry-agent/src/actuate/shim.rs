@@ -102,6 +102,9 @@ pub struct ShimArgs {
     /// Upstream connect timeout.
     #[arg(long, env = "RETRY_AGENT_SHIM_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     pub connect_timeout_ms: u64,
+    /// IO threads (each with its own listener and runtime); default: one per CPU.
+    #[arg(long, env = "RETRY_AGENT_SHIM_THREADS")]
+    pub threads: Option<usize>,
     /// Directory for the ownership pid file.
     #[arg(long, env = "RETRY_AGENT_SHIM_RUN_DIR", default_value = "/run/retry-agent")]
     pub run_dir: PathBuf,
@@ -150,6 +153,9 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
     if args.cleanup {
         return cleanup_mode(&args).await;
     }
+    // Handlers first: a SIGTERM that lands while rules are being installed must still lead to
+    // their removal, not to the default (die with rules in place).
+    let mut signals = Signals::new();
     let ctx = Arc::new(proxy::Ctx {
         view: ControlView::new(),
         tracker: Mutex::new(policy::Tracker::new(policy::PolicyConfig {
@@ -165,45 +171,63 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         stats: proxy::Stats::default(),
     });
 
-    let v4 = TcpListener::bind(SocketAddr::new(args.listen, args.port))
-        .await
-        .with_context(|| format!("binding {}:{}", args.listen, args.port))?;
-    let v6_ok = args.ipv6 && iptables::Family::V6.available();
-    let v6 = if v6_ok { bind_v6_only(args.port).map_err(|e| tracing::warn!(error = %e, "no IPv6 listener")).ok() } else { None };
+    // Thread per core, each with its own SO_REUSEPORT listeners and a current-thread runtime:
+    // a connection and its upstream live on one thread (no work-stealing hops), as in HAProxy.
+    // Bound here, before any rule exists, so a bind error stops us with nothing redirected.
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
+    let v4_addr = SocketAddr::new(args.listen, args.port);
+    let v6_addr = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, args.port));
+    let mut v6_ok = args.ipv6 && iptables::Family::V6.available();
+    let mut per_thread = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        let mut ls = vec![bind_reuseport(v4_addr).with_context(|| format!("binding {v4_addr}"))?];
+        if v6_ok {
+            match bind_reuseport(v6_addr) {
+                Ok(l) => ls.push(l),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no IPv6 listener; IPv6 not steered");
+                    v6_ok = false;
+                }
+            }
+        }
+        per_thread.push(ls);
+    }
+    for (i, ls) in per_thread.into_iter().enumerate() {
+        let ctx = ctx.clone();
+        std::thread::Builder::new()
+            .name(format!("shim-io-{i}"))
+            .spawn(move || serve_thread(ls, ctx))
+            .context("starting an io thread")?;
+    }
 
     tokio::spawn(control::follow(args.control_socket.clone(), ctx.view.clone()));
 
     let pid_file = args.pid_file();
     if !args.no_iptables {
-        let st = args.steering();
-        st.install(iptables::Family::V4).context("installing IPv4 steering")?;
-        if v6.is_some()
-            && let Err(e) = st.install(iptables::Family::V6)
-        {
-            tracing::warn!(error = %e, "IPv6 steering not installed");
-        }
+        // Pid file and watchdog before the first rule: a crash mid-install is cleaned up too.
         if let Err(e) = write_pid_file(&pid_file) {
             tracing::warn!(error = %e, "cannot write the pid file");
         }
         if args.watchdog {
             spawn_watchdog(&args);
         }
-        tracing::info!(chain = %args.chain, port = args.port, "steering installed");
+        let t0 = std::time::Instant::now();
+        let st = args.steering();
+        if let Err(e) = st.install(iptables::Family::V4) {
+            let _ = iptables::cleanup(&args.chain);
+            let _ = std::fs::remove_file(&pid_file);
+            return Err(e).context("installing IPv4 steering");
+        }
+        if v6_ok
+            && let Err(e) = st.install(iptables::Family::V6)
+        {
+            tracing::warn!(error = %e, "IPv6 steering not installed");
+        }
+        tracing::info!(chain = %args.chain, port = args.port, took_ms = t0.elapsed().as_millis() as u64, "steering installed");
     }
 
-    let serve = async {
-        let a = accept_loop(v4, ctx.clone());
-        match v6 {
-            Some(l6) => {
-                tokio::join!(a, accept_loop(l6, ctx.clone()));
-            }
-            None => a.await,
-        }
-    };
-    tokio::select! {
-        _ = serve => {}
-        s = shutdown_signal() => tracing::info!(signal = s, "shutting down"),
-    }
+    let s = signals.wait().await;
+    tracing::info!(signal = s, "shutting down");
     if !args.no_iptables {
         // Rules first: from here on new connections go direct.
         if let Err(e) = iptables::cleanup(&args.chain) {
@@ -215,14 +239,41 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn bind_v6_only(port: u16) -> std::io::Result<TcpListener> {
-    let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)?;
-    s.set_only_v6(true)?;
+fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let dom = if addr.is_ipv4() { socket2::Domain::IPV4 } else { socket2::Domain::IPV6 };
+    let s = socket2::Socket::new(dom, socket2::Type::STREAM, None)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
     s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
     s.set_nonblocking(true)?;
-    s.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())?;
+    s.bind(&addr.into())?;
     s.listen(1024)?;
-    TcpListener::from_std(s.into())
+    Ok(s.into())
+}
+
+/// One io thread: its listeners, its connections, until the process exits.
+fn serve_thread(listeners: Vec<std::net::TcpListener>, ctx: Arc<proxy::Ctx>) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "io thread has no runtime; its share of connections will queue");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        let mut loops = Vec::new();
+        for l in listeners {
+            match TcpListener::from_std(l) {
+                Ok(l) => loops.push(tokio::spawn(accept_loop(l, ctx.clone()))),
+                Err(e) => tracing::error!(error = %e, "cannot register a listener"),
+            }
+        }
+        for l in loops {
+            let _ = l.await;
+        }
+    });
 }
 
 async fn accept_loop(l: TcpListener, ctx: Arc<proxy::Ctx>) {
@@ -240,18 +291,28 @@ async fn accept_loop(l: TcpListener, ctx: Arc<proxy::Ctx>) {
     }
 }
 
-async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut t), Ok(mut i), Ok(mut h)) =
-        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
-    else {
-        tracing::warn!("cannot install signal handlers; the watchdog or --cleanup must remove the rules");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = t.recv() => "SIGTERM",
-        _ = i.recv() => "SIGINT",
-        _ = h.recv() => "SIGHUP",
+/// SIGTERM, SIGINT and SIGHUP, registered once at start.
+struct Signals(Option<[tokio::signal::unix::Signal; 3]>);
+
+impl Signals {
+    fn new() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup())) {
+            (Ok(t), Ok(i), Ok(h)) => Signals(Some([t, i, h])),
+            _ => {
+                tracing::warn!("cannot install signal handlers; the watchdog or --cleanup must remove the rules");
+                Signals(None)
+            }
+        }
+    }
+
+    async fn wait(&mut self) -> &'static str {
+        let Some([t, i, h]) = self.0.as_mut() else { return std::future::pending().await };
+        tokio::select! {
+            _ = t.recv() => "SIGTERM",
+            _ = i.recv() => "SIGINT",
+            _ = h.recv() => "SIGHUP",
+        }
     }
 }
 

@@ -260,14 +260,35 @@ struct H1Upstream {
     sender: tokio::sync::Mutex<Option<cconn::http1::SendRequest<Incoming>>>,
 }
 
-async fn h1_handshake(s: TcpStream) -> Result<cconn::http1::SendRequest<Incoming>, ProxyError> {
-    let (sender, conn) = cconn::http1::Builder::new().preserve_header_case(true).handshake(TokioIo::new(s)).await?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "upstream http1 connection ended");
+type H1Conn = cconn::http1::Connection<TokioIo<TcpStream>, Incoming>;
+
+async fn h1_handshake(s: TcpStream) -> Result<(cconn::http1::SendRequest<Incoming>, H1Conn), ProxyError> {
+    Ok(cconn::http1::Builder::new().preserve_header_case(true).handshake(TokioIo::new(s)).await?)
+}
+
+/// Drives the client-facing and the upstream connection in one task: every wake-up of a proxied
+/// request then stays on one thread (spawning the upstream side cost ~2x in throughput).
+/// Ends when the client-facing side ends; the upstream side ending first is not an error.
+async fn drive<S, C>(server: S, client: C) -> Result<(), ProxyError>
+where
+    S: std::future::Future<Output = Result<(), hyper::Error>>,
+    C: std::future::Future<Output = Result<(), hyper::Error>>,
+{
+    tokio::pin!(server);
+    tokio::pin!(client);
+    let mut client_done = false;
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut client, if !client_done => {
+                client_done = true;
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "upstream connection ended");
+                }
+            }
+            r = &mut server => return r.map_err(ProxyError::from),
         }
-    });
-    Ok(sender)
+    }
 }
 
 async fn serve_http1(
@@ -277,7 +298,7 @@ async fn serve_http1(
     orig: SocketAddr,
     ctx: Arc<Ctx>,
 ) -> Result<(), ProxyError> {
-    let sender = h1_handshake(upstream).await?;
+    let (sender, upconn) = h1_handshake(upstream).await?;
     let up = Arc::new(H1Upstream { orig, sender: tokio::sync::Mutex::new(Some(sender)) });
     let info = Arc::new(ConnInfo { peer, orig, caller: net::caller_of(peer) });
     let svc = service_fn(move |req: Request<Incoming>| {
@@ -290,7 +311,14 @@ async fn serve_http1(
                     let mut g = up.sender.lock().await;
                     if g.as_ref().is_none_or(|s| s.is_closed()) {
                         let s = net::connect_marked(up.orig, ctx.mark, ctx.connect_timeout).await?;
-                        *g = Some(h1_handshake(s).await?);
+                        let (sender, conn) = h1_handshake(s).await?;
+                        // Rare (the callee closed an idle connection): its own task is fine.
+                        tokio::spawn(async move {
+                            if let Err(e) = conn.await {
+                                tracing::debug!(error = %e, "upstream http1 connection ended");
+                            }
+                        });
+                        *g = Some(sender);
                     }
                     let Some(s) = g.as_mut() else { return Err(ProxyError::SuppressedReset) };
                     s.ready().await?;
@@ -300,12 +328,9 @@ async fn serve_http1(
             .await
         }
     });
-    sconn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .preserve_header_case(true)
-        .serve_connection(TokioIo::new(io), svc)
-        .await?;
-    Ok(())
+    let server =
+        sconn::http1::Builder::new().timer(TokioTimer::new()).preserve_header_case(true).serve_connection(TokioIo::new(io), svc);
+    drive(server, upconn).await
 }
 
 async fn serve_h2(
@@ -315,13 +340,8 @@ async fn serve_h2(
     orig: SocketAddr,
     ctx: Arc<Ctx>,
 ) -> Result<(), ProxyError> {
-    let (sender, conn) =
+    let (sender, upconn) =
         cconn::http2::Builder::new(TokioExecutor::new()).timer(TokioTimer::new()).handshake(TokioIo::new(upstream)).await?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "upstream h2 connection ended");
-        }
-    });
     let info = Arc::new(ConnInfo { peer, orig, caller: net::caller_of(peer) });
     let svc = service_fn(move |req: Request<Incoming>| {
         let (sender, info, ctx) = (sender.clone(), info.clone(), ctx.clone());
@@ -336,11 +356,8 @@ async fn serve_h2(
             .await
         }
     });
-    sconn::http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .serve_connection(TokioIo::new(io), svc)
-        .await?;
-    Ok(())
+    let server = sconn::http2::Builder::new(TokioExecutor::new()).timer(TokioTimer::new()).serve_connection(TokioIo::new(io), svc);
+    drive(server, upconn).await
 }
 
 fn is_grpc(h: &HeaderMap) -> bool {
