@@ -251,7 +251,9 @@ fn header_claims_count_for_remote_callees() {
 /// caller owns its error so the retry happens one level up.
 #[test]
 fn at_least_once_caller_without_retries_claims() {
-    let mut w = World::new();
+    let mut c = cfg();
+    c.at_least_once = true;
+    let mut w = World::with(c);
     let t = 1_000 * MS;
     w.call(B, 200, C, t + MS, 3 * MS, 503);
     let b = w.inbound(B, 200, t, 10 * MS, 502);
