@@ -19,7 +19,7 @@ use clap::{ArgAction, Args};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    capture::{Event, ProcessInfo},
+    capture::{DataEvent, Event, ProcessInfo},
     correlate::Verdict,
     decide::{Action, Decision},
     l7::Exchange,
@@ -323,29 +323,60 @@ impl Recorder {
     /// Record one item. Never fails, never blocks on IO (a due storm dump is written on its own
     /// thread).
     pub fn record(&mut self, rec: Record) {
+        match rec {
+            Record::Event(ev) => self.record_event(&ev),
+            other => {
+                if self.cfg.enabled {
+                    self.stats.records_total += 1;
+                    self.admit(other);
+                }
+            }
+        }
+    }
+
+    /// Record a kernel event by reference: the payload is copied (redacted) once, the event is
+    /// never cloned.
+    pub fn record_event(&mut self, ev: &Event) {
         if !self.cfg.enabled {
             return;
         }
         self.stats.records_total += 1;
-        let rec = match rec {
-            Record::Event(Event::Process(p)) => {
+        let rec = match ev {
+            Event::Process(p) => {
                 if self.processes.len() < MAX_PROCESSES || self.processes.contains_key(&p.pid) {
-                    self.processes.insert(p.pid, p);
+                    self.processes.insert(p.pid, p.clone());
                 }
                 return;
             }
-            Record::Event(Event::Data(d)) => {
-                let (d, r) = self.redactor.redact(d);
+            Event::Data(d) => {
+                let (payload, r) = self.redactor.redact_payload(d);
                 self.stats.redacted_headers_total += r.headers;
                 self.stats.redacted_body_bytes_total += r.body_bytes;
-                Record::Event(Event::Data(d))
+                Record::Event(Event::Data(DataEvent {
+                    conn: d.conn,
+                    role: d.role,
+                    direction: d.direction,
+                    syscall: d.syscall,
+                    tuple: d.tuple,
+                    pid: d.pid,
+                    tid: d.tid,
+                    goid: d.goid,
+                    ts_enter_ns: d.ts_enter_ns,
+                    ts_exit_ns: d.ts_exit_ns,
+                    len: d.len,
+                    payload,
+                }))
             }
-            Record::Event(Event::ProcessExit { pid, ts_ns }) => {
-                self.redactor.forget_pid(pid);
-                Record::Event(Event::ProcessExit { pid, ts_ns })
+            Event::ProcessExit { pid, ts_ns } => {
+                self.redactor.forget_pid(*pid);
+                Record::Event(Event::ProcessExit { pid: *pid, ts_ns: *ts_ns })
             }
-            other => other,
+            Event::Conn(c) => Record::Event(Event::Conn(c.clone())),
         };
+        self.admit(rec);
+    }
+
+    fn admit(&mut self, rec: Record) {
         let ts_ns = rec.ts_ns();
         if let Record::Decision(d) = &rec {
             self.note_decision(d);

@@ -16,7 +16,7 @@ use std::{
     hash::{BuildHasher, Hasher, RandomState},
 };
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use foldhash::HashMap;
 
 use crate::capture::{ConnId, DataEvent, Direction};
@@ -128,7 +128,13 @@ struct H2 {
 pub struct Redactor {
     streams: HashMap<(ConnId, Direction), Stream>,
     key: RandomState,
+    arena: BytesMut,
+    /// Scratch: body byte ranges of the payload being redacted.
+    runs: Vec<(usize, usize)>,
 }
+
+/// Payload arena chunk size.
+const ARENA_CHUNK: usize = 256 * 1024;
 
 impl Default for Redactor {
     fn default() -> Self {
@@ -138,7 +144,7 @@ impl Default for Redactor {
 
 impl Redactor {
     pub fn new() -> Self {
-        Redactor { streams: HashMap::default(), key: RandomState::new() }
+        Redactor { streams: HashMap::default(), key: RandomState::new(), arena: BytesMut::new(), runs: Vec::new() }
     }
 
     pub fn forget_pid(&mut self, pid: u32) {
@@ -147,20 +153,32 @@ impl Redactor {
 
     /// Mask everything private in `d`'s payload; lengths are kept.
     pub fn redact(&mut self, mut d: DataEvent) -> (DataEvent, Redacted) {
+        let (payload, red) = self.redact_payload(&d);
+        d.payload = payload;
+        (d, red)
+    }
+
+    /// The redacted copy of `d`'s payload (same length), carved from a shared arena: one
+    /// allocation per `ARENA_CHUNK`, not one per event, and the ring frees chunks in order.
+    pub fn redact_payload(&mut self, d: &DataEvent) -> (Bytes, Redacted) {
         if self.streams.len() >= MAX_STREAMS && !self.streams.contains_key(&(d.conn, d.direction)) {
             self.streams.clear();
         }
         let st = self.streams.entry((d.conn, d.direction)).or_insert(Stream::Start);
-        let mut buf = d.payload.to_vec();
+        if self.arena.capacity() - self.arena.len() < d.payload.len() {
+            self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(d.payload.len()));
+        }
+        self.arena.extend_from_slice(&d.payload);
+        let mut buf = self.arena.split();
         let mut red = Redacted::default();
-        let mut body_runs: Vec<(usize, usize)> = Vec::new();
-        walk(st, &mut buf, &mut red, &mut body_runs);
+        self.runs.clear();
+        walk(st, &mut buf, &mut red, &mut self.runs);
         // Bytes the syscall moved beyond the captured prefix still advance the framing.
         let unseen = d.len.saturating_sub(d.payload.len() as u64);
         if unseen > 0 {
             skip(st, unseen);
         }
-        for (s, e) in body_runs {
+        for &(s, e) in &self.runs {
             if let Some(run) = buf.get_mut(s..e) {
                 red.body_bytes += run.len() as u64;
                 let mut h = self.key.build_hasher();
@@ -171,8 +189,7 @@ impl Redactor {
                 }
             }
         }
-        d.payload = Bytes::from(buf);
-        (d, red)
+        (buf.freeze(), red)
     }
 }
 

@@ -104,7 +104,7 @@ impl Pipeline {
         }
         if let Some(tap) = &self.tap {
             let _ = tap.with(|r| {
-                r.record(Record::Event(ev.clone()));
+                r.record_event(ev);
                 Self::tap_out(r, out, self.mark);
             });
         }
