@@ -91,7 +91,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| ms(d)).unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(ms).unwrap_or(0)
 }
 
 /// Agent side: serves snapshots to every connected shim.

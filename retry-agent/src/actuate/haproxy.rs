@@ -102,10 +102,11 @@ impl Actuator for HaproxyActuator {
                 let key = d.edge.callee.as_str();
                 // A later decision for another caller of the same callee may still hold the key.
                 let still = self.active.remaining(std::time::Instant::now()).any(|(a, _)| a.edge.callee == d.edge.callee);
-                if valid_key(key) && !still {
-                    if let Err(e) = self.remove(key).await {
-                        first_err.get_or_insert(e);
-                    }
+                if valid_key(key)
+                    && !still
+                    && let Err(e) = self.remove(key).await
+                {
+                    first_err.get_or_insert(e);
                 }
             }
             first_err.map_or(Ok(()), Err)

@@ -588,16 +588,16 @@ impl Body for Tee {
             Some(Ok(frame)) => {
                 let frame = match frame.into_trailers() {
                     Ok(mut t) => {
-                        if let Some(w) = this.watch.as_mut() {
-                            if w.grpc {
-                                w.grpc_status = policy::grpc_status(&t).or(w.grpc_status);
-                                w.grpc_message = t.get("grpc-message").cloned().or(w.grpc_message.take());
-                                if let Some(c) = policy::claim_of(&t) {
-                                    w.claim = c;
-                                }
-                                if w.grpc_status.is_some_and(|s| s != 0) {
-                                    annotate_failure(&mut t, w.stamp, w.pushback);
-                                }
+                        if let Some(w) = this.watch.as_mut()
+                            && w.grpc
+                        {
+                            w.grpc_status = policy::grpc_status(&t).or(w.grpc_status);
+                            w.grpc_message = t.get("grpc-message").cloned().or(w.grpc_message.take());
+                            if let Some(c) = policy::claim_of(&t) {
+                                w.claim = c;
+                            }
+                            if w.grpc_status.is_some_and(|s| s != 0) {
+                                annotate_failure(&mut t, w.stamp, w.pushback);
                             }
                         }
                         Frame::trailers(t)
