@@ -700,3 +700,32 @@ fn timing_link_for_handed_off_calls() {
     let v = w.verdict(2);
     assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
 }
+
+/// l7 may report a whole error response as reset-mid-response (the client closed at once) and
+/// lose its end: it is still the service's answer, judged over the span it is known to have.
+#[test]
+fn answered_error_cut_by_a_close_is_still_judged() {
+    let mut w = no_alo();
+    let t = 1_000 * MS;
+    w.call_remote(B, 200, "203.0.113.9:443", t + 2 * MS, 2 * MS, 503, None);
+    let mut x = X::server(9, B, 200, svc(B), addr("192.168.1.1:1"), t, t + 8 * MS)
+        .request_done(t)
+        .response_from(t + 7 * MS)
+        .status(502)
+        .failure(Failure::ResetMidResponse)
+        .build();
+    // `failure` clears the response; put back what l7 keeps: the status and the response start.
+    x.status = Some(502);
+    x.outcome = OutcomeClass::Transient;
+    x.response_start_ns = Some(t + 7 * MS);
+    w.push(x);
+    let v = w.verdict(9);
+    assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
+    assert_eq!(w.e.stats().timeout_mismatches, 0, "an answered error is no timeout mismatch");
+
+    // The caller went away before any answer: no verdict, one mismatch.
+    let mut w = World::new();
+    w.push(X::server(10, B, 200, svc(B), addr("192.168.1.1:2"), t, t + 8 * MS).failure(Failure::Abandoned).build());
+    assert!(w.finish().is_empty());
+    assert_eq!(w.e.stats().timeout_mismatches, 1);
+}
