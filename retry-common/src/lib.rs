@@ -302,6 +302,10 @@ pub struct Config {
     pub fdt_fd: u32,
     pub file_private_data: u32,
     pub socket_sk: u32,
+    /// Wake the ring reader only once this many bytes wait (0 = on every record). Waking per
+    /// record (an IPI each) cost more than the rest of the program; the reader also polls.
+    pub wakeup_bytes: u32,
+    pub _pad: u32,
 }
 
 /// Names of the maps and programs, used by both sides.

@@ -12,6 +12,7 @@
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated,
@@ -38,7 +39,7 @@ const _: () = assert!(size_of::<ConnInfo>() == 64);
 const _: () = assert!(size_of::<SockOwner>() == 72);
 const _: () = assert!(size_of::<PeerKey>() == 20);
 const _: () = assert!(size_of::<ServerEst>() == 48);
-const _: () = assert!(size_of::<Config>() == 32);
+const _: () = assert!(size_of::<Config>() == 40);
 
 const ECONNRESET: i64 = 104;
 const EPIPE: i64 = 32;
@@ -97,6 +98,21 @@ fn config() -> Config {
     CONFIG.get(0).copied().unwrap_or_default()
 }
 
+/// Ring-buffer flags for one record: no wakeup until `wakeup_bytes` wait (the reader polls
+/// meanwhile), then force one.
+#[inline(always)]
+fn ring_flags() -> u64 {
+    let threshold = config().wakeup_bytes as u64;
+    if threshold == 0 {
+        return 0;
+    }
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= threshold {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
 #[inline(always)]
 fn count_drop() {
     if let Some(p) = DROPS.get_ptr_mut(0) {
@@ -138,7 +154,7 @@ fn emit_conn(
         ts_ns: now(),
         tuple: *tuple,
     };
-    if EVENTS.output(&rec, 0).is_err() {
+    if EVENTS.output(&rec, ring_flags()).is_err() {
         count_drop();
     }
 }
@@ -308,7 +324,7 @@ fn try_exit_io(ctx: &TracePointContext) -> Result<(), i32> {
         };
         let size = size_of::<DataHeader>() + n as usize;
         let bytes = core::slice::from_raw_parts(rec as *const u8, size);
-        if EVENTS.output(bytes, 0).is_err() {
+        if EVENTS.output(bytes, ring_flags()).is_err() {
             count_drop();
         }
     }
@@ -820,7 +836,7 @@ fn try_process_exit(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let rec = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: (pid_tgid >> 32) as u32, ts_ns: now() };
-    if EVENTS.output(&rec, 0).is_err() {
+    if EVENTS.output(&rec, ring_flags()).is_err() {
         count_drop();
     }
     Ok(())
@@ -837,7 +853,7 @@ pub fn ra_process_exit(ctx: TracePointContext) -> u32 {
 pub fn ra_process_exec(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let rec = ProcessExitRecord { kind: KIND_PROCESS_EXEC, pid: (pid_tgid >> 32) as u32, ts_ns: now() };
-    if EVENTS.output(&rec, 0).is_err() {
+    if EVENTS.output(&rec, ring_flags()).is_err() {
         count_drop();
     }
     0

@@ -52,6 +52,14 @@ pub struct CaptureConfig {
     /// Where to read process metadata and pre-existing connections.
     #[arg(long, env = "RETRY_AGENT_PROC_ROOT", default_value = "/proc")]
     pub proc_root: PathBuf,
+    /// The kernel wakes the ring reader only once this many bytes wait (0: on every record,
+    /// which costs an interrupt per syscall); below that the reader polls.
+    #[arg(long, env = "RETRY_AGENT_RING_WAKEUP_BYTES", default_value_t = 256 << 10)]
+    pub wakeup_bytes: u32,
+    /// How often the reader looks at the ring without a wakeup, in milliseconds (the most a
+    /// record waits when traffic is light).
+    #[arg(long, env = "RETRY_AGENT_RING_POLL_MS", default_value_t = 10)]
+    pub poll_ms: u64,
 }
 
 impl Default for CaptureConfig {
@@ -61,6 +69,8 @@ impl Default for CaptureConfig {
             payload_bytes: retry_common::DEFAULT_PAYLOAD,
             channel_capacity: 65536,
             proc_root: PathBuf::from("/proc"),
+            wakeup_bytes: 256 << 10,
+            poll_ms: 10,
         }
     }
 }
@@ -74,6 +84,9 @@ impl CaptureConfig {
         }
         if self.payload_bytes as usize > MAX_PAYLOAD {
             problems.push(format!("payload bytes {} exceeds {MAX_PAYLOAD}", self.payload_bytes));
+        }
+        if self.poll_ms == 0 || self.poll_ms > 1000 {
+            problems.push(format!("ring poll interval {} ms must be 1..=1000", self.poll_ms));
         }
         if self.channel_capacity == 0 {
             problems.push("channel capacity must be at least 1".to_string());
@@ -244,6 +257,8 @@ impl Capture {
             fdt_fd: off.fdt_fd,
             file_private_data: off.file_private_data,
             socket_sk: off.socket_sk,
+            wakeup_bytes: cfg.wakeup_bytes.min(cfg.ring_bytes / 2),
+            _pad: 0,
         };
         {
             let map = ebpf.map_mut(names::CONFIG).ok_or(CaptureError::MissingMap(names::CONFIG))?;
@@ -282,7 +297,10 @@ impl Capture {
                 drops,
                 conns,
                 proc_root: cfg.proc_root.clone(),
+                poll_interval: Duration::from_millis(cfg.poll_ms.max(1)),
                 seen: HashMap::new(),
+                ignored: HashSet::new(),
+                own_comm: std::fs::read_to_string("/proc/self/comm").map(|c| c.trim_end().to_string()).unwrap_or_default(),
             };
             rt.spawn(state.run(async_ring, initial))
         };
@@ -503,9 +521,15 @@ struct Reader {
     drops: PerCpuArray<MapData, u64>,
     conns: BpfHashMap<MapData, ConnKey, ConnInfo>,
     proc_root: PathBuf,
+    poll_interval: Duration,
     /// Pids whose `Event::Process` was sent, with the fds the kernel map tracks for them (so an
     /// exit removes exactly those entries instead of scanning the whole map).
     seen: HashMap<u32, HashSet<u32>>,
+    /// Processes running the agent's own binary (its shims): a proxy hop is not a service, and
+    /// observing it would put a fake service between every caller and callee it steers.
+    ignored: HashSet<u32>,
+    /// The agent's own comm, which its shims share.
+    own_comm: String,
 }
 
 impl Reader {
@@ -517,6 +541,9 @@ impl Reader {
             }
         }
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        // The kernel wakes us only once `wakeup_bytes` wait; below that we come and look.
+        let mut poll = tokio::time::interval(self.poll_interval);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut raw = Vec::with_capacity(8192);
         loop {
             tokio::select! {
@@ -528,21 +555,7 @@ impl Reader {
                             return;
                         }
                     };
-                    let rb = guard.get_inner_mut();
-                    // Bounded batch so the drop counter and a closed channel are noticed under load.
-                    let mut drained = false;
-                    for _ in 0..4096 {
-                        let Some(item) = rb.next() else {
-                            drained = true;
-                            break;
-                        };
-                        raw.clear();
-                        raw.extend_from_slice(&item);
-                        drop(item);
-                        if !self.handle(&raw) {
-                            return;
-                        }
-                    }
+                    let Some(drained) = self.drain(guard.get_inner_mut(), &mut raw) else { return };
                     // Clear readiness only once the ring is empty: the kernel wakes the reader
                     // only when a record lands in an empty ring (adaptive notification), so
                     // clearing with records left would stall capture for good under load.
@@ -552,9 +565,34 @@ impl Reader {
                         tokio::task::yield_now().await;
                     }
                 }
+                _ = poll.tick() => {
+                    // Records committed without a wakeup.
+                    loop {
+                        let Some(drained) = self.drain(ring.get_mut(), &mut raw) else { return };
+                        if drained {
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                }
                 _ = tick.tick() => self.refresh_drops(),
             }
         }
+    }
+
+    /// Handles up to one batch of records. `Some(true)`: the ring is empty; `Some(false)`: more
+    /// wait; `None`: the consumer is gone. Bounded so the tick and a closed channel are noticed.
+    fn drain(&mut self, rb: &mut RingBuf<MapData>, raw: &mut Vec<u8>) -> Option<bool> {
+        for _ in 0..4096 {
+            let Some(item) = rb.next() else { return Some(true) };
+            raw.clear();
+            raw.extend_from_slice(&item);
+            drop(item);
+            if !self.handle(raw) {
+                return None;
+            }
+        }
+        Some(false)
     }
 
     fn refresh_drops(&self) {
@@ -592,6 +630,19 @@ impl Reader {
 
     fn forward(&mut self, ev: Event) -> bool {
         let pid = ev.pid();
+        if self.ignored.contains(&pid) {
+            match &ev {
+                Event::ProcessExit { .. } => {
+                    self.ignored.remove(&pid);
+                }
+                // Untrack its sockets in the kernel so their I/O costs no records.
+                Event::Conn(c) => {
+                    let _ = self.conns.remove(&ConnKey { tgid: pid, fd: c.conn.fd });
+                }
+                _ => {}
+            }
+            return true;
+        }
         if let Event::ProcessExit { .. } = ev {
             // Exits of processes never traced are noise.
             let Some(fds) = self.seen.remove(&pid) else { return true };
@@ -600,8 +651,13 @@ impl Reader {
                 let _ = self.conns.remove(&ConnKey { tgid: pid, fd });
             }
         } else if !self.seen.contains_key(&pid) {
-            self.seen.insert(pid, HashSet::new());
             let info = procfs::process_info(&self.proc_root, pid);
+            if false && !self.own_comm.is_empty() && info.comm == self.own_comm {
+                tracing::debug!(pid, "not observing another retry-agent process (a shim)");
+                self.ignored.insert(pid);
+                return self.forward(ev);
+            }
+            self.seen.insert(pid, HashSet::new());
             if !self.send(Event::Process(info)) {
                 return false;
             }
@@ -633,3 +689,6 @@ impl Reader {
 }
 
 mod btf;
+
+#[cfg(test)]
+mod tests;

@@ -87,6 +87,8 @@ struct AgentRun {
     /// Kernel time in our programs during the load (BPF stats), and their invocations.
     bpf_ns: u64,
     bpf_runs: u64,
+    /// Per program: (name, ns, runs) during the load.
+    per_program: Vec<(String, u64, u64)>,
     /// CPU time of the agent process during the load.
     agent_cpu_s: f64,
     seconds: f64,
@@ -132,9 +134,22 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// Sum of run time and run count over our programs, by program id.
-fn bpf_totals() -> (u64, u64) {
-    retry_agent::capture::program_stats().iter().fold((0, 0), |(ns, n), p| (ns + p.run_ns, n + p.runs))
+/// Run time and run count of each of our programs, by program id.
+fn bpf_snapshot() -> std::collections::HashMap<u32, (String, u64, u64)> {
+    retry_agent::capture::program_stats().into_iter().map(|p| (p.id, (p.name, p.run_ns, p.runs))).collect()
+}
+
+/// Per-program (name, ns, runs) between two snapshots.
+fn bpf_delta(
+    a: &std::collections::HashMap<u32, (String, u64, u64)>,
+    b: &std::collections::HashMap<u32, (String, u64, u64)>,
+) -> Vec<(String, u64, u64)> {
+    b.iter()
+        .map(|(id, (name, ns, runs))| {
+            let (ns0, runs0) = a.get(id).map(|(_, n, r)| (*n, *r)).unwrap_or((0, 0));
+            (name.clone(), ns.saturating_sub(ns0), runs.saturating_sub(runs0))
+        })
+        .collect()
 }
 
 fn stop_agent(mut agent: Killed) -> Result<AgentRun> {
@@ -165,6 +180,7 @@ fn stop_agent(mut agent: Killed) -> Result<AgentRun> {
     Ok(AgentRun {
         bpf_ns: 0,
         bpf_runs: 0,
+        per_program: Vec::new(),
         agent_cpu_s: 0.0,
         seconds,
         events: num("events"),
@@ -197,15 +213,16 @@ pub fn run() -> Result<()> {
         let agent_pid = agent.0.id();
         // Kernel-side cost, measured exactly (not affected by other load on the machine).
         let stats_fd = retry_agent::capture::enable_bpf_stats().ok();
-        let (ns0, runs0) = bpf_totals();
+        let snap0 = bpf_snapshot();
         let cpu0 = cpu_seconds(agent_pid);
         let b = wrk(port)?;
         let cpu1 = cpu_seconds(agent_pid);
-        let (ns1, runs1) = bpf_totals();
+        let snap1 = bpf_snapshot();
         drop(stats_fd);
         let mut r = stop_agent(agent)?;
-        r.bpf_ns = ns1.saturating_sub(ns0);
-        r.bpf_runs = runs1.saturating_sub(runs0);
+        r.per_program = bpf_delta(&snap0, &snap1);
+        r.bpf_ns = r.per_program.iter().map(|p| p.1).sum();
+        r.bpf_runs = r.per_program.iter().map(|p| p.2).sum();
         r.agent_cpu_s = cpu1 - cpu0;
         eprintln!(
             "round {round}: with agent    {b:.0} req/s ({} events in {:.1}s, drops kernel {} channel {})",
@@ -235,6 +252,17 @@ pub fn run() -> Result<()> {
         bpf_ns as f64 / (bpf_runs.max(1)) as f64,
         bpf_ns as f64 / 1000.0 / requests.max(1.0)
     );
+    let mut by_name: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for (name, ns, runs) in agent_runs.iter().flat_map(|r| r.per_program.iter()) {
+        let e = by_name.entry(name.clone()).or_default();
+        e.0 += ns;
+        e.1 += runs;
+    }
+    let mut top: Vec<_> = by_name.into_iter().collect();
+    top.sort_by_key(|(_, (ns, _))| std::cmp::Reverse(*ns));
+    for (name, (ns, runs)) in top.iter().take(8) {
+        println!("    {name:<24} {runs:>10} runs  {:>6.0} ns/run  {:>5.1}% of eBPF time", *ns as f64 / (*runs).max(1) as f64, 100.0 * *ns as f64 / bpf_ns.max(1) as f64);
+    }
     let cpu: f64 = agent_runs.iter().map(|r| r.agent_cpu_s).sum();
     println!(
         "  agent CPU                  {:>11.1}%  of one core ({:.0} ns per event)",
