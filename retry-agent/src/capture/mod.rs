@@ -652,7 +652,7 @@ impl Reader {
             }
         } else if !self.seen.contains_key(&pid) {
             let info = procfs::process_info(&self.proc_root, pid);
-            if false && !self.own_comm.is_empty() && info.comm == self.own_comm {
+            if !self.own_comm.is_empty() && info.comm == self.own_comm {
                 tracing::debug!(pid, "not observing another retry-agent process (a shim)");
                 self.ignored.insert(pid);
                 return self.forward(ev);

@@ -1,0 +1,95 @@
+//! The agent binary as users run it: what it observes and what it leaves out.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+use std::{
+    collections::HashSet,
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    actuate::agent_bin,
+    capture::{Proc, can_run, free_port, python, wait_listening},
+};
+
+/// The agent's own shims are proxy hops, not services: another process running the agent's
+/// binary is not observed, while its peers (and everyone else) still are.
+#[test]
+fn other_agent_processes_are_not_observed_but_their_peers_are() {
+    if !can_run() {
+        return;
+    }
+    let bin = agent_bin();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let _server = Proc::spawn(python(
+        "import http.server,sys; http.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()",
+        &[&port.to_string()],
+    ).stdout(Stdio::null()).stderr(Stdio::null()));
+    wait_listening(&addr, None);
+
+    let mut trace = Command::new(&bin)
+        .args(["trace", "--port", &port.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting retry-agent trace");
+    // Attached once it says so on stderr.
+    let stderr = BufReader::new(trace.stderr.take().unwrap());
+    let mut attached = false;
+    for line in stderr.lines().map_while(Result::ok) {
+        if line.contains("capture attached") {
+            attached = true;
+            break;
+        }
+    }
+    assert!(attached, "retry-agent trace never attached");
+
+    // Another retry-agent process talks TCP to the server (its dump client, pointed at it)...
+    let other = Command::new(&bin)
+        .args(["dump", "--api", &format!("http://{addr}"), "--timeout-secs", "5"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting a second retry-agent");
+    let other_pid = other.id();
+    let _ = other.wait_with_output();
+    // ...and so does curl.
+    let curl = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://{addr}/")]).spawn().expect("curl");
+    let curl_pid = curl.id();
+    let _ = curl.wait_with_output();
+
+    let stdout = BufReader::new(trace.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut pids = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) else { continue };
+        let v: serde_json::Value = serde_json::from_str(&line).expect("trace prints JSON lines");
+        if v["type"] == "data" {
+            pids.insert(v["pid"].as_u64().unwrap() as u32);
+        }
+        if pids.contains(&curl_pid) && pids.len() >= 2 {
+            // curl and the server's side of its connection are in; give late records a moment.
+            std::thread::sleep(Duration::from_millis(300));
+            while let Ok(line) = rx.try_recv() {
+                let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+                if v["type"] == "data" {
+                    pids.insert(v["pid"].as_u64().unwrap() as u32);
+                }
+            }
+            break;
+        }
+    }
+    let _ = trace.kill();
+    let _ = trace.wait();
+    assert!(pids.contains(&curl_pid), "curl's I/O was not observed: {pids:?}");
+    assert!(!pids.contains(&other_pid), "the other retry-agent process was observed: {pids:?}");
+}
