@@ -34,9 +34,23 @@ pub fn skip_reason() -> Option<String> {
     None
 }
 
+/// The machine-wide lab lock (`/run/ralab.lock`, the one lab/lab.py takes): one fleet per
+/// machine, and another lab run (`cargo xtask lab` by someone else) must not be mistaken for
+/// leftovers of ours. Hold it for the whole test; runs started meanwhile skip their own locking.
+pub fn lock() -> Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/run/ralab.lock")
+        .context("opening /run/ralab.lock")?;
+    f.lock().context("locking /run/ralab.lock")?;
+    Ok(f)
+}
+
 fn lab_command(args: &[&str]) -> Command {
     let mut c = Command::new("python3");
-    c.arg(repo().join("lab/lab.py")).args(args).current_dir(repo());
+    c.arg(repo().join("lab/lab.py")).args(args).current_dir(repo()).env("RALAB_LOCK_HELD", "1");
     c
 }
 

@@ -41,6 +41,7 @@ fn storm_multiplies_without_control_and_stops_with_agent_and_shim() {
     if skip() {
         return;
     }
+    let _lab = lab::lock().expect("the lab lock");
     let r = lab::run("depth4.toml", "none,observe,shim", "test-depth4", &[]).expect("lab run");
     assert_clean("depth4");
 
@@ -82,6 +83,7 @@ fn transient_fault_keeps_root_availability_under_suppression() {
     if skip() {
         return;
     }
+    let _lab = lab::lock().expect("the lab lock");
     let r = lab::run("depth4-transient.toml", "none,shim", "test-transient", &[]).expect("lab run");
     assert_clean("depth4-transient");
     let none = lab::mode(&r, "none").expect("no-control mode always runs");
@@ -103,6 +105,7 @@ fn lab_cleans_up_after_an_interruption() {
     if skip() {
         return;
     }
+    let _lab = lab::lock().expect("the lab lock");
     let mut child = lab::spawn("depth4.toml", "none", "test-interrupt").expect("spawn lab");
     // Interrupt while the fleet and load are running (setup + startup take a few seconds).
     std::thread::sleep(std::time::Duration::from_secs(10));
