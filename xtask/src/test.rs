@@ -33,6 +33,9 @@ pub fn run_tests(args: TestArgs) -> Result<()> {
     if !setup::is_root() {
         bail!("integration tests load eBPF programs and create network namespaces: run as root");
     }
+    // The integration tests run the agent binary itself (trace, shim, the lab's agent modes):
+    // build it now, with this object embedded, so no test runs a stale or partial build.
+    build::agent(false)?;
     let mut cmd = Command::new("cargo");
     cmd.args(["test", "-p", "integration-tests"]).current_dir(&root).env("RETRY_EBPF_OBJECT", &obj);
     for t in &args.only {
