@@ -16,7 +16,7 @@
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -158,12 +158,12 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
     let mut signals = Signals::new();
     let ctx = Arc::new(proxy::Ctx {
         view: ControlView::new(),
-        tracker: Mutex::new(policy::Tracker::new(policy::PolicyConfig {
+        tracker: policy::SharedTracker::new(policy::PolicyConfig {
             window: Duration::from_millis(args.retry_window_ms),
             budget_ratio: args.retry_budget,
             throttle_k: args.throttle_k,
             ..Default::default()
-        })),
+        }),
         mark: args.mark,
         listen_port: args.port,
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),

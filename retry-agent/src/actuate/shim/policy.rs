@@ -270,6 +270,49 @@ impl Tracker {
     }
 }
 
+/// The tracker as the io threads share it. In the steady state (no failure remembered, no
+/// per-client policy, no retry marker) requests pass without taking the lock: under CPU
+/// contention a preempted lock holder would otherwise stall every other io thread.
+#[derive(Debug)]
+pub struct SharedTracker {
+    inner: std::sync::Mutex<Tracker>,
+    /// Mirror of the number of remembered failures (updated under the lock).
+    failures: std::sync::atomic::AtomicUsize,
+    policies: bool,
+}
+
+impl SharedTracker {
+    pub fn new(cfg: PolicyConfig) -> SharedTracker {
+        let policies = cfg.budget_ratio.is_some() || cfg.throttle_k.is_some();
+        SharedTracker { inner: std::sync::Mutex::new(Tracker::new(cfg)), failures: Default::default(), policies }
+    }
+
+    fn idle(&self) -> bool {
+        !self.policies && self.failures.load(std::sync::atomic::Ordering::Relaxed) == 0
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Tracker) -> R) -> R {
+        let mut t = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let r = f(&mut t);
+        self.failures.store(t.failures.len(), std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+
+    pub fn on_request(&self, key: &RequestKey, marked_retry: bool, suppressed: Option<Reason>, now: Instant) -> Verdict {
+        if !marked_retry && self.idle() {
+            return Verdict::Forward { retry: false };
+        }
+        self.with(|t| t.on_request(key, marked_retry, suppressed, now))
+    }
+
+    pub fn on_outcome(&self, key: &RequestKey, failure: Option<(FailureReply, Claim)>, now: Instant) {
+        if failure.is_none() && self.idle() {
+            return;
+        }
+        self.with(|t| t.on_outcome(key, failure, now))
+    }
+}
+
 /// Whether an HTTP status is a failure worth remembering (what retry policies retry on).
 pub fn status_is_failure(s: http::StatusCode) -> bool {
     s.is_server_error() || s == http::StatusCode::TOO_MANY_REQUESTS || s == http::StatusCode::REQUEST_TIMEOUT

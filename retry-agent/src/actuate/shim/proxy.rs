@@ -9,7 +9,7 @@ use std::{
     net::SocketAddr,
     pin::Pin,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     task::{Context, Poll},
@@ -29,7 +29,7 @@ use tokio::{
 
 use super::{
     net,
-    policy::{self, CallerId, FailureReply, RequestKey, SuppressReason, Tracker, Verdict},
+    policy::{self, CallerId, FailureReply, RequestKey, SuppressReason, Verdict},
 };
 use crate::{
     actuate::control::ControlView,
@@ -44,7 +44,7 @@ const METHODS: [&[u8]; 8] = [b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b
 /// Shared by every connection of one shim.
 pub struct Ctx {
     pub view: Arc<ControlView>,
-    pub tracker: Mutex<Tracker>,
+    pub tracker: policy::SharedTracker,
     pub mark: u32,
     pub listen_port: u16,
     pub connect_timeout: Duration,
@@ -399,7 +399,7 @@ where
     let grpc = is_grpc(req.headers());
     let marked = policy::retry_markers(req.headers()).says_retry();
     let suppressed = ctx.view.suppression(&info.orig, now);
-    let verdict = lock(&ctx.tracker).on_request(&key, marked, suppressed, now);
+    let verdict = ctx.tracker.on_request(&key, marked, suppressed, now);
     match verdict {
         Verdict::Answer { reason, reply } => {
             bump(&ctx.stats.suppressed);
@@ -419,7 +419,7 @@ where
         Ok(r) => r,
         Err(e) => {
             bump(&ctx.stats.upstream_errors);
-            lock(&ctx.tracker).on_outcome(&key, Some((FailureReply::Reset, Claim::Missing)), Instant::now());
+            ctx.tracker.on_outcome(&key, Some((FailureReply::Reset, Claim::Missing)), Instant::now());
             return Err(e);
         }
     };
@@ -437,7 +437,7 @@ where
     let watch = grpc || http_failed;
     if !watch {
         // Success: forget any earlier failure of this request; nothing to watch in the body.
-        lock(&ctx.tracker).on_outcome(&key, None, now);
+        ctx.tracker.on_outcome(&key, None, now);
     }
     let tee = Tee {
         inner: body,
@@ -457,10 +457,6 @@ where
         done: false,
     };
     Ok(Response::from_parts(parts, tee.boxed_unsync()))
-}
-
-fn lock(m: &Mutex<Tracker>) -> std::sync::MutexGuard<'_, Tracker> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Stamps the agent's claim (inbound side) and, on a suppressed gRPC edge, the do-not-retry
@@ -562,7 +558,7 @@ impl Watch {
         } else {
             None
         };
-        lock(&self.ctx.tracker).on_outcome(&self.key, outcome, now);
+        self.ctx.tracker.on_outcome(&self.key, outcome, now);
     }
 }
 

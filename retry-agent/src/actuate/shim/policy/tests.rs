@@ -151,3 +151,17 @@ fn markers_and_grpc_fields_parse() {
     h.insert("x-envoy-attempt-count", HeaderValue::from_static("zz"));
     assert!(!retry_markers(&h).says_retry());
 }
+
+#[test]
+fn shared_tracker_fast_path_still_sees_failures() {
+    let t = SharedTracker::new(PolicyConfig::default());
+    let now = Instant::now();
+    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
+    t.on_outcome(&key("/a"), None, now);
+    t.on_outcome(&key("/a"), Some((bad_gateway(), Claim::Missing)), now);
+    assert!(matches!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), now), Verdict::Answer { .. }));
+    t.on_outcome(&key("/a"), None, now);
+    // Forgotten on success: back to the lock-free path, and a marker still counts.
+    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
+    assert!(matches!(t.on_request(&key("/a"), true, Some(Reason::OverBudget), now), Verdict::Answer { .. }));
+}
