@@ -107,7 +107,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 };
                 last_event_ns = ev.ts_ns().max(last_event_ns);
                 pipeline.push(&ev, &mut out);
-                drain(&mut out, &state, &to_actuators);
+                drain(&mut out, &pipeline, &state, &to_actuators);
             }
             _ = publish.tick() => {
                 let now = monotonic_ns();
@@ -115,7 +115,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 // timers (expiry, lapsed decisions) moving on a quiet node.
                 if now.saturating_sub(last_event_ns) > PUBLISH_EVERY.as_nanos() as u64 {
                     pipeline.tick(now, &mut out);
-                    drain(&mut out, &state, &to_actuators);
+                    drain(&mut out, &pipeline, &state, &to_actuators);
                 }
                 state.publish(&pipeline.engine, &pipeline.decider);
                 let c = capture_stats.snapshot();
@@ -134,7 +134,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     info!("shutting down: detaching programs");
     drop(capture);
     pipeline.finish(&mut out);
-    drain(&mut out, &state, &to_actuators);
+    drain(&mut out, &pipeline, &state, &to_actuators);
     Ok(())
 }
 
@@ -161,12 +161,14 @@ fn validate(args: &RunArgs) -> Result<()> {
 #[error("invalid configuration:\n  {}", .0.join("\n  "))]
 pub struct InvalidConfig(pub Vec<String>);
 
-fn drain(out: &mut StageOutput, state: &SharedState, to_actuators: &mpsc::Sender<ToActuators>) {
+/// Hands one push's or tick's results to the API and the actuators. Verdict counters come from
+/// the engine's totals at publish time, so they are not counted here.
+fn drain(out: &mut StageOutput, pipeline: &Pipeline, state: &SharedState, to_actuators: &mpsc::Sender<ToActuators>) {
     if !out.verdicts.is_empty() {
         state.record_verdicts(&out.verdicts);
-        state.metrics().observe_verdicts(&out.verdicts);
     }
     if !out.decisions.is_empty() {
+        state.metrics().observe_decisions(&out.decisions, pipeline.decider.active().len());
         for d in &out.decisions {
             info!(edge = %d.edge, action = ?d.action, reason = d.reason.as_str(), ttl_ms = d.ttl_ms, "decision");
         }
