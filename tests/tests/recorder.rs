@@ -84,7 +84,12 @@ async fn dump_route_client_and_sigusr1() {
 
     // SIGUSR1: the handler is installed before the signal is sent.
     let sig = spawn_sigusr1_dumps(rec.clone()).expect("signal handler");
-    let before = std::fs::read_dir(&dir.0).map(|d| d.count()).unwrap_or(0);
+    let dumps = || {
+        std::fs::read_dir(&dir.0)
+            .map(|d| d.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "radump")).count())
+            .unwrap_or(0)
+    };
+    let before = dumps();
     let status = std::process::Command::new("kill")
         .args(["-USR1", &std::process::id().to_string()])
         .status()
@@ -95,14 +100,14 @@ async fn dump_route_client_and_sigusr1() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         found = std::fs::read_dir(&dir.0)
             .ok()
-            .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.to_string_lossy().contains("-signal")));
+            .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.to_string_lossy().contains("-signal") && p.extension().is_some_and(|e| e == "radump")));
         if found.is_some() {
             break;
         }
     }
     sig.abort();
     let found = found.expect("no dump after SIGUSR1");
-    assert_eq!(std::fs::read_dir(&dir.0).map(|d| d.count()).unwrap_or(0), before + 1);
+    assert_eq!(dumps(), before + 1);
     let d = DumpReader::open(&found).expect("signal dump");
     assert_eq!(d.header.map(|h| h.reason), Some(DumpReason::Signal));
 }
@@ -193,6 +198,10 @@ async fn real_traffic_dump_replays_to_the_live_results() {
     let path = request_dump(&format!("http://{addr}"), None, Duration::from_secs(30)).await.expect("dump");
     server.abort();
     let raw = std::fs::read(&path).expect("read dump");
+    if let Some(keep) = std::env::var_os("RA_RECORDER_KEEP_DUMP") {
+        // For looking at `retry-agent forensics` output on real traffic by hand.
+        let _ = std::fs::write(keep, &raw);
+    }
     let dump = DumpReader::read(&raw).expect("parse dump");
     assert!(dump.loss.is_clean(), "{}", dump.loss);
     assert_no_secret(&raw, &dump.records);

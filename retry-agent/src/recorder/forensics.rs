@@ -239,8 +239,12 @@ fn build(records: &[Record], d: &Derived, header: Option<&DumpHeader>, source: S
         push(
             x.end_ns(),
             TimelineKind::FirstFailure,
-            format!("{} {} → {}", x.status.map_or_else(|| format!("{:?}", x.outcome), |s| s.to_string()),
-                x.path.as_deref().unwrap_or("-"), x.remote.map_or_else(|| "?".into(), |a| a.to_string())),
+            {
+                // The failing service's address: the local end of a server-side exchange.
+                let at = if x.role == Role::Server { x.local } else { x.remote };
+                format!("{} {} at {}", x.status.map_or_else(|| format!("{:?}", x.outcome), |s| s.to_string()),
+                    x.path.as_deref().unwrap_or("-"), at.map_or_else(|| "?".into(), |a| a.to_string()))
+            },
         );
     }
     let fault_at = d.snapshots.iter().find(|s| s.paths.fault_active || s.edges.iter().any(|e| e.fault_active));

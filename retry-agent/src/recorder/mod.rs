@@ -216,21 +216,31 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Write into `dir` as a new 0600 file; returns its path.
+    /// Write into `dir` as a new 0600 file; returns its path. The file appears under its final
+    /// name only once complete (written under a hidden name, then linked), so whoever watches
+    /// the directory never reads half a dump.
     pub fn write_to_dir(&self, dir: &Path) -> Result<PathBuf, RecorderError> {
         ensure_dir(dir)?;
         let node = format::node_name();
         let wall_ms = format::unix_ms();
-        let mut n = 0u32;
-        loop {
-            let name = format!("retry-agent-{node}-{wall_ms}-{}{}.radump", self.reason.slug(),
-                if n == 0 { String::new() } else { format!("-{n}") });
-            let path = dir.join(name);
-            match self.write_file(&path) {
-                Err(RecorderError::Write { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => n += 1,
-                other => return other.map(|()| path),
+        let base = format!("retry-agent-{node}-{wall_ms}-{}", self.reason.slug());
+        let tmp = dir.join(format!(".{base}-{}.partial", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let written = self.write_file(&tmp);
+        let result = written.and_then(|()| {
+            for n in 0..100u32 {
+                let suffix = if n == 0 { String::new() } else { format!("-{n}") };
+                let path = dir.join(format!("{base}{suffix}.radump"));
+                match std::fs::hard_link(&tmp, &path) {
+                    Ok(()) => return Ok(path),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(source) => return Err(RecorderError::Write { path, source }),
+                }
             }
-        }
+            Err(RecorderError::Write { path: tmp.clone(), source: std::io::ErrorKind::AlreadyExists.into() })
+        });
+        let _ = std::fs::remove_file(&tmp);
+        result
     }
 
     /// Write to exactly `path` (must not exist), mode 0600.
