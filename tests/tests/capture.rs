@@ -211,7 +211,10 @@ async fn dropping_the_capture_unloads_every_program() {
     assert!(ours.len() >= 30, "every program loaded: {ours:?}");
     let before = retry_agent::capture::loaded_program_ids();
     assert!(ours.iter().all(|id| before.contains(id)));
-    drop(cap);
+    // Split like the pipeline does: the receiver alone does not keep anything loaded.
+    let (guard, rx, _stats) = cap.into_parts();
+    drop(guard);
+    drop(rx);
     // The reader task is aborted asynchronously; its ring-buffer fd goes with it.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = retry_agent::capture::loaded_program_ids();

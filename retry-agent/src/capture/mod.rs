@@ -217,14 +217,19 @@ const PROGRAMS: &[(&str, &str, &str)] = &[
 
 /// A running capture: programs attached, reader task running.
 pub struct Capture {
-    // Owns the loaded programs and their links: dropping it detaches everything.
-    _ebpf: Ebpf,
+    guard: CaptureGuard,
     rx: mpsc::Receiver<Event>,
     stats: StatsHandle,
+}
+
+/// Keeps the programs attached and the ring reader running; dropping it stops the reader and
+/// detaches and unloads every program (nothing is pinned).
+pub struct CaptureGuard {
+    ebpf: Ebpf,
     reader: JoinHandle<()>,
 }
 
-impl Drop for Capture {
+impl Drop for CaptureGuard {
     fn drop(&mut self) {
         self.reader.abort();
     }
@@ -305,7 +310,7 @@ impl Capture {
             rt.spawn(state.run(async_ring, initial))
         };
         tracing::info!(programs = PROGRAMS.len(), payload_bytes = config.payload_bytes, "capture attached");
-        Ok(Capture { _ebpf: ebpf, rx, stats, reader })
+        Ok(Capture { guard: CaptureGuard { ebpf, reader }, rx, stats })
     }
 
     /// The decoded event stream.
@@ -320,12 +325,18 @@ impl Capture {
 
     /// Kernel ids of this capture's programs (they disappear when `self` is dropped).
     pub fn program_ids(&self) -> Vec<u32> {
-        self._ebpf.programs().filter_map(|(_, p)| p.info().ok()).map(|i| i.id()).collect()
+        self.guard.ebpf.programs().filter_map(|(_, p)| p.info().ok()).map(|i| i.id()).collect()
     }
 
     /// A handle that reads the counters after `self` has been split up.
     pub fn stats_handle(&self) -> StatsHandle {
         self.stats.clone()
+    }
+
+    /// Splits the capture so the event stream can move into another task: keep the guard alive
+    /// for as long as events should flow.
+    pub fn into_parts(self) -> (CaptureGuard, mpsc::Receiver<Event>, StatsHandle) {
+        (self.guard, self.rx, self.stats)
     }
 }
 
