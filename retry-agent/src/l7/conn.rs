@@ -454,7 +454,7 @@ impl H1Conn {
         H1Conn { req, resp, pending: VecDeque::new(), next_seq: 0, cur_req: None }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments, reason = "one call site; the parts are split borrows of the connection")]
     fn feed(&mut self, is_req: bool, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, info: &ConnInfo, max_inflight: usize, em: &mut Emitter<'_>) {
         let H1Conn { req, resp, pending, next_seq, cur_req } = self;
         let mut upgraded = false;
@@ -616,7 +616,7 @@ struct H2Conn {
 }
 
 impl H2Conn {
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments, reason = "one call site; the parts are split borrows of the connection")]
     fn feed(&mut self, is_req: bool, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, info: &ConnInfo, em: &mut Emitter<'_>) {
         // The observed process wrote this direction: the client writes requests.
         let written = (info.role == Role::Client) == is_req;
