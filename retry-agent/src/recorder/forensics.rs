@@ -194,6 +194,13 @@ pub fn analyse(path: &Path, args: &ForensicsArgs) -> anyhow::Result<IncidentRepo
     } else {
         (Source::Replay, Derived { exchanges: rep.exchanges, verdicts: rep.verdicts, decisions: rep.decisions, snapshots: rep.snapshots })
     };
+    let missing = dump.header.as_ref().map_or(0, |h| h.missing_before);
+    if missing > 0 {
+        notes.push(format!(
+            "the ring had let go of {missing} older records before this dump: the replay starts mid-stream, so \
+             connections open at its start and the first window of edge figures can differ from the live run"
+        ));
+    }
     if !dump.loss.is_clean() {
         notes.push(format!("the dump is damaged: {}; figures cover what survived", dump.loss));
     }

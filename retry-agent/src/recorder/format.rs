@@ -69,6 +69,9 @@ pub struct DumpHeader {
     pub reason: DumpReason,
     /// The recorder config in force (kept loose so old dumps parse after the config grows).
     pub config: serde_json::Value,
+    /// Records the ring had already let go of before the first one in this dump.
+    #[serde(default)]
+    pub missing_before: u64,
 }
 
 impl DumpHeader {
@@ -83,6 +86,7 @@ impl DumpHeader {
             to_ns,
             reason,
             config: serde_json::to_value(config).unwrap_or(serde_json::Value::Null),
+            missing_before: 0,
         }
     }
 

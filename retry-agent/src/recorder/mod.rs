@@ -213,6 +213,9 @@ pub struct Snapshot {
     pub records: Vec<Record>,
     pub from_ns: u64,
     pub to_ns: u64,
+    /// Records evicted from the ring before this snapshot (or left out of its time range): a
+    /// replay then starts mid-stream and its first figures may differ from the live ones.
+    pub missing_before: u64,
 }
 
 impl Snapshot {
@@ -247,7 +250,8 @@ impl Snapshot {
     pub fn write_file(&self, path: &Path) -> Result<(), RecorderError> {
         let werr = |source| RecorderError::Write { path: path.to_path_buf(), source };
         let file = format::create_private(path).map_err(werr)?;
-        let header = DumpHeader::new(self.reason.clone(), self.config.clone(), self.from_ns, self.to_ns);
+        let mut header = DumpHeader::new(self.reason.clone(), self.config.clone(), self.from_ns, self.to_ns);
+        header.missing_before = self.missing_before;
         let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).map_err(werr)?;
         for r in &self.records {
             w.push(r).map_err(werr)?;
@@ -482,7 +486,11 @@ impl Recorder {
         let mut records: Vec<Record> = pids.into_iter().map(|p| Record::Event(Event::Process(p.clone()))).collect();
         let mut lo = u64::MAX;
         let mut hi = 0;
+        let mut missing_before = self.stats.evicted_age_total + self.stats.evicted_size_total;
         for s in &self.ring {
+            if s.ts_ns < from_ns {
+                missing_before += 1;
+            }
             if s.ts_ns >= from_ns && s.ts_ns <= to_ns {
                 lo = lo.min(s.ts_ns);
                 hi = hi.max(s.ts_ns);
@@ -492,7 +500,7 @@ impl Recorder {
         if lo > hi {
             lo = 0;
         }
-        Snapshot { reason, config: self.cfg.clone(), records, from_ns: lo, to_ns: hi }
+        Snapshot { reason, config: self.cfg.clone(), records, from_ns: lo, to_ns: hi, missing_before }
     }
 
     /// Write the whole ring into the dump directory now (synchronous; prefer

@@ -304,6 +304,8 @@ fn storm_writes_a_dump_covering_before_and_after() {
     let out = DumpReader::open(&path).unwrap();
     let h = out.header.unwrap();
     assert!(matches!(h.reason, DumpReason::Storm { trigger_ns, .. } if trigger_ns == 20 * s));
+    // The 15 records before the window are said to be missing (a replay starts mid-stream).
+    assert_eq!(h.missing_before, 15);
     let ts: Vec<u64> = out.records.iter().map(Record::ts_ns).collect();
     assert_eq!(ts.first(), Some(&(15 * s)));
     assert_eq!(ts.last(), Some(&(25 * s)));
@@ -459,7 +461,7 @@ mod forensics_report {
         records.push(Record::Decision(d.clone()));
         records.push(Record::Decision(Decision { issued_at_ns: 30 * S, ..d.clone() })); // renewal
         records.push(Record::Decision(Decision { id: 2, action: Action::Allow, issued_at_ns: 55 * S, ..d }));
-        let snap = Snapshot { reason: DumpReason::OnDemand, config: RecorderConfig::default(), records, from_ns: 0, to_ns: 60 * S };
+        let snap = Snapshot { reason: DumpReason::OnDemand, config: RecorderConfig::default(), records, from_ns: 0, to_ns: 60 * S, missing_before: 0 };
         snap.write_to_dir(dir).unwrap()
     }
 
