@@ -166,7 +166,7 @@ fn grpc_pushback_trailer_stops_client_retries() {
     let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
     let port = free_port();
     let ch = chain("GRPC");
-    let _shim = Shim::start(ShimOpts { chain: &ch, dports: &[port], control: &ctl_path, watchdog: true, extra: &[] });
+    let shim = Shim::start(ShimOpts { chain: &ch, dports: &[port], control: &ctl_path, watchdog: true, extra: &[] });
     let n = 4;
 
     let out = python_json(GRPC_CLIENT, &[port.to_string(), n.to_string(), "plain".into()]);
@@ -179,6 +179,11 @@ fn grpc_pushback_trailer_stops_client_retries() {
     let out = python_json(GRPC_CLIENT, &[port.to_string(), n.to_string(), "suppressed".into()]);
     assert_eq!(out["attempts"], n, "with suppression one attempt per call: {out}");
     assert!(out["codes"].as_array().expect("codes").iter().all(|c| c == "UNAVAILABLE"), "{out}");
+    // The pushback stopped the client itself: no retry even reached the shim to be answered.
+    let mut shim = shim;
+    assert!(shim.stop(), "shim did not stop cleanly");
+    let log = std::fs::read_to_string(std::env::temp_dir().join(format!("rashim-{ch}.log"))).unwrap_or_default();
+    assert!(log.contains(" suppressed=0 ") && log.contains(" h2=2 "), "retries reached the shim: {log}");
     drop(ctl);
     let _ = std::fs::remove_file(&ctl_path);
 }
