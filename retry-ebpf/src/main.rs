@@ -18,7 +18,7 @@ use aya_ebpf::{
         generated,
     },
     macros::{map, tracepoint},
-    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use retry_common::{
@@ -67,12 +67,15 @@ static SERVER_EST: LruHashMap<PeerKey, ServerEst> = LruHashMap::with_max_entries
 /// The same, by `struct sock *`, for accept() without a peer buffer (found by walking the fd).
 #[map]
 static SERVER_EST_SK: LruHashMap<u64, ServerEst> = LruHashMap::with_max_entries(16384, 0);
+/// Syscall arguments by thread, between entry and exit. Plain (preallocated) hashes: an LRU
+/// insert on every traced syscall cost more; a thread that dies inside a syscall has its entry
+/// removed by `ra_process_exit`, which fires for every thread.
 #[map]
-static IO_ARGS: LruHashMap<u64, IoArgs> = LruHashMap::with_max_entries(16384, 0);
+static IO_ARGS: HashMap<u64, IoArgs> = HashMap::with_max_entries(16384, 0);
 #[map]
-static CONNECT_ARGS: LruHashMap<u64, ConnectArgs> = LruHashMap::with_max_entries(8192, 0);
+static CONNECT_ARGS: HashMap<u64, ConnectArgs> = HashMap::with_max_entries(8192, 0);
 #[map]
-static ACCEPT_ARGS: LruHashMap<u64, AcceptArgs> = LruHashMap::with_max_entries(8192, 0);
+static ACCEPT_ARGS: HashMap<u64, AcceptArgs> = HashMap::with_max_entries(8192, 0);
 
 /// Syscall tracepoint layout: 8 bytes of common header and syscall nr, then 8-byte arguments.
 #[inline(always)]
@@ -829,6 +832,11 @@ pub fn ra_sock_state(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn try_process_exit(ctx: &TracePointContext) -> Result<(), i32> {
+    // Every exiting thread: drop what a syscall it never returned from left behind.
+    let tid_key = bpf_get_current_pid_tgid();
+    let _ = IO_ARGS.remove(&tid_key);
+    let _ = CONNECT_ARGS.remove(&tid_key);
+    let _ = ACCEPT_ARGS.remove(&tid_key);
     // SAFETY: `bool group_dead` at 32 in sched_process_exit's format.
     let group_dead: u8 = unsafe { ctx.read_at(32)? };
     if group_dead == 0 {
