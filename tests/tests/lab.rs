@@ -107,18 +107,23 @@ fn lab_cleans_up_after_an_interruption() {
     }
     let _lab = lab::lock().expect("the lab lock");
     let mut child = lab::spawn("depth4.toml", "none", "test-interrupt").expect("spawn lab");
-    // Interrupt while the fleet and load are running (setup + startup take a few seconds).
-    std::thread::sleep(std::time::Duration::from_secs(10));
-    let during = lab::leftovers().expect("leftovers");
+    // Interrupt while the fleet and load are running. Set-up time varies (a fresh checkout
+    // builds the Go service first), so wait for the fleet rather than for a fixed time.
+    let up = |v: &serde_json::Value| v.get("namespaces").and_then(|v| v.as_array()).is_some_and(|a| a.len() >= 5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let mut during = lab::leftovers().expect("leftovers");
+    while !up(&during) && std::time::Instant::now() < deadline && child.try_wait().ok().flatten().is_none() {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        during = lab::leftovers().expect("leftovers");
+    }
+    // Let the load start too.
+    std::thread::sleep(std::time::Duration::from_secs(2));
     let pid = child.id().to_string();
     let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status();
     assert!(killed.is_ok_and(|s| s.success()), "could not signal the lab");
     let status = child.wait().expect("wait lab");
     assert!(!status.success(), "an interrupted run reports failure");
-    assert!(
-        during.get("namespaces").and_then(|v| v.as_array()).is_some_and(|a| a.len() >= 5),
-        "the fleet was up when interrupted: {during}"
-    );
+    assert!(up(&during), "the fleet was up when interrupted: {during}");
     assert_clean("SIGTERM");
 }
 
