@@ -51,12 +51,6 @@ pub struct RecorderConfig {
     /// Memory bound of the ring, in MiB (whichever of window and size is hit first evicts).
     #[arg(long = "recorder-max-mib", env = "RETRY_AGENT_RECORDER_MAX_MIB", default_value_t = 64)]
     pub max_mib: u64,
-    /// Optional fixed-size file the ring also spills compressed blocks to (survives a crash).
-    #[arg(long = "recorder-disk-file", env = "RETRY_AGENT_RECORDER_DISK_FILE")]
-    pub disk_file: Option<PathBuf>,
-    /// Size of the disk ring file, in MiB.
-    #[arg(long = "recorder-disk-mib", env = "RETRY_AGENT_RECORDER_DISK_MIB", default_value_t = 256)]
-    pub disk_mib: u64,
     /// Where dump files are written (created 0700 if missing; files are 0600).
     #[arg(long = "recorder-dump-dir", env = "RETRY_AGENT_RECORDER_DUMP_DIR", default_value = "/var/lib/retry-agent/dumps")]
     pub dump_dir: PathBuf,
@@ -77,8 +71,6 @@ impl Default for RecorderConfig {
             enabled: true,
             window_secs: 300,
             max_mib: 64,
-            disk_file: None,
-            disk_mib: 256,
             dump_dir: PathBuf::from("/var/lib/retry-agent/dumps"),
             auto_dump: true,
             auto_before_secs: 120,
@@ -310,9 +302,6 @@ impl Recorder {
         if cfg.enabled && cfg.auto_dump {
             // Fail at start-up, not during the storm, when the dump directory is unusable.
             ensure_dir(&cfg.dump_dir)?;
-        }
-        if cfg.disk_file.is_some() {
-            tracing::warn!("recorder: the disk ring file is not implemented yet; keeping the ring in memory only");
         }
         let max_bytes = usize::try_from(cfg.max_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         Ok(Recorder {
