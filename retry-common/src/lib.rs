@@ -9,8 +9,11 @@
 /// Upper bound on the payload prefix one event carries. The configured capture size
 /// (`CaptureConfig::payload_bytes`) is clamped to this.
 pub const MAX_PAYLOAD: usize = 4096;
-/// Payload prefix captured when userspace configures nothing.
-pub const DEFAULT_PAYLOAD: u32 = 256;
+/// Payload prefix captured when userspace configures nothing. 1 KiB rather than 256 B: HTTP/2
+/// header blocks must be captured whole to keep the HPACK table (a 256 B prefix cut grpcio's
+/// first HEADERS write and left every later exchange on the connection unknown), and HTTP/1 heads
+/// with a few cookies or tracing headers exceed 256 B.
+pub const DEFAULT_PAYLOAD: u32 = 1024;
 
 /// Kind tag, first field of every ring-buffer record so userspace can dispatch.
 #[repr(u32)]

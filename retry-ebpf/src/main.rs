@@ -197,8 +197,10 @@ enum Src {
     Iov(u64),
 }
 
-/// iovecs copied at most per syscall (the prefix usually ends in the first one or two).
-const MAX_IOV: u64 = 8;
+/// iovecs copied at most per syscall. Most writers need one or two, but gRPC C-core (grpcio)
+/// writes a frame as many small slices: with 8, an HTTP/2 header block was cut after ~84 bytes
+/// and every grpcio exchange lost its HPACK state.
+const MAX_IOV: u64 = 32;
 
 /// Where the bytes are and how many the syscall moved in total.
 #[inline(always)]
