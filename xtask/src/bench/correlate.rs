@@ -16,20 +16,10 @@ use retry_agent::{
     l7::Exchange,
 };
 
-use crate::sh;
 
 const MS: u64 = 1_000_000;
 
 pub fn run() -> Result<()> {
-    if cfg!(debug_assertions) {
-        // Figures from an unoptimised build mean nothing: re-run from a release build.
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        return sh::run(
-            Command::new(cargo)
-                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-                .args(["run", "--release", "--quiet", "--package", "xtask", "--", "bench", "correlate"]),
-        );
-    }
     pin_to_one_core();
     println!("correlation engine, one core, release build");
     throughput("steady mix: 3 hops, 2 calls per request, 5% failures, retries", 0.05, 400, 10)?;

@@ -3,7 +3,6 @@
 //! `Reassembler::push` is timed. Figures, never pass/fail.
 use std::{
     hint::black_box,
-    process::Command,
     time::{Duration, Instant},
 };
 
@@ -14,18 +13,8 @@ use retry_agent::{
     l7::{Exchange, L7Config, Reassembler},
 };
 
-use crate::sh;
 
 pub fn run() -> Result<()> {
-    if cfg!(debug_assertions) {
-        // Figures from an unoptimised build mean nothing: run this bench from a release build.
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        return sh::run(
-            Command::new(cargo)
-                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-                .args(["run", "--release", "--quiet", "--package", "xtask", "--", "bench", "l7"]),
-        );
-    }
     println!("l7 reassembler, one core, release build");
     for w in [http1_small(), http1_large(), grpc_unary()] {
         measure(&w);

@@ -23,6 +23,16 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if cfg!(debug_assertions) {
+        // Figures from an unoptimised build mean nothing: re-run this bench from a release build.
+        let what = args.what.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        return crate::sh::run(
+            std::process::Command::new(cargo)
+                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+                .args(["run", "--release", "--quiet", "--package", "xtask", "--", "bench", &what]),
+        );
+    }
     match args.what {
         What::Capture => capture::run(),
         What::L7 => l7::run(),

@@ -8,7 +8,7 @@
 //!
 //! In-process on synthetic, wire-faithful HTTP/1 storm traffic (`recorder::synth`). Figures,
 //! never pass/fail.
-use std::{hint::black_box, process::Command, time::Instant};
+use std::{hint::black_box, time::Instant};
 
 use anyhow::Result;
 use retry_agent::{
@@ -22,7 +22,6 @@ use retry_agent::{
     },
 };
 
-use crate::sh;
 
 /// CPU time of this thread in ns (scheduler accounting, ns precision): the timed loops run on
 /// one thread, so other engineers' builds on the same box do not count against them.
@@ -49,15 +48,6 @@ fn pipeline() -> Pipeline {
 }
 
 pub fn run() -> Result<()> {
-    if cfg!(debug_assertions) {
-        // Figures from an unoptimised build mean nothing: run this bench from a release build.
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        return sh::run(
-            Command::new(cargo)
-                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-                .args(["run", "--release", "--quiet", "--package", "xtask", "--", "bench", "recorder"]),
-        );
-    }
     let dir = std::env::temp_dir().join(format!("ra-recorder-bench-{}", std::process::id()));
     let cfg = RecorderConfig { dump_dir: dir.clone(), auto_dump: false, max_mib: 256, window_secs: 3600, ..Default::default() };
     let events = StormScenario { requests: 20_000, interval_ns: 1_000_000, fault: 8_000..12_000, ..Default::default() }.events();
