@@ -371,7 +371,7 @@ async fn exec_re_describes_the_process() {
     }
     let Some(mut cap) = load() else { return };
     let port = free_port();
-    let echo = Proc::spawn(python(ECHO_PY, &[&port.to_string()]).stdout(Stdio::null()));
+    let _echo = Proc::spawn(python(ECHO_PY, &[&port.to_string()]).stdout(Stdio::null()));
     wait_listening(&format!("127.0.0.1:{port}"), None);
     let mut p = Proc::spawn(&mut python(EXEC_PY, &[&port.to_string()]));
     assert!(p.wait(Duration::from_secs(10)).success());
