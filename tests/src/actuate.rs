@@ -12,6 +12,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+// One process guard and port picker for all kernel tests.
+pub use crate::capture::{Proc, free_port};
 use retry_agent::{
     actuate::shim::iptables::{self, Family},
     correlate::{Edge, ServiceId},
@@ -51,10 +53,6 @@ pub fn agent_bin() -> PathBuf {
     target.join("debug/retry-agent")
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
-}
-
 /// Polls `f` until true or the timeout; returns how long it took.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
     let t0 = Instant::now();
@@ -65,16 +63,6 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Option<Dura
         std::thread::sleep(Duration::from_millis(5));
     }
     None
-}
-
-/// A child process killed (SIGKILL) and reaped on drop.
-pub struct Proc(pub Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn signal(pid: u32, sig: &str) {

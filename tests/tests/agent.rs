@@ -28,8 +28,9 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     ).stdout(Stdio::null()).stderr(Stdio::null()));
     wait_listening(&addr, None);
 
+    let other_port = free_port();
     let mut trace = Command::new(&bin)
-        .args(["trace", "--port", &port.to_string()])
+        .args(["trace", "--port", &port.to_string(), "--port", &other_port.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -45,16 +46,26 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     }
     assert!(attached, "retry-agent trace never attached");
 
-    // Another retry-agent process talks TCP to the server (its dump client, pointed at it)...
-    let other = Command::new(&bin)
-        .args(["dump", "--api", &format!("http://{addr}"), "--timeout-secs", "5"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting a second retry-agent");
-    let other_pid = other.id();
-    let _ = other.wait_with_output();
-    // ...and so does curl.
+    // Another long-lived retry-agent process (as a shim is) talks TCP: a second agent serving
+    // its API, which curl asks. A short-lived one can exit before its comm is read (a limit of
+    // the userspace filter), so the stand-in must live like a shim does.
+    let dir = std::env::temp_dir().join(format!("ra-agent-test-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let other = Proc::spawn(
+        Command::new(&bin)
+            .args(["run", "--api-addr", &format!("127.0.0.1:{other_port}"), "--actuators", "decision-log", "--recorder", "false"])
+            .arg("--decision-log")
+            .arg(dir.join("decisions.jsonl"))
+            .arg("--control-socket")
+            .arg(dir.join("control.sock"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let other_pid = other.pid();
+    wait_listening(&format!("127.0.0.1:{other_port}"), None);
+    let healthz = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://127.0.0.1:{other_port}/healthz")]).status();
+    assert!(healthz.is_ok_and(|s| s.success()), "the second agent answers");
+    // ...and curl talks to the Python server too.
     let curl = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://{addr}/")]).spawn().expect("curl");
     let curl_pid = curl.id();
     let _ = curl.wait_with_output();
@@ -76,7 +87,7 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
         if v["type"] == "data" {
             pids.insert(v["pid"].as_u64().unwrap() as u32);
         }
-        if pids.contains(&curl_pid) && pids.len() >= 2 {
+        if pids.contains(&curl_pid) && pids.len() >= 3 {
             // curl and the server's side of its connection are in; give late records a moment.
             std::thread::sleep(Duration::from_millis(300));
             while let Ok(line) = rx.try_recv() {
@@ -90,6 +101,8 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     }
     let _ = trace.kill();
     let _ = trace.wait();
+    drop(other);
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(pids.contains(&curl_pid), "curl's I/O was not observed: {pids:?}");
     assert!(!pids.contains(&other_pid), "the other retry-agent process was observed: {pids:?}");
 }
