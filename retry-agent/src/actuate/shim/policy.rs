@@ -2,9 +2,11 @@
 //!
 //! A request is a *retry* when it carries a retry marker, or when a request with the same
 //! [`RequestKey`] failed within the window. First attempts are always forwarded (at-least-once).
-//! A retry is answered locally when its edge is suppressed by the agent, when the callee's last
-//! failure came back `x-error-claim: unclaimed` (the decision matrix), or when an optional
-//! per-client policy (retry budget, adaptive throttling) says no.
+//! A retry is answered locally when the agent found the callee's errors unclaimed, when the
+//! callee's last failure came back `x-error-claim: unclaimed` (the decision matrix), or when a
+//! retry budget or adaptive throttling says no. An edge the agent flags over budget or amplifying
+//! still leads to an owner (or may): its retries pass up to a budget rather than stopping, so the
+//! chain keeps one retry where it helps (at-least-once).
 use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},
@@ -109,6 +111,10 @@ pub struct PolicyConfig {
     pub max_entries: usize,
 }
 
+/// Budget enforced on an edge the agent flags over budget or amplifying when the shim has no
+/// `--retry-budget` of its own: the agent's default budget.
+pub const DECISION_BUDGET: f64 = 0.1;
+
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
@@ -205,13 +211,19 @@ impl Tracker {
         let last = self.failures.get(key).filter(|f| now.saturating_duration_since(f.at) <= self.cfg.window).cloned();
         let retry = marked_retry || last.is_some();
         let tau = self.cfg.counter_tau;
-        let (budget, k) = (self.cfg.budget_ratio, self.cfg.throttle_k);
+        // Over budget / amplification: the callee may own its errors, so a budget, not a stop.
+        let budget_decision = suppressed.filter(|r| *r != Reason::CalleeUnclaimed);
+        let budget = match budget_decision {
+            Some(_) => Some(self.cfg.budget_ratio.unwrap_or(DECISION_BUDGET)),
+            None => self.cfg.budget_ratio,
+        };
+        let k = self.cfg.throttle_k;
         let coin = self.coin();
         let mut reason = None;
         if retry {
             reason = match (suppressed, &last) {
-                (Some(r), _) => Some(SuppressReason::Decision(r)),
-                (None, Some(f)) if f.claim == Claim::Unclaimed => Some(SuppressReason::CalleeUnclaimed),
+                (Some(Reason::CalleeUnclaimed), _) => Some(SuppressReason::Decision(Reason::CalleeUnclaimed)),
+                (_, Some(f)) if f.claim == Claim::Unclaimed => Some(SuppressReason::CalleeUnclaimed),
                 _ => None,
             };
         }
@@ -221,7 +233,7 @@ impl Tracker {
                 if let Some(ratio) = budget {
                     // Counting this retry, retries must stay within ratio × requests.
                     if cl.retries.get(now, tau) + 1.0 > ratio * (reqs + 1.0) {
-                        reason = Some(SuppressReason::RetryBudget);
+                        reason = Some(budget_decision.map_or(SuppressReason::RetryBudget, SuppressReason::Decision));
                     }
                 }
                 if let (None, Some(k)) = (reason, k) {
@@ -299,7 +311,8 @@ impl SharedTracker {
     }
 
     pub fn on_request(&self, key: &RequestKey, marked_retry: bool, suppressed: Option<Reason>, now: Instant) -> Verdict {
-        if !marked_retry && self.idle() {
+        // A budget decision needs the client's requests counted, so it takes the slow path.
+        if !marked_retry && suppressed.is_none() && self.idle() {
             return Verdict::Forward { retry: false };
         }
         self.with(|t| t.on_request(key, marked_retry, suppressed, now))

@@ -35,20 +35,20 @@ fn first_attempts_always_pass_even_when_suppressed() {
 fn retry_after_failure_is_answered_with_that_failure_on_a_suppressed_edge() {
     let mut t = Tracker::new(PolicyConfig::default());
     let now = Instant::now();
-    t.on_request(&key("/a"), false, Some(Reason::OverBudget), now);
+    t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now);
     t.on_outcome(&key("/a"), Some((bad_gateway(), Claim::Missing)), now);
-    let v = t.on_request(&key("/a"), false, Some(Reason::OverBudget), now + Duration::from_millis(5));
+    let v = t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now + Duration::from_millis(5));
     assert_eq!(
         v,
-        Verdict::Answer { reason: SuppressReason::Decision(Reason::OverBudget), reply: Some(bad_gateway()) }
+        Verdict::Answer { reason: SuppressReason::Decision(Reason::CalleeUnclaimed), reply: Some(bad_gateway()) }
     );
     // Another logical request (different target) is a first attempt.
-    assert_eq!(t.on_request(&key("/b"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
+    assert_eq!(t.on_request(&key("/b"), false, Some(Reason::CalleeUnclaimed), now), Verdict::Forward { retry: false });
     // Not suppressed: the retry is recognised but forwarded.
     assert_eq!(t.on_request(&key("/a"), false, None, now), Verdict::Forward { retry: true });
     // Outside the window the failure is forgotten.
     let late = now + PolicyConfig::default().window + Duration::from_millis(1);
-    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), late), Verdict::Forward { retry: false });
+    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), late), Verdict::Forward { retry: false });
 }
 
 #[test]
@@ -58,6 +58,34 @@ fn success_clears_the_failure() {
     t.on_outcome(&key("/a"), Some((bad_gateway(), Claim::Missing)), now);
     t.on_outcome(&key("/a"), None, now);
     assert_eq!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
+}
+
+#[test]
+fn over_budget_and_amplification_decisions_let_retries_through_up_to_the_budget() {
+    for reason in [Reason::OverBudget, Reason::Amplification] {
+        // No budget of the shim's own: the agent's default applies on the flagged edge.
+        let mut t = Tracker::new(PolicyConfig { counter_tau: Duration::from_secs(3600), ..Default::default() });
+        let now = Instant::now();
+        let (mut forwarded, mut answered) = (0, 0);
+        for i in 0..200 {
+            let k = key(&format!("/{i}"));
+            t.on_request(&k, false, Some(reason), now);
+            // One in five fails and is retried (the owner edge under a transient fault).
+            if i % 5 != 0 {
+                t.on_outcome(&k, None, now);
+                continue;
+            }
+            t.on_outcome(&k, Some((bad_gateway(), Claim::Claimed)), now);
+            match t.on_request(&k, false, Some(reason), now) {
+                Verdict::Forward { retry: true } => forwarded += 1,
+                Verdict::Answer { reason: SuppressReason::Decision(r), .. } if r == reason => answered += 1,
+                v => panic!("{reason:?}: unexpected {v:?}"),
+            }
+        }
+        // 40 retries wanted against 200 first attempts: about 10% of all requests pass.
+        assert!((15..=25).contains(&forwarded), "{reason:?}: {forwarded} retries forwarded");
+        assert_eq!(forwarded + answered, 40, "{reason:?}");
+    }
 }
 
 #[test]
@@ -156,12 +184,12 @@ fn markers_and_grpc_fields_parse() {
 fn shared_tracker_fast_path_still_sees_failures() {
     let t = SharedTracker::new(PolicyConfig::default());
     let now = Instant::now();
-    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
+    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now), Verdict::Forward { retry: false });
     t.on_outcome(&key("/a"), None, now);
     t.on_outcome(&key("/a"), Some((bad_gateway(), Claim::Missing)), now);
-    assert!(matches!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), now), Verdict::Answer { .. }));
+    assert!(matches!(t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now), Verdict::Answer { .. }));
     t.on_outcome(&key("/a"), None, now);
     // Forgotten on success: back to the lock-free path, and a marker still counts.
-    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
-    assert!(matches!(t.on_request(&key("/a"), true, Some(Reason::OverBudget), now), Verdict::Answer { .. }));
+    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now), Verdict::Forward { retry: false });
+    assert!(matches!(t.on_request(&key("/a"), true, Some(Reason::CalleeUnclaimed), now), Verdict::Answer { .. }));
 }
