@@ -53,6 +53,8 @@ const MEMORY_MIN_SAMPLES: f32 = 3.0;
 const MEMORY_FAIL_CLOSE: f32 = 0.5;
 const MEMORY_DECAY_AT: f32 = 1000.0;
 const BASELINE_ALPHA: f64 = 0.2;
+/// Complete quiet buckets a baseline needs before amplification is measured against it.
+const BASELINE_MIN_BUCKETS: u32 = 3;
 /// Edge 0 absorbs every edge beyond the cap.
 const OVERFLOW_EDGE: u32 = 0;
 
@@ -131,12 +133,37 @@ struct EdgeBucket {
     gap_sq: f64,
 }
 
+/// Arrival rate outside faults, smoothed. The first bucket an edge or service shows up in is
+/// partial (it started mid-bucket) and is skipped; until a few buckets are in there is no
+/// baseline, so a ramp-up cannot pass for a storm.
+#[derive(Clone, Copy, Debug, Default)]
+struct Baseline {
+    rate: f64,
+    buckets: u32,
+    seen: bool,
+}
+
+impl Baseline {
+    fn fold(&mut self, r: f64) {
+        if !self.seen {
+            self.seen = true;
+            return;
+        }
+        self.rate = if self.buckets == 0 { r } else { self.rate + BASELINE_ALPHA * (r - self.rate) };
+        self.buckets = self.buckets.saturating_add(1);
+    }
+
+    fn rate(&self) -> Option<f64> {
+        (self.buckets >= BASELINE_MIN_BUCKETS).then_some(self.rate)
+    }
+}
+
 struct EdgeState {
     caller: u32,
     peer: Peer,
     addrs: Vec<SocketAddr>,
     ring: Ring<EdgeBucket>,
-    baseline: Option<f64>,
+    baseline: Baseline,
     requests_total: u64,
     retries_total: u64,
     mismatches_total: u64,
@@ -160,7 +187,7 @@ struct SvcState {
     port: u16,
     addrs: Vec<SocketAddr>,
     ring: Ring<SvcBucket>,
-    baseline: Option<f64>,
+    baseline: Baseline,
     last_ns: u64,
 }
 
@@ -511,7 +538,7 @@ impl Engine {
             peer,
             addrs: Vec::new(),
             ring: Ring::new(self.window as usize + 1),
-            baseline: None,
+            baseline: Baseline::default(),
             requests_total: 0,
             retries_total: 0,
             mismatches_total: 0,
@@ -613,7 +640,7 @@ impl Engine {
                     port,
                     addrs: Vec::new(),
                     ring: Ring::new(self.window as usize + 1),
-                    baseline: None,
+                    baseline: Baseline::default(),
                     last_ns: self.now,
                 };
                 let i = if self.svcs.len() < self.cfg.max_edges {
@@ -912,15 +939,26 @@ impl Engine {
                 req_end: ex.request_end_ns,
             });
         } else if self.cfg.failure_memory && !cross_thread {
-            // A success despite failed children: evidence those dependencies are fail-open.
-            // (No allocation unless a child failed: this is the hot path.)
+            // A success despite failed children: evidence those dependencies are fail-open. A
+            // failure a later retry on the same edge recovered is no such evidence: the caller
+            // survived it by retrying, not by doing without (a fail-close dependency under a
+            // transient fault looks exactly like that). No allocation unless a child failed:
+            // this is the hot path.
             let mut failed_edges: Vec<u32> = match self.threads.get(&(ex.pid, thread)) {
-                Some(ctx) if !ctx.event_loop && ctx.children_lost_until < window.start => ctx
-                    .children
-                    .iter()
-                    .filter(|c| c.outcome.is_failure() && c.start >= window.start && c.start <= window.end)
-                    .map(|c| c.edge)
-                    .collect(),
+                Some(ctx) if !ctx.event_loop && ctx.children_lost_until < window.start => {
+                    let in_window = |c: &&Child| c.start >= window.start && c.start <= window.end;
+                    ctx.children
+                        .iter()
+                        .filter(in_window)
+                        .filter(|c| c.outcome.is_failure())
+                        .filter(|c| {
+                            !ctx.children.iter().filter(in_window).any(|r| {
+                                r.retry && r.edge == c.edge && r.start > c.start && !r.outcome.is_failure()
+                            })
+                        })
+                        .map(|c| c.edge)
+                        .collect()
+                }
                 _ => Vec::new(),
             };
             failed_edges.sort_unstable();
@@ -1219,13 +1257,13 @@ impl Engine {
             for e in &mut self.edges {
                 if let Some(b) = e.ring.get(ep).filter(|b| b.requests > 0) {
                     let r = f64::from(b.requests) / secs;
-                    e.baseline = Some(e.baseline.map_or(r, |old| old + BASELINE_ALPHA * (r - old)));
+                    e.baseline.fold(r);
                 }
             }
             for s in &mut self.svcs {
                 if let Some(b) = s.ring.get(ep).filter(|b| b.served > 0) {
                     let r = f64::from(b.served) / secs;
-                    s.baseline = Some(s.baseline.map_or(r, |old| old + BASELINE_ALPHA * (r - old)));
+                    s.baseline.fold(r);
                 }
             }
         }
@@ -1274,7 +1312,7 @@ impl Engine {
             for a in &e.addrs {
                 push_bounded(&mut s.callee_addrs, *a, ADDRS_PER_ENTRY);
             }
-            if let Some(b) = e.baseline {
+            if let Some(b) = e.baseline.rate() {
                 s.baseline_rate = Some(s.baseline_rate.unwrap_or(0.0) + b);
             }
             s.timeout_mismatches_total += e.mismatches_total;
@@ -1325,12 +1363,12 @@ impl Engine {
         let mut svc: BTreeMap<ServiceId, (f64, Option<f64>)> = BTreeMap::new();
         for s in &self.svcs {
             let served: u64 = s.ring.range(from, to).map(|b| u64::from(b.served)).sum();
-            if served == 0 && s.baseline.is_none() {
+            if served == 0 && s.baseline.rate().is_none() {
                 continue;
             }
             let e = svc.entry(self.lookup_name(s.pid, s.port)).or_insert((0.0, None));
             e.0 += served as f64 / secs;
-            if let Some(b) = s.baseline {
+            if let Some(b) = s.baseline.rate() {
                 e.1 = Some(e.1.unwrap_or(0.0) + b);
             }
         }

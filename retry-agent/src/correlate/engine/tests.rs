@@ -410,6 +410,35 @@ fn fail_open_dependency_does_not_unclaim() {
     assert_eq!(w.edge("b", "10.9.9.9:6379").dependency, DependencyKind::FailOpen);
 }
 
+/// A fail-close dependency under a transient fault: most failures are recovered by the
+/// caller's retry. Those successes are not evidence of fail-open, so when both attempts fail
+/// the caller's error is still the dependency's symptom (the storm lab's depth4-transient).
+#[test]
+fn failures_recovered_by_a_retry_do_not_teach_fail_open() {
+    let mut w = World::new();
+    let mut t = 1_000 * MS;
+    let mut last = None;
+    for i in 0..200 {
+        w.next_request();
+        let fails = i % 10 == 0;
+        w.call_remote(B, 200, "10.9.9.9:8080", t + MS, MS, if fails { 503 } else { 200 }, None);
+        let both = i == 199;
+        if fails || both {
+            // The retry of the same call (same path).
+            w.call_remote(B, 200, "10.9.9.9:8080", t + 3 * MS, MS, if both { 503 } else { 200 }, None);
+        }
+        let id = w.inbound(B, 200, t, 5 * MS, if both { 502 } else { 200 });
+        if both {
+            last = Some(id);
+        }
+        t += 10 * MS;
+    }
+    let v = w.verdict(last.expect("the last request failed"));
+    assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
+    assert!(!v.caused_by.is_empty(), "{v:?}");
+    assert_ne!(w.edge("b", "10.9.9.9:8080").dependency, DependencyKind::FailOpen);
+}
+
 // ---- retries --------------------------------------------------------------------------------
 
 fn get(w: &mut World, t: u64, dur: u64, status: u16, route: &str) -> Exchange {
@@ -728,4 +757,27 @@ fn answered_error_cut_by_a_close_is_still_judged() {
     w.push(X::server(10, B, 200, svc(B), addr("192.168.1.1:2"), t, t + 8 * MS).failure(Failure::Abandoned).build());
     assert!(w.finish().is_empty());
     assert_eq!(w.e.stats().timeout_mismatches, 1);
+}
+
+#[test]
+fn baseline_skips_the_partial_first_bucket_and_needs_a_few_buckets() {
+    let mut w = World::new();
+    // Traffic starts halfway through a bucket: that bucket holds half the real rate.
+    let mut t = 1_000_000 * MS + 500 * MS;
+    let mut send = |w: &mut World, t: &mut u64, n: usize| {
+        for _ in 0..n {
+            w.next_request();
+            w.call(B, 200, C, *t, MS, 200);
+            *t += 100 * MS;
+        }
+    };
+    send(&mut w, &mut t, 25);
+    w.e.tick(t, &mut w.v);
+    let e = w.edge("b", "c");
+    assert_eq!(e.baseline_rate, None, "two whole buckets are no baseline yet");
+    assert_eq!(e.amplification, 1.0);
+    send(&mut w, &mut t, 40);
+    w.e.tick(t, &mut w.v);
+    let base = w.edge("b", "c").baseline_rate;
+    assert!(base.is_some_and(|b| (b - 10.0).abs() < 0.5), "the half-empty first bucket must not drag it down: {base:?}");
 }
