@@ -105,8 +105,11 @@ pub struct PolicyConfig {
     pub budget_ratio: Option<f64>,
     /// Adaptive throttling multiplier K (e.g. 2.0); `None` = off.
     pub throttle_k: Option<f64>,
-    /// Decay time constant of the per-client counters.
+    /// Decay time constant of the adaptive-throttling counters (the technique's ~minutes).
     pub counter_tau: Duration,
+    /// Decay time constant of the retry-budget counters: short, so requests from before a
+    /// fault do not bank retries for it (Finagle's budget deposits live 10 s).
+    pub budget_tau: Duration,
     /// Bound on remembered failures and clients (memory); beyond it the shim forgets (fails open).
     pub max_entries: usize,
 }
@@ -122,6 +125,7 @@ impl Default for PolicyConfig {
             budget_ratio: None,
             throttle_k: None,
             counter_tau: Duration::from_secs(60),
+            budget_tau: Duration::from_secs(10),
             max_entries: 65_536,
         }
     }
@@ -150,9 +154,12 @@ impl Decayed {
 
 #[derive(Clone, Copy, Debug)]
 struct Client {
+    /// Over `counter_tau` (throttling).
     requests: Decayed,
-    retries: Decayed,
     accepts: Decayed,
+    /// Over `budget_tau` (budget).
+    budget_requests: Decayed,
+    budget_retries: Decayed,
 }
 
 /// All shim-wide retry state. One per shim, behind a mutex (every operation is O(1)).
@@ -195,8 +202,9 @@ impl Tracker {
         }
         Some(self.clients.entry(c).or_insert(Client {
             requests: Decayed::new(now),
-            retries: Decayed::new(now),
             accepts: Decayed::new(now),
+            budget_requests: Decayed::new(now),
+            budget_retries: Decayed::new(now),
         }))
     }
 
@@ -210,7 +218,7 @@ impl Tracker {
     ) -> Verdict {
         let last = self.failures.get(key).filter(|f| now.saturating_duration_since(f.at) <= self.cfg.window).cloned();
         let retry = marked_retry || last.is_some();
-        let tau = self.cfg.counter_tau;
+        let (tau, btau) = (self.cfg.counter_tau, self.cfg.budget_tau);
         // Over budget / amplification: the callee may own its errors, so a budget, not a stop.
         let budget_decision = suppressed.filter(|r| *r != Reason::CalleeUnclaimed);
         let budget = match budget_decision {
@@ -232,7 +240,7 @@ impl Tracker {
                 let reqs = cl.requests.get(now, tau);
                 if let Some(ratio) = budget {
                     // Counting this retry, retries must stay within ratio × requests.
-                    if cl.retries.get(now, tau) + 1.0 > ratio * (reqs + 1.0) {
+                    if cl.budget_retries.get(now, btau) + 1.0 > ratio * (cl.budget_requests.get(now, btau) + 1.0) {
                         reason = Some(budget_decision.map_or(SuppressReason::RetryBudget, SuppressReason::Decision));
                     }
                 }
@@ -244,8 +252,13 @@ impl Tracker {
                 }
             }
             cl.requests.add(now, tau, 1.0);
-            if retry && reason.is_none() {
-                cl.retries.add(now, tau, 1.0);
+            // The budget is over what reaches the callee: retries answered here are not load,
+            // and counting them would let every tenth of them through as "within budget".
+            if reason.is_none() {
+                cl.budget_requests.add(now, btau, 1.0);
+                if retry {
+                    cl.budget_retries.add(now, btau, 1.0);
+                }
             }
         }
         match reason {
