@@ -80,6 +80,8 @@ struct ProcState {
     failures: VecDeque<(Child, u64)>,
     /// Recent inbound responses of the process: (first response byte written, exchange).
     responses: VecDeque<(u64, ExchangeId)>,
+    /// Recent inbound requests of the process: (start, end, exchange).
+    inbound: VecDeque<(u64, u64, ExchangeId)>,
     /// End of the newest failure evicted from `failures`: spans older than this are not covered.
     failures_lost_until: u64,
 }
@@ -264,6 +266,9 @@ pub struct Engine {
     abandoned: GenMap<u64, (u64, u32)>,
     /// Client tuples already counted as a timeout mismatch.
     mismatched: GenMap<u64, ()>,
+    /// Client tuples whose failure a local callee's claim header already counted on the edge
+    /// (so the callee's own verdict does not count it twice).
+    header_claimed: GenMap<u64, ()>,
     retry_keys: GenMap<u64, RetryState>,
     pending: VecDeque<Pending>,
     names_issued: Map<ServiceId, ()>,
@@ -338,6 +343,7 @@ impl Engine {
             recent_verdicts: GenMap::new(cfg.max_threads.max(2)),
             abandoned: GenMap::new(cfg.max_threads.max(2)),
             mismatched: GenMap::new(cfg.max_threads.max(2)),
+            header_claimed: GenMap::new(cfg.max_threads.max(2)),
             retry_keys: GenMap::new(cfg.max_retry_keys.max(2)),
             pending: VecDeque::new(),
             names_issued: map(),
@@ -702,6 +708,11 @@ impl Engine {
         let loopback = ex.remote.is_some_and(|r| r.ip().is_loopback());
         let header_claim = if failed && ((!local_callee && !loopback) || no_server_side) {
             Some(ex.claim_header.unwrap_or(Claim::Missing))
+        } else if failed && let Some(c) = ex.claim_header {
+            // A local callee behind a proxy (our shim stamps claims): its verdict cannot find
+            // this edge (its inbound peer is the proxy), so the header is the edge's evidence.
+            self.header_claimed.insert(tuple, ());
+            Some(c)
         } else {
             None
         };
@@ -894,6 +905,13 @@ impl Engine {
             p.responses.push_back((rs, ex.id));
         }
         let window = Window { id: ex.id, start: ex.request_start_ns, end: last_ns(ex) };
+        {
+            let p = self.procs.entry(ex.pid).or_default();
+            if p.inbound.len() >= FAILURES_PER_PROCESS {
+                p.inbound.pop_front();
+            }
+            p.inbound.push_back((window.start, window.end, ex.id));
+        }
         // A failed response whose timing was lost (l7 saw the connection end before the
         // response completed): the span of the request is unknown, so is its context.
         let span_unknown = ex.response_start_ns.is_none() && ex.response_end_ns.is_none() && ex.status.is_some();
@@ -1086,6 +1104,11 @@ impl Engine {
                 ambiguous = false;
                 linked = true;
                 self.stats.timing_links += 1;
+            } else if ambiguous && let Some(cs) = self.link_sole_inbound(&p) {
+                children = cs;
+                ambiguous = false;
+                linked = true;
+                self.stats.sole_links += 1;
             }
         }
         let claim = if !ambiguous {
@@ -1133,7 +1156,9 @@ impl Engine {
         let caller_name = match caller {
             Some(c) => {
                 let edge = self.edge_key(c, Peer::Local { pid: svc_pid, port: svc_port }, None);
-                if let Some(b) = self.edge_bucket(edge, p.start)
+                let counted = self.header_claimed.get(&p.tuple).is_some();
+                if !counted
+                    && let Some(b) = self.edge_bucket(edge, p.start)
                     && let Some(n) = b.claims.get_mut(claim_index(claim))
                 {
                     *n += 1;
@@ -1168,6 +1193,26 @@ impl Engine {
             && self.callee_claim(c) != Claim::Unclaimed
             && edge_retries == 0
             && !failed.iter().any(|o| o.edge == c.edge && o.retry)
+    }
+
+    /// When this was the only inbound request the process served during its span, every
+    /// outbound call the process made inside that span was made for it, whichever thread (or
+    /// goroutine, or event-loop turn) did the I/O. None when another known inbound request
+    /// overlaps, or the process's failure history does not reach back that far. (A request
+    /// still unanswered when we judge is not known yet: the grace period is the margin.)
+    fn link_sole_inbound(&self, p: &Pending) -> Option<Vec<Child>> {
+        let proc_ = self.procs.get(&p.pid)?;
+        // Both histories must reach back to this request (they are bounded).
+        if proc_.failures_lost_until >= p.start || !proc_.inbound.iter().any(|x| x.2 == p.id) {
+            return None;
+        }
+        let overlapped = proc_.inbound.iter().any(|&(s, e, id)| id != p.id && s < p.end && p.start < e);
+        if overlapped {
+            return None;
+        }
+        let children: Vec<Child> =
+            proc_.failures.iter().map(|(c, _)| *c).filter(|c| c.start >= p.start && c.end <= p.end).collect();
+        (!children.is_empty()).then_some(children)
     }
 
     /// The one failed outbound call of the process that completed within `timing_link_ms`

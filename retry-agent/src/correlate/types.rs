@@ -224,4 +224,7 @@ pub struct EngineStats {
     pub overflowed: u64,
     /// Failed inbound exchanges thread context could not link, linked by response timing.
     pub timing_links: u64,
+    /// Failed inbound exchanges thread context could not link, linked as the only request the
+    /// process was serving at the time.
+    pub sole_links: u64,
 }

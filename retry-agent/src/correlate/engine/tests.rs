@@ -298,15 +298,42 @@ fn event_loop_overlap_is_missing_unless_no_failure_anywhere() {
 }
 
 /// A response written by another thread than the one that read the request: the context
-/// crossed threads, so the children cannot be linked.
+/// crossed threads, so thread context cannot link the children. With another request in
+/// flight in the process, nothing can: missing.
 #[test]
 fn cross_thread_response_is_missing() {
     let mut w = World::new();
     let t = 1_000 * MS;
     w.call_remote(B, 201, "203.0.113.9:443", t + 2 * MS, 2 * MS, 503, None);
+    let other = w.inbound(B, 300, t + MS, 12 * MS, 200);
     let id = w.id();
     let from = addr("192.168.1.1:5555");
     w.push(X::server(id, B, 200, svc(B), from, t, t + 10 * MS).response_tid(201).status(502).build());
+    assert_eq!(w.verdict(id).claim, Claim::Missing);
+    assert_ne!(other, id);
+}
+
+/// Goroutines, pools, event loops: thread context is lost, but when the failed request was the
+/// only one the process was serving, the outbound calls it made in that span were made for it.
+#[test]
+fn sole_inbound_request_links_its_process_wide_children() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    // The failed call is made and read on other threads (a Go transport's read/write loops),
+    // long before the response (no timing link).
+    w.call_remote(B, 201, "203.0.113.9:443", t + 2 * MS, 2 * MS, 503, None);
+    let id = w.id();
+    let from = addr("192.168.1.1:5555");
+    w.push(X::server(id, B, 200, svc(B), from, t, t + 50 * MS).response_tid(202).status(502).build());
+    let v = w.verdict(id);
+    assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
+    assert_eq!(w.e.stats().sole_links, 1);
+    // A request that overlapped another one is not linked this way.
+    let t = t + 1_000 * MS;
+    w.call_remote(B, 201, "203.0.113.9:443", t + 2 * MS, 2 * MS, 503, None);
+    w.inbound(B, 300, t + 30 * MS, 40 * MS, 200);
+    let id = w.id();
+    w.push(X::server(id, B, 200, svc(B), from, t, t + 50 * MS).response_tid(202).status(502).build());
     assert_eq!(w.verdict(id).claim, Claim::Missing);
 }
 
@@ -780,4 +807,32 @@ fn baseline_skips_the_partial_first_bucket_and_needs_a_few_buckets() {
     w.e.tick(t, &mut w.v);
     let base = w.edge("b", "c").baseline_rate;
     assert!(base.is_some_and(|b| (b - 10.0).abs() < 0.5), "the half-empty first bucket must not drag it down: {base:?}");
+}
+
+/// Through a proxy (our shim) the callee's inbound peer is the proxy, so its verdict cannot
+/// find the caller's edge; the claim the proxy stamps on the response counts instead, once.
+#[test]
+fn claims_reach_the_edge_through_a_proxy_and_count_once() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    for i in 0..6u64 {
+        let t = t + i * 10 * MS;
+        let local = eph(B, w.port());
+        let proxy_side = addr(&format!("10.0.0.1:{}", 40_000 + i));
+        let sid = w.id();
+        w.push(X::server(sid, C, C * 10, svc(C), proxy_side, t + MS, t + 4 * MS).status(502).build());
+        let cid = w.id();
+        w.push(X::client(cid, B, 200, local, svc(C), t, t + 5 * MS).route("/x").status(502).claim_header(Claim::Unclaimed).build());
+    }
+    // A direct call whose callee also sends the header: counted once, not twice.
+    let t = t + 100 * MS;
+    let local = eph(B, w.port());
+    let sid = w.id();
+    w.push(X::server(sid, C, C * 10, svc(C), local, t + MS, t + 4 * MS).status(502).build());
+    let cid = w.id();
+    w.push(X::client(cid, B, 201, local, svc(C), t, t + 5 * MS).route("/y").status(502).claim_header(Claim::Unclaimed).build());
+    w.finish();
+    w.e.tick(t + 3_000 * MS, &mut w.v);
+    let claims = w.edge("b", "c").callee_claims;
+    assert_eq!((claims.unclaimed, claims.claimed, claims.missing), (7, 0, 0), "{claims:?}");
 }
