@@ -812,6 +812,7 @@ impl Engine {
             ex.authority.as_deref(),
             // The path, not the route: /users/1 and /users/2 are different requests.
             ex.path.as_deref().or(ex.route.as_deref()),
+            ex.query_hash,
             ex.body_hash,
         ));
         let start = ex.request_start_ns;

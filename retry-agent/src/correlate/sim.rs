@@ -59,6 +59,7 @@ impl ExchangeBuilder {
             retry_after: false,
             claim_header: None,
             body_hash: None,
+            query_hash: None,
             unknown: false,
             request_bytes: 100,
             response_bytes: 100,
@@ -147,6 +148,11 @@ impl ExchangeBuilder {
 
     pub fn response_tid(mut self, t: u32) -> Self {
         self.0.response_tid = Some(t);
+        self
+    }
+
+    pub fn query_hash(mut self, h: u64) -> Self {
+        self.0.query_hash = Some(h);
         self
     }
 

@@ -117,6 +117,7 @@ impl Pending {
             response_end_ns: self.resp_end_ts,
             route: self.req.path.as_deref().map(route_template),
             path: self.req.path,
+            query_hash: self.req.query_hash,
             authority: self.req.authority,
             method,
             status: signals.status,

@@ -171,6 +171,9 @@ pub struct Exchange {
     pub authority: Option<String>,
     /// Path without the query string.
     pub path: Option<String>,
+    /// Hash of the query string, if any: `/items?page=1` and `?page=2` are different requests.
+    #[serde(default)]
+    pub query_hash: Option<u64>,
     /// `path` with high-cardinality segments (numbers, UUIDs, hex ids) collapsed to `{id}`.
     pub route: Option<String>,
     pub status: Option<u16>,

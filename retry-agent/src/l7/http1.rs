@@ -5,7 +5,7 @@
 use super::{
     exchange::Method,
     msg::{Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method, path_string},
-    util::{BodyHasher, authority_of_target, bounded_string, has_token, parse_u64, path_of_target},
+    util::{BodyHasher, authority_of_target, bounded_string, has_token, parse_u64, path_of_target, query_hash_of_target},
 };
 
 /// Which messages a parser reads.
@@ -584,6 +584,7 @@ fn parse_request_head(head: &[u8], complete: bool) -> Option<(ReqInfo, Framing, 
     }
     req.method = Some(parse_method(method));
     req.path = Some(path_string(path_of_target(target)));
+    req.query_hash = query_hash_of_target(target);
     if let Some(a) = authority_of_target(target) {
         req.authority = Some(bounded_string(a, super::util::MAX_AUTHORITY));
     }

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use super::{
     http1::{Side, recycle},
     msg::{Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method, path_string},
-    util::{MAX_AUTHORITY, bounded_string, path_of_target},
+    util::{MAX_AUTHORITY, bounded_string, path_of_target, query_hash_of_target},
 };
 
 pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -490,7 +490,10 @@ impl H2Dir {
 fn apply_h2_request_header(req: &mut ReqInfo, n: &[u8], v: &[u8]) {
     match n {
         b":method" => req.method = Some(parse_method(v)),
-        b":path" => req.path = Some(path_string(path_of_target(v))),
+        b":path" => {
+            req.path = Some(path_string(path_of_target(v)));
+            req.query_hash = query_hash_of_target(v);
+        }
         b":authority" => req.authority = Some(bounded_string(v, MAX_AUTHORITY)),
         _ => apply_request_header(req, n, v),
     }

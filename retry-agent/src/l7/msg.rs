@@ -24,6 +24,8 @@ pub(crate) struct ReqInfo {
     pub authority: Option<String>,
     /// Path without query string.
     pub path: Option<String>,
+    /// Hash of the query string (retry matching without keeping the query).
+    pub query_hash: Option<u64>,
     pub idempotency_key: bool,
     pub markers: RetryMarkers,
     /// Head cut short or decoder out of sync: fields may be missing.

@@ -627,3 +627,20 @@ fn buffers_shrink_after_a_large_head() {
     assert!(!out[0].unknown);
     assert!(r.buffered_bytes() <= 4096, "{}", r.buffered_bytes());
 }
+
+#[test]
+fn query_is_hashed_not_kept() {
+    let ex = |target: &str| {
+        let req = format!("GET {target} HTTP/1.1\r\nHost: a\r\n\r\n");
+        let (ex, _) = run(&[
+            data(3, Role::Client, Direction::Egress, 10, req.as_bytes()),
+            data(3, Role::Client, Direction::Ingress, 20, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+        ]);
+        ex.into_iter().next().expect("one exchange")
+    };
+    let (p1, p2, none) = (ex("/items?page=1&token=s3cret"), ex("/items?page=2&token=s3cret"), ex("/items"));
+    assert_eq!(p1.path.as_deref(), Some("/items"));
+    assert!(!format!("{p1:?}").contains("s3cret"), "the query itself is not kept");
+    assert!(p1.query_hash.is_some() && p1.query_hash != p2.query_hash);
+    assert_eq!(none.query_hash, None);
+}

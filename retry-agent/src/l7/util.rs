@@ -86,6 +86,17 @@ pub(crate) fn path_of_target(target: &[u8]) -> &[u8] {
     t.get(..end).unwrap_or(t)
 }
 
+/// Hash of a request target's query string (after `?`, before `#`), if it has one. Only the
+/// hash is kept: queries carry tokens, and telling `?page=1` from `?page=2` is all we need.
+pub(crate) fn query_hash_of_target(target: &[u8]) -> Option<u64> {
+    let q = target.iter().position(|&c| c == b'?')?;
+    let rest = target.get(q + 1..)?;
+    let end = rest.iter().position(|&c| c == b'#').unwrap_or(rest.len());
+    let mut h = Fnv::new();
+    h.write(rest.get(..end)?);
+    Some(h.finish())
+}
+
 /// The authority of an absolute-form target, if it is one.
 pub(crate) fn authority_of_target(target: &[u8]) -> Option<&[u8]> {
     let rest = target.strip_prefix(b"http://").or_else(|| target.strip_prefix(b"https://"))?;
@@ -187,6 +198,9 @@ mod tests {
         assert_eq!(authority_of_target(b"http://h:80/p"), Some(&b"h:80"[..]));
         assert_eq!(authority_of_target(b"/p"), None);
         assert_eq!(path_of_target(b"*"), b"*");
+        assert_eq!(query_hash_of_target(b"/a/b"), None);
+        assert_eq!(query_hash_of_target(b"/a?x=1#f"), query_hash_of_target(b"/b?x=1"));
+        assert_ne!(query_hash_of_target(b"/a?x=1"), query_hash_of_target(b"/a?x=2"));
     }
 
     #[test]

@@ -496,6 +496,24 @@ fn retry_after_failure_and_new_request_after_success() {
 }
 
 #[test]
+fn another_query_on_the_same_path_is_another_request() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    let page = |w: &mut World, t: u64, status: u16, q: u64| {
+        let id = w.id();
+        X::client(id, A, 100, eph(A, 1000), addr("203.0.113.9:443"), t, t + MS).route("/items").query_hash(q).status(status).build()
+    };
+    let x = page(&mut w, t, 503, 1);
+    w.push(x);
+    let x = page(&mut w, t + 10 * MS, 200, 2); // ?page=2 after ?page=1 failed: not a retry
+    w.push(x);
+    assert_eq!(w.e.stats().retries, 0);
+    let x = page(&mut w, t + 20 * MS, 200, 1); // ?page=1 again: its retry
+    w.push(x);
+    assert_eq!(w.e.stats().retries, 1);
+}
+
+#[test]
 fn hedged_non_idempotent_and_marker_retries() {
     let mut w = World::new();
     let t = 1_000 * MS;
