@@ -92,10 +92,10 @@ pub struct CorrelateConfig {
     #[arg(long, env = "RETRY_AGENT_FAULT_FAILURE_RATIO", default_value_t = DEFAULT_FAULT_FAILURE_RATIO)]
     pub fault_failure_ratio: f64,
     /// Own errors of fail-close dependencies that met the retry criteria but were never retried on
-    /// an edge that never retries, so the chain keeps at least one retry (at-least-once). Off by
-    /// default: it trusts retry detection, and retries the agent cannot see (inside a gRPC
-    /// library, say) would turn symptoms into wrong claims.
-    #[arg(long, env = "RETRY_AGENT_AT_LEAST_ONCE", default_value_t = false, action = clap::ArgAction::Set)]
+    /// an edge that never retries, so the chain keeps at least one retry (at-least-once). It
+    /// trusts retry detection: turn it off where a client retries in ways the wire does not show
+    /// (to another node's replica through a tunnel, say), or its symptoms would be claimed.
+    #[arg(long, env = "RETRY_AGENT_AT_LEAST_ONCE", default_value_t = true, action = clap::ArgAction::Set)]
     pub at_least_once: bool,
     /// Where thread context cannot link (event loops, goroutines without ids, work handed to
     /// another thread), link a failed inbound request to the one failed outbound call of its
@@ -135,7 +135,7 @@ impl Default for CorrelateConfig {
             stats_bucket_ms: DEFAULT_BUCKET_MS,
             stats_window_buckets: DEFAULT_WINDOW_BUCKETS,
             fault_failure_ratio: DEFAULT_FAULT_FAILURE_RATIO,
-            at_least_once: false,
+            at_least_once: true,
             timing_link_ms: DEFAULT_TIMING_LINK_MS,
             failure_memory: true,
             service_names: Vec::new(),
