@@ -5,6 +5,7 @@ pub mod capture;
 pub mod l7;
 pub mod correlate;
 pub mod decide;
+pub mod pipeline;
 pub mod actuate;
 pub mod recorder;
 pub mod metrics;

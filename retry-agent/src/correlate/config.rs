@@ -50,6 +50,20 @@ impl FromStr for ServiceOverride {
     }
 }
 
+/// As its flag form (`comm=name`), so a dump header reads like the command line.
+impl serde::Serialize for ServiceOverride {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ServiceOverride {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Display for ServiceOverride {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.matcher {
@@ -73,7 +87,8 @@ pub const DEFAULT_MAX_RETRY_KEYS: usize = 131_072;
 pub const DEFAULT_TIMING_LINK_MS: u64 = 5;
 
 /// Correlation: thread context, verdicts, retry detection, edge figures.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct CorrelateConfig {
     /// How long after an inbound exchange ends its verdict waits for late child exchanges and
     /// overlapping requests on the same thread (milliseconds of capture time).

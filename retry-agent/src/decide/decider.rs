@@ -13,7 +13,8 @@ use crate::{
 };
 
 /// Policy thresholds.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct DecideConfig {
     /// Retry budget: retries / requests on an edge above this is over budget.
     #[arg(long, env = "RETRY_AGENT_RETRY_BUDGET", default_value_t = 0.10)]

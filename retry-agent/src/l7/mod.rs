@@ -30,7 +30,8 @@ use msg::Ctx;
 
 /// Settings of the L7 stage. Flattened into the commands that reassemble (`run`, `trace
 /// --exchanges`, `forensics`).
-#[derive(Args, Debug, Clone, PartialEq, Eq)]
+#[derive(Args, Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct L7Config {
     /// Bytes buffered per connection at most (unfinished message heads, HTTP/2 header blocks).
     /// A head or header block larger than this is counted as a truncation and its exchange is

@@ -1,5 +1,5 @@
 //! `retry-agent forensics`: offline replay of a dump through the live l7 + correlate + decide code
-//! ([`super::replay`]: the same `Pipeline` the live agent runs) into an incident report.
+//! ([`super::replay`]: the same [`crate::pipeline::Pipeline`] the live agent runs) into an incident report.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     fmt::Write as _,
@@ -9,10 +9,7 @@ use std::{
 use clap::Args;
 use serde::Serialize;
 
-use super::{
-    DumpHeader, DumpReader, Loss, Pipeline, Record, Replayed,
-    replay::{EdgeSnapshot, replay},
-};
+use super::{DumpHeader, DumpReader, EdgeSnapshot, Loss, Pipeline, PipelineConfig, Record, Replayed, replay};
 use crate::{
     capture::{Direction, Event, Role},
     correlate::{CorrelateConfig, Edge, EdgeStats, ServiceId, Verdict},
@@ -36,6 +33,11 @@ pub struct ForensicsArgs {
     /// Report from the derived records the live agent recorded instead of replaying the events.
     #[arg(long)]
     pub recorded: bool,
+    /// Replay with the stage settings given to this command (the flags below, or their
+    /// defaults) instead of the ones the live agent ran with, which the dump records. For
+    /// "what if" replays, e.g. another retry budget.
+    #[arg(long)]
+    pub replay_flags: bool,
     #[command(flatten)]
     pub l7: L7Config,
     #[command(flatten)]
@@ -175,7 +177,23 @@ pub fn analyse(path: &Path, args: &ForensicsArgs) -> anyhow::Result<IncidentRepo
     let dump = DumpReader::open(path)?;
     let mut notes = Vec::new();
     let rec = recorded(&dump.records);
-    let mut pipeline = Pipeline::new(args.l7.clone(), args.correlate.clone(), args.decide.clone());
+    let flags = PipelineConfig { l7: args.l7.clone(), correlate: args.correlate.clone(), decide: args.decide.clone() };
+    let live = dump.header.as_ref().map(|h| &h.pipeline).filter(|v| !v.is_null());
+    let config = match (args.replay_flags, live) {
+        (true, _) => flags,
+        (false, Some(v)) => match serde_json::from_value::<PipelineConfig>(v.clone()) {
+            Ok(c) => c,
+            Err(e) => {
+                notes.push(format!("the dump's pipeline settings do not parse ({e}): replaying with this command's flags"));
+                flags
+            }
+        },
+        (false, None) => {
+            notes.push("the dump does not record the live pipeline's settings: replaying with this command's flags".into());
+            flags
+        }
+    };
+    let mut pipeline = Pipeline::from_config(&config);
     let rep: Replayed = replay(&mut pipeline, &dump.records);
     let check = ReplayCheck {
         recorded_verdicts: rec.verdicts.len(),

@@ -72,6 +72,10 @@ pub struct DumpHeader {
     /// Records the ring had already let go of before the first one in this dump.
     #[serde(default)]
     pub missing_before: u64,
+    /// The live pipeline's settings ([`crate::pipeline::PipelineConfig`]), so a replay runs
+    /// with what the agent ran with. Loose for the same reason as `config`; null if unknown.
+    #[serde(default)]
+    pub pipeline: serde_json::Value,
 }
 
 impl DumpHeader {
@@ -87,6 +91,7 @@ impl DumpHeader {
             reason,
             config: serde_json::to_value(config).unwrap_or(serde_json::Value::Null),
             missing_before: 0,
+            pipeline: serde_json::Value::Null,
         }
     }
 

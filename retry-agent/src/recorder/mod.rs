@@ -37,7 +37,9 @@ mod tests;
 
 pub use client::{DumpArgs, dump_api_response, run_dump, spawn_sigusr1_dumps};
 pub use format::{DumpHeader, DumpReader, DumpWriter, FormatError, Loss, ReadOutcome};
-pub use replay::{EdgeSnapshot, Pipeline, Replayed, StageOutput, replay};
+pub use replay::{Replayed, replay};
+// The pipeline is its own stage module; re-exported here because every recorder user needs it.
+pub use crate::pipeline::{EdgeSnapshot, Pipeline, PipelineConfig, StageOutput};
 
 /// Recorder settings: every one a flag with an env var and a default.
 #[derive(Args, Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -88,7 +90,7 @@ pub enum Record {
     Verdict(Verdict),
     Decision(Decision),
     /// Edge and call-path figures at one evaluation (what the decisions were made from).
-    Edges(replay::EdgeSnapshot),
+    Edges(crate::pipeline::EdgeSnapshot),
     /// An evaluation the live loop made without an event (idle timer): a replay ticks here too.
     Tick { now_ns: u64 },
 }
@@ -208,6 +210,8 @@ pub struct Snapshot {
     /// Records evicted from the ring before this snapshot (or left out of its time range): a
     /// replay then starts mid-stream and its first figures may differ from the live ones.
     pub missing_before: u64,
+    /// Settings of the pipeline that fed the recorder, if it said.
+    pub pipeline: Option<PipelineConfig>,
 }
 
 impl Snapshot {
@@ -244,6 +248,9 @@ impl Snapshot {
         let file = format::create_private(path).map_err(werr)?;
         let mut header = DumpHeader::new(self.reason.clone(), self.config.clone(), self.from_ns, self.to_ns);
         header.missing_before = self.missing_before;
+        if let Some(p) = &self.pipeline {
+            header.pipeline = serde_json::to_value(p).unwrap_or(serde_json::Value::Null);
+        }
         let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).map_err(werr)?;
         for r in &self.records {
             w.push(r).map_err(werr)?;
@@ -283,6 +290,8 @@ const MAX_PROCESSES: usize = 16_384;
 /// in a [`SharedRecorder`] when the API or a signal handler must reach it.
 pub struct Recorder {
     cfg: RecorderConfig,
+    /// Settings of the pipeline feeding this recorder (written into every dump's header).
+    pipeline: Option<PipelineConfig>,
     ring: VecDeque<Stored>,
     processes: HashMap<u32, ProcessInfo>,
     redactor: redact::Redactor,
@@ -308,6 +317,7 @@ impl Recorder {
             window_ns: cfg.window_secs.saturating_mul(1_000_000_000),
             max_bytes,
             cfg,
+            pipeline: None,
             ring: VecDeque::new(),
             processes: HashMap::new(),
             redactor: redact::Redactor::new(),
@@ -321,6 +331,11 @@ impl Recorder {
 
     pub fn config(&self) -> &RecorderConfig {
         &self.cfg
+    }
+
+    /// The settings of the pipeline that feeds this recorder (the pipeline's tap sets them).
+    pub fn set_pipeline_config(&mut self, c: PipelineConfig) {
+        self.pipeline = Some(c);
     }
 
     /// Record one item. Never fails, never blocks on IO (a due storm dump is written on its own
@@ -489,7 +504,7 @@ impl Recorder {
         if lo > hi {
             lo = 0;
         }
-        Snapshot { reason, config: self.cfg.clone(), records, from_ns: lo, to_ns: hi, missing_before }
+        Snapshot { reason, config: self.cfg.clone(), records, from_ns: lo, to_ns: hi, missing_before, pipeline: self.pipeline.clone() }
     }
 
     /// Write the whole ring into the dump directory now (synchronous; prefer

@@ -363,6 +363,47 @@ fn replay_of_a_dump_reproduces_the_live_pipeline() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A live agent run with non-default settings: the dump carries them and forensics replays with
+/// them (the same verdicts and decisions), unless told to use its own flags.
+#[test]
+fn forensics_replays_with_the_live_pipelines_settings() {
+    use crate::{
+        correlate::CorrelateConfig,
+        decide::DecideConfig,
+        l7::L7Config,
+        recorder::forensics::{ForensicsArgs, analyse},
+    };
+    let dir = temp_dir("replay-config");
+    let rec = SharedRecorder::new(Recorder::new(RecorderConfig { auto_dump: false, ..cfg(dir.clone()) }).unwrap());
+    // Decisions only at a 10x arrival rate and a 90% retry ratio: the default settings decide
+    // differently on the same storm.
+    let decide = DecideConfig { amplification_threshold: 10.0, retry_budget: 0.9, ..DecideConfig::default() };
+    let mut live = Pipeline::new(L7Config::default(), CorrelateConfig::default(), decide).with_recorder(rec.clone());
+    let mut out = StageOutput::default();
+    for ev in &synth::StormScenario::default().events() {
+        live.push(ev, &mut out);
+    }
+    let path = rec.with(|r| r.dump(DumpReason::OnDemand)).unwrap().unwrap();
+    let args = |replay_flags: bool| ForensicsArgs {
+        dump: path.clone(),
+        diff: None,
+        json: false,
+        html: None,
+        recorded: false,
+        replay_flags,
+        l7: Default::default(),
+        correlate: Default::default(),
+        decide: Default::default(),
+    };
+    let faithful = analyse(&path, &args(false)).unwrap();
+    let check = faithful.replay_check.clone().expect("a replay check");
+    assert!(check.decisions_equal && check.verdicts_equal, "{check:?}");
+    let what_if = analyse(&path, &args(true)).unwrap();
+    let check = what_if.replay_check.clone().expect("a replay check");
+    assert!(!check.decisions_equal, "default settings decide differently: {check:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 mod forensics_report {
     use super::*;
     use crate::{
@@ -461,7 +502,7 @@ mod forensics_report {
         records.push(Record::Decision(d.clone()));
         records.push(Record::Decision(Decision { issued_at_ns: 30 * S, ..d.clone() })); // renewal
         records.push(Record::Decision(Decision { id: 2, action: Action::Allow, issued_at_ns: 55 * S, ..d }));
-        let snap = Snapshot { reason: DumpReason::OnDemand, config: RecorderConfig::default(), records, from_ns: 0, to_ns: 60 * S, missing_before: 0 };
+        let snap = Snapshot { reason: DumpReason::OnDemand, config: RecorderConfig::default(), records, from_ns: 0, to_ns: 60 * S, missing_before: 0, pipeline: None };
         snap.write_to_dir(dir).unwrap()
     }
 
@@ -472,6 +513,7 @@ mod forensics_report {
             json: false,
             html: None,
             recorded: true,
+            replay_flags: false,
             l7: Default::default(),
             correlate: Default::default(),
             decide: Default::default(),

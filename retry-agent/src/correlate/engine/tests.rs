@@ -810,7 +810,7 @@ fn baseline_skips_the_partial_first_bucket_and_needs_a_few_buckets() {
     let mut w = World::new();
     // Traffic starts halfway through a bucket: that bucket holds half the real rate.
     let mut t = 1_000_000 * MS + 500 * MS;
-    let mut send = |w: &mut World, t: &mut u64, n: usize| {
+    let send = |w: &mut World, t: &mut u64, n: usize| {
         for _ in 0..n {
             w.next_request();
             w.call(B, 200, C, *t, MS, 200);
