@@ -79,13 +79,17 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
 }
 
-/// A child process killed (and reaped) on drop.
-pub struct Proc(pub Child);
+/// A child process killed (and reaped) on drop; its stdout is read through one buffered reader
+/// (one per line would drop whatever the previous read had buffered).
+pub struct Proc(pub Child, Option<std::io::BufReader<std::process::ChildStdout>>);
 
 impl Proc {
     pub fn spawn(cmd: &mut Command) -> Proc {
         let child = cmd.stdin(Stdio::null()).spawn().unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
-        Proc(child)
+        Proc(child, None)
+    }
+    pub fn from_child(child: Child) -> Proc {
+        Proc(child, None)
     }
     pub fn pid(&self) -> u32 {
         self.0.id()
@@ -94,11 +98,11 @@ impl Proc {
     pub fn read_line(&mut self) -> String {
         use std::io::BufRead;
         let mut line = String::new();
-        if let Some(out) = self.0.stdout.take() {
-            let mut r = std::io::BufReader::new(out);
+        if self.1.is_none() {
+            self.1 = self.0.stdout.take().map(std::io::BufReader::new);
+        }
+        if let Some(r) = self.1.as_mut() {
             let _ = r.read_line(&mut line);
-            // Keep the pipe open (dropping it could SIGPIPE a chatty child).
-            self.0.stdout = Some(r.into_inner());
         }
         line
     }

@@ -54,7 +54,7 @@ fn haproxy_map_update_disables_l7_retries_without_reload() {
     std::fs::write(&cfg, config(fe, be, &sock_s, &map_s)).expect("cfg");
     let check = Command::new("haproxy").arg("-c").arg("-f").arg(&cfg).output().expect("haproxy -c");
     assert!(check.status.success(), "config rejected: {}", String::from_utf8_lossy(&check.stderr));
-    let hap = Proc(
+    let hap = Proc::from_child(
         Command::new("haproxy")
             .arg("-db")
             .arg("-f")

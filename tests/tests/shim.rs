@@ -274,7 +274,7 @@ fn agent_sigkill_under_load_shim_keeps_forwarding_and_fails_open() {
     let ctl_path = tmp("agent-kill.sock");
     let ttl_ms = 1500;
     let exe = std::env::current_exe().expect("exe");
-    let mut agent = integration_tests::actuate::Proc(
+    let mut agent = integration_tests::actuate::Proc::from_child(
         std::process::Command::new(exe)
             .args(["agent_helper_process", "--exact", "--nocapture", "--test-threads=1"])
             .env("RASHIM_AGENT_HELPER", format!("{}|{probe}|{ttl_ms}", ctl_path.display()))
