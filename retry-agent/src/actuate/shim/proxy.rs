@@ -425,11 +425,14 @@ where
     };
     let (mut parts, body) = resp.into_parts();
     let stamp = ctx.view.claim(&info.orig, now);
+    // Tell a gRPC client not to retry only where retries must stop; an over-budget or
+    // amplifying edge keeps its budgeted retries (the pushback would make grpcio stop them all).
+    let pushback = grpc && suppressed == Some(crate::decide::Reason::CalleeUnclaimed);
     let mut grpc_status = if grpc { policy::grpc_status(&parts.headers) } else { None };
     let http_failed = policy::status_is_failure(parts.status);
     // Trailers-only gRPC responses carry the status in the headers.
     if grpc_status.is_some_and(|s| s != 0) || (!grpc && http_failed) {
-        annotate_failure(&mut parts.headers, stamp, grpc && suppressed.is_some());
+        annotate_failure(&mut parts.headers, stamp, pushback);
     }
     if grpc_status.is_none() && grpc && parts.headers.contains_key("grpc-status") {
         grpc_status = Some(2); // unparseable status: UNKNOWN, a failure
@@ -452,7 +455,7 @@ where
             grpc_message: parts.headers.get("grpc-message").cloned(),
             claim: policy::claim_of(&parts.headers).unwrap_or(Claim::Missing),
             stamp,
-            pushback: grpc && suppressed.is_some(),
+            pushback,
         }),
         done: false,
     };
