@@ -44,10 +44,22 @@ pub mod syscall {
     pub const RECVMSG: u32 = 8;
     pub const SENDMMSG: u32 = 9;
     pub const RECVMMSG: u32 = 10;
+    /// sendfile(2) out of a file into the socket: the bytes are counted, never captured (they
+    /// are a response body nginx-style servers send without copying).
+    pub const SENDFILE: u32 = 11;
+    /// splice(2) from a pipe into the socket / from the socket into a pipe (proxies, zero-copy
+    /// servers): counted, never captured.
+    pub const SPLICE_OUT: u32 = 12;
+    pub const SPLICE_IN: u32 = 13;
 
     /// Whether the syscall sends (egress) rather than receives.
     pub const fn is_egress(sc: u32) -> bool {
-        matches!(sc, WRITE | WRITEV | SENDTO | SENDMSG | SENDMMSG)
+        matches!(sc, WRITE | WRITEV | SENDTO | SENDMSG | SENDMMSG | SENDFILE | SPLICE_OUT)
+    }
+
+    /// Whether the bytes never pass through user memory (so none can be captured).
+    pub const fn is_zero_copy(sc: u32) -> bool {
+        matches!(sc, SENDFILE | SPLICE_OUT | SPLICE_IN)
     }
 }
 

@@ -84,10 +84,14 @@ fn kind_tags_are_distinct_and_first() {
 
 #[test]
 fn egress_syscalls() {
-    for sc in [syscall::WRITE, syscall::WRITEV, syscall::SENDTO, syscall::SENDMSG, syscall::SENDMMSG] {
+    for sc in [syscall::WRITE, syscall::WRITEV, syscall::SENDTO, syscall::SENDMSG, syscall::SENDMMSG, syscall::SENDFILE, syscall::SPLICE_OUT] {
         assert!(syscall::is_egress(sc));
     }
-    for sc in [syscall::READ, syscall::READV, syscall::RECVFROM, syscall::RECVMSG, syscall::RECVMMSG, 0, 99] {
+    for sc in [syscall::READ, syscall::READV, syscall::RECVFROM, syscall::RECVMSG, syscall::RECVMMSG, syscall::SPLICE_IN, 0, 99] {
         assert!(!syscall::is_egress(sc));
     }
+    for sc in [syscall::SENDFILE, syscall::SPLICE_OUT, syscall::SPLICE_IN] {
+        assert!(syscall::is_zero_copy(sc));
+    }
+    assert!(!syscall::is_zero_copy(syscall::WRITE));
 }

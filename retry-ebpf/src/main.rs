@@ -190,11 +190,12 @@ fn read_user<T>(addr: u64) -> Result<T, i32> {
     unsafe { bpf_probe_read_user(addr as *const T) }.map_err(|e| e as i32)
 }
 
-/// Where the bytes are: one buffer, or an iovec array.
+/// Where the bytes are: one buffer, an iovec array, or nowhere a program can read (zero-copy).
 #[derive(Clone, Copy)]
 enum Src {
     Flat(u64),
     Iov(u64),
+    None,
 }
 
 /// iovecs copied at most per syscall. Most writers need one or two, but gRPC C-core (grpcio)
@@ -215,6 +216,7 @@ fn payload_source(a: &IoArgs, ret: i64) -> Result<(Src, u64), i32> {
             let msg_len: u32 = read_user(a.buf + 56)?;
             Ok((Src::Iov(read_user(a.buf + 16)?), msg_len as u64))
         }
+        syscall::SENDFILE | syscall::SPLICE_OUT | syscall::SPLICE_IN => Ok((Src::None, total)),
         _ => Ok((Src::Flat(a.buf), total)),
     }
 }
@@ -245,6 +247,7 @@ unsafe fn copy_payload(dst: *mut u8, src: Src, want: u64) -> u32 {
         unsafe { generated::bpf_probe_read_user(dst.add(off as usize) as *mut c_void, n as u32, from as *const c_void) == 0 }
     };
     match src {
+        Src::None => 0,
         Src::Flat(p) => {
             if want > 0 && read(0, want, p) { want as u32 } else { 0 }
         }
@@ -352,6 +355,7 @@ macro_rules! io_programs {
 }
 
 io_programs! {
+    ra_enter_sendfile, ra_exit_sendfile, "sys_enter_sendfile64", "sys_exit_sendfile64", syscall::SENDFILE;
     ra_enter_read, ra_exit_read, "sys_enter_read", "sys_exit_read", syscall::READ;
     ra_enter_write, ra_exit_write, "sys_enter_write", "sys_exit_write", syscall::WRITE;
     ra_enter_readv, ra_exit_readv, "sys_enter_readv", "sys_exit_readv", syscall::READV;
@@ -362,6 +366,37 @@ io_programs! {
     ra_enter_recvmsg, ra_exit_recvmsg, "sys_enter_recvmsg", "sys_exit_recvmsg", syscall::RECVMSG;
     ra_enter_sendmmsg, ra_exit_sendmmsg, "sys_enter_sendmmsg", "sys_exit_sendmmsg", syscall::SENDMMSG;
     ra_enter_recvmmsg, ra_exit_recvmmsg, "sys_enter_recvmmsg", "sys_exit_recvmmsg", syscall::RECVMMSG;
+}
+
+/// splice(fd_in, off_in, fd_out, off_out, len, flags): whichever end is a tracked socket (a
+/// socket-to-socket splice goes through a pipe, so one end is a pipe).
+#[inline(always)]
+fn try_enter_splice(ctx: &TracePointContext) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let fd_out = arg(ctx, 2)? as u32;
+    let fd_in = arg(ctx, 0)? as u32;
+    let (fd, sc) = if CONNS.get_ptr(&ConnKey { tgid, fd: fd_out }).is_some() {
+        (fd_out, syscall::SPLICE_OUT)
+    } else if CONNS.get_ptr(&ConnKey { tgid, fd: fd_in }).is_some() {
+        (fd_in, syscall::SPLICE_IN)
+    } else {
+        return Ok(());
+    };
+    let args = IoArgs { buf: 0, ts_enter_ns: now(), fd, syscall: sc };
+    IO_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_splice")]
+pub fn ra_enter_splice(ctx: TracePointContext) -> u32 {
+    let _ = try_enter_splice(&ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_splice")]
+pub fn ra_exit_splice(ctx: TracePointContext) -> u32 {
+    let _ = try_exit_io(&ctx);
+    0
 }
 
 // ---------------------------------------------------------------------------------------------

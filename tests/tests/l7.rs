@@ -415,3 +415,80 @@ async fn grpc_exchanges_equal_what_the_peers_logged() {
     assert!(client_ex.iter().chain(server_ex.iter()).all(|e| !e.unknown), "grpcio exchanges decoded whole: {ex:#?}");
     assert!(client_ex.iter().all(|e| e.path.is_some()), "client paths: {client_ex:#?}");
 }
+
+/// A keep-alive server that sends response bodies without copying them through user memory:
+/// `socket.sendfile` (sendfile(2), nginx's default for static files) and `os.splice` through a
+/// pipe (proxies). Logs `GET PATH STATUS` per request.
+const ZERO_COPY_SERVER_PY: &str = r#"
+import os, socket, sys, tempfile
+body = b"z" * 100000
+f = tempfile.TemporaryFile()
+f.write(body)
+f.flush()
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", int(sys.argv[1])))
+srv.listen(8)
+while True:
+    c, _ = srv.accept()
+    buf = b""
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        buf += d
+        while b"\r\n\r\n" in buf:
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            path = head.split(b" ")[1].decode()
+            status = 200
+            if path == "/sendfile":
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+                c.sendfile(f, 0)
+            elif path == "/splice":
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+                r, w = os.pipe()
+                off = 0
+                while off < len(body):
+                    n = os.splice(f.fileno(), w, min(65536, len(body) - off), offset_src=off)
+                    off += n
+                    while n:
+                        n -= os.splice(r, c.fileno(), n)
+                os.close(r)
+                os.close(w)
+            else:
+                status = 404
+                c.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            print("GET %s %d" % (path, status), flush=True)
+    c.close()
+"#;
+
+/// Bodies sent with sendfile(2) or splice(2) never pass through user memory: capture counts
+/// them, l7 frames them, and the keep-alive connection parses on to the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_copy_bodies_are_framed() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load_capture() else { return };
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = Proc::spawn(python(ZERO_COPY_SERVER_PY, &[&ps]).stdout(Stdio::piped()));
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
+    let curl = Proc::spawn(Command::new("curl").args([
+        "-s", "-o", "/dev/null", "-o", "/dev/null", "-o", "/dev/null",
+        &url("/sendfile"), &url("/splice"), &url("/missing"),
+    ]));
+    let pids = vec![server.pid(), curl.pid()];
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let server_pid = server.pid();
+    let _ = server.0.kill();
+    let logged = output_lines(&mut server);
+    let ex = reassemble(&evs);
+    assert_eq!(logged, ["GET /sendfile 200", "GET /splice 200", "GET /missing 404"], "the server's own log");
+    assert_eq!(http_lines(&ex, server_pid, Role::Server), logged, "server exchanges vs its log");
+    assert_eq!(http_lines(&ex, curl.pid(), Role::Client), logged, "curl's exchanges");
+    for e in ex.iter().filter(|e| e.pid == server_pid && e.status == Some(200)) {
+        assert!(e.response_bytes >= 100_000 && !e.unknown, "{e:?}");
+    }
+}

@@ -120,6 +120,8 @@ fn syscall_of(v: u32) -> Syscall {
         syscall::RECVMSG => Syscall::Recvmsg,
         syscall::SENDMMSG => Syscall::Sendmmsg,
         syscall::RECVMMSG => Syscall::Recvmmsg,
+        syscall::SENDFILE => Syscall::Sendfile,
+        syscall::SPLICE_OUT | syscall::SPLICE_IN => Syscall::Splice,
         _ => Syscall::Other,
     }
 }

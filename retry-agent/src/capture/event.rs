@@ -53,6 +53,9 @@ pub enum Syscall {
     Recvmsg,
     Sendmmsg,
     Recvmmsg,
+    /// Zero-copy: the event carries the byte count only.
+    Sendfile,
+    Splice,
     Other,
 }
 

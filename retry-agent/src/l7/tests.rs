@@ -644,3 +644,22 @@ fn query_is_hashed_not_kept() {
     assert!(p1.query_hash.is_some() && p1.query_hash != p2.query_hash);
     assert_eq!(none.query_hash, None);
 }
+
+/// sendfile/splice: the body moves without passing user memory, so its event has a byte count
+/// and no bytes. Framing must count it and the keep-alive connection parse on.
+#[test]
+fn zero_copy_body_is_counted_and_the_connection_parses_on() {
+    let body_len = 100_000u64;
+    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {body_len}\r\n\r\n");
+    let (ex, stats) = run(&[
+        data(3, Role::Server, Direction::Ingress, 10, b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n"),
+        data(3, Role::Server, Direction::Egress, 20, head.as_bytes()),
+        data_trunc(3, Role::Server, Direction::Egress, 30, 7, b"", 60_000),
+        data_trunc(3, Role::Server, Direction::Egress, 40, 7, b"", body_len - 60_000),
+        data(3, Role::Server, Direction::Ingress, 50, b"GET /missing HTTP/1.1\r\nHost: a\r\n\r\n"),
+        data(3, Role::Server, Direction::Egress, 60, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"),
+    ]);
+    let lines: Vec<_> = ex.iter().map(|e| (e.path.clone().unwrap_or_default(), e.status, e.unknown)).collect();
+    assert_eq!(lines, vec![("/big".into(), Some(200), false), ("/missing".into(), Some(404), false)], "{stats:?}");
+    assert_eq!(ex[0].response_end_ns, Some(45), "the response ends with its last zero-copy piece");
+}
