@@ -51,10 +51,20 @@ pub mod syscall {
     /// servers): counted, never captured.
     pub const SPLICE_OUT: u32 = 12;
     pub const SPLICE_IN: u32 = 13;
+    /// Plaintext given to / returned by OpenSSL's SSL_write / SSL_read (uprobes): the bytes of a
+    /// TLS connection as the application sees them. The ciphertext syscalls made inside those
+    /// calls are not reported.
+    pub const SSL_WRITE: u32 = 14;
+    pub const SSL_READ: u32 = 15;
 
     /// Whether the syscall sends (egress) rather than receives.
     pub const fn is_egress(sc: u32) -> bool {
-        matches!(sc, WRITE | WRITEV | SENDTO | SENDMSG | SENDMMSG | SENDFILE | SPLICE_OUT)
+        matches!(sc, WRITE | WRITEV | SENDTO | SENDMSG | SENDMMSG | SENDFILE | SPLICE_OUT | SSL_WRITE)
+    }
+
+    /// Plaintext of a TLS connection (from uprobes on the TLS library).
+    pub const fn is_tls_plaintext(sc: u32) -> bool {
+        matches!(sc, SSL_WRITE | SSL_READ)
     }
 
     /// Whether the bytes never pass through user memory (so none can be captured).

@@ -17,9 +17,9 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated,
     },
-    macros::{map, tracepoint},
+    macros::{map, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use retry_common::{
     AF_INET, AF_INET6, AcceptArgs, Config, ConnInfo, ConnKey, ConnRecord, ConnectArgs, DataHeader, DataRecord,
@@ -173,6 +173,17 @@ fn try_enter_io(ctx: &TracePointContext, sc: u32) -> Result<(), i32> {
     if CONNS.get_ptr(&key).is_none() {
         return Ok(());
     }
+    if let Some(p) = SSL_ARGS.get_ptr_mut(&pid_tgid) {
+        // Inside SSL_read/SSL_write/a handshake: ciphertext. Not reported (the uretprobe reports
+        // the plaintext); it tells which fd this SSL object talks over.
+        // SAFETY: this thread's own entry; only this thread writes it.
+        let ssl = unsafe {
+            (*p).fd = fd;
+            (*p).ssl
+        };
+        let _ = SSL_FDS.insert(&SslKey { tgid: key.tgid, _pad: 0, ssl }, &fd, 0);
+        return Ok(());
+    }
     let args = IoArgs { buf: arg(ctx, 1)?, ts_enter_ns: now(), fd, syscall: sc };
     IO_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
 }
@@ -296,9 +307,16 @@ fn try_exit_io(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let (src, total) = payload_source(&a, ret)?;
+    emit_data(pid_tgid, a.fd, &info, a.syscall, src, (ret, total), a.ts_enter_ns);
+    Ok(())
+}
+
+/// One data record: the header and up to the configured prefix of the bytes at `src`.
+#[inline(always)]
+fn emit_data(pid_tgid: u64, fd: u32, info: &ConnInfo, sc: u32, src: Src, (ret, total): (i64, u64), ts_enter_ns: u64) {
     let rec = match SCRATCH.get_ptr_mut(0) {
         Some(r) => r,
-        None => return Ok(()),
+        None => return,
     };
     let cap = config().payload_bytes as u64;
     let mut want = total;
@@ -316,15 +334,15 @@ fn try_exit_io(ctx: &TracePointContext) -> Result<(), i32> {
         }
         (*rec).header = DataHeader {
             kind: KIND_DATA,
-            syscall: a.syscall,
-            pid: key.tgid,
+            syscall: sc,
+            pid: (pid_tgid >> 32) as u32,
             tid: pid_tgid as u32,
-            fd: a.fd,
+            fd,
             role: info.role,
-            direction: if syscall::is_egress(a.syscall) { direction::EGRESS } else { direction::INGRESS },
+            direction: if syscall::is_egress(sc) { direction::EGRESS } else { direction::INGRESS },
             captured: n,
             generation: info.generation,
-            ts_enter_ns: a.ts_enter_ns,
+            ts_enter_ns,
             ts_exit_ns: now(),
             ret,
             len: total,
@@ -336,7 +354,6 @@ fn try_exit_io(ctx: &TracePointContext) -> Result<(), i32> {
             count_drop();
         }
     }
-    Ok(())
 }
 
 macro_rules! io_programs {
@@ -396,6 +413,122 @@ pub fn ra_enter_splice(ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "syscalls", name = "sys_exit_splice")]
 pub fn ra_exit_splice(ctx: TracePointContext) -> u32 {
     let _ = try_exit_io(&ctx);
+    0
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS: uprobes on OpenSSL (libssl). The plaintext an application hands to SSL_write or gets from
+// SSL_read is reported on the connection of the fd the library does its I/O on; the ciphertext
+// syscalls inside those calls (and inside handshakes) are not reported.
+
+/// An SSL call in progress on a thread.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SslArgs {
+    ssl: u64,
+    buf: u64,
+    /// `size_t *` the _ex variants write the byte count to.
+    len_ptr: u64,
+    ts_enter_ns: u64,
+    /// The fd the call did I/O on (u32::MAX until a syscall inside it says, or the SSL object
+    /// was seen before).
+    fd: u32,
+    kind: u32,
+}
+
+const SSL_WRITE: u32 = 1;
+const SSL_READ: u32 = 2;
+const SSL_WRITE_EX: u32 = 3;
+const SSL_READ_EX: u32 = 4;
+const SSL_HANDSHAKE: u32 = 5;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SslKey {
+    tgid: u32,
+    _pad: u32,
+    ssl: u64,
+}
+
+#[map]
+static SSL_ARGS: HashMap<u64, SslArgs> = HashMap::with_max_entries(16384, 0);
+/// The fd each SSL object was last seen doing I/O on (a read served from OpenSSL's buffer makes
+/// no syscall).
+#[map]
+static SSL_FDS: LruHashMap<SslKey, u32> = LruHashMap::with_max_entries(65536, 0);
+
+#[inline(always)]
+fn try_ssl_enter(ctx: &ProbeContext, kind: u32) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if is_agent(pid_tgid) {
+        return Ok(());
+    }
+    let ssl: u64 = ctx.arg(0).ok_or(-1)?;
+    let (buf, len_ptr) = match kind {
+        SSL_HANDSHAKE => (0, 0),
+        SSL_WRITE_EX | SSL_READ_EX => (ctx.arg(1).ok_or(-1)?, ctx.arg(3).ok_or(-1)?),
+        _ => (ctx.arg(1).ok_or(-1)?, 0),
+    };
+    let tgid = (pid_tgid >> 32) as u32;
+    // SAFETY: plain value copied out of the map.
+    let fd = unsafe { SSL_FDS.get(&SslKey { tgid, _pad: 0, ssl }) }.copied().unwrap_or(u32::MAX);
+    let args = SslArgs { ssl, buf, len_ptr, ts_enter_ns: now(), fd, kind };
+    SSL_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
+}
+
+#[inline(always)]
+fn try_ssl_exit(ctx: &RetProbeContext) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let a = match SSL_ARGS.get_ptr(&pid_tgid) {
+        // SAFETY: the value is copied out before the entry is removed.
+        Some(p) => unsafe { *p },
+        None => return Ok(()),
+    };
+    let _ = SSL_ARGS.remove(&pid_tgid);
+    // Both return an int: SSL_read/SSL_write the byte count (≤ 0: nothing moved), the _ex
+    // variants 1 on success with the count behind `len_ptr`.
+    let ret = ctx.ret::<i64>() as i32;
+    let n: u64 = match a.kind {
+        SSL_WRITE | SSL_READ if ret > 0 => ret as u64,
+        SSL_WRITE_EX | SSL_READ_EX if ret == 1 => read_user::<u64>(a.len_ptr)?,
+        _ => return Ok(()),
+    };
+    if n == 0 || a.fd == u32::MAX {
+        return Ok(());
+    }
+    let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: a.fd };
+    let info = match CONNS.get_ptr(&key) {
+        // SAFETY: copied out.
+        Some(p) => unsafe { *p },
+        None => return Ok(()),
+    };
+    let sc = if matches!(a.kind, SSL_WRITE | SSL_WRITE_EX) { syscall::SSL_WRITE } else { syscall::SSL_READ };
+    emit_data(pid_tgid, a.fd, &info, sc, Src::Flat(a.buf), (n as i64, n), a.ts_enter_ns);
+    Ok(())
+}
+
+macro_rules! ssl_programs {
+    ($($enter:ident, $kind:expr;)*) => {$(
+        #[uprobe]
+        pub fn $enter(ctx: ProbeContext) -> u32 {
+            let _ = try_ssl_enter(&ctx, $kind);
+            0
+        }
+    )*};
+}
+
+ssl_programs! {
+    ra_ssl_write, SSL_WRITE;
+    ra_ssl_read, SSL_READ;
+    ra_ssl_write_ex, SSL_WRITE_EX;
+    ra_ssl_read_ex, SSL_READ_EX;
+    ra_ssl_handshake, SSL_HANDSHAKE;
+}
+
+/// One return probe for every SSL function (the entry recorded which one it was).
+#[uretprobe]
+pub fn ra_ssl_ret(ctx: RetProbeContext) -> u32 {
+    let _ = try_ssl_exit(&ctx);
     0
 }
 

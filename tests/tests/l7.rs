@@ -492,3 +492,66 @@ async fn zero_copy_bodies_are_framed() {
         assert!(e.response_bytes >= 100_000 && !e.unknown, "{e:?}");
     }
 }
+
+/// HTTPS through OpenSSL on both sides: Python's ssl (SSL_read_ex/SSL_write_ex) serving, curl
+/// (SSL_read/SSL_write) and python-requests calling. Capture reads the plaintext from libssl's
+/// uprobes; l7 rebuilds the exchanges both sides logged, never the ciphertext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_exchanges_come_from_libssl_plaintext() {
+    if !can_run() || !have("openssl", "version") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ra-tls-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"])
+        .arg("-keyout").arg(&key).arg("-out").arg(&cert)
+        .stdout(Stdio::null()).stderr(Stdio::null()).status();
+    assert!(made.is_ok_and(|s| s.success()), "openssl req");
+    let Some(mut cap) = load_capture() else { return };
+    let port = free_port();
+    let ps = port.to_string();
+    // The keep-alive server above, wrapped in TLS.
+    let server_py = HTTP_SERVER_PY.replace(
+        "http.server.ThreadingHTTPServer((\"127.0.0.1\", int(sys.argv[1])), H).serve_forever()",
+        "import ssl\nsrv = http.server.ThreadingHTTPServer((\"127.0.0.1\", int(sys.argv[1])), H)\n\
+         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\nctx.load_cert_chain(sys.argv[2], sys.argv[3])\n\
+         srv.socket = ctx.wrap_socket(srv.socket, server_side=True)\nsrv.serve_forever()",
+    );
+    assert_ne!(server_py, HTTP_SERVER_PY, "the TLS wrapper must apply");
+    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
+    let mut server = Proc::spawn(python(&server_py, &[&ps, &cert_s, &key_s]).stdout(Stdio::piped()));
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let url = |p: &str| format!("https://127.0.0.1:{port}{p}");
+    let mut curl = Proc::spawn(
+        Command::new("curl")
+            .args(["-sk", "-o", "/dev/null", "-o", "/dev/null", "-w", "GET %{url_effective} %{http_code}\\n"])
+            .args([url("/tls/curl"), url("/missing/tls")])
+            .stdout(Stdio::piped()),
+    );
+    let curl_lines: Vec<String> =
+        output_lines(&mut curl).iter().map(|l| l.replace(&format!("https://127.0.0.1:{port}"), "")).collect();
+    let requests_py = format!(
+        "import requests, urllib3\nurllib3.disable_warnings()\ns = requests.Session()\n\
+         for p in ['/tls/py', '/busy']:\n    r = s.get('https://127.0.0.1:{port}' + p, verify=False)\n    print('GET', p, r.status_code, flush=True)\n"
+    );
+    let mut py = Proc::spawn(python(&requests_py, &[]).stdout(Stdio::piped()));
+    let py_lines = output_lines(&mut py);
+    let pids = vec![server.pid(), curl.pid(), py.pid()];
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let server_pid = server.pid();
+    let _ = server.0.kill();
+    let mut server_lines = output_lines(&mut server);
+    let _ = std::fs::remove_dir_all(&dir);
+    let ex = reassemble(&evs);
+    assert_eq!(curl_lines, ["GET /tls/curl 200", "GET /missing/tls 404"], "curl's own log");
+    assert_eq!(py_lines, ["GET /tls/py 200", "GET /busy 503"], "requests' own log");
+    assert_eq!(http_lines(&ex, curl.pid(), Role::Client), curl_lines, "curl's exchanges (SSL_write/SSL_read)");
+    assert_eq!(http_lines(&ex, py.pid(), Role::Client), py_lines, "requests' exchanges (SSL_write_ex/SSL_read_ex)");
+    let mut got = http_lines(&ex, server_pid, Role::Server);
+    got.sort();
+    server_lines.sort();
+    assert_eq!(got, server_lines, "server exchanges vs its log");
+    assert_eq!(server_lines.len(), 4);
+}

@@ -122,6 +122,8 @@ fn syscall_of(v: u32) -> Syscall {
         syscall::RECVMMSG => Syscall::Recvmmsg,
         syscall::SENDFILE => Syscall::Sendfile,
         syscall::SPLICE_OUT | syscall::SPLICE_IN => Syscall::Splice,
+        syscall::SSL_WRITE => Syscall::SslWrite,
+        syscall::SSL_READ => Syscall::SslRead,
         _ => Syscall::Other,
     }
 }

@@ -56,6 +56,9 @@ pub enum Syscall {
     /// Zero-copy: the event carries the byte count only.
     Sendfile,
     Splice,
+    /// TLS plaintext from the TLS library (uprobes), not a syscall.
+    SslWrite,
+    SslRead,
     Other,
 }
 

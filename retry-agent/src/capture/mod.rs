@@ -60,6 +60,13 @@ pub struct CaptureConfig {
     /// record waits when traffic is light).
     #[arg(long, env = "RETRY_AGENT_RING_POLL_MS", default_value_t = 10)]
     pub poll_ms: u64,
+    /// Read TLS plaintext with uprobes on the shared OpenSSL (libssl) processes map.
+    #[arg(long, env = "RETRY_AGENT_TLS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub tls: bool,
+    /// libssl files to instrument (repeatable, or comma-separated in the env var); default: the
+    /// distribution's usual locations that exist.
+    #[arg(long = "tls-lib", env = "RETRY_AGENT_TLS_LIBS", value_delimiter = ',')]
+    pub tls_libs: Vec<PathBuf>,
 }
 
 impl Default for CaptureConfig {
@@ -71,6 +78,8 @@ impl Default for CaptureConfig {
             proc_root: PathBuf::from("/proc"),
             wakeup_bytes: 256 << 10,
             poll_ms: 10,
+            tls: true,
+            tls_libs: Vec::new(),
         }
     }
 }
@@ -278,6 +287,9 @@ impl Capture {
 
         for (prog, category, tp) in PROGRAMS {
             attach(&mut ebpf, prog, category, tp)?;
+        }
+        if cfg.tls {
+            tls::attach(&mut ebpf, &tls::libraries(&cfg.tls_libs));
         }
 
         let ring = take_map(&mut ebpf, names::EVENTS)?;
@@ -704,6 +716,7 @@ impl Reader {
 }
 
 mod btf;
+mod tls;
 
 #[cfg(test)]
 mod tests;

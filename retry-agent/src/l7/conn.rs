@@ -2,7 +2,7 @@
 //! requests with responses (FIFO for HTTP/1, by stream for HTTP/2).
 use std::collections::{HashMap, VecDeque};
 
-use crate::capture::{ConnId, DataEvent, Direction, Role, Tuple};
+use crate::capture::{ConnId, DataEvent, Direction, Role, Syscall, Tuple};
 
 use super::{
     L7Stats,
@@ -197,6 +197,9 @@ pub(crate) struct Conn {
     proto: Proto,
     cap: usize,
     max_inflight: usize,
+    /// TLS plaintext has been seen (from the TLS library's probes): only that is parsed from
+    /// now on; the connection's syscall bytes are ciphertext.
+    tls: bool,
 }
 
 fn dir_index(d: Direction) -> usize {
@@ -268,6 +271,7 @@ impl Conn {
             proto: Proto::Undetected(Default::default()),
             cap,
             max_inflight: max_inflight.max(1),
+            tls: false,
         }
     }
 
@@ -292,6 +296,18 @@ impl Conn {
     }
 
     pub(crate) fn data(&mut self, d: &DataEvent, em: &mut Emitter<'_>) {
+        let plaintext = matches!(d.syscall, Syscall::SslRead | Syscall::SslWrite);
+        if plaintext && !self.tls {
+            // Handshake ciphertext (when the library's handshake was not probed) may have made
+            // the connection opaque: the plaintext stream starts afresh.
+            self.tls = true;
+            if !matches!(self.proto, Proto::Http1(_) | Proto::Http2(_)) {
+                self.proto = Proto::Undetected(Default::default());
+                self.probes = 0;
+            }
+        } else if self.tls && !plaintext {
+            return;
+        }
         self.last_ts = self.last_ts.max(d.ts_exit_ns);
         self.set_tuple(d.tuple);
         let ctx = Ctx {

@@ -663,3 +663,28 @@ fn zero_copy_body_is_counted_and_the_connection_parses_on() {
     assert_eq!(lines, vec![("/big".into(), Some(200), false), ("/missing".into(), Some(404), false)], "{stats:?}");
     assert_eq!(ex[0].response_end_ns, Some(45), "the response ends with its last zero-copy piece");
 }
+
+/// TLS: the connection's syscall bytes are ciphertext (handshake, records); the plaintext comes
+/// from the TLS library's probes. Only the plaintext is parsed, even after the handshake made
+/// the connection look opaque.
+#[test]
+fn tls_plaintext_is_parsed_and_ciphertext_ignored() {
+    let ev = |dir: Direction, ts: u64, sc: Syscall, bytes: &[u8]| {
+        let Event::Data(mut d) = data(3, Role::Client, dir, ts, bytes) else { unreachable!() };
+        d.syscall = sc;
+        Event::Data(d)
+    };
+    let hello = [0x16u8, 0x03, 0x01, 0x00, 0x40, 0x01, 0x00, 0x00, 0x3c, 0x03, 0x03, 0xaa, 0xbb];
+    let record = [0x17u8, 0x03, 0x03, 0x00, 0x20, 0xde, 0xad, 0xbe, 0xef];
+    let (ex, _) = run(&[
+        conn_ev(3, Role::Client, 1, crate::capture::ConnEventKind::Connect { errno: 0 }),
+        ev(Direction::Egress, 10, Syscall::Write, &hello),
+        ev(Direction::Ingress, 20, Syscall::Read, &hello),
+        ev(Direction::Egress, 30, Syscall::SslWrite, b"GET /secure HTTP/1.1\r\nHost: a\r\n\r\n"),
+        ev(Direction::Egress, 31, Syscall::Write, &record),
+        ev(Direction::Ingress, 40, Syscall::Read, &record),
+        ev(Direction::Ingress, 41, Syscall::SslRead, b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"),
+    ]);
+    let got: Vec<_> = ex.iter().map(|e| (e.path.clone(), e.status, e.unknown)).collect();
+    assert_eq!(got, vec![(Some("/secure".into()), Some(503), false)]);
+}
