@@ -97,7 +97,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut last_event_ns = 0u64;
-    info!("retry-agent running");
+    info!(tls_libraries = capture.tls_libraries(), "retry-agent running");
+    // A period of zero never fires (only the scan at start).
+    let rescan_every = Duration::from_secs(args.capture.tls_rescan_secs.max(1));
+    let mut tls_rescan = tokio::time::interval_at(tokio::time::Instant::now() + rescan_every, rescan_every);
+    tls_rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
         tokio::select! {
@@ -125,6 +129,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 let claims = pipeline.engine.service_claims().into_iter().map(to_actuate_claim).collect();
                 send(&to_actuators, ToActuators::Claims(claims));
                 send(&to_actuators, ToActuators::Tick);
+            }
+            _ = tls_rescan.tick(), if args.capture.tls && args.capture.tls_rescan_secs > 0 => {
+                // Reads /proc/*/maps inline: a few ms every half minute, events wait in the ring.
+                let added = capture.rescan_tls();
+                if added > 0 {
+                    info!(added, total = capture.tls_libraries(), "instrumented new libssl files");
+                }
             }
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,

@@ -493,15 +493,9 @@ async fn zero_copy_bodies_are_framed() {
     }
 }
 
-/// HTTPS through OpenSSL on both sides: Python's ssl (SSL_read_ex/SSL_write_ex) serving, curl
-/// (SSL_read/SSL_write) and python-requests calling. Capture reads the plaintext from libssl's
-/// uprobes; l7 rebuilds the exchanges both sides logged, never the ciphertext.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_exchanges_come_from_libssl_plaintext() {
-    if !can_run() || !have("openssl", "version") {
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("ra-tls-test-{}", std::process::id()));
+/// A self-signed certificate and key in a fresh directory (removed by the caller).
+fn self_signed(tag: &str) -> (std::path::PathBuf, String, String) {
+    let dir = std::env::temp_dir().join(format!("ra-tls-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let made = Command::new("openssl")
@@ -509,29 +503,50 @@ async fn tls_exchanges_come_from_libssl_plaintext() {
         .arg("-keyout").arg(&key).arg("-out").arg(&cert)
         .stdout(Stdio::null()).stderr(Stdio::null()).status();
     assert!(made.is_ok_and(|s| s.success()), "openssl req");
-    let Some(mut cap) = load_capture() else { return };
-    let port = free_port();
-    let ps = port.to_string();
-    // The keep-alive server above, wrapped in TLS.
-    let server_py = HTTP_SERVER_PY.replace(
+    (dir, cert.display().to_string(), key.display().to_string())
+}
+
+/// The keep-alive server above, wrapped in TLS (Python's ssl: SSL_read_ex/SSL_write_ex);
+/// arguments: port, cert, key.
+fn tls_server_py() -> String {
+    let py = HTTP_SERVER_PY.replace(
         "http.server.ThreadingHTTPServer((\"127.0.0.1\", int(sys.argv[1])), H).serve_forever()",
         "import ssl\nsrv = http.server.ThreadingHTTPServer((\"127.0.0.1\", int(sys.argv[1])), H)\n\
          ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\nctx.load_cert_chain(sys.argv[2], sys.argv[3])\n\
          srv.socket = ctx.wrap_socket(srv.socket, server_side=True)\nsrv.serve_forever()",
     );
-    assert_ne!(server_py, HTTP_SERVER_PY, "the TLS wrapper must apply");
-    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
-    let mut server = Proc::spawn(python(&server_py, &[&ps, &cert_s, &key_s]).stdout(Stdio::piped()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
+    assert_ne!(py, HTTP_SERVER_PY, "the TLS wrapper must apply");
+    py
+}
+
+/// curl over HTTPS, two URLs on one connection; its `GET PATH CODE` lines.
+fn curl_https(port: u16, paths: [&str; 2]) -> (Proc, Vec<String>) {
     let url = |p: &str| format!("https://127.0.0.1:{port}{p}");
     let mut curl = Proc::spawn(
         Command::new("curl")
             .args(["-sk", "-o", "/dev/null", "-o", "/dev/null", "-w", "GET %{url_effective} %{http_code}\\n"])
-            .args([url("/tls/curl"), url("/missing/tls")])
+            .args([url(paths[0]), url(paths[1])])
             .stdout(Stdio::piped()),
     );
-    let curl_lines: Vec<String> =
-        output_lines(&mut curl).iter().map(|l| l.replace(&format!("https://127.0.0.1:{port}"), "")).collect();
+    let lines = output_lines(&mut curl).iter().map(|l| l.replace(&format!("https://127.0.0.1:{port}"), "")).collect();
+    (curl, lines)
+}
+
+/// HTTPS through OpenSSL on both sides: Python's ssl serving, curl (SSL_read/SSL_write) and
+/// python-requests calling. Capture reads the plaintext from libssl's uprobes; l7 rebuilds the
+/// exchanges both sides logged, never the ciphertext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_exchanges_come_from_libssl_plaintext() {
+    if !can_run() || !have("openssl", "version") {
+        return;
+    }
+    let (dir, cert, key) = self_signed("plain");
+    let Some(mut cap) = load_capture() else { return };
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = Proc::spawn(python(&tls_server_py(), &[&ps, &cert, &key]).stdout(Stdio::piped()));
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let (curl, curl_lines) = curl_https(port, ["/tls/curl", "/missing/tls"]);
     let requests_py = format!(
         "import requests, urllib3\nurllib3.disable_warnings()\ns = requests.Session()\n\
          for p in ['/tls/py', '/busy']:\n    r = s.get('https://127.0.0.1:{port}' + p, verify=False)\n    print('GET', p, r.status_code, flush=True)\n"
@@ -554,4 +569,44 @@ async fn tls_exchanges_come_from_libssl_plaintext() {
     server_lines.sort();
     assert_eq!(got, server_lines, "server exchanges vs its log");
     assert_eq!(server_lines.len(), 4);
+}
+
+/// A container image brings its own libssl (another file): a server started after the capture,
+/// in a mount namespace where libssl.so.3 is a copy, is instrumented by the rescan that finds
+/// the copy through /proc/<pid>/root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_rescan_reaches_a_libssl_private_to_a_mount_namespace() {
+    const LIBSSL: &str = "/usr/lib/x86_64-linux-gnu/libssl.so.3";
+    if !can_run() || !have("openssl", "version") || !have("unshare", "--version") || !std::path::Path::new(LIBSSL).exists() {
+        return;
+    }
+    let (dir, cert, key) = self_signed("ns");
+    let copy = dir.join("libssl.so.3");
+    std::fs::copy(LIBSSL, &copy).expect("copy libssl");
+    let Some(mut cap) = load_capture() else { return };
+    let port = free_port();
+    let ps = port.to_string();
+    let script = dir.join("server.py");
+    std::fs::write(&script, tls_server_py()).expect("script");
+    let mut server = Proc::spawn(
+        Command::new("unshare")
+            .args(["-m", "sh", "-c"])
+            .arg(format!("mount --bind {} {LIBSSL} && exec python3 -u {} {ps} {cert} {key}", copy.display(), script.display()))
+            .stdout(Stdio::piped()),
+    );
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let added = cap.rescan_tls();
+    assert!(added >= 1, "the namespace's libssl copy must be a new library: {added}");
+    let (curl, curl_lines) = curl_https(port, ["/ns/a", "/missing/ns"]);
+    let pids = vec![server.pid(), curl.pid()];
+    // The server is python under `sh -c ... exec`: the same pid.
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let server_pid = server.pid();
+    let _ = server.0.kill();
+    let server_lines = output_lines(&mut server);
+    let _ = std::fs::remove_dir_all(&dir);
+    let ex = reassemble(&evs);
+    assert_eq!(curl_lines, ["GET /ns/a 200", "GET /missing/ns 404"], "curl's own log");
+    assert_eq!(http_lines(&ex, server_pid, Role::Server), server_lines, "server exchanges through its private libssl");
+    assert_eq!(server_lines.len(), 2);
 }

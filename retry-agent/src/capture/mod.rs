@@ -67,6 +67,10 @@ pub struct CaptureConfig {
     /// distribution's usual locations that exist.
     #[arg(long = "tls-lib", env = "RETRY_AGENT_TLS_LIBS", value_delimiter = ',')]
     pub tls_libs: Vec<PathBuf>,
+    /// How often to look for libssl files new processes map (new pods' images), in seconds
+    /// (0: only at start).
+    #[arg(long, env = "RETRY_AGENT_TLS_RESCAN_SECS", default_value_t = 30)]
+    pub tls_rescan_secs: u64,
 }
 
 impl Default for CaptureConfig {
@@ -80,6 +84,7 @@ impl Default for CaptureConfig {
             poll_ms: 10,
             tls: true,
             tls_libs: Vec::new(),
+            tls_rescan_secs: 30,
         }
     }
 }
@@ -233,6 +238,14 @@ pub struct Capture {
     guard: CaptureGuard,
     rx: mpsc::Receiver<Event>,
     stats: StatsHandle,
+    tls: Option<TlsState>,
+}
+
+/// What a TLS rescan needs.
+struct TlsState {
+    probes: tls::TlsProbes,
+    configured: Vec<PathBuf>,
+    proc_root: PathBuf,
 }
 
 /// Keeps the programs attached and the ring reader running; dropping it stops the reader and
@@ -288,8 +301,12 @@ impl Capture {
         for (prog, category, tp) in PROGRAMS {
             attach(&mut ebpf, prog, category, tp)?;
         }
-        if cfg.tls {
-            tls::attach(&mut ebpf, &tls::libraries(&cfg.tls_libs));
+        let mut tls_probes = cfg.tls.then(tls::TlsProbes::default);
+        if let Some(t) = tls_probes.as_mut() {
+            let n = t.instrument(&mut ebpf, &tls::candidates(&cfg.tls_libs, &cfg.proc_root));
+            if n == 0 {
+                tracing::info!("no libssl instrumented: TLS connections stay opaque until one is found");
+            }
         }
 
         let ring = take_map(&mut ebpf, names::EVENTS)?;
@@ -326,7 +343,21 @@ impl Capture {
             rt.spawn(state.run(async_ring, initial))
         };
         tracing::info!(programs = PROGRAMS.len(), payload_bytes = config.payload_bytes, "capture attached");
-        Ok(Capture { guard: CaptureGuard { ebpf, reader }, rx, stats })
+        let tls = tls_probes.map(|probes| TlsState { probes, configured: cfg.tls_libs.clone(), proc_root: cfg.proc_root.clone() });
+        Ok(Capture { guard: CaptureGuard { ebpf, reader }, rx, stats, tls })
+    }
+
+    /// Instruments the libssl files processes started since the last scan brought (a new pod's
+    /// image); returns how many were added. Blocking /proc reads: call it off the hot path.
+    pub fn rescan_tls(&mut self) -> usize {
+        let Some(t) = self.tls.as_mut() else { return 0 };
+        let libs = tls::candidates(&t.configured, &t.proc_root);
+        t.probes.instrument(&mut self.guard.ebpf, &libs)
+    }
+
+    /// libssl files instrumented so far (0 with `--tls false`).
+    pub fn tls_libraries(&self) -> usize {
+        self.tls.as_ref().map_or(0, |t| t.probes.instrumented())
     }
 
     /// The decoded event stream.
