@@ -101,7 +101,9 @@ impl Shim {
             .arg("--run-dir")
             .arg(&run_dir)
             .args(["--watchdog", if o.watchdog { "true" } else { "false" }])
-            .args(["--dport", &dports.join(","), "--ipv6", "false"])
+            .args(["--dport", &dports.join(",")])
+            // IPv4 only unless the test asks for IPv6 itself.
+            .args(if o.extra.contains(&"--ipv6") { &[][..] } else { &["--ipv6", "false"][..] })
             .args(o.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
@@ -200,7 +202,12 @@ pub fn python_json(script: &str, args: &[String]) -> serde_json::Value {
 /// A blocking HTTP/1.1 server answering every request with `status` on keep-alive
 /// connections, counting requests. Runs on threads until the process ends.
 pub fn status_server(status: &'static str) -> (SocketAddr, Arc<AtomicU64>) {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    status_server_at("127.0.0.1:0", status)
+}
+
+/// The same, on another address (`[::1]:0` for IPv6).
+pub fn status_server_at(bind: &str, status: &'static str) -> (SocketAddr, Arc<AtomicU64>) {
+    let l = TcpListener::bind(bind).expect("bind");
     let addr = l.local_addr().expect("addr");
     let hits = Arc::new(AtomicU64::new(0));
     let h = hits.clone();

@@ -12,7 +12,8 @@ use std::{
 };
 
 use integration_tests::actuate::{
-    ShimOpts, Shim, echo_server, free_port, http_get, python_json, skip_reason, status_server, suppress, wait_until,
+    ShimOpts, Shim, echo_server, free_port, http_get, python_json, skip_reason, status_server, status_server_at, suppress,
+    wait_until,
 };
 use retry_agent::actuate::{
     Actuator,
@@ -148,6 +149,35 @@ fn python_requests_retries_stop_at_one_attempt_when_suppressed() {
         assert_eq!(r["suppressed"], "callee_unclaimed", "{out}");
         assert_eq!(r["body"], "downstream failed\n", "the local answer replays the real failure: {out}");
     }
+    drop(ctl);
+    let _ = std::fs::remove_file(&ctl_path);
+}
+
+/// IPv6: with `--ipv6 true` the shim also listens on [::] and steers ip6tables; a marked retry
+/// to a suppressed [::1] callee is answered locally, a first attempt reaches it.
+#[test]
+fn ipv6_callee_retries_are_answered_locally() {
+    if !Family::V6.available() || std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skip: no ip6tables nat or no IPv6 loopback");
+        return;
+    }
+    let rt = rt();
+    let _g = rt.enter();
+    let ctl_path = tmp("v6.sock");
+    let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
+    let (srv, hits) = status_server_at("[::1]:0", "502 Bad Gateway");
+    let ch = chain("V6");
+    let _shim = Shim::start(ShimOpts { chain: &ch, dports: &[srv.port()], control: &ctl_path, watchdog: true, extra: &["--ipv6", "true"] });
+    rt.block_on(ctl.apply(&[suppress("rashim-v6", srv, 60_000)])).expect("apply");
+    let answered = wait_until(Duration::from_secs(5), || {
+        http_get(srv, "/v6", "x-retry-attempt: 1\r\n").is_ok_and(|(_, head)| head.contains("x-retry-suppressed"))
+    });
+    assert!(answered.is_some(), "a marked retry to [::1] was not answered by the shim");
+    let before = hits.load(std::sync::atomic::Ordering::Relaxed);
+    let (status, head) = http_get(srv, "/first", "").expect("first attempt");
+    assert_eq!(status, 502);
+    assert!(!head.contains("x-retry-suppressed"), "a first attempt must reach the callee: {head}");
+    assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), before + 1, "the callee saw the first attempt");
     drop(ctl);
     let _ = std::fs::remove_file(&ctl_path);
 }
