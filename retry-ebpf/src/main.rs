@@ -174,15 +174,19 @@ fn try_enter_io(ctx: &TracePointContext, sc: u32) -> Result<(), i32> {
         return Ok(());
     }
     if let Some(p) = SSL_ARGS.get_ptr_mut(&pid_tgid) {
-        // Inside SSL_read/SSL_write/a handshake: ciphertext. Not reported (the uretprobe reports
-        // the plaintext); it tells which fd this SSL object talks over.
         // SAFETY: this thread's own entry; only this thread writes it.
-        let ssl = unsafe {
-            (*p).fd = fd;
-            (*p).ssl
-        };
-        let _ = SSL_FDS.insert(&SslKey { tgid: key.tgid, _pad: 0, ssl }, &fd, 0);
-        return Ok(());
+        let (ssl, since) = unsafe { ((*p).ssl, (*p).ts_enter_ns) };
+        if now().saturating_sub(since) < SSL_CALL_STALE_NS {
+            // Inside SSL_read/SSL_write/a handshake: ciphertext. Not reported (the uretprobe
+            // reports the plaintext); it tells which fd this SSL object talks over.
+            // SAFETY: as above.
+            unsafe { (*p).fd = fd };
+            let _ = SSL_FDS.insert(&SslKey { tgid: key.tgid, _pad: 0, ssl }, &fd, 0);
+            return Ok(());
+        }
+        // A call whose return never came (its thread was torn down mid-call and the tid
+        // reused): forget it rather than hide this thread's plaintext I/O.
+        let _ = SSL_ARGS.remove(&pid_tgid);
     }
     let args = IoArgs { buf: arg(ctx, 1)?, ts_enter_ns: now(), fd, syscall: sc };
     IO_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
@@ -441,6 +445,9 @@ const SSL_READ: u32 = 2;
 const SSL_WRITE_EX: u32 = 3;
 const SSL_READ_EX: u32 = 4;
 const SSL_HANDSHAKE: u32 = 5;
+/// An SSL call makes its syscalls right after it is entered (a blocking read waits inside one
+/// syscall): a syscall this long after the entry means the entry is stale.
+const SSL_CALL_STALE_NS: u64 = 10_000_000_000;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -1007,6 +1014,7 @@ fn try_process_exit(ctx: &TracePointContext) -> Result<(), i32> {
     let _ = IO_ARGS.remove(&tid_key);
     let _ = CONNECT_ARGS.remove(&tid_key);
     let _ = ACCEPT_ARGS.remove(&tid_key);
+    let _ = SSL_ARGS.remove(&tid_key);
     // SAFETY: `bool group_dead` at 32 in sched_process_exit's format.
     let group_dead: u8 = unsafe { ctx.read_at(32)? };
     if group_dead == 0 {
