@@ -40,6 +40,11 @@ struct ClaimLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LinkLabels {
+    method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
     action: &'static str,
     reason: &'static str,
@@ -68,6 +73,8 @@ pub struct Metrics {
     non_idempotent_retries: Counter,
     timeout_mismatches: Counter,
     correlate_evictions: Counter,
+    links: Family<LinkLabels, Counter>,
+    tls_libraries: Gauge,
     decisions: Family<DecisionLabels, Counter>,
     suppressed_edges: Gauge,
     capture_events: Counter,
@@ -103,6 +110,8 @@ impl Metrics {
             non_idempotent_retries: Counter::default(),
             timeout_mismatches: Counter::default(),
             correlate_evictions: Counter::default(),
+            links: Family::default(),
+            tls_libraries: Gauge::default(),
             decisions: Family::default(),
             suppressed_edges: Gauge::default(),
             capture_events: Counter::default(),
@@ -152,6 +161,12 @@ impl Metrics {
             "Contexts or pending verdicts dropped by the correlation engine's bounds",
             m.correlate_evictions.clone(),
         );
+        registry.register(
+            "correlate_links",
+            "Failed inbound requests thread context could not link, linked another way (timing: the call just before the response; sole_inbound: the only request the process served)",
+            m.links.clone(),
+        );
+        registry.register("tls_libraries", "libssl files instrumented for TLS plaintext", m.tls_libraries.clone());
         registry.register("decisions", "Decisions issued (suppressions, renewals, lifts)", m.decisions.clone());
         registry.register("suppressed_edges", "Edges with retries suppressed now", m.suppressed_edges.clone());
         registry.register("capture_events", "Kernel events decoded", m.capture_events.clone());
@@ -226,6 +241,8 @@ impl Metrics {
         set_counter(&self.non_idempotent_retries, s.non_idempotent_retries);
         set_counter(&self.timeout_mismatches, s.timeout_mismatches);
         set_counter(&self.correlate_evictions, s.evictions);
+        set_counter(&self.links.get_or_create(&LinkLabels { method: "timing" }), s.timing_links);
+        set_counter(&self.links.get_or_create(&LinkLabels { method: "sole_inbound" }), s.sole_links);
     }
 
     /// Count verdicts one by one (alternative to `observe_engine` when only verdicts flow, e.g.
@@ -246,6 +263,11 @@ impl Metrics {
             self.decisions.get_or_create(&DecisionLabels { action, reason: d.reason.as_str() }).inc();
         }
         self.suppressed_edges.set(i64::try_from(active).unwrap_or(i64::MAX));
+    }
+
+    /// libssl files instrumented so far.
+    pub fn observe_tls(&self, libraries: usize) {
+        self.tls_libraries.set(i64::try_from(libraries).unwrap_or(i64::MAX));
     }
 
     /// Capture totals since start (events decoded, events lost).
