@@ -46,14 +46,37 @@ fn wait_port(port: u16) -> Result<()> {
     Ok(())
 }
 
-fn haproxy(dir: &Path, port: u16) -> Result<Killed> {
+/// A self-signed certificate and its key in one PEM (what haproxy's `crt` takes).
+fn bench_pem(dir: &Path) -> Result<std::path::PathBuf> {
+    let (cert, key, pem) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("bench.pem"));
+    let ok = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("running openssl")?;
+    if !ok.success() {
+        bail!("openssl req failed");
+    }
+    let mut both = std::fs::read(&cert)?;
+    both.extend(std::fs::read(&key)?);
+    std::fs::write(&pem, both)?;
+    Ok(pem)
+}
+
+fn haproxy(dir: &Path, port: u16, tls: bool) -> Result<Killed> {
     let cfg = dir.join("haproxy.cfg");
+    let ssl = if tls { format!(" ssl crt {}", bench_pem(dir)?.display()) } else { String::new() };
     std::fs::write(
         &cfg,
         format!(
             "global\n  nbthread 1\n  maxconn 1024\n\
              defaults\n  mode http\n  timeout client 30s\n  timeout server 30s\n  timeout connect 5s\n\
-             frontend bench\n  bind 127.0.0.1:{port}\n  http-request return status 200 content-type text/plain string ok\n"
+             frontend bench\n  bind 127.0.0.1:{port}{ssl}\n  http-request return status 200 content-type text/plain string ok\n"
         ),
     )?;
     let child = Command::new("haproxy")
@@ -70,10 +93,11 @@ fn haproxy(dir: &Path, port: u16) -> Result<Killed> {
 }
 
 /// Requests/s of one wrk run.
-fn wrk(port: u16) -> Result<f64> {
+fn wrk(port: u16, tls: bool) -> Result<f64> {
+    let scheme = if tls { "https" } else { "http" };
     let out = Command::new("wrk")
         .args(["-t1", &format!("-c{CONNECTIONS}"), &format!("-d{SECONDS}s")])
-        .arg(format!("http://127.0.0.1:{port}/"))
+        .arg(format!("{scheme}://127.0.0.1:{port}/"))
         .output()
         .context("running wrk (apt-get install wrk)")?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -190,7 +214,7 @@ fn stop_agent(mut agent: Killed) -> Result<AgentRun> {
     })
 }
 
-pub fn run() -> Result<()> {
+pub fn run(tls: bool) -> Result<()> {
     if !crate::setup::is_root() {
         bail!("bench capture loads eBPF programs: run as root");
     }
@@ -199,14 +223,14 @@ pub fn run() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("racap-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let port = free_port()?;
-    let _haproxy = haproxy(&dir, port)?;
+    let _haproxy = haproxy(&dir, port, tls)?;
     // Warm-up: first connections, page cache, CPU frequency.
-    let _ = wrk(port)?;
+    let _ = wrk(port, tls)?;
 
     let (mut without, mut with) = (Vec::new(), Vec::new());
     let mut agent_runs = Vec::new();
     for round in 1..=ROUNDS {
-        let a = wrk(port)?;
+        let a = wrk(port, tls)?;
         eprintln!("round {round}: without agent {a:.0} req/s");
         without.push(a);
         let agent = start_agent(&bin)?;
@@ -215,7 +239,7 @@ pub fn run() -> Result<()> {
         let stats_fd = retry_agent::capture::enable_bpf_stats().ok();
         let snap0 = bpf_snapshot();
         let cpu0 = cpu_seconds(agent_pid);
-        let b = wrk(port)?;
+        let b = wrk(port, tls)?;
         let cpu1 = cpu_seconds(agent_pid);
         let snap1 = bpf_snapshot();
         drop(stats_fd);
@@ -238,7 +262,8 @@ pub fn run() -> Result<()> {
     let events: u64 = agent_runs.iter().map(|r| r.events).sum();
     let secs: f64 = agent_runs.iter().map(|r| r.seconds).sum();
     let load_secs = (SECONDS * ROUNDS as u64) as f64;
-    println!("bench capture: wrk -t1 -c{CONNECTIONS} -d{SECONDS}s keep-alive GETs to haproxy on loopback, {ROUNDS} rounds");
+    let over = if tls { "HTTPS (TLS uprobes on libssl)" } else { "plain HTTP" };
+    println!("bench capture: wrk -t1 -c{CONNECTIONS} -d{SECONDS}s keep-alive GETs to haproxy on loopback over {over}, {ROUNDS} rounds");
     println!("  requests/s without agent   {wo:>12.0}");
     println!("  requests/s with agent      {wi:>12.0}");
     println!("  ratio with/without         {:>12.3}", if wo > 0.0 { wi / wo } else { 0.0 });

@@ -20,6 +20,10 @@ pub enum What {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     what: What,
+    /// capture: the same load over HTTPS (haproxy and wrk on the shared OpenSSL), so the figures
+    /// include the TLS uprobes.
+    #[arg(long)]
+    tls: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -30,11 +34,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return crate::sh::run(
             std::process::Command::new(cargo)
                 .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-                .args(["run", "--release", "--quiet", "--package", "xtask", "--", "bench", &what]),
+                .args(["run", "--release", "--quiet", "--package", "xtask", "--", "bench", &what])
+                .args(args.tls.then_some("--tls")),
         );
     }
     match args.what {
-        What::Capture => capture::run(),
+        What::Capture => capture::run(args.tls),
         What::L7 => l7::run(),
         What::Correlate => correlate::run(),
         What::Shim => shim::run(),
