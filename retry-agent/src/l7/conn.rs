@@ -334,7 +334,16 @@ impl Conn {
         match &mut self.proto {
             Proto::Undetected(_) => {}
             Proto::Opaque => em.stats.opaque_bytes += payload.len() as u64 + gap,
-            Proto::Http1(h) => h.feed(is_req, payload, gap, ctx, event_start, &info, self.max_inflight, em),
+            Proto::Http1(h) => {
+                if let Some((stream1, left)) = h.feed(is_req, payload, gap, ctx, event_start, &info, self.max_inflight, em) {
+                    self.switch_to_h2c(stream1);
+                    // The server's first frames may share the write of its 101.
+                    let tail = payload.get(payload.len().saturating_sub(left)..).unwrap_or_default();
+                    if !tail.is_empty() {
+                        self.feed(dir, tail, 0, ctx, true, em);
+                    }
+                }
+            }
             Proto::Http2(h) => h.feed(is_req, payload, gap, ctx, event_start, &info, em),
         }
     }
@@ -435,6 +444,17 @@ impl Conn {
         }
     }
 
+    /// After `101 Switching Protocols` with `Upgrade: h2c`: the client sends the HTTP/2 preface
+    /// next, the server answers the upgraded request on stream 1.
+    fn switch_to_h2c(&mut self, stream1: Pending) {
+        self.info.protocol = Protocol::Http2;
+        let req = H2Dir::new(Side::Request, true, true, self.cap);
+        let resp = H2Dir::new(Side::Response, false, true, self.cap);
+        let mut streams = HashMap::new();
+        streams.insert(1, H2Stream { p: stream1, hasher: BodyHasher::default() });
+        self.proto = Proto::Http2(Box::new(H2Conn { dirs: [req, resp], streams, max_inflight: self.max_inflight }));
+    }
+
     /// The connection ended: finish what a close finishes, fail what is still in flight.
     pub(crate) fn end(&mut self, kind: EndKind, ctx: &Ctx, em: &mut Emitter<'_>) {
         let info = self.info;
@@ -472,28 +492,35 @@ impl H1Conn {
     }
 
     #[expect(clippy::too_many_arguments, reason = "one call site; the parts are split borrows of the connection")]
-    fn feed(&mut self, is_req: bool, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, info: &ConnInfo, max_inflight: usize, em: &mut Emitter<'_>) {
+    /// Returns the upgraded request when the connection switched to HTTP/2 (h2c), whose response
+    /// comes on stream 1, and how many bytes at the end of `payload` are already HTTP/2.
+    fn feed(&mut self, is_req: bool, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, info: &ConnInfo, max_inflight: usize, em: &mut Emitter<'_>) -> Option<(Pending, usize)> {
         let H1Conn { req, resp, pending, next_seq, cur_req } = self;
-        let mut upgraded = false;
+        let mut upgraded = Upgraded::No;
         let mut sink = H1Pairing { side: if is_req { Side::Request } else { Side::Response }, pending, next_seq, cur_req, info, max_inflight, em, upgraded: &mut upgraded };
         let parser = if is_req { &mut *req } else { &mut *resp };
         if event_start {
             parser.event_start(payload, ctx, &mut sink);
         }
-        parser.feed(payload, ctx, &mut sink);
+        let left = parser.feed(payload, ctx, &mut sink);
         if gap > 0 {
             parser.gap(gap, ctx, &mut sink);
         }
-        if upgraded {
-            req.set_upgraded();
-            resp.set_upgraded();
+        match upgraded {
+            Upgraded::No => None,
+            Upgraded::Opaque => {
+                req.set_upgraded();
+                resp.set_upgraded();
+                None
+            }
+            Upgraded::H2c(p) => Some((*p, left)),
         }
     }
 
     fn end(&mut self, kind: EndKind, ctx: &Ctx, info: &ConnInfo, em: &mut Emitter<'_>) {
         let H1Conn { req: _, resp, pending, next_seq, cur_req } = self;
         if kind == EndKind::Close {
-            let mut upgraded = false;
+            let mut upgraded = Upgraded::No;
             let mut sink = H1Pairing { side: Side::Response, pending, next_seq, cur_req, info, max_inflight: usize::MAX, em, upgraded: &mut upgraded };
             resp.close(ctx, &mut sink);
         }
@@ -513,6 +540,15 @@ impl H1Conn {
     }
 }
 
+/// What a 101 (or a CONNECT's 2xx) did to the connection.
+enum Upgraded {
+    No,
+    /// Another protocol: stop parsing.
+    Opaque,
+    /// HTTP/2 over cleartext: this request is stream 1.
+    H2c(Box<Pending>),
+}
+
 struct H1Pairing<'a, 'b> {
     side: Side,
     pending: &'a mut VecDeque<Pending>,
@@ -521,7 +557,7 @@ struct H1Pairing<'a, 'b> {
     info: &'a ConnInfo,
     max_inflight: usize,
     em: &'a mut Emitter<'b>,
-    upgraded: &'a mut bool,
+    upgraded: &'a mut Upgraded,
 }
 
 impl H1Pairing<'_, '_> {
@@ -578,6 +614,15 @@ impl H1Sink for H1Pairing<'_, '_> {
 
     fn response_end(&mut self, ctx: &Ctx, bytes: u64, complete: bool) {
         let Some(mut p) = self.pending.pop_front() else { return };
+        let h2c = p.resp.as_ref().is_some_and(|r| r.upgrade_h2c && r.signals.status == Some(101));
+        if h2c && complete {
+            // Not answered yet: the answer comes as HTTP/2 on stream 1.
+            p.resp = None;
+            p.resp_start = None;
+            p.stream_id = Some(1);
+            *self.upgraded = Upgraded::H2c(Box::new(p));
+            return;
+        }
         p.resp_end_ts = Some(ctx.ts_end);
         p.resp_bytes = bytes;
         p.unknown |= !complete;
@@ -605,7 +650,9 @@ impl H1Sink for H1Pairing<'_, '_> {
     }
 
     fn upgraded(&mut self) {
-        *self.upgraded = true;
+        if matches!(self.upgraded, Upgraded::No) {
+            *self.upgraded = Upgraded::Opaque;
+        }
     }
 
     fn truncated(&mut self) {

@@ -144,7 +144,9 @@ impl H1Parser {
     }
 
     /// Captured bytes, in order.
-    pub(crate) fn feed(&mut self, mut data: &[u8], ctx: &Ctx, sink: &mut impl H1Sink) {
+    /// Parses `data`; returns how many of its bytes followed a protocol switch in it (they
+    /// belong to the new protocol; counted here, parsed by whoever takes over).
+    pub(crate) fn feed(&mut self, mut data: &[u8], ctx: &Ctx, sink: &mut impl H1Sink) -> usize {
         while !data.is_empty() {
             match self.state {
                 State::Idle => {
@@ -208,12 +210,17 @@ impl H1Parser {
                     data = rest;
                     self.chunk_line(&line, ctx, sink);
                 }
-                State::UntilClose | State::Upgraded | State::Lost => {
+                State::Upgraded => {
+                    self.msg_bytes += data.len() as u64;
+                    return data.len();
+                }
+                State::UntilClose | State::Lost => {
                     self.msg_bytes += data.len() as u64;
                     break;
                 }
             }
         }
+        0
     }
 
     /// `n` bytes went by uncaptured.

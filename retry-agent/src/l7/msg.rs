@@ -38,6 +38,8 @@ pub(crate) struct RespInfo {
     pub signals: Signals,
     pub claim: Option<Claim>,
     pub unknown: bool,
+    /// `Upgrade: h2c` on a 101: the connection continues as HTTP/2, the request on stream 1.
+    pub upgrade_h2c: bool,
 }
 
 pub(crate) fn parse_method(m: &[u8]) -> Method {
@@ -97,6 +99,8 @@ pub(crate) fn apply_response_header(resp: &mut RespInfo, name: &[u8], value: &[u
         resp.signals.pushback = true;
     } else if n.eq_ignore_ascii_case(b"x-envoy-ratelimited") {
         resp.signals.ratelimited = true;
+    } else if n.eq_ignore_ascii_case(b"upgrade") {
+        resp.upgrade_h2c = value.split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"h2c"));
     } else if n.eq_ignore_ascii_case(ERROR_CLAIM_HEADER.as_bytes()) {
         resp.claim = Claim::parse(value);
     }

@@ -342,3 +342,43 @@ fn writes_resync_after_a_gap_over_frame_headers() {
     }
     assert!(stats.truncations >= 3, "{stats:?}");
 }
+
+/// `curl --http2 http://…`: an HTTP/1.1 request with `Upgrade: h2c`, a 101, then HTTP/2 on the
+/// same connection; the upgraded request is answered on stream 1, later ones on their streams.
+/// The server's first frames may share the write of its 101.
+#[test]
+fn h2c_upgrade_continues_as_http2() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let up = b"GET /up HTTP/1.1\r\nHost: a:80\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n";
+    let mut switch = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n".to_vec();
+    switch.extend(frame(SETTINGS, 0, 0, &[]));
+    let mut preface = http2::PREFACE.to_vec();
+    preface.extend(frame(SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 100]));
+    let mut resp1 = s.headers(1, false, &[(":status", "200")]);
+    resp1.extend(frame(D, END_STREAM, 1, b"hello"));
+    let req3 = c.headers(3, true, &[(":method", "GET"), (":scheme", "http"), (":path", "/next"), (":authority", "a:80")]);
+    let resp3 = s.headers(3, true, &[(":status", "503")]);
+    let ev = vec![
+        conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
+        data(3, Role::Client, OUT, 10, up),
+        data(3, Role::Client, IN, 20, &switch),
+        data(3, Role::Client, OUT, 30, &preface),
+        data(3, Role::Client, IN, 40, &resp1),
+        data(3, Role::Client, OUT, 50, &req3),
+        data(3, Role::Client, IN, 60, &resp3),
+    ];
+    let ex = run_split_invariant(&ev);
+    let got: Vec<_> = ex.iter().map(|e| (e.path.clone(), e.status, e.stream_id, e.unknown)).collect();
+    assert_eq!(got, vec![(Some("/up".into()), Some(200), Some(1), false), (Some("/next".into()), Some(503), Some(3), false)]);
+    assert_eq!(ex[0].method, Some(Method::Get));
+    assert_eq!(ex[0].protocol, Protocol::Http2);
+    // A 101 to another protocol (WebSocket) still stops parsing.
+    let ws = vec![
+        conn_ev(4, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
+        data(4, Role::Client, OUT, 10, b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"),
+        data(4, Role::Client, IN, 20, b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"),
+        data(4, Role::Client, OUT, 30, b"\x81\x05hello"),
+    ];
+    let (ex, _) = run(&ws);
+    assert_eq!(ex.iter().map(|e| e.status).collect::<Vec<_>>(), vec![Some(101)]);
+}
