@@ -330,6 +330,13 @@ pub struct Config {
     /// Wake the ring reader only once this many bytes wait (0 = on every record). Waking per
     /// record (an IPI each) cost more than the rest of the program; the reader also polls.
     pub wakeup_bytes: u32,
+    /// Offsets of task_struct.group_leader and task_struct.comm (0 = unknown): with them a
+    /// process whose main thread is named `ignore_comm` (the agent's shims and CLI calls) has
+    /// its sockets left untracked from connect/accept on, whichever thread makes them.
+    pub task_group_leader: u32,
+    pub task_comm: u32,
+    /// NUL-padded; all zero = none.
+    pub ignore_comm: [u8; 16],
     pub _pad: u32,
 }
 

@@ -39,7 +39,7 @@ const _: () = assert!(size_of::<ConnInfo>() == 64);
 const _: () = assert!(size_of::<SockOwner>() == 72);
 const _: () = assert!(size_of::<PeerKey>() == 20);
 const _: () = assert!(size_of::<ServerEst>() == 48);
-const _: () = assert!(size_of::<Config>() == 40);
+const _: () = assert!(size_of::<Config>() == 64);
 
 const ECONNRESET: i64 = 104;
 const EPIPE: i64 = 32;
@@ -124,10 +124,39 @@ fn count_drop() {
     }
 }
 
+/// The agent itself, or a process of its binary (a shim, a CLI call): a proxy hop is not a
+/// service, and observing it would put a fake one between every caller and callee it steers.
 #[inline(always)]
 fn is_agent(pid_tgid: u64) -> bool {
-    let agent = config().agent_tgid;
-    agent != 0 && (pid_tgid >> 32) as u32 == agent
+    let c = config();
+    if c.agent_tgid != 0 && (pid_tgid >> 32) as u32 == c.agent_tgid {
+        return true;
+    }
+    if c.ignore_comm[0] == 0 || c.task_group_leader == 0 || c.task_comm == 0 {
+        return false;
+    }
+    // The main thread's name: worker threads carry their own (tokio-runtime-w).
+    // SAFETY: kernel reads through the checked helper; offsets from BTF.
+    let leader: u64 = match unsafe { bpf_probe_read_kernel((bpf_get_current_task() + c.task_group_leader as u64) as *const u64) } {
+        Ok(l) => l,
+        Err(_) => return false,
+    };
+    // SAFETY: as above.
+    let comm: [u8; 16] = match unsafe { bpf_probe_read_kernel((leader + c.task_comm as u64) as *const [u8; 16]) } {
+        Ok(x) => x,
+        Err(_) => return false,
+    };
+    let mut i = 0;
+    while i < 16 {
+        if comm[i] != c.ignore_comm[i] {
+            return false;
+        }
+        if comm[i] == 0 {
+            return true;
+        }
+        i += 1;
+    }
+    true
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -47,8 +47,7 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     assert!(attached, "retry-agent trace never attached");
 
     // Another long-lived retry-agent process (as a shim is) talks TCP: a second agent serving
-    // its API, which curl asks. A short-lived one can exit before its comm is read (a limit of
-    // the userspace filter), so the stand-in must live like a shim does.
+    // its API, which curl asks.
     let dir = std::env::temp_dir().join(format!("ra-agent-test-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     let other = Proc::spawn(
@@ -65,6 +64,16 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     wait_listening(&format!("127.0.0.1:{other_port}"), None);
     let healthz = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://127.0.0.1:{other_port}/healthz")]).status();
     assert!(healthz.is_ok_and(|s| s.success()), "the second agent answers");
+    // A short-lived CLI call of the agent's binary (exits before userspace could read its
+    // name): the kernel leaves its sockets untracked by the name of its main thread.
+    let cli = Command::new(&bin)
+        .args(["dump", "--api", &format!("http://127.0.0.1:{other_port}"), "--timeout-secs", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("retry-agent dump");
+    let cli_pid = cli.id();
+    let _ = cli.wait_with_output();
     // ...and curl talks to the Python server too.
     let curl = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://{addr}/")]).spawn().expect("curl");
     let curl_pid = curl.id();
@@ -105,4 +114,5 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(pids.contains(&curl_pid), "curl's I/O was not observed: {pids:?}");
     assert!(!pids.contains(&other_pid), "the other retry-agent process was observed: {pids:?}");
+    assert!(!pids.contains(&cli_pid), "a short-lived retry-agent CLI call was observed: {pids:?}");
 }

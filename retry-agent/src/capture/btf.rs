@@ -16,6 +16,8 @@ pub struct KernelOffsets {
     pub fdt_fd: u32,
     pub file_private_data: u32,
     pub socket_sk: u32,
+    pub task_group_leader: u32,
+    pub task_comm: u32,
 }
 
 /// Reads /sys/kernel/btf/vmlinux once.
@@ -46,10 +48,12 @@ pub fn offsets_from(data: &[u8]) -> KernelOffsets {
         fdt_fd: get("fdtable", "fd"),
         file_private_data: get("file", "private_data"),
         socket_sk: get("socket", "sk"),
+        task_group_leader: get("task_struct", "group_leader"),
+        task_comm: get("task_struct", "comm"),
     };
     // The fd walk needs every link; a partial set would read the wrong memory.
     if o.task_files == 0 || o.files_fdt == 0 || o.fdt_fd == 0 || o.file_private_data == 0 || o.socket_sk == 0 {
-        return KernelOffsets { sk_err: o.sk_err, ..KernelOffsets::default() };
+        return KernelOffsets { sk_err: o.sk_err, task_group_leader: o.task_group_leader, task_comm: o.task_comm, ..KernelOffsets::default() };
     }
     o
 }
@@ -213,5 +217,6 @@ mod tests {
             assert!(v > 0 && v < 16384, "{o:?}");
         }
         assert_eq!(o.fdt_fd % 8, 0, "pointer member is aligned: {o:?}");
+        assert!(o.task_group_leader > 0 && o.task_group_leader % 8 == 0 && o.task_comm > 0, "{o:?}");
     }
 }

@@ -190,6 +190,20 @@ impl StatsHandle {
     }
 }
 
+/// This process's name (what its shims and CLI calls share).
+fn own_comm() -> String {
+    std::fs::read_to_string("/proc/self/comm").map(|c| c.trim_end().to_string()).unwrap_or_default()
+}
+
+/// A comm as the kernel stores it: at most 15 bytes, NUL-padded to 16.
+fn comm_bytes(comm: &str) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (o, b) in out.iter_mut().zip(comm.bytes().take(15)) {
+        *o = b;
+    }
+    out
+}
+
 /// Every program: (name in the object, tracepoint category, tracepoint name).
 const PROGRAMS: &[(&str, &str, &str)] = &[
     ("ra_enter_read", "syscalls", "sys_enter_read"),
@@ -289,6 +303,9 @@ impl Capture {
             file_private_data: off.file_private_data,
             socket_sk: off.socket_sk,
             wakeup_bytes: cfg.wakeup_bytes.min(cfg.ring_bytes / 2),
+            task_group_leader: off.task_group_leader,
+            task_comm: off.task_comm,
+            ignore_comm: comm_bytes(&own_comm()),
             _pad: 0,
         };
         {
@@ -338,7 +355,7 @@ impl Capture {
                 poll_interval: Duration::from_millis(cfg.poll_ms.max(1)),
                 seen: HashMap::new(),
                 ignored: HashSet::new(),
-                own_comm: std::fs::read_to_string("/proc/self/comm").map(|c| c.trim_end().to_string()).unwrap_or_default(),
+                own_comm: own_comm(),
             };
             rt.spawn(state.run(async_ring, initial))
         };
