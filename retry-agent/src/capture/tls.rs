@@ -158,6 +158,7 @@ fn attach_lib(ebpf: &mut Ebpf, lib: &Path) -> Result<(), ProgramError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used, reason = "tests fail loudly")]
 mod tests {
     use super::*;
 
