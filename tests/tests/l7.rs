@@ -166,7 +166,7 @@ const names = ['Ok', 'Unavailable', 'Ok', 'Exhausted', 'Invalid', 'Ok'];
 /// Capture with the largest payload prefix, so header blocks are whole (the default of 256
 /// bytes is exercised by the unit tests' truncation cases).
 fn load_capture() -> Option<Capture> {
-    let cfg = CaptureConfig { payload_bytes: 4096, ..CaptureConfig::default() };
+    let cfg = CaptureConfig { payload_bytes: 4096, tls: true, ..CaptureConfig::default() };
     match Capture::load(&cfg) {
         Ok(c) => Some(c),
         Err(e @ (CaptureError::MissingCapability(_) | CaptureError::TracefsNotMounted | CaptureError::KernelTooOld(_))) => {

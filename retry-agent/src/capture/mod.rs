@@ -60,8 +60,11 @@ pub struct CaptureConfig {
     /// record waits when traffic is light).
     #[arg(long, env = "RETRY_AGENT_RING_POLL_MS", default_value_t = 10)]
     pub poll_ms: u64,
-    /// Read TLS plaintext with uprobes on the shared OpenSSL (libssl) processes map.
-    #[arg(long, env = "RETRY_AGENT_TLS", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Read TLS plaintext with uprobes on the shared OpenSSL (libssl) processes map. Off by
+    /// default: every SSL_read/SSL_write then takes two uprobe traps in the calling process
+    /// (`cargo xtask bench capture --tls`: a 100k req/s TLS loop on loopback ran at 0.11x with
+    /// them, 0.5x with the syscall tracepoints alone); turn it on where TLS calls are not that hot.
+    #[arg(long, env = "RETRY_AGENT_TLS", default_value_t = false, action = clap::ArgAction::Set)]
     pub tls: bool,
     /// libssl files to instrument (repeatable, or comma-separated in the env var); default: the
     /// distribution's usual locations that exist.
@@ -82,7 +85,7 @@ impl Default for CaptureConfig {
             proc_root: PathBuf::from("/proc"),
             wakeup_bytes: 256 << 10,
             poll_ms: 10,
-            tls: true,
+            tls: false,
             tls_libs: Vec::new(),
             tls_rescan_secs: 30,
         }

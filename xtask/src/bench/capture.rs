@@ -123,9 +123,9 @@ struct AgentRun {
 }
 
 /// Starts `retry-agent trace --count` and waits until its programs are attached.
-fn start_agent(bin: &Path) -> Result<Killed> {
+fn start_agent(bin: &Path, tls: bool) -> Result<Killed> {
     let mut child = Command::new(bin)
-        .args(["trace", "--count", "--log", "info"])
+        .args(["trace", "--count", "--log", "info", "--tls", if tls { "true" } else { "false" }])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -233,7 +233,7 @@ pub fn run(tls: bool) -> Result<()> {
         let a = wrk(port, tls)?;
         eprintln!("round {round}: without agent {a:.0} req/s");
         without.push(a);
-        let agent = start_agent(&bin)?;
+        let agent = start_agent(&bin, tls)?;
         let agent_pid = agent.0.id();
         // Kernel-side cost, measured exactly (not affected by other load on the machine).
         let stats_fd = retry_agent::capture::enable_bpf_stats().ok();
