@@ -337,7 +337,15 @@ pub struct Config {
     pub task_comm: u32,
     /// NUL-padded; all zero = none.
     pub ignore_comm: [u8; 16],
-    pub _pad: u32,
+    /// `config_flags::*`.
+    pub flags: u32,
+}
+
+/// `Config::flags`.
+pub mod config_flags {
+    /// The TLS uprobes are attached: tracked syscalls must check for an SSL call in progress
+    /// (without them that lookup would be paid on every tracked syscall for nothing).
+    pub const TLS: u32 = 1;
 }
 
 /// Names of the maps and programs, used by both sides.

@@ -68,7 +68,7 @@ fn map_key_and_value_layouts() {
     layout!(Config, size 64, {
         agent_tgid @ 0, 4; payload_bytes @ 4, 4; sk_err_offset @ 8, 4; task_files @ 12, 4; files_fdt @ 16, 4;
         fdt_fd @ 20, 4; file_private_data @ 24, 4; socket_sk @ 28, 4; wakeup_bytes @ 32, 4;
-        task_group_leader @ 36, 4; task_comm @ 40, 4; ignore_comm @ 44, 16; _pad @ 60, 4;
+        task_group_leader @ 36, 4; task_comm @ 40, 4; ignore_comm @ 44, 16; flags @ 60, 4;
     });
 }
 

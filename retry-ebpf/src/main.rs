@@ -24,7 +24,7 @@ use aya_ebpf::{
 use retry_common::{
     AF_INET, AF_INET6, AcceptArgs, Config, ConnInfo, ConnKey, ConnRecord, ConnectArgs, DataHeader, DataRecord,
     IPPROTO_TCP, IoArgs, KIND_CONN, KIND_DATA, KIND_PROCESS_EXEC, KIND_PROCESS_EXIT, MAX_PAYLOAD, OWNER_ESTABLISHED, OWNER_FAILED, OWNER_IN_CONNECT, PeerKey,
-    ProcessExitRecord, ServerEst, SockOwner, SockTuple, conn_kind, direction, role, syscall, tcp_state,
+    ProcessExitRecord, ServerEst, SockOwner, SockTuple, config_flags, conn_kind, direction, role, syscall, tcp_state,
 };
 
 // Both sides must agree on layouts; retry-common's tests pin them for the host, these for BPF.
@@ -202,7 +202,8 @@ fn try_enter_io(ctx: &TracePointContext, sc: u32) -> Result<(), i32> {
     if CONNS.get_ptr(&key).is_none() {
         return Ok(());
     }
-    if let Some(p) = SSL_ARGS.get_ptr_mut(&pid_tgid) {
+    let tls = config().flags & config_flags::TLS != 0;
+    if let Some(p) = if tls { SSL_ARGS.get_ptr_mut(&pid_tgid) } else { None } {
         // SAFETY: this thread's own entry; only this thread writes it.
         let (ssl, since) = unsafe { ((*p).ssl, (*p).ts_enter_ns) };
         if now().saturating_sub(since) < SSL_CALL_STALE_NS {

@@ -27,7 +27,7 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{ProgramError, TracePoint},
 };
-use retry_common::{Config, ConnInfo, ConnKey, MAX_PAYLOAD, names};
+use retry_common::{Config, ConnInfo, ConnKey, MAX_PAYLOAD, config_flags, names};
 use tokio::{io::unix::AsyncFd, sync::mpsc, task::JoinHandle};
 
 pub use event::{
@@ -309,7 +309,7 @@ impl Capture {
             task_group_leader: off.task_group_leader,
             task_comm: off.task_comm,
             ignore_comm: comm_bytes(&own_comm()),
-            _pad: 0,
+            flags: if cfg.tls { config_flags::TLS } else { 0 },
         };
         {
             let map = ebpf.map_mut(names::CONFIG).ok_or(CaptureError::MissingMap(names::CONFIG))?;
