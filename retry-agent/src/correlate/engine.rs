@@ -898,16 +898,16 @@ impl Engine {
 
         let thread = thread_key(ex.tid, ex.goid);
         let cross_thread = ex.goid.is_none() && ex.response_tid.is_some_and(|t| t != ex.tid);
-        if let Some(rs) = ex.response_start_ns {
-            let p = self.procs.entry(ex.pid).or_default();
-            if p.responses.len() >= FAILURES_PER_PROCESS {
-                p.responses.pop_front();
-            }
-            p.responses.push_back((rs, ex.id));
-        }
         let window = Window { id: ex.id, start: ex.request_start_ns, end: last_ns(ex) };
         {
+            // Process-wide histories, for the links thread context cannot make.
             let p = self.procs.entry(ex.pid).or_default();
+            if let Some(rs) = ex.response_start_ns {
+                if p.responses.len() >= FAILURES_PER_PROCESS {
+                    p.responses.pop_front();
+                }
+                p.responses.push_back((rs, ex.id));
+            }
             if p.inbound.len() >= FAILURES_PER_PROCESS {
                 p.inbound.pop_front();
             }
