@@ -55,7 +55,6 @@ pub struct PipelineConfig {
 pub const DEFAULT_EVAL_EVERY_NS: u64 = 1_000_000_000;
 
 pub struct Pipeline {
-    config: PipelineConfig,
     pub reassembler: Reassembler,
     pub engine: Engine,
     pub decider: Decider,
@@ -71,9 +70,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     pub fn new(l7: L7Config, correlate: CorrelateConfig, decide: DecideConfig) -> Self {
-        let config = PipelineConfig { l7: l7.clone(), correlate: correlate.clone(), decide: decide.clone() };
         Pipeline {
-            config,
             reassembler: Reassembler::new(l7),
             engine: Engine::new(correlate),
             decider: Decider::new(decide),
@@ -91,8 +88,12 @@ impl Pipeline {
     }
 
     /// The settings this pipeline was built with.
-    pub fn config(&self) -> &PipelineConfig {
-        &self.config
+    pub fn config(&self) -> PipelineConfig {
+        PipelineConfig {
+            l7: self.reassembler.config().clone(),
+            correlate: self.engine.config().clone(),
+            decide: self.decider.config().clone(),
+        }
     }
 
     /// Evaluate decisions every `ns` of capture time (0 is treated as 1 ms).
@@ -103,7 +104,7 @@ impl Pipeline {
 
     /// Record every event and everything derived from it into `rec` (the live agent).
     pub fn with_recorder(mut self, rec: SharedRecorder) -> Self {
-        let config = self.config.clone();
+        let config = self.config();
         let _ = rec.with(|r| r.set_pipeline_config(config));
         self.tap = Some(rec);
         self
