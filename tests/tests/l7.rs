@@ -228,16 +228,25 @@ fn involving(pids: &[u32]) -> impl FnMut(&Event) -> bool + use<> {
     move |e| pids.contains(&e.pid())
 }
 
+/// A Python server listening on a fresh loopback port (its first argument), stdout piped.
+fn python_server(code: &str, extra: &[&str]) -> (Proc, u16) {
+    let port = free_port();
+    let ps = port.to_string();
+    let mut args = vec![ps.as_str()];
+    args.extend_from_slice(extra);
+    let server = Proc::spawn(python(code, &args).stdout(Stdio::piped()));
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+    (server, port)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_exchanges_equal_what_the_peers_logged() {
     if !can_run() {
         return;
     }
     let Some(mut cap) = load_capture() else { return };
-    let port = free_port();
+    let (mut server, port) = python_server(HTTP_SERVER_PY, &[]);
     let ps = port.to_string();
-    let mut server = Proc::spawn(python(HTTP_SERVER_PY, &[&ps]).stdout(Stdio::piped()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
 
     let mut clients: Vec<(Proc, &str)> = Vec::new();
     let mut py = Proc::spawn(python(REQUESTS_PY, &[&ps]).stdout(Stdio::piped()));
@@ -470,10 +479,7 @@ async fn zero_copy_bodies_are_framed() {
         return;
     }
     let Some(mut cap) = load_capture() else { return };
-    let port = free_port();
-    let ps = port.to_string();
-    let mut server = Proc::spawn(python(ZERO_COPY_SERVER_PY, &[&ps]).stdout(Stdio::piped()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let (mut server, port) = python_server(ZERO_COPY_SERVER_PY, &[]);
     let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
     let curl = Proc::spawn(Command::new("curl").args([
         "-s", "-o", "/dev/null", "-o", "/dev/null", "-o", "/dev/null",
@@ -542,10 +548,7 @@ async fn tls_exchanges_come_from_libssl_plaintext() {
     }
     let (dir, cert, key) = self_signed("plain");
     let Some(mut cap) = load_capture() else { return };
-    let port = free_port();
-    let ps = port.to_string();
-    let mut server = Proc::spawn(python(&tls_server_py(), &[&ps, &cert, &key]).stdout(Stdio::piped()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let (mut server, port) = python_server(&tls_server_py(), &[&cert, &key]);
     let (curl, curl_lines) = curl_https(port, ["/tls/curl", "/missing/tls"]);
     let requests_py = format!(
         "import requests, urllib3\nurllib3.disable_warnings()\ns = requests.Session()\n\
