@@ -496,10 +496,9 @@ static SSL_FDS: LruHashMap<SslKey, u32> = LruHashMap::with_max_entries(65536, 0)
 
 #[inline(always)]
 fn try_ssl_enter(ctx: &ProbeContext, kind: u32) -> Result<(), i32> {
+    // No is_agent check (two kernel reads per SSL call): the agent's own sockets are never
+    // tracked, so its SSL calls can produce nothing anyway.
     let pid_tgid = bpf_get_current_pid_tgid();
-    if is_agent(pid_tgid) {
-        return Ok(());
-    }
     let ssl: u64 = ctx.arg(0).ok_or(-1)?;
     let (buf, len_ptr) = match kind {
         SSL_HANDSHAKE => (0, 0),
