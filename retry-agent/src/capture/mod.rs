@@ -295,6 +295,7 @@ impl Capture {
             .map_err(CaptureError::Load)?;
 
         let agent_tgid = std::process::id();
+        let own_comm = own_comm();
         let off = btf::kernel_offsets();
         let config = Config {
             agent_tgid,
@@ -308,7 +309,7 @@ impl Capture {
             wakeup_bytes: cfg.wakeup_bytes.min(cfg.ring_bytes / 2),
             task_group_leader: off.task_group_leader,
             task_comm: off.task_comm,
-            ignore_comm: comm_bytes(&own_comm()),
+            ignore_comm: comm_bytes(&own_comm),
             flags: if cfg.tls { config_flags::TLS } else { 0 },
         };
         {
@@ -358,7 +359,7 @@ impl Capture {
                 poll_interval: Duration::from_millis(cfg.poll_ms.max(1)),
                 seen: HashMap::new(),
                 ignored: HashSet::new(),
-                own_comm: own_comm(),
+                own_comm,
             };
             rt.spawn(state.run(async_ring, initial))
         };
