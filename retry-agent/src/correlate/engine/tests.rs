@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 
 use super::*;
+use crate::correlate::types::{DependencyKind, EdgeStats};
+use crate::l7::Failure;
 use crate::{
     correlate::sim::ExchangeBuilder as X,
     decide::{DecideConfig, Decider, Reason},
