@@ -25,6 +25,7 @@ use crate::{
     l7::{Claim, Exchange, ExchangeId, OutcomeClass},
 };
 
+mod claim;
 mod inbound;
 mod naming;
 mod outbound;

@@ -1,10 +1,32 @@
 //! Verdicts: a failed inbound request's children (thread context, then timing and sole-request
 //! links), failure-pattern memory, and the claim it gets.
-use super::{Child, Engine, MEMORY_DECAY_AT, MEMORY_FAIL_CLOSE, MEMORY_MIN_SAMPLES, NS_PER_MS, Peer, Pending, RecentVerdict, claim_index};
+use super::{
+    Child, Engine, MEMORY_DECAY_AT, MEMORY_FAIL_CLOSE, MEMORY_MIN_SAMPLES, NS_PER_MS, Peer, Pending, RecentVerdict,
+    claim::{self, Context, Evidence, FailedCall, Reason},
+    claim_index,
+};
 use crate::{
-    correlate::types::{ChildFailure, DependencyKind, Verdict},
+    correlate::types::{ChildFailure, DependencyKind, ServiceId, Verdict},
     l7::{Claim, OutcomeClass},
 };
+
+/// What judging found about a failed request's context.
+struct Found {
+    children: Vec<Child>,
+    context: Context,
+    process_failed: bool,
+    orphan_failed: bool,
+}
+
+impl Found {
+    /// Its calls that failed before it was answered (none known when the context is lost).
+    fn failed_children(&self, answered: u64) -> Vec<Child> {
+        if self.context == Context::Lost {
+            return Vec::new();
+        }
+        self.children.iter().filter(|c| c.outcome.is_failure() && c.end <= answered).copied().collect()
+    }
+}
 
 impl Engine {
     pub(super) fn dependency(&self, edge: u32) -> DependencyKind {
@@ -47,8 +69,40 @@ impl Engine {
         c.claim_header.unwrap_or(Claim::Missing)
     }
 
+    /// The verdict on a failed inbound request whose grace period is over.
     pub(super) fn judge(&mut self, p: Pending, out: &mut Vec<Verdict>) {
-        // Arrival-time context plus whatever arrived during the grace period.
+        let mut found = self.gather(&p);
+        self.link(&p, &mut found);
+        let failed = found.failed_children(p.end);
+        // Memory learns only from contexts thread context proved.
+        if self.cfg.failure_memory && found.context == Context::Followed {
+            self.learn(&failed);
+        }
+        let calls = self.failed_calls(&failed);
+        let decision = claim::decide(&Evidence {
+            context: found.context,
+            failed: &calls,
+            process_failed: found.process_failed,
+            orphan_failed: found.orphan_failed,
+            at_least_once: self.cfg.at_least_once,
+        });
+        let caused_by = if decision.reason == Reason::Dependency { self.caused_by(&failed, &calls) } else { Vec::new() };
+        let (service, caller) = self.book(&p, decision.claim);
+        out.push(Verdict {
+            exchange: p.id,
+            service,
+            caller,
+            claim: decision.claim,
+            outcome: p.outcome,
+            status: p.status,
+            caused_by,
+            ts_ns: p.end,
+        });
+    }
+
+    /// Arrival-time context plus whatever arrived during the grace period, and the
+    /// process-wide checks (as of now when the failure history still covers the request).
+    fn gather(&self, p: &Pending) -> Found {
         let mut children = p.children.clone();
         let mut ambiguous = p.ambiguous || p.cross_thread;
         if let Some(ctx) = self.threads.get(&(p.pid, p.thread)) {
@@ -68,53 +122,72 @@ impl Engine {
         } else {
             (p.process_failed, p.orphan_failed)
         };
-        let mut caused_by = Vec::new();
-        // Thread context cannot tell (or saw a failure it cannot place): try the timing link.
-        let mut linked = false;
-        if (ambiguous && process_failed) || (!ambiguous && orphan_failed && children.iter().all(|c| !c.outcome.is_failure())) {
-            if let Some(c) = self.link_by_timing(&p) {
-                children = vec![c];
-                ambiguous = false;
-                linked = true;
-                self.stats.timing_links += 1;
-            } else if ambiguous && let Some(cs) = self.link_sole_inbound(&p) {
-                children = cs;
-                ambiguous = false;
-                linked = true;
-                self.stats.sole_links += 1;
+        let context = if ambiguous { Context::Lost } else { Context::Followed };
+        Found { children, context, process_failed, orphan_failed }
+    }
+
+    /// Thread context cannot tell (or saw a failure it cannot place): try the timing link,
+    /// then, for a lost context, the sole-request link.
+    fn link(&mut self, p: &Pending, found: &mut Found) {
+        let lost = found.context == Context::Lost;
+        let unplaced = !lost && found.orphan_failed && found.children.iter().all(|c| !c.outcome.is_failure());
+        if !(lost && found.process_failed) && !unplaced {
+            return;
+        }
+        if let Some(c) = self.link_by_timing(p) {
+            found.children = vec![c];
+            found.context = Context::Linked;
+            self.stats.timing_links += 1;
+        } else if lost && let Some(cs) = self.link_sole_inbound(p) {
+            found.children = cs;
+            found.context = Context::Linked;
+            self.stats.sole_links += 1;
+        }
+    }
+
+    /// Failure-pattern memory: each dependency that failed in a context that failed.
+    fn learn(&mut self, failed: &[Child]) {
+        let mut seen: Vec<u32> = Vec::new();
+        for c in failed {
+            if !seen.contains(&c.edge) {
+                seen.push(c.edge);
+                self.remember(c.edge, true);
             }
         }
-        let claim = if !ambiguous {
-            let failed: Vec<Child> = children.into_iter().filter(|c| c.outcome.is_failure() && c.end <= p.end).collect();
-            let mut seen: Vec<u32> = Vec::new();
-            for c in &failed {
-                // Memory learns only from contexts thread context proved.
-                if self.cfg.failure_memory && !linked && !seen.contains(&c.edge) {
-                    seen.push(c.edge);
-                    self.remember(c.edge, true);
-                }
-            }
-            let causes: Vec<&Child> = failed.iter().filter(|c| self.fail_close(c.edge)).collect();
-            if causes.is_empty() {
-                if orphan_failed && !linked { Claim::Missing } else { Claim::Claimed }
-            } else if self.cfg.at_least_once && causes.iter().all(|c| self.owes_retry(c, &failed)) {
-                // The chain must keep one retry: nobody below retried a retryable error and this
-                // edge never retries, so our caller's retry is the one.
-                Claim::Claimed
-            } else {
-                for c in causes {
-                    let callee = self.edges.get(c.edge as usize).map(|e| e.peer).unwrap_or(Peer::Overflow);
-                    let callee = self.peer_name(callee);
-                    caused_by.push(ChildFailure { exchange: c.id, callee, outcome: c.outcome, status: c.status });
-                }
-                Claim::Unclaimed
-            }
-        } else if process_failed {
-            Claim::Missing
-        } else {
-            // Sound without linking: no outbound call of the whole process failed meanwhile.
-            Claim::Claimed
-        };
+    }
+
+    /// What the claim decision needs to know about each failed call.
+    fn failed_calls(&self, failed: &[Child]) -> Vec<FailedCall> {
+        failed
+            .iter()
+            .map(|c| FailedCall {
+                fail_close: self.fail_close(c.edge),
+                callee_claim: self.callee_claim(c),
+                retryable: match c.outcome {
+                    OutcomeClass::Transient => true,
+                    OutcomeClass::Unknown => c.idempotent,
+                    _ => false,
+                },
+                retried: self.edges.get(c.edge as usize).is_some_and(|e| e.retries_total > 0)
+                    || failed.iter().any(|o| o.edge == c.edge && o.retry),
+            })
+            .collect()
+    }
+
+    /// The failed calls that caused an unclaimed error, named.
+    fn caused_by(&mut self, failed: &[Child], calls: &[FailedCall]) -> Vec<ChildFailure> {
+        let mut caused_by = Vec::new();
+        for (c, _) in failed.iter().zip(calls).filter(|(_, f)| f.is_cause()) {
+            let callee = self.edges.get(c.edge as usize).map(|e| e.peer).unwrap_or(Peer::Overflow);
+            let callee = self.peer_name(callee);
+            caused_by.push(ChildFailure { exchange: c.id, callee, outcome: c.outcome, status: c.status });
+        }
+        caused_by
+    }
+
+    /// Counts the claim (engine, service figures, the caller's edge) and remembers it for the
+    /// caller's own verdict. Returns the names of the service and of its caller, if known.
+    fn book(&mut self, p: &Pending, claim: Claim) -> (ServiceId, Option<ServiceId>) {
         self.stats.verdicts.add(claim);
         self.recent_verdicts.insert(p.tuple, RecentVerdict { claim, start: p.start, end: p.end });
         let ep = self.epoch(p.start);
@@ -140,32 +213,7 @@ impl Engine {
             }
             None => None,
         };
-        let service = self.name(svc_pid, svc_port);
-        out.push(Verdict {
-            exchange: p.id,
-            service,
-            caller: caller_name,
-            claim,
-            outcome: p.outcome,
-            status: p.status,
-            caused_by,
-            ts_ns: p.end,
-        });
-    }
-
-    /// At-least-once: a failed child whose error was retryable and owned (or unowned-unknown)
-    /// below, on an edge that never retries, and not retried in this context.
-    pub(super) fn owes_retry(&self, c: &Child, failed: &[Child]) -> bool {
-        let retryable = match c.outcome {
-            OutcomeClass::Transient => true,
-            OutcomeClass::Unknown => c.idempotent,
-            _ => false,
-        };
-        let edge_retries = self.edges.get(c.edge as usize).map_or(0, |e| e.retries_total);
-        retryable
-            && self.callee_claim(c) != Claim::Unclaimed
-            && edge_retries == 0
-            && !failed.iter().any(|o| o.edge == c.edge && o.retry)
+        (self.name(svc_pid, svc_port), caller_name)
     }
 
     /// When this was the only inbound request the process served during its span, every
