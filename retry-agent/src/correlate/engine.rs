@@ -362,16 +362,36 @@ impl Engine {
         &self.cfg
     }
 
-    /// Process metadata (names services). A pid reused by another program starts afresh.
+    /// Process metadata (names services). A pid reused by another program starts afresh; a
+    /// process described without a name (gone from /proc when read) and named later (by its
+    /// exit record) is the same process and keeps its state.
     pub fn on_process(&mut self, info: &ProcessInfo) {
         if self.procs.len() >= self.cfg.max_threads && !self.procs.contains_key(&info.pid) {
             self.sweep_procs();
         }
         let p = self.procs.entry(info.pid).or_default();
-        if p.info.as_ref().is_some_and(|old| old.comm != info.comm || old.exe != info.exe) {
-            *p = ProcState::default();
+        let mut info = info.clone();
+        match &p.info {
+            Some(old) if old.comm.is_empty() && !info.comm.is_empty() => {
+                // Late name: what the first description did read still holds.
+                info.exe = info.exe.or(old.exe.clone());
+                info.cgroup = info.cgroup.or(old.cgroup.clone());
+                info.container_id = info.container_id.or(old.container_id.clone());
+                info.netns = info.netns.or(old.netns);
+                // Its provisional names (`pid:N`) will never be resolved again: give their
+                // places under the service cap back, or every short-lived process keeps one.
+                let provisional = format!("pid:{}", info.pid);
+                for (_, n) in &p.names {
+                    let s = n.as_str();
+                    if s == provisional || s.strip_prefix(provisional.as_str()).is_some_and(|r| r.starts_with(':')) {
+                        self.names_issued.remove(n);
+                    }
+                }
+            }
+            Some(old) if old.comm != info.comm || old.exe != info.exe => *p = ProcState::default(),
+            _ => {}
         }
-        p.info = Some(info.clone());
+        p.info = Some(info);
         p.exited = false;
         p.names.clear();
     }

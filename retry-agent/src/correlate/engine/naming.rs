@@ -43,7 +43,8 @@ impl Engine {
 
     pub(super) fn resolve_name(&self, pid: u32, port: u16) -> ServiceId {
         let p = self.procs.get(&pid);
-        let comm = p.and_then(|p| p.info.as_ref()).map(|i| i.comm.as_str());
+        // An empty comm is no name (the process was gone before it was read).
+        let comm = p.and_then(|p| p.info.as_ref()).map(|i| i.comm.as_str()).filter(|c| !c.is_empty());
         let ports: Vec<u16> = if port != 0 { vec![port] } else { p.map(|p| p.ports.clone()).unwrap_or_default() };
         for o in &self.cfg.service_names {
             if let ServiceMatch::Pid(x) = o.matcher
