@@ -207,6 +207,9 @@ pub struct ProcessExitRecord {
     pub kind: u32,
     pub pid: u32,
     pub ts_ns: u64,
+    /// The task's comm (NUL-padded): a process that exits before userspace reads /proc (a
+    /// short-lived `curl`) is still named by it.
+    pub comm: [u8; 16],
 }
 
 /// Key of the tracked-connection map: one fd in one process.

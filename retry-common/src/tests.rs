@@ -50,7 +50,7 @@ fn conn_record_layout() {
 
 #[test]
 fn process_exit_layout() {
-    layout!(ProcessExitRecord, size 16, { kind @ 0, 4; pid @ 4, 4; ts_ns @ 8, 8 });
+    layout!(ProcessExitRecord, size 32, { kind @ 0, 4; pid @ 4, 4; ts_ns @ 8, 8; comm @ 16, 16 });
 }
 
 #[test]

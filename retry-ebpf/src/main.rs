@@ -14,7 +14,7 @@ use core::{ffi::c_void, mem::size_of};
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated,
     },
     macros::{map, tracepoint, uprobe, uretprobe},
@@ -33,7 +33,7 @@ const _: () = assert!(size_of::<DataRecord>() == 112 + MAX_PAYLOAD);
 // Data records are assembled in `Scratch` (per-CPU): 4 KiB of payload does not fit the 512 B stack.
 const _: () = assert!(size_of::<Scratch>() == 112 + 2 * MAX_PAYLOAD);
 const _: () = assert!(size_of::<ConnRecord>() == 96);
-const _: () = assert!(size_of::<ProcessExitRecord>() == 16);
+const _: () = assert!(size_of::<ProcessExitRecord>() == 32);
 const _: () = assert!(size_of::<ConnKey>() == 8);
 const _: () = assert!(size_of::<ConnInfo>() == 64);
 const _: () = assert!(size_of::<SockOwner>() == 72);
@@ -1050,7 +1050,9 @@ fn try_process_exit(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let pid_tgid = bpf_get_current_pid_tgid();
-    let rec = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: (pid_tgid >> 32) as u32, ts_ns: now() };
+    // The last thread's name: a process gone before userspace read /proc is named by it.
+    let comm = bpf_get_current_comm().unwrap_or_default();
+    let rec = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: (pid_tgid >> 32) as u32, ts_ns: now(), comm };
     if EVENTS.output(&rec, ring_flags()).is_err() {
         count_drop();
     }
@@ -1067,7 +1069,8 @@ pub fn ra_process_exit(ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "sched", name = "sched_process_exec")]
 pub fn ra_process_exec(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let rec = ProcessExitRecord { kind: KIND_PROCESS_EXEC, pid: (pid_tgid >> 32) as u32, ts_ns: now() };
+    let comm = bpf_get_current_comm().unwrap_or_default();
+    let rec = ProcessExitRecord { kind: KIND_PROCESS_EXEC, pid: (pid_tgid >> 32) as u32, ts_ns: now(), comm };
     if EVENTS.output(&rec, ring_flags()).is_err() {
         count_drop();
     }

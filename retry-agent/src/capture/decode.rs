@@ -38,6 +38,18 @@ pub fn exec_pid(raw: &[u8]) -> Option<u32> {
     (r.kind == retry_common::KIND_PROCESS_EXEC).then_some(r.pid)
 }
 
+/// The comm a process-exit record carries (`None` for any other record, or an empty name): the
+/// reader names a process by it when the process was gone before /proc could describe it.
+pub fn exit_comm(raw: &[u8]) -> Option<String> {
+    let r: ProcessExitRecord = read(raw, "process exit record").ok()?;
+    if r.kind != KIND_PROCESS_EXIT {
+        return None;
+    }
+    let end = r.comm.iter().position(|&b| b == 0).unwrap_or(r.comm.len());
+    let comm = String::from_utf8_lossy(r.comm.get(..end)?).into_owned();
+    (!comm.is_empty()).then_some(comm)
+}
+
 /// Decodes one ring-buffer record.
 pub fn decode(raw: &[u8]) -> Result<Event, DecodeError> {
     let kind: u32 = read(raw, "kind tag")?;

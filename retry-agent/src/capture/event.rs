@@ -145,6 +145,13 @@ pub struct ProcessInfo {
     pub netns: Option<u64>,
 }
 
+impl ProcessInfo {
+    /// A process that was gone before /proc could describe it, named by its exit record.
+    pub fn named_at_exit(pid: u32, comm: String) -> Self {
+        ProcessInfo { pid, comm, exe: None, cgroup: None, container_id: None, netns: None }
+    }
+}
+
 /// Everything the capture layer emits.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

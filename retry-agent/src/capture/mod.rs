@@ -359,6 +359,7 @@ impl Capture {
                 poll_interval: Duration::from_millis(cfg.poll_ms.max(1)),
                 seen: HashMap::new(),
                 ignored: HashSet::new(),
+                nameless: HashSet::new(),
                 own_comm,
             };
             rt.spawn(state.run(async_ring, initial))
@@ -609,6 +610,9 @@ struct Reader {
     ignored: HashSet<u32>,
     /// The agent's own comm, which its shims share.
     own_comm: String,
+    /// Pids described with no name (gone from /proc before they were read): their exit record
+    /// names them. Entries go with the exit, like `seen`'s.
+    nameless: HashSet<u32>,
 }
 
 impl Reader {
@@ -686,7 +690,7 @@ impl Reader {
         if let Some(pid) = decode::exec_pid(raw) {
             // New image, new comm/exe: describe it again, but only if it was described before.
             if self.seen.contains_key(&pid) {
-                let info = procfs::process_info(&self.proc_root, pid);
+                let info = self.describe(pid);
                 return self.send(Event::Process(info));
             }
             return true;
@@ -694,6 +698,13 @@ impl Reader {
         match decode::decode(raw) {
             Ok(ev) => {
                 self.stats.0.events.fetch_add(1, Ordering::Relaxed);
+                if let Event::ProcessExit { pid, .. } = ev
+                    && self.nameless.remove(&pid)
+                    && let Some(comm) = decode::exit_comm(raw)
+                    && !self.send(Event::Process(ProcessInfo::named_at_exit(pid, comm)))
+                {
+                    return false;
+                }
                 self.forward(ev)
             }
             Err(e) => {
@@ -730,7 +741,7 @@ impl Reader {
                 let _ = self.conns.remove(&ConnKey { tgid: pid, fd });
             }
         } else if !self.seen.contains_key(&pid) {
-            let info = procfs::process_info(&self.proc_root, pid);
+            let info = self.describe(pid);
             if !self.own_comm.is_empty() && info.comm == self.own_comm {
                 tracing::debug!(pid, "not observing another retry-agent process (a shim)");
                 self.ignored.insert(pid);
@@ -753,6 +764,17 @@ impl Reader {
             }
         }
         self.send(ev)
+    }
+
+    /// Reads a process's metadata; one already gone (no name) is named by its exit record.
+    fn describe(&mut self, pid: u32) -> ProcessInfo {
+        let info = procfs::process_info(&self.proc_root, pid);
+        if info.comm.is_empty() {
+            self.nameless.insert(pid);
+        } else {
+            self.nameless.remove(&pid);
+        }
+        info
     }
 
     fn send(&self, ev: Event) -> bool {

@@ -136,16 +136,33 @@ fn conn_records_map_to_kinds_with_errno() {
 
 #[test]
 fn process_exit_decodes() {
-    let r = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: 1234, ts_ns: 99 };
+    let r = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: 1234, ts_ns: 99, ..Default::default() };
     assert_eq!(decode(&as_bytes(&r)), Ok(Event::ProcessExit { pid: 1234, ts_ns: 99 }));
+}
+
+/// A process gone before /proc was read (a short-lived curl) is named by its exit record.
+#[test]
+fn exit_records_carry_the_comm() {
+    let mut comm = [0u8; 16];
+    comm[..4].copy_from_slice(b"curl");
+    let r = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: 5, ts_ns: 1, comm };
+    assert_eq!(exit_comm(&as_bytes(&r)).as_deref(), Some("curl"));
+    // All 16 bytes used (the kernel keeps 15 and a NUL, but never trust the record).
+    let r = ProcessExitRecord { comm: *b"abcdefghijklmnop", ..r };
+    assert_eq!(exit_comm(&as_bytes(&r)).as_deref(), Some("abcdefghijklmnop"));
+    let nameless = ProcessExitRecord { comm: [0; 16], ..r };
+    assert_eq!(exit_comm(&as_bytes(&nameless)), None, "an empty comm names nothing");
+    let exec = ProcessExitRecord { kind: retry_common::KIND_PROCESS_EXEC, comm, ..r };
+    assert_eq!(exit_comm(&as_bytes(&exec)), None, "only exits");
+    assert_eq!(exit_comm(&as_bytes(&r)[..16]), None, "truncated");
 }
 
 #[test]
 fn exec_records_are_recognised_not_decoded() {
-    let r = ProcessExitRecord { kind: retry_common::KIND_PROCESS_EXEC, pid: 77, ts_ns: 1 };
+    let r = ProcessExitRecord { kind: retry_common::KIND_PROCESS_EXEC, pid: 77, ts_ns: 1, ..Default::default() };
     assert_eq!(exec_pid(&as_bytes(&r)), Some(77));
     assert_eq!(decode(&as_bytes(&r)), Err(DecodeError::UnknownKind(4)));
-    let exit = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: 77, ts_ns: 1 };
+    let exit = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: 77, ts_ns: 1, ..Default::default() };
     assert_eq!(exec_pid(&as_bytes(&exit)), None);
     assert_eq!(exec_pid(&[4, 0, 0]), None);
 }

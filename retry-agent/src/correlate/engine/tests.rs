@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 
 use super::*;
+use crate::correlate::types::{DependencyKind, EdgeStats};
+use crate::l7::Failure;
 use crate::{
     correlate::sim::ExchangeBuilder as X,
     decide::{DecideConfig, Decider, Reason},
@@ -651,6 +653,68 @@ fn names_default_to_comm_and_port_and_overflow_to_other() {
     let names: Vec<String> = w.e.edges().iter().map(|e| e.edge.to_string()).collect();
     assert!(names.contains(&"frontend->python3:80".to_string()), "{names:?}");
     assert!(names.contains(&"python3:80->other".to_string()), "cap of 2 names: {names:?}");
+}
+
+/// Short-lived clients (a `curl` per request) exit before /proc is read: capture describes them
+/// with no name, then names them from the exit record. Their edge is `curl -> python3:8080`,
+/// never an edge from "" (30 of 40 requests were, before).
+#[test]
+fn processes_gone_before_they_were_read_are_named_by_their_exit() {
+    let mut w = World::with(CorrelateConfig::default());
+    let server = 500;
+    let local = addr("127.0.0.1:8080");
+    w.e.on_process(&ProcessInfo { pid: server, comm: "python3".into(), exe: None, cgroup: None, container_id: None, netns: Some(1) });
+    let mut t = 1_000 * MS;
+    for i in 0..40u32 {
+        let pid = 9_000 + i;
+        let eph = addr(&format!("127.0.0.1:{}", 40_000 + i));
+        w.e.on_process(&ProcessInfo::named_at_exit(pid, String::new()));
+        let (sid, cid) = (w.id(), w.id());
+        w.push(X::server(sid, server, server, local, eph, t + MS / 10, t + MS).build());
+        w.push(X::client(cid, pid, pid, eph, local, t, t + 2 * MS).build());
+        if i % 4 == 0 {
+            // Its exit record was lost: still not "".
+            w.e.on_process_exit(pid);
+        } else {
+            w.e.on_process(&ProcessInfo::named_at_exit(pid, "curl".into()));
+            w.e.on_process_exit(pid);
+        }
+        t += 10 * MS;
+    }
+    w.e.tick(t + 3_000 * MS, &mut w.v);
+    let edges = w.e.edges();
+    assert!(edges.iter().all(|e| !e.edge.caller.as_str().is_empty()), "{edges:?}");
+    assert_eq!(w.edge("curl", "python3:8080").requests, 30);
+    assert_eq!(w.edge("pid:9000", "python3:8080").requests, 1, "unnamed: the pid, as for any process never described");
+}
+
+/// A late name is the same process: what it served (its caller-side name `comm:port`) stays,
+/// and its provisional `pid:N` names give their places under the service cap back.
+#[test]
+fn a_late_name_keeps_the_process_and_frees_its_provisional_names() {
+    let mut w = World::with(CorrelateConfig { max_services: 4, ..CorrelateConfig::default() });
+    let (s, other_port) = (600, addr("203.0.113.9:443"));
+    w.e.on_process(&ProcessInfo::named_at_exit(s, String::new()));
+    let t = 1_000 * MS;
+    let sid = w.id();
+    w.push(X::server(sid, s, s, addr("10.0.0.60:8080"), addr("192.168.1.1:5000"), t, t + 5 * MS).build());
+    let cid = w.id();
+    w.push(X::client(cid, s, s, addr("10.0.0.60:41000"), other_port, t + MS, t + 2 * MS).build());
+    w.e.on_process(&ProcessInfo::named_at_exit(s, "python3".into()));
+    // Many more nameless processes named late: each took a provisional name for a while.
+    let mut t2 = t + 10 * MS;
+    for i in 0..20u32 {
+        let pid = 7_000 + i;
+        w.e.on_process(&ProcessInfo::named_at_exit(pid, String::new()));
+        let id = w.id();
+        w.push(X::client(id, pid, pid, addr(&format!("10.0.0.70:{}", 42_000 + i)), other_port, t2, t2 + MS).build());
+        w.e.on_process(&ProcessInfo::named_at_exit(pid, "curl".into()));
+        w.e.on_process_exit(pid);
+        t2 += MS;
+    }
+    w.e.tick(t2 + 3_000 * MS, &mut w.v);
+    assert_eq!(w.edge("python3:8080", "203.0.113.9:443").requests, 1, "served port kept: {:?}", w.e.edges());
+    assert_eq!(w.edge("curl", "203.0.113.9:443").requests, 20, "not folded into other: {:?}", w.e.edges());
 }
 
 #[test]

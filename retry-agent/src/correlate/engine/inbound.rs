@@ -1,0 +1,188 @@
+//! Inbound (server-role) exchanges: served figures, thread windows (event-loop detection),
+//! timeout mismatches, and failed requests queued for their verdict.
+use super::{Child, Engine, FAILURES_PER_PROCESS, INBOUND_PER_THREAD, OVERFLOW_EDGE, Peer, Pending, ThreadCtx, Window, thread_key, tuple_key};
+use crate::{
+    correlate::{table::hash_one, types::Verdict},
+    l7::{Exchange, Failure},
+};
+
+impl Engine {
+    pub(super) fn push_server(&mut self, ex: &Exchange, out: &mut Vec<Verdict>) {
+        self.stats.inbound += 1;
+        let svc = self.svc_for(ex.pid, ex.local);
+        if let Some(local) = ex.local {
+            let port = local.port();
+            let k = self.ns_key(ex.pid, local);
+            self.listeners.insert(k, (ex.pid, port));
+            // Also by bare address, for late resolution of remote-keyed edges.
+            self.listeners.insert(hash_one((0u64, local)), (ex.pid, port));
+        }
+        // The caller went away (gave up, reset): a timeout mismatch, not this service's error, so
+        // no verdict and no failure in its figures.
+        let peer_gone = caller_gone(ex);
+        let failed = ex.failed() && !peer_gone;
+        let ep = self.epoch(ex.request_start_ns);
+        if let Some(b) = self.svcs.get_mut(svc as usize).and_then(|s| s.ring.at(ep)) {
+            b.served += 1;
+            b.failures += u32::from(failed);
+        }
+        // Client-side tuple of this connection: (their local, their remote) = (our remote, our local).
+        let tuple = tuple_key(ex.remote, ex.local);
+        self.timeout_mismatch(ex, tuple);
+
+        let thread = thread_key(ex.tid, ex.goid);
+        let cross_thread = ex.goid.is_none() && ex.response_tid.is_some_and(|t| t != ex.tid);
+        let window = Window { id: ex.id, start: ex.request_start_ns, end: last_ns(ex) };
+        {
+            // Process-wide histories, for the links thread context cannot make.
+            let p = self.procs.entry(ex.pid).or_default();
+            if let Some(rs) = ex.response_start_ns {
+                if p.responses.len() >= FAILURES_PER_PROCESS {
+                    p.responses.pop_front();
+                }
+                p.responses.push_back((rs, ex.id));
+            }
+            if p.inbound.len() >= FAILURES_PER_PROCESS {
+                p.inbound.pop_front();
+            }
+            p.inbound.push_back((window.start, window.end, ex.id));
+        }
+        // A failed response whose timing was lost (l7 saw the connection end before the
+        // response completed): the span of the request is unknown, so is its context.
+        let span_unknown = ex.response_start_ns.is_none() && ex.response_end_ns.is_none() && ex.status.is_some();
+        let ctx = self.threads.get_or_insert_with((ex.pid, thread), ThreadCtx::default);
+        if ctx.inbound.iter().any(|w| w.id != window.id && w.start < window.end && window.start < w.end) {
+            ctx.event_loop = true;
+        }
+        if ctx.inbound.len() >= INBOUND_PER_THREAD {
+            ctx.inbound.pop_front();
+        }
+        ctx.inbound.push_back(window);
+
+        if failed {
+            let (ambiguous, children) = self.children_of(ex.pid, thread, window.start, window.end);
+            let ambiguous = ambiguous || span_unknown;
+            let process_failed = self.process_failed_during(ex.pid, window.start, window.end);
+            let orphan_failed = self.orphan_failed_during(ex.pid, thread, window.start, window.end);
+            if self.pending.len() >= self.cfg.max_pending
+                && let Some(p) = self.pending.pop_front()
+            {
+                // Bounded: judge the oldest now rather than drop it.
+                self.stats.evictions += 1;
+                self.judge(p, out);
+            }
+            self.pending.push_back(Pending {
+                deadline: window.end.saturating_add(self.grace_ns),
+                id: ex.id,
+                pid: ex.pid,
+                thread,
+                start: ex.request_start_ns,
+                end: window.end,
+                svc,
+                tuple,
+                remote: ex.remote,
+                outcome: ex.outcome,
+                status: ex.status,
+                cross_thread,
+                ambiguous,
+                children,
+                process_failed,
+                orphan_failed,
+                resp_start: ex.response_start_ns,
+                req_end: ex.request_end_ns,
+            });
+        } else if self.cfg.failure_memory && !cross_thread {
+            // A success despite failed children: evidence those dependencies are fail-open. A
+            // failure a later retry on the same edge recovered is no such evidence: the caller
+            // survived it by retrying, not by doing without (a fail-close dependency under a
+            // transient fault looks exactly like that). No allocation unless a child failed:
+            // this is the hot path.
+            let mut failed_edges: Vec<u32> = match self.threads.get(&(ex.pid, thread)) {
+                Some(ctx) if !ctx.event_loop && ctx.children_lost_until < window.start => {
+                    let in_window = |c: &&Child| c.start >= window.start && c.start <= window.end;
+                    ctx.children
+                        .iter()
+                        .filter(in_window)
+                        .filter(|c| c.outcome.is_failure())
+                        .filter(|c| {
+                            !ctx.children.iter().filter(in_window).any(|r| {
+                                r.retry && r.edge == c.edge && r.start > c.start && !r.outcome.is_failure()
+                            })
+                        })
+                        .map(|c| c.edge)
+                        .collect()
+                }
+                _ => Vec::new(),
+            };
+            failed_edges.sort_unstable();
+            failed_edges.dedup();
+            for edge in failed_edges {
+                self.remember(edge, false);
+            }
+        }
+    }
+
+    pub(super) fn timeout_mismatch(&mut self, ex: &Exchange, tuple: u64) {
+        let abandoned = self.abandoned.get(&tuple).copied();
+        let edge = match abandoned {
+            // The caller gave up before we finished: our work was wasted.
+            Some((at, edge)) if last_ns(ex) > at => Some(edge),
+            _ if caller_gone(ex) => {
+                // The peer closed or reset while we were still working (caller not on this node,
+                // or not captured): attribute to its edge if we know it.
+                let caller = ex.remote.and_then(|r| self.client_socks.get(&self.ns_key(ex.pid, r)).copied());
+                Some(match caller {
+                    Some(c) => {
+                        let svc_port = ex.local.map_or(0, |a| a.port());
+                        self.edge_key(c, Peer::Local { pid: ex.pid, port: svc_port }, ex.local)
+                    }
+                    None => OVERFLOW_EDGE,
+                })
+            }
+            _ => None,
+        };
+        if let Some(edge) = edge {
+            // Once per connection: a caller that gave up closes it, and l7 may report both the
+            // unanswered request and the late response written into the closed socket.
+            if self.mismatched.get(&tuple).is_some() {
+                return;
+            }
+            self.mismatched.insert(tuple, ());
+            self.stats.timeout_mismatches += 1;
+            if let Some(e) = self.edges.get_mut(edge as usize) {
+                e.mismatches_total += 1;
+            }
+            if let Some(b) = self.edge_bucket(edge, ex.request_start_ns) {
+                b.mismatches += 1;
+            }
+        }
+    }
+
+    /// Children of a context on (pid, thread) spanning [start, end]; `true` if the context is
+    /// ambiguous (event loop, lost children, unknown thread).
+    pub(super) fn children_of(&mut self, pid: u32, thread: u64, start: u64, end: u64) -> (bool, Vec<Child>) {
+        let Some(ctx) = self.threads.get(&(pid, thread)) else {
+            return (true, Vec::new());
+        };
+        let ambiguous = ctx.event_loop || ctx.children_lost_until >= start;
+        let children = ctx.children.iter().filter(|c| c.start >= start && c.start <= end).copied().collect();
+        (ambiguous, children)
+    }
+}
+
+/// The latest instant an exchange is known to span: l7 may lose the response end (a close
+/// racing the last write) and keep only its start.
+pub(super) fn last_ns(ex: &Exchange) -> u64 {
+    ex.response_end_ns.unwrap_or(0).max(ex.response_start_ns.unwrap_or(0)).max(ex.request_end_ns)
+}
+
+/// A server-side exchange the caller ended before it got its answer: it gave up (or reset).
+/// Not `ClosedNoResponse` (our own close, or idleness), and not an error response that was
+/// written whole before a close raced it (the service did answer, with an error).
+pub(super) fn caller_gone(ex: &Exchange) -> bool {
+    match ex.failure {
+        Some(Failure::Abandoned | Failure::Reset) => true,
+        Some(Failure::ResetMidResponse) => !ex.status.is_some_and(|s| s >= 400),
+        _ => false,
+    }
+}

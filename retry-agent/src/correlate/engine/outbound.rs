@@ -1,0 +1,190 @@
+//! Outbound (client-role) exchanges: per-edge figures, retry / hedge detection, the children a
+//! thread's inbound request may have caused, and the process-wide failure history.
+use super::{CHILDREN_PER_THREAD, Child, Engine, FAILURES_PER_PROCESS, Peer, RetryState, ThreadCtx, class_index, claim_index, thread_key, tuple_key};
+use crate::{
+    correlate::table::hash_one,
+    l7::{Claim, Exchange, Failure, OutcomeClass, Protocol},
+};
+
+impl Engine {
+    pub(super) fn push_client(&mut self, ex: &Exchange) {
+        self.stats.outbound += 1;
+        let edge = self.edge_for(ex.pid, ex.remote);
+        let tuple = tuple_key(ex.local, ex.remote);
+        if let Some(local) = ex.local {
+            let k = self.ns_key(ex.pid, local);
+            self.client_socks.insert(k, ex.pid);
+        }
+        let (retry, hedged, prev_class, gap) = self.detect_retry(ex, edge);
+        let failed = ex.failed();
+        let non_idem = retry && !ex.idempotent && !ex.idempotency_key;
+        // The callee's claim, when it cannot come from our own verdict on its inbound side.
+        let local_callee = matches!(self.edges.get(edge as usize).map(|e| e.peer), Some(Peer::Local { .. }));
+        let no_server_side = matches!(ex.failure, Some(Failure::ConnectRefused | Failure::ConnectTimeout));
+        // A loopback callee not seen serving yet is on this node: its verdict will say.
+        let loopback = ex.remote.is_some_and(|r| r.ip().is_loopback());
+        let header_claim = if failed && ((!local_callee && !loopback) || no_server_side) {
+            Some(ex.claim_header.unwrap_or(Claim::Missing))
+        } else if failed && let Some(c) = ex.claim_header {
+            // A local callee behind a proxy (our shim stamps claims): its verdict cannot find
+            // this edge (its inbound peer is the proxy), so the header is the edge's evidence.
+            self.header_claimed.insert(tuple, ());
+            Some(c)
+        } else {
+            None
+        };
+        if retry {
+            self.stats.retries += 1;
+            if hedged {
+                self.stats.hedged_retries += 1;
+            }
+            if non_idem {
+                self.stats.non_idempotent_retries += 1;
+            }
+            if let Some(i) = prev_class.and_then(class_index)
+                && let Some(slot) = self.stats.retry_outcomes.get_mut(i + 1)
+            {
+                slot.0 += 1;
+                slot.1 += u64::from(!failed);
+            }
+        }
+        if let Some(e) = self.edges.get_mut(edge as usize) {
+            e.requests_total += 1;
+            e.retries_total += u64::from(retry);
+        }
+        if let Some(b) = self.edge_bucket(edge, ex.request_start_ns) {
+            b.requests += 1;
+            if retry {
+                b.retries += 1;
+            } else {
+                b.first += 1;
+            }
+            b.failures += u32::from(failed);
+            b.hedged += u32::from(hedged);
+            b.non_idempotent += u32::from(non_idem);
+            if let Some(i) = prev_class.and_then(class_index) {
+                if let Some(n) = b.retry_n.get_mut(i) {
+                    *n += 1;
+                }
+                if !failed && let Some(n) = b.retry_ok.get_mut(i) {
+                    *n += 1;
+                }
+            }
+            if let Some(g) = gap {
+                b.gap_n += 1;
+                b.gap_sum += g;
+                b.gap_sq += g * g;
+            }
+            if let Some(c) = header_claim
+                && let Some(n) = b.claims.get_mut(claim_index(c))
+            {
+                *n += 1;
+            }
+        }
+        if ex.failure == Some(Failure::Abandoned) {
+            self.abandoned.insert(tuple, (ex.end_ns(), edge));
+        }
+        let child = Child {
+            id: ex.id,
+            start: ex.request_start_ns,
+            end: ex.end_ns(),
+            edge,
+            tuple,
+            outcome: ex.outcome,
+            status: ex.status,
+            claim_header: ex.claim_header,
+            retry,
+            idempotent: ex.idempotent || ex.idempotency_key,
+        };
+        if failed {
+            let p = self.procs.entry(ex.pid).or_default();
+            if p.failures.len() >= FAILURES_PER_PROCESS
+                && let Some((old, _)) = p.failures.pop_front()
+            {
+                p.failures_lost_until = p.failures_lost_until.max(old.end);
+            }
+            p.failures.push_back((child, thread_key(ex.tid, ex.goid)));
+        }
+        let ctx = self.threads.get_or_insert_with((ex.pid, thread_key(ex.tid, ex.goid)), ThreadCtx::default);
+        if ctx.children.len() >= CHILDREN_PER_THREAD
+            && let Some(old) = ctx.children.pop_front()
+        {
+            ctx.children_lost_until = ctx.children_lost_until.max(old.start);
+        }
+        ctx.children.push_back(child);
+    }
+
+    /// Attempt k+1 of the same request on the same edge: returns (retry, hedged, class of the
+    /// failure retried, gap since the previous attempt ended in seconds).
+    pub(super) fn detect_retry(&mut self, ex: &Exchange, edge: u32) -> (bool, bool, Option<OutcomeClass>, Option<f64>) {
+        let marker = ex.retry_markers.says_retry();
+        // Without a method there is nothing to call "the same request" (opaque bytes).
+        if ex.protocol == Protocol::Opaque || ex.method.is_none() {
+            return (marker, false, marker.then_some(OutcomeClass::Unknown), None);
+        }
+        let key = hash_one((
+            ex.pid,
+            edge,
+            &ex.method,
+            ex.authority.as_deref(),
+            // The path, not the route: /users/1 and /users/2 are different requests.
+            ex.path.as_deref().or(ex.route.as_deref()),
+            ex.query_hash,
+            ex.body_hash,
+        ));
+        let start = ex.request_start_ns;
+        let end = ex.end_ns();
+        let window = self.retry_window_ns;
+        let prev = self.retry_keys.get(&key).copied();
+        let mut out = (false, false, None, None);
+        let mut attempt = 1;
+        match prev {
+            Some(p) if start >= p.start => {
+                if p.end > start && start - p.start <= window {
+                    // The previous attempt was still in flight: a hedge (or a per-try timeout).
+                    out = (true, true, Some(OutcomeClass::Unknown), None);
+                    attempt = p.attempt + 1;
+                } else if p.outcome.is_failure() && start - p.end <= window && !self.context_ended(ex.pid, p, start) {
+                    let gap = (start - p.end) as f64 / 1e9;
+                    out = (true, false, Some(p.outcome), Some(gap));
+                    attempt = p.attempt + 1;
+                }
+            }
+            Some(p) => {
+                // Reported out of order: this attempt started first and was still running when
+                // the recorded one started, so the recorded one was its hedge. Fix the books.
+                if end > p.start && p.start - start <= window && p.attempt == 1 {
+                    let ep = self.epoch(p.start);
+                    if let Some(b) = self.edges.get_mut(edge as usize).and_then(|e| e.ring.at(ep)) {
+                        b.first = b.first.saturating_sub(1);
+                        b.retries += 1;
+                        b.hedged += 1;
+                    }
+                    self.stats.retries += 1;
+                    self.stats.hedged_retries += 1;
+                    if let Some(r) = self.retry_keys.get_mut(&key) {
+                        r.attempt = 2;
+                    }
+                }
+                return if marker { (true, false, Some(OutcomeClass::Unknown), None) } else { (false, false, None, None) };
+            }
+            None => {}
+        }
+        if marker && !out.0 {
+            out = (true, false, Some(prev.map_or(OutcomeClass::Unknown, |p| p.outcome)), None);
+            attempt = 2;
+        }
+        let thread = thread_key(ex.tid, ex.goid);
+        self.retry_keys.insert(key, RetryState { start, end, outcome: ex.outcome, attempt, thread });
+        out
+    }
+
+    /// The inbound request that made attempt `p` was answered before `start`: a repeat now is
+    /// not that request's retry (it is a new request, e.g. our caller's retry reaching us).
+    /// Only known for threads that serve one request at a time.
+    pub(super) fn context_ended(&self, pid: u32, p: RetryState, start: u64) -> bool {
+        self.threads.get(&(pid, p.thread)).is_some_and(|ctx| {
+            !ctx.event_loop && ctx.inbound.iter().any(|w| w.start <= p.start && w.end >= p.end && w.end <= start)
+        })
+    }
+}

@@ -1,0 +1,298 @@
+//! Verdicts: a failed inbound request's children (thread context, then timing and sole-request
+//! links), failure-pattern memory, and the claim it gets.
+use super::{
+    Child, Engine, MEMORY_DECAY_AT, MEMORY_FAIL_CLOSE, MEMORY_MIN_SAMPLES, NS_PER_MS, Peer, Pending, RecentVerdict,
+    claim::{self, Context, Evidence, FailedCall, Reason},
+    claim_index,
+};
+use crate::{
+    correlate::types::{ChildFailure, DependencyKind, ServiceId, Verdict},
+    l7::{Claim, OutcomeClass},
+};
+
+/// What judging found about a failed request's context.
+struct Found {
+    children: Vec<Child>,
+    context: Context,
+    process_failed: bool,
+    orphan_failed: bool,
+}
+
+impl Found {
+    /// Its calls that failed before it was answered (none known when the context is lost).
+    fn failed_children(&self, answered: u64) -> Vec<Child> {
+        if self.context == Context::Lost {
+            return Vec::new();
+        }
+        self.children.iter().filter(|c| c.outcome.is_failure() && c.end <= answered).copied().collect()
+    }
+}
+
+impl Engine {
+    pub(super) fn dependency(&self, edge: u32) -> DependencyKind {
+        let Some(e) = self.edges.get(edge as usize) else { return DependencyKind::Unknown };
+        if e.mem_child_fail < MEMORY_MIN_SAMPLES {
+            return DependencyKind::Unknown;
+        }
+        // Laplace-smoothed share of this dependency's failures the caller did not survive.
+        if (e.mem_parent_fail + 1.0) / (e.mem_child_fail + 2.0) >= MEMORY_FAIL_CLOSE {
+            DependencyKind::FailClose
+        } else {
+            DependencyKind::FailOpen
+        }
+    }
+
+    pub(super) fn fail_close(&self, edge: u32) -> bool {
+        !self.cfg.failure_memory || self.dependency(edge) != DependencyKind::FailOpen
+    }
+
+    pub(super) fn remember(&mut self, edge: u32, parent_failed: bool) {
+        if let Some(e) = self.edges.get_mut(edge as usize) {
+            if e.mem_child_fail >= MEMORY_DECAY_AT {
+                // Halve the evidence so a dependency that changes behaviour is relearned.
+                e.mem_child_fail /= 2.0;
+                e.mem_parent_fail /= 2.0;
+            }
+            e.mem_child_fail += 1.0;
+            e.mem_parent_fail += f32::from(u8::from(parent_failed));
+        }
+    }
+
+    /// The callee's claim on a failed child call.
+    pub(super) fn callee_claim(&self, c: &Child) -> Claim {
+        if let Some(v) = self.recent_verdicts.get(&c.tuple)
+            && v.start >= c.start
+            && v.end <= c.end.saturating_add(self.grace_ns)
+        {
+            return v.claim;
+        }
+        c.claim_header.unwrap_or(Claim::Missing)
+    }
+
+    /// The verdict on a failed inbound request whose grace period is over.
+    pub(super) fn judge(&mut self, p: Pending, out: &mut Vec<Verdict>) {
+        let mut found = self.gather(&p);
+        self.link(&p, &mut found);
+        let failed = found.failed_children(p.end);
+        // Memory learns only from contexts thread context proved.
+        if self.cfg.failure_memory && found.context == Context::Followed {
+            self.learn(&failed);
+        }
+        let calls = self.failed_calls(&failed);
+        let decision = claim::decide(&Evidence {
+            context: found.context,
+            failed: &calls,
+            process_failed: found.process_failed,
+            orphan_failed: found.orphan_failed,
+            at_least_once: self.cfg.at_least_once,
+        });
+        let caused_by = if decision.reason == Reason::Dependency { self.caused_by(&failed, &calls) } else { Vec::new() };
+        let (service, caller) = self.book(&p, decision.claim);
+        out.push(Verdict {
+            exchange: p.id,
+            service,
+            caller,
+            claim: decision.claim,
+            outcome: p.outcome,
+            status: p.status,
+            caused_by,
+            ts_ns: p.end,
+        });
+    }
+
+    /// Arrival-time context plus whatever arrived during the grace period, and the
+    /// process-wide checks (as of now when the failure history still covers the request).
+    fn gather(&self, p: &Pending) -> Found {
+        let mut children = p.children.clone();
+        let mut ambiguous = p.ambiguous || p.cross_thread;
+        if let Some(ctx) = self.threads.get(&(p.pid, p.thread)) {
+            ambiguous |= ctx.event_loop;
+            for c in ctx.children.iter().filter(|c| c.start >= p.start && c.start <= p.end) {
+                if !children.iter().any(|k| k.id == c.id) {
+                    children.push(*c);
+                }
+            }
+        }
+        let covered = self.procs.get(&p.pid).is_none_or(|x| x.failures_lost_until < p.start);
+        let (process_failed, orphan_failed) = if covered {
+            (
+                self.process_failed_during(p.pid, p.start, p.end),
+                self.orphan_failed_during(p.pid, p.thread, p.start, p.end),
+            )
+        } else {
+            (p.process_failed, p.orphan_failed)
+        };
+        let context = if ambiguous { Context::Lost } else { Context::Followed };
+        Found { children, context, process_failed, orphan_failed }
+    }
+
+    /// Thread context cannot tell (or saw a failure it cannot place): try the timing link,
+    /// then, for a lost context, the sole-request link.
+    fn link(&mut self, p: &Pending, found: &mut Found) {
+        let lost = found.context == Context::Lost;
+        let unplaced = !lost && found.orphan_failed && found.children.iter().all(|c| !c.outcome.is_failure());
+        if !(lost && found.process_failed) && !unplaced {
+            return;
+        }
+        if let Some(c) = self.link_by_timing(p) {
+            found.children = vec![c];
+            found.context = Context::Linked;
+            self.stats.timing_links += 1;
+        } else if lost && let Some(cs) = self.link_sole_inbound(p) {
+            found.children = cs;
+            found.context = Context::Linked;
+            self.stats.sole_links += 1;
+        }
+    }
+
+    /// Failure-pattern memory: each dependency that failed in a context that failed.
+    fn learn(&mut self, failed: &[Child]) {
+        let mut seen: Vec<u32> = Vec::new();
+        for c in failed {
+            if !seen.contains(&c.edge) {
+                seen.push(c.edge);
+                self.remember(c.edge, true);
+            }
+        }
+    }
+
+    /// What the claim decision needs to know about each failed call.
+    fn failed_calls(&self, failed: &[Child]) -> Vec<FailedCall> {
+        failed
+            .iter()
+            .map(|c| FailedCall {
+                fail_close: self.fail_close(c.edge),
+                callee_claim: self.callee_claim(c),
+                retryable: match c.outcome {
+                    OutcomeClass::Transient => true,
+                    OutcomeClass::Unknown => c.idempotent,
+                    _ => false,
+                },
+                retried: self.edges.get(c.edge as usize).is_some_and(|e| e.retries_total > 0)
+                    || failed.iter().any(|o| o.edge == c.edge && o.retry),
+            })
+            .collect()
+    }
+
+    /// The failed calls that caused an unclaimed error, named.
+    fn caused_by(&mut self, failed: &[Child], calls: &[FailedCall]) -> Vec<ChildFailure> {
+        let mut caused_by = Vec::new();
+        for (c, _) in failed.iter().zip(calls).filter(|(_, f)| f.is_cause()) {
+            let callee = self.edges.get(c.edge as usize).map(|e| e.peer).unwrap_or(Peer::Overflow);
+            let callee = self.peer_name(callee);
+            caused_by.push(ChildFailure { exchange: c.id, callee, outcome: c.outcome, status: c.status });
+        }
+        caused_by
+    }
+
+    /// Counts the claim (engine, service figures, the caller's edge) and remembers it for the
+    /// caller's own verdict. Returns the names of the service and of its caller, if known.
+    fn book(&mut self, p: &Pending, claim: Claim) -> (ServiceId, Option<ServiceId>) {
+        self.stats.verdicts.add(claim);
+        self.recent_verdicts.insert(p.tuple, RecentVerdict { claim, start: p.start, end: p.end });
+        let ep = self.epoch(p.start);
+        if let Some(b) = self.svcs.get_mut(p.svc as usize).and_then(|s| s.ring.at(ep))
+            && let Some(n) = b.claims.get_mut(claim_index(claim))
+        {
+            *n += 1;
+        }
+        // The caller's edge learns the claim its callee (us) gave.
+        let caller = p.remote.and_then(|r| self.client_socks.get(&self.ns_key(p.pid, r)).copied());
+        let (svc_pid, svc_port) = self.svcs.get(p.svc as usize).map_or((p.pid, 0), |s| (s.pid, s.port));
+        let caller_name = match caller {
+            Some(c) => {
+                let edge = self.edge_key(c, Peer::Local { pid: svc_pid, port: svc_port }, None);
+                let counted = self.header_claimed.get(&p.tuple).is_some();
+                if !counted
+                    && let Some(b) = self.edge_bucket(edge, p.start)
+                    && let Some(n) = b.claims.get_mut(claim_index(claim))
+                {
+                    *n += 1;
+                }
+                Some(self.name(c, 0))
+            }
+            None => None,
+        };
+        (self.name(svc_pid, svc_port), caller_name)
+    }
+
+    /// When this was the only inbound request the process served during its span, every
+    /// outbound call the process made inside that span was made for it, whichever thread (or
+    /// goroutine, or event-loop turn) did the I/O. None when another known inbound request
+    /// overlaps, or the process's failure history does not reach back that far. (A request
+    /// still unanswered when we judge is not known yet: the grace period is the margin.)
+    pub(super) fn link_sole_inbound(&self, p: &Pending) -> Option<Vec<Child>> {
+        let proc_ = self.procs.get(&p.pid)?;
+        // Both histories must reach back to this request (they are bounded).
+        if proc_.failures_lost_until >= p.start || !proc_.inbound.iter().any(|x| x.2 == p.id) {
+            return None;
+        }
+        let overlapped = proc_.inbound.iter().any(|&(s, e, id)| id != p.id && s < p.end && p.start < e);
+        if overlapped {
+            return None;
+        }
+        let children: Vec<Child> =
+            proc_.failures.iter().map(|(c, _)| *c).filter(|c| c.start >= p.start && c.end <= p.end).collect();
+        (!children.is_empty()).then_some(children)
+    }
+
+    /// The one failed outbound call of the process that completed within `timing_link_ms`
+    /// before this response started, after the request was read, and that no other response of
+    /// the process followed as closely. An event loop answers right after the call it waited
+    /// for returns; when two calls or two responses compete, nothing is linked.
+    pub(super) fn link_by_timing(&self, p: &Pending) -> Option<Child> {
+        let gap = self.cfg.timing_link_ms.saturating_mul(NS_PER_MS);
+        let resp = p.resp_start?;
+        if gap == 0 {
+            return None;
+        }
+        let proc_ = self.procs.get(&p.pid)?;
+        let before = |t: u64| t <= resp && resp - t <= gap;
+        let mut found = None;
+        for (c, _) in &proc_.failures {
+            if c.start >= p.req_end && c.end <= resp && before(c.end) {
+                if found.is_some() {
+                    return None; // two candidates
+                }
+                found = Some(*c);
+            }
+        }
+        let c = found?;
+        // Another response of the process written as soon after the call: it could be the one
+        // the call answered.
+        let competing_response = proc_
+            .responses
+            .iter()
+            .any(|&(rs, id)| id != p.id && rs >= c.end && rs.saturating_sub(c.end) <= gap);
+        if competing_response {
+            return None;
+        }
+        Some(c)
+    }
+
+    pub(super) fn process_failed_during(&self, pid: u32, start: u64, end: u64) -> bool {
+        let Some(p) = self.procs.get(&pid) else { return false };
+        if p.failures_lost_until >= start {
+            return true; // cannot prove otherwise
+        }
+        p.failures.iter().any(|(c, _)| c.start <= end && c.end >= start && self.fail_close(c.edge))
+    }
+
+    /// A fail-close outbound failure of the process during [start, end] on another thread that
+    /// was serving no inbound request then: work handed off to a pool, i.e. a context we could
+    /// not follow. Its inbound request is somewhere; it may be ours.
+    pub(super) fn orphan_failed_during(&self, pid: u32, thread: u64, start: u64, end: u64) -> bool {
+        let Some(p) = self.procs.get(&pid) else { return false };
+        p.failures.iter().any(|&(c, t)| {
+            let (s, e, edge) = (c.start, c.end, c.edge);
+            t != thread
+                && s <= end
+                && e >= start
+                && self.fail_close(edge)
+                && !self
+                    .threads
+                    .get(&(pid, t))
+                    .is_some_and(|ctx| ctx.inbound.iter().any(|w| w.start <= s && s <= w.end))
+        })
+    }
+}
