@@ -120,8 +120,11 @@ fn container_segment(seg: &str) -> Option<(ContainerId, RuntimeKind)> {
 /// `kubepods-burstable-pod1b2c_3d4e.slice` or `pod1b2c-3d4e` → `1b2c-3d4e`.
 fn pod_uid(seg: &str) -> Option<String> {
     let seg = seg.strip_suffix(".slice").unwrap_or(seg);
-    let tail = seg.rsplit('-').next()?;
-    let uid = tail.strip_prefix("pod")?;
+    // cgroupfs: `pod<uid>` (the uid has dashes); systemd: `…-pod<uid with underscores>.slice`.
+    let uid = match seg.strip_prefix("pod") {
+        Some(uid) => uid,
+        None => seg.rsplit_once("-pod")?.1,
+    };
     let uid = uid.replace('_', "-");
     (!uid.is_empty() && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')).then_some(uid)
 }

@@ -39,7 +39,7 @@ fn missing_or_empty_labels_name_nothing() {
 #[test]
 fn owners_map_to_workloads() {
     let cases: Vec<(Option<Owner>, Option<Owner>, &str, WorkloadKind)> = vec![
-        (None, None, "standalone", WorkloadKind::Pod),
+        (None, None, "the-pod", WorkloadKind::Pod),
         (Some(owner("ReplicaSet", "web-5f6b7c8d9")), Some(owner("Deployment", "web")), "web", WorkloadKind::Deployment),
         // ReplicaSet not in the index yet: its name's hash is stripped.
         (Some(owner("ReplicaSet", "web-5f6b7c8d9")), None, "web", WorkloadKind::Deployment),
