@@ -209,7 +209,7 @@ async fn resolve(
             }
             Err(RuntimeError::NotFound { .. }) => failure = FailureReason::ContainerNotFound,
             Err(RuntimeError::Unreachable { .. }) => {}
-            Err(RuntimeError::Call { code, .. }) if matches!(code, tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) => {}
+            Err(RuntimeError::Call { code: tonic::Code::Unavailable | tonic::Code::DeadlineExceeded, .. }) => {}
             Err(e) => {
                 debug!(error = %e, socket = %client.socket().display(), "runtime lookup failed");
                 failure = FailureReason::RuntimeError;
