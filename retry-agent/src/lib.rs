@@ -2,6 +2,7 @@
 //!
 //! Modules in data-flow order; each depends only on the ones before it.
 pub mod capture;
+pub mod identity;
 pub mod l7;
 pub mod correlate;
 pub mod decide;

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod build;
 mod fuzz;
+mod image;
 mod lab;
 mod setup;
 mod sh;
@@ -28,6 +29,8 @@ enum Task {
     BuildEbpf,
     /// Build the agent (release) with the eBPF object embedded.
     Build,
+    /// Build the agent's OCI image (an OCI layout tar that `ctr images import` reads).
+    Image(image::ImageArgs),
     /// Set up, build, and run the agent on embedded defaults (observing the whole node).
     Run {
         /// Arguments passed to `retry-agent` (default: `run`).
@@ -59,6 +62,7 @@ fn main() -> Result<()> {
             // exec: signals go straight to the agent, which detaches everything on exit.
             Err(Command::new(bin).args(args).exec().into())
         }
+        Task::Image(a) => image::run(a),
         Task::Test(a) => test::run_tests(a),
         Task::Bench(a) => bench::run(a),
         Task::Lab(a) => lab::run(a),

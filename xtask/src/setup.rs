@@ -18,6 +18,8 @@ use crate::sh::{ok, run};
 /// Debian packages the agent, its tests, the lab and the benches use.
 const DEBIAN_PACKAGES: &[&str] = &[
     "iptables", "iproute2", "procps", "curl", "haproxy", "golang-go", "wrk", "nodejs", "python3",
+    // tests/tests/containers.rs: a private containerd runs busybox workloads and the agent image.
+    "containerd", "runc", "busybox-static",
 ];
 /// Python modules (import name, pip name) the tests and lab use.
 const PYTHON_MODULES: &[(&str, &str)] = &[

@@ -51,6 +51,11 @@ struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DepthLabels {
     depth: String,
 }
@@ -77,6 +82,7 @@ pub struct Metrics {
     tls_libraries: Gauge,
     decisions: Family<DecisionLabels, Counter>,
     suppressed_edges: Gauge,
+    identity_failures: Family<ReasonLabels, Counter>,
     capture_events: Counter,
     capture_drops: Counter,
     l7_exchanges: Counter,
@@ -113,6 +119,7 @@ impl Metrics {
             links: Family::default(),
             tls_libraries: Gauge::default(),
             decisions: Family::default(),
+            identity_failures: Family::default(),
             suppressed_edges: Gauge::default(),
             capture_events: Counter::default(),
             capture_drops: Counter::default(),
@@ -169,6 +176,11 @@ impl Metrics {
         registry.register("tls_libraries", "libssl files instrumented for TLS plaintext", m.tls_libraries.clone());
         registry.register("decisions", "Decisions issued (suppressions, renewals, lifts)", m.decisions.clone());
         registry.register("suppressed_edges", "Edges with retries suppressed now", m.suppressed_edges.clone());
+        registry.register(
+            "identity_failures",
+            "Processes or containers left unnamed (named comm:port), by reason",
+            m.identity_failures.clone(),
+        );
         registry.register("capture_events", "Kernel events decoded", m.capture_events.clone());
         registry.register("capture_drops", "Kernel events lost (ring buffer full or channel full)", m.capture_drops.clone());
         registry.register("l7_exchanges", "HTTP exchanges reassembled", m.l7_exchanges.clone());
@@ -263,6 +275,13 @@ impl Metrics {
             self.decisions.get_or_create(&DecisionLabels { action, reason: d.reason.as_str() }).inc();
         }
         self.suppressed_edges.set(i64::try_from(active).unwrap_or(i64::MAX));
+    }
+
+    /// What identity could not name, as its totals by reason.
+    pub fn observe_identity(&self, failures: &[(crate::identity::FailureReason, u64)]) {
+        for (r, n) in failures {
+            set_counter(&self.identity_failures.get_or_create(&ReasonLabels { reason: r.as_str() }), *n);
+        }
     }
 
     /// libssl files instrumented so far.
