@@ -126,7 +126,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 metrics.observe_capture(c.events, c.kernel_drops + c.channel_drops);
                 metrics.observe_tls(capture.tls_libraries());
                 let l = pipeline.reassembler.stats();
-                metrics.observe_l7(l.exchanges, l.evictions_close + l.evictions_lru + l.evictions_idle);
+                metrics.observe_l7(l.exchanges, l.evictions());
                 let claims = pipeline.engine.service_claims().into_iter().map(to_actuate_claim).collect();
                 send(&to_actuators, ToActuators::Claims(claims));
                 send(&to_actuators, ToActuators::Tick);

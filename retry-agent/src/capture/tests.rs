@@ -30,11 +30,11 @@ fn validate_reports_every_problem() {
 
 #[test]
 fn comm_is_stored_like_the_kernel_does() {
-    let b = super::comm_bytes("retry-agent");
+    let b = super::load::comm_bytes("retry-agent");
     assert_eq!(&b[..11], b"retry-agent");
     assert!(b[11..].iter().all(|&c| c == 0));
     // The kernel keeps 15 bytes and a NUL.
-    let long = super::comm_bytes("a-very-long-process-name");
+    let long = super::load::comm_bytes("a-very-long-process-name");
     assert_eq!(&long[..15], b"a-very-long-pro");
     assert_eq!(long[15], 0);
 }

@@ -18,16 +18,55 @@ use aya::{
     programs::{ProgramError, UProbe, uprobe::UProbeScope},
 };
 
-/// Entry programs and the functions each one probes.
-const ENTRIES: &[(&str, &[&str])] = &[
-    ("ra_ssl_write", &["SSL_write"]),
-    ("ra_ssl_read", &["SSL_read"]),
-    ("ra_ssl_write_ex", &["SSL_write_ex"]),
-    ("ra_ssl_read_ex", &["SSL_read_ex"]),
-    ("ra_ssl_handshake", &["SSL_do_handshake", "SSL_connect", "SSL_accept"]),
-];
-/// The one return program, on every function above.
-const RETURN: &str = "ra_ssl_ret";
+use super::programs::{Hook, ProgramSpec, UprobeTarget};
+
+/// The `libssl` uprobe programs of the object and the symbols each probes: (program, symbol)
+/// pairs, entry probes and return probes apart.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub entries: Vec<(String, String)>,
+    pub returns: Vec<(String, String)>,
+}
+
+/// The object's `libssl` programs (their sections name the symbols).
+pub(crate) fn plan(specs: &[ProgramSpec]) -> Plan {
+    let mut plan = Plan::default();
+    for s in specs {
+        let Hook::Uprobe(u) = &s.hook else { continue };
+        if u.target != UprobeTarget::Libssl {
+            continue;
+        }
+        let list = if u.ret { &mut plan.returns } else { &mut plan.entries };
+        list.extend(u.symbols.iter().map(|sym| (s.name.clone(), sym.clone())));
+    }
+    plan
+}
+
+impl Plan {
+    /// Every program of the plan, once.
+    pub fn programs(&self) -> BTreeSet<&str> {
+        self.entries.iter().chain(&self.returns).map(|(p, _)| p.as_str()).collect()
+    }
+
+    /// Something to attach, and every entry symbol has a return probe (an entry without one
+    /// would leave its call pending and hide the thread's I/O until it goes stale).
+    pub fn is_complete(&self) -> bool {
+        !self.entries.is_empty() && self.entries.iter().all(|(_, sym)| self.returns.iter().any(|(_, r)| r == sym))
+    }
+
+    /// (program, symbol) pairs in attach order: each entry probe, then the return probes on its
+    /// symbol; return probes on other symbols last.
+    fn pairs(&self) -> Vec<(&str, &str)> {
+        let mut out = Vec::new();
+        for (prog, sym) in &self.entries {
+            out.push((prog.as_str(), sym.as_str()));
+            out.extend(self.returns.iter().filter(|(_, r)| r == sym).map(|(p, r)| (p.as_str(), r.as_str())));
+        }
+        let entry_syms: HashSet<&str> = self.entries.iter().map(|(_, s)| s.as_str()).collect();
+        out.extend(self.returns.iter().filter(|(_, r)| !entry_syms.contains(r.as_str())).map(|(p, r)| (p.as_str(), r.as_str())));
+        out
+    }
+}
 
 /// Where distributions put the shared OpenSSL (3.x, then 1.1).
 const DEFAULT_LIBS: &[&str] = &[
@@ -77,19 +116,29 @@ fn identity(p: &Path) -> Option<(u64, u64)> {
 }
 
 /// The TLS probes of one capture: loaded on first use, attached once per library file.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct TlsProbes {
+    plan: Plan,
     loaded: Option<bool>,
     handled: HashSet<(u64, u64)>,
     instrumented: usize,
 }
 
 impl TlsProbes {
+    pub fn new(plan: Plan) -> Self {
+        TlsProbes { plan, loaded: None, handled: HashSet::new(), instrumented: 0 }
+    }
+
     /// Attaches to every library in `libs` not handled yet; returns how many were added.
     /// Never fails the capture: problems are logged, TLS connections then stay opaque.
     pub fn instrument(&mut self, ebpf: &mut Ebpf, libs: &[PathBuf]) -> usize {
+        let plan = &self.plan;
         let loaded = *self.loaded.get_or_insert_with(|| {
-            for prog in ENTRIES.iter().map(|(p, _)| *p).chain([RETURN]) {
+            if !plan.is_complete() {
+                tracing::warn!(?plan, "the object's libssl probes are incomplete: TLS connections stay opaque");
+                return false;
+            }
+            for prog in plan.programs() {
                 if let Err(e) = program(ebpf, prog).and_then(|p| p.load()) {
                     tracing::warn!(program = prog, error = %e, "TLS probe does not load: TLS connections stay opaque");
                     return false;
@@ -108,7 +157,7 @@ impl TlsProbes {
             if !self.handled.insert(id) {
                 continue;
             }
-            match attach_lib(ebpf, lib) {
+            match attach_lib(ebpf, &self.plan, lib) {
                 Ok(()) => {
                     added += 1;
                     tracing::info!(lib = %lib.display(), "TLS plaintext from this libssl");
@@ -130,26 +179,19 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, Program
     ebpf.program_mut(name).ok_or(ProgramError::NotLoaded)?.try_into()
 }
 
-fn attach_lib(ebpf: &mut Ebpf, lib: &Path) -> Result<(), ProgramError> {
+fn attach_lib(ebpf: &mut Ebpf, plan: &Plan, lib: &Path) -> Result<(), ProgramError> {
     let mut links = Vec::new();
-    let mut attach_one = |ebpf: &mut Ebpf, prog: &str, sym: &str| -> Result<(), ProgramError> {
-        let p = program(ebpf, prog)?;
-        let id = p.attach([sym], lib, UProbeScope::AllProcesses)?;
-        links.push((prog.to_string(), id));
-        Ok(())
-    };
     let mut result = Ok(());
-    'all: for (prog, syms) in ENTRIES {
-        for sym in *syms {
-            result = attach_one(ebpf, prog, sym).and_then(|()| attach_one(ebpf, RETURN, sym));
-            if result.is_err() {
-                break 'all;
-            }
+    for (prog, sym) in plan.pairs() {
+        result = program(ebpf, prog).and_then(|p| p.attach([sym], lib, UProbeScope::AllProcesses)).map(|id| links.push((prog, id)));
+        if result.is_err() {
+            break;
         }
     }
     if result.is_err() {
+        // All or nothing: half a library's probes would pair entries with no returns.
         for (prog, id) in links {
-            if let Ok(p) = program(ebpf, &prog) {
+            if let Ok(p) = program(ebpf, prog) {
                 let _ = p.detach(id);
             }
         }
@@ -189,5 +231,39 @@ mod tests {
         assert_eq!(identity(&link), identity(&got[0]));
         assert_eq!(identity(&root.join("missing.so")), None);
         let _ = std::fs::remove_dir_all(root);
+    }
+
+    fn spec(name: &str, symbols: &[&str], ret: bool) -> ProgramSpec {
+        let symbols = symbols.iter().map(|s| s.to_string()).collect();
+        ProgramSpec { name: name.into(), hook: Hook::Uprobe(super::super::programs::Uprobe { target: UprobeTarget::Libssl, symbols, ret }) }
+    }
+
+    #[test]
+    fn the_plan_pairs_each_entry_with_its_return_probe() {
+        let tp = ProgramSpec { name: "ra_x".into(), hook: Hook::Tracepoint { category: "a".into(), name: "b".into() } };
+        let specs = [
+            tp,
+            spec("ra_w", &["SSL_write"], false),
+            spec("ra_h", &["SSL_connect", "SSL_accept"], false),
+            spec("ra_ret", &["SSL_write", "SSL_connect", "SSL_accept"], true),
+        ];
+        let p = plan(&specs);
+        assert!(p.is_complete());
+        assert_eq!(p.programs().into_iter().collect::<Vec<_>>(), vec!["ra_h", "ra_ret", "ra_w"]);
+        assert_eq!(
+            p.pairs(),
+            vec![
+                ("ra_w", "SSL_write"),
+                ("ra_ret", "SSL_write"),
+                ("ra_h", "SSL_connect"),
+                ("ra_ret", "SSL_connect"),
+                ("ra_h", "SSL_accept"),
+                ("ra_ret", "SSL_accept"),
+            ]
+        );
+        // An entry probe without a return probe would leave its calls pending: not attached.
+        let p = plan(&[spec("ra_w", &["SSL_write"], false), spec("ra_r", &["SSL_read"], false), spec("ra_ret", &["SSL_write"], true)]);
+        assert!(!p.is_complete());
+        assert!(!plan(&[]).is_complete());
     }
 }

@@ -1,18 +1,28 @@
 //! One connection: protocol detection, the two directions' parsers, and the pairing of
 //! requests with responses (FIFO for HTTP/1, by stream for HTTP/2).
-use std::collections::{HashMap, VecDeque};
+//!
+//! Split by concern: this file detects the protocol and routes bytes; `pending` is a request
+//! in flight and how it becomes an exchange; `h1` and `h2` pair requests with responses.
+mod h1;
+mod h2;
+mod pending;
+
+use std::collections::HashMap;
 
 use crate::capture::{ConnId, DataEvent, Direction, Role, Syscall, Tuple};
 
 use super::{
     L7Stats,
-    classify::{Signals, classify, classify_http},
-    exchange::{Exchange, ExchangeId, Failure, Method, Protocol, RetryMarkers},
-    http1::{self, Answering, H1Parser, H1Sink, Side},
-    http2::{self, Block, H2Dir, H2Sink, PREFACE},
-    msg::{Ctx, ReqInfo, RespInfo},
-    util::{BodyHasher, route_template},
+    exchange::{Exchange, ExchangeId, Protocol},
+    http1::{self, H1Parser, Side},
+    http2::{self, H2Dir, PREFACE},
+    msg::Ctx,
+    util::BodyHasher,
 };
+use h1::H1Conn;
+use h2::{H2Conn, H2Stream};
+use pending::Pending;
+pub(crate) use pending::{EndKind, connect_failure};
 
 /// Where completed exchanges go: numbered in emission order and counted.
 pub(crate) struct Emitter<'a> {
@@ -41,130 +51,6 @@ pub(crate) struct ConnInfo {
     pub role: Role,
     pub tuple: Option<Tuple>,
     pub protocol: Protocol,
-}
-
-/// A request in flight and what is known of its response.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Pending {
-    seq: u64,
-    req: ReqInfo,
-    /// No request was seen at all (response without request, or an unseen request).
-    no_request: bool,
-    req_start: Ctx,
-    req_end_ts: u64,
-    body_hash: Option<u64>,
-    req_bytes: u64,
-    resp: Option<RespInfo>,
-    resp_start: Option<Ctx>,
-    resp_end_ts: Option<u64>,
-    resp_bytes: u64,
-    unknown: bool,
-    stream_id: Option<u32>,
-}
-
-impl Pending {
-    fn new(seq: u64, req: ReqInfo, start: &Ctx) -> Self {
-        Pending {
-            seq,
-            unknown: req.unknown,
-            req,
-            req_start: *start,
-            req_end_ts: start.ts_end,
-            ..Default::default()
-        }
-    }
-
-    /// A placeholder for a request we know exists but could not read.
-    fn unseen(seq: u64, ctx: &Ctx) -> Self {
-        Pending { no_request: true, unknown: true, ..Pending::new(seq, ReqInfo::default(), ctx) }
-    }
-
-    fn response_started(&self) -> bool {
-        self.resp.is_some() || self.resp_bytes > 0
-    }
-
-    fn into_exchange(self, info: &ConnInfo, failure: Option<Failure>) -> Exchange {
-        let resp = self.resp.unwrap_or_default();
-        let signals: Signals = resp.signals;
-        let unknown = self.unknown || self.req.unknown || resp.unknown;
-        // A client that closes after reading an error status line chose not to read the body
-        // (urllib raises on a 5xx head and closes): the status is the outcome, not an abandonment.
-        // A success head cut off mid-body stays abandoned (the client may have timed out).
-        let error_head = signals.status.is_some_and(|st| classify_http(st, signals.retry_after).is_failure());
-        let failure = match failure {
-            Some(Failure::Abandoned) if info.role == Role::Client && error_head => None,
-            f => f,
-        };
-        let outcome = classify(failure, &signals);
-        let method = self.req.method;
-        let idempotent = method.as_ref().is_some_and(Method::is_idempotent) || self.req.idempotency_key;
-        let resp_tid = self.resp_start.map(|c| c.tid).filter(|&t| t != self.req_start.tid);
-        Exchange {
-            id: ExchangeId(0),
-            conn: info.id,
-            role: info.role,
-            protocol: info.protocol,
-            stream_id: self.stream_id,
-            local: info.tuple.map(|t| t.local),
-            remote: info.tuple.map(|t| t.remote),
-            pid: info.pid,
-            tid: self.req_start.tid,
-            response_tid: resp_tid,
-            goid: self.req_start.goid,
-            request_start_ns: self.req_start.ts_start,
-            request_end_ns: self.req_end_ts,
-            response_start_ns: self.resp_start.map(|c| c.ts_start),
-            response_end_ns: self.resp_end_ts,
-            route: self.req.path.as_deref().map(route_template),
-            path: self.req.path,
-            query_hash: self.req.query_hash,
-            authority: self.req.authority,
-            method,
-            status: signals.status,
-            grpc_status: signals.grpc_status,
-            outcome,
-            failure,
-            idempotent,
-            idempotency_key: self.req.idempotency_key,
-            retry_markers: self.req.markers,
-            retry_after: signals.retry_after || signals.pushback,
-            claim_header: resp.claim,
-            body_hash: self.body_hash,
-            unknown,
-            request_bytes: self.req_bytes,
-            response_bytes: self.resp_bytes,
-        }
-    }
-}
-
-/// How a connection ended, for the failure of what was still in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum EndKind {
-    /// The observed process closed its fd.
-    Close,
-    /// The connection was reset (peer RST, ECONNRESET/EPIPE).
-    Reset,
-    /// Idle past the timeout (or the process exited).
-    Idle,
-    /// Evicted for room: we simply stop knowing.
-    Evicted,
-}
-
-/// The failure of an exchange still in flight when its connection ended.
-fn end_failure(role: Role, kind: EndKind, started: bool) -> Option<Failure> {
-    use Failure::*;
-    Some(match (kind, role) {
-        (EndKind::Evicted, _) => return None,
-        (_, _) if started && kind != EndKind::Close => ResetMidResponse,
-        // The client closed while waiting: it gave up (a timeout, usually).
-        (EndKind::Close, Role::Client) => Abandoned,
-        (EndKind::Close, _) if started => ResetMidResponse,
-        (EndKind::Close, _) => ClosedNoResponse,
-        // The server sees the client reset with the request unanswered: the caller gave up.
-        (EndKind::Reset, Role::Server) => Abandoned,
-        (EndKind::Reset, _) => Reset,
-        (EndKind::Idle, _) => ClosedNoResponse,
-    })
 }
 
 /// Syscall boundaries a connection of unknown start gets to show a message start before it
@@ -348,8 +234,28 @@ impl Conn {
         }
     }
 
+    /// Undetected: hold or guess from the direction's first bytes; once a protocol is decided,
+    /// start its parsers and replay what both directions held.
     fn detect(&mut self, dir: Direction, payload: &[u8], gap: u64, ctx: &Ctx, em: &mut Emitter<'_>) {
-        let Proto::Undetected(dirs) = &mut self.proto else { return };
+        let Some((g, held)) = self.sniff(dir, payload, gap, ctx, em) else { return };
+        let Some((proto, req_dir)) = self.protocol_of(g, dir) else { return };
+        if self.req_dir.is_some_and(|r| r != req_dir) {
+            // The bytes contradict the role the kernel reported: do not parse them as HTTP.
+            self.proto = Proto::Opaque;
+            return;
+        }
+        let Proto::Undetected(dirs) = std::mem::replace(&mut self.proto, Proto::Opaque) else { return };
+        let first = if held.is_empty() { *ctx } else { dirs[dir_index(dir)].first };
+        self.start(proto, req_dir, g, dir);
+        self.replay(dir, dirs, &held, &first, payload, gap, ctx, em);
+    }
+
+    /// Adds this event's first bytes to what the direction holds and guesses. `None` when
+    /// undecided (the bytes are held for the next event) or when this direction gave no message
+    /// start (a probe used up; opaque once they run out). Otherwise the guess and the bytes held
+    /// before this event.
+    fn sniff(&mut self, dir: Direction, payload: &[u8], gap: u64, ctx: &Ctx, em: &mut Emitter<'_>) -> Option<(Guess, Vec<u8>)> {
+        let Proto::Undetected(dirs) = &mut self.proto else { return None };
         let det = &mut dirs[dir_index(dir)];
         let at_event_start = det.buf.is_empty();
         let mut cand = std::mem::take(&mut det.buf);
@@ -359,13 +265,13 @@ impl Conn {
         if g == Guess::No && at_event_start && gap == 0 && !self.fresh && http2::is_frame_run(payload) {
             g = Guess::Http2Mid;
         }
-        let (proto, req_dir) = match g {
+        match g {
             Guess::NotYet if gap == 0 && cand.len() < DETECT_BYTES => {
                 if prior == 0 {
                     det.first = *ctx;
                 }
                 det.buf = cand;
-                return;
+                None
             }
             Guess::NotYet | Guess::No => {
                 det.buf.clear();
@@ -374,8 +280,19 @@ impl Conn {
                     self.proto = Proto::Opaque;
                     em.stats.opaque_bytes += payload.len() as u64 + gap + prior as u64;
                 }
-                return;
+                None
             }
+            _ => {
+                cand.truncate(prior);
+                Some((g, cand))
+            }
+        }
+    }
+
+    /// The protocol a guess names and the direction that carries requests (`None`: not
+    /// decidable from this guess).
+    fn protocol_of(&mut self, g: Guess, dir: Direction) -> Option<(Protocol, Direction)> {
+        Some(match g {
             Guess::Http1Request => (Protocol::Http1, dir),
             Guess::Http1Response => (Protocol::Http1, other(dir)),
             Guess::Http2Client => (Protocol::Http2, dir),
@@ -388,17 +305,16 @@ impl Conn {
                     if self.probes >= MAX_PROBES {
                         self.proto = Proto::Opaque;
                     }
-                    return;
+                    return None;
                 }
             },
-        };
-        if self.req_dir.is_some_and(|r| r != req_dir) {
-            // The bytes contradict the role the kernel reported: do not parse them as HTTP.
-            self.proto = Proto::Opaque;
-            return;
-        }
-        let first = if prior > 0 { det.first } else { *ctx };
-        let Proto::Undetected(mut dirs) = std::mem::replace(&mut self.proto, Proto::Opaque) else { return };
+            Guess::NotYet | Guess::No => return None,
+        })
+    }
+
+    /// Starts the parsers of the decided protocol. `dir` (whose bytes decided) starts at a
+    /// message start; the other direction may join mid-stream unless the connection is fresh.
+    fn start(&mut self, proto: Protocol, req_dir: Direction, g: Guess, dir: Direction) {
         self.req_dir = Some(req_dir);
         if self.info.role == Role::Unknown {
             self.info.role = match req_dir {
@@ -430,14 +346,27 @@ impl Conn {
                 Proto::Http1(Box::new(h))
             }
         };
-        // Replay what the other direction held, then this direction's held bytes and event.
+    }
+
+    /// Replays what the other direction held, then this direction's held bytes and event.
+    #[expect(clippy::too_many_arguments, reason = "one call site; the event and what detection held")]
+    fn replay(
+        &mut self,
+        dir: Direction,
+        mut dirs: [DetectDir; 2],
+        held: &[u8],
+        first: &Ctx,
+        payload: &[u8],
+        gap: u64,
+        ctx: &Ctx,
+        em: &mut Emitter<'_>,
+    ) {
         let o = std::mem::take(&mut dirs[dir_index(other(dir))]);
         if !o.buf.is_empty() {
             self.feed(other(dir), &o.buf, 0, &o.first, true, em);
         }
-        if prior > 0 {
-            let held = cand.get(..prior).unwrap_or_default().to_vec();
-            self.feed(dir, &held, 0, &first, true, em);
+        if !held.is_empty() {
+            self.feed(dir, held, 0, first, true, em);
             self.feed(dir, payload, gap, ctx, false, em);
         } else {
             self.feed(dir, payload, gap, ctx, true, em);
@@ -472,426 +401,6 @@ fn req_dir_of(role: Role) -> Option<Direction> {
         Role::Server => Some(Direction::Ingress),
         Role::Unknown => None,
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// HTTP/1
-
-struct H1Conn {
-    req: H1Parser,
-    resp: H1Parser,
-    pending: VecDeque<Pending>,
-    next_seq: u64,
-    /// The request the request parser is reading.
-    cur_req: Option<u64>,
-}
-
-impl H1Conn {
-    fn new(req: H1Parser, resp: H1Parser) -> Self {
-        H1Conn { req, resp, pending: VecDeque::new(), next_seq: 0, cur_req: None }
-    }
-
-    #[expect(clippy::too_many_arguments, reason = "one call site; the parts are split borrows of the connection")]
-    /// Returns the upgraded request when the connection switched to HTTP/2 (h2c), whose response
-    /// comes on stream 1, and how many bytes at the end of `payload` are already HTTP/2.
-    fn feed(&mut self, is_req: bool, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, info: &ConnInfo, max_inflight: usize, em: &mut Emitter<'_>) -> Option<(Pending, usize)> {
-        let H1Conn { req, resp, pending, next_seq, cur_req } = self;
-        let mut upgraded = Upgraded::No;
-        let mut sink = H1Pairing { side: if is_req { Side::Request } else { Side::Response }, pending, next_seq, cur_req, info, max_inflight, em, upgraded: &mut upgraded };
-        let parser = if is_req { &mut *req } else { &mut *resp };
-        if event_start {
-            parser.event_start(payload, ctx, &mut sink);
-        }
-        let left = parser.feed(payload, ctx, &mut sink);
-        if gap > 0 {
-            parser.gap(gap, ctx, &mut sink);
-        }
-        match upgraded {
-            Upgraded::No => None,
-            Upgraded::Opaque => {
-                req.set_upgraded();
-                resp.set_upgraded();
-                None
-            }
-            Upgraded::H2c(p) => Some((*p, left)),
-        }
-    }
-
-    fn end(&mut self, kind: EndKind, ctx: &Ctx, info: &ConnInfo, em: &mut Emitter<'_>) {
-        let H1Conn { req: _, resp, pending, next_seq, cur_req } = self;
-        if kind == EndKind::Close {
-            let mut upgraded = Upgraded::No;
-            let mut sink = H1Pairing { side: Side::Response, pending, next_seq, cur_req, info, max_inflight: usize::MAX, em, upgraded: &mut upgraded };
-            resp.close(ctx, &mut sink);
-        }
-        let in_message = resp.in_message();
-        let resp_bytes = resp.message_bytes();
-        for (i, mut p) in std::mem::take(pending).into_iter().enumerate() {
-            if i == 0 && in_message {
-                p.resp_bytes = p.resp_bytes.max(resp_bytes);
-            }
-            let started = p.response_started();
-            let f = end_failure(info.role, kind, started);
-            if kind == EndKind::Evicted {
-                p.unknown = true;
-            }
-            em.emit(p.into_exchange(info, f));
-        }
-    }
-}
-
-/// What a 101 (or a CONNECT's 2xx) did to the connection.
-enum Upgraded {
-    No,
-    /// Another protocol: stop parsing.
-    Opaque,
-    /// HTTP/2 over cleartext: this request is stream 1.
-    H2c(Box<Pending>),
-}
-
-struct H1Pairing<'a, 'b> {
-    side: Side,
-    pending: &'a mut VecDeque<Pending>,
-    next_seq: &'a mut u64,
-    cur_req: &'a mut Option<u64>,
-    info: &'a ConnInfo,
-    max_inflight: usize,
-    em: &'a mut Emitter<'b>,
-    upgraded: &'a mut Upgraded,
-}
-
-impl H1Pairing<'_, '_> {
-    fn push(&mut self, p: Pending) {
-        self.pending.push_back(p);
-        if self.pending.len() > self.max_inflight
-            && let Some(mut old) = self.pending.pop_front()
-        {
-            // Too deep a pipeline to be real: give the oldest up rather than grow.
-            old.unknown = true;
-            self.em.emit(old.into_exchange(self.info, None));
-        }
-    }
-
-    fn seq(&mut self) -> u64 {
-        let s = *self.next_seq;
-        *self.next_seq += 1;
-        s
-    }
-}
-
-impl H1Sink for H1Pairing<'_, '_> {
-    fn request_head(&mut self, req: ReqInfo, start: &Ctx) {
-        let seq = self.seq();
-        *self.cur_req = Some(seq);
-        self.push(Pending::new(seq, req, start));
-    }
-
-    fn request_end(&mut self, ctx: &Ctx, body_hash: Option<u64>, bytes: u64, complete: bool) {
-        let Some(seq) = self.cur_req.take() else { return };
-        // Usually the newest; it may already be gone if the response finished first.
-        if let Some(p) = self.pending.iter_mut().rev().find(|p| p.seq == seq) {
-            p.req_end_ts = ctx.ts_end;
-            p.body_hash = body_hash;
-            p.req_bytes = bytes;
-            p.unknown |= !complete;
-        }
-    }
-
-    fn response_head(&mut self, resp: RespInfo, start: &Ctx) -> Answering {
-        if self.pending.front().is_none_or(|p| p.resp.is_some()) {
-            // A response to a request we never saw (capture began after it).
-            let seq = self.seq();
-            self.pending.push_front(Pending::unseen(seq, start));
-        }
-        let Some(p) = self.pending.front_mut() else { return Answering::default() };
-        p.resp = Some(resp);
-        p.resp_start = Some(*start);
-        Answering {
-            head: p.req.method == Some(Method::Head),
-            connect: p.req.method == Some(Method::Connect),
-        }
-    }
-
-    fn response_end(&mut self, ctx: &Ctx, bytes: u64, complete: bool) {
-        let Some(mut p) = self.pending.pop_front() else { return };
-        let h2c = p.resp.as_ref().is_some_and(|r| r.upgrade_h2c && r.signals.status == Some(101));
-        if h2c && complete {
-            // Not answered yet: the answer comes as HTTP/2 on stream 1.
-            p.resp = None;
-            p.resp_start = None;
-            p.stream_id = Some(1);
-            *self.upgraded = Upgraded::H2c(Box::new(p));
-            return;
-        }
-        p.resp_end_ts = Some(ctx.ts_end);
-        p.resp_bytes = bytes;
-        p.unknown |= !complete;
-        if Some(p.seq) == *self.cur_req && !complete {
-            *self.cur_req = None;
-        }
-        self.em.emit(p.into_exchange(self.info, None));
-    }
-
-    fn unseen_message(&mut self, ctx: &Ctx) {
-        match self.side {
-            Side::Request => {
-                let seq = self.seq();
-                self.push(Pending::unseen(seq, ctx));
-            }
-            Side::Response => {
-                // The oldest request's answer went by unseen.
-                if let Some(mut p) = self.pending.pop_front() {
-                    p.unknown = true;
-                    p.resp_end_ts = Some(ctx.ts_end);
-                    self.em.emit(p.into_exchange(self.info, None));
-                }
-            }
-        }
-    }
-
-    fn upgraded(&mut self) {
-        if matches!(self.upgraded, Upgraded::No) {
-            *self.upgraded = Upgraded::Opaque;
-        }
-    }
-
-    fn truncated(&mut self) {
-        self.em.stats.truncations += 1;
-    }
-
-    fn parse_error(&mut self) {
-        self.em.stats.parse_errors += 1;
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// HTTP/2
-
-struct H2Stream {
-    p: Pending,
-    hasher: BodyHasher,
-}
-
-struct H2Conn {
-    /// [request side (client → server), response side].
-    dirs: [H2Dir; 2],
-    streams: HashMap<u32, H2Stream>,
-    max_inflight: usize,
-}
-
-impl H2Conn {
-    #[expect(clippy::too_many_arguments, reason = "one call site; the parts are split borrows of the connection")]
-    fn feed(&mut self, is_req: bool, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, info: &ConnInfo, em: &mut Emitter<'_>) {
-        // The observed process wrote this direction: the client writes requests.
-        let written = (info.role == Role::Client) == is_req;
-        let H2Conn { dirs, streams, max_inflight } = self;
-        let [req, resp] = dirs;
-        let dir = if is_req { req } else { resp };
-        let mut sink = H2Pairing { side: if is_req { Side::Request } else { Side::Response }, streams, info, max_inflight: *max_inflight, em };
-        if event_start {
-            dir.event_start(payload, gap == 0, written);
-        }
-        dir.feed(payload, ctx, &mut sink);
-        if gap > 0 {
-            dir.gap(gap, ctx, &mut sink);
-        }
-    }
-
-    fn end(&mut self, kind: EndKind, info: &ConnInfo, em: &mut Emitter<'_>) {
-        let mut ids: Vec<u32> = self.streams.keys().copied().collect();
-        ids.sort_unstable();
-        for id in ids {
-            if let Some(mut s) = self.streams.remove(&id) {
-                let started = s.p.response_started();
-                if kind == EndKind::Evicted {
-                    s.p.unknown = true;
-                }
-                em.emit(s.p.into_exchange(info, end_failure(info.role, kind, started)));
-            }
-        }
-    }
-}
-
-struct H2Pairing<'a, 'b> {
-    side: Side,
-    streams: &'a mut HashMap<u32, H2Stream>,
-    info: &'a ConnInfo,
-    max_inflight: usize,
-    em: &'a mut Emitter<'b>,
-}
-
-impl H2Pairing<'_, '_> {
-    fn finish(&mut self, stream: u32, failure: Option<Failure>) {
-        if let Some(s) = self.streams.remove(&stream) {
-            self.em.emit(s.p.into_exchange(self.info, failure));
-        }
-    }
-
-    fn stream(&mut self, id: u32, start: &Ctx, unknown: bool) -> &mut H2Stream {
-        if !self.streams.contains_key(&id) && self.streams.len() >= self.max_inflight {
-            // Bounded: give up the oldest stream rather than grow.
-            if let Some(&oldest) = self.streams.keys().min()
-                && let Some(mut s) = self.streams.remove(&oldest)
-            {
-                s.p.unknown = true;
-                self.em.emit(s.p.into_exchange(self.info, None));
-            }
-        }
-        self.streams.entry(id).or_insert_with(|| {
-            let mut p = Pending::new(u64::from(id), ReqInfo { unknown, ..Default::default() }, start);
-            p.no_request = unknown;
-            p.stream_id = Some(id);
-            H2Stream { p, hasher: BodyHasher::default() }
-        })
-    }
-}
-
-impl H2Sink for H2Pairing<'_, '_> {
-    fn headers(&mut self, stream: u32, block: Block, end_stream: bool, start: &Ctx, ctx: &Ctx) {
-        match self.side {
-            Side::Request => {
-                let fresh = !self.streams.contains_key(&stream);
-                let s = self.stream(stream, start, false);
-                if fresh {
-                    match block {
-                        Block::Request(req) => s.p.req = req,
-                        _ => {
-                            s.p.unknown = true;
-                            s.p.req.unknown = true;
-                        }
-                    }
-                    s.p.req_start = *start;
-                }
-                s.p.req_bytes += 9;
-                if end_stream {
-                    s.p.req_end_ts = ctx.ts_end;
-                    s.p.body_hash = s.hasher.finish();
-                }
-            }
-            Side::Response => {
-                let seen = self.streams.contains_key(&stream);
-                let s = self.stream(stream, start, !seen);
-                if !seen {
-                    s.p.unknown = true;
-                }
-                match block {
-                    Block::Response(r) => {
-                        let interim = r.signals.status.is_some_and(|st| (100..200).contains(&st));
-                        match &mut s.p.resp {
-                            None if interim => {}
-                            None => {
-                                s.p.resp = Some(r);
-                                s.p.resp_start = Some(*start);
-                            }
-                            // Trailers: gRPC status and friends.
-                            Some(have) => {
-                                let sig = &mut have.signals;
-                                sig.grpc_status = r.signals.grpc_status.or(sig.grpc_status);
-                                sig.retry_after |= r.signals.retry_after;
-                                sig.pushback |= r.signals.pushback;
-                                sig.ratelimited |= r.signals.ratelimited;
-                                have.claim = r.claim.or(have.claim);
-                            }
-                        }
-                    }
-                    _ => {
-                        s.p.unknown = true;
-                        if s.p.resp_start.is_none() {
-                            s.p.resp_start = Some(*start);
-                        }
-                        s.p.resp.get_or_insert_with(|| RespInfo { unknown: true, ..Default::default() });
-                    }
-                }
-                s.p.resp_bytes += 9;
-                if end_stream {
-                    s.p.resp_end_ts = Some(ctx.ts_end);
-                    self.finish(stream, None);
-                }
-            }
-        }
-    }
-
-    fn data_bytes(&mut self, stream: u32, bytes: &[u8]) {
-        if self.side == Side::Request
-            && let Some(s) = self.streams.get_mut(&stream)
-        {
-            s.hasher.feed(bytes);
-        }
-    }
-
-    fn data_gap(&mut self, stream: u32) {
-        if let Some(s) = self.streams.get_mut(&stream) {
-            s.hasher.gap();
-        }
-    }
-
-    fn data_end(&mut self, stream: u32, len: u64, end_stream: bool, ctx: &Ctx) {
-        let Some(s) = self.streams.get_mut(&stream) else { return };
-        match self.side {
-            Side::Request => {
-                s.p.req_bytes += 9 + len;
-                if end_stream {
-                    s.p.req_end_ts = ctx.ts_end;
-                    s.p.body_hash = s.hasher.finish();
-                }
-            }
-            Side::Response => {
-                s.p.resp_bytes += 9 + len;
-                if s.p.resp_start.is_none() {
-                    s.p.resp_start = Some(*ctx);
-                }
-                if end_stream {
-                    s.p.resp_end_ts = Some(ctx.ts_end);
-                    self.finish(stream, None);
-                }
-            }
-        }
-    }
-
-    fn rst(&mut self, stream: u32, code: u32, ctx: &Ctx) {
-        if let Some(s) = self.streams.get_mut(&stream) {
-            if s.p.resp_end_ts.is_none() && s.p.resp_start.is_some() {
-                s.p.resp_end_ts = Some(ctx.ts_end);
-            }
-            self.finish(stream, Some(Failure::RstStream(code)));
-        }
-    }
-
-    fn goaway(&mut self, last_stream: u32, code: u32, _ctx: &Ctx) {
-        if self.side != Side::Response {
-            return;
-        }
-        // Client streams above last-stream-id were not (and will not be) processed.
-        let mut ids: Vec<u32> = self.streams.keys().copied().filter(|&id| id > last_stream && id % 2 == 1).collect();
-        ids.sort_unstable();
-        for id in ids {
-            self.finish(id, Some(Failure::GoAway(code)));
-        }
-    }
-
-    fn lost(&mut self, _ctx: &Ctx) {
-        // Frames went by unseen: what we know of in-flight streams may be incomplete.
-        for s in self.streams.values_mut() {
-            s.p.unknown = true;
-        }
-    }
-
-    fn truncated(&mut self) {
-        self.em.stats.truncations += 1;
-    }
-
-    fn parse_error(&mut self) {
-        self.em.stats.parse_errors += 1;
-    }
-}
-
-/// A connect that failed: a client exchange with no request (no bytes were exchanged).
-pub(crate) fn connect_failure(id: ConnId, pid: u32, tid: u32, tuple: Option<Tuple>, ts: u64, failure: Failure) -> Exchange {
-    let ctx = Ctx { ts_start: ts, ts_end: ts, tid, goid: None };
-    let info = ConnInfo { id, pid, role: Role::Client, tuple, protocol: Protocol::Opaque };
-    let mut p = Pending::new(0, ReqInfo::default(), &ctx);
-    p.req.markers = RetryMarkers::default();
-    p.into_exchange(&info, Some(failure))
 }
 
 #[cfg(test)]

@@ -67,12 +67,16 @@ impl Default for L7Config {
 pub struct L7Stats {
     /// Connections tracked now.
     pub connections: u64,
-    /// Connections evicted because they closed or reset.
-    pub evictions_close: u64,
+    /// Connections that ended: closed, reset, or their process exited. Not evictions: their
+    /// state was finished, not dropped.
+    pub closed: u64,
     /// Connections evicted because the table was full (least recently used first).
     pub evictions_lru: u64,
     /// Connections evicted because they were idle past the timeout.
     pub evictions_idle: u64,
+    /// Requests (HTTP/1 pipelining) or streams (HTTP/2) given up because their connection had
+    /// `max_inflight` in flight.
+    pub evictions_inflight: u64,
     /// Message heads / header blocks cut short (capture prefix or buffer cap).
     pub truncations: u64,
     /// Bytes that did not parse as the protocol the connection was detected as.
@@ -83,6 +87,14 @@ pub struct L7Stats {
     pub unknown_exchanges: u64,
     /// Bytes seen on connections that are not HTTP (counted, not parsed).
     pub opaque_bytes: u64,
+}
+
+impl L7Stats {
+    /// State a bound dropped: connections (table full, idle) and requests or streams (in-flight
+    /// cap). An ordinary close is not an eviction.
+    pub fn evictions(&self) -> u64 {
+        self.evictions_lru + self.evictions_idle + self.evictions_inflight
+    }
 }
 
 /// Turns capture events into exchanges. One per pipeline; owns all per-connection state.
@@ -127,7 +139,7 @@ impl Reassembler {
                 for id in dead {
                     if let Some(mut c) = self.conns.pop(&id) {
                         c.end(EndKind::Close, &ctx, &mut em);
-                        em.stats.evictions_close += 1;
+                        em.stats.closed += 1;
                     }
                 }
             }
@@ -167,7 +179,7 @@ impl Reassembler {
                 if let Some(mut c) = self.conns.pop(&ev.conn) {
                     let kind = if ev.kind == ConnEventKind::Close { EndKind::Close } else { EndKind::Reset };
                     c.end(kind, &ctx, &mut em);
-                    em.stats.evictions_close += 1;
+                    em.stats.closed += 1;
                 }
             }
         }

@@ -417,7 +417,7 @@ fn connection_ends_fail_what_is_in_flight() {
         assert_eq!(ex.len(), 1, "{role:?} {end:?}");
         assert_eq!((ex[0].failure, ex[0].outcome), (Some(failure), outcome), "{role:?} {resp:?} {end:?}");
         assert_eq!(ex[0].path.as_deref(), Some("/users/42/orders"));
-        assert_eq!((stats.connections, stats.evictions_close), (0, 1));
+        assert_eq!((stats.connections, stats.closed), (0, 1));
         if resp.is_some() {
             assert_eq!(ex[0].status, Some(200));
         }
@@ -526,6 +526,8 @@ fn idle_and_lru_eviction() {
     let s = r.stats();
     assert_eq!((s.evictions_idle, s.connections), (2, 0));
     assert_eq!(s.exchanges, 2);
+    // One dropped for room and two for idleness: all three are evictions; none closed.
+    assert_eq!((s.evictions(), s.closed), (3, 0));
 }
 
 #[test]
@@ -570,9 +572,37 @@ fn pipelining_depth_is_bounded() {
     }
     assert_eq!(out.len(), 6, "the oldest beyond the depth are given up");
     assert!(out.iter().all(|e| e.unknown && e.outcome == OutcomeClass::Unknown));
+    assert_eq!((r.stats().evictions_inflight, r.stats().evictions()), (6, 6));
     r.push(&conn_ev(3, Role::Client, 100, ConnEventKind::Close), &mut out);
     assert_eq!(out.len(), 10);
     assert!(out[6..].iter().all(|e| e.failure == Some(Failure::Abandoned)));
+    // The close finished the rest: not evictions.
+    assert_eq!((r.stats().closed, r.stats().evictions()), (1, 6));
+}
+
+/// What a new user saw: 80 ordinary exchanges on connections that then closed counted 80
+/// evictions. An eviction is state a bound dropped; a close finishes the state.
+#[test]
+fn ordinary_closes_are_not_evictions() {
+    let mut ev = Vec::new();
+    for i in 0..80u32 {
+        let (fd, t) = (3 + i, u64::from(i) * 100);
+        let role = if i % 2 == 0 { Role::Client } else { Role::Server };
+        let (start, rq, rs) = match role {
+            Role::Server => (ConnEventKind::Accept, IN, OUT),
+            _ => (ConnEventKind::Connect { errno: 0 }, OUT, IN),
+        };
+        let end = if i % 4 == 1 { ConnEventKind::Reset { errno: -libc::ECONNRESET } } else { ConnEventKind::Close };
+        ev.push(conn_ev(fd, role, t + 1, start));
+        ev.push(data(fd, role, rq, t + 10, GET));
+        ev.push(data(fd, role, rs, t + 20, OK_HELLO));
+        ev.push(conn_ev(fd, role, t + 30, end));
+    }
+    let (ex, stats) = run(&ev);
+    assert_eq!(ex.len(), 80);
+    assert!(ex.iter().all(|e| e.outcome == OutcomeClass::Success), "{ex:#?}");
+    assert_eq!((stats.closed, stats.connections), (80, 0));
+    assert_eq!(stats.evictions(), 0, "{stats:?}");
 }
 
 #[test]

@@ -382,3 +382,21 @@ fn h2c_upgrade_continues_as_http2() {
     let (ex, _) = run(&ws);
     assert_eq!(ex.iter().map(|e| e.status).collect::<Vec<_>>(), vec![Some(101)]);
 }
+
+/// Streams in flight on one connection are bounded: beyond `max_inflight` the oldest is given
+/// up (unknown) and counted as an eviction.
+#[test]
+fn concurrent_streams_are_bounded_and_counted_as_evictions() {
+    let mut c = Peer::new();
+    let writes: Vec<(Direction, Vec<u8>)> =
+        [1u32, 3, 5, 7].iter().map(|&id| (OUT, c.headers(id, true, &hs(&req_headers("/shop.Orders/Get"))))).collect();
+    let cfg = L7Config { max_inflight: 2, ..L7Config::default() };
+    let mut r = Reassembler::new(cfg);
+    let mut out = Vec::new();
+    for e in client_conn(3, writes) {
+        r.push(&e, &mut out);
+    }
+    let given_up: Vec<_> = out.iter().map(|e| (e.stream_id, e.unknown)).collect();
+    assert_eq!(given_up, vec![(Some(1), true), (Some(3), true)]);
+    assert_eq!((r.stats().evictions_inflight, r.stats().evictions()), (2, 2));
+}

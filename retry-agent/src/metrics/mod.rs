@@ -184,7 +184,11 @@ impl Metrics {
         registry.register("capture_events", "Kernel events decoded", m.capture_events.clone());
         registry.register("capture_drops", "Kernel events lost (ring buffer full or channel full)", m.capture_drops.clone());
         registry.register("l7_exchanges", "HTTP exchanges reassembled", m.l7_exchanges.clone());
-        registry.register("l7_evictions", "Connections or streams evicted by l7's bounds", m.l7_evictions.clone());
+        registry.register(
+            "l7_evictions",
+            "State dropped by l7's bounds: connections (table full, idle timeout), requests or streams (in-flight cap); not closes",
+            m.l7_evictions.clone(),
+        );
         Metrics { registry, ..m }
     }
 

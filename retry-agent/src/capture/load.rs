@@ -1,0 +1,192 @@
+//! Getting the object into the kernel: prerequisites checked and named, the settings map
+//! written, every program attached where its section says ([`super::programs`]).
+use std::path::Path;
+
+use aya::{
+    Ebpf,
+    maps::{Array, MapData},
+    programs::{ProgramError, TracePoint},
+};
+use retry_common::{Config, MAX_PAYLOAD, config_flags, names};
+
+use super::{
+    CaptureConfig, CaptureError, btf,
+    programs::{Hook, ProgramSpec, ProgramsError, UprobeTarget},
+};
+
+/// The settings the programs read (`CONFIG`): what to capture, who the agent is, and the kernel
+/// struct offsets BTF gave.
+pub(super) fn kernel_config(cfg: &CaptureConfig, agent_tgid: u32, own_comm: &str) -> Config {
+    let off = btf::kernel_offsets();
+    Config {
+        agent_tgid,
+        payload_bytes: cfg.payload_bytes.min(MAX_PAYLOAD as u32),
+        sk_err_offset: off.sk_err,
+        task_files: off.task_files,
+        files_fdt: off.files_fdt,
+        fdt_fd: off.fdt_fd,
+        file_private_data: off.file_private_data,
+        socket_sk: off.socket_sk,
+        wakeup_bytes: cfg.wakeup_bytes.min(cfg.ring_bytes / 2),
+        task_group_leader: off.task_group_leader,
+        task_comm: off.task_comm,
+        ignore_comm: comm_bytes(own_comm),
+        flags: if cfg.tls { config_flags::TLS } else { 0 },
+    }
+}
+
+/// Writes `config` into the object's `CONFIG` map (before any program is attached).
+pub(super) fn write_config(ebpf: &mut Ebpf, config: &Config) -> Result<(), CaptureError> {
+    let map = ebpf.map_mut(names::CONFIG).ok_or(CaptureError::MissingMap(names::CONFIG))?;
+    let mut arr: Array<&mut MapData, Config> =
+        Array::try_from(map).map_err(|source| CaptureError::Map { map: names::CONFIG, source })?;
+    arr.set(0, config, 0).map_err(|source| CaptureError::Map { map: names::CONFIG, source })
+}
+
+/// Every program aya loaded must be one of `specs` (the capture knows where it goes): a program
+/// nobody attaches is an error, not a silent gap.
+pub(super) fn check_accounted(ebpf: &Ebpf, specs: &[ProgramSpec]) -> Result<(), CaptureError> {
+    for (name, _) in ebpf.programs() {
+        if !specs.iter().any(|s| s.name == name) {
+            return Err(CaptureError::Programs(ProgramsError::Unattachable {
+                program: name.to_string(),
+                section: "(not recognised as a program section)".to_string(),
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// Attaches every program whose hook is fixed (tracepoints); returns how many. Uprobe families
+/// are attached per file of their target by their own module, later (`tls` for libssl).
+pub(super) fn attach_fixed(ebpf: &mut Ebpf, specs: &[ProgramSpec]) -> Result<usize, CaptureError> {
+    let mut n = 0;
+    for spec in specs {
+        match &spec.hook {
+            Hook::Tracepoint { category, name } => {
+                attach_tracepoint(ebpf, &spec.name, category, name)?;
+                n += 1;
+            }
+            Hook::Uprobe(u) => match u.target {
+                UprobeTarget::Libssl => {}
+            },
+        }
+    }
+    Ok(n)
+}
+
+fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, category: &str, tp: &str) -> Result<(), CaptureError> {
+    let program = ebpf.program_mut(prog).ok_or_else(|| CaptureError::Program {
+        program: prog.to_string(),
+        source: ProgramError::NotLoaded,
+    })?;
+    let program: &mut TracePoint = program
+        .try_into()
+        .map_err(|source| CaptureError::Program { program: prog.to_string(), source })?;
+    match program.load() {
+        Ok(()) => {}
+        Err(ProgramError::LoadError { io_error, verifier_log }) => {
+            return Err(CaptureError::Verifier {
+                program: prog.to_string(),
+                log: verifier_log.to_string(),
+                source: ProgramError::LoadError { io_error, verifier_log },
+            });
+        }
+        Err(source) => return Err(CaptureError::Program { program: prog.to_string(), source }),
+    }
+    program.attach(category, tp).map_err(|source| CaptureError::Program { program: prog.to_string(), source })?;
+    Ok(())
+}
+
+pub(super) fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, CaptureError> {
+    ebpf.take_map(name).ok_or(CaptureError::MissingMap(name))
+}
+
+/// This process's name (what its shims and CLI calls share).
+pub(super) fn own_comm() -> String {
+    std::fs::read_to_string("/proc/self/comm").map(|c| c.trim_end().to_string()).unwrap_or_default()
+}
+
+/// A comm as the kernel stores it: at most 15 bytes, NUL-padded to 16.
+pub(super) fn comm_bytes(comm: &str) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (o, b) in out.iter_mut().zip(comm.bytes().take(15)) {
+        *o = b;
+    }
+    out
+}
+
+/// Names the first missing prerequisite instead of letting the bpf() syscall fail obscurely.
+pub(super) fn preflight() -> Result<(), CaptureError> {
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status")
+        && let Some(eff) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+    {
+        const CAP_SYS_ADMIN: u64 = 21;
+        const CAP_PERFMON: u64 = 38;
+        const CAP_BPF: u64 = 39;
+        let has = |c: u64| eff & (1 << c) != 0;
+        if !has(CAP_SYS_ADMIN) {
+            if !has(CAP_BPF) {
+                return Err(CaptureError::MissingCapability("CAP_BPF"));
+            }
+            if !has(CAP_PERFMON) {
+                return Err(CaptureError::MissingCapability("CAP_PERFMON"));
+            }
+        }
+    }
+    if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
+        let mut it = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+        if (major, minor) < (5, 8) {
+            return Err(CaptureError::KernelTooOld(release.trim().to_string()));
+        }
+    }
+    let tracefs = Path::new("/sys/kernel/tracing/events");
+    if !tracefs.exists() && !Path::new("/sys/kernel/debug/tracing/events").exists() {
+        if mount("tracefs", "/sys/kernel/tracing", "tracefs") && tracefs.exists() {
+            tracing::info!("mounted tracefs at /sys/kernel/tracing");
+        } else {
+            return Err(CaptureError::TracefsNotMounted);
+        }
+    }
+    // Nothing is pinned, so bpffs is optional; mount it when missing as the usual set-up expects.
+    if std::fs::read_dir("/sys/fs/bpf").map(|mut d| d.next().is_none()).unwrap_or(true)
+        && !is_bpffs("/sys/fs/bpf")
+        && !mount("bpf", "/sys/fs/bpf", "bpf")
+    {
+        tracing::warn!("bpffs is not mounted at /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf); not needed: nothing is pinned");
+    }
+    Ok(())
+}
+
+fn is_bpffs(path: &str) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+    let Ok(c) = std::ffi::CString::new(path) else { return false };
+    // SAFETY: statfs writes into the zeroed struct we own; the path is NUL-terminated.
+    unsafe {
+        let mut s: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut s) == 0 && s.f_type as i64 == BPF_FS_MAGIC
+    }
+}
+
+fn mount(source: &str, target: &str, fstype: &str) -> bool {
+    let (Ok(s), Ok(t), Ok(f)) =
+        (std::ffi::CString::new(source), std::ffi::CString::new(target), std::ffi::CString::new(fstype))
+    else {
+        return false;
+    };
+    // SAFETY: all strings are NUL-terminated and outlive the call; no data argument.
+    unsafe { libc::mount(s.as_ptr(), t.as_ptr(), f.as_ptr(), 0, std::ptr::null()) == 0 }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
+pub(super) fn raise_memlock() {
+    let rl = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: plain syscall with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) } != 0 {
+        tracing::debug!("could not raise RLIMIT_MEMLOCK");
+    }
+}

@@ -1,0 +1,210 @@
+//! The ring reader task: drains the ring buffer (woken by the kernel past a threshold, polling
+//! below it), decodes records, describes each process once (`Event::Process`), leaves out the
+//! agent's own shims, and forwards events without ever blocking: a full channel counts a drop.
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::atomic::Ordering,
+    time::Duration,
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use retry_common::{ConnInfo, ConnKey};
+use tokio::{io::unix::AsyncFd, sync::mpsc};
+
+use super::{ConnEventKind, Event, ProcessInfo, StatsHandle, decode, procfs};
+
+/// The ring reader task's state.
+pub(super) struct Reader {
+    pub(super) tx: mpsc::Sender<Event>,
+    pub(super) stats: StatsHandle,
+    pub(super) drops: PerCpuArray<MapData, u64>,
+    pub(super) conns: BpfHashMap<MapData, ConnKey, ConnInfo>,
+    pub(super) proc_root: PathBuf,
+    pub(super) poll_interval: Duration,
+    /// Pids whose `Event::Process` was sent, with the fds the kernel map tracks for them (so an
+    /// exit removes exactly those entries instead of scanning the whole map).
+    pub(super) seen: HashMap<u32, HashSet<u32>>,
+    /// Processes running the agent's own binary (its shims): a proxy hop is not a service, and
+    /// observing it would put a fake service between every caller and callee it steers.
+    pub(super) ignored: HashSet<u32>,
+    /// The agent's own comm, which its shims share.
+    pub(super) own_comm: String,
+    /// Pids described with no name (gone from /proc before they were read): their exit record
+    /// names them. Entries go with the exit, like `seen`'s.
+    pub(super) nameless: HashSet<u32>,
+}
+
+impl Reader {
+    pub(super) async fn run(mut self, mut ring: AsyncFd<RingBuf<MapData>>, initial: Vec<Event>) {
+        for ev in initial {
+            self.stats.0.events.fetch_add(1, Ordering::Relaxed);
+            if !self.forward(ev) {
+                return;
+            }
+        }
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        // The kernel wakes us only once `wakeup_bytes` wait; below that we come and look.
+        let mut poll = tokio::time::interval(self.poll_interval);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut raw = Vec::with_capacity(8192);
+        loop {
+            tokio::select! {
+                guard = ring.readable_mut() => {
+                    let mut guard = match guard {
+                        Ok(g) => g,
+                        Err(e) => {
+                            tracing::error!(error = %e, "ring buffer poll failed; capture stops");
+                            return;
+                        }
+                    };
+                    let Some(drained) = self.drain(guard.get_inner_mut(), &mut raw) else { return };
+                    // Clear readiness only once the ring is empty: the kernel wakes the reader
+                    // only when a record lands in an empty ring (adaptive notification), so
+                    // clearing with records left would stall capture for good under load.
+                    if drained {
+                        guard.clear_ready();
+                    } else {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                _ = poll.tick() => {
+                    // Records committed without a wakeup.
+                    loop {
+                        let Some(drained) = self.drain(ring.get_mut(), &mut raw) else { return };
+                        if drained {
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                }
+                _ = tick.tick() => self.refresh_drops(),
+            }
+        }
+    }
+
+    /// Handles up to one batch of records. `Some(true)`: the ring is empty; `Some(false)`: more
+    /// wait; `None`: the consumer is gone. Bounded so the tick and a closed channel are noticed.
+    fn drain(&mut self, rb: &mut RingBuf<MapData>, raw: &mut Vec<u8>) -> Option<bool> {
+        for _ in 0..4096 {
+            let Some(item) = rb.next() else { return Some(true) };
+            raw.clear();
+            raw.extend_from_slice(&item);
+            drop(item);
+            if !self.handle(raw) {
+                return None;
+            }
+        }
+        Some(false)
+    }
+
+    fn refresh_drops(&self) {
+        if let Ok(v) = self.drops.get(&0, 0) {
+            let total: u64 = v.iter().sum();
+            self.stats.0.kernel_drops.store(total, Ordering::Relaxed);
+        }
+    }
+
+    /// Returns false when the consumer is gone.
+    fn handle(&mut self, raw: &[u8]) -> bool {
+        if let Some(pid) = decode::exec_pid(raw) {
+            // New image, new comm/exe: describe it again, but only if it was described before.
+            if self.seen.contains_key(&pid) {
+                let info = self.describe(pid);
+                return self.send(Event::Process(info));
+            }
+            return true;
+        }
+        match decode::decode(raw) {
+            Ok(ev) => {
+                self.stats.0.events.fetch_add(1, Ordering::Relaxed);
+                if let Event::ProcessExit { pid, .. } = ev
+                    && self.nameless.remove(&pid)
+                    && let Some(comm) = decode::exit_comm(raw)
+                    && !self.send(Event::Process(ProcessInfo::named_at_exit(pid, comm)))
+                {
+                    return false;
+                }
+                self.forward(ev)
+            }
+            Err(e) => {
+                let n = self.stats.0.decode_errors.fetch_add(1, Ordering::Relaxed);
+                // Rate-limited: the first few and then every 1000th.
+                if n < 5 || n % 1000 == 0 {
+                    tracing::warn!(error = %e, total = n + 1, "malformed capture record");
+                }
+                true
+            }
+        }
+    }
+
+    fn forward(&mut self, ev: Event) -> bool {
+        let pid = ev.pid();
+        if self.ignored.contains(&pid) {
+            match &ev {
+                Event::ProcessExit { .. } => {
+                    self.ignored.remove(&pid);
+                }
+                // Untrack its sockets in the kernel so their I/O costs no records.
+                Event::Conn(c) => {
+                    let _ = self.conns.remove(&ConnKey { tgid: pid, fd: c.conn.fd });
+                }
+                _ => {}
+            }
+            return true;
+        }
+        if let Event::ProcessExit { .. } = ev {
+            // Exits of processes never traced are noise.
+            let Some(fds) = self.seen.remove(&pid) else { return true };
+            // The kernel cannot iterate its map on exit; drop the dead process's entries here.
+            for fd in fds {
+                let _ = self.conns.remove(&ConnKey { tgid: pid, fd });
+            }
+        } else if !self.seen.contains_key(&pid) {
+            let info = self.describe(pid);
+            if !self.own_comm.is_empty() && info.comm == self.own_comm {
+                tracing::debug!(pid, "not observing another retry-agent process (a shim)");
+                self.ignored.insert(pid);
+                return self.forward(ev);
+            }
+            self.seen.insert(pid, HashSet::new());
+            if !self.send(Event::Process(info)) {
+                return false;
+            }
+        }
+        if let (Event::Conn(c), Some(fds)) = (&ev, self.seen.get_mut(&pid)) {
+            match c.kind {
+                ConnEventKind::Close => {
+                    fds.remove(&c.conn.fd);
+                }
+                ConnEventKind::Connect { .. } | ConnEventKind::Accept | ConnEventKind::Existing => {
+                    fds.insert(c.conn.fd);
+                }
+                _ => {}
+            }
+        }
+        self.send(ev)
+    }
+
+    /// Reads a process's metadata; one already gone (no name) is named by its exit record.
+    fn describe(&mut self, pid: u32) -> ProcessInfo {
+        let info = procfs::process_info(&self.proc_root, pid);
+        if info.comm.is_empty() {
+            self.nameless.insert(pid);
+        } else {
+            self.nameless.remove(&pid);
+        }
+        info
+    }
+
+    fn send(&self, ev: Event) -> bool {
+        match self.tx.try_send(ev) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.stats.0.channel_drops.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! HTTP/2 on one connection: the two directions' frame readers and pairing by stream (streams
+//! bounded by `max_inflight`), trailers, RST_STREAM and GOAWAY.
+use std::collections::HashMap;
+
+use crate::capture::Role;
+
+use super::{
+    super::{
+        exchange::Failure,
+        http1::Side,
+        http2::{Block, H2Dir, H2Sink},
+        msg::{Ctx, ReqInfo, RespInfo},
+        util::BodyHasher,
+    },
+    ConnInfo, Emitter,
+    pending::{EndKind, Pending, end_failure},
+};
+
+pub(super) struct H2Stream {
+    pub(super) p: Pending,
+    pub(super) hasher: BodyHasher,
+}
+
+pub(super) struct H2Conn {
+    /// [request side (client → server), response side].
+    pub(super) dirs: [H2Dir; 2],
+    pub(super) streams: HashMap<u32, H2Stream>,
+    pub(super) max_inflight: usize,
+}
+
+impl H2Conn {
+    #[expect(clippy::too_many_arguments, reason = "one call site; the parts are split borrows of the connection")]
+    pub(super) fn feed(&mut self, is_req: bool, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, info: &ConnInfo, em: &mut Emitter<'_>) {
+        // The observed process wrote this direction: the client writes requests.
+        let written = (info.role == Role::Client) == is_req;
+        let H2Conn { dirs, streams, max_inflight } = self;
+        let [req, resp] = dirs;
+        let dir = if is_req { req } else { resp };
+        let mut sink = H2Pairing { side: if is_req { Side::Request } else { Side::Response }, streams, info, max_inflight: *max_inflight, em };
+        if event_start {
+            dir.event_start(payload, gap == 0, written);
+        }
+        dir.feed(payload, ctx, &mut sink);
+        if gap > 0 {
+            dir.gap(gap, ctx, &mut sink);
+        }
+    }
+
+    pub(super) fn end(&mut self, kind: EndKind, info: &ConnInfo, em: &mut Emitter<'_>) {
+        let mut ids: Vec<u32> = self.streams.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            if let Some(mut s) = self.streams.remove(&id) {
+                let started = s.p.response_started();
+                if kind == EndKind::Evicted {
+                    s.p.unknown = true;
+                }
+                em.emit(s.p.into_exchange(info, end_failure(info.role, kind, started)));
+            }
+        }
+    }
+}
+
+struct H2Pairing<'a, 'b> {
+    side: Side,
+    streams: &'a mut HashMap<u32, H2Stream>,
+    info: &'a ConnInfo,
+    max_inflight: usize,
+    em: &'a mut Emitter<'b>,
+}
+
+impl H2Pairing<'_, '_> {
+    fn finish(&mut self, stream: u32, failure: Option<Failure>) {
+        if let Some(s) = self.streams.remove(&stream) {
+            self.em.emit(s.p.into_exchange(self.info, failure));
+        }
+    }
+
+    fn stream(&mut self, id: u32, start: &Ctx, unknown: bool) -> &mut H2Stream {
+        if !self.streams.contains_key(&id) && self.streams.len() >= self.max_inflight {
+            // Bounded: give up the oldest stream rather than grow.
+            if let Some(&oldest) = self.streams.keys().min()
+                && let Some(mut s) = self.streams.remove(&oldest)
+            {
+                s.p.unknown = true;
+                self.em.stats.evictions_inflight += 1;
+                self.em.emit(s.p.into_exchange(self.info, None));
+            }
+        }
+        self.streams.entry(id).or_insert_with(|| {
+            let mut p = Pending::new(u64::from(id), ReqInfo { unknown, ..Default::default() }, start);
+            p.no_request = unknown;
+            p.stream_id = Some(id);
+            H2Stream { p, hasher: BodyHasher::default() }
+        })
+    }
+
+    /// A request's HEADERS (or its trailers): the request itself on a new stream.
+    fn request_headers(&mut self, stream: u32, block: Block, end_stream: bool, start: &Ctx, ctx: &Ctx) {
+        let fresh = !self.streams.contains_key(&stream);
+        let s = self.stream(stream, start, false);
+        if fresh {
+            match block {
+                Block::Request(req) => s.p.req = req,
+                _ => {
+                    s.p.unknown = true;
+                    s.p.req.unknown = true;
+                }
+            }
+            s.p.req_start = *start;
+        }
+        s.p.req_bytes += 9;
+        if end_stream {
+            s.p.req_end_ts = ctx.ts_end;
+            s.p.body_hash = s.hasher.finish();
+        }
+    }
+
+    /// A response's HEADERS: the head (interim 1xx skipped), or trailers merged into it.
+    fn response_headers(&mut self, stream: u32, block: Block, end_stream: bool, start: &Ctx, ctx: &Ctx) {
+        let seen = self.streams.contains_key(&stream);
+        let s = self.stream(stream, start, !seen);
+        if !seen {
+            s.p.unknown = true;
+        }
+        match block {
+            Block::Response(r) => {
+                let interim = r.signals.status.is_some_and(|st| (100..200).contains(&st));
+                match &mut s.p.resp {
+                    None if interim => {}
+                    None => {
+                        s.p.resp = Some(r);
+                        s.p.resp_start = Some(*start);
+                    }
+                    // Trailers: gRPC status and friends.
+                    Some(have) => {
+                        let sig = &mut have.signals;
+                        sig.grpc_status = r.signals.grpc_status.or(sig.grpc_status);
+                        sig.retry_after |= r.signals.retry_after;
+                        sig.pushback |= r.signals.pushback;
+                        sig.ratelimited |= r.signals.ratelimited;
+                        have.claim = r.claim.or(have.claim);
+                    }
+                }
+            }
+            _ => {
+                s.p.unknown = true;
+                if s.p.resp_start.is_none() {
+                    s.p.resp_start = Some(*start);
+                }
+                s.p.resp.get_or_insert_with(|| RespInfo { unknown: true, ..Default::default() });
+            }
+        }
+        s.p.resp_bytes += 9;
+        if end_stream {
+            s.p.resp_end_ts = Some(ctx.ts_end);
+            self.finish(stream, None);
+        }
+    }
+}
+
+impl H2Sink for H2Pairing<'_, '_> {
+    fn headers(&mut self, stream: u32, block: Block, end_stream: bool, start: &Ctx, ctx: &Ctx) {
+        match self.side {
+            Side::Request => self.request_headers(stream, block, end_stream, start, ctx),
+            Side::Response => self.response_headers(stream, block, end_stream, start, ctx),
+        }
+    }
+
+    fn data_bytes(&mut self, stream: u32, bytes: &[u8]) {
+        if self.side == Side::Request
+            && let Some(s) = self.streams.get_mut(&stream)
+        {
+            s.hasher.feed(bytes);
+        }
+    }
+
+    fn data_gap(&mut self, stream: u32) {
+        if let Some(s) = self.streams.get_mut(&stream) {
+            s.hasher.gap();
+        }
+    }
+
+    fn data_end(&mut self, stream: u32, len: u64, end_stream: bool, ctx: &Ctx) {
+        let Some(s) = self.streams.get_mut(&stream) else { return };
+        match self.side {
+            Side::Request => {
+                s.p.req_bytes += 9 + len;
+                if end_stream {
+                    s.p.req_end_ts = ctx.ts_end;
+                    s.p.body_hash = s.hasher.finish();
+                }
+            }
+            Side::Response => {
+                s.p.resp_bytes += 9 + len;
+                if s.p.resp_start.is_none() {
+                    s.p.resp_start = Some(*ctx);
+                }
+                if end_stream {
+                    s.p.resp_end_ts = Some(ctx.ts_end);
+                    self.finish(stream, None);
+                }
+            }
+        }
+    }
+
+    fn rst(&mut self, stream: u32, code: u32, ctx: &Ctx) {
+        if let Some(s) = self.streams.get_mut(&stream) {
+            if s.p.resp_end_ts.is_none() && s.p.resp_start.is_some() {
+                s.p.resp_end_ts = Some(ctx.ts_end);
+            }
+            self.finish(stream, Some(Failure::RstStream(code)));
+        }
+    }
+
+    fn goaway(&mut self, last_stream: u32, code: u32, _ctx: &Ctx) {
+        if self.side != Side::Response {
+            return;
+        }
+        // Client streams above last-stream-id were not (and will not be) processed.
+        let mut ids: Vec<u32> = self.streams.keys().copied().filter(|&id| id > last_stream && id % 2 == 1).collect();
+        ids.sort_unstable();
+        for id in ids {
+            self.finish(id, Some(Failure::GoAway(code)));
+        }
+    }
+
+    fn lost(&mut self, _ctx: &Ctx) {
+        // Frames went by unseen: what we know of in-flight streams may be incomplete.
+        for s in self.streams.values_mut() {
+            s.p.unknown = true;
+        }
+    }
+
+    fn truncated(&mut self) {
+        self.em.stats.truncations += 1;
+    }
+
+    fn parse_error(&mut self) {
+        self.em.stats.parse_errors += 1;
+    }
+}
+

@@ -1,0 +1,84 @@
+//! Every map of the object, in one place, with the kernel-only values stored in them. Shared
+//! keys and records live in `retry_common`; userspace finds maps by the names in
+//! `retry_common::names`.
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+};
+use retry_common::{
+    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, IoArgs, MAX_PAYLOAD, PeerKey, ServerEst, SockOwner,
+};
+
+/// Size is overridden by userspace (`CaptureConfig::ring_bytes`).
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+/// Records that did not fit in `EVENTS`.
+#[map]
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+/// Tracked TCP fds. LRU so a process that dies without close cannot fill it; userspace also
+/// removes a process's entries when it exits.
+#[map]
+pub static CONNS: LruHashMap<ConnKey, ConnInfo> = LruHashMap::with_max_entries(65536, 0);
+/// `struct sock *` -> owner, for state changes seen outside the owner's context.
+#[map]
+pub static SOCKS: LruHashMap<u64, SockOwner> = LruHashMap::with_max_entries(65536, 0);
+/// Server connections established but not yet accepted, by peer address.
+#[map]
+pub static SERVER_EST: LruHashMap<PeerKey, ServerEst> = LruHashMap::with_max_entries(16384, 0);
+/// The same, by `struct sock *`, for accept() without a peer buffer (found by walking the fd).
+#[map]
+pub static SERVER_EST_SK: LruHashMap<u64, ServerEst> = LruHashMap::with_max_entries(16384, 0);
+/// Syscall arguments by thread, between entry and exit. Plain (preallocated) hashes: an LRU
+/// insert on every traced syscall cost more; a thread that dies inside a syscall has its entry
+/// removed by `ra_process_exit`, which fires for every thread.
+#[map]
+pub static IO_ARGS: HashMap<u64, IoArgs> = HashMap::with_max_entries(16384, 0);
+#[map]
+pub static CONNECT_ARGS: HashMap<u64, ConnectArgs> = HashMap::with_max_entries(8192, 0);
+#[map]
+pub static ACCEPT_ARGS: HashMap<u64, AcceptArgs> = HashMap::with_max_entries(8192, 0);
+
+/// Kernel-only scratch: twice the payload so that "offset < MAX_PAYLOAD, length ≤ MAX_PAYLOAD"
+/// (what the verifier can prove for each iovec copy) always stays inside the value.
+#[repr(C)]
+pub struct Scratch {
+    pub header: DataHeader,
+    pub payload: [u8; 2 * MAX_PAYLOAD],
+}
+
+#[map]
+pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// An SSL call in progress on a thread (uprobes::libssl).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SslArgs {
+    pub ssl: u64,
+    pub buf: u64,
+    /// `size_t *` the _ex variants write the byte count to.
+    pub len_ptr: u64,
+    pub ts_enter_ns: u64,
+    /// The fd the call did I/O on (u32::MAX until a syscall inside it says, or the SSL object
+    /// was seen before).
+    pub fd: u32,
+    pub kind: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SslKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub ssl: u64,
+}
+
+/// SSL calls in progress, by thread. Read by the syscall programs too: the ciphertext syscalls
+/// inside an SSL call are not reported.
+#[map]
+pub static SSL_ARGS: HashMap<u64, SslArgs> = HashMap::with_max_entries(16384, 0);
+/// The fd each SSL object was last seen doing I/O on (a read served from OpenSSL's buffer makes
+/// no syscall).
+#[map]
+pub static SSL_FDS: LruHashMap<SslKey, u32> = LruHashMap::with_max_entries(65536, 0);

@@ -1,0 +1,4 @@
+//! Syscall tracepoints (`syscalls:sys_enter_*`/`sys_exit_*`), by concern.
+mod conn;
+mod fd;
+mod io;
