@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use super::*;
 use crate::{
-    correlate::sim::ExchangeBuilder as X,
+    testkit::ExchangeBuilder as X,
     decide::{DecideConfig, Decider, Reason},
     l7::{Method, RetryMarkers},
 };
