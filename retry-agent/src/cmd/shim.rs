@@ -295,7 +295,8 @@ async fn cleanup_mode(args: &ShimArgs) -> anyhow::Result<()> {
         // Only the shim we watched may be cleaned up after: a newer one owns the file now.
         let owner = std::fs::read_to_string(args.pid_file()).ok().and_then(|s| s.trim().parse::<i32>().ok());
         if owner != Some(pid) {
-            tracing::debug!(?owner, pid, "the watched shim cleaned up or was replaced; nothing to do");
+            let owner = owner.map_or_else(|| "none".to_string(), |o| o.to_string());
+            tracing::debug!(%owner, pid, "the watched shim cleaned up or was replaced; nothing to do");
             return Ok(());
         }
         tracing::warn!(pid, chain = %args.chain, "shim died without cleaning up; removing its rules");

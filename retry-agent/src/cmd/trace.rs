@@ -162,7 +162,13 @@ pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
         writeln!(out, "{v}").ok();
         out.flush().ok();
     }
-    tracing::info!(?stats, "trace stopped");
+    tracing::info!(
+        events = stats.events,
+        kernel_drops = stats.kernel_drops,
+        channel_drops = stats.channel_drops,
+        decode_errors = stats.decode_errors,
+        "trace stopped"
+    );
     Ok(())
 }
 

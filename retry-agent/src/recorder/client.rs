@@ -83,7 +83,7 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the agent did not answer within {0:?}")]
+    #[error("the agent did not answer within {} s", .0.as_secs_f64())]
     Timeout(Duration),
     #[error("malformed answer from the agent")]
     Malformed,
