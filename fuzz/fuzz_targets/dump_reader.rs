@@ -5,7 +5,8 @@
 use libfuzzer_sys::fuzz_target;
 use retry_agent::{
     capture::Event,
-    recorder::{DumpHeader, DumpReader, DumpReason, DumpWriter, Record, RecorderConfig},
+    pipeline::Record,
+    recorder::{DumpHeader, DumpReader, DumpReason, DumpWriter, RecorderConfig},
 };
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use retry_agent::cli::{Cli, Command};
+use retry_agent::cmd::{Cli, Command, InvalidConfig};
 
 /// sysexits EX_USAGE: the command line or configuration is wrong; retrying cannot help.
 const EX_USAGE: u8 = 64;
@@ -28,20 +28,12 @@ fn main() -> ExitCode {
         }
     };
     let command = cli.command.unwrap_or_else(|| Command::Run(Box::default()));
-    let result = rt.block_on(async move {
-        match command {
-            Command::Run(args) => retry_agent::app::run(*args).await,
-            Command::Trace(args) => retry_agent::capture::trace::run(args).await,
-            Command::Shim(args) => retry_agent::actuate::shim::run(args).await,
-            Command::Dump(args) => retry_agent::recorder::run_dump(args).await,
-            Command::Forensics(args) => retry_agent::recorder::forensics::run(args),
-        }
-    });
+    let result = rt.block_on(command.run());
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("retry-agent: {e:#}");
-            if e.is::<retry_agent::app::InvalidConfig>() { ExitCode::from(EX_USAGE) } else { ExitCode::FAILURE }
+            if e.is::<InvalidConfig>() { ExitCode::from(EX_USAGE) } else { ExitCode::FAILURE }
         }
     }
 }

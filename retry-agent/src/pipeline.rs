@@ -2,9 +2,13 @@
 //! the one l7 → correlate → decide code path the live agent and the offline replay share.
 //!
 //! Determinism is what lets a replay reproduce the live run: the driver evaluates on *event
-//! time* (every `eval_every_ns` of capture time, aligned to multiples of it), and any extra tick
-//! the live loop makes (an idle timer) goes through [`Pipeline::tick`], which the recorder tap
-//! records as [`Record::Tick`] so the replay ticks at the same instants.
+//! time* (every [`EVAL_EVERY_NS`] of capture time, aligned to multiples of it), and any extra
+//! tick the live loop makes (an idle timer) goes through [`Pipeline::tick`], which the tap sees
+//! as [`Record::Tick`] so the replay ticks at the same instants.
+//!
+//! The pipeline owns its tap: [`Record`] is what it hands out at each stage and [`Tap`] is who
+//! receives them (the flight recorder implements it). Later stages plug in here; the pipeline
+//! never names them.
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -12,7 +16,6 @@ use crate::{
     correlate::{CorrelateConfig, EdgeStats, Engine, PathStats, Verdict},
     decide::{DecideConfig, Decider, Decision},
     l7::{Exchange, L7Config, Reassembler},
-    recorder::{Record, Recorder, SharedRecorder},
 };
 
 /// Edge figures and call-path figures at one evaluation.
@@ -51,16 +54,62 @@ pub struct PipelineConfig {
     pub decide: DecideConfig,
 }
 
-/// Default evaluation period (capture time): decisions follow edge figures once a second.
-pub const DEFAULT_EVAL_EVERY_NS: u64 = 1_000_000_000;
+/// Evaluation period (capture time): decisions follow edge figures once a second.
+pub const EVAL_EVERY_NS: u64 = 1_000_000_000;
+
+/// What the pipeline hands its tap at each stage (and what a dump file holds).
+#[expect(clippy::large_enum_variant, reason = "records are built once and moved into the ring; boxing would add an allocation per record")]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Record {
+    Event(Event),
+    Exchange(Exchange),
+    Verdict(Verdict),
+    Decision(Decision),
+    /// Edge and call-path figures at one evaluation (what the decisions were made from).
+    Edges(EdgeSnapshot),
+    /// An evaluation the live loop made without an event (idle timer): a replay ticks here too.
+    Tick { now_ns: u64 },
+}
+
+impl Record {
+    /// CLOCK_MONOTONIC ns the record belongs to (0 for process metadata, which is timeless).
+    pub fn ts_ns(&self) -> u64 {
+        match self {
+            Record::Event(e) => e.ts_ns(),
+            Record::Exchange(x) => x.end_ns(),
+            Record::Verdict(v) => v.ts_ns,
+            Record::Decision(d) => d.issued_at_ns,
+            Record::Edges(e) => e.ts_ns,
+            Record::Tick { now_ns } => *now_ns,
+        }
+    }
+}
+
+/// What drove one push or tick.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// A kernel event, by reference (a tap that keeps it copies what it needs).
+    Event(&'a Event),
+    /// Time passed without events: recorded as [`Record::Tick`].
+    Tick { now_ns: u64 },
+}
+
+/// Receives everything the pipeline is fed and derives. Called on the pipeline's task, once per
+/// push or tick: it must not block (the recorder only appends to a bounded ring).
+pub trait Tap: Send {
+    /// The settings of the pipeline, once, when the tap is attached.
+    fn attach(&mut self, config: &PipelineConfig);
+    /// One push's or tick's input, then what it derived, in stage order.
+    fn tap(&mut self, input: Input<'_>, derived: &mut dyn Iterator<Item = Record>);
+}
 
 pub struct Pipeline {
     pub reassembler: Reassembler,
     pub engine: Engine,
     pub decider: Decider,
-    eval_every_ns: u64,
     next_eval_ns: u64,
-    tap: Option<SharedRecorder>,
+    tap: Option<Box<dyn Tap>>,
     /// Scratch buffers (reused: no allocation per event on the hot path).
     xs: Vec<Exchange>,
     vs: Vec<Verdict>,
@@ -74,7 +123,6 @@ impl Pipeline {
             reassembler: Reassembler::new(l7),
             engine: Engine::new(correlate),
             decider: Decider::new(decide),
-            eval_every_ns: DEFAULT_EVAL_EVERY_NS,
             next_eval_ns: 0,
             tap: None,
             xs: Vec::new(),
@@ -96,17 +144,10 @@ impl Pipeline {
         }
     }
 
-    /// Evaluate decisions every `ns` of capture time (0 is treated as 1 ms).
-    pub fn with_eval_every(mut self, ns: u64) -> Self {
-        self.eval_every_ns = ns.max(1_000_000);
-        self
-    }
-
-    /// Record every event and everything derived from it into `rec` (the live agent).
-    pub fn with_recorder(mut self, rec: SharedRecorder) -> Self {
-        let config = self.config();
-        let _ = rec.with(|r| r.set_pipeline_config(config));
-        self.tap = Some(rec);
+    /// Hand every event and everything derived from it to `tap` (the live agent's recorder).
+    pub fn with_tap(mut self, mut tap: impl Tap + 'static) -> Self {
+        tap.attach(&self.config());
+        self.tap = Some(Box::new(tap));
         self
     }
 
@@ -127,11 +168,8 @@ impl Pipeline {
         if due {
             self.evaluate(ts, out);
         }
-        if let Some(tap) = &self.tap {
-            let _ = tap.with(|r| {
-                r.record_event(ev);
-                Self::tap_out(r, out, self.mark);
-            });
+        if let Some(tap) = &mut self.tap {
+            tap.tap(Input::Event(ev), &mut derived(out, self.mark));
         }
     }
 
@@ -139,11 +177,8 @@ impl Pipeline {
     pub fn tick(&mut self, now_ns: u64, out: &mut StageOutput) {
         self.mark_out(out);
         self.evaluate(now_ns, out);
-        if let Some(tap) = &self.tap {
-            let _ = tap.with(|r| {
-                r.record(Record::Tick { now_ns });
-                Self::tap_out(r, out, self.mark);
-            });
+        if let Some(tap) = &mut self.tap {
+            tap.tap(Input::Tick { now_ns }, &mut derived(out, self.mark));
         }
     }
 
@@ -155,21 +190,6 @@ impl Pipeline {
 
     fn mark_out(&mut self, out: &StageOutput) {
         self.mark = (out.exchanges.len(), out.verdicts.len(), out.decisions.len(), out.snapshots.len());
-    }
-
-    fn tap_out(r: &mut Recorder, out: &StageOutput, mark: (usize, usize, usize, usize)) {
-        for x in out.exchanges.get(mark.0..).unwrap_or_default() {
-            r.record(Record::Exchange(x.clone()));
-        }
-        for v in out.verdicts.get(mark.1..).unwrap_or_default() {
-            r.record(Record::Verdict(v.clone()));
-        }
-        for s in out.snapshots.get(mark.3..).unwrap_or_default() {
-            r.record(Record::Edges(s.clone()));
-        }
-        for d in out.decisions.get(mark.2..).unwrap_or_default() {
-            r.record(Record::Decision(d.clone()));
-        }
     }
 
     fn correlate(&mut self, out: &mut StageOutput) {
@@ -190,6 +210,20 @@ impl Pipeline {
         let decisions = self.decider.evaluate_edges(&edges, now_ns);
         out.snapshots.push(EdgeSnapshot { ts_ns: now_ns, edges, paths: self.engine.paths() });
         out.decisions.extend(decisions);
-        self.next_eval_ns = (now_ns / self.eval_every_ns + 1).saturating_mul(self.eval_every_ns);
+        self.next_eval_ns = (now_ns / EVAL_EVERY_NS + 1).saturating_mul(EVAL_EVERY_NS);
     }
+}
+
+/// The records `out` gained since `mark`, in stage order (what the tap is handed).
+fn derived(out: &StageOutput, mark: (usize, usize, usize, usize)) -> impl Iterator<Item = Record> + '_ {
+    let xs = out.exchanges.get(mark.0..).unwrap_or_default();
+    let vs = out.verdicts.get(mark.1..).unwrap_or_default();
+    let ds = out.decisions.get(mark.2..).unwrap_or_default();
+    let ss = out.snapshots.get(mark.3..).unwrap_or_default();
+    xs.iter()
+        .cloned()
+        .map(Record::Exchange)
+        .chain(vs.iter().cloned().map(Record::Verdict))
+        .chain(ss.iter().cloned().map(Record::Edges))
+        .chain(ds.iter().cloned().map(Record::Decision))
 }

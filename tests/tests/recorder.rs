@@ -16,10 +16,12 @@ use retry_agent::{
     correlate::CorrelateConfig,
     decide::DecideConfig,
     l7::{Exchange, L7Config},
+    pipeline::{Pipeline, Record, StageOutput},
     recorder::{
-        DumpReader, DumpReason, Pipeline, Record, Recorder, RecorderConfig, SharedRecorder, StageOutput,
-        client::request_dump, replay, spawn_sigusr1_dumps, synth::StormScenario,
+        DumpReader, DumpReason, Recorder, RecorderConfig, SharedRecorder, client::request_dump, replay,
+        spawn_sigusr1_dumps,
     },
+    testkit::StormScenario,
 };
 
 fn recorder(dir: &TempDir) -> SharedRecorder {
@@ -58,7 +60,7 @@ fn assert_no_secret(raw: &[u8], records: &[Record]) {
 async fn dump_route_client_and_sigusr1() {
     let dir = TempDir::new("api");
     let rec = recorder(&dir);
-    let mut p = pipeline().with_recorder(rec.clone());
+    let mut p = pipeline().with_tap(rec.clone());
     let mut out = StageOutput::default();
     for ev in (StormScenario { requests: 300, fault: 100..200, ..Default::default() }).events() {
         p.push(&ev, &mut out);
@@ -186,7 +188,7 @@ async fn real_traffic_dump_replays_to_the_live_results() {
     // The live pipeline, as `retry-agent run` drives it, with the recorder tapping it.
     let dir = TempDir::new("live");
     let rec = recorder(&dir);
-    let mut live = pipeline().with_recorder(rec.clone());
+    let mut live = pipeline().with_tap(rec.clone());
     let mut out = StageOutput::default();
     for ev in &events {
         live.push(ev, &mut out);

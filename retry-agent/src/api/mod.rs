@@ -7,7 +7,14 @@ use std::{
     sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
-use axum::{Json, Router, extract::State, http::header, response::IntoResponse, routing::get};
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::State,
+    http::{StatusCode, header},
+    response::IntoResponse,
+    routing::{get, post},
+};
 use clap::Args;
 use serde::Serialize;
 
@@ -15,6 +22,7 @@ use crate::{
     correlate::{EdgeStats, Engine, PathStats, ServiceClaim, Verdict},
     decide::{Decider, Decision},
     metrics::Metrics,
+    recorder::{SharedRecorder, dump_api_response},
 };
 
 #[cfg(test)]
@@ -40,12 +48,6 @@ impl Default for ApiConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    #[error("cannot bind the API server to {addr}")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("API server failed")]
     Serve(#[source] std::io::Error),
 }
@@ -140,16 +142,20 @@ async fn metrics(State(s): State<SharedState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
 }
 
-/// Bind and serve until the task is dropped.
-pub async fn serve(addr: SocketAddr, state: SharedState) -> Result<(), ApiError> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| ApiError::Bind { addr, source })?;
-    serve_on(listener, state).await
+/// Serve on an already bound listener (bound by the caller, so a bad address fails start-up
+/// and tests can bind port 0), with `POST /v1/dump` when a flight recorder runs.
+pub async fn serve(listener: tokio::net::TcpListener, state: SharedState, recorder: Option<SharedRecorder>) -> Result<(), ApiError> {
+    let mut app = router(state);
+    if let Some(rec) = recorder {
+        app = app.merge(Router::new().route("/v1/dump", post(dump)).with_state(rec));
+    }
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "API and metrics listening");
+    }
+    axum::serve(listener, app).await.map_err(ApiError::Serve)
 }
 
-/// Serve on an already bound listener (tests bind port 0).
-pub async fn serve_on(listener: tokio::net::TcpListener, state: SharedState) -> Result<(), ApiError> {
-    if let Ok(a) = listener.local_addr() {
-        tracing::info!(addr = %a, "API and metrics listening");
-    }
-    axum::serve(listener, router(state)).await.map_err(ApiError::Serve)
+async fn dump(State(rec): State<SharedRecorder>, body: Bytes) -> impl IntoResponse {
+    let (status, json) = dump_api_response(&rec, &body).await;
+    (StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), json)
 }

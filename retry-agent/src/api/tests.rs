@@ -37,7 +37,7 @@ async fn serves_metrics_and_bounded_verdicts() {
     state.record_verdicts(&[verdict(1), verdict(2), verdict(3)]);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let server = tokio::spawn(serve_on(listener, state));
+    let server = tokio::spawn(serve(listener, state, None));
 
     let m = get(addr, "/metrics").await;
     assert!(m.starts_with("HTTP/1.1 200"), "{m}");

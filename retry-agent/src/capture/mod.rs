@@ -16,7 +16,6 @@
 pub mod decode;
 pub mod event;
 pub mod procfs;
-pub mod trace;
 
 use std::{
     collections::{HashMap, HashSet},

@@ -2,7 +2,6 @@
 //! Pure logic: no IO. Input exchanges, output verdicts and edge figures.
 pub mod config;
 mod engine;
-pub mod sim;
 mod table;
 pub mod types;
 

@@ -10,8 +10,8 @@ use prometheus_client::{
 };
 
 use crate::{
-    correlate::{EdgeStats, EngineStats, PathStats, Verdict},
-    decide::{Action, Decision},
+    correlate::{EdgeStats, EngineStats, PathStats},
+    decide::Decision,
     l7::OutcomeClass,
 };
 
@@ -261,22 +261,10 @@ impl Metrics {
         set_counter(&self.links.get_or_create(&LinkLabels { method: "sole_inbound" }), s.sole_links);
     }
 
-    /// Count verdicts one by one (alternative to `observe_engine` when only verdicts flow, e.g.
-    /// a replay); do not use both for the same engine.
-    pub fn observe_verdicts(&self, verdicts: &[Verdict]) {
-        for v in verdicts {
-            self.verdicts.get_or_create(&ClaimLabels { claim: v.claim.as_str() }).inc();
-        }
-    }
-
     /// Decisions as they are issued, and the number in force.
     pub fn observe_decisions(&self, issued: &[Decision], active: usize) {
         for d in issued {
-            let action = match d.action {
-                Action::SuppressRetries => "suppress_retries",
-                Action::Allow => "allow",
-            };
-            self.decisions.get_or_create(&DecisionLabels { action, reason: d.reason.as_str() }).inc();
+            self.decisions.get_or_create(&DecisionLabels { action: d.action.as_str(), reason: d.reason.as_str() }).inc();
         }
         self.suppressed_edges.set(i64::try_from(active).unwrap_or(i64::MAX));
     }

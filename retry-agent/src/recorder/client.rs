@@ -1,25 +1,11 @@
-//! The ways a dump is asked for: `retry-agent dump` (a client of the agent's HTTP API), the API
+//! The ways a dump is asked for: [`request_dump`] (the client `retry-agent dump` uses), the API
 //! route body (`dump_api_response`, which the API server calls for `POST /v1/dump`), and SIGUSR1.
 use std::time::Duration;
 
-use clap::Args;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{DumpReason, SharedRecorder};
-
-#[derive(Debug, Args)]
-pub struct DumpArgs {
-    /// Base URL of the running agent's HTTP API (plain http).
-    #[arg(long, env = "RETRY_AGENT_API", default_value = "http://127.0.0.1:9464")]
-    pub api: String,
-    /// Free-text reason, kept in the dump header.
-    #[arg(long)]
-    pub reason: Option<String>,
-    /// How long to wait for the agent to write the dump, in seconds.
-    #[arg(long, default_value_t = 60)]
-    pub timeout_secs: u64,
-}
 
 /// Body of `POST /v1/dump` (optional; an empty body is fine).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -97,7 +83,7 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the agent did not answer within {0:?}")]
+    #[error("the agent did not answer within {} s", .0.as_secs_f64())]
     Timeout(Duration),
     #[error("malformed answer from the agent")]
     Malformed,
@@ -145,10 +131,4 @@ pub async fn request_dump(api: &str, reason: Option<String>, timeout: Duration) 
         (status, Some(DumpResponse { error: Some(message), .. })) => Err(ClientError::Agent { status, message }),
         (status, _) => Err(ClientError::Agent { status, message: body.trim().chars().take(500).collect() }),
     }
-}
-
-pub async fn run_dump(args: DumpArgs) -> anyhow::Result<()> {
-    let path = request_dump(&args.api, args.reason, Duration::from_secs(args.timeout_secs)).await?;
-    println!("{path}");
-    Ok(())
 }

@@ -21,7 +21,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::{DumpReason, Record, RecorderConfig};
+use super::{DumpReason, RecorderConfig};
+use crate::pipeline::Record;
 
 pub const MAGIC: &[u8; 8] = b"RAFLTREC";
 pub const FORMAT_VERSION: u16 = 1;

@@ -20,26 +20,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     capture::{DataEvent, Event, ProcessInfo},
-    correlate::Verdict,
     decide::{Action, Decision},
-    l7::Exchange,
+    pipeline::{Input, PipelineConfig, Record, Tap},
 };
 
 pub mod client;
 pub mod format;
-pub mod forensics;
 pub mod redact;
 pub mod replay;
-pub mod synth;
 
 #[cfg(test)]
 mod tests;
 
-pub use client::{DumpArgs, dump_api_response, run_dump, spawn_sigusr1_dumps};
+pub use client::{dump_api_response, spawn_sigusr1_dumps};
 pub use format::{DumpHeader, DumpReader, DumpWriter, FormatError, Loss, ReadOutcome};
 pub use replay::{Replayed, replay};
-// The pipeline is its own stage module; re-exported here because every recorder user needs it.
-pub use crate::pipeline::{EdgeSnapshot, Pipeline, PipelineConfig, StageOutput};
 
 /// Recorder settings: every one a flag with an env var and a default.
 #[derive(Args, Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -81,55 +76,27 @@ impl Default for RecorderConfig {
     }
 }
 
-/// What the pipeline hands the recorder at each stage.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Record {
-    Event(Event),
-    Exchange(Exchange),
-    Verdict(Verdict),
-    Decision(Decision),
-    /// Edge and call-path figures at one evaluation (what the decisions were made from).
-    Edges(crate::pipeline::EdgeSnapshot),
-    /// An evaluation the live loop made without an event (idle timer): a replay ticks here too.
-    Tick { now_ns: u64 },
-}
-
-impl Record {
-    /// CLOCK_MONOTONIC ns the record belongs to (0 for process metadata, which is timeless).
-    pub fn ts_ns(&self) -> u64 {
-        match self {
-            Record::Event(e) => e.ts_ns(),
-            Record::Exchange(x) => x.end_ns(),
-            Record::Verdict(v) => v.ts_ns,
-            Record::Decision(d) => d.issued_at_ns,
-            Record::Edges(e) => e.ts_ns,
-            Record::Tick { now_ns } => *now_ns,
+/// Rough heap + inline size of a record, for the ring's byte bound (cheap: no serialisation).
+fn approx_size(rec: &Record) -> usize {
+    const BASE: usize = std::mem::size_of::<Record>() + 16;
+    match rec {
+        Record::Event(Event::Data(d)) => BASE + d.payload.len(),
+        Record::Event(Event::Process(p)) => {
+            BASE + p.comm.len()
+                + p.exe.as_ref().map_or(0, String::len)
+                + p.cgroup.as_ref().map_or(0, String::len)
+                + p.container_id.as_ref().map_or(0, String::len)
         }
-    }
-
-    /// Rough heap + inline size, for the ring's byte bound (cheap: no serialisation).
-    fn approx_size(&self) -> usize {
-        const BASE: usize = std::mem::size_of::<Record>() + 16;
-        match self {
-            Record::Event(Event::Data(d)) => BASE + d.payload.len(),
-            Record::Event(Event::Process(p)) => {
-                BASE + p.comm.len()
-                    + p.exe.as_ref().map_or(0, String::len)
-                    + p.cgroup.as_ref().map_or(0, String::len)
-                    + p.container_id.as_ref().map_or(0, String::len)
-            }
-            Record::Event(_) => BASE,
-            Record::Exchange(x) => {
-                BASE + x.authority.as_ref().map_or(0, String::len)
-                    + x.path.as_ref().map_or(0, String::len)
-                    + x.route.as_ref().map_or(0, String::len)
-            }
-            Record::Verdict(v) => BASE + v.caused_by.len() * 48,
-            Record::Decision(d) => BASE + d.callee_addrs.len() * 32,
-            Record::Edges(e) => BASE + e.edges.len() * 512 + e.paths.depths.len() * 128,
-            Record::Tick { .. } => BASE,
+        Record::Event(_) => BASE,
+        Record::Exchange(x) => {
+            BASE + x.authority.as_ref().map_or(0, String::len)
+                + x.path.as_ref().map_or(0, String::len)
+                + x.route.as_ref().map_or(0, String::len)
         }
+        Record::Verdict(v) => BASE + v.caused_by.len() * 48,
+        Record::Decision(d) => BASE + d.callee_addrs.len() * 32,
+        Record::Edges(e) => BASE + e.edges.len() * 512 + e.paths.depths.len() * 128,
+        Record::Tick { .. } => BASE,
     }
 }
 
@@ -185,6 +152,17 @@ pub enum DumpReason {
     Storm { trigger_ns: u64, edge: String },
     /// Tests, benchmarks, tools.
     Other(String),
+}
+
+impl std::fmt::Display for DumpReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DumpReason::OnDemand => f.write_str("on demand"),
+            DumpReason::Signal => f.write_str("SIGUSR1"),
+            DumpReason::Storm { trigger_ns, edge } => write!(f, "storm on {edge} at {trigger_ns} ns"),
+            DumpReason::Other(why) => f.write_str(why),
+        }
+    }
 }
 
 impl DumpReason {
@@ -333,9 +311,20 @@ impl Recorder {
         &self.cfg
     }
 
-    /// The settings of the pipeline that feeds this recorder (the pipeline's tap sets them).
+    /// The settings of the pipeline that feeds this recorder (written into every dump).
     pub fn set_pipeline_config(&mut self, c: PipelineConfig) {
         self.pipeline = Some(c);
+    }
+
+    /// One tap of the pipeline: its input (a tick as [`Record::Tick`]), then what it derived.
+    fn tap(&mut self, input: Input<'_>, derived: &mut dyn Iterator<Item = Record>) {
+        match input {
+            Input::Event(ev) => self.record_event(ev),
+            Input::Tick { now_ns } => self.record(Record::Tick { now_ns }),
+        }
+        for r in derived {
+            self.record(r);
+        }
     }
 
     /// Record one item. Never fails, never blocks on IO (a due storm dump is written on its own
@@ -399,7 +388,7 @@ impl Recorder {
         if let Record::Decision(d) = &rec {
             self.note_decision(d);
         }
-        let size = rec.approx_size();
+        let size = approx_size(&rec);
         self.bytes += size;
         self.stats.newest_ns = self.stats.newest_ns.max(ts_ns);
         self.ring.push_back(Stored { ts_ns, size, rec });
@@ -568,5 +557,17 @@ impl SharedRecorder {
             .unwrap_or(Err(RecorderError::Poisoned));
         let _ = self.with(|r| r.count_dump(&result));
         result
+    }
+}
+
+/// The live agent's tap: one lock per push or tick. A poisoned lock loses the records (the
+/// pipeline never stops for the recorder).
+impl Tap for SharedRecorder {
+    fn attach(&mut self, config: &PipelineConfig) {
+        let _ = self.with(|r| r.set_pipeline_config(config.clone()));
+    }
+
+    fn tap(&mut self, input: Input<'_>, derived: &mut dyn Iterator<Item = Record>) {
+        let _ = self.with(|r| r.tap(input, derived));
     }
 }

@@ -1,11 +1,10 @@
 //! Offline replay: recorded events (and the live loop's recorded ticks) through a fresh
 //! [`Pipeline`], the same driver the live agent runs.
-use super::Record;
 use crate::{
     correlate::Verdict,
     decide::Decision,
     l7::Exchange,
-    pipeline::{EdgeSnapshot, Pipeline, StageOutput},
+    pipeline::{EdgeSnapshot, Pipeline, Record, StageOutput},
 };
 
 /// Everything a replay produced, in order.

@@ -1,4 +1,5 @@
 //! Recorder unit tests: ring bounds, dump round trip, corruption recovery, privacy, storm dumps.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::{collections::BTreeSet, os::unix::fs::PermissionsExt, path::PathBuf};
 
 use bytes::Bytes;
@@ -9,6 +10,8 @@ use crate::{
     correlate::{Edge, ServiceId},
     decide::Reason,
     l7::Exchange,
+    pipeline::{Pipeline, Record, StageOutput},
+    testkit::{synth, temp_dir},
 };
 
 /// Small deterministic RNG (xorshift64*): seeded, so a failure reproduces.
@@ -26,18 +29,6 @@ impl Rng {
     pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
     }
-}
-
-pub(crate) fn temp_dir(tag: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "ra-recorder-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    d
 }
 
 fn cfg(dir: PathBuf) -> RecorderConfig {
@@ -328,7 +319,7 @@ fn replay_of_a_dump_reproduces_the_live_pipeline() {
     let dir = temp_dir("replay");
     let rec = SharedRecorder::new(Recorder::new(RecorderConfig { auto_dump: false, ..cfg(dir.clone()) }).unwrap());
     let mut live = Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default())
-        .with_recorder(rec.clone());
+        .with_tap(rec.clone());
     let mut out = StageOutput::default();
     let events = synth::StormScenario::default().events();
     let last = events.last().map(Event::ts_ns).unwrap();
@@ -361,202 +352,6 @@ fn replay_of_a_dump_reproduces_the_live_pipeline() {
     all.extend(serde_json::to_vec(&dump.records).unwrap());
     assert!(!String::from_utf8_lossy(&all).contains("SECRET"));
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// A live agent run with non-default settings: the dump carries them and forensics replays with
-/// them (the same verdicts and decisions), unless told to use its own flags.
-#[test]
-fn forensics_replays_with_the_live_pipelines_settings() {
-    use crate::{
-        correlate::CorrelateConfig,
-        decide::DecideConfig,
-        l7::L7Config,
-        recorder::forensics::{ForensicsArgs, analyse},
-    };
-    let dir = temp_dir("replay-config");
-    let rec = SharedRecorder::new(Recorder::new(RecorderConfig { auto_dump: false, ..cfg(dir.clone()) }).unwrap());
-    // Decisions only at a 10x arrival rate and a 90% retry ratio: the default settings decide
-    // differently on the same storm.
-    let decide = DecideConfig { amplification_threshold: 10.0, retry_budget: 0.9, ..DecideConfig::default() };
-    let mut live = Pipeline::new(L7Config::default(), CorrelateConfig::default(), decide).with_recorder(rec.clone());
-    let mut out = StageOutput::default();
-    for ev in &synth::StormScenario::default().events() {
-        live.push(ev, &mut out);
-    }
-    let path = rec.with(|r| r.dump(DumpReason::OnDemand)).unwrap().unwrap();
-    let args = |replay_flags: bool| ForensicsArgs {
-        dump: path.clone(),
-        diff: None,
-        json: false,
-        html: None,
-        recorded: false,
-        replay_flags,
-        l7: Default::default(),
-        correlate: Default::default(),
-        decide: Default::default(),
-    };
-    let faithful = analyse(&path, &args(false)).unwrap();
-    let check = faithful.replay_check.clone().expect("a replay check");
-    assert!(check.decisions_equal && check.verdicts_equal, "{check:?}");
-    let what_if = analyse(&path, &args(true)).unwrap();
-    let check = what_if.replay_check.clone().expect("a replay check");
-    assert!(!check.decisions_equal, "default settings decide differently: {check:?}");
-    let _ = std::fs::remove_dir_all(dir);
-}
-
-mod forensics_report {
-    use super::*;
-    use crate::{
-        correlate::{ClaimCounts, DependencyKind, EdgeStats, PathStats, Verdict},
-        l7::{Claim, OutcomeClass},
-        recorder::forensics::{ForensicsArgs, TimelineKind, analyse, render_html, render_text},
-    };
-
-    const S: u64 = 1_000_000_000;
-
-    fn edge(caller: &str, callee: &str, port: u16, amp: f64, fault: bool) -> EdgeStats {
-        EdgeStats {
-            edge: Edge { caller: ServiceId::new(caller), callee: ServiceId::new(callee) },
-            callee_addrs: vec![std::net::SocketAddr::from(([127, 0, 0, 1], port))],
-            window_seconds: 10.0,
-            request_rate: 100.0 * amp,
-            requests: 1000,
-            first_attempts: 500,
-            retries: 500,
-            failures: if fault { 900 } else { 0 },
-            attempts_per_request: if fault { 2.0 } else { 1.0 },
-            retry_ratio: 0.5,
-            failure_ratio: if fault { 0.9 } else { 0.0 },
-            retry_success: vec![],
-            callee_claims: ClaimCounts::default(),
-            amplification: amp,
-            baseline_rate: Some(100.0),
-            fault_active: fault,
-            hedged_retries: 0,
-            non_idempotent_retries: 3,
-            no_jitter: false,
-            timeout_mismatches: 0,
-            timeout_mismatches_total: 2,
-            requests_total: 5000,
-            retries_total: 800,
-            dependency: DependencyKind::FailClose,
-        }
-    }
-
-    fn verdict(svc: &str, claim: Claim, ts: u64) -> Record {
-        Record::Verdict(Verdict {
-            exchange: crate::l7::ExchangeId(ts),
-            service: ServiceId::new(svc),
-            caller: None,
-            claim,
-            outcome: OutcomeClass::Transient,
-            status: Some(503),
-            caused_by: vec![],
-            ts_ns: ts,
-        })
-    }
-
-    /// A dump whose derived records are hand-made (independent of the l7/correlate logic).
-    fn incident_dump(dir: &std::path::Path) -> PathBuf {
-        let mut records: Vec<Record> = synth::StormScenario { requests: 10, ..Default::default() }
-            .events()
-            .into_iter()
-            .map(Record::Event)
-            .collect();
-        // The shim answered one retry of api → db locally.
-        if let Event::Data(mut d) = records
-            .iter()
-            .find_map(|r| match r {
-                Record::Event(Event::Data(d)) if d.pid == 200 && d.direction == Direction::Ingress && d.role == Role::Client => Some(Event::Data(d.clone())),
-                _ => None,
-            })
-            .unwrap()
-        {
-            d.payload = Bytes::from_static(b"HTTP/1.1 503 Service Unavailable\r\nx-retry-suppressed: 1\r\nContent-Length: 0\r\n\r\n");
-            d.ts_exit_ns = 40 * S;
-            records.push(Record::Event(Event::Data(d)));
-        }
-        for t in 0..60u64 {
-            let fault = (20..40).contains(&t);
-            let amp = if fault { 4.0 } else { 1.0 };
-            let paths = PathStats {
-                storm_radius: if fault { 2 } else { 0 },
-                storm_path: if fault { vec![ServiceId::new("frontend"), ServiceId::new("api"), ServiceId::new("db")] } else { vec![] },
-                fault_active: fault,
-                ..PathStats::default()
-            };
-            records.push(Record::Edges(EdgeSnapshot {
-                ts_ns: t * S,
-                edges: vec![edge("api", "db", 9090, amp, fault), edge("frontend", "api", 8080, if fault { 2.0 } else { 1.0 }, false)],
-                paths,
-            }));
-        }
-        records.push(verdict("db", Claim::Claimed, 21 * S));
-        records.push(verdict("api", Claim::Unclaimed, 22 * S));
-        records.push(verdict("db", Claim::Claimed, 23 * S));
-        let mut d = match decision(25 * S) {
-            Record::Decision(d) => d,
-            _ => unreachable!(),
-        };
-        d.edge = Edge { caller: ServiceId::new("frontend"), callee: ServiceId::new("api") };
-        records.push(Record::Decision(d.clone()));
-        records.push(Record::Decision(Decision { issued_at_ns: 30 * S, ..d.clone() })); // renewal
-        records.push(Record::Decision(Decision { id: 2, action: Action::Allow, issued_at_ns: 55 * S, ..d }));
-        let snap = Snapshot { reason: DumpReason::OnDemand, config: RecorderConfig::default(), records, from_ns: 0, to_ns: 60 * S, missing_before: 0, pipeline: None };
-        snap.write_to_dir(dir).unwrap()
-    }
-
-    fn args(dump: PathBuf) -> ForensicsArgs {
-        ForensicsArgs {
-            dump,
-            diff: None,
-            json: false,
-            html: None,
-            recorded: true,
-            replay_flags: false,
-            l7: Default::default(),
-            correlate: Default::default(),
-            decide: Default::default(),
-        }
-    }
-
-    #[test]
-    fn report_tells_the_story_of_the_incident() {
-        let dir = temp_dir("forensics");
-        let path = incident_dump(&dir);
-        let r = analyse(&path, &args(path.clone())).unwrap();
-        let kinds: Vec<(TimelineKind, u64)> = r.timeline.iter().map(|t| (t.kind, t.ts_ns / S)).collect();
-        assert_eq!(
-            kinds,
-            vec![
-                (TimelineKind::FaultOnset, 20),
-                (TimelineKind::FirstUnclaimedError, 22),
-                (TimelineKind::StormDetected, 25),
-                (TimelineKind::Suppress, 25),
-                (TimelineKind::Recovery, 40),
-                (TimelineKind::Allow, 55),
-            ]
-        );
-        assert_eq!(r.owners.len(), 1);
-        assert_eq!(r.owners[0].service.as_str(), "db");
-        assert_eq!(r.owners[0].claimed_errors, 2);
-        assert_eq!(r.edges[0].edge, "api->db");
-        assert_eq!(r.edges[0].peak_amplification, 4.0);
-        // Times are relative to the first timed record (the scenario starts at 1 s).
-        assert_eq!(r.edges[0].peak_at_s, 19.0);
-        assert_eq!(r.edges[0].series.len(), 60);
-        assert_eq!(r.storm_radius_max, 2);
-        assert_eq!(r.retries_suppressed, 1);
-        // The suppressed retry was on api → db, db is the owner: it would have been one request.
-        assert_eq!(r.counterfactual_requests, 1.0);
-        assert_eq!(r.timeout_mismatches, 4);
-        assert_eq!(r.non_idempotent_retries, 6);
-        let text = render_text(&r);
-        assert!(text.contains("StormDetected") && text.contains("api->db"), "{text}");
-        let html = render_html(&r);
-        assert!(html.starts_with("<!doctype html>") && html.contains("<polyline") && !html.contains("<script"));
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 mod redaction {

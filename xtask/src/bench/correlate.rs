@@ -11,9 +11,10 @@ use std::{
 
 use anyhow::Result;
 use retry_agent::{
-    correlate::{CorrelateConfig, Engine, sim::ExchangeBuilder as X},
+    correlate::{CorrelateConfig, Engine},
     decide::{DecideConfig, Decider},
     l7::Exchange,
+    testkit::ExchangeBuilder as X,
 };
 
 

@@ -6,7 +6,7 @@
 //! - dump: write and read MB/s, bytes per record on disk;
 //! - replay: events/s through the shared `Pipeline` from a dump.
 //!
-//! In-process on synthetic, wire-faithful HTTP/1 storm traffic (`recorder::synth`). Figures,
+//! In-process on synthetic, wire-faithful HTTP/1 storm traffic (`testkit::synth`). Figures,
 //! never pass/fail.
 use std::{hint::black_box, time::Instant};
 
@@ -16,10 +16,9 @@ use retry_agent::{
     correlate::CorrelateConfig,
     decide::DecideConfig,
     l7::L7Config,
-    recorder::{
-        DumpReader, DumpReason, Pipeline, Record, Recorder, RecorderConfig, SharedRecorder, StageOutput, replay,
-        synth::StormScenario,
-    },
+    pipeline::{Pipeline, Record, StageOutput},
+    recorder::{DumpReader, DumpReason, Recorder, RecorderConfig, SharedRecorder, replay},
+    testkit::StormScenario,
 };
 
 
@@ -84,14 +83,14 @@ pub fn run() -> Result<()> {
     let mut on = f64::MAX;
     let mut live_out = StageOutput::default();
     let steady = SharedRecorder::new(Recorder::new(RecorderConfig { max_mib: 64, ..cfg.clone() })?);
-    let mut warm = pipeline().with_recorder(steady.clone());
+    let mut warm = pipeline().with_tap(steady.clone());
     events.iter().for_each(|e| warm.push(e, &mut StageOutput::default()));
     for _ in 0..5 {
         let mut p = pipeline();
         let mut out = StageOutput::default();
         let t = timed(|| events.iter().for_each(|e| p.push(e, &mut out)));
         off = off.min(t.cpu_s);
-        let mut p = pipeline().with_recorder(steady.clone());
+        let mut p = pipeline().with_tap(steady.clone());
         let mut out = StageOutput::default();
         let t = timed(|| events.iter().for_each(|e| p.push(e, &mut out)));
         on = on.min(t.cpu_s);
@@ -101,7 +100,7 @@ pub fn run() -> Result<()> {
     println!("    (steady ring: {:.1} MB, {} records, {} evicted for size)", st.bytes_in_ring as f64 / 1e6, st.records_in_ring, st.evicted_size_total);
     // A dump of one whole live run (its own ring, large enough to hold it).
     let shared = SharedRecorder::new(Recorder::new(cfg.clone())?);
-    let mut p = pipeline().with_recorder(shared.clone());
+    let mut p = pipeline().with_tap(shared.clone());
     events.iter().for_each(|e| p.push(e, &mut StageOutput::default()));
     let shared = Some(shared);
     println!(

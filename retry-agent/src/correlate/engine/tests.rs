@@ -6,7 +6,7 @@ use super::*;
 use crate::correlate::types::{DependencyKind, EdgeStats};
 use crate::l7::Failure;
 use crate::{
-    correlate::sim::ExchangeBuilder as X,
+    testkit::ExchangeBuilder as X,
     decide::{DecideConfig, Decider, Reason},
     l7::{Method, RetryMarkers},
 };

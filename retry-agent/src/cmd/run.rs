@@ -5,10 +5,9 @@
 //! snapshots. One task owns the pipeline state; the kernel reader and the actuators run on their
 //! own tasks behind bounded channels, so a slow actuator never stalls capture and a full channel
 //! drops (and counts) instead of blocking.
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, bail};
-use axum::{Router, body::Bytes, extract::State, http::StatusCode, response::IntoResponse, routing::post};
 use clap::Args;
 use tokio::{
     signal::unix::{SignalKind, signal},
@@ -24,7 +23,8 @@ use crate::{
     decide::{DecideConfig, Decision},
     l7::L7Config,
     metrics::Metrics,
-    recorder::{self, Pipeline, Recorder, RecorderConfig, SharedRecorder, StageOutput},
+    pipeline::{Pipeline, StageOutput},
+    recorder::{self, Recorder, RecorderConfig, SharedRecorder},
 };
 
 #[derive(Debug, Default, Args)]
@@ -76,11 +76,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(args.api.addr)
         .await
         .with_context(|| format!("binding the API to {}", args.api.addr))?;
-    tokio::spawn(serve_api(listener, state.clone(), recorder.clone()));
-    if let Some(rec) = &recorder {
-        if let Err(e) = recorder::spawn_sigusr1_dumps(rec.clone()) {
-            warn!(error = %e, "SIGUSR1 dumps unavailable");
+    let api = api::serve(listener, state.clone(), recorder.clone());
+    tokio::spawn(async move {
+        if let Err(e) = api.await {
+            warn!(error = %e, "API server stopped");
         }
+    });
+    if let Some(rec) = &recorder
+        && let Err(e) = recorder::spawn_sigusr1_dumps(rec.clone())
+    {
+        warn!(error = %e, "SIGUSR1 dumps unavailable");
     }
 
     let dispatcher = Dispatcher::from_config(&args.actuate).context("starting the actuators")?;
@@ -89,7 +94,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let mut pipeline = Pipeline::new(args.l7.clone(), args.correlate.clone(), args.decide.clone());
     if let Some(rec) = &recorder {
-        pipeline = pipeline.with_recorder(rec.clone());
+        pipeline = pipeline.with_tap(rec.clone());
     }
     let mut out = StageOutput::default();
     let mut publish = tokio::time::interval(PUBLISH_EVERY);
@@ -182,7 +187,7 @@ fn drain(out: &mut StageOutput, pipeline: &Pipeline, state: &SharedState, to_act
     if !out.decisions.is_empty() {
         state.metrics().observe_decisions(&out.decisions, pipeline.decider.active().len());
         for d in &out.decisions {
-            info!(edge = %d.edge, action = ?d.action, reason = d.reason.as_str(), ttl_ms = d.ttl_ms, "decision");
+            info!(edge = %d.edge, action = %d.action, reason = %d.reason, ttl_ms = d.ttl_ms, "decision");
         }
         send(to_actuators, ToActuators::Decisions(std::mem::take(&mut out.decisions)));
     }
@@ -212,20 +217,3 @@ fn to_actuate_claim(c: correlate::ServiceClaim) -> actuate::ServiceClaim {
 
 /// Claims are republished every second; a shim that stops hearing them drops them after this.
 const CLAIM_TTL_MS: u64 = 10_000;
-
-async fn serve_api(listener: tokio::net::TcpListener, state: SharedState, recorder: Option<SharedRecorder>) {
-    let mut router = api::router(state);
-    if let Some(rec) = recorder {
-        router = router.merge(Router::new().route("/v1/dump", post(dump_route)).with_state(rec));
-    }
-    let addr: Option<SocketAddr> = listener.local_addr().ok();
-    info!(?addr, "API and metrics listening");
-    if let Err(e) = axum::serve(listener, router).await {
-        warn!(error = %e, "API server stopped");
-    }
-}
-
-async fn dump_route(State(rec): State<SharedRecorder>, body: Bytes) -> impl IntoResponse {
-    let (status, json) = recorder::dump_api_response(&rec, &body).await;
-    (StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), json)
-}

@@ -22,14 +22,12 @@ use std::{
 
 use anyhow::Context as _;
 use clap::Args;
-use tokio::net::TcpListener;
 
-use super::control::{self, ControlView};
-
-pub mod iptables;
-pub mod net;
-pub mod policy;
-pub mod proxy;
+use crate::actuate::{
+    DEFAULT_CONTROL_SOCKET,
+    control::{self, ControlView},
+    shim::{bind_reuseport, iptables, policy, proxy, spawn_io_thread},
+};
 
 pub const DEFAULT_CHAIN: &str = "RETRY_SHIM";
 pub const DEFAULT_MARK: u32 = 0x52a0;
@@ -55,7 +53,7 @@ pub struct ShimArgs {
     #[arg(long, env = "RETRY_AGENT_SHIM_IPV6", default_value_t = true, action = clap::ArgAction::Set)]
     pub ipv6: bool,
     /// Agent control socket to follow.
-    #[arg(long, env = "RETRY_AGENT_CONTROL_SOCKET", default_value = super::DEFAULT_CONTROL_SOCKET)]
+    #[arg(long, env = "RETRY_AGENT_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
     pub control_socket: PathBuf,
     /// nat chain name (the inbound chain gets `_IN` appended).
     #[arg(long, env = "RETRY_AGENT_SHIM_CHAIN", default_value = DEFAULT_CHAIN)]
@@ -193,11 +191,7 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         per_thread.push(ls);
     }
     for (i, ls) in per_thread.into_iter().enumerate() {
-        let ctx = ctx.clone();
-        std::thread::Builder::new()
-            .name(format!("shim-io-{i}"))
-            .spawn(move || serve_thread(ls, ctx))
-            .context("starting an io thread")?;
+        spawn_io_thread(i, ls, ctx.clone()).context("starting an io thread")?;
     }
 
     tokio::spawn(control::follow(args.control_socket.clone(), ctx.view.clone()));
@@ -237,58 +231,6 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
     }
     tracing::info!(stats = %ctx.stats.summary(), "shim stopped");
     Ok(())
-}
-
-fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let dom = if addr.is_ipv4() { socket2::Domain::IPV4 } else { socket2::Domain::IPV6 };
-    let s = socket2::Socket::new(dom, socket2::Type::STREAM, None)?;
-    if addr.is_ipv6() {
-        s.set_only_v6(true)?;
-    }
-    s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
-    s.set_nonblocking(true)?;
-    s.bind(&addr.into())?;
-    s.listen(1024)?;
-    Ok(s.into())
-}
-
-/// One io thread: its listeners, its connections, until the process exits.
-fn serve_thread(listeners: Vec<std::net::TcpListener>, ctx: Arc<proxy::Ctx>) {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "io thread has no runtime; its share of connections will queue");
-            return;
-        }
-    };
-    rt.block_on(async move {
-        let mut loops = Vec::new();
-        for l in listeners {
-            match TcpListener::from_std(l) {
-                Ok(l) => loops.push(tokio::spawn(accept_loop(l, ctx.clone()))),
-                Err(e) => tracing::error!(error = %e, "cannot register a listener"),
-            }
-        }
-        for l in loops {
-            let _ = l.await;
-        }
-    });
-}
-
-async fn accept_loop(l: TcpListener, ctx: Arc<proxy::Ctx>) {
-    loop {
-        match l.accept().await {
-            Ok((s, peer)) => {
-                tokio::spawn(proxy::handle(s, peer, ctx.clone()));
-            }
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
 }
 
 /// SIGTERM, SIGINT and SIGHUP, registered once at start.
@@ -353,7 +295,8 @@ async fn cleanup_mode(args: &ShimArgs) -> anyhow::Result<()> {
         // Only the shim we watched may be cleaned up after: a newer one owns the file now.
         let owner = std::fs::read_to_string(args.pid_file()).ok().and_then(|s| s.trim().parse::<i32>().ok());
         if owner != Some(pid) {
-            tracing::debug!(?owner, pid, "the watched shim cleaned up or was replaced; nothing to do");
+            let owner = owner.map_or_else(|| "none".to_string(), |o| o.to_string());
+            tracing::debug!(%owner, pid, "the watched shim cleaned up or was replaced; nothing to do");
             return Ok(());
         }
         tracing::warn!(pid, chain = %args.chain, "shim died without cleaning up; removing its rules");

@@ -1,6 +1,7 @@
 //! The design's numbers, reproduced through the real engine and decider.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
+use crate::l7::OutcomeClass;
 
 const CHAIN: [&str; 7] = ["a", "b", "c", "d", "e", "f", "g"];
 const RATE: u64 = 50;

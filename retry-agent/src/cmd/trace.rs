@@ -8,7 +8,10 @@ use std::{
 use anyhow::Context;
 use clap::Args;
 
-use super::{Capture, CaptureConfig, Event, ProcessInfo};
+use crate::{
+    capture::{Capture, CaptureConfig, Event, ProcessInfo, monotonic_ns},
+    l7::{L7Config, Reassembler},
+};
 
 #[derive(Debug, Args)]
 pub struct TraceArgs {
@@ -27,7 +30,7 @@ pub struct TraceArgs {
     #[arg(long, conflicts_with = "count")]
     pub exchanges: bool,
     #[command(flatten)]
-    pub l7: crate::l7::L7Config,
+    pub l7: L7Config,
     /// Print nothing per event; on exit (Ctrl-C/SIGTERM) print the capture counters as one JSON
     /// object (benchmarks, health checks).
     #[arg(long)]
@@ -108,7 +111,7 @@ impl Filter {
 pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
     let mut capture = Capture::load(&args.capture).context("starting capture")?;
     let mut filter = Filter::new(args.pid, args.port, args.comm);
-    let mut reassembler = args.exchanges.then(|| crate::l7::Reassembler::new(args.l7.clone()));
+    let mut reassembler = args.exchanges.then(|| Reassembler::new(args.l7.clone()));
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -124,7 +127,7 @@ pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
             _ = sigterm.recv() => break,
             _ = tick.tick() => {
                 if let Some(r) = reassembler.as_mut() {
-                    r.tick(super::monotonic_ns(), &mut exchanges);
+                    r.tick(monotonic_ns(), &mut exchanges);
                 }
             }
             ev = capture.events().recv() => {
@@ -159,12 +162,19 @@ pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
         writeln!(out, "{v}").ok();
         out.flush().ok();
     }
-    tracing::info!(?stats, "trace stopped");
+    tracing::info!(
+        events = stats.events,
+        kernel_drops = stats.kernel_drops,
+        channel_drops = stats.channel_drops,
+        decode_errors = stats.decode_errors,
+        "trace stopped"
+    );
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use bytes::Bytes;
 
     use super::*;

@@ -1,0 +1,49 @@
+//! The commands, above every stage: each subcommand's arguments (every setting once, as a flag
+//! with an env var and a default) and the code that wires the stages together for it.
+use clap::{Parser, Subcommand};
+
+pub mod dump;
+pub mod forensics;
+pub mod run;
+pub mod shim;
+pub mod trace;
+
+pub use run::InvalidConfig;
+
+#[derive(Debug, Parser)]
+#[command(name = "retry-agent", version, about = "Kernel-assisted retry-storm detection and suppression")]
+pub struct Cli {
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "RETRY_AGENT_LOG", default_value = "info", global = true)]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Observe the whole node: capture, correlate, decide, actuate, serve metrics and the API
+    /// (the default).
+    Run(Box<run::RunArgs>),
+    /// Print live kernel events (or, with --exchanges, HTTP exchanges) as JSON lines.
+    Trace(trace::TraceArgs),
+    /// The transparent retry-suppression shim (iptables-steered proxy).
+    Shim(shim::ShimArgs),
+    /// Ask a running agent to write a flight-recorder dump.
+    Dump(dump::DumpArgs),
+    /// Replay a dump offline into an incident report.
+    Forensics(forensics::ForensicsArgs),
+}
+
+impl Command {
+    /// Run the subcommand to completion.
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self {
+            Command::Run(args) => run::run(*args).await,
+            Command::Trace(args) => trace::run(args).await,
+            Command::Shim(args) => shim::run(args).await,
+            Command::Dump(args) => dump::run(args).await,
+            Command::Forensics(args) => forensics::run(args),
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Forensics on dumps: the replay uses the live run's settings, and the report tells the story
+//! of a hand-made incident.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::path::PathBuf;
+
+use bytes::Bytes;
+
+use super::*;
+use crate::{
+    capture::{Direction, Event, Role},
+    correlate::{CorrelateConfig, Edge, ServiceId},
+    decide::{Action, DecideConfig, Decision, Reason},
+    l7::L7Config,
+    pipeline::{Pipeline, StageOutput},
+    recorder::{DumpReason, Recorder, RecorderConfig, SharedRecorder, Snapshot},
+    testkit::{StormScenario, temp_dir},
+};
+
+const S: u64 = 1_000_000_000;
+
+fn cfg(dir: PathBuf) -> RecorderConfig {
+    RecorderConfig { dump_dir: dir, ..RecorderConfig::default() }
+}
+
+fn decision(ts: u64) -> Decision {
+    Decision {
+        id: 1,
+        edge: Edge { caller: ServiceId::new("a"), callee: ServiceId::new("b") },
+        callee_addrs: vec![],
+        action: Action::SuppressRetries,
+        reason: Reason::CalleeUnclaimed,
+        issued_at_ns: ts,
+        ttl_ms: 1000,
+    }
+}
+
+/// A live agent run with non-default settings: the dump carries them and forensics replays with
+/// them (the same verdicts and decisions), unless told to use its own flags.
+#[test]
+fn forensics_replays_with_the_live_pipelines_settings() {
+    let dir = temp_dir("replay-config");
+    let rec = SharedRecorder::new(Recorder::new(RecorderConfig { auto_dump: false, ..cfg(dir.clone()) }).unwrap());
+    // Decisions only at a 10x arrival rate and a 90% retry ratio: the default settings decide
+    // differently on the same storm.
+    let decide = DecideConfig { amplification_threshold: 10.0, retry_budget: 0.9, ..DecideConfig::default() };
+    let mut live = Pipeline::new(L7Config::default(), CorrelateConfig::default(), decide).with_tap(rec.clone());
+    let mut out = StageOutput::default();
+    for ev in &StormScenario::default().events() {
+        live.push(ev, &mut out);
+    }
+    let path = rec.with(|r| r.dump(DumpReason::OnDemand)).unwrap().unwrap();
+    let opts = |override_settings: bool| Options { override_settings, ..Options::default() };
+    let faithful = analyse(&path, &opts(false)).unwrap();
+    let check = faithful.replay_check.clone().expect("a replay check");
+    assert!(check.decisions_equal && check.verdicts_equal, "{check:?}");
+    let what_if = analyse(&path, &opts(true)).unwrap();
+    let check = what_if.replay_check.clone().expect("a replay check");
+    assert!(!check.decisions_equal, "default settings decide differently: {check:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+mod report {
+    use super::*;
+    use crate::{
+        correlate::{ClaimCounts, DependencyKind, EdgeStats, PathStats, Verdict},
+        l7::{Claim, OutcomeClass},
+    };
+
+    fn edge(caller: &str, callee: &str, port: u16, amp: f64, fault: bool) -> EdgeStats {
+        EdgeStats {
+            edge: Edge { caller: ServiceId::new(caller), callee: ServiceId::new(callee) },
+            callee_addrs: vec![std::net::SocketAddr::from(([127, 0, 0, 1], port))],
+            window_seconds: 10.0,
+            request_rate: 100.0 * amp,
+            requests: 1000,
+            first_attempts: 500,
+            retries: 500,
+            failures: if fault { 900 } else { 0 },
+            attempts_per_request: if fault { 2.0 } else { 1.0 },
+            retry_ratio: 0.5,
+            failure_ratio: if fault { 0.9 } else { 0.0 },
+            retry_success: vec![],
+            callee_claims: ClaimCounts::default(),
+            amplification: amp,
+            baseline_rate: Some(100.0),
+            fault_active: fault,
+            hedged_retries: 0,
+            non_idempotent_retries: 3,
+            no_jitter: false,
+            timeout_mismatches: 0,
+            timeout_mismatches_total: 2,
+            requests_total: 5000,
+            retries_total: 800,
+            dependency: DependencyKind::FailClose,
+        }
+    }
+
+    fn verdict(svc: &str, claim: Claim, ts: u64) -> Record {
+        Record::Verdict(Verdict {
+            exchange: crate::l7::ExchangeId(ts),
+            service: ServiceId::new(svc),
+            caller: None,
+            claim,
+            outcome: OutcomeClass::Transient,
+            status: Some(503),
+            caused_by: vec![],
+            ts_ns: ts,
+        })
+    }
+
+    /// A dump whose derived records are hand-made (independent of the l7/correlate logic).
+    fn incident_dump(dir: &std::path::Path) -> PathBuf {
+        let mut records: Vec<Record> = StormScenario { requests: 10, ..Default::default() }
+            .events()
+            .into_iter()
+            .map(Record::Event)
+            .collect();
+        // The shim answered one retry of api → db locally.
+        if let Event::Data(mut d) = records
+            .iter()
+            .find_map(|r| match r {
+                Record::Event(Event::Data(d)) if d.pid == 200 && d.direction == Direction::Ingress && d.role == Role::Client => Some(Event::Data(d.clone())),
+                _ => None,
+            })
+            .unwrap()
+        {
+            d.payload = Bytes::from_static(b"HTTP/1.1 503 Service Unavailable\r\nx-retry-suppressed: 1\r\nContent-Length: 0\r\n\r\n");
+            d.ts_exit_ns = 40 * S;
+            records.push(Record::Event(Event::Data(d)));
+        }
+        for t in 0..60u64 {
+            let fault = (20..40).contains(&t);
+            let amp = if fault { 4.0 } else { 1.0 };
+            let paths = PathStats {
+                storm_radius: if fault { 2 } else { 0 },
+                storm_path: if fault { vec![ServiceId::new("frontend"), ServiceId::new("api"), ServiceId::new("db")] } else { vec![] },
+                fault_active: fault,
+                ..PathStats::default()
+            };
+            records.push(Record::Edges(EdgeSnapshot {
+                ts_ns: t * S,
+                edges: vec![edge("api", "db", 9090, amp, fault), edge("frontend", "api", 8080, if fault { 2.0 } else { 1.0 }, false)],
+                paths,
+            }));
+        }
+        records.push(verdict("db", Claim::Claimed, 21 * S));
+        records.push(verdict("api", Claim::Unclaimed, 22 * S));
+        records.push(verdict("db", Claim::Claimed, 23 * S));
+        let mut d = decision(25 * S);
+        d.edge = Edge { caller: ServiceId::new("frontend"), callee: ServiceId::new("api") };
+        records.push(Record::Decision(d.clone()));
+        records.push(Record::Decision(Decision { issued_at_ns: 30 * S, ..d.clone() })); // renewal
+        records.push(Record::Decision(Decision { id: 2, action: Action::Allow, issued_at_ns: 55 * S, ..d }));
+        let snap = Snapshot { reason: DumpReason::OnDemand, config: RecorderConfig::default(), records, from_ns: 0, to_ns: 60 * S, missing_before: 0, pipeline: None };
+        snap.write_to_dir(dir).unwrap()
+    }
+
+    #[test]
+    fn report_tells_the_story_of_the_incident() {
+        let dir = temp_dir("forensics");
+        let path = incident_dump(&dir);
+        let r = analyse(&path, &Options { recorded: true, ..Options::default() }).unwrap();
+        let kinds: Vec<(TimelineKind, u64)> = r.timeline.iter().map(|t| (t.kind, t.ts_ns / S)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (TimelineKind::FaultOnset, 20),
+                (TimelineKind::FirstUnclaimedError, 22),
+                (TimelineKind::StormDetected, 25),
+                (TimelineKind::Suppress, 25),
+                (TimelineKind::Recovery, 40),
+                (TimelineKind::Allow, 55),
+            ]
+        );
+        assert_eq!(r.owners.len(), 1);
+        assert_eq!(r.owners[0].service.as_str(), "db");
+        assert_eq!(r.owners[0].claimed_errors, 2);
+        assert_eq!(r.edges[0].edge, "api->db");
+        assert_eq!(r.edges[0].peak_amplification, 4.0);
+        // Times are relative to the first timed record (the scenario starts at 1 s).
+        assert_eq!(r.edges[0].peak_at_s, 19.0);
+        assert_eq!(r.edges[0].series.len(), 60);
+        assert_eq!(r.storm_radius_max, 2);
+        assert_eq!(r.retries_suppressed, 1);
+        // The suppressed retry was on api → db, db is the owner: it would have been one request.
+        assert_eq!(r.counterfactual_requests, 1.0);
+        assert_eq!(r.timeout_mismatches, 4);
+        assert_eq!(r.non_idempotent_retries, 6);
+        let text = render_text(&r);
+        assert!(text.contains("storm detected") && text.contains("api->db"), "{text}");
+        let html = render_html(&r);
+        assert!(html.starts_with("<!doctype html>") && html.contains("<polyline") && !html.contains("<script"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
