@@ -25,6 +25,7 @@ use crate::{
     l7::L7Config,
     metrics::Metrics,
     recorder::{self, Pipeline, Recorder, RecorderConfig, SharedRecorder, StageOutput},
+    settings::InvalidConfig,
 };
 
 #[derive(Debug, Default, Args)]
@@ -151,27 +152,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
 }
 
 /// Every configuration problem at once, before anything is loaded or bound.
-fn validate(args: &RunArgs) -> Result<()> {
-    let mut problems: Vec<String> = Vec::new();
-    if let Err(e) = args.capture.validate() {
-        problems.push(format!("{e:#}"));
-    }
-    if let Err(es) = args.correlate.validate() {
-        problems.extend(es.iter().map(ToString::to_string));
-    }
-    if let Err(es) = args.decide.validate() {
-        problems.extend(es.iter().map(ToString::to_string));
-    }
-    if problems.is_empty() {
-        return Ok(());
-    }
-    Err(InvalidConfig(problems).into())
+fn validate(args: &RunArgs) -> Result<(), InvalidConfig> {
+    let mut p = InvalidConfig::default();
+    p.add(&args.capture).add(&args.l7).add(&args.correlate).add(&args.decide);
+    p.add(&args.actuate).add(&args.recorder).add(&args.api);
+    p.into_result()
 }
-
-/// Every configuration problem found, reported at once; `main` exits 64 (EX_USAGE) on it.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid configuration:\n  {}", .0.join("\n  "))]
-pub struct InvalidConfig(pub Vec<String>);
 
 /// Hands one push's or tick's results to the API and the actuators. Verdict counters come from
 /// the engine's totals at publish time, so they are not counted here.

@@ -1,6 +1,7 @@
 //! retry-agent: kernel event → chunk → exchange → verdict → decision → actuator.
 //!
 //! Modules in data-flow order; each depends only on the ones before it.
+pub mod settings;
 pub mod capture;
 pub mod l7;
 pub mod correlate;

@@ -20,7 +20,12 @@ use std::{
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-use crate::{correlate::ServiceId, decide::Decision, l7::Claim};
+use crate::{
+    correlate::ServiceId,
+    decide::Decision,
+    l7::Claim,
+    settings::{InvalidConfig, Settings},
+};
 
 pub mod control;
 pub mod decision_log;
@@ -128,41 +133,63 @@ impl fmt::Display for ActuatorKind {
     }
 }
 
-/// Actuation settings (flatten into the `run` arguments).
+/// Actuation settings (`--actuate-*`; flattened into the `run` arguments).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ActuateConfig {
     /// Actuators to drive, comma-separated (control, haproxy, envoy, decision-log).
-    #[arg(long, env = "RETRY_AGENT_ACTUATORS", value_enum, value_delimiter = ',', default_value = "control,decision-log")]
+    #[arg(long = "actuate", alias = "actuators", env = "RETRY_AGENT_ACTUATE", value_enum, value_delimiter = ',', default_value = "control,decision-log")]
     pub actuators: Vec<ActuatorKind>,
     /// Unix socket on which shims receive decisions and claims (JSON lines).
-    #[arg(long, env = "RETRY_AGENT_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
+    #[arg(long = "actuate-control-socket", alias = "control-socket", env = "RETRY_AGENT_ACTUATE_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
     pub control_socket: PathBuf,
     /// HAProxy runtime API socket (`stats socket ... level admin`).
-    #[arg(long, env = "RETRY_AGENT_HAPROXY_SOCKET", default_value = haproxy::DEFAULT_SOCKET)]
+    #[arg(long = "actuate-haproxy-socket", alias = "haproxy-socket", env = "RETRY_AGENT_ACTUATE_HAPROXY_SOCKET", default_value = haproxy::DEFAULT_SOCKET)]
     pub haproxy_socket: PathBuf,
     /// HAProxy suppression map, as named in haproxy.cfg (callee service → suppressed-until unix s).
-    #[arg(long, env = "RETRY_AGENT_HAPROXY_MAP", default_value = haproxy::DEFAULT_MAP)]
+    #[arg(long = "actuate-haproxy-map", alias = "haproxy-map", env = "RETRY_AGENT_ACTUATE_HAPROXY_MAP", default_value = haproxy::DEFAULT_MAP)]
     pub haproxy_map: String,
     /// Envoy admin address.
-    #[arg(long, env = "RETRY_AGENT_ENVOY_ADMIN", default_value = envoy::DEFAULT_ADMIN)]
+    #[arg(long = "actuate-envoy-admin", alias = "envoy-admin", env = "RETRY_AGENT_ACTUATE_ENVOY_ADMIN", default_value = envoy::DEFAULT_ADMIN)]
     pub envoy_admin: SocketAddr,
     /// JSON-lines decision log.
-    #[arg(long, env = "RETRY_AGENT_DECISION_LOG", default_value = decision_log::DEFAULT_PATH)]
+    #[arg(long = "actuate-decision-log", alias = "decision-log", env = "RETRY_AGENT_ACTUATE_DECISION_LOG", default_value = decision_log::DEFAULT_PATH)]
     pub decision_log: PathBuf,
 }
 
 impl Default for ActuateConfig {
-    /// Same values as the flag defaults.
     fn default() -> Self {
-        ActuateConfig {
-            actuators: vec![ActuatorKind::Control, ActuatorKind::DecisionLog],
-            control_socket: PathBuf::from(DEFAULT_CONTROL_SOCKET),
-            haproxy_socket: PathBuf::from(haproxy::DEFAULT_SOCKET),
-            haproxy_map: haproxy::DEFAULT_MAP.to_string(),
-            envoy_admin: envoy::default_admin(),
-            decision_log: PathBuf::from(decision_log::DEFAULT_PATH),
+        crate::settings::defaults()
+    }
+}
+
+impl Settings for ActuateConfig {
+    fn check(&self, p: &mut InvalidConfig) {
+        let uses = |k| self.actuators.contains(&k);
+        if uses(ActuatorKind::Control) {
+            check_socket_path(p, "actuate-control-socket", &self.control_socket);
+        }
+        if uses(ActuatorKind::Haproxy) {
+            check_socket_path(p, "actuate-haproxy-socket", &self.haproxy_socket);
+            // The name goes into runtime API command lines: whitespace would split the command.
+            let map = &self.haproxy_map;
+            let ok = !map.is_empty() && !map.chars().any(|c| c.is_whitespace() || c.is_control());
+            p.check(ok, "actuate-haproxy-map", format!("{map:?}"), "a map name without spaces");
+        }
+        if uses(ActuatorKind::DecisionLog) {
+            let log = &self.decision_log;
+            p.check(log.file_name().is_some(), "actuate-decision-log", log.display(), "a file path");
         }
     }
+}
+
+/// Longest Unix socket path the kernel takes (`sun_path` is 108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// A Unix socket path the kernel will accept (checked up front: bind would only say "invalid").
+pub(crate) fn check_socket_path(p: &mut InvalidConfig, flag: &'static str, path: &std::path::Path) {
+    let len = path.as_os_str().len();
+    let ok = len > 0 && len <= MAX_SOCKET_PATH;
+    p.check(ok, flag, path.display(), "a socket path of 1 to 107 bytes");
 }
 
 /// Per-actuator outcome counters (for metrics and the API).

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::{Capture, CaptureConfig, Event, ProcessInfo};
+use crate::settings::InvalidConfig;
 
 #[derive(Debug, Args)]
 pub struct TraceArgs {
@@ -106,6 +107,9 @@ impl Filter {
 }
 
 pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
+    let mut problems = InvalidConfig::default();
+    problems.add(&args.capture).add(&args.l7);
+    problems.into_result()?;
     let mut capture = Capture::load(&args.capture).context("starting capture")?;
     let mut filter = Filter::new(args.pid, args.port, args.comm);
     let mut reassembler = args.exchanges.then(|| crate::l7::Reassembler::new(args.l7.clone()));

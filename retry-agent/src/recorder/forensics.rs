@@ -15,6 +15,7 @@ use crate::{
     correlate::{CorrelateConfig, Edge, EdgeStats, ServiceId, Verdict},
     decide::{Action, DecideConfig, Decision},
     l7::{Claim, Exchange, L7Config},
+    settings::InvalidConfig,
 };
 
 #[derive(Debug, Args)]
@@ -172,6 +173,13 @@ fn recorded(records: &[Record]) -> Derived {
     d
 }
 
+/// Every problem with the stage settings a replay runs with, at once.
+fn validate(l7: &L7Config, correlate: &CorrelateConfig, decide: &DecideConfig) -> Result<(), InvalidConfig> {
+    let mut p = InvalidConfig::default();
+    p.add(l7).add(correlate).add(decide);
+    p.into_result()
+}
+
 /// Analyse one dump.
 pub fn analyse(path: &Path, args: &ForensicsArgs) -> anyhow::Result<IncidentReport> {
     let dump = DumpReader::open(path)?;
@@ -182,6 +190,10 @@ pub fn analyse(path: &Path, args: &ForensicsArgs) -> anyhow::Result<IncidentRepo
     let config = match (args.replay_flags, live) {
         (true, _) => flags,
         (false, Some(v)) => match serde_json::from_value::<PipelineConfig>(v.clone()) {
+            Ok(c) if let Err(e) = validate(&c.l7, &c.correlate, &c.decide) => {
+                notes.push(format!("the dump's pipeline settings are invalid ({e}): replaying with this command's flags"));
+                flags
+            }
             Ok(c) => c,
             Err(e) => {
                 notes.push(format!("the dump's pipeline settings do not parse ({e}): replaying with this command's flags"));
@@ -607,6 +619,9 @@ fn render_diff(a: &IncidentReport, b: &IncidentReport) -> String {
 }
 
 pub fn run(args: ForensicsArgs) -> anyhow::Result<()> {
+    // Checked whether or not they are used: a what-if with a bad value must not look like a
+    // replay with the live settings.
+    validate(&args.l7, &args.correlate, &args.decide)?;
     let report = analyse(&args.dump, &args)?;
     if let Some(other) = &args.diff {
         let b = analyse(other, &args)?;
