@@ -17,7 +17,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use crate::{
-    actuate::{self, ActuateConfig, Dispatcher},
+    actuate::{ActuateConfig, Dispatcher},
     api::{self, ApiConfig, SharedState},
     capture::{Capture, CaptureConfig, monotonic_ns},
     correlate::{self, CorrelateConfig},
@@ -54,7 +54,7 @@ const ACTUATOR_QUEUE: usize = 64;
 
 enum ToActuators {
     Decisions(Vec<Decision>),
-    Claims(Vec<actuate::ServiceClaim>),
+    Claims(Vec<correlate::ServiceClaim>),
     Tick,
 }
 
@@ -128,8 +128,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 metrics.observe_tls(capture.tls_libraries());
                 let l = pipeline.reassembler.stats();
                 metrics.observe_l7(l.exchanges, l.evictions_close + l.evictions_lru + l.evictions_idle);
-                let claims = pipeline.engine.service_claims().into_iter().map(to_actuate_claim).collect();
-                send(&to_actuators, ToActuators::Claims(claims));
+                send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));
                 send(&to_actuators, ToActuators::Tick);
             }
             _ = tls_rescan.tick(), if args.capture.tls && args.capture.tls_rescan_secs > 0 => {
@@ -191,13 +190,6 @@ async fn drive_actuators(mut dispatcher: Dispatcher, mut rx: mpsc::Receiver<ToAc
         }
     }
 }
-
-fn to_actuate_claim(c: correlate::ServiceClaim) -> actuate::ServiceClaim {
-    actuate::ServiceClaim { service: c.service, addrs: c.addrs, claim: c.claim, ttl_ms: CLAIM_TTL_MS }
-}
-
-/// Claims are republished every second; a shim that stops hearing them drops them after this.
-const CLAIM_TTL_MS: u64 = 10_000;
 
 async fn serve_api(listener: tokio::net::TcpListener, state: SharedState, recorder: Option<SharedRecorder>) {
     let mut router = api::router(state);

@@ -8,7 +8,11 @@
 //! - `apply(&[])` is a tick: actuators drop what expired. [`Dispatcher::tick`] does this; call it
 //!   about once a second.
 //! - `publish_claims` carries the per-service error claim the shim stamps on inbound error
-//!   responses (`x-error-claim`). Actuators that have no use for claims ignore them.
+//!   responses (`x-error-claim`): the engine's [`ServiceClaim`]s, the full set each time (about
+//!   once a second). How long a claim outlives its last publication is the actuator's business
+//!   (the control socket's [`control::CLAIM_TTL`]). Actuators that have no use for claims ignore
+//!   them.
+//! - What crosses to the shims is [`wire`]'s: versioned wire types, not these.
 use std::{
     fmt,
     future::Future,
@@ -21,9 +25,8 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    correlate::ServiceId,
+    correlate::ServiceClaim,
     decide::Decision,
-    l7::Claim,
     settings::{InvalidConfig, Settings},
 };
 
@@ -32,6 +35,7 @@ pub mod decision_log;
 pub mod envoy;
 pub mod haproxy;
 pub mod shim;
+pub mod wire;
 
 /// Default path of the agent ↔ shim control socket.
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/retry-agent/control.sock";
@@ -81,18 +85,6 @@ pub enum ActuateError {
     NoRuntime,
     #[error("{0}")]
     Invalid(String),
-}
-
-/// The error claim the agent holds for one service: what the shim stamps on that service's inbound
-/// error responses. `addrs` are the service's listening addresses (an unspecified IP matches any
-/// local IP on that port).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServiceClaim {
-    pub service: ServiceId,
-    pub addrs: Vec<SocketAddr>,
-    /// `Claimed` or `Unclaimed`; `Missing` withdraws the claim (no header is added).
-    pub claim: Claim,
-    pub ttl_ms: u64,
 }
 
 /// One side-effecting consumer of decisions.

@@ -6,7 +6,7 @@ use std::{
 
 use super::*;
 use crate::{
-    correlate::Edge,
+    correlate::{Edge, ServiceId},
     decide::{Action, Reason},
 };
 
@@ -116,7 +116,7 @@ async fn control_socket_feeds_view_and_ttl_lapses() {
         service: ServiceId::new("b"),
         addrs: vec!["0.0.0.0:8080".parse().expect("addr")],
         claim: crate::l7::Claim::Unclaimed,
-        ttl_ms: 10_000,
+        counts: crate::correlate::ClaimCounts { claimed: 0, unclaimed: 3, missing: 0 },
     };
     ctl.publish_claims(&[claim]).await.expect("claims");
     let t0 = Instant::now();
