@@ -209,3 +209,20 @@ fn every_problem_is_reported_on_its_own_line() {
     assert!(p.into_result().is_err());
     assert!(InvalidConfig::default().into_result().is_ok());
 }
+
+/// `trace` and `forensics` check the stage settings they take before doing anything else.
+#[tokio::test]
+async fn trace_and_forensics_refuse_bad_settings_first() {
+    let cli = Cli::try_parse_from(["retry-agent", "trace", "--capture-ring-bytes", "3", "--l7-max-inflight", "0"]).unwrap();
+    let Some(Command::Trace(args)) = cli.command else { panic!("not trace") };
+    let e = crate::capture::trace::run(args).await.expect_err("bad settings");
+    let e = e.downcast_ref::<InvalidConfig>().expect("an InvalidConfig");
+    assert_eq!(e.0.iter().map(|p| p.flag).collect::<Vec<_>>(), ["capture-ring-bytes", "l7-max-inflight"]);
+
+    // The dump does not exist: the settings are refused before it is opened.
+    let argv = ["retry-agent", "forensics", "/nonexistent.dump", "--replay-flags", "--decide-retry-budget", "2"];
+    let Some(Command::Forensics(args)) = Cli::try_parse_from(argv).unwrap().command else { panic!("not forensics") };
+    let e = crate::recorder::forensics::run(args).expect_err("bad settings");
+    let e = e.downcast_ref::<InvalidConfig>().expect("an InvalidConfig");
+    assert_eq!(e.0.iter().map(|p| p.flag).collect::<Vec<_>>(), ["decide-retry-budget"]);
+}
