@@ -293,7 +293,7 @@ def mentions_lab(line):
 
 def lab_rules():
     """iptables rules and chains in the root namespace that belong to the lab: they mention its
-    bridge, subnet, or a RALAB* chain (the shim runs with --chain RALAB_SHIM in the lab)."""
+    bridge, subnet, or a RALAB* chain (the shim runs with --shim-chain RALAB_SHIM in the lab)."""
     out = []
     for tool in ("iptables", "ip6tables"):
         for table in ("filter", "nat", "mangle", "raw"):

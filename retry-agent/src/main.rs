@@ -2,12 +2,21 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use retry_agent::cmd::{Cli, Command, InvalidConfig};
+use retry_agent::{
+    cmd::{Cli, Command},
+    settings::{InvalidConfig, legacy_env},
+};
 
 /// sysexits EX_USAGE: the command line or configuration is wrong; retrying cannot help.
 const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
+    let renamed = legacy_env(|k: &str| std::env::var_os(k));
+    for (_, new, value) in &renamed {
+        // SAFETY: no other thread exists yet (the runtime starts below), so nothing reads the
+        // environment concurrently.
+        unsafe { std::env::set_var(new, value) };
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -19,6 +28,9 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    for (old, new, _) in &renamed {
+        tracing::warn!("{old} is deprecated: it is read as {new}, set that instead");
+    }
 
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -33,7 +45,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("retry-agent: {e:#}");
-            if e.is::<InvalidConfig>() { ExitCode::from(EX_USAGE) } else { ExitCode::FAILURE }
+            let usage = e.chain().any(|c| c.is::<InvalidConfig>());
+            if usage { ExitCode::from(EX_USAGE) } else { ExitCode::FAILURE }
         }
     }
 }

@@ -95,15 +95,15 @@ impl Shim {
         let dports: Vec<String> = o.dports.iter().map(|p| p.to_string()).collect();
         let log = std::fs::File::create(std::env::temp_dir().join(format!("rashim-{}.log", o.chain))).ok();
         let mut cmd = Command::new(&bin);
-        cmd.args(["--log", "info,retry_agent::actuate=debug", "shim", "--port", &port.to_string(), "--chain", o.chain])
-            .arg("--control-socket")
+        cmd.args(["--log", "info,retry_agent::actuate=debug", "shim", "--shim-port", &port.to_string(), "--shim-chain", o.chain])
+            .arg("--shim-control-socket")
             .arg(o.control)
-            .arg("--run-dir")
+            .arg("--shim-run-dir")
             .arg(&run_dir)
-            .args(["--watchdog", if o.watchdog { "true" } else { "false" }])
-            .args(["--dport", &dports.join(",")])
+            .args(["--shim-watchdog", if o.watchdog { "true" } else { "false" }])
+            .args(["--shim-dport", &dports.join(",")])
             // IPv4 only unless the test asks for IPv6 itself.
-            .args(if o.extra.contains(&"--ipv6") { &[][..] } else { &["--ipv6", "false"][..] })
+            .args(if o.extra.contains(&"--shim-ipv6") { &[][..] } else { &["--shim-ipv6", "false"][..] })
             .args(o.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
@@ -157,7 +157,7 @@ impl Shim {
 
     pub fn cleanup_cmd(&self) -> bool {
         Command::new(&self.bin)
-            .args(["shim", "--cleanup", "--chain", &self.chain])
+            .args(["shim", "--cleanup", "--shim-chain", &self.chain])
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())

@@ -52,10 +52,10 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let _ = std::fs::create_dir_all(&dir);
     let other = Proc::spawn(
         Command::new(&bin)
-            .args(["run", "--api-addr", &format!("127.0.0.1:{other_port}"), "--actuators", "decision-log", "--recorder", "false"])
-            .arg("--decision-log")
+            .args(["run", "--api-addr", &format!("127.0.0.1:{other_port}"), "--actuate", "decision-log", "--recorder", "false"])
+            .arg("--actuate-decision-log")
             .arg(dir.join("decisions.jsonl"))
-            .arg("--control-socket")
+            .arg("--actuate-control-socket")
             .arg(dir.join("control.sock"))
             .stdout(Stdio::null())
             .stderr(Stdio::null()),

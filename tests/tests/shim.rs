@@ -167,7 +167,7 @@ fn ipv6_callee_retries_are_answered_locally() {
     let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
     let (srv, hits) = status_server_at("[::1]:0", "502 Bad Gateway");
     let ch = chain("V6");
-    let _shim = Shim::start(ShimOpts { chain: &ch, dports: &[srv.port()], control: &ctl_path, watchdog: true, extra: &["--ipv6", "true"] });
+    let _shim = Shim::start(ShimOpts { chain: &ch, dports: &[srv.port()], control: &ctl_path, watchdog: true, extra: &["--shim-ipv6", "true"] });
     rt.block_on(ctl.apply(&[suppress("rashim-v6", srv, 60_000)])).expect("apply");
     let answered = wait_until(Duration::from_secs(5), || {
         http_get(srv, "/v6", "x-retry-attempt: 1\r\n").is_ok_and(|(_, head)| head.contains("x-retry-suppressed"))

@@ -1,12 +1,6 @@
-//! The agent ↔ shim interface: one Unix stream socket (default `/run/retry-agent/control.sock`).
-//!
-//! Protocol (version 1): the agent listens; each shim connects and reads newline-terminated JSON
-//! [`Snapshot`]s. Every line is the *full* state (active suppressions and per-service claims, each
-//! with the time it has left), sent on every change and at least every [`HEARTBEAT`]. The shim
-//! replaces its view with each snapshot and expires entries locally by `remaining_ms`, so a dead or
-//! silent agent means plain forwarding once the TTLs lapse (fail open). Nothing flows from the
-//! shim to the agent. Remaining times rather than absolute timestamps keep the two processes free
-//! of any shared clock.
+//! The agent ↔ shim control socket: the agent serves [`wire::Snapshot`] lines to every shim
+//! that connects ([`ControlActuator`]); a shim follows them ([`follow`]) into a [`ControlView`]
+//! that expires entries locally. The protocol itself is documented in [`super::wire`].
 use std::{
     io,
     net::SocketAddr,
@@ -15,7 +9,6 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
@@ -23,42 +16,21 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{ActiveSet, ActuateError, ActuateFuture, Actuator, ServiceClaim};
+use super::{
+    ActiveSet, ActuateError, ActuateFuture, Actuator,
+    wire::{self, ClaimEntry, MAX_LINE, Snapshot, Suppression},
+};
 use crate::{
+    correlate::ServiceClaim,
     decide::{Decision, Reason},
     l7::Claim,
 };
 
-pub const PROTOCOL_VERSION: u32 = 1;
 /// Snapshots are re-sent at least this often, so a shim's view never ages past one heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
-/// A snapshot line longer than this is refused (bounds the shim's memory).
-pub const MAX_LINE: u64 = 4 << 20;
+/// Claims are republished every second; a shim that stops hearing them drops them after this.
+pub const CLAIM_TTL: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// One line on the control socket.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Snapshot {
-    pub v: u32,
-    /// Bumped on every change (not on heartbeats).
-    pub seq: u64,
-    /// Wall clock at send, for latency diagnostics only.
-    pub sent_unix_ms: u64,
-    pub suppress: Vec<ActiveDecision>,
-    pub claims: Vec<ActiveClaim>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ActiveDecision {
-    pub decision: Decision,
-    pub remaining_ms: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ActiveClaim {
-    pub claim: ServiceClaim,
-    pub remaining_ms: u64,
-}
 
 #[derive(Debug, Default)]
 struct State {
@@ -69,29 +41,21 @@ struct State {
 
 impl State {
     fn snapshot(&self, now: Instant) -> Snapshot {
-        let suppress = self
-            .active
-            .remaining(now)
-            .map(|(d, left)| ActiveDecision { decision: d.clone(), remaining_ms: ms(left) })
-            .collect();
+        let suppress = self.active.remaining(now).map(|(d, left)| Suppression::new(d, left)).collect();
         let claims = self
             .claims
             .iter()
             .filter_map(|(c, until)| {
                 let left = until.saturating_duration_since(now);
-                (!left.is_zero()).then(|| ActiveClaim { claim: c.clone(), remaining_ms: ms(left) })
+                if left.is_zero() { None } else { ClaimEntry::new(c, left) }
             })
             .collect();
-        Snapshot { v: PROTOCOL_VERSION, seq: self.seq, sent_unix_ms: unix_ms(), suppress, claims }
+        Snapshot { v: wire::VERSION, seq: self.seq, sent_unix_ms: unix_ms(), suppress, claims }
     }
 }
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
 pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(ms).unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(wire::ms).unwrap_or(0)
 }
 
 /// Agent side: serves snapshots to every connected shim.
@@ -178,7 +142,7 @@ impl Actuator for ControlActuator {
             st.claims = claims
                 .iter()
                 .filter(|c| c.claim != Claim::Missing)
-                .map(|c| (c.clone(), now + Duration::from_millis(c.ttl_ms)))
+                .map(|c| (c.clone(), now + CLAIM_TTL))
                 .collect();
             true
         });
@@ -211,14 +175,13 @@ async fn feed(mut stream: UnixStream, state: Arc<Mutex<State>>, mut rx: watch::R
             _ = beat.tick() => {}
         }
         let snap = lock(&state).snapshot(Instant::now());
-        let mut line = match serde_json::to_vec(&snap) {
+        let line = match wire::encode(&snap) {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot serialize control snapshot");
                 return;
             }
         };
-        line.push(b'\n');
         match tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&line)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -241,8 +204,10 @@ pub struct ControlView {
 
 #[derive(Debug, Default)]
 struct View {
-    suppress: Vec<(Decision, Instant)>,
-    claims: Vec<(ServiceClaim, Instant)>,
+    /// Callee addresses, why, until when.
+    suppress: Vec<(Vec<SocketAddr>, Reason, Instant)>,
+    /// Service addresses, their claim, until when.
+    claims: Vec<(Vec<SocketAddr>, Claim, Instant)>,
     seq: u64,
     received: Option<Instant>,
 }
@@ -258,17 +223,18 @@ impl ControlView {
         Arc::new(ControlView::default())
     }
 
-    /// Replaces the view with a snapshot received at `now`.
+    /// Replaces the view with a snapshot received at `now`. Entries this build cannot read (a
+    /// reason or claim from a newer minor revision) are left out: not acting is the safe side.
     pub fn replace(&self, snap: &Snapshot, now: Instant) {
+        let until = |ms: u64| now + Duration::from_millis(ms);
         let mut v = self.inner.write().unwrap_or_else(|p| p.into_inner());
         v.suppress = snap
             .suppress
             .iter()
-            .filter(|a| a.decision.action == crate::decide::Action::SuppressRetries)
-            .map(|a| (a.decision.clone(), now + Duration::from_millis(a.remaining_ms)))
+            .filter_map(|s| Some((s.callee_addrs.clone(), s.reason.known()?, until(s.remaining_ms))))
             .collect();
         v.claims =
-            snap.claims.iter().map(|a| (a.claim.clone(), now + Duration::from_millis(a.remaining_ms))).collect();
+            snap.claims.iter().filter_map(|c| Some((c.addrs.clone(), c.claim.known()?, until(c.remaining_ms)))).collect();
         v.seq = snap.seq;
         v.received = Some(now);
     }
@@ -278,8 +244,8 @@ impl ControlView {
         let v = self.inner.read().unwrap_or_else(|p| p.into_inner());
         v.suppress
             .iter()
-            .find(|(d, until)| *until > now && d.callee_addrs.iter().any(|a| addr_matches(a, dst)))
-            .map(|(d, _)| d.reason)
+            .find(|(addrs, _, until)| *until > now && addrs.iter().any(|a| addr_matches(a, dst)))
+            .map(|(_, reason, _)| *reason)
     }
 
     /// The claim for errors of the service listening at `dst`, if the agent gave one.
@@ -287,9 +253,8 @@ impl ControlView {
         let v = self.inner.read().unwrap_or_else(|p| p.into_inner());
         v.claims
             .iter()
-            .find(|(c, until)| *until > now && c.addrs.iter().any(|a| addr_matches(a, dst)))
-            .map(|(c, _)| c.claim)
-            .filter(|c| *c != Claim::Missing)
+            .find(|(addrs, _, until)| *until > now && addrs.iter().any(|a| addr_matches(a, dst)))
+            .map(|(_, c, _)| *c)
     }
 
     /// Sequence number of the last snapshot (0 = none yet).
@@ -322,6 +287,8 @@ pub async fn follow(path: PathBuf, view: Arc<ControlView>) {
 async fn read_snapshots(stream: UnixStream, view: &ControlView) -> io::Result<()> {
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
+    // One warning per connection: the agent sends a line a second.
+    let mut warned = false;
     loop {
         line.clear();
         let n = (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line).await?;
@@ -331,10 +298,13 @@ async fn read_snapshots(stream: UnixStream, view: &ControlView) -> io::Result<()
         if line.last() != Some(&b'\n') {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "control line too long or truncated"));
         }
-        match serde_json::from_slice::<Snapshot>(&line) {
-            Ok(s) if s.v == PROTOCOL_VERSION => view.replace(&s, Instant::now()),
-            Ok(s) => tracing::warn!(version = s.v, "unsupported control protocol version; ignoring"),
-            Err(e) => tracing::warn!(error = %e, "bad control line; ignoring"),
+        match wire::decode(&line) {
+            Ok(s) => view.replace(&s, Instant::now()),
+            Err(e) if !warned => {
+                warned = true;
+                tracing::warn!(error = %e, "ignoring control lines this shim cannot read; forwarding unchanged");
+            }
+            Err(e) => tracing::debug!(error = %e, "control line ignored"),
         }
     }
 }

@@ -8,7 +8,11 @@
 //! - `apply(&[])` is a tick: actuators drop what expired. [`Dispatcher::tick`] does this; call it
 //!   about once a second.
 //! - `publish_claims` carries the per-service error claim the shim stamps on inbound error
-//!   responses (`x-error-claim`). Actuators that have no use for claims ignore them.
+//!   responses (`x-error-claim`): the engine's [`ServiceClaim`]s, the full set each time (about
+//!   once a second). How long a claim outlives its last publication is the actuator's business
+//!   (the control socket's [`control::CLAIM_TTL`]). Actuators that have no use for claims ignore
+//!   them.
+//! - What crosses to the shims is [`wire`]'s: versioned wire types, not these.
 use std::{
     fmt,
     future::Future,
@@ -20,13 +24,18 @@ use std::{
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-use crate::{correlate::ServiceId, decide::Decision, l7::Claim};
+use crate::{
+    correlate::ServiceClaim,
+    decide::Decision,
+    settings::{InvalidConfig, Settings},
+};
 
 pub mod control;
 pub mod decision_log;
 pub mod envoy;
 pub mod haproxy;
 pub mod shim;
+pub mod wire;
 
 /// Default path of the agent ↔ shim control socket.
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/retry-agent/control.sock";
@@ -78,18 +87,6 @@ pub enum ActuateError {
     Invalid(String),
 }
 
-/// The error claim the agent holds for one service: what the shim stamps on that service's inbound
-/// error responses. `addrs` are the service's listening addresses (an unspecified IP matches any
-/// local IP on that port).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServiceClaim {
-    pub service: ServiceId,
-    pub addrs: Vec<SocketAddr>,
-    /// `Claimed` or `Unclaimed`; `Missing` withdraws the claim (no header is added).
-    pub claim: Claim,
-    pub ttl_ms: u64,
-}
-
 /// One side-effecting consumer of decisions.
 pub trait Actuator: Send {
     /// Short stable name, used as a metric label and in logs.
@@ -128,41 +125,63 @@ impl fmt::Display for ActuatorKind {
     }
 }
 
-/// Actuation settings (flatten into the `run` arguments).
+/// Actuation settings (`--actuate-*`; flattened into the `run` arguments).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ActuateConfig {
     /// Actuators to drive, comma-separated (control, haproxy, envoy, decision-log).
-    #[arg(long, env = "RETRY_AGENT_ACTUATORS", value_enum, value_delimiter = ',', default_value = "control,decision-log")]
+    #[arg(long = "actuate", alias = "actuators", env = "RETRY_AGENT_ACTUATE", value_enum, value_delimiter = ',', default_value = "control,decision-log")]
     pub actuators: Vec<ActuatorKind>,
     /// Unix socket on which shims receive decisions and claims (JSON lines).
-    #[arg(long, env = "RETRY_AGENT_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
+    #[arg(long = "actuate-control-socket", alias = "control-socket", env = "RETRY_AGENT_ACTUATE_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
     pub control_socket: PathBuf,
     /// HAProxy runtime API socket (`stats socket ... level admin`).
-    #[arg(long, env = "RETRY_AGENT_HAPROXY_SOCKET", default_value = haproxy::DEFAULT_SOCKET)]
+    #[arg(long = "actuate-haproxy-socket", alias = "haproxy-socket", env = "RETRY_AGENT_ACTUATE_HAPROXY_SOCKET", default_value = haproxy::DEFAULT_SOCKET)]
     pub haproxy_socket: PathBuf,
     /// HAProxy suppression map, as named in haproxy.cfg (callee service → suppressed-until unix s).
-    #[arg(long, env = "RETRY_AGENT_HAPROXY_MAP", default_value = haproxy::DEFAULT_MAP)]
+    #[arg(long = "actuate-haproxy-map", alias = "haproxy-map", env = "RETRY_AGENT_ACTUATE_HAPROXY_MAP", default_value = haproxy::DEFAULT_MAP)]
     pub haproxy_map: String,
     /// Envoy admin address.
-    #[arg(long, env = "RETRY_AGENT_ENVOY_ADMIN", default_value = envoy::DEFAULT_ADMIN)]
+    #[arg(long = "actuate-envoy-admin", alias = "envoy-admin", env = "RETRY_AGENT_ACTUATE_ENVOY_ADMIN", default_value = envoy::DEFAULT_ADMIN)]
     pub envoy_admin: SocketAddr,
     /// JSON-lines decision log.
-    #[arg(long, env = "RETRY_AGENT_DECISION_LOG", default_value = decision_log::DEFAULT_PATH)]
+    #[arg(long = "actuate-decision-log", alias = "decision-log", env = "RETRY_AGENT_ACTUATE_DECISION_LOG", default_value = decision_log::DEFAULT_PATH)]
     pub decision_log: PathBuf,
 }
 
 impl Default for ActuateConfig {
-    /// Same values as the flag defaults.
     fn default() -> Self {
-        ActuateConfig {
-            actuators: vec![ActuatorKind::Control, ActuatorKind::DecisionLog],
-            control_socket: PathBuf::from(DEFAULT_CONTROL_SOCKET),
-            haproxy_socket: PathBuf::from(haproxy::DEFAULT_SOCKET),
-            haproxy_map: haproxy::DEFAULT_MAP.to_string(),
-            envoy_admin: envoy::default_admin(),
-            decision_log: PathBuf::from(decision_log::DEFAULT_PATH),
+        crate::settings::defaults()
+    }
+}
+
+impl Settings for ActuateConfig {
+    fn check(&self, p: &mut InvalidConfig) {
+        let uses = |k| self.actuators.contains(&k);
+        if uses(ActuatorKind::Control) {
+            check_socket_path(p, "actuate-control-socket", &self.control_socket);
+        }
+        if uses(ActuatorKind::Haproxy) {
+            check_socket_path(p, "actuate-haproxy-socket", &self.haproxy_socket);
+            // The name goes into runtime API command lines: whitespace would split the command.
+            let map = &self.haproxy_map;
+            let ok = !map.is_empty() && !map.chars().any(|c| c.is_whitespace() || c.is_control());
+            p.check(ok, "actuate-haproxy-map", format!("{map:?}"), "a map name without spaces");
+        }
+        if uses(ActuatorKind::DecisionLog) {
+            let log = &self.decision_log;
+            p.check(log.file_name().is_some(), "actuate-decision-log", log.display(), "a file path");
         }
     }
+}
+
+/// Longest Unix socket path the kernel takes (`sun_path` is 108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// A Unix socket path the kernel will accept (checked up front: bind would only say "invalid").
+pub(crate) fn check_socket_path(p: &mut InvalidConfig, flag: &'static str, path: &std::path::Path) {
+    let len = path.as_os_str().len();
+    let ok = len > 0 && len <= MAX_SOCKET_PATH;
+    p.check(ok, flag, path.display(), "a socket path of 1 to 107 bytes");
 }
 
 /// Per-actuator outcome counters (for metrics and the API).

@@ -6,7 +6,7 @@ use std::{
 
 use super::*;
 use crate::{
-    correlate::Edge,
+    correlate::{Edge, ServiceId},
     decide::{Action, Reason},
 };
 
@@ -69,8 +69,9 @@ fn active_set_expires_and_allow_lifts() {
     assert!(s.is_empty());
 }
 
+// That the defaults are the flag defaults is checked for every config in `settings::tests`.
 #[test]
-fn default_config_matches_flag_defaults() {
+fn actuators_parse_as_a_list() {
     use clap::Parser;
     #[derive(Parser)]
     struct C {
@@ -78,15 +79,29 @@ fn default_config_matches_flag_defaults() {
         a: ActuateConfig,
     }
     let parsed = C::parse_from(["x"]).a;
-    let def = ActuateConfig::default();
-    assert_eq!(parsed.actuators, def.actuators);
-    assert_eq!(parsed.control_socket, def.control_socket);
-    assert_eq!(parsed.haproxy_socket, def.haproxy_socket);
-    assert_eq!(parsed.haproxy_map, def.haproxy_map);
-    assert_eq!(parsed.envoy_admin, def.envoy_admin);
-    assert_eq!(parsed.decision_log, def.decision_log);
-    let c = C::parse_from(["x", "--actuators", "haproxy,envoy"]).a;
+    assert_eq!(parsed.actuators, vec![ActuatorKind::Control, ActuatorKind::DecisionLog]);
+    let c = C::parse_from(["x", "--actuate", "haproxy,envoy"]).a;
     assert_eq!(c.actuators, vec![ActuatorKind::Haproxy, ActuatorKind::Envoy]);
+    let c = C::parse_from(["x", "--actuators", "envoy"]).a;
+    assert_eq!(c.actuators, vec![ActuatorKind::Envoy]);
+}
+
+#[test]
+fn settings_that_cannot_work_are_refused() {
+    use crate::settings::Settings;
+    let bad = ActuateConfig {
+        actuators: vec![ActuatorKind::Control, ActuatorKind::Haproxy, ActuatorKind::DecisionLog],
+        control_socket: PathBuf::from(format!("/run/{}", "x".repeat(120))),
+        haproxy_map: "/m.map; clear map x".into(),
+        decision_log: PathBuf::from("/"),
+        ..Default::default()
+    };
+    let Err(e) = bad.validate() else { panic!("accepted {bad:?}") };
+    let flags: Vec<_> = e.0.iter().map(|p| p.flag).collect();
+    assert_eq!(flags, ["actuate-control-socket", "actuate-haproxy-map", "actuate-decision-log"]);
+    // What is not used is not checked.
+    let unused = ActuateConfig { haproxy_map: String::new(), ..Default::default() };
+    assert!(unused.validate().is_ok());
 }
 
 #[tokio::test]
@@ -101,7 +116,7 @@ async fn control_socket_feeds_view_and_ttl_lapses() {
         service: ServiceId::new("b"),
         addrs: vec!["0.0.0.0:8080".parse().expect("addr")],
         claim: crate::l7::Claim::Unclaimed,
-        ttl_ms: 10_000,
+        counts: crate::correlate::ClaimCounts { claimed: 0, unclaimed: 3, missing: 0 },
     };
     ctl.publish_claims(&[claim]).await.expect("claims");
     let t0 = Instant::now();

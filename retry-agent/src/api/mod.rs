@@ -23,26 +23,32 @@ use crate::{
     decide::{Decider, Decision},
     metrics::Metrics,
     recorder::{SharedRecorder, dump_api_response},
+    settings::{InvalidConfig, Settings},
 };
 
 #[cfg(test)]
 mod tests;
 
-pub const DEFAULT_MAX_VERDICTS: usize = 1024;
-
+/// API settings (`--api-*`).
 #[derive(Args, Debug, Clone)]
 pub struct ApiConfig {
     /// Address of the metrics and JSON API server.
     #[arg(long = "api-addr", env = "RETRY_AGENT_API_ADDR", default_value = "127.0.0.1:9464")]
     pub addr: SocketAddr,
     /// Recent verdicts kept for /v1/verdicts.
-    #[arg(long = "api-max-verdicts", env = "RETRY_AGENT_API_MAX_VERDICTS", default_value_t = DEFAULT_MAX_VERDICTS)]
+    #[arg(long = "api-max-verdicts", env = "RETRY_AGENT_API_MAX_VERDICTS", default_value_t = 1024)]
     pub max_verdicts: usize,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
-        ApiConfig { addr: SocketAddr::from(([127, 0, 0, 1], 9464)), max_verdicts: DEFAULT_MAX_VERDICTS }
+        crate::settings::defaults()
+    }
+}
+
+impl Settings for ApiConfig {
+    fn check(&self, p: &mut InvalidConfig) {
+        p.check(self.max_verdicts > 0, "api-max-verdicts", self.max_verdicts, "at least 1");
     }
 }
 

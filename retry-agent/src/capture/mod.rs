@@ -31,6 +31,8 @@ use aya::{
 use retry_common::{ConnInfo, ConnKey, MAX_PAYLOAD, names};
 use tokio::{io::unix::AsyncFd, sync::mpsc, task::JoinHandle};
 
+use crate::settings::{InvalidConfig, Settings};
+
 pub use event::{
     ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, ProcessInfo, Role, Syscall, Tuple,
 };
@@ -40,85 +42,66 @@ pub use stats::{CaptureStats, ProgramStat, StatsHandle, StatsInner, enable_bpf_s
 /// The eBPF object embedded at build time (empty when built without `cargo xtask build-ebpf`).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/retry-ebpf.o"));
 
-/// Capture settings.
+/// Capture settings (`--capture-*`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct CaptureConfig {
     /// Kernel ring buffer size in bytes (a power of two, at least one page).
-    #[arg(long, env = "RETRY_AGENT_RING_BYTES", default_value_t = 16 << 20)]
+    #[arg(long = "capture-ring-bytes", alias = "ring-bytes", env = "RETRY_AGENT_CAPTURE_RING_BYTES", default_value_t = 16 << 20)]
     pub ring_bytes: u32,
     /// Payload prefix captured per syscall, in bytes (at most 4096).
-    #[arg(long, env = "RETRY_AGENT_PAYLOAD_BYTES", default_value_t = retry_common::DEFAULT_PAYLOAD)]
+    #[arg(long = "capture-payload-bytes", alias = "payload-bytes", env = "RETRY_AGENT_CAPTURE_PAYLOAD_BYTES", default_value_t = retry_common::DEFAULT_PAYLOAD)]
     pub payload_bytes: u32,
     /// Capacity of the channel between the ring reader and the pipeline, in events.
-    #[arg(long, env = "RETRY_AGENT_CHANNEL_CAPACITY", default_value_t = 65536)]
+    #[arg(long = "capture-channel-capacity", alias = "channel-capacity", env = "RETRY_AGENT_CAPTURE_CHANNEL_CAPACITY", default_value_t = 65536)]
     pub channel_capacity: usize,
     /// Where to read process metadata and pre-existing connections.
-    #[arg(long, env = "RETRY_AGENT_PROC_ROOT", default_value = "/proc")]
+    #[arg(long = "capture-proc-root", alias = "proc-root", env = "RETRY_AGENT_CAPTURE_PROC_ROOT", default_value = "/proc")]
     pub proc_root: PathBuf,
     /// The kernel wakes the ring reader only once this many bytes wait (0: on every record,
     /// which costs an interrupt per syscall); below that the reader polls.
-    #[arg(long, env = "RETRY_AGENT_RING_WAKEUP_BYTES", default_value_t = 256 << 10)]
+    #[arg(long = "capture-ring-wakeup-bytes", alias = "wakeup-bytes", env = "RETRY_AGENT_CAPTURE_RING_WAKEUP_BYTES", default_value_t = 256 << 10)]
     pub wakeup_bytes: u32,
     /// How often the reader looks at the ring without a wakeup, in milliseconds (the most a
     /// record waits when traffic is light).
-    #[arg(long, env = "RETRY_AGENT_RING_POLL_MS", default_value_t = 10)]
+    #[arg(long = "capture-ring-poll-ms", alias = "poll-ms", env = "RETRY_AGENT_CAPTURE_RING_POLL_MS", default_value_t = 10)]
     pub poll_ms: u64,
     /// Read TLS plaintext with uprobes on the shared OpenSSL (libssl) processes map. Off by
     /// default: every SSL_read/SSL_write then takes two uprobe traps in the calling process
     /// (`cargo xtask bench capture --tls`: a 100k req/s TLS loop on loopback ran at 0.11x with
     /// them, 0.5x with the syscall tracepoints alone); turn it on where TLS calls are not that hot.
-    #[arg(long, env = "RETRY_AGENT_TLS", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long = "capture-tls", alias = "tls", env = "RETRY_AGENT_CAPTURE_TLS", default_value_t = false, action = clap::ArgAction::Set)]
     pub tls: bool,
     /// libssl files to instrument (repeatable, or comma-separated in the env var); default: the
     /// distribution's usual locations that exist.
-    #[arg(long = "tls-lib", env = "RETRY_AGENT_TLS_LIBS", value_delimiter = ',')]
+    #[arg(long = "capture-tls-lib", alias = "tls-lib", env = "RETRY_AGENT_CAPTURE_TLS_LIB", value_delimiter = ',')]
     pub tls_libs: Vec<PathBuf>,
     /// How often to look for libssl files new processes map (new pods' images), in seconds
     /// (0: only at start).
-    #[arg(long, env = "RETRY_AGENT_TLS_RESCAN_SECS", default_value_t = 30)]
+    #[arg(long = "capture-tls-rescan-secs", alias = "tls-rescan-secs", env = "RETRY_AGENT_CAPTURE_TLS_RESCAN_SECS", default_value_t = 30)]
     pub tls_rescan_secs: u64,
 }
 
 impl Default for CaptureConfig {
     fn default() -> Self {
-        Self {
-            ring_bytes: 16 << 20,
-            payload_bytes: retry_common::DEFAULT_PAYLOAD,
-            channel_capacity: 65536,
-            proc_root: PathBuf::from("/proc"),
-            wakeup_bytes: 256 << 10,
-            poll_ms: 10,
-            tls: false,
-            tls_libs: Vec::new(),
-            tls_rescan_secs: 30,
-        }
+        crate::settings::defaults()
     }
 }
 
-impl CaptureConfig {
-    /// Every problem with the settings at once.
-    pub fn validate(&self) -> Result<(), CaptureError> {
-        let mut problems = Vec::new();
-        if !self.ring_bytes.is_power_of_two() || self.ring_bytes < 4096 {
-            problems.push(format!("ring bytes {} must be a power of two ≥ 4096", self.ring_bytes));
-        }
-        if self.payload_bytes as usize > MAX_PAYLOAD {
-            problems.push(format!("payload bytes {} exceeds {MAX_PAYLOAD}", self.payload_bytes));
-        }
-        if self.poll_ms == 0 || self.poll_ms > 1000 {
-            problems.push(format!("ring poll interval {} ms must be 1..=1000", self.poll_ms));
-        }
-        if self.channel_capacity == 0 {
-            problems.push("channel capacity must be at least 1".to_string());
-        }
-        if problems.is_empty() { Ok(()) } else { Err(CaptureError::Config(problems.join("; "))) }
+impl Settings for CaptureConfig {
+    fn check(&self, p: &mut InvalidConfig) {
+        let ring = self.ring_bytes;
+        p.check(ring.is_power_of_two() && ring >= 4096, "capture-ring-bytes", ring, "a power of two ≥ 4096");
+        let payload = self.payload_bytes;
+        p.check(payload as usize <= MAX_PAYLOAD, "capture-payload-bytes", payload, "at most 4096");
+        p.check((1..=1000).contains(&self.poll_ms), "capture-ring-poll-ms", self.poll_ms, "in 1..=1000");
+        p.check(self.channel_capacity > 0, "capture-channel-capacity", self.channel_capacity, "at least 1");
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("invalid capture settings: {0}")]
-    Config(String),
+    #[error("invalid capture settings")]
+    Config(#[source] InvalidConfig),
     #[error(
         "missing capability {0}: the agent loads eBPF programs; run it as root or grant CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)"
     )]
@@ -192,7 +175,7 @@ impl Capture {
     /// Checks the environment, loads and attaches every program, picks up existing connections
     /// from /proc and starts the ring reader. Must be called inside a tokio runtime.
     pub fn load(cfg: &CaptureConfig) -> Result<Capture, CaptureError> {
-        cfg.validate()?;
+        cfg.validate().map_err(CaptureError::Config)?;
         let rt = tokio::runtime::Handle::try_current().map_err(|_| CaptureError::NoRuntime)?;
         load::preflight()?;
         if EBPF_OBJECT.is_empty() {

@@ -52,6 +52,9 @@ impl ForensicsArgs {
 
 pub fn run(args: ForensicsArgs) -> anyhow::Result<()> {
     let opts = args.options();
+    // Checked whether or not they are used: a what-if with a bad value must not look like a
+    // replay with the live settings.
+    crate::forensics::validate(&opts.settings)?;
     let report = analyse(&args.dump, &opts)?;
     if let Some(other) = &args.diff {
         let b = analyse(other, &opts)?;

@@ -8,7 +8,7 @@ pub mod run;
 pub mod shim;
 pub mod trace;
 
-pub use run::InvalidConfig;
+pub use crate::settings::InvalidConfig;
 
 #[derive(Debug, Parser)]
 #[command(name = "retry-agent", version, about = "Kernel-assisted retry-storm detection and suppression")]
@@ -47,3 +47,7 @@ impl Command {
         }
     }
 }
+
+/// Every command line's settings: one default each, one prefix per stage, validation.
+#[cfg(test)]
+mod settings_tests;

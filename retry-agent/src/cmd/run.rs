@@ -16,7 +16,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use crate::{
-    actuate::{self, ActuateConfig, Dispatcher},
+    actuate::{ActuateConfig, Dispatcher},
     api::{self, ApiConfig, SharedState},
     capture::{Capture, CaptureConfig, monotonic_ns},
     correlate::{self, CorrelateConfig},
@@ -25,6 +25,7 @@ use crate::{
     metrics::Metrics,
     pipeline::{Pipeline, StageOutput},
     recorder::{self, Recorder, RecorderConfig, SharedRecorder},
+    settings::InvalidConfig,
 };
 
 #[derive(Debug, Default, Args)]
@@ -53,7 +54,7 @@ const ACTUATOR_QUEUE: usize = 64;
 
 enum ToActuators {
     Decisions(Vec<Decision>),
-    Claims(Vec<actuate::ServiceClaim>),
+    Claims(Vec<correlate::ServiceClaim>),
     Tick,
 }
 
@@ -132,8 +133,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 metrics.observe_tls(capture.tls_libraries());
                 let l = pipeline.reassembler.stats();
                 metrics.observe_l7(l.exchanges, l.evictions());
-                let claims = pipeline.engine.service_claims().into_iter().map(to_actuate_claim).collect();
-                send(&to_actuators, ToActuators::Claims(claims));
+                send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));
                 send(&to_actuators, ToActuators::Tick);
             }
             _ = tls_rescan.tick(), if args.capture.tls && args.capture.tls_rescan_secs > 0 => {
@@ -156,27 +156,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
 }
 
 /// Every configuration problem at once, before anything is loaded or bound.
-fn validate(args: &RunArgs) -> Result<()> {
-    let mut problems: Vec<String> = Vec::new();
-    if let Err(e) = args.capture.validate() {
-        problems.push(format!("{e:#}"));
-    }
-    if let Err(es) = args.correlate.validate() {
-        problems.extend(es.iter().map(ToString::to_string));
-    }
-    if let Err(es) = args.decide.validate() {
-        problems.extend(es.iter().map(ToString::to_string));
-    }
-    if problems.is_empty() {
-        return Ok(());
-    }
-    Err(InvalidConfig(problems).into())
+fn validate(args: &RunArgs) -> Result<(), InvalidConfig> {
+    let mut p = InvalidConfig::default();
+    p.add(&args.capture).add(&args.l7).add(&args.correlate).add(&args.decide);
+    p.add(&args.actuate).add(&args.recorder).add(&args.api);
+    p.into_result()
 }
-
-/// Every configuration problem found, reported at once; `main` exits 64 (EX_USAGE) on it.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid configuration:\n  {}", .0.join("\n  "))]
-pub struct InvalidConfig(pub Vec<String>);
 
 /// Hands one push's or tick's results to the API and the actuators. Verdict counters come from
 /// the engine's totals at publish time, so they are not counted here.
@@ -211,9 +196,3 @@ async fn drive_actuators(mut dispatcher: Dispatcher, mut rx: mpsc::Receiver<ToAc
     }
 }
 
-fn to_actuate_claim(c: correlate::ServiceClaim) -> actuate::ServiceClaim {
-    actuate::ServiceClaim { service: c.service, addrs: c.addrs, claim: c.claim, ttl_ms: CLAIM_TTL_MS }
-}
-
-/// Claims are republished every second; a shim that stops hearing them drops them after this.
-const CLAIM_TTL_MS: u64 = 10_000;

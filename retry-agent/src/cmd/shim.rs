@@ -28,10 +28,7 @@ use crate::actuate::{
     control::{self, ControlView},
     shim::{bind_reuseport, iptables, policy, proxy, spawn_io_thread},
 };
-
-pub const DEFAULT_CHAIN: &str = "RETRY_SHIM";
-pub const DEFAULT_MARK: u32 = 0x52a0;
-pub const DEFAULT_PORT: u16 = 15001;
+use crate::settings::{InvalidConfig, Settings};
 
 fn parse_mark(s: &str) -> Result<u32, String> {
     let r = match s.strip_prefix("0x") {
@@ -41,70 +38,71 @@ fn parse_mark(s: &str) -> Result<u32, String> {
     r.map_err(|e| format!("bad mark {s:?}: {e}"))
 }
 
+/// `retry-agent shim` settings (`--shim-*`, except the `--cleanup` mode).
 #[derive(Debug, Args, Clone)]
 pub struct ShimArgs {
     /// Port the shim listens on (all addresses, IPv4 and IPv6); steering redirects here.
-    #[arg(long, env = "RETRY_AGENT_SHIM_PORT", default_value_t = DEFAULT_PORT)]
+    #[arg(long = "shim-port", alias = "port", env = "RETRY_AGENT_SHIM_PORT", default_value_t = 15001)]
     pub port: u16,
     /// Address to listen on for IPv4 (REDIRECT from PREROUTING needs the interface address).
-    #[arg(long, env = "RETRY_AGENT_SHIM_LISTEN", default_value = "0.0.0.0")]
+    #[arg(long = "shim-listen", alias = "listen", env = "RETRY_AGENT_SHIM_LISTEN", default_value = "0.0.0.0")]
     pub listen: std::net::IpAddr,
     /// Also listen on [::] and steer IPv6 (when ip6tables nat is available).
-    #[arg(long, env = "RETRY_AGENT_SHIM_IPV6", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long = "shim-ipv6", alias = "ipv6", env = "RETRY_AGENT_SHIM_IPV6", default_value_t = true, action = clap::ArgAction::Set)]
     pub ipv6: bool,
     /// Agent control socket to follow.
-    #[arg(long, env = "RETRY_AGENT_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
+    #[arg(long = "shim-control-socket", alias = "control-socket", env = "RETRY_AGENT_SHIM_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
     pub control_socket: PathBuf,
     /// nat chain name (the inbound chain gets `_IN` appended).
-    #[arg(long, env = "RETRY_AGENT_SHIM_CHAIN", default_value = DEFAULT_CHAIN)]
+    #[arg(long = "shim-chain", alias = "chain", env = "RETRY_AGENT_SHIM_CHAIN", default_value = "RETRY_SHIM")]
     pub chain: String,
     /// SO_MARK on the shim's upstream connections; the chain lets marked packets through.
-    #[arg(long, env = "RETRY_AGENT_SHIM_MARK", default_value = "0x52a0", value_parser = parse_mark)]
+    #[arg(long = "shim-mark", alias = "mark", env = "RETRY_AGENT_SHIM_MARK", default_value = "0x52a0", value_parser = parse_mark)]
     pub mark: u32,
     /// Steer outbound connections of this uid (repeatable).
-    #[arg(long = "uid", env = "RETRY_AGENT_SHIM_UIDS", value_delimiter = ',')]
+    #[arg(long = "shim-uid", alias = "uid", env = "RETRY_AGENT_SHIM_UID", value_delimiter = ',')]
     pub uids: Vec<u32>,
     /// Steer outbound connections from this cgroup v2 path (repeatable).
-    #[arg(long = "cgroup", env = "RETRY_AGENT_SHIM_CGROUPS", value_delimiter = ',')]
+    #[arg(long = "shim-cgroup", alias = "cgroup", env = "RETRY_AGENT_SHIM_CGROUP", value_delimiter = ',')]
     pub cgroups: Vec<String>,
     /// Steer outbound connections to this destination port (repeatable).
-    #[arg(long = "dport", env = "RETRY_AGENT_SHIM_DPORTS", value_delimiter = ',')]
+    #[arg(long = "shim-dport", alias = "dport", env = "RETRY_AGENT_SHIM_DPORT", value_delimiter = ',')]
     pub dports: Vec<u16>,
     /// Steer inbound connections (PREROUTING) to this local port (repeatable).
-    #[arg(long = "inbound-port", env = "RETRY_AGENT_SHIM_INBOUND_PORTS", value_delimiter = ',')]
+    #[arg(long = "shim-inbound-port", alias = "inbound-port", env = "RETRY_AGENT_SHIM_INBOUND_PORT", value_delimiter = ',')]
     pub inbound_ports: Vec<u16>,
     /// Do not touch iptables (steering is managed elsewhere).
-    #[arg(long, env = "RETRY_AGENT_SHIM_NO_IPTABLES")]
+    #[arg(long = "shim-no-iptables", alias = "no-iptables", env = "RETRY_AGENT_SHIM_NO_IPTABLES")]
     pub no_iptables: bool,
     /// Spawn a watchdog process that removes the rules if the shim dies without cleaning up.
-    #[arg(long, env = "RETRY_AGENT_SHIM_WATCHDOG", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long = "shim-watchdog", alias = "watchdog", env = "RETRY_AGENT_SHIM_WATCHDOG", default_value_t = true, action = clap::ArgAction::Set)]
     pub watchdog: bool,
-    /// Remove leftover rules of `--chain` and exit.
+    /// Remove leftover rules of `--shim-chain` and exit.
     #[arg(long)]
     pub cleanup: bool,
     /// With --cleanup: first wait for this pid to exit (the watchdog mode).
     #[arg(long, requires = "cleanup", hide = true)]
     pub watch_pid: Option<i32>,
     /// A failed request repeated within this window counts as a retry.
-    #[arg(long, env = "RETRY_AGENT_SHIM_RETRY_WINDOW_MS", default_value_t = 10_000)]
+    #[arg(long = "shim-retry-window-ms", alias = "retry-window-ms", env = "RETRY_AGENT_SHIM_RETRY_WINDOW_MS", default_value_t = 10_000)]
     pub retry_window_ms: u64,
     /// Per-client retry budget: retries allowed per request (e.g. 0.1). Off unless set.
-    #[arg(long, env = "RETRY_AGENT_SHIM_RETRY_BUDGET")]
+    #[arg(long = "shim-retry-budget", alias = "retry-budget", env = "RETRY_AGENT_SHIM_RETRY_BUDGET")]
     pub retry_budget: Option<f64>,
     /// Client-side adaptive throttling of retries with this K (e.g. 2). Off unless set.
-    #[arg(long, env = "RETRY_AGENT_SHIM_THROTTLE_K")]
+    #[arg(long = "shim-throttle-k", alias = "throttle-k", env = "RETRY_AGENT_SHIM_THROTTLE_K")]
     pub throttle_k: Option<f64>,
     /// How long to wait for a client's first bytes before treating the stream as opaque.
-    #[arg(long, env = "RETRY_AGENT_SHIM_DETECT_TIMEOUT_MS", default_value_t = 300)]
+    #[arg(long = "shim-detect-timeout-ms", alias = "detect-timeout-ms", env = "RETRY_AGENT_SHIM_DETECT_TIMEOUT_MS", default_value_t = 300)]
     pub detect_timeout_ms: u64,
     /// Upstream connect timeout.
-    #[arg(long, env = "RETRY_AGENT_SHIM_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(long = "shim-connect-timeout-ms", alias = "connect-timeout-ms", env = "RETRY_AGENT_SHIM_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     pub connect_timeout_ms: u64,
     /// IO threads (each with its own listener and runtime); default: one per CPU.
-    #[arg(long, env = "RETRY_AGENT_SHIM_THREADS")]
+    #[arg(long = "shim-threads", alias = "threads", env = "RETRY_AGENT_SHIM_THREADS")]
     pub threads: Option<usize>,
     /// Directory for the ownership pid file.
-    #[arg(long, env = "RETRY_AGENT_SHIM_RUN_DIR", default_value = "/run/retry-agent")]
+    #[arg(long = "shim-run-dir", alias = "run-dir", env = "RETRY_AGENT_SHIM_RUN_DIR", default_value = "/run/retry-agent")]
     pub run_dir: PathBuf,
 }
 
@@ -124,25 +122,39 @@ impl ShimArgs {
     fn pid_file(&self) -> PathBuf {
         self.run_dir.join(format!("shim-{}.pid", self.chain))
     }
+}
 
-    fn validate(&self) -> anyhow::Result<()> {
-        if !iptables::valid_chain(&self.chain) {
-            anyhow::bail!("--chain {:?}: 1-24 characters of [A-Za-z0-9_-]", self.chain);
+impl Default for ShimArgs {
+    fn default() -> Self {
+        crate::settings::defaults()
+    }
+}
+
+impl Settings for ShimArgs {
+    fn check(&self, p: &mut InvalidConfig) {
+        let chain = &self.chain;
+        p.check(iptables::valid_chain(chain), "shim-chain", chain, "1-24 characters of [A-Za-z0-9_-]");
+        if self.cleanup {
+            return;
         }
-        if !self.no_iptables && !self.cleanup {
-            self.steering().validate()?;
+        let steers = !self.no_iptables;
+        let selectors = self.uids.len() + self.cgroups.len() + self.dports.len() + self.inbound_ports.len();
+        let what = "set, or one of --shim-uid, --shim-cgroup, --shim-inbound-port, to say what to steer";
+        p.check(!steers || selectors > 0, "shim-dport", "unset", what);
+        crate::actuate::check_socket_path(p, "shim-control-socket", &self.control_socket);
+        p.check(self.port != 0, "shim-port", self.port, "a port (1-65535)");
+        if let Some(b) = self.retry_budget {
+            p.check((0.0..=10.0).contains(&b), "shim-retry-budget", b, "a ratio like 0.1 (0 to 10)");
         }
-        if let Some(b) = self.retry_budget
-            && !(0.0..=10.0).contains(&b)
-        {
-            anyhow::bail!("--retry-budget {b}: expected a ratio like 0.1");
+        if let Some(k) = self.throttle_k {
+            p.check(k > 0.0 && k.is_finite(), "shim-throttle-k", k, "a positive number like 2");
         }
-        if let Some(k) = self.throttle_k
-            && !(k > 0.0 && k.is_finite())
-        {
-            anyhow::bail!("--throttle-k {k}: expected a positive number like 2");
+        p.check(self.retry_window_ms > 0, "shim-retry-window-ms", self.retry_window_ms, "at least 1");
+        p.check(self.detect_timeout_ms > 0, "shim-detect-timeout-ms", self.detect_timeout_ms, "at least 1");
+        p.check(self.connect_timeout_ms > 0, "shim-connect-timeout-ms", self.connect_timeout_ms, "at least 1");
+        if let Some(t) = self.threads {
+            p.check(t > 0, "shim-threads", t, "at least 1");
         }
-        Ok(())
     }
 }
 
@@ -275,8 +287,8 @@ fn spawn_watchdog(args: &ShimArgs) {
         }
     };
     let r = std::process::Command::new(exe)
-        .args(["shim", "--cleanup", "--chain", &args.chain, "--watch-pid", &std::process::id().to_string()])
-        .arg("--run-dir")
+        .args(["shim", "--cleanup", "--shim-chain", &args.chain, "--watch-pid", &std::process::id().to_string()])
+        .arg("--shim-run-dir")
         .arg(&args.run_dir)
         .stdin(std::process::Stdio::null())
         // Own process group: a Ctrl-C or group kill aimed at the shim leaves the watchdog to clean.

@@ -12,6 +12,7 @@ use crate::{
     capture::{Capture, CaptureConfig, Event, ProcessInfo, monotonic_ns},
     l7::{L7Config, Reassembler},
 };
+use crate::settings::InvalidConfig;
 
 #[derive(Debug, Args)]
 pub struct TraceArgs {
@@ -109,6 +110,9 @@ impl Filter {
 }
 
 pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
+    let mut problems = InvalidConfig::default();
+    problems.add(&args.capture).add(&args.l7);
+    problems.into_result()?;
     let mut capture = Capture::load(&args.capture).context("starting capture")?;
     let mut filter = Filter::new(args.pid, args.port, args.comm);
     let mut reassembler = args.exchanges.then(|| Reassembler::new(args.l7.clone()));

@@ -1,7 +1,9 @@
-//! Correlation settings: every one a flag with an env var and a default.
+//! Correlation settings (`--correlate-*`): every one a flag with an env var and a default.
 use std::{fmt, str::FromStr};
 
 use clap::Args;
+
+use crate::settings::{InvalidConfig, Settings};
 
 /// How a process is matched to a configured service name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,8 +27,6 @@ pub struct ServiceOverride {
 pub enum ConfigError {
     #[error("service override {0:?}: expected comm=name, comm:port=name or pid:N=name")]
     BadOverride(String),
-    #[error("{name} must be {what}, got {value}")]
-    OutOfRange { name: &'static str, what: &'static str, value: String },
 }
 
 impl FromStr for ServiceOverride {
@@ -74,125 +74,83 @@ impl fmt::Display for ServiceOverride {
     }
 }
 
-pub const DEFAULT_CONTEXT_GRACE_MS: u64 = 200;
-pub const DEFAULT_RETRY_WINDOW_MS: u64 = 10_000;
-pub const DEFAULT_BUCKET_MS: u64 = 1_000;
-pub const DEFAULT_WINDOW_BUCKETS: u32 = 10;
-pub const DEFAULT_FAULT_FAILURE_RATIO: f64 = 0.05;
-pub const DEFAULT_MAX_SERVICES: usize = 256;
-pub const DEFAULT_MAX_EDGES: usize = 1024;
-pub const DEFAULT_MAX_THREADS: usize = 32_768;
-pub const DEFAULT_MAX_PENDING: usize = 65_536;
-pub const DEFAULT_MAX_RETRY_KEYS: usize = 131_072;
-pub const DEFAULT_TIMING_LINK_MS: u64 = 5;
 
-/// Correlation: thread context, verdicts, retry detection, edge figures.
+/// Correlation: thread context, verdicts, retry detection, edge figures (`--correlate-*`).
 #[derive(Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct CorrelateConfig {
     /// How long after an inbound exchange ends its verdict waits for late child exchanges and
     /// overlapping requests on the same thread (milliseconds of capture time).
-    #[arg(long, env = "RETRY_AGENT_CONTEXT_GRACE_MS", default_value_t = DEFAULT_CONTEXT_GRACE_MS)]
+    #[arg(long = "correlate-context-grace-ms", alias = "context-grace-ms", env = "RETRY_AGENT_CORRELATE_CONTEXT_GRACE_MS", default_value_t = 200)]
     pub context_grace_ms: u64,
     /// A repeat of a failed or abandoned request within this window is a retry (milliseconds).
-    #[arg(long, env = "RETRY_AGENT_RETRY_WINDOW_MS", default_value_t = DEFAULT_RETRY_WINDOW_MS)]
+    #[arg(long = "correlate-retry-window-ms", alias = "retry-window-ms", env = "RETRY_AGENT_CORRELATE_RETRY_WINDOW_MS", default_value_t = 10_000)]
     pub retry_window_ms: u64,
     /// Width of one statistics bucket (milliseconds).
-    #[arg(long, env = "RETRY_AGENT_STATS_BUCKET_MS", default_value_t = DEFAULT_BUCKET_MS)]
+    #[arg(long = "correlate-stats-bucket-ms", alias = "stats-bucket-ms", env = "RETRY_AGENT_CORRELATE_STATS_BUCKET_MS", default_value_t = 1_000)]
     pub stats_bucket_ms: u64,
     /// Buckets in the sliding window edge figures are computed over.
-    #[arg(long, env = "RETRY_AGENT_STATS_WINDOW_BUCKETS", default_value_t = DEFAULT_WINDOW_BUCKETS)]
+    #[arg(long = "correlate-stats-window-buckets", alias = "stats-window-buckets", env = "RETRY_AGENT_CORRELATE_STATS_WINDOW_BUCKETS", default_value_t = 10)]
     pub stats_window_buckets: u32,
     /// Failure ratio on any edge or service that marks a fault active (baselines freeze).
-    #[arg(long, env = "RETRY_AGENT_FAULT_FAILURE_RATIO", default_value_t = DEFAULT_FAULT_FAILURE_RATIO)]
+    #[arg(long = "correlate-fault-failure-ratio", alias = "fault-failure-ratio", env = "RETRY_AGENT_CORRELATE_FAULT_FAILURE_RATIO", default_value_t = 0.05)]
     pub fault_failure_ratio: f64,
     /// Own errors of fail-close dependencies that met the retry criteria but were never retried on
     /// an edge that never retries, so the chain keeps at least one retry (at-least-once). It
     /// trusts retry detection: turn it off where a client retries in ways the wire does not show
     /// (to another node's replica through a tunnel, say), or its symptoms would be claimed.
-    #[arg(long, env = "RETRY_AGENT_AT_LEAST_ONCE", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long = "correlate-at-least-once", alias = "at-least-once", env = "RETRY_AGENT_CORRELATE_AT_LEAST_ONCE", default_value_t = true, action = clap::ArgAction::Set)]
     pub at_least_once: bool,
     /// Where thread context cannot link (event loops, goroutines without ids, work handed to
     /// another thread), link a failed inbound request to the one failed outbound call of its
     /// process that completed at most this long before the response was written, if no other
     /// response of the process followed that call as closely (milliseconds; 0 = never link).
-    #[arg(long, env = "RETRY_AGENT_TIMING_LINK_MS", default_value_t = DEFAULT_TIMING_LINK_MS)]
+    #[arg(long = "correlate-timing-link-ms", alias = "timing-link-ms", env = "RETRY_AGENT_CORRELATE_TIMING_LINK_MS", default_value_t = 5)]
     pub timing_link_ms: u64,
     /// Learn fail-close vs fail-open per dependency; unclaim only on fail-close failures.
-    #[arg(long, env = "RETRY_AGENT_FAILURE_MEMORY", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long = "correlate-failure-memory", alias = "failure-memory", env = "RETRY_AGENT_CORRELATE_FAILURE_MEMORY", default_value_t = true, action = clap::ArgAction::Set)]
     pub failure_memory: bool,
     /// Service name overrides: comm=name, comm:port=name or pid:N=name (repeatable, or
     /// comma-separated in the env var).
-    #[arg(long = "service-name", env = "RETRY_AGENT_SERVICE_NAMES", value_delimiter = ',')]
+    #[arg(long = "correlate-service-name", alias = "service-name", env = "RETRY_AGENT_CORRELATE_SERVICE_NAME", value_delimiter = ',')]
     pub service_names: Vec<ServiceOverride>,
     /// Services named beyond this are folded into "other".
-    #[arg(long, env = "RETRY_AGENT_MAX_SERVICES", default_value_t = DEFAULT_MAX_SERVICES)]
+    #[arg(long = "correlate-max-services", alias = "max-services", env = "RETRY_AGENT_CORRELATE_MAX_SERVICES", default_value_t = 256)]
     pub max_services: usize,
     /// Edges beyond this are folded into one overflow edge.
-    #[arg(long, env = "RETRY_AGENT_MAX_EDGES", default_value_t = DEFAULT_MAX_EDGES)]
+    #[arg(long = "correlate-max-edges", alias = "max-edges", env = "RETRY_AGENT_CORRELATE_MAX_EDGES", default_value_t = 1024)]
     pub max_edges: usize,
     /// Threads (or goroutines) with context kept; the least recently seen are evicted.
-    #[arg(long, env = "RETRY_AGENT_MAX_THREADS", default_value_t = DEFAULT_MAX_THREADS)]
+    #[arg(long = "correlate-max-threads", alias = "max-threads", env = "RETRY_AGENT_CORRELATE_MAX_THREADS", default_value_t = 32_768)]
     pub max_threads: usize,
     /// Inbound exchanges waiting for their verdict; beyond this they are judged at once.
-    #[arg(long, env = "RETRY_AGENT_MAX_PENDING", default_value_t = DEFAULT_MAX_PENDING)]
+    #[arg(long = "correlate-max-pending", alias = "max-pending", env = "RETRY_AGENT_CORRELATE_MAX_PENDING", default_value_t = 65_536)]
     pub max_pending: usize,
     /// Distinct requests remembered for retry matching.
-    #[arg(long, env = "RETRY_AGENT_MAX_RETRY_KEYS", default_value_t = DEFAULT_MAX_RETRY_KEYS)]
+    #[arg(long = "correlate-max-retry-keys", alias = "max-retry-keys", env = "RETRY_AGENT_CORRELATE_MAX_RETRY_KEYS", default_value_t = 131_072)]
     pub max_retry_keys: usize,
 }
 
 impl Default for CorrelateConfig {
     fn default() -> Self {
-        CorrelateConfig {
-            context_grace_ms: DEFAULT_CONTEXT_GRACE_MS,
-            retry_window_ms: DEFAULT_RETRY_WINDOW_MS,
-            stats_bucket_ms: DEFAULT_BUCKET_MS,
-            stats_window_buckets: DEFAULT_WINDOW_BUCKETS,
-            fault_failure_ratio: DEFAULT_FAULT_FAILURE_RATIO,
-            at_least_once: true,
-            timing_link_ms: DEFAULT_TIMING_LINK_MS,
-            failure_memory: true,
-            service_names: Vec::new(),
-            max_services: DEFAULT_MAX_SERVICES,
-            max_edges: DEFAULT_MAX_EDGES,
-            max_threads: DEFAULT_MAX_THREADS,
-            max_pending: DEFAULT_MAX_PENDING,
-            max_retry_keys: DEFAULT_MAX_RETRY_KEYS,
-        }
+        crate::settings::defaults()
     }
 }
 
-impl CorrelateConfig {
-    /// Check every setting; all errors at once.
-    pub fn validate(&self) -> Result<(), Vec<ConfigError>> {
-        let mut errs = Vec::new();
-        let mut positive = |name: &'static str, v: u64| {
-            if v == 0 {
-                errs.push(ConfigError::OutOfRange { name, what: "positive", value: v.to_string() });
-            }
-        };
-        positive("stats-bucket-ms", self.stats_bucket_ms);
-        positive("stats-window-buckets", u64::from(self.stats_window_buckets));
-        positive("max-services", self.max_services as u64);
-        positive("max-edges", self.max_edges as u64);
-        positive("max-threads", self.max_threads as u64);
-        positive("max-retry-keys", self.max_retry_keys as u64);
-        if self.stats_window_buckets > MAX_WINDOW_BUCKETS {
-            errs.push(ConfigError::OutOfRange {
-                name: "stats-window-buckets",
-                what: "at most 60",
-                value: self.stats_window_buckets.to_string(),
-            });
-        }
-        if !(self.fault_failure_ratio > 0.0 && self.fault_failure_ratio <= 1.0) {
-            errs.push(ConfigError::OutOfRange {
-                name: "fault-failure-ratio",
-                what: "in (0, 1]",
-                value: self.fault_failure_ratio.to_string(),
-            });
-        }
-        if errs.is_empty() { Ok(()) } else { Err(errs) }
+impl Settings for CorrelateConfig {
+    fn check(&self, p: &mut InvalidConfig) {
+        let mut positive = |flag: &'static str, v: u64| p.check(v > 0, flag, v, "at least 1");
+        positive("correlate-stats-bucket-ms", self.stats_bucket_ms);
+        positive("correlate-stats-window-buckets", u64::from(self.stats_window_buckets));
+        positive("correlate-max-services", self.max_services as u64);
+        positive("correlate-max-edges", self.max_edges as u64);
+        positive("correlate-max-threads", self.max_threads as u64);
+        positive("correlate-max-pending", self.max_pending as u64);
+        positive("correlate-max-retry-keys", self.max_retry_keys as u64);
+        let buckets = self.stats_window_buckets;
+        p.check(buckets <= MAX_WINDOW_BUCKETS, "correlate-stats-window-buckets", buckets, "at most 60");
+        let ratio = self.fault_failure_ratio;
+        p.check(ratio > 0.0 && ratio <= 1.0, "correlate-fault-failure-ratio", ratio, "in (0, 1]");
     }
 }
 
@@ -224,22 +182,20 @@ mod tests {
     #[test]
     fn validation_reports_every_error() {
         let c = CorrelateConfig { stats_bucket_ms: 0, stats_window_buckets: 99, fault_failure_ratio: 0.0, ..Default::default() };
-        assert_eq!(c.validate().unwrap_err().len(), 3);
+        assert_eq!(c.validate().unwrap_err().0.len(), 3);
         assert!(CorrelateConfig::default().validate().is_ok());
     }
 
+    // That the defaults are the flag defaults is checked for every config in `settings::tests`.
     #[test]
-    fn defaults_match_the_flags() {
+    fn service_names_repeat() {
         use clap::Parser;
         #[derive(Parser)]
         struct T {
             #[command(flatten)]
             c: CorrelateConfig,
         }
-        let parsed = T::try_parse_from(["t"]).unwrap().c;
-        let d = CorrelateConfig::default();
-        assert_eq!(format!("{parsed:?}"), format!("{d:?}"));
-        let parsed = T::try_parse_from(["t", "--service-name", "a=b", "--service-name", "pid:1=c"]).unwrap().c;
+        let parsed = T::try_parse_from(["t", "--correlate-service-name", "a=b", "--service-name", "pid:1=c"]).unwrap().c;
         assert_eq!(parsed.service_names.len(), 2);
     }
 }

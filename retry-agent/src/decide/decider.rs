@@ -10,77 +10,52 @@ use super::{Action, Decision, Reason};
 use crate::{
     correlate::{Edge, EdgeStats, Engine},
     l7::Claim,
+    settings::{InvalidConfig, Settings},
 };
 
-/// Policy thresholds.
+/// Policy thresholds (`--decide-*`).
 #[derive(Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct DecideConfig {
     /// Retry budget: retries / requests on an edge above this is over budget.
-    #[arg(long, env = "RETRY_AGENT_RETRY_BUDGET", default_value_t = 0.10)]
+    #[arg(long = "decide-retry-budget", alias = "retry-budget", env = "RETRY_AGENT_DECIDE_RETRY_BUDGET", default_value_t = 0.10)]
     pub retry_budget: f64,
     /// Arrival rate over baseline at a callee above this (while the edge retries) is a storm.
-    #[arg(long, env = "RETRY_AGENT_AMPLIFICATION_THRESHOLD", default_value_t = 1.5)]
+    #[arg(long = "decide-amplification-threshold", alias = "amplification-threshold", env = "RETRY_AGENT_DECIDE_AMPLIFICATION_THRESHOLD", default_value_t = 1.5)]
     pub amplification_threshold: f64,
     /// Time to live of a decision; renewed at half-life while its condition holds.
-    #[arg(long, env = "RETRY_AGENT_DECISION_TTL_MS", default_value_t = 30_000)]
+    #[arg(long = "decide-ttl-ms", alias = "decision-ttl-ms", env = "RETRY_AGENT_DECIDE_TTL_MS", default_value_t = 30_000)]
     pub decision_ttl_ms: u64,
     /// A decision is lifted only after its condition has been false this long.
-    #[arg(long, env = "RETRY_AGENT_DECISION_HYSTERESIS_MS", default_value_t = 15_000)]
+    #[arg(long = "decide-hysteresis-ms", alias = "hysteresis-ms", env = "RETRY_AGENT_DECIDE_HYSTERESIS_MS", default_value_t = 15_000)]
     pub hysteresis_ms: u64,
     /// While a decision is active its thresholds are scaled by this (< 1), so figures hovering
     /// at a threshold do not flap.
-    #[arg(long, env = "RETRY_AGENT_DECISION_EXIT_FRACTION", default_value_t = 0.5)]
+    #[arg(long = "decide-exit-fraction", alias = "exit-fraction", env = "RETRY_AGENT_DECIDE_EXIT_FRACTION", default_value_t = 0.5)]
     pub exit_fraction: f64,
     /// Requests in the window an edge needs before budget or amplification count.
-    #[arg(long, env = "RETRY_AGENT_DECISION_MIN_REQUESTS", default_value_t = 20)]
+    #[arg(long = "decide-min-requests", alias = "min-requests", env = "RETRY_AGENT_DECIDE_MIN_REQUESTS", default_value_t = 20)]
     pub min_requests: u64,
     /// Callee errors in the window before their claims count.
-    #[arg(long, env = "RETRY_AGENT_DECISION_MIN_FAILURES", default_value_t = 5)]
+    #[arg(long = "decide-min-failures", alias = "min-failures", env = "RETRY_AGENT_DECIDE_MIN_FAILURES", default_value_t = 5)]
     pub min_failures: u64,
 }
 
 impl Default for DecideConfig {
     fn default() -> Self {
-        DecideConfig {
-            retry_budget: 0.10,
-            amplification_threshold: 1.5,
-            decision_ttl_ms: 30_000,
-            hysteresis_ms: 15_000,
-            exit_fraction: 0.5,
-            min_requests: 20,
-            min_failures: 5,
-        }
+        crate::settings::defaults()
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum DecideConfigError {
-    #[error("{name} must be {what}, got {value}")]
-    OutOfRange { name: &'static str, what: &'static str, value: f64 },
-}
-
-impl DecideConfig {
-    /// Check every setting; all errors at once.
-    pub fn validate(&self) -> Result<(), Vec<DecideConfigError>> {
-        let mut errs = Vec::new();
-        if !(self.retry_budget >= 0.0 && self.retry_budget <= 1.0) {
-            errs.push(DecideConfigError::OutOfRange { name: "retry-budget", what: "in [0, 1]", value: self.retry_budget });
-        }
-        if !(self.amplification_threshold > 1.0) {
-            errs.push(DecideConfigError::OutOfRange {
-                name: "amplification-threshold",
-                what: "> 1",
-                value: self.amplification_threshold,
-            });
-        }
-        if !(self.exit_fraction > 0.0 && self.exit_fraction <= 1.0) {
-            errs.push(DecideConfigError::OutOfRange { name: "decision-exit-fraction", what: "in (0, 1]", value: self.exit_fraction });
-        }
-        if self.decision_ttl_ms == 0 {
-            errs.push(DecideConfigError::OutOfRange { name: "decision-ttl-ms", what: "positive", value: 0.0 });
-        }
-        if errs.is_empty() { Ok(()) } else { Err(errs) }
+impl Settings for DecideConfig {
+    fn check(&self, p: &mut InvalidConfig) {
+        let budget = self.retry_budget;
+        p.check((0.0..=1.0).contains(&budget), "decide-retry-budget", budget, "in [0, 1]");
+        let amp = self.amplification_threshold;
+        p.check(amp > 1.0, "decide-amplification-threshold", amp, "> 1");
+        let exit = self.exit_fraction;
+        p.check(exit > 0.0 && exit <= 1.0, "decide-exit-fraction", exit, "in (0, 1]");
+        p.check(self.decision_ttl_ms > 0, "decide-ttl-ms", self.decision_ttl_ms, "at least 1");
     }
 }
 

@@ -2,7 +2,7 @@
 use std::net::SocketAddr;
 
 mod decider;
-pub use decider::{DecideConfig, DecideConfigError, Decider};
+pub use decider::{DecideConfig, Decider};
 
 use serde::{Deserialize, Serialize};
 

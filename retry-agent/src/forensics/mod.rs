@@ -184,6 +184,13 @@ fn recorded(records: &[Record]) -> Derived {
 }
 
 /// Analyse one dump.
+/// Every problem with the stage settings a replay runs with, at once.
+pub fn validate(c: &PipelineConfig) -> Result<(), crate::settings::InvalidConfig> {
+    let mut p = crate::settings::InvalidConfig::default();
+    p.add(&c.l7).add(&c.correlate).add(&c.decide);
+    p.into_result()
+}
+
 pub fn analyse(path: &Path, opts: &Options) -> Result<IncidentReport, FormatError> {
     let dump = DumpReader::open(path)?;
     let mut notes = Vec::new();
@@ -193,6 +200,10 @@ pub fn analyse(path: &Path, opts: &Options) -> Result<IncidentReport, FormatErro
     let config = match (opts.override_settings, live) {
         (true, _) => flags,
         (false, Some(v)) => match serde_json::from_value::<PipelineConfig>(v.clone()) {
+            Ok(c) if let Err(e) = validate(&c) => {
+                notes.push(format!("the dump's pipeline settings are invalid ({e}): replaying with this command's flags"));
+                opts.settings.clone()
+            }
             Ok(c) => c,
             Err(e) => {
                 notes.push(format!("the dump's pipeline settings do not parse ({e}): replaying with this command's flags"));

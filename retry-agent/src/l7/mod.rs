@@ -24,11 +24,14 @@ pub use exchange::{
 
 pub use util::route_template;
 
-use crate::capture::{ConnEvent, ConnEventKind, ConnId, Event, Role};
+use crate::{
+    capture::{ConnEvent, ConnEventKind, ConnId, Event, Role},
+    settings::{InvalidConfig, Settings},
+};
 use conn::{Conn, EndKind, Emitter};
 use msg::Ctx;
 
-/// Settings of the L7 stage. Flattened into the commands that reassemble (`run`, `trace
+/// Settings of the L7 stage (`--l7-*`). Flattened into the commands that reassemble (`run`, `trace
 /// --exchanges`, `forensics`).
 #[derive(Args, Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -53,12 +56,17 @@ pub struct L7Config {
 
 impl Default for L7Config {
     fn default() -> Self {
-        L7Config {
-            conn_buffer_bytes: 64 * 1024,
-            max_connections: 65_536,
-            max_inflight: 256,
-            idle_timeout_secs: 300,
-        }
+        crate::settings::defaults()
+    }
+}
+
+impl Settings for L7Config {
+    fn check(&self, p: &mut InvalidConfig) {
+        // A buffer smaller than a request line would mark every exchange unknown.
+        p.check(self.conn_buffer_bytes >= 1024, "l7-conn-buffer-bytes", self.conn_buffer_bytes, "at least 1024");
+        p.check(self.max_connections > 0, "l7-max-connections", self.max_connections, "at least 1");
+        p.check(self.max_inflight > 0, "l7-max-inflight", self.max_inflight, "at least 1");
+        p.check(self.idle_timeout_secs > 0, "l7-idle-timeout-secs", self.idle_timeout_secs, "at least 1");
     }
 }
 

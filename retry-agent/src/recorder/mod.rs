@@ -22,6 +22,7 @@ use crate::{
     capture::{DataEvent, Event, ProcessInfo},
     decide::{Action, Decision},
     pipeline::{Input, PipelineConfig, Record, Tap},
+    settings::{InvalidConfig, Settings},
 };
 
 pub mod client;
@@ -36,7 +37,7 @@ pub use client::{dump_api_response, spawn_sigusr1_dumps};
 pub use format::{DumpHeader, DumpReader, DumpWriter, FormatError, Loss, ReadOutcome};
 pub use replay::{Replayed, replay};
 
-/// Recorder settings: every one a flag with an env var and a default.
+/// Recorder settings (`--recorder-*`): every one a flag with an env var and a default.
 #[derive(Args, Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecorderConfig {
     /// Keep a flight recorder of recent events and derived records (off: nothing is kept).
@@ -64,14 +65,23 @@ pub struct RecorderConfig {
 
 impl Default for RecorderConfig {
     fn default() -> Self {
-        RecorderConfig {
-            enabled: true,
-            window_secs: 300,
-            max_mib: 64,
-            dump_dir: PathBuf::from("/var/lib/retry-agent/dumps"),
-            auto_dump: true,
-            auto_before_secs: 120,
-            auto_after_secs: 60,
+        crate::settings::defaults()
+    }
+}
+
+impl Settings for RecorderConfig {
+    fn check(&self, p: &mut InvalidConfig) {
+        if !self.enabled {
+            return;
+        }
+        p.check(self.window_secs > 0, "recorder-window-secs", self.window_secs, "at least 1");
+        p.check(self.max_mib > 0, "recorder-max-mib", self.max_mib, "at least 1");
+        let dir = &self.dump_dir;
+        p.check(!dir.as_os_str().is_empty(), "recorder-dump-dir", dir.display(), "a directory");
+        if self.auto_dump {
+            // The ring cannot give an auto-dump more history than it keeps.
+            let before = self.auto_before_secs;
+            p.check(before <= self.window_secs, "recorder-auto-before-secs", before, "at most --recorder-window-secs");
         }
     }
 }

@@ -125,7 +125,7 @@ struct AgentRun {
 /// Starts `retry-agent trace --count` and waits until its programs are attached.
 fn start_agent(bin: &Path, tls: bool) -> Result<Killed> {
     let mut child = Command::new(bin)
-        .args(["trace", "--count", "--log", "info", "--tls", if tls { "true" } else { "false" }])
+        .args(["trace", "--count", "--log", "info", "--capture-tls", if tls { "true" } else { "false" }])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

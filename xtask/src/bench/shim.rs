@@ -34,7 +34,7 @@ struct Cleanup {
 }
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let _ = Command::new(&self.bin).args(["shim", "--cleanup", "--chain", &self.chain]).stderr(Stdio::null()).status();
+        let _ = Command::new(&self.bin).args(["shim", "--cleanup", "--shim-chain", &self.chain]).stderr(Stdio::null()).status();
     }
 }
 
@@ -158,10 +158,10 @@ pub fn run() -> Result<()> {
     let _cleanup = Cleanup { bin: bin.clone(), chain: chain.clone() };
     let _shim = Kill(
         Command::new(&bin)
-            .args(["--log", "warn", "shim", "--port", &shim_port.to_string(), "--chain", &chain])
-            .args(["--dport", &b_shim.to_string(), "--control-socket"])
+            .args(["--log", "warn", "shim", "--shim-port", &shim_port.to_string(), "--shim-chain", &chain])
+            .args(["--shim-dport", &b_shim.to_string(), "--shim-control-socket"])
             .arg(dir.join("no-agent.sock"))
-            .arg("--run-dir")
+            .arg("--shim-run-dir")
             .arg(&dir)
             .stdout(Stdio::null())
             .spawn()?,

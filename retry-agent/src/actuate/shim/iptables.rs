@@ -25,7 +25,7 @@ pub enum SteerError {
     Failed { bin: &'static str, args: String, stderr: String },
     #[error("chain name {0:?} must be 1-24 characters of [A-Za-z0-9_-]")]
     BadChain(String),
-    #[error("no selector: give at least one --uid, --cgroup, --dport or --inbound-port")]
+    #[error("no selector: give at least one --shim-uid, --shim-cgroup, --shim-dport or --shim-inbound-port")]
     NoSelector,
 }
 

@@ -99,18 +99,8 @@ fn vanished_edges_are_lifted_too() {
 #[test]
 fn config_validation_reports_every_error() {
     let bad = DecideConfig { retry_budget: 2.0, amplification_threshold: 0.5, exit_fraction: 0.0, decision_ttl_ms: 0, ..DecideConfig::default() };
-    assert_eq!(bad.validate().unwrap_err().len(), 4);
+    assert_eq!(bad.validate().unwrap_err().0.len(), 4);
     assert!(DecideConfig::default().validate().is_ok());
 }
 
-#[test]
-fn defaults_match_the_flags() {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct T {
-        #[command(flatten)]
-        c: DecideConfig,
-    }
-    let parsed = T::try_parse_from(["t"]).unwrap().c;
-    assert_eq!(format!("{parsed:?}"), format!("{:?}", DecideConfig::default()));
-}
+// That the defaults are the flag defaults is checked for every config in `settings::tests`.
