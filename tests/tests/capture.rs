@@ -295,7 +295,7 @@ async fn veth_between_namespaces() {
     wait_listening(&format!("{}:{port}", ns.ip_a), Some(&ns.b));
     let url = format!("http://{}:{port}/over-veth", ns.ip_a);
     let mut curl = Proc::spawn(NetnsPair::exec(&ns.b, "curl").args(["-s", "-o", "/dev/null", &url]));
-    let mut py = Proc::spawn(NetnsPair::python(&ns.b, "http_get_client.py", &[&ns.ip_a, &port, "/py-veth"]));
+    let mut py = Proc::spawn(&mut NetnsPair::python(&ns.b, "http_get_client.py", &[&ns.ip_a, &port, "/py-veth"]));
     assert!(curl.wait(Duration::from_secs(10)).success());
     assert!(py.wait(Duration::from_secs(10)).success());
     let pids = [server.pid(), curl.pid(), py.pid()];
@@ -457,7 +457,7 @@ async fn connection_opened_before_start_is_attributed() {
     let trigger = std::env::temp_dir().join(format!("racap-go-{}", std::process::id()));
     let _ = std::fs::remove_file(&trigger);
     // The server says when it listens (a probe connection would be its one accept).
-    let (mut server, port) = serve(python, "late_server.py", &[&trigger.to_string_lossy()], Ready::SaysReady);
+    let (server, port) = serve(python, "late_server.py", &[&trigger.to_string_lossy()], Ready::SaysReady);
     let mut client = Proc::spawn(python("late_client.py", &[&port.to_string(), &trigger.to_string_lossy()]).stdout(Stdio::piped()));
     // The client prints its fd once connected.
     let client_fd: u32 = client.read_line().trim().parse().expect("fd");

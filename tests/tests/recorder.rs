@@ -5,7 +5,7 @@
 //!   with secrets in the headers): the live pipeline records, a dump is asked for over the HTTP
 //!   route, and its replay yields the same exchanges, verdicts, edge figures and decisions;
 //! - the dump route + `retry-agent dump` client, and SIGUSR1.
-use std::{os::unix::fs::PermissionsExt, process::Stdio, time::Duration};
+use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use integration_tests::{
     fixture::{Proc, can_run, collect, load, python, python_server},
