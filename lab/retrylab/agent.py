@@ -55,7 +55,7 @@ def start_agent(sc, mode, args, mode_dir):
     binary = agent_binary(args)
     if binary is None:
         return [], ("no complete agent build (target/debug/retry-agent with its eBPF object: "
-                    "cargo xtask build-ebpf && cargo build -p retry-agent)")
+                    "`cargo xtask lab` builds it, or pass --agent)")
     spec = sc.get("agent", {}).get(mode)
     if not spec:
         return [], "scenario has no [agent.%s] section" % mode

@@ -16,10 +16,8 @@ use retry_agent::{
     correlate::CorrelateConfig,
     decide::DecideConfig,
     l7::L7Config,
-    recorder::{
-        DumpReader, DumpReason, Pipeline, Record, Recorder, RecorderConfig, SharedRecorder, StageOutput, replay,
-        synth::StormScenario,
-    },
+    pipeline::{Pipeline, StageOutput},
+    recorder::{DumpReader, DumpReason, Record, Recorder, RecorderConfig, SharedRecorder, replay, synth::StormScenario},
 };
 
 
