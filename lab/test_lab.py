@@ -1,19 +1,17 @@
 """Unit tests of the lab's analysis (no root, no namespaces): python3 lab/test_lab.py"""
-import importlib.util
+import sys
 import tempfile
 import unittest
 from pathlib import Path
 
-# Loaded by path: run from the repo root, `import lab` would find the lab/ directory instead.
-_spec = importlib.util.spec_from_file_location("lab_orchestrator", Path(__file__).resolve().parent / "lab.py")
-lab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lab)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from retrylab import analysis, common, model, scenario as scenarios  # noqa: E402
 
 
 def scenario(text):
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(text)
-    return lab.load_scenario(f.name, {})
+    return scenarios.load_scenario(f.name, {})
 
 
 CHAIN7 = """
@@ -57,13 +55,13 @@ class ModelTests(unittest.TestCase):
     def test_chain_without_control_multiplies_by_attempts_per_hop(self):
         sc = scenario(CHAIN7 % (1, ""))
         self.assertEqual([n["depth"] for n in sc["nodes"]], list(range(7)))
-        x = lab.expected_x(sc)
+        x = model.expected_x(sc)
         self.assertEqual([x[k] for k in "abcdefg"], [1, 2, 4, 8, 8, 8, 8])
-        x = lab.expected_x(scenario(CHAIN7 % (2, "")))
+        x = model.expected_x(scenario(CHAIN7 % (2, "")))
         self.assertEqual([x[k] for k in "abcdefg"], [1, 3, 9, 27, 27, 27, 27])
 
     def test_budgets_compound_like_the_design(self):
-        x = lab.expected_x(scenario(CHAIN7 % (3, "budget = 0.1")))
+        x = model.expected_x(scenario(CHAIN7 % (3, "budget = 0.1")))
         self.assertEqual([x[k] for k in "abcdefg"], [1, 1.1, 1.21, 1.331, 1.331, 1.331, 1.331])
 
     def test_fanout_stops_at_the_first_failing_downstream(self):
@@ -86,14 +84,14 @@ runtime = "go"
 [fault]
 node = "c"
 """)
-        self.assertEqual(lab.expected_x(sc), {"a": 1.0, "b": 1.0, "c": 3.0})
+        self.assertEqual(model.expected_x(sc), {"a": 1.0, "b": 1.0, "c": 3.0})
 
     def test_bad_scenarios_are_refused(self):
-        with self.assertRaises(lab.LabError):
+        with self.assertRaises(common.LabError):
             scenario('[[nodes]]\nname = "a"\nruntime = "cobol"\n')
-        with self.assertRaises(lab.LabError):
+        with self.assertRaises(common.LabError):
             scenario('[[nodes]]\nname = "a"\nruntime = "go"\ncalls = ["x"]\n')
-        with self.assertRaises(lab.LabError):  # grpc callees need a Python caller
+        with self.assertRaises(common.LabError):  # grpc callees need a Python caller
             scenario('[[nodes]]\nname = "a"\nruntime = "go"\ncalls = ["b"]\n'
                      '[[nodes]]\nname = "b"\nruntime = "python-grpc"\n')
 
@@ -103,17 +101,17 @@ class AnalysisTests(unittest.TestCase):
         self.sc = scenario(CHAIN7 % (1, ""))
 
     def test_agent_service_ids_map_to_nodes(self):
-        self.assertEqual(lab.service_of("ra-c:18303", self.sc)["name"], "c")
-        self.assertEqual(lab.service_of("ra-c", self.sc)["name"], "c")
-        self.assertEqual(lab.service_of("10.213.0.14:18304", self.sc)["name"], "d")
-        self.assertIsNone(lab.service_of("haproxy:38377", self.sc))
+        self.assertEqual(analysis.service_of("ra-c:18303", self.sc)["name"], "c")
+        self.assertEqual(analysis.service_of("ra-c", self.sc)["name"], "c")
+        self.assertEqual(analysis.service_of("10.213.0.14:18304", self.sc)["name"], "d")
+        self.assertIsNone(analysis.service_of("haproxy:38377", self.sc))
 
     def test_haproxy_log_lines_become_ground_truth(self):
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write('{"end_ms":1000500,"d_ms":500,"svc":"h","status":502,"retries":1,"callee":"c"}\n')
             f.write("[WARNING] haproxy chatter\n")
             f.write('{"end_ms":1001000,"d_ms":10,"svc":"h","status":200,"retries":0,"callee":"c"}\n')
-        recs = lab.read_jsonl(f.name)
+        recs = analysis.read_jsonl(f.name)
         self.assertEqual(len(recs), 2)
         self.assertEqual((recs[0]["t"], recs[0]["cause"], recs[0]["attempts"]), (1000.0, "downstream", {"c": 2}))
         self.assertEqual((recs[1]["cause"], recs[1]["ok"]), ("none", True))
@@ -130,7 +128,7 @@ class AnalysisTests(unittest.TestCase):
             {"service": "someone-else", "claim": "claimed", "status": 503},  # not ours
         ]
         with tempfile.TemporaryDirectory() as d:
-            s = lab.score_agent(self.sc, logs, verdicts, [], 0.0, 0.0, Path(d))
+            s = analysis.score_agent(self.sc, logs, verdicts, [], 0.0, 0.0, Path(d))
         self.assertEqual(s["unknown_services"], ["someone-else"])
         py, node = s["per_runtime"]["python"], s["per_runtime"]["node"]
         self.assertEqual((py["verdicts"], py["correct"], py["missing"]), (2, 1, 1))
@@ -143,7 +141,7 @@ class AnalysisTests(unittest.TestCase):
         logs["d"] = [{"t": 1.0, "d": 0.1, "cause": "own"}]
         verdicts = [{"service": "ra-d:18304", "claim": "claimed", "status": 503}] * 3
         with tempfile.TemporaryDirectory() as d:
-            s = lab.score_agent(self.sc, logs, verdicts, [], 0.0, 0.0, Path(d))
+            s = analysis.score_agent(self.sc, logs, verdicts, [], 0.0, 0.0, Path(d))
         self.assertEqual(s["per_runtime"]["python"]["recall"], 1.0)
 
     def test_first_suppression_counts_only_lab_edges(self):
@@ -155,7 +153,7 @@ class AnalysisTests(unittest.TestCase):
              "reason": "over_budget", "issued_at_ns": int(10.5e9 + 2e18)},
         ]
         with tempfile.TemporaryDirectory() as d:
-            s = lab.score_agent(self.sc, {n["name"]: [] for n in self.sc["nodes"]}, [], decisions,
+            s = analysis.score_agent(self.sc, {n["name"]: [] for n in self.sc["nodes"]}, [], decisions,
                                 2e9 + 10.0, 2e9, Path(d))
         self.assertEqual(list(s["decisions_per_edge"]), ["c->d"])
         self.assertAlmostEqual(s["first_suppression_s"], 0.5, places=3)

@@ -13,7 +13,7 @@ use std::{
 };
 
 // One process guard and port picker for all kernel tests.
-pub use crate::capture::{Proc, free_port};
+pub use crate::fixture::{Proc, free_port};
 use retry_agent::{
     actuate::shim::iptables::{self, Family},
     correlate::{Edge, ServiceId},
@@ -188,12 +188,9 @@ pub fn allow(callee: &str) -> Decision {
     Decision { action: Action::Allow, callee_addrs: vec![], ..suppress(callee, SocketAddr::from(([127, 0, 0, 1], 1)), 0) }
 }
 
-/// Runs a Python script with args; returns its stdout parsed as JSON.
-pub fn python_json(script: &str, args: &[String]) -> serde_json::Value {
-    let path = std::env::temp_dir().join(format!("rashim-{}-{}.py", std::process::id(), args.join("-").replace('/', "_")));
-    std::fs::write(&path, script).expect("write script");
-    let out = Command::new("python3").arg(&path).args(args).output().expect("python3");
-    let _ = std::fs::remove_file(&path);
+/// Runs the Python fixture `name` with args; returns its stdout parsed as JSON.
+pub fn python_json(name: &str, args: &[String]) -> serde_json::Value {
+    let out = Command::new("python3").arg(crate::fixture::fixture(name)).args(args).output().expect("python3");
     assert!(out.status.success(), "python failed: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("bad JSON from python ({e}): {}", String::from_utf8_lossy(&out.stdout)))

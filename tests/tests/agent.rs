@@ -9,7 +9,7 @@ use std::{
 
 use integration_tests::{
     actuate::agent_bin,
-    capture::{Proc, can_run, free_port, python, wait_listening},
+    fixture::{Proc, can_run, free_port, python, wait_listening},
 };
 
 /// The agent's own shims are proxy hops, not services: another process running the agent's
@@ -22,10 +22,7 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let bin = agent_bin();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let _server = Proc::spawn(python(
-        "import http.server,sys; http.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()",
-        &[&port.to_string()],
-    ).stdout(Stdio::null()).stderr(Stdio::null()));
+    let _server = Proc::spawn(python("static_http_server.py", &[&port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()));
     wait_listening(&addr, None);
 
     let other_port = free_port();

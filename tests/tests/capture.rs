@@ -1,61 +1,20 @@
 //! Kernel capture against real traffic: `cargo test -p integration-tests --test capture` as root.
 //! Each test loads the eBPF programs in-process (`Capture::load`), drives Python/curl traffic over
 //! loopback or a veth pair between two namespaces it creates, and checks the decoded events.
-use std::{
-    collections::HashSet,
-    process::Stdio,
-    time::Duration,
-};
+use std::{process::Stdio, time::Duration};
 
-use integration_tests::capture::{NetnsPair, Proc, can_run, collect, free_port, load, load_with, python, wait_listening};
+use integration_tests::fixture::{
+    NetnsPair, Proc, Ready, can_run, collect, conn_events, data_events, dump, free_port, involving, load, load_with, python,
+    python_server, serve, wait_listening,
+};
 use retry_agent::capture::{ConnEvent, ConnEventKind, DataEvent, Direction, Event, Role, Syscall};
 
 const ECONNREFUSED: i32 = 111;
 const ECONNRESET: i32 = 104;
 const EINPROGRESS: i32 = 115;
 
-/// Threaded HTTP server; each response names the serving thread (X-Tid) so the test can check
-/// the tid the kernel reported.
-const SERVER_PY: &str = r#"
-import socket, sys, threading, http.server
-if ":" in sys.argv[1]:
-    http.server.ThreadingHTTPServer.address_family = socket.AF_INET6
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = b"hello " + self.path.encode()
-        self.send_response(200)
-        self.send_header("X-Tid", str(threading.get_native_id()))
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_forever()
-"#;
-
-const CLIENT_PY: &str = r#"
-import sys, http.client
-c = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=5)
-c.request("GET", sys.argv[3])
-r = c.getresponse()
-assert r.status == 200, r.status
-r.read()
-"#;
-
-fn data_events(evs: &[Event]) -> Vec<&DataEvent> {
-    evs.iter().filter_map(|e| if let Event::Data(d) = e { Some(d) } else { None }).collect()
-}
-
-fn conn_events(evs: &[Event]) -> Vec<&ConnEvent> {
-    evs.iter().filter_map(|e| if let Event::Conn(c) = e { Some(c) } else { None }).collect()
-}
-
 fn starts(d: &DataEvent, prefix: &[u8]) -> bool {
     d.payload.starts_with(prefix)
-}
-
-fn dump(evs: &[Event]) -> String {
-    evs.iter().map(|e| serde_json::to_string(e).unwrap_or_default()).collect::<Vec<_>>().join("\n")
 }
 
 /// Tid of the server thread that answered, from the response's X-Tid header.
@@ -134,27 +93,20 @@ fn assert_exchange(evs: &[Event], client: u32, server: u32, path: &str) {
     );
 }
 
-fn involving(pids: &[u32]) -> impl FnMut(&Event) -> bool + use<> {
-    let pids: HashSet<u32> = pids.iter().copied().collect();
-    move |e| pids.contains(&e.pid())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loopback_http_curl_and_python_client() {
     if !can_run() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let port = free_port();
+    let (server, port) = python_server("http_tid_server.py", &[]);
     let ps = port.to_string();
-    let server = Proc::spawn(python(SERVER_PY, &["127.0.0.1", &ps]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
 
     let mut curl = Proc::spawn(
         std::process::Command::new("curl")
             .args(["-s", "-o", "/dev/null", &format!("http://127.0.0.1:{port}/via-curl")]),
     );
-    let mut py = Proc::spawn(&mut python(CLIENT_PY, &["127.0.0.1", &ps, "/via-python"]));
+    let mut py = Proc::spawn(&mut python("http_get_client.py", &["127.0.0.1", &ps, "/via-python"]));
     assert!(curl.wait(Duration::from_secs(10)).success());
     assert!(py.wait(Duration::from_secs(10)).success());
 
@@ -188,7 +140,7 @@ async fn loopback_ipv6() {
     let Some(mut cap) = load() else { return };
     let port = free_port();
     let ps = port.to_string();
-    let server = Proc::spawn(python(SERVER_PY, &["::1", &ps]).stdout(Stdio::null()));
+    let server = Proc::spawn(python("http_tid_server.py", &[&ps, "::1"]).stdout(Stdio::null()));
     wait_listening(&format!("[::1]:{port}"), None);
     let mut curl = Proc::spawn(
         std::process::Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://[::1]:{port}/v6")]),
@@ -222,29 +174,14 @@ async fn dropping_the_capture_unloads_every_program() {
     assert!(left.is_empty(), "programs still loaded after drop: {left:?}");
 }
 
-const DUP_PY: &str = r#"
-import os, socket, sys, tempfile
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-fd = s.fileno()
-s.sendall(b"BEFORE-CLOSE"); s.recv(64)
-# Close the socket's fd behind a dup2 of a regular file onto it: the number now names a file.
-f = open(tempfile.mktemp(prefix="racap"), "wb+")
-os.dup2(f.fileno(), fd)
-os.write(fd, b"FILE-AFTER-DUP2")
-os.unlink(f.name)
-print(fd, flush=True)
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fd_reused_for_a_file_is_not_traced() {
     if !can_run() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let port = free_port();
-    let echo = Proc::spawn(python(ECHO_PY, &[&port.to_string()]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
-    let mut p = Proc::spawn(python(DUP_PY, &[&port.to_string()]).stdout(Stdio::piped()));
+    let (echo, port) = python_server("echo_server.py", &[]);
+    let mut p = Proc::spawn(python("dup2_over_socket.py", &[&port.to_string()]).stdout(Stdio::piped()));
     let fd: u32 = p.read_line().trim().parse().expect("fd");
     assert!(p.wait(Duration::from_secs(10)).success());
     let evs = collect(&mut cap, Duration::from_secs(2), involving(&[p.pid(), echo.pid()]), |_| false).await;
@@ -264,38 +201,14 @@ async fn fd_reused_for_a_file_is_not_traced() {
     );
 }
 
-/// A server that accepts like libuv (Node): accept4(fd, NULL, NULL, flags), no peer buffer.
-const NULL_ACCEPT_SERVER_PY: &str = r#"
-import ctypes, os, socket, sys
-libc = ctypes.CDLL(None, use_errno=True)
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4)
-print("ready", flush=True)
-fd = libc.accept4(s.fileno(), None, None, 0)
-assert fd >= 0, ctypes.get_errno()
-req = os.read(fd, 64)
-os.write(fd, b"NULLACCEPT-REPLY:" + req)
-os.close(fd)
-"#;
-
-const ONE_SHOT_CLIENT_PY: &str = r#"
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(sys.argv[2].encode())
-assert s.recv(128).startswith(b"NULLACCEPT-REPLY:")
-s.close()
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accept_without_peer_buffer_is_tracked() {
     if !can_run() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let port = free_port();
-    let mut server = Proc::spawn(python(NULL_ACCEPT_SERVER_PY, &[&port.to_string()]).stdout(Stdio::piped()));
-    assert_eq!(server.read_line().trim(), "ready");
-    let mut client = Proc::spawn(&mut python(ONE_SHOT_CLIENT_PY, &[&port.to_string(), "NULLACCEPT-REQ"]));
+    let (mut server, port) = serve(python, "null_accept_server.py", &[], Ready::SaysReady);
+    let mut client = Proc::spawn(&mut python("one_shot_client.py", &[&port.to_string(), "NULLACCEPT-REQ"]));
     assert!(client.wait(Duration::from_secs(10)).success());
     let _ = server.wait(Duration::from_secs(10));
     let evs = collect(&mut cap, Duration::from_secs(2), involving(&[server.pid(), client.pid()]), |_| false).await;
@@ -321,17 +234,6 @@ async fn accept_without_peer_buffer_is_tracked() {
     assert!(data.iter().any(|d| d.conn == accept.conn && d.syscall == Syscall::Write && d.payload.starts_with(b"NULLACCEPT-REPLY:")));
 }
 
-const BIG_WRITE_PY: &str = r#"
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-body = bytes(i % 251 for i in range(10000))
-s.sendall(body)
-got = b""
-while len(got) < len(body) + 5:
-    got += s.recv(65536)
-s.close()
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payload_prefix_size_is_configurable_up_to_4k() {
     if !can_run() {
@@ -339,10 +241,8 @@ async fn payload_prefix_size_is_configurable_up_to_4k() {
     }
     let cfg = retry_agent::capture::CaptureConfig { payload_bytes: 4096, ..Default::default() };
     let Some(mut cap) = load_with(&cfg) else { return };
-    let port = free_port();
-    let echo = Proc::spawn(python(ECHO_PY, &[&port.to_string()]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
-    let mut client = Proc::spawn(&mut python(BIG_WRITE_PY, &[&port.to_string()]));
+    let (echo, port) = python_server("echo_server.py", &[]);
+    let mut client = Proc::spawn(&mut python("big_write_client.py", &[&port.to_string()]));
     assert!(client.wait(Duration::from_secs(10)).success());
     let evs = collect(&mut cap, Duration::from_secs(2), involving(&[client.pid(), echo.pid()]), |_| false).await;
     let w = data_events(&evs)
@@ -355,25 +255,14 @@ async fn payload_prefix_size_is_configurable_up_to_4k() {
     assert!(!w.is_complete());
 }
 
-const EXEC_PY: &str = r#"
-import os, socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(b"BEFORE-EXEC"); s.recv(64)
-fd = s.fileno()
-os.set_inheritable(fd, True)
-os.execv("/bin/sh", ["sh", "-c", f"printf AFTER-EXEC >&{fd}; sleep 1"])
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_re_describes_the_process() {
     if !can_run() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let port = free_port();
-    let _echo = Proc::spawn(python(ECHO_PY, &[&port.to_string()]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
-    let mut p = Proc::spawn(&mut python(EXEC_PY, &[&port.to_string()]));
+    let (_echo, port) = python_server("echo_server.py", &[]);
+    let mut p = Proc::spawn(&mut python("exec_with_socket.py", &[&port.to_string()]));
     assert!(p.wait(Duration::from_secs(10)).success());
     let pid = p.pid();
     let evs = collect(&mut cap, Duration::from_secs(2), involving(&[pid]), |_| false).await;
@@ -402,11 +291,11 @@ async fn veth_between_namespaces() {
     let Some(ns) = NetnsPair::create("h", 71) else { return };
     let Some(mut cap) = load() else { return };
     let port = 8080u16.to_string();
-    let server = Proc::spawn(NetnsPair::exec(&ns.a, "python3").args(["-u", "-c", SERVER_PY, &ns.ip_a, &port]).stdout(Stdio::null()));
+    let server = Proc::spawn(NetnsPair::python(&ns.a, "http_tid_server.py", &[&port, &ns.ip_a]).stdout(Stdio::null()));
     wait_listening(&format!("{}:{port}", ns.ip_a), Some(&ns.b));
     let url = format!("http://{}:{port}/over-veth", ns.ip_a);
     let mut curl = Proc::spawn(NetnsPair::exec(&ns.b, "curl").args(["-s", "-o", "/dev/null", &url]));
-    let mut py = Proc::spawn(NetnsPair::exec(&ns.b, "python3").args(["-c", CLIENT_PY, &ns.ip_a, &port, "/py-veth"]));
+    let mut py = Proc::spawn(&mut NetnsPair::python(&ns.b, "http_get_client.py", &[&ns.ip_a, &port, "/py-veth"]));
     assert!(curl.wait(Duration::from_secs(10)).success());
     assert!(py.wait(Duration::from_secs(10)).success());
     let pids = [server.pid(), curl.pid(), py.pid()];
@@ -427,74 +316,14 @@ async fn veth_between_namespaces() {
     assert_ne!(netns(server.pid()), netns(curl.pid()));
 }
 
-/// Replies "ECHO:" + what it got, per recv, until the peer closes; serves connections one by one.
-const ECHO_PY: &str = r#"
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(16)
-while True:
-    c, _ = s.accept()
-    try:
-        while True:
-            b = c.recv(4096)
-            if not b: break
-            c.sendall(b"ECHO:" + b)
-    except OSError:
-        pass  # a client that exits with unread data resets the connection
-    c.close()
-"#;
-
-const VECTORED_PY: &str = r#"
-import os, socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-os.writev(s.fileno(), [b"WRITEV-", b"PART2"])
-a, b = bytearray(64), bytearray(64)
-n = os.readv(s.fileno(), [a, b])
-assert a.startswith(b"ECHO:WRITEV-"), a
-s.sendmsg([b"SENDMSG-", b"X"])
-data, _, _, _ = s.recvmsg(128)
-assert data == b"ECHO:SENDMSG-X", data
-# sendmmsg/recvmmsg through libc (Python has no wrapper): two messages out, one in.
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-class iovec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-class msghdr(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.POINTER(iovec)),
-                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
-                ("flags", ctypes.c_int)]
-class mmsghdr(ctypes.Structure):
-    _fields_ = [("hdr", msghdr), ("len", ctypes.c_uint)]
-bufs = [ctypes.create_string_buffer(b"MMSG-ONE", 8), ctypes.create_string_buffer(b"MMSG-TWO!", 9)]
-iovs = [iovec(ctypes.cast(b, ctypes.c_void_p), len(b.raw)) for b in bufs]
-msgs = (mmsghdr * 2)()
-for m, v in zip(msgs, iovs):
-    m.hdr.iov = ctypes.pointer(v); m.hdr.iovlen = 1
-assert libc.sendmmsg(s.fileno(), msgs, 2, 0) == 2, ctypes.get_errno()
-want = b"ECHO:MMSG-ONEMMSG-TWO!"
-got = b""
-while len(got) < len(want):
-    rb = ctypes.create_string_buffer(64)
-    riov = iovec(ctypes.cast(rb, ctypes.c_void_p), 64)
-    r = (mmsghdr * 1)()
-    r[0].hdr.iov = ctypes.pointer(riov); r[0].hdr.iovlen = 1
-    assert libc.recvmmsg(s.fileno(), r, 1, 0, None) == 1, ctypes.get_errno()
-    # The echo may come as one reply or one per message: read until both are in.
-    got += rb.raw[:r[0].len]
-assert got.replace(b"ECHO:", b"").startswith(b"MMSG-ONE"), got
-s.close()
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vectored_and_msg_syscalls() {
     if !can_run() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let port = free_port();
-    let echo = Proc::spawn(python(ECHO_PY, &[&port.to_string()]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
-    let mut client = Proc::spawn(&mut python(VECTORED_PY, &[&port.to_string()]));
+    let (echo, port) = python_server("echo_server.py", &[]);
+    let mut client = Proc::spawn(&mut python("vectored_client.py", &[&port.to_string()]));
     assert!(client.wait(Duration::from_secs(10)).success(), "client script failed");
     let pids = [echo.pid(), client.pid()];
     let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
@@ -535,35 +364,14 @@ async fn vectored_and_msg_syscalls() {
     );
 }
 
-const MIXED_IO_PY: &str = r#"
-import os, socket, sys, tempfile
-path = tempfile.mktemp(prefix="racap")
-with open(path, "wb") as f: f.write(b"FILEDATA-MARKER")
-with open(path, "rb") as f: assert f.read() == b"FILEDATA-MARKER"
-os.unlink(path)
-a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-a.send(b"UNIXDATA-MARKER"); assert b.recv(64) == b"UNIXDATA-MARKER"
-os.writev(a.fileno(), [b"UNIXDATA-MARKER"]); b.recv(64)
-r, w = os.pipe()
-os.write(w, b"PIPEDATA-MARKER"); assert os.read(r, 64) == b"PIPEDATA-MARKER"
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-u.sendto(b"UDPDATA-MARKER", ("127.0.0.1", 9))
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-print(s.fileno(), flush=True)
-s.sendall(b"TCPDATA-MARKER"); s.recv(64)
-s.close()
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_unix_pipe_and_udp_io_are_filtered() {
     if !can_run() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let port = free_port();
-    let echo = Proc::spawn(python(ECHO_PY, &[&port.to_string()]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{port}"), None);
-    let out = python(MIXED_IO_PY, &[&port.to_string()]).output().expect("running the mixed-I/O script");
+    let (echo, port) = python_server("echo_server.py", &[]);
+    let out = python("mixed_io_client.py", &[&port.to_string()]).output().expect("running the mixed-I/O script");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let tcp_fd: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("fd printed");
     drop(echo);
@@ -583,24 +391,6 @@ async fn file_unix_pipe_and_udp_io_are_filtered() {
     }
 }
 
-const REFUSED_PY: &str = r#"
-import errno, select, socket, sys
-port = int(sys.argv[1])
-s = socket.socket()
-try:
-    s.connect(("127.0.0.1", port)); sys.exit("connected?")
-except ConnectionRefusedError:
-    pass
-s.close()
-n = socket.socket(); n.setblocking(False)
-rc = n.connect_ex(("127.0.0.1", port))
-if rc == errno.EINPROGRESS:
-    select.select([], [n], [], 5)
-    rc = n.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-assert rc == errno.ECONNREFUSED, rc
-n.close()
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_connect_reports_errno() {
     if !can_run() {
@@ -608,7 +398,7 @@ async fn refused_connect_reports_errno() {
     }
     let Some(mut cap) = load() else { return };
     let port = free_port();
-    let mut p = Proc::spawn(&mut python(REFUSED_PY, &[&port.to_string()]));
+    let mut p = Proc::spawn(&mut python("refused_connect.py", &[&port.to_string()]));
     assert!(p.wait(Duration::from_secs(10)).success(), "refused script failed");
     let evs = collect(&mut cap, Duration::from_secs(2), involving(&[p.pid()]), |_| false).await;
     let conns = conn_events(&evs);
@@ -627,38 +417,15 @@ async fn refused_connect_reports_errno() {
     assert!(data_events(&evs).is_empty(), "a refused connection moves no data");
 }
 
-const RESET_SERVER_PY: &str = r#"
-import socket, struct, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4)
-print("ready", flush=True)
-c, _ = s.accept()
-c.recv(64)
-c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-c.close()
-"#;
-
-const RESET_CLIENT_PY: &str = r#"
-import socket, sys, time
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(b"PLEASE-RESET")
-try:
-    s.recv(64); sys.exit("no reset")
-except ConnectionResetError:
-    pass
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_connection_reports_errno() {
     if !can_run() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let port = free_port();
     // The server accepts once: it says when it listens instead of being probed.
-    let mut server = Proc::spawn(python(RESET_SERVER_PY, &[&port.to_string()]).stdout(Stdio::piped()));
-    assert_eq!(server.read_line().trim(), "ready");
-    let mut client = Proc::spawn(&mut python(RESET_CLIENT_PY, &[&port.to_string()]));
+    let (mut server, port) = serve(python, "reset_server.py", &[], Ready::SaysReady);
+    let mut client = Proc::spawn(&mut python("reset_client.py", &[&port.to_string()]));
     assert!(client.wait(Duration::from_secs(10)).success(), "client saw no reset");
     let _ = server.wait(Duration::from_secs(10));
     let evs = collect(&mut cap, Duration::from_secs(2), involving(&[client.pid(), server.pid()]), |_| false).await;
@@ -682,43 +449,16 @@ async fn reset_connection_reports_errno() {
     );
 }
 
-const LATE_SERVER_PY: &str = r#"
-import os, socket, sys, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4)
-print("ready", flush=True)
-c, _ = s.accept()
-# Not blocked in recv() while the agent attaches: a syscall entered before attach is not seen.
-while not os.path.exists(sys.argv[2]):
-    time.sleep(0.05)
-assert c.recv(64) == b"LATE-PING"
-c.sendall(b"LATE-PONG")
-c.recv(64)
-"#;
-
-const LATE_CLIENT_PY: &str = r#"
-import os, socket, sys, time
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-print(s.fileno(), flush=True)
-while not os.path.exists(sys.argv[2]):
-    time.sleep(0.05)
-s.sendall(b"LATE-PING")
-assert s.recv(64) == b"LATE-PONG"
-s.close()
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_opened_before_start_is_attributed() {
     if !can_run() {
         return;
     }
-    let port = free_port();
-    let trigger = std::env::temp_dir().join(format!("racap-go-{port}"));
+    let trigger = std::env::temp_dir().join(format!("racap-go-{}", std::process::id()));
     let _ = std::fs::remove_file(&trigger);
     // The server says when it listens (a probe connection would be its one accept).
-    let mut server = Proc::spawn(python(LATE_SERVER_PY, &[&port.to_string(), &trigger.to_string_lossy()]).stdout(Stdio::piped()));
-    assert_eq!(server.read_line().trim(), "ready");
-    let mut client = Proc::spawn(python(LATE_CLIENT_PY, &[&port.to_string(), &trigger.to_string_lossy()]).stdout(Stdio::piped()));
+    let (server, port) = serve(python, "late_server.py", &[&trigger.to_string_lossy()], Ready::SaysReady);
+    let mut client = Proc::spawn(python("late_client.py", &[&port.to_string(), &trigger.to_string_lossy()]).stdout(Stdio::piped()));
     // The client prints its fd once connected.
     let client_fd: u32 = client.read_line().trim().parse().expect("fd");
 

@@ -7,11 +7,8 @@
 use std::{process::Stdio, time::Duration};
 
 use integration_tests::{
-    capture::{Proc, can_run, collect, free_port, load, python, wait_listening},
-    correlate::{
-        CLIENT_PY, EVENT_LOOP_JS, IMPATIENT_CLIENT_PY, PARALLEL_CLIENT_PY, SERVICE_A_PY, SERVICE_B_PY, capture_while,
-        derive,
-    },
+    correlate::{capture_while, derive},
+    fixture::{Proc, Ready, can_run, collect, load, node, python, python_server, serve},
 };
 use retry_agent::{
     capture::{Event, Role},
@@ -26,12 +23,9 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let (pa, pb) = (free_port(), free_port());
-    let (sa, sb) = (pa.to_string(), pb.to_string());
-    let b = Proc::spawn(python(SERVICE_B_PY, &[&sb]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{pb}"), None);
-    let a = Proc::spawn(python(SERVICE_A_PY, &[&sa, &sb]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{pa}"), None);
+    let (b, pb) = python_server("chain_service_b.py", &[]);
+    let (a, pa) = python_server("chain_service_a.py", &[&pb.to_string()]);
+    let sa = pa.to_string();
 
     // A warm-up request first: the capture may still be settling on the first connection.
     let mut paths = vec!["/warmup".to_string()];
@@ -40,7 +34,7 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
     let mut args = vec![sa.clone()];
     args.extend(paths.iter().cloned());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let client = Proc::spawn(python(CLIENT_PY, &args).stdout(Stdio::piped()));
+    let client = Proc::spawn(python("urllib_client.py", &args).stdout(Stdio::piped()));
     let (events, lines) = capture_while(&mut cap, client, &[a.pid(), b.pid()]).await;
     assert_eq!(lines.len(), 13, "the client logged every request: {lines:?}");
     assert!(lines.iter().filter(|l| l.starts_with("/chain/")).all(|l| l.ends_with(" 502")), "{lines:?}");
@@ -104,12 +98,9 @@ async fn caller_giving_up_is_a_timeout_mismatch() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let (pa, pb) = (free_port(), free_port());
-    let (sa, sb) = (pa.to_string(), pb.to_string());
-    let b = Proc::spawn(python(SERVICE_B_PY, &[&sb]).stdout(Stdio::null()));
-    let a = Proc::spawn(python(SERVICE_A_PY, &[&sa, &sb]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{pa}"), None);
-    let client = Proc::spawn(python(IMPATIENT_CLIENT_PY, &[&sa, "/slow/1", "/slow/2", "/slow/3"]).stdout(Stdio::piped()));
+    let (b, pb) = python_server("chain_service_b.py", &[]);
+    let (a, pa) = python_server("chain_service_a.py", &[&pb.to_string()]);
+    let client = Proc::spawn(python("impatient_client.py", &[&pa.to_string(), "/slow/1", "/slow/2", "/slow/3"]).stdout(Stdio::piped()));
     let client_pid = client.pid();
     let (events, lines) = capture_while(&mut cap, client, &[a.pid(), b.pid()]).await;
     assert_eq!(lines, vec!["/slow/1 timeout", "/slow/2 timeout", "/slow/3 timeout"]);
@@ -149,17 +140,14 @@ async fn event_loop_overlap_is_missing_not_guessed() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let (pn, pb) = (free_port(), free_port());
-    let (sn, sb) = (pn.to_string(), pb.to_string());
-    let b = Proc::spawn(python(SERVICE_B_PY, &[&sb]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{pb}"), None);
-    let n = Proc::spawn(std::process::Command::new("node").args(["-e", EVENT_LOOP_JS, &sn, &sb]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{pn}"), None);
+    let (b, pb) = python_server("chain_service_b.py", &[]);
+    let (n, pn) = serve(node, "event_loop_server.js", &[&pb.to_string()], Ready::Listening);
+    let sn = pn.to_string();
     let paths: Vec<String> = (1..=6).map(|i| format!("/chain/{i}")).collect();
     let mut args = vec![sn.clone()];
     args.extend(paths);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let client = Proc::spawn(python(PARALLEL_CLIENT_PY, &args).stdout(Stdio::piped()));
+    let client = Proc::spawn(python("parallel_client.py", &args).stdout(Stdio::piped()));
     let (events, _) = capture_while(&mut cap, client, &[n.pid(), b.pid()]).await;
 
     let mut cfg = CorrelateConfig::default();

@@ -5,10 +5,10 @@
 //!   with secrets in the headers): the live pipeline records, a dump is asked for over the HTTP
 //!   route, and its replay yields the same exchanges, verdicts, edge figures and decisions;
 //! - the dump route + `retry-agent dump` client, and SIGUSR1.
-use std::{os::unix::fs::PermissionsExt, process::Stdio, time::Duration};
+use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use integration_tests::{
-    capture::{Proc, can_run, collect, free_port, load, python, wait_listening},
+    fixture::{Proc, can_run, collect, load, python, python_server},
     recorder::{TempDir, serve_dump_api},
 };
 use retry_agent::{
@@ -114,72 +114,16 @@ async fn dump_route_client_and_sigusr1() {
     assert_eq!(d.header.map(|h| h.reason), Some(DumpReason::Signal));
 }
 
-const BACKEND_PY: &str = r#"
-import sys, http.server
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        ok = not self.path.startswith("/fail")
-        body = b"ok" if ok else b"down"
-        self.send_response(200 if ok else 503)
-        self.send_header("Set-Cookie", "sid=SECRET-BACKEND-COOKIE")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"#;
-
-/// Calls the backend from the handler thread (thread context), retrying once on 5xx.
-const FRONT_PY: &str = r#"
-import sys, http.client, http.server
-BACK = int(sys.argv[2])
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        status = 0
-        for attempt in range(2):
-            c = http.client.HTTPConnection("127.0.0.1", BACK, timeout=5)
-            hdrs = {"Authorization": "Bearer SECRET-FRONT-TOKEN"}
-            if attempt:
-                hdrs["X-Retry-Attempt"] = str(attempt)
-            c.request("GET", self.path, headers=hdrs)
-            r = c.getresponse(); r.read(); c.close()
-            status = r.status
-            if status < 500:
-                break
-        body = b"front ok" if status == 200 else b"front failed"
-        self.send_response(200 if status == 200 else 502)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"#;
-
-const CLIENT_PY: &str = r#"
-import sys, http.client
-port, n = int(sys.argv[1]), int(sys.argv[2])
-for i in range(n):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    path = "/fail/%d" % i if i % 3 == 0 else "/ok/%d" % i
-    c.request("GET", path, headers={"Authorization": "Bearer SECRET-CLIENT-TOKEN", "Cookie": "sid=SECRET-CLIENT-COOKIE"})
-    r = c.getresponse(); r.read(); c.close()
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_traffic_dump_replays_to_the_live_results() {
     if !can_run() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let (bp, fp) = (free_port(), free_port());
-    let backend = Proc::spawn(python(BACKEND_PY, &[&bp.to_string()]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{bp}"), None);
-    let front = Proc::spawn(python(FRONT_PY, &[&fp.to_string(), &bp.to_string()]).stdout(Stdio::null()));
-    wait_listening(&format!("127.0.0.1:{fp}"), None);
+    let (backend, bp) = python_server("secret_backend.py", &[]);
+    let (front, fp) = python_server("retrying_front.py", &[&bp.to_string()]);
     let n = 60;
-    let mut client = Proc::spawn(&mut python(CLIENT_PY, &[&fp.to_string(), &n.to_string()]));
+    let mut client = Proc::spawn(&mut python("secret_client.py", &[&fp.to_string(), &n.to_string()]));
     assert!(client.wait(Duration::from_secs(60)).success(), "client failed");
     let pids = [backend.pid(), front.pid(), client.pid()];
     let events = collect(&mut cap, Duration::from_secs(3), |e| pids.contains(&e.pid()), |_| false).await;

@@ -33,78 +33,6 @@ fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime")
 }
 
-const HTTP_CLIENT: &str = r#"
-import json, sys, threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-import requests
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
-
-port, n, tag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-attempts = {}
-lock = threading.Lock()
-
-class Down(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        with lock:
-            attempts[self.path] = attempts.get(self.path, 0) + 1
-        body = b"downstream failed\n"
-        self.send_response(502)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-
-srv = ThreadingHTTPServer(("127.0.0.1", port), Down)
-threading.Thread(target=srv.serve_forever, daemon=True).start()
-s = requests.Session()
-retry = Retry(total=3, status_forcelist=[502, 503, 504], backoff_factor=0, raise_on_status=False)
-s.mount("http://", HTTPAdapter(max_retries=retry))
-results = []
-for i in range(n):
-    r = s.get(f"http://127.0.0.1:{port}/item?tag={tag}&n={i}", timeout=10)
-    results.append({"status": r.status_code, "suppressed": r.headers.get("x-retry-suppressed"), "body": r.text})
-srv.shutdown()
-print(json.dumps({"attempts": attempts, "results": results}))
-"#;
-
-const GRPC_CLIENT: &str = r#"
-import json, sys, threading
-from concurrent import futures
-import grpc
-
-port, n, tag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-count = [0]
-lock = threading.Lock()
-
-def fail(req, ctx):
-    with lock:
-        count[0] += 1
-    ctx.abort(grpc.StatusCode.UNAVAILABLE, "downstream down")
-
-handler = grpc.method_handlers_generic_handler("rashim.Svc", {"Fail": grpc.unary_unary_rpc_method_handler(fail)})
-server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-server.add_generic_rpc_handlers((handler,))
-server.add_insecure_port(f"127.0.0.1:{port}")
-server.start()
-cfg = json.dumps({"methodConfig": [{"name": [{"service": "rashim.Svc"}], "retryPolicy": {
-    "maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.05s", "backoffMultiplier": 1.0,
-    "retryableStatusCodes": ["UNAVAILABLE"]}}]})
-ch = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.enable_retries", 1), ("grpc.service_config", cfg)])
-call = ch.unary_unary("/rashim.Svc/Fail")
-codes = []
-for i in range(n):
-    try:
-        call(b"x", timeout=10, metadata=(("x-request-id", f"{tag}-{i}"),))
-        codes.append("OK")
-    except grpc.RpcError as e:
-        codes.append(e.code().name)
-server.stop(0)
-print(json.dumps({"attempts": count[0], "codes": codes}))
-"#;
-
 /// Requests urllib3 retries 3 times: through the shim 4 attempts each reach the failing
 /// downstream; once the agent suppresses the edge over the control socket, exactly 1.
 /// Also measures decision → enforcement latency end to end.
@@ -124,7 +52,7 @@ fn python_requests_retries_stop_at_one_attempt_when_suppressed() {
     let _shim = Shim::start(ShimOpts { chain: &ch, dports: &[port, probe.port()], control: &ctl_path, watchdog: true, extra: &[] });
     let n = 5;
 
-    let out = python_json(HTTP_CLIENT, &[port.to_string(), n.to_string(), "plain".into()]);
+    let out = python_json("shim_requests_client.py", &[port.to_string(), n.to_string(), "plain".into()]);
     let attempts = out["attempts"].as_object().expect("attempts");
     assert_eq!(attempts.len(), n, "{out}");
     assert!(attempts.values().all(|v| v == 4), "without suppression every request makes 4 attempts: {out}");
@@ -140,7 +68,7 @@ fn python_requests_retries_stop_at_one_attempt_when_suppressed() {
     let lat = lat.map(|_| t0.elapsed()).expect("suppression never took effect");
     eprintln!("FIGURE decision_to_enforcement_ms={:.2}", lat.as_secs_f64() * 1000.0);
 
-    let out = python_json(HTTP_CLIENT, &[port.to_string(), n.to_string(), "suppressed".into()]);
+    let out = python_json("shim_requests_client.py", &[port.to_string(), n.to_string(), "suppressed".into()]);
     let attempts = out["attempts"].as_object().expect("attempts");
     assert_eq!(attempts.len(), n, "{out}");
     assert!(attempts.values().all(|v| v == 1), "with suppression exactly one attempt each: {out}");
@@ -199,14 +127,14 @@ fn grpc_pushback_trailer_stops_client_retries() {
     let shim = Shim::start(ShimOpts { chain: &ch, dports: &[port], control: &ctl_path, watchdog: true, extra: &[] });
     let n = 4;
 
-    let out = python_json(GRPC_CLIENT, &[port.to_string(), n.to_string(), "plain".into()]);
+    let out = python_json("shim_grpc_client.py", &[port.to_string(), n.to_string(), "plain".into()]);
     assert_eq!(out["attempts"], 4 * n, "without suppression grpcio retries to 4 attempts: {out}");
 
     let dst: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     rt.block_on(ctl.apply(&[suppress("rashim-grpc", dst, 60_000)])).expect("apply");
     // The view is updated within a millisecond or so; give it a generous moment.
     std::thread::sleep(Duration::from_millis(200));
-    let out = python_json(GRPC_CLIENT, &[port.to_string(), n.to_string(), "suppressed".into()]);
+    let out = python_json("shim_grpc_client.py", &[port.to_string(), n.to_string(), "suppressed".into()]);
     assert_eq!(out["attempts"], n, "with suppression one attempt per call: {out}");
     assert!(out["codes"].as_array().expect("codes").iter().all(|c| c == "UNAVAILABLE"), "{out}");
     // The pushback stopped the client itself: no retry even reached the shim to be answered.

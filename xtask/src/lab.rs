@@ -4,13 +4,12 @@
 //!     cargo xtask lab lab/scenarios/depth4.toml --modes none,observe,shim
 //!     cargo xtask lab lab/scenarios/chain7.toml --modes none --retries 2
 //!     cargo xtask lab --cleanup
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+
+use crate::{build, setup};
 
 #[derive(Debug, Args)]
 pub struct LabArgs {
@@ -37,31 +36,24 @@ pub struct LabArgs {
     pub cleanup: bool,
 }
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 pub fn run(args: LabArgs) -> Result<()> {
-    let lab = repo().join("lab/lab.py");
+    let lab = setup::root().join("lab/lab.py");
     let mut cmd = Command::new("python3");
-    cmd.arg(&lab).current_dir(repo());
+    cmd.arg(&lab).current_dir(setup::root());
     if args.cleanup {
         cmd.arg("cleanup");
     } else {
         let scenario = args.scenario.context("a scenario file is required")?;
         let agent_modes = args.modes.as_deref().is_none_or(|m| m.split(',').any(|m| m != "none"));
-        if agent_modes {
-            // The agent modes run target/debug/retry-agent (the eBPF object must be built).
-            let ok = Command::new("cargo")
-                .args(["build", "-p", "retry-agent"])
-                .current_dir(repo())
-                .status()
-                .context("cargo build -p retry-agent")?;
-            if !ok.success() {
-                bail!("building the agent failed");
-            }
-        }
         cmd.arg("run").arg(scenario);
+        if agent_modes {
+            // The agent modes run the agent built like every other task's: the eBPF object built
+            // first and embedded (a plain `cargo build` would embed whatever object was left in
+            // retry-ebpf/target, stale or none), and that binary named explicitly.
+            setup::agent()?;
+            let bin = build::agent(false)?;
+            cmd.arg("--agent").arg(bin);
+        }
         if let Some(m) = args.modes {
             cmd.args(["--modes", &m]);
         }

@@ -8,7 +8,8 @@
 //!
 //! The backend is HAProxy answering `http-request return` (fast and steady). Printed: requests/s,
 //! p50/p99 latency, latency added over direct, and the shim/HAProxy ratios. Figures, not a test.
-//! `RA_BENCH_PROFILE=debug` benches a debug build (default: release), `RA_BENCH_SECS` the duration.
+//! `RA_BENCH_PROFILE=debug` benches a debug build of the agent (default: release; xtask builds
+//! it), `RA_BENCH_SECS` the duration.
 use std::{
     net::TcpListener,
     path::PathBuf,
@@ -106,7 +107,7 @@ fn wrk(port: u16, secs: u64, conns: u32) -> Result<Figures> {
     parse_wrk(&text).with_context(|| format!("unparseable wrk output:\n{text}"))
 }
 
-pub fn run() -> Result<()> {
+pub fn run(bin: &std::path::Path) -> Result<()> {
     let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     if uid.as_deref().ok() != Some("0") {
         bail!("bench shim needs root (iptables steering)");
@@ -116,20 +117,8 @@ pub fn run() -> Result<()> {
             bail!("bench shim needs {c} (apt-get install {c})");
         }
     }
-    let profile = std::env::var("RA_BENCH_PROFILE").unwrap_or_else(|_| "release".into());
     let secs: u64 = std::env::var("RA_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
-    let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    build.args(["build", "-q", "-p", "retry-agent", "--bin", "retry-agent"]);
-    if profile == "release" {
-        build.arg("--release");
-    }
-    eprintln!("building retry-agent ({profile})...");
-    if !build.status().context("cargo build")?.success() {
-        bail!("building retry-agent failed");
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
-    let bin = target.join(&profile).join("retry-agent");
+    let bin = bin.to_path_buf();
 
     let dir = std::env::temp_dir().join(format!("rabench-shim-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;

@@ -214,12 +214,10 @@ fn stop_agent(mut agent: Killed) -> Result<AgentRun> {
     })
 }
 
-pub fn run(tls: bool) -> Result<()> {
-    if !crate::setup::is_root() {
+pub fn run(bin: &Path, tls: bool) -> Result<()> {
+    if !crate::is_root() {
         bail!("bench capture loads eBPF programs: run as root");
     }
-    eprintln!("building the agent (release)…");
-    let bin = crate::build::agent(true)?;
     let dir = std::env::temp_dir().join(format!("racap-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let port = free_port()?;
@@ -233,7 +231,7 @@ pub fn run(tls: bool) -> Result<()> {
         let a = wrk(port, tls)?;
         eprintln!("round {round}: without agent {a:.0} req/s");
         without.push(a);
-        let agent = start_agent(&bin, tls)?;
+        let agent = start_agent(bin, tls)?;
         let agent_pid = agent.0.id();
         // Kernel-side cost, measured exactly (not affected by other load on the machine).
         let stats_fd = retry_agent::capture::enable_bpf_stats().ok();

@@ -1,12 +1,16 @@
-//! Helpers for the kernel capture tests (tests/tests/capture.rs): loading the capture in-process,
-//! collecting events, child processes and network namespaces that clean up after themselves.
+//! The one set of fixtures every kernel test uses: whether the test can run here, loading the
+//! capture in-process and collecting its events, fresh ports, peer programs (the Python and Node
+//! files under `tests/fixtures/`, parameterised by argv) started and waited for, child processes
+//! and network namespaces that clean up after themselves.
 use std::{
+    collections::HashSet,
     net::TcpListener,
+    path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use retry_agent::capture::{Capture, CaptureConfig, CaptureError, Event};
+use retry_agent::capture::{Capture, CaptureConfig, CaptureError, ConnEvent, DataEvent, Event};
 
 /// Whether the capture tests can run here; prints why not.
 pub fn can_run() -> bool {
@@ -106,6 +110,20 @@ impl Proc {
         }
         line
     }
+    /// Every line of its stdout that it has not been read yet, trimmed, until it exits (or was
+    /// killed).
+    pub fn output_lines(&mut self) -> Vec<String> {
+        use std::io::BufRead;
+        if self.1.is_none() {
+            self.1 = self.0.stdout.take().map(std::io::BufReader::new);
+        }
+        let Some(r) = self.1.as_mut() else { return Vec::new() };
+        r.lines().map_while(Result::ok).map(|l| l.trim().to_string()).collect()
+    }
+    /// Kills it (it keeps its stdout, so what it printed can still be read).
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+    }
     /// Waits for it to exit by itself; panics after `limit`.
     pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
         let start = Instant::now();
@@ -126,15 +144,86 @@ impl Drop for Proc {
     }
 }
 
-/// Runs a Python program (`python3 -c`), with args.
-pub fn python(code: &str, args: &[&str]) -> Command {
+/// A peer program under `tests/fixtures/`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures")).join(name)
+}
+
+/// Runs the Python fixture `name` (`python3 -u tests/fixtures/<name>`), with args.
+pub fn python(name: &str, args: &[&str]) -> Command {
     let mut c = Command::new("python3");
-    c.arg("-u").arg("-c").arg(code).args(args);
+    c.arg("-u").arg(fixture(name)).args(args);
     c
 }
 
+/// Runs the Node fixture `name` (`node tests/fixtures/<name>`), with args.
+pub fn node(name: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("node");
+    c.arg(fixture(name)).args(args);
+    c
+}
+
+/// How a server fixture says it is ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ready {
+    /// Probed with a connection (from the test process, which the capture ignores).
+    Listening,
+    /// It prints `ready` on stdout (a server that accepts once must not be probed).
+    SaysReady,
+}
+
+/// Starts a server fixture on a fresh loopback port, passed as its first argument before
+/// `extra`, with stdout piped (servers that log their requests are read with `output_lines`);
+/// returns once it is ready.
+pub fn serve(program: fn(&str, &[&str]) -> Command, name: &str, extra: &[&str], ready: Ready) -> (Proc, u16) {
+    let port = free_port();
+    let ps = port.to_string();
+    let mut args = vec![ps.as_str()];
+    args.extend_from_slice(extra);
+    let mut server = Proc::spawn(program(name, &args).stdout(Stdio::piped()));
+    match ready {
+        Ready::Listening => wait_listening(&format!("127.0.0.1:{port}"), None),
+        Ready::SaysReady => assert_eq!(server.read_line().trim(), "ready", "{name} did not start"),
+    }
+    (server, port)
+}
+
+/// A Python server fixture, listening on a fresh loopback port.
+pub fn python_server(name: &str, extra: &[&str]) -> (Proc, u16) {
+    serve(python, name, extra, Ready::Listening)
+}
+
+/// Whether `tool arg` runs here; says so when not.
+pub fn have(tool: &str, arg: &str) -> bool {
+    let ok = Command::new(tool).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skip part: {tool} not available");
+    }
+    ok
+}
+
+/// Keeps the events of these processes.
+pub fn involving(pids: &[u32]) -> impl FnMut(&Event) -> bool + use<> {
+    let pids: HashSet<u32> = pids.iter().copied().collect();
+    move |e| pids.contains(&e.pid())
+}
+
+pub fn data_events(evs: &[Event]) -> Vec<&DataEvent> {
+    evs.iter().filter_map(|e| if let Event::Data(d) = e { Some(d) } else { None }).collect()
+}
+
+pub fn conn_events(evs: &[Event]) -> Vec<&ConnEvent> {
+    evs.iter().filter_map(|e| if let Event::Conn(c) = e { Some(c) } else { None }).collect()
+}
+
+/// The events as JSON lines, for failure messages.
+pub fn dump(evs: &[Event]) -> String {
+    evs.iter().map(|e| serde_json::to_string(e).unwrap_or_default()).collect::<Vec<_>>().join("\n")
+}
+
 /// Waits until something accepts TCP connections at `addr` (probing from the test process, which
-/// the capture ignores as the agent's own pid), optionally inside a netns.
+/// the capture ignores as the agent's own pid), optionally inside a netns. The limit only bounds
+/// a broken start: an agent's programs can spend 20 s in the verifier on a loaded 2-core box.
 pub fn wait_listening(addr: &str, netns: Option<&str>) {
     let start = Instant::now();
     loop {
@@ -154,7 +243,7 @@ pub fn wait_listening(addr: &str, netns: Option<&str>) {
         if ok {
             return;
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "nothing listening at {addr}");
+        assert!(start.elapsed() < Duration::from_secs(60), "nothing listening at {addr}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -214,6 +303,13 @@ impl NetnsPair {
     pub fn exec(ns: &str, program: &str) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", ns, program]);
+        c
+    }
+
+    /// The Python fixture `name` run inside namespace `ns`.
+    pub fn python(ns: &str, name: &str, args: &[&str]) -> Command {
+        let mut c = Self::exec(ns, "python3");
+        c.arg("-u").arg(fixture(name)).args(args);
         c
     }
 }

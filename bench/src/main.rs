@@ -1,0 +1,60 @@
+//! `retry-bench <what>`: the benchmarks `cargo xtask bench` runs (figures for the issue notes,
+//! never pass/fail). A crate of its own because they link the agent's library: xtask stays small
+//! and builds the agent (with its fresh eBPF object) the same way as every other task, then runs
+//! this release binary with `--agent-bin` for the benches that start the agent.
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::{Parser, ValueEnum};
+
+mod capture;
+mod correlate;
+mod l7;
+mod recorder;
+mod shim;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum What {
+    Capture,
+    L7,
+    Correlate,
+    Shim,
+    Recorder,
+}
+
+#[derive(Debug, Parser)]
+#[command(name = "retry-bench")]
+struct Cli {
+    what: What,
+    /// capture: the same load over HTTPS (haproxy and wrk on the shared OpenSSL), so the figures
+    /// include the TLS uprobes.
+    #[arg(long)]
+    tls: bool,
+    /// capture, shim: the retry-agent binary to start (xtask builds it with the eBPF object).
+    #[arg(long)]
+    agent_bin: Option<PathBuf>,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    if cfg!(debug_assertions) {
+        bail!("figures from an unoptimised build mean nothing: run `cargo xtask bench` (it builds --release)");
+    }
+    let agent_bin = || match &cli.agent_bin {
+        Some(b) => Ok(b.clone()),
+        None => bail!("this bench starts the agent: pass --agent-bin (cargo xtask bench builds it)"),
+    };
+    match cli.what {
+        What::Capture => capture::run(&agent_bin()?, cli.tls),
+        What::L7 => l7::run(),
+        What::Correlate => correlate::run(),
+        What::Shim => shim::run(&agent_bin()?),
+        What::Recorder => recorder::run(),
+    }
+}
+
+/// Whether this process runs as root.
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}

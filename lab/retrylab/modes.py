@@ -1,0 +1,131 @@
+"""One mode of a run: the fleet up, load, the fault, the logs gathered, the fleet down."""
+import json
+import os
+import shutil
+import time
+import urllib.request
+
+from .common import LAB, LOAD_NS, LabError, log, sh
+from .scenario import edge_policy, node_ip, node_port
+from .build import command, named_link, real
+from .fleet import cleanup, setup_topology, spawn, wait_port
+from .agent import fetch_json, items, start_agent, stop
+from .analysis import analyse_mode, decisions_of
+
+
+def run_mode(sc, mode, args, out):
+    mode_dir = out / mode
+    # Services append to their logs: a reused output directory must start empty.
+    shutil.rmtree(mode_dir, ignore_errors=True)
+    mode_dir.mkdir(parents=True, exist_ok=True)
+    nodes = sc["nodes"]
+    by = {n["name"]: n for n in nodes}
+    cleanup()
+    setup_topology(sc)
+    procs = []
+    agent_procs = []
+    try:
+        if mode != "none":
+            agent_procs, why = start_agent(sc, mode, args, mode_dir)
+            if why:
+                log("mode %s skipped: %s" % (mode, why))
+                return {"mode": mode, "skipped": why}
+        # Fault windows are relative to time zero, which the lab writes to epoch_file once
+        # every service listens (slow starts on a busy machine do not shift the windows).
+        epoch_file = mode_dir / "epoch"
+        try:
+            epoch_file.unlink()
+        except OSError:
+            pass
+        f = sc.get("fault")
+        for n in nodes:
+            cfg = {
+                "name": n["name"], "runtime": n["runtime"],
+                "listen": "%s:%d" % (node_ip(n), node_port(n)),
+                "proto": "grpc" if n["runtime"] == "python-grpc" else "http",
+                "log": str(mode_dir / (n["name"] + ".jsonl")),
+                "epoch_file": str(epoch_file),
+                "work_ms": n.get("work_ms", sc.get("work_ms", 0)),
+                "downstreams": [],
+                "fault": None,
+            }
+            for c in n["calls"]:
+                cn = by[c]
+                p = edge_policy(sc, n["name"], c)
+                cfg["downstreams"].append({
+                    "name": c, "url": "http://%s:%d/work" % (node_ip(cn), node_port(cn)),
+                    "proto": "grpc" if cn["runtime"] == "python-grpc" else "http",
+                    "retries": int(p["retries"]), "timeout_ms": int(p["timeout_ms"]),
+                    "backoff_ms": int(p.get("backoff_ms", 0)), "budget": p.get("budget"),
+                })
+            if f and f["node"] == n["name"] and f["kind"] in ("error", "latency"):
+                cfg["fault"] = {"kind": f["kind"], "rate": f["rate"], "start": f["start_s"],
+                                "end": f["end_s"], "latency_ms": f["latency_ms"]}
+            env = dict(os.environ, LAB_CFG=json.dumps(cfg), PYTHONUNBUFFERED="1")
+            # HAProxy's stdout is its access log: the ground truth of that hop.
+            out = mode_dir / (n["name"] + (".jsonl" if n["runtime"] == "haproxy" else ".stderr"))
+            procs.append(spawn(command(n, sc, mode_dir), ns="ralab-" + n["name"], env=env, out=out))
+        ready_by = time.time() + sc.get("startup_timeout_s", 60.0)
+        for n in nodes:
+            if not wait_port(node_ip(n), node_port(n), ready_by):
+                raise LabError("service %s (%s) not listening in time; see %s" % (
+                    n["name"], n["runtime"], mode_dir / (n["name"] + ".stderr")))
+        t0 = time.time() + sc.get("startup_s", 1.0)
+        tmp = mode_dir / "epoch.tmp"
+        tmp.write_text(repr(t0))
+        tmp.replace(epoch_file)
+        root = nodes[0]
+        load = spawn([str(named_link("ra-load", real("python3"))), str(LAB / "loadgen.py"),
+                      "http://%s:%d/work" % (node_ip(root), node_port(root)), str(sc["rate"]),
+                      repr(t0), str(sc["duration_s"]), str(sc["root_timeout_ms"]),
+                      str(mode_dir / "load.jsonl")], ns=LOAD_NS, out=mode_dir / "load.stderr")
+        refused = None
+        if f and f["kind"] == "refused":
+            refused = threading_refuse(by[f["node"]], t0 + f["start_s"], t0 + f["end_s"])
+        deadline = t0 + sc["duration_s"] + sc["root_timeout_ms"] / 1000.0 + 10
+        while load.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        if refused is not None:
+            refused.join(5)
+        verdicts, decisions = [], []
+        if mode != "none":
+            api = sc.get("agent", {}).get("api", "127.0.0.1:19464")
+            verdicts = items(fetch_json("http://%s/v1/verdicts" % api), "verdicts")
+            # The decision log has every decision; the API only the live ones.
+            decisions = decisions_of(mode_dir)
+            if not decisions:
+                decisions = items(fetch_json("http://%s/v1/decisions" % api), "decisions")
+            try:
+                with urllib.request.urlopen("http://%s/metrics" % api, timeout=5) as r:
+                    (mode_dir / "metrics.txt").write_bytes(r.read())
+            except OSError as e:
+                log("GET /metrics: %s" % e)
+            with open(mode_dir / "verdicts.json", "w") as fo:
+                json.dump(verdicts, fo)
+            with open(mode_dir / "decisions.json", "w") as fo:
+                json.dump(decisions, fo)
+    finally:
+        stop(procs)
+        stop(agent_procs)
+        cleanup()
+    return analyse_mode(sc, mode, t0, mode_dir, verdicts, decisions)
+
+
+def threading_refuse(n, start, end):
+    """Refused connections: a REJECT --reject-with tcp-reset inside the faulty pod's own
+    namespace during the window (gone with the namespace if the lab dies)."""
+    import threading
+
+    ns = "ralab-" + n["name"]
+    # Every packet, not only SYNs: kept-alive connections die too, as when a process crashes.
+    rule = ["-p", "tcp", "--dport", str(node_port(n)), "-j", "REJECT", "--reject-with", "tcp-reset"]
+
+    def go():
+        time.sleep(max(0.0, start - time.time()))
+        sh("ip", "netns", "exec", ns, "iptables", "-w", "-I", "INPUT", *rule, check=False)
+        time.sleep(max(0.0, end - time.time()))
+        sh("ip", "netns", "exec", ns, "iptables", "-w", "-D", "INPUT", *rule, check=False)
+
+    th = threading.Thread(target=go, daemon=True)
+    th.start()
+    return th

@@ -1,0 +1,98 @@
+"""Scenarios: the TOML file, its defaults and overrides, checked; where each node lives."""
+import tomllib
+from collections import deque
+from pathlib import Path
+
+from .common import LabError, NET, RUNTIMES
+
+
+def load_scenario(path, overrides):
+    with open(path, "rb") as f:
+        sc = tomllib.load(f)
+    sc.setdefault("name", Path(path).stem)
+    sc.setdefault("rate", 10.0)
+    sc.setdefault("duration_s", 30.0)
+    sc.setdefault("root_timeout_ms", 15000)
+    sc.setdefault("settle_s", 2.0)
+    sc.setdefault("modes", ["none"])
+    d = sc.setdefault("defaults", {})
+    d.setdefault("retries", 1)
+    d.setdefault("timeout_ms", 2000)
+    d.setdefault("backoff_ms", 5)
+    sc.setdefault("edges", {})
+    for k, v in overrides.items():
+        if v is None:
+            continue
+        if k == "retries":
+            d["retries"] = v
+            for e in sc["edges"].values():
+                e.pop("retries", None)
+        else:
+            sc[k] = v
+    nodes = sc.get("nodes") or []
+    if not nodes:
+        raise LabError("scenario has no [[nodes]]")
+    names = [n["name"] for n in nodes]
+    if len(set(names)) != len(names):
+        raise LabError("duplicate node names")
+    by = {n["name"]: n for n in nodes}
+    for i, n in enumerate(nodes):
+        n["index"] = i + 1
+        n.setdefault("calls", [])
+        if n.get("runtime") not in RUNTIMES:
+            raise LabError("node %s: runtime must be one of %s" % (n["name"], RUNTIMES))
+        if len(n["name"]) > 8 or not n["name"].isalnum():
+            raise LabError("node %s: names are alphanumeric, at most 8 chars" % n["name"])
+        if n["runtime"] == "haproxy" and len(n["calls"]) != 1:
+            raise LabError("haproxy node %s must call exactly one node" % n["name"])
+        for c in n["calls"]:
+            if c not in by:
+                raise LabError("node %s calls unknown node %s" % (n["name"], c))
+            if by[c]["runtime"] == "python-grpc" and n["runtime"] not in ("python", "python-grpc"):
+                raise LabError("gRPC callee %s needs a python caller, %s is %s"
+                               % (c, n["name"], n["runtime"]))
+    f = sc.get("fault")
+    if f:
+        if f.get("node") not in by:
+            raise LabError("fault at unknown node %r" % f.get("node"))
+        if f.setdefault("kind", "error") not in ("error", "latency", "refused"):
+            raise LabError("fault kind must be error, latency or refused")
+        f.setdefault("rate", 1.0)
+        f.setdefault("start_s", 0.0)
+        f.setdefault("end_s", sc["duration_s"])
+        f.setdefault("latency_ms", 3000)
+    # depth = shortest distance from the root (the first node).
+    depth = {nodes[0]["name"]: 0}
+    q = deque([nodes[0]["name"]])
+    while q:
+        x = q.popleft()
+        for c in by[x]["calls"]:
+            if c not in depth:
+                depth[c] = depth[x] + 1
+                q.append(c)
+    for n in nodes:
+        n["depth"] = depth.get(n["name"])
+    return sc
+
+
+def edge_policy(sc, caller, callee):
+    p = dict(sc["defaults"])
+    p.update(sc["edges"].get("%s->%s" % (caller, callee), {}))
+    return p
+
+
+def node_ip(n):
+    return "%s.%d" % (NET, 10 + n["index"])
+
+
+PORT_BASE = 18300
+
+
+def node_port(n):
+    # Unique ports let an observer tell services apart by port as well as by process name, and
+    # an unusual range keeps the shim's port-based steering off everyone else's traffic.
+    return PORT_BASE + n["index"]
+
+
+def comm(n):
+    return "ra-" + n["name"]

@@ -1,0 +1,45 @@
+//! `cargo xtask bench <what>`: figures for the issue notes, never pass/fail. The benches are the
+//! `retry-bench` crate (they link the agent's library; xtask does not): this builds the eBPF
+//! object and, for the benches that start the agent, the agent through `build::agent`, then runs
+//! `retry-bench` in release with the same object, so nothing is rebuilt with a different one.
+use std::process::Command;
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+
+use crate::{build, setup, sh};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum What {
+    Capture,
+    L7,
+    Correlate,
+    Shim,
+    Recorder,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    what: What,
+    /// capture: the same load over HTTPS (haproxy and wrk on the shared OpenSSL), so the figures
+    /// include the TLS uprobes.
+    #[arg(long)]
+    tls: bool,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let what = args.what.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+    let obj = build::ebpf()?;
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(setup::root())
+        .env("RETRY_EBPF_OBJECT", &obj)
+        .args(["run", "--release", "--quiet", "--package", "retry-bench", "--", &what])
+        .args(args.tls.then_some("--tls"));
+    if matches!(args.what, What::Capture | What::Shim) {
+        // The shim bench can measure a debug build of the agent; the capture bench never does.
+        let release = matches!(args.what, What::Capture) || std::env::var("RA_BENCH_PROFILE").map_or(true, |p| p != "debug");
+        eprintln!("building the agent ({})…", if release { "release" } else { "debug" });
+        cmd.arg("--agent-bin").arg(build::agent(release)?);
+    }
+    sh::run(&mut cmd)
+}
