@@ -267,13 +267,14 @@ impl EnvoyActuator {
             }
             names.into_iter().map(Target::Cluster).collect()
         };
+        // Held before it is set, so a half-done change is still lifted later.
+        let old = self.held.insert(d.edge.clone(), targets.clone()).unwrap_or_default();
         // Round up so a sub-second TTL still covers the current second.
         let until_s = (unix_ms() + d.ttl_ms).div_ceil(1000);
         for t in &targets {
             self.runtime_modify(&runtime_keys(t, Some(until_s))).await?;
         }
         // Clusters this edge no longer resolves to (endpoints moved) are lifted.
-        let old = self.held.insert(d.edge.clone(), targets.clone()).unwrap_or_default();
         let still: BTreeSet<&Target> = self.held.values().flatten().collect();
         for t in old.iter().filter(|t| !still.contains(t)) {
             self.runtime_modify(&runtime_keys(t, None)).await?;

@@ -91,12 +91,13 @@ impl HaproxyActuator {
 
     async fn enforce(&mut self, d: &Decision, state: &mut Option<String>) -> Result<(), ActuateError> {
         let keys = self.backends_for(d, state).await?;
+        // Held before it is set, so a half-done change is still removed later.
+        let old = self.held.insert(d.edge.clone(), keys.clone()).unwrap_or_default();
         // Round up so a sub-second TTL still suppresses for the current second.
         let until_s = (unix_ms() + d.ttl_ms).div_ceil(1000);
         for k in &keys {
             self.upsert(k, &until_s.to_string()).await?;
         }
-        let old = self.held.insert(d.edge.clone(), keys).unwrap_or_default();
         let still: BTreeSet<&String> = self.held.values().flatten().collect();
         for k in old.iter().filter(|k| !still.contains(k)) {
             self.remove(k).await?;

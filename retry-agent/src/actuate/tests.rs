@@ -53,6 +53,36 @@ async fn dispatcher_counts_failures_and_keeps_going() {
     assert_eq!(s[0].last_error.as_deref(), Some("boom"));
 }
 
+/// Counts shutdowns; fails the first one.
+struct Stopping(Arc<AtomicU32>);
+impl Actuator for Stopping {
+    fn name(&self) -> &'static str {
+        "stopping"
+    }
+    fn apply<'a>(&'a mut self, _d: &'a [Decision]) -> ActuateFuture<'a> {
+        Box::pin(async { Ok(()) })
+    }
+    fn shutdown(&mut self) -> ActuateFuture<'_> {
+        let n = self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move { if n == 0 { Err(ActuateError::Invalid("still there".into())) } else { Ok(()) } })
+    }
+}
+
+#[tokio::test]
+async fn dispatcher_shuts_every_actuator_down_even_after_a_failure() {
+    let (a, b) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(1)));
+    let mut d = Dispatcher::default();
+    d.push(Box::new(Stopping(a.clone())));
+    d.push(Box::new(Flaky(Arc::new(AtomicU32::new(0)))));
+    d.push(Box::new(Stopping(b.clone())));
+    d.shutdown().await;
+    assert_eq!((a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)), (1, 2), "both asked once");
+    let s = d.stats();
+    assert_eq!((s[0].failed, s[0].last_error.as_deref()), (1, Some("still there")));
+    assert_eq!((s[1].ok, s[1].failed), (1, 0), "an actuator with nothing to remove succeeds");
+    assert_eq!((s[2].ok, s[2].failed), (1, 0));
+}
+
 #[test]
 fn active_set_expires_and_allow_lifts() {
     let mut s = ActiveSet::default();
