@@ -1,18 +1,23 @@
-//! `cargo xtask bench shim`: the shim's forwarding cost against HAProxy doing plain forwarding,
-//! same box, same backend, one run each (needs root, iptables, haproxy, wrk).
+//! `cargo xtask bench shim`: the proxies side by side. The same closed-loop load, on the same box
+//! and the same backend, through the retry-agent shim, HAProxy and Envoy, over HTTP/1.1
+//! keep-alive (wrk) and h2c (h2load, the transport gRPC uses); needs root (iptables), haproxy, wrk,
+//! h2load (nghttp2-client) and Envoy (`cargo xtask setup` installs all of them).
 //!
-//! Paths measured with wrk (keep-alive, `--latency`):
-//! - direct:  wrk → backend
-//! - haproxy: wrk → HAProxy (`mode http`, plain forwarding) → backend
-//! - shim:    wrk → (iptables REDIRECT) → retry-agent shim → backend
+//! Paths, per protocol:
+//! - direct:  client → backend
+//! - haproxy: client → HAProxy (`mode http`, plain forwarding, `http-reuse always`) → backend
+//! - envoy:   client → Envoy (http_connection_manager + router, no retries) → backend
+//! - shim:    client → (iptables REDIRECT) → retry-agent shim → backend
 //!
-//! The backend is HAProxy answering `http-request return` (fast and steady). Printed: requests/s,
-//! p50/p99 latency, latency added over direct, and the shim/HAProxy ratios. Figures, not a test.
-//! `RA_BENCH_PROFILE=debug` benches a debug build of the agent (default: release; xtask builds
-//! it), `RA_BENCH_SECS` the duration.
+//! The backend is HAProxy answering `http-request return` (fast and steady). Each proxy keeps its
+//! default thread count for 2 cores (HAProxy: one per CPU; Envoy: `--concurrency 2`; the shim:
+//! tokio's default). Printed: requests/s, p50/p99/p99.9 latency added over direct, and the
+//! proxy's CPU time per request (utime+stime of the proxy process over the run, so the client's
+//! and the backend's CPU are not in it). Figures, not a test. `RA_BENCH_PROFILE=debug` benches a
+//! debug build (default: release), `RA_BENCH_SECS` the duration per path.
 use std::{
     net::TcpListener,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
@@ -35,7 +40,7 @@ struct Cleanup {
 }
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let _ = Command::new(&self.bin).args(["shim", "--cleanup", "--shim-chain", &self.chain]).stderr(Stdio::null()).status();
+        let _ = Command::new(&self.bin).args(["shim", "--cleanup", "--chain", &self.chain]).stderr(Stdio::null()).status();
     }
 }
 
@@ -49,7 +54,7 @@ fn have(cmd: &str, arg: &str) -> bool {
 
 fn wait_port(port: u16) -> bool {
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(10) {
+    while t0.elapsed() < Duration::from_secs(20) {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return true;
         }
@@ -63,6 +68,9 @@ struct Figures {
     rps: f64,
     p50_us: f64,
     p99_us: f64,
+    p999_us: f64,
+    /// Proxy CPU time per request (µs); NaN for the direct path.
+    cpu_us: f64,
 }
 
 /// "1.23ms" / "456.78us" / "1.2s" → microseconds.
@@ -80,113 +88,294 @@ fn parse_dur(s: &str) -> Option<f64> {
     num.parse::<f64>().ok().map(|n| n * mul)
 }
 
+/// wrk's own summary, plus the `RA_P999 <us>` line [`WRK_SCRIPT`] prints.
 fn parse_wrk(out: &str) -> Option<Figures> {
-    let mut f = Figures { rps: f64::NAN, p50_us: f64::NAN, p99_us: f64::NAN };
+    let mut f = Figures { rps: f64::NAN, p50_us: f64::NAN, p99_us: f64::NAN, p999_us: f64::NAN, cpu_us: f64::NAN };
     for line in out.lines() {
         let mut w = line.split_whitespace();
         match (w.next(), w.next()) {
             (Some("Requests/sec:"), Some(v)) => f.rps = v.parse().ok()?,
             (Some("50%"), Some(v)) => f.p50_us = parse_dur(v)?,
             (Some("99%"), Some(v)) => f.p99_us = parse_dur(v)?,
+            (Some("RA_P999"), Some(v)) => f.p999_us = v.parse().ok()?,
             _ => {}
         }
     }
     (!f.rps.is_nan() && !f.p50_us.is_nan() && !f.p99_us.is_nan()).then_some(f)
 }
 
-fn wrk(port: u16, secs: u64, conns: u32) -> Result<Figures> {
-    let out = Command::new("wrk")
-        .args(["-t2", &format!("-c{conns}"), &format!("-d{secs}s"), "--latency"])
-        .arg(format!("http://127.0.0.1:{port}/"))
-        .output()
-        .context("running wrk")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if text.contains("Non-2xx") || text.contains("Socket errors") {
-        eprintln!("warning: wrk saw errors on port {port}:\n{text}");
+/// wrk keeps a full latency histogram; its Lua `done` hook reads the 99.9th percentile (µs).
+const WRK_SCRIPT: &str = "done = function(summary, latency, requests)\n  io.write(string.format(\"RA_P999 %d\\n\", latency:percentile(99.9)))\nend\n";
+
+/// The `q`-quantile of sorted samples (nearest rank).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
     }
-    parse_wrk(&text).with_context(|| format!("unparseable wrk output:\n{text}"))
+    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted.get(i).copied().unwrap_or(f64::NAN)
 }
 
-pub fn run(bin: &std::path::Path) -> Result<()> {
+/// h2load's `--log-file`: `start_us \t status \t duration_us` per request → (p50, p99, p99.9, n 2xx).
+fn parse_h2load_log(text: &str) -> (f64, f64, f64, usize) {
+    let mut d: Vec<f64> = text
+        .lines()
+        .filter_map(|l| {
+            let mut c = l.split('\t');
+            let (_, status, dur) = (c.next()?, c.next()?, c.next()?);
+            status.trim().starts_with('2').then(|| dur.trim().parse::<f64>().ok()).flatten()
+        })
+        .collect();
+    d.sort_by(f64::total_cmp);
+    (quantile(&d, 0.50), quantile(&d, 0.99), quantile(&d, 0.999), d.len())
+}
+
+/// CPU time (utime + stime, all threads) of a process, in µs.
+fn cpu_us(pid: Option<u32>) -> f64 {
+    let Some(pid) = pid else { return f64::NAN };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return f64::NAN };
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th overall.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) * 1e6 / hz
+}
+
+#[derive(Clone, Copy)]
+enum Proto {
+    Http1,
+    H2c,
+}
+
+struct Load<'a> {
+    dir: &'a Path,
+    conns: u32,
+}
+
+impl Load<'_> {
+    /// One run against `port`; `proxy` is the process whose CPU is charged to it.
+    fn run(&self, proto: Proto, port: u16, secs: u64, proxy: Option<u32>) -> Result<Figures> {
+        let cpu0 = cpu_us(proxy);
+        let mut f = match proto {
+            Proto::Http1 => self.wrk(port, secs)?,
+            Proto::H2c => self.h2load(port, secs)?,
+        };
+        let requests = f.rps * secs as f64;
+        f.cpu_us = (cpu_us(proxy) - cpu0) / requests;
+        Ok(f)
+    }
+
+    fn wrk(&self, port: u16, secs: u64) -> Result<Figures> {
+        let script = self.dir.join("p999.lua");
+        std::fs::write(&script, WRK_SCRIPT)?;
+        let out = Command::new("wrk")
+            .args(["-t2", &format!("-c{}", self.conns), &format!("-d{secs}s"), "--latency", "-s"])
+            .arg(&script)
+            .arg(format!("http://127.0.0.1:{port}/"))
+            .output()
+            .context("running wrk")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.contains("Non-2xx") || text.contains("Socket errors") {
+            eprintln!("warning: wrk saw errors on port {port}:\n{text}");
+        }
+        parse_wrk(&text).with_context(|| format!("unparseable wrk output:\n{text}"))
+    }
+
+    /// h2c with prior knowledge, one stream in flight per connection (as wrk's keep-alive).
+    fn h2load(&self, port: u16, secs: u64) -> Result<Figures> {
+        let log = self.dir.join(format!("h2load-{port}.log"));
+        let _ = std::fs::remove_file(&log);
+        let out = Command::new("h2load")
+            .args(["-t2", &format!("-c{}", self.conns), "-m1", &format!("-D{secs}")])
+            .arg(format!("--log-file={}", log.display()))
+            .arg(format!("http://127.0.0.1:{port}/"))
+            .output()
+            .context("running h2load")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let logged = std::fs::read_to_string(&log).unwrap_or_default();
+        let (p50, p99, p999, n) = parse_h2load_log(&logged);
+        if n == 0 {
+            bail!("h2load completed no request on port {port}:\n{text}");
+        }
+        if text.lines().any(|l| l.starts_with("requests:") && !l.contains(" 0 failed, 0 errored")) {
+            eprintln!("warning: h2load saw failures on port {port}:\n{text}");
+        }
+        Ok(Figures { rps: n as f64 / secs as f64, p50_us: p50, p99_us: p99, p999_us: p999, cpu_us: f64::NAN })
+    }
+}
+
+/// Ports of one protocol's paths.
+struct Ports {
+    direct: u16,
+    haproxy: u16,
+    envoy: u16,
+    shim: u16,
+}
+
+fn envoy_config(h1: &Ports, h2: &Ports) -> String {
+    let listener = |name: &str, port: u16, cluster: &str| {
+        format!(
+            r#"  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: {name}
+          codec_type: AUTO
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
+          route_config:
+            virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: "/"}}, route: {{cluster: {cluster}}}}}]}}]
+"#
+        )
+    };
+    let cluster = |name: &str, port: u16, h2: bool| {
+        let opts = if h2 {
+            "    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        explicit_http_config: {http2_protocol_options: {}}\n"
+        } else {
+            ""
+        };
+        format!(
+            "  - name: {name}\n    type: STATIC\n    connect_timeout: 2s\n{opts}    load_assignment:\n      cluster_name: {name}\n      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]\n"
+        )
+    };
+    format!(
+        "static_resources:\n  listeners:\n{}{}  clusters:\n{}{}",
+        listener("h1", h1.envoy, "be_h1"),
+        listener("h2", h2.envoy, "be_h2"),
+        cluster("be_h1", h1.direct, false),
+        cluster("be_h2", h2.direct, true)
+    )
+}
+
+/// xtask installs Envoy and names its binary (`RETRY_AGENT_ENVOY`), as it builds the agent.
+fn envoy_bin() -> Result<PathBuf> {
+    std::env::var_os("RETRY_AGENT_ENVOY").map(PathBuf::from).context("no Envoy binary: run through `cargo xtask bench shim`")
+}
+
+pub fn run(bin: &Path) -> Result<()> {
     let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     if uid.as_deref().ok() != Some("0") {
         bail!("bench shim needs root (iptables steering)");
     }
-    for (c, a) in [("wrk", "-v"), ("haproxy", "-v"), ("iptables", "-V")] {
+    for (c, a, pkg) in [("wrk", "-v", "wrk"), ("haproxy", "-v", "haproxy"), ("iptables", "-V", "iptables"), ("h2load", "--version", "nghttp2-client")] {
         if !have(c, a) {
-            bail!("bench shim needs {c} (apt-get install {c})");
+            bail!("bench shim needs {c} (apt-get install {pkg})");
         }
     }
+    let envoy = envoy_bin()?;
     let secs: u64 = std::env::var("RA_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
     let bin = bin.to_path_buf();
 
     let dir = std::env::temp_dir().join(format!("rabench-shim-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let (b_direct, b_shim, fwd, shim_port) = (free_port()?, free_port()?, free_port()?, free_port()?);
-    // Two HAProxy processes, so the forwarder does not share its threads with the backend.
+    let ports = || -> Result<Ports> { Ok(Ports { direct: free_port()?, haproxy: free_port()?, envoy: free_port()?, shim: free_port()? }) };
+    let (h1, h2) = (ports()?, ports()?);
+    // The backend in its own HAProxy process, so no forwarder shares its threads with it. The
+    // shim paths have their own backend ports (steered by destination port).
     let defaults = "defaults\n    mode http\n    timeout connect 2s\n    timeout client 30s\n    timeout server 30s\n";
     let be_cfg = dir.join("backend.cfg");
     std::fs::write(
         &be_cfg,
         format!(
-            "{defaults}frontend backend_fe\n    bind 127.0.0.1:{b_direct}\n    bind 127.0.0.1:{b_shim}\n    \
-             http-request return status 200 content-type text/plain string ok\n"
+            "{defaults}frontend backend_fe\n    bind 127.0.0.1:{}\n    bind 127.0.0.1:{}\n    bind 127.0.0.1:{} proto h2\n    \
+             bind 127.0.0.1:{} proto h2\n    http-request return status 200 content-type text/plain string ok\n",
+            h1.direct, h1.shim, h2.direct, h2.shim
         ),
     )?;
     let fwd_cfg = dir.join("forwarder.cfg");
     std::fs::write(
         &fwd_cfg,
         format!(
-            "{defaults}frontend fwd\n    bind 127.0.0.1:{fwd}\n    default_backend be\n\
-             backend be\n    http-reuse always\n    server s1 127.0.0.1:{b_direct}\n"
+            "{defaults}frontend fwd_h1\n    bind 127.0.0.1:{}\n    default_backend be_h1\n\
+             frontend fwd_h2\n    bind 127.0.0.1:{} proto h2\n    default_backend be_h2\n\
+             backend be_h1\n    http-reuse always\n    server s1 127.0.0.1:{}\n\
+             backend be_h2\n    http-reuse always\n    server s1 127.0.0.1:{} proto h2\n",
+            h1.haproxy, h2.haproxy, h1.direct, h2.direct
         ),
     )?;
+    let envoy_cfg = dir.join("envoy.yaml");
+    std::fs::write(&envoy_cfg, envoy_config(&h1, &h2))?;
     let _backend = Kill(Command::new("haproxy").arg("-db").arg("-f").arg(&be_cfg).stdout(Stdio::null()).spawn()?);
-    let _hap = Kill(Command::new("haproxy").arg("-db").arg("-f").arg(&fwd_cfg).stdout(Stdio::null()).spawn()?);
+    let hap = Kill(Command::new("haproxy").arg("-db").arg("-f").arg(&fwd_cfg).stdout(Stdio::null()).spawn()?);
+    let env = Kill(
+        Command::new(&envoy)
+            .arg("-c")
+            .arg(&envoy_cfg)
+            .args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
     let chain = format!("RABENCH_{}", std::process::id() % 100_000);
     let _cleanup = Cleanup { bin: bin.clone(), chain: chain.clone() };
-    let _shim = Kill(
+    let shim_port = free_port()?;
+    let shim = Kill(
         Command::new(&bin)
-            .args(["--log", "warn", "shim", "--shim-port", &shim_port.to_string(), "--shim-chain", &chain])
-            .args(["--shim-dport", &b_shim.to_string(), "--shim-control-socket"])
+            .args(["--log", "warn", "shim", "--port", &shim_port.to_string(), "--chain", &chain])
+            .args(["--dport", &format!("{},{}", h1.shim, h2.shim), "--control-socket"])
             .arg(dir.join("no-agent.sock"))
-            .arg("--shim-run-dir")
+            .arg("--run-dir")
             .arg(&dir)
             .stdout(Stdio::null())
             .spawn()?,
     );
-    if !(wait_port(b_direct) && wait_port(fwd) && wait_port(shim_port)) {
-        bail!("haproxy or the shim did not come up");
+    if ![h1.direct, h2.direct, h1.haproxy, h2.haproxy, h1.envoy, h2.envoy, shim_port].into_iter().all(wait_port) {
+        bail!("haproxy, envoy or the shim did not come up");
     }
     sleep(Duration::from_millis(500)); // rules installed after the listener
 
-    let conns = 32;
-    eprintln!("wrk: 2 threads, {conns} connections, {secs}s per path; warming up...");
-    for p in [b_direct, fwd, b_shim] {
-        wrk(p, 1, conns)?;
+    let load = Load { dir: &dir, conns: 32 };
+    let pids = [("direct", None), ("haproxy", Some(hap.0.id())), ("envoy", Some(env.0.id())), ("shim", Some(shim.0.id()))];
+    let load1 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    eprintln!("{} connections, one request in flight each, {secs}s per path; load average before: {}", load.conns, load1.trim());
+    let mut rows = Vec::new();
+    for (proto, name, p) in [(Proto::Http1, "http1", &h1), (Proto::H2c, "h2c", &h2)] {
+        let port_of = [p.direct, p.haproxy, p.envoy, p.shim];
+        for (port, (_, pid)) in port_of.iter().zip(pids) {
+            load.run(proto, *port, 1, pid)?; // warm-up: connections, pools, caches
+        }
+        let mut figs = Vec::new();
+        for (port, (path, pid)) in port_of.iter().zip(pids) {
+            figs.push((path, load.run(proto, *port, secs, pid)?));
+        }
+        rows.push((name, figs));
     }
-    let direct = wrk(b_direct, secs, conns)?;
-    let hap = wrk(fwd, secs, conns)?;
-    let shim = wrk(b_shim, secs, conns)?;
+    let load2 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
 
-    println!("path      req/s      p50(us)   p99(us)   +p50(us) +p99(us)");
-    for (name, f) in [("direct", direct), ("haproxy", hap), ("shim", shim)] {
-        println!(
-            "{name:<9} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>8.1}",
-            f.rps,
-            f.p50_us,
-            f.p99_us,
-            f.p50_us - direct.p50_us,
-            f.p99_us - direct.p99_us
-        );
+    println!("| proto | path | req/s | p50 µs | p99 µs | p99.9 µs | +p50 µs | +p99 µs | +p99.9 µs | proxy CPU µs/req |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (proto, figs) in &rows {
+        let Some((_, direct)) = figs.first().copied() else { continue };
+        for (path, f) in figs {
+            println!(
+                "| {proto} | {path} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+                f.rps,
+                f.p50_us,
+                f.p99_us,
+                f.p999_us,
+                f.p50_us - direct.p50_us,
+                f.p99_us - direct.p99_us,
+                f.p999_us - direct.p999_us,
+                if f.cpu_us.is_nan() { "-".to_string() } else { format!("{:.1}", f.cpu_us) }
+            );
+        }
+        let get = |n: &str| figs.iter().find(|(p, _)| *p == n).map(|(_, f)| *f);
+        if let (Some(s), Some(h), Some(e)) = (get("shim"), get("haproxy"), get("envoy")) {
+            println!(
+                "\n{proto}: shim/haproxy req/s {:.2} (target ≥ 0.9), p99 {:.2} (target ≤ 1.1); shim/envoy p99 {:.2} (target ≤ 1.0)\n",
+                s.rps / h.rps,
+                s.p99_us / h.p99_us,
+                s.p99_us / e.p99_us
+            );
+        }
     }
-    println!(
-        "shim/haproxy: throughput {:.2} (target ≥ 0.9), p50 {:.2}, p99 {:.2} (target ≤ 1.1); added p99 ratio {:.2}",
-        shim.rps / hap.rps,
-        shim.p50_us / hap.p50_us,
-        shim.p99_us / hap.p99_us,
-        (shim.p99_us - direct.p99_us) / (hap.p99_us - direct.p99_us)
-    );
+    println!("load average before: {} after: {}", load1.trim(), load2.trim());
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -197,12 +386,25 @@ mod tests {
 
     #[test]
     fn parses_wrk_latency_output() {
-        let out = "Running 1s test\n  Latency Distribution\n     50%  210.00us\n     75%    1.10ms\n     90%    2.00ms\n     99%    3.52ms\n  1000 requests in 1.00s\nRequests/sec:  12345.67\nTransfer/sec: 1MB\n";
+        let out = "Running 1s test\n  Latency Distribution\n     50%  210.00us\n     75%    1.10ms\n     90%    2.00ms\n     99%    3.52ms\n  1000 requests in 1.00s\nRequests/sec:  12345.67\nTransfer/sec: 1MB\nRA_P999 7010\n";
         let f = parse_wrk(out).expect("parsed");
         assert_eq!(f.rps, 12345.67);
         assert_eq!(f.p50_us, 210.0);
         assert_eq!(f.p99_us, 3520.0);
+        assert_eq!(f.p999_us, 7010.0);
         assert!(parse_wrk("nothing").is_none());
         assert_eq!(parse_dur("1.5s"), Some(1.5e6));
+    }
+
+    #[test]
+    fn h2load_log_gives_quantiles_of_successes() {
+        let mut log = String::new();
+        for i in 1..=1000 {
+            log.push_str(&format!("1700000000000000\t200\t{i}\n"));
+        }
+        log.push_str("1700000000000000\t503\t999999\nbroken line\n");
+        let (p50, p99, p999, n) = parse_h2load_log(&log);
+        assert_eq!((p50, p99, p999, n), (500.0, 990.0, 999.0, 1000));
+        assert!(parse_h2load_log("").0.is_nan());
     }
 }

