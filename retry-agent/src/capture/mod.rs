@@ -791,6 +791,7 @@ impl Reader {
 
 mod btf;
 mod tls;
+pub mod golang;
 
 #[cfg(test)]
 mod tests;
