@@ -165,6 +165,9 @@ pub struct DataHeader {
     /// Bytes the syscall moved (for *mmsg: those of the first message).
     pub len: u64,
     pub tuple: SockTuple,
+    /// Go programs: the goroutine context of this I/O (the request goroutine it works for, see
+    /// retry-ebpf's go.rs); 0 elsewhere.
+    pub goroutine: u64,
 }
 
 /// Per-CPU scratch in which the kernel assembles a data record (too big for the 512 B stack).

@@ -28,10 +28,10 @@ use retry_common::{
 };
 
 // Both sides must agree on layouts; retry-common's tests pin them for the host, these for BPF.
-const _: () = assert!(size_of::<DataHeader>() == 112);
-const _: () = assert!(size_of::<DataRecord>() == 112 + MAX_PAYLOAD);
+const _: () = assert!(size_of::<DataHeader>() == 120);
+const _: () = assert!(size_of::<DataRecord>() == 120 + MAX_PAYLOAD);
 // Data records are assembled in `Scratch` (per-CPU): 4 KiB of payload does not fit the 512 B stack.
-const _: () = assert!(size_of::<Scratch>() == 112 + 2 * MAX_PAYLOAD);
+const _: () = assert!(size_of::<Scratch>() == 120 + 2 * MAX_PAYLOAD);
 const _: () = assert!(size_of::<ConnRecord>() == 96);
 const _: () = assert!(size_of::<ProcessExitRecord>() == 32);
 const _: () = assert!(size_of::<ConnKey>() == 8);
@@ -40,6 +40,8 @@ const _: () = assert!(size_of::<SockOwner>() == 72);
 const _: () = assert!(size_of::<PeerKey>() == 20);
 const _: () = assert!(size_of::<ServerEst>() == 48);
 const _: () = assert!(size_of::<Config>() == 64);
+
+mod go;
 
 const ECONNRESET: i64 = 104;
 const EPIPE: i64 = 32;
@@ -230,7 +232,7 @@ struct Iovec {
 }
 
 #[inline(always)]
-fn read_user<T>(addr: u64) -> Result<T, i32> {
+pub(crate) fn read_user<T>(addr: u64) -> Result<T, i32> {
     // SAFETY: bpf_probe_read_user validates the user address; failure is an error, not a fault.
     unsafe { bpf_probe_read_user(addr as *const T) }.map_err(|e| e as i32)
 }
@@ -381,6 +383,7 @@ fn emit_data(pid_tgid: u64, fd: u32, info: &ConnInfo, sc: u32, src: Src, (ret, t
             ret,
             len: total,
             tuple: info.tuple,
+            goroutine: go::context(pid_tgid),
         };
         let size = size_of::<DataHeader>() + n as usize;
         let bytes = core::slice::from_raw_parts(rec as *const u8, size);

@@ -49,7 +49,7 @@ impl fmt::Display for GoVersion {
 }
 
 /// The version recorded in `data` (the bytes of `.go.buildinfo`).
-pub fn version(file: &object::File<'_>, data: &[u8]) -> Result<GoVersion, GoError> {
+pub fn version<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, data: &[u8]) -> Result<GoVersion, GoError> {
     if !data.starts_with(MAGIC) {
         return Err(GoError::BuildInfo("bad magic"));
     }
@@ -104,7 +104,7 @@ fn read_uint(bytes: &[u8], big_endian: bool) -> u64 {
 }
 
 /// `len` bytes at virtual address `addr`, from whichever section holds them.
-fn read_at(file: &object::File<'_>, addr: u64, len: usize) -> Option<Vec<u8>> {
+fn read_at<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, addr: u64, len: usize) -> Option<Vec<u8>> {
     file.sections().find_map(|s| {
         let rel = addr.checked_sub(s.address())?;
         let start = usize::try_from(rel).ok()?;

@@ -10,6 +10,7 @@
 //! Pure: reads a file's bytes, never attaches anything; every malformed input is a typed error.
 mod buildinfo;
 mod pclntab;
+mod probes;
 
 use std::{collections::HashMap, fmt, path::Path};
 
@@ -17,6 +18,7 @@ use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 
 pub use buildinfo::GoVersion;
+pub use probes::{GoProbes, PROBES};
 
 /// Why a file cannot be instrumented as a Go program.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +39,8 @@ pub enum GoError {
     Pclntab(&'static str),
     #[error("{0} is not in this program")]
     MissingFunction(&'static str),
+    #[error("attaching the uprobes: {0}")]
+    Attach(String),
 }
 
 /// A function's place in the file: where its code starts and ends (virtual addresses) and how
@@ -70,11 +74,13 @@ impl GoBinary {
     /// Reads `path` and looks up `wanted` functions (missing ones are simply absent: a program
     /// that is not an HTTP server has no `net/http.serverHandler.ServeHTTP`).
     pub fn inspect(path: &Path, wanted: &[&'static str]) -> Result<Self, GoError> {
-        let data = std::fs::read(path)?;
-        Self::parse(&data, wanted)
+        // Read on demand: most executables on a node are not Go, and only their headers are
+        // needed to say so.
+        let cache = object::ReadCache::new(std::fs::File::open(path)?);
+        Self::parse(&cache, wanted)
     }
 
-    pub fn parse(data: &[u8], wanted: &[&'static str]) -> Result<Self, GoError> {
+    pub fn parse<'d, R: object::ReadRef<'d>>(data: R, wanted: &[&'static str]) -> Result<Self, GoError> {
         let file = object::File::parse(data)?;
         let info = file.section_by_name(".go.buildinfo").ok_or(GoError::NotGo)?;
         let version = buildinfo::version(&file, info.data()?)?;
@@ -131,14 +137,14 @@ impl GoBinary {
 }
 
 /// Function ranges from the ELF symbol table (sizes included), for the wanted names.
-fn from_symbols(file: &object::File<'_>, wanted: &[&'static str]) -> HashMap<&'static str, FuncRange> {
+fn from_symbols<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, wanted: &[&'static str]) -> HashMap<&'static str, FuncRange> {
     let mut out = HashMap::new();
     for sym in file.symbols() {
         let Ok(name) = sym.name() else { continue };
-        if let Some(w) = wanted.iter().find(|w| **w == name) {
-            if sym.size() > 0 {
-                out.insert(*w, FuncRange { entry: sym.address(), end: sym.address() + sym.size() });
-            }
+        if let Some(w) = wanted.iter().find(|w| **w == name)
+            && sym.size() > 0
+        {
+            out.insert(*w, FuncRange { entry: sym.address(), end: sym.address() + sym.size() });
         }
     }
     out

@@ -84,10 +84,10 @@ fn returns_are_found_by_decoding_not_by_byte_search() {
 
 #[test]
 fn non_go_files_are_said_to_be_so() {
-    let err = super::GoBinary::parse(b"not an elf", &["x"]).unwrap_err();
+    let err = super::GoBinary::parse(&b"not an elf"[..], &["x"]).unwrap_err();
     assert!(matches!(err, super::GoError::Elf(_)), "{err}");
     // The test binary itself is an ELF, but not a Go program.
     let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-    let err = super::GoBinary::parse(&me, &["x"]).unwrap_err();
+    let err = super::GoBinary::parse(&me[..], &["x"]).unwrap_err();
     assert!(matches!(err, super::GoError::NotGo), "{err}");
 }
