@@ -22,6 +22,8 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 
+use retry_common::GOROUTINE_ROOTED;
+
 use crate::read_user;
 
 #[repr(C)]
@@ -122,16 +124,25 @@ pub fn ra_go_newproc(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// At each RET of `runtime.newproc1`: rax is the new goroutine, which inherits the root.
+/// At each RET of `runtime.newproc1`: rax is the new goroutine, which inherits the root (or
+/// has none: a reused g struct must not keep a root from its previous life).
 #[uprobe]
 pub fn ra_go_newproc_ret(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    // SAFETY: plain value copied out.
-    let Some(root) = (unsafe { GO_SPAWN.get(&pid_tgid) }).copied() else { return 0 };
-    let _ = GO_SPAWN.remove(&pid_tgid);
     let (_, child, _) = regs(&ctx);
-    if child != 0 {
-        let _ = GO_ROOT.insert(&key((pid_tgid >> 32) as u32, child), &root, 0);
+    if child == 0 {
+        return 0;
+    }
+    let k = key((pid_tgid >> 32) as u32, child);
+    // SAFETY: plain value copied out.
+    match (unsafe { GO_SPAWN.get(&pid_tgid) }).copied() {
+        Some(root) => {
+            let _ = GO_SPAWN.remove(&pid_tgid);
+            let _ = GO_ROOT.insert(&k, &root, 0);
+        }
+        None => {
+            let _ = GO_ROOT.remove(&k);
+        }
     }
     0
 }
@@ -149,6 +160,7 @@ pub fn ra_go_exit(ctx: ProbeContext) -> u32 {
 
 /// The goroutine context of the current syscall of a Go process (0: not a Go process). Read
 /// from r14 as the syscall saved it, so it is exact whichever thread runs the goroutine.
+/// `GOROUTINE_ROOTED` marks a context traced to a request root.
 #[inline(always)]
 pub fn context(pid_tgid: u64) -> u64 {
     let tgid = (pid_tgid >> 32) as u32;
@@ -170,9 +182,9 @@ pub fn context(pid_tgid: u64) -> u64 {
     }
     let k = key(tgid, g);
     match get(&GO_WRITER, &k) {
-        Some(owner) if owner != 0 => owner,
+        Some(owner) if owner != 0 => owner | GOROUTINE_ROOTED,
         // A call made outside any request: its own goroutine, which no inbound request has.
         Some(_) => g,
-        None => get(&GO_ROOT, &k).unwrap_or(g),
+        None => get(&GO_ROOT, &k).map_or(g, |root| root | GOROUTINE_ROOTED),
     }
 }

@@ -138,11 +138,6 @@ async fn go_service_verdicts(ldflags: &str, fanout: u32) {
                 missing += 1;
                 let x = d.exchanges.get(&v.exchange);
                 eprintln!("missing: {} goid {:?} tid {:?}", path(v), x.and_then(|x| x.goid), x.map(|x| x.tid));
-                if let Some(x) = x {
-                    for y in d.exchanges.values().filter(|y| y.pid == x.pid && y.goid == x.goid) {
-                        eprintln!("   same goid: {:?} {:?} {:?} {}..{} {:?}", y.id, y.role, y.path, y.request_start_ns, y.end_ns(), y.status);
-                    }
-                }
             }
             c if c == want => right += 1,
             _ => {
