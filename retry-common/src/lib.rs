@@ -165,7 +165,16 @@ pub struct DataHeader {
     /// Bytes the syscall moved (for *mmsg: those of the first message).
     pub len: u64,
     pub tuple: SockTuple,
+    /// Go programs: the goroutine context of this I/O (the request goroutine it works for, see
+    /// retry-ebpf's go.rs), with `GOROUTINE_ROOTED` set when the uprobes traced it to a request
+    /// root; 0 elsewhere.
+    pub goroutine: u64,
 }
+
+/// Set in `DataHeader::goroutine` when the context is a request goroutine the uprobes saw
+/// start serving (ServeHTTP) rather than the bare goroutine doing the I/O. Go heap addresses
+/// stay far below bit 62.
+pub const GOROUTINE_ROOTED: u64 = 1 << 62;
 
 /// Per-CPU scratch in which the kernel assembles a data record (too big for the 512 B stack).
 #[repr(C)]

@@ -27,16 +27,16 @@ fn sock_tuple_layout() {
 
 #[test]
 fn data_header_layout() {
-    layout!(DataHeader, size 112, {
+    layout!(DataHeader, size 120, {
         kind @ 0, 4; syscall @ 4, 4; pid @ 8, 4; tid @ 12, 4; fd @ 16, 4; role @ 20, 4;
         direction @ 24, 4; captured @ 28, 4; generation @ 32, 8; ts_enter_ns @ 40, 8;
-        ts_exit_ns @ 48, 8; ret @ 56, 8; len @ 64, 8; tuple @ 72, 40;
+        ts_exit_ns @ 48, 8; ret @ 56, 8; len @ 64, 8; tuple @ 72, 40; goroutine @ 112, 8;
     });
 }
 
 #[test]
 fn data_record_layout() {
-    layout!(DataRecord, size 112 + MAX_PAYLOAD, { header @ 0, 112; payload @ 112, MAX_PAYLOAD });
+    layout!(DataRecord, size 120 + MAX_PAYLOAD, { header @ 0, 120; payload @ 120, MAX_PAYLOAD });
 }
 
 #[test]

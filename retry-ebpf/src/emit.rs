@@ -179,6 +179,7 @@ pub fn emit_data(pid_tgid: u64, fd: u32, info: &ConnInfo, sc: u32, src: Src, (re
             ret,
             len: total,
             tuple: info.tuple,
+            goroutine: crate::uprobes::go::context(pid_tgid),
         };
         let size = size_of::<DataHeader>() + n as usize;
         let bytes = core::slice::from_raw_parts(rec as *const u8, size);

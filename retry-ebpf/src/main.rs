@@ -47,10 +47,10 @@ use retry_common::{
 };
 
 // Both sides must agree on layouts; retry-common's tests pin them for the host, these for BPF.
-const _: () = assert!(size_of::<DataHeader>() == 112);
-const _: () = assert!(size_of::<DataRecord>() == 112 + MAX_PAYLOAD);
+const _: () = assert!(size_of::<DataHeader>() == 120);
+const _: () = assert!(size_of::<DataRecord>() == 120 + MAX_PAYLOAD);
 // Data records are assembled in `Scratch` (per-CPU): 4 KiB of payload does not fit the 512 B stack.
-const _: () = assert!(size_of::<maps::Scratch>() == 112 + 2 * MAX_PAYLOAD);
+const _: () = assert!(size_of::<maps::Scratch>() == 120 + 2 * MAX_PAYLOAD);
 const _: () = assert!(size_of::<ConnRecord>() == 96);
 const _: () = assert!(size_of::<ProcessExitRecord>() == 32);
 const _: () = assert!(size_of::<ConnKey>() == 8);

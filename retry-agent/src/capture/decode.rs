@@ -81,7 +81,7 @@ fn decode_data(raw: &[u8]) -> Result<DataEvent, DecodeError> {
         tuple: tuple_of(&h.tuple),
         pid: h.pid,
         tid: h.tid,
-        goid: None,
+        goid: (h.goroutine != 0).then_some(h.goroutine),
         ts_enter_ns: h.ts_enter_ns,
         ts_exit_ns: h.ts_exit_ns,
         len: h.len,

@@ -79,7 +79,9 @@ pub struct DataEvent {
     pub tuple: Option<Tuple>,
     pub pid: u32,
     pub tid: u32,
-    /// Goroutine id when a Go uprobe provided one.
+    /// Go programs: the goroutine context the kernel tagged this I/O with (the request
+    /// goroutine it works for; `retry_common::GOROUTINE_ROOTED` set when traced to a request
+    /// root by the Go uprobes).
     pub goid: Option<u64>,
     pub ts_enter_ns: u64,
     pub ts_exit_ns: u64,

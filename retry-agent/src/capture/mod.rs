@@ -79,6 +79,13 @@ pub struct CaptureConfig {
     /// (0: only at start).
     #[arg(long = "capture-tls-rescan-secs", alias = "tls-rescan-secs", env = "RETRY_AGENT_CAPTURE_TLS_RESCAN_SECS", default_value_t = 30)]
     pub tls_rescan_secs: u64,
+    /// Link a Go program's outbound HTTP calls to the inbound request they serve with uprobes on
+    /// net/http and the Go scheduler (goroutine ancestry), in every Go executable the node runs.
+    #[arg(long = "capture-go", env = "RETRY_AGENT_CAPTURE_GO", default_value_t = true, action = clap::ArgAction::Set)]
+    pub go: bool,
+    /// How often to look for new Go executables among the node's processes, in milliseconds.
+    #[arg(long = "capture-go-rescan-ms", env = "RETRY_AGENT_CAPTURE_GO_RESCAN_MS", default_value_t = 1000)]
+    pub go_rescan_ms: u64,
 }
 
 impl Default for CaptureConfig {
@@ -95,6 +102,7 @@ impl Settings for CaptureConfig {
         p.check(payload as usize <= MAX_PAYLOAD, "capture-payload-bytes", payload, "at most 4096");
         p.check((1..=1000).contains(&self.poll_ms), "capture-ring-poll-ms", self.poll_ms, "in 1..=1000");
         p.check(self.channel_capacity > 0, "capture-channel-capacity", self.channel_capacity, "at least 1");
+        p.check(!self.go || self.go_rescan_ms > 0, "capture-go-rescan-ms", self.go_rescan_ms, "at least 1");
     }
 }
 
@@ -149,6 +157,13 @@ pub struct Capture {
     rx: mpsc::Receiver<Event>,
     stats: StatsHandle,
     tls: Option<TlsState>,
+    go: Option<GoState>,
+}
+
+/// What a Go rescan needs.
+struct GoState {
+    probes: golang::GoProbes,
+    proc_root: PathBuf,
 }
 
 /// What a TLS rescan needs.
@@ -203,6 +218,12 @@ impl Capture {
             }
         }
 
+        let go = cfg.go.then(|| {
+            let mut probes = golang::GoProbes::new(golang::plan(&specs));
+            probes.scan(&mut ebpf, &cfg.proc_root, agent_tgid);
+            GoState { probes, proc_root: cfg.proc_root.clone() }
+        });
+
         let ring = load::take_map(&mut ebpf, names::EVENTS)?;
         let ring = RingBuf::try_from(ring).map_err(|source| CaptureError::Map { map: names::EVENTS, source })?;
         let drops = load::take_map(&mut ebpf, names::DROPS)?;
@@ -239,7 +260,7 @@ impl Capture {
         };
         tracing::info!(programs = attached, payload_bytes = config.payload_bytes, "capture attached");
         let tls = tls_probes.map(|probes| TlsState { probes, configured: cfg.tls_libs.clone(), proc_root: cfg.proc_root.clone() });
-        Ok(Capture { guard: CaptureGuard { ebpf, reader }, rx, stats, tls })
+        Ok(Capture { guard: CaptureGuard { ebpf, reader }, rx, stats, tls, go })
     }
 
     /// Instruments the libssl files processes started since the last scan brought (a new pod's
@@ -248,6 +269,18 @@ impl Capture {
         let Some(t) = self.tls.as_mut() else { return 0 };
         let libs = tls::candidates(&t.configured, &t.proc_root);
         t.probes.instrument(&mut self.guard.ebpf, &libs)
+    }
+
+    /// Instruments the Go executables of processes started since the last scan; returns how
+    /// many were added. Blocking /proc and file reads (only new executables are read).
+    pub fn rescan_go(&mut self) -> usize {
+        let Some(g) = self.go.as_mut() else { return 0 };
+        g.probes.scan(&mut self.guard.ebpf, &g.proc_root, std::process::id())
+    }
+
+    /// Go executables instrumented so far, and those that could not be.
+    pub fn go_programs(&self) -> (usize, usize) {
+        self.go.as_ref().map_or((0, 0), |g| (g.probes.instrumented, g.probes.failed))
     }
 
     /// libssl files instrumented so far (0 with `--tls false`).
@@ -297,6 +330,7 @@ mod programs;
 mod reader;
 mod stats;
 mod tls;
+pub mod golang;
 
 #[cfg(test)]
 mod tests;

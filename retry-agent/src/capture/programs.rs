@@ -32,12 +32,19 @@ pub(crate) struct Uprobe {
 pub(crate) enum UprobeTarget {
     /// Every OpenSSL shared library the node's processes map ([`super::tls`]).
     Libssl,
+    /// Every Go executable the node runs, at the function's entry ([`super::golang`]).
+    Go,
+    /// Every Go executable, at each RET instruction of the function (uretprobes are unsafe on
+    /// Go's moving stacks).
+    GoReturns,
 }
 
 impl UprobeTarget {
     fn parse(s: &str) -> Option<Self> {
         match s {
             "libssl" => Some(UprobeTarget::Libssl),
+            "go" => Some(UprobeTarget::Go),
+            "go-ret" => Some(UprobeTarget::GoReturns),
             _ => None,
         }
     }

@@ -108,6 +108,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let rescan_every = Duration::from_secs(args.capture.tls_rescan_secs.max(1));
     let mut tls_rescan = tokio::time::interval_at(tokio::time::Instant::now() + rescan_every, rescan_every);
     tls_rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let go_every = Duration::from_millis(args.capture.go_rescan_ms.max(1));
+    let mut go_rescan = tokio::time::interval_at(tokio::time::Instant::now() + go_every, go_every);
+    go_rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
         tokio::select! {
@@ -131,6 +134,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 let c = capture_stats.snapshot();
                 metrics.observe_capture(c.events, c.kernel_drops + c.channel_drops);
                 metrics.observe_tls(capture.tls_libraries());
+                metrics.observe_go(capture.go_programs());
                 let l = pipeline.reassembler.stats();
                 metrics.observe_l7(l.exchanges, l.evictions());
                 send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));
@@ -141,6 +145,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 let added = capture.rescan_tls();
                 if added > 0 {
                     info!(added, total = capture.tls_libraries(), "instrumented new libssl files");
+                }
+            }
+            _ = go_rescan.tick(), if args.capture.go => {
+                // Lists /proc and stats new pids' executables; only new files are read.
+                let added = capture.rescan_go();
+                if added > 0 {
+                    info!(added, "instrumented new Go programs");
                 }
             }
             _ = sigterm.recv() => break,

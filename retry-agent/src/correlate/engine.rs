@@ -15,6 +15,8 @@
 use std::{collections::VecDeque, net::SocketAddr};
 
 use self::inbound::last_ns;
+use retry_common::GOROUTINE_ROOTED;
+
 use super::{
     config::CorrelateConfig,
     table::{GenMap, Map, Ring, hash_one, map},
@@ -306,7 +308,13 @@ fn counts(c: [u32; 3]) -> ClaimCounts {
 
 fn thread_key(tid: u32, goid: Option<u64>) -> u64 {
     // Goroutines are the unit of context in Go; tag them so they never collide with a tid.
-    goid.map_or(u64::from(tid), |g| g | (1 << 63))
+    goid.map_or(u64::from(tid), |g| (g & !GOROUTINE_ROOTED) | (1 << 63))
+}
+
+/// A Go call the uprobes traced to a request goroutine: it belongs to that request, wherever it
+/// was made (kept on process-wide failure records, which are keyed by thread).
+fn rooted(goid: Option<u64>) -> u64 {
+    goid.map_or(0, |g| g & GOROUTINE_ROOTED)
 }
 
 fn tuple_key(local: Option<SocketAddr>, remote: Option<SocketAddr>) -> u64 {

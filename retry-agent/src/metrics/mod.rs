@@ -80,6 +80,8 @@ pub struct Metrics {
     correlate_evictions: Counter,
     links: Family<LinkLabels, Counter>,
     tls_libraries: Gauge,
+    go_programs: Gauge,
+    go_programs_failed: Gauge,
     decisions: Family<DecisionLabels, Counter>,
     suppressed_edges: Gauge,
     identity_failures: Family<ReasonLabels, Counter>,
@@ -118,6 +120,8 @@ impl Metrics {
             correlate_evictions: Counter::default(),
             links: Family::default(),
             tls_libraries: Gauge::default(),
+            go_programs: Gauge::default(),
+            go_programs_failed: Gauge::default(),
             decisions: Family::default(),
             identity_failures: Family::default(),
             suppressed_edges: Gauge::default(),
@@ -174,6 +178,12 @@ impl Metrics {
             m.links.clone(),
         );
         registry.register("tls_libraries", "libssl files instrumented for TLS plaintext", m.tls_libraries.clone());
+        registry.register("go_programs", "Go executables instrumented for request context", m.go_programs.clone());
+        registry.register(
+            "go_programs_failed",
+            "Go executables that could not be instrumented (their calls are linked from syscalls only)",
+            m.go_programs_failed.clone(),
+        );
         registry.register("decisions", "Decisions issued (suppressions, renewals, lifts)", m.decisions.clone());
         registry.register("suppressed_edges", "Edges with retries suppressed now", m.suppressed_edges.clone());
         registry.register(
@@ -279,6 +289,12 @@ impl Metrics {
     /// libssl files instrumented so far.
     pub fn observe_tls(&self, libraries: usize) {
         self.tls_libraries.set(i64::try_from(libraries).unwrap_or(i64::MAX));
+    }
+
+    /// Go executables instrumented so far, and those that could not be.
+    pub fn observe_go(&self, (instrumented, failed): (usize, usize)) {
+        self.go_programs.set(i64::try_from(instrumented).unwrap_or(i64::MAX));
+        self.go_programs_failed.set(i64::try_from(failed).unwrap_or(i64::MAX));
     }
 
     /// Capture totals since start (events decoded, events lost).

@@ -48,6 +48,7 @@ fn names_units_and_overflow_label() {
     m.observe_engine(&s);
     m.observe_capture(1000, 7);
     m.observe_tls(2);
+    m.observe_go((3, 1));
     let text = m.encode();
     assert!(text.contains(r#"retry_agent_retry_ratio{edge="a->b"} 0.5"#), "{text}");
     // The two smallest edges share "other": 6 retries of 20 requests.
@@ -58,6 +59,8 @@ fn names_units_and_overflow_label() {
     assert!(text.contains("retry_agent_capture_drops_total 7"), "{text}");
     assert!(text.contains(r#"retry_agent_correlate_links_total{method="sole_inbound"} 4"#), "{text}");
     assert!(text.contains("retry_agent_tls_libraries 2"), "{text}");
+    assert!(text.contains("retry_agent_go_programs 3"), "{text}");
+    assert!(text.contains("retry_agent_go_programs_failed 1"), "{text}");
     assert!(text.contains(r#"retry_agent_retry_success_ratio{outcome_class="transient"} 0.5"#), "{text}");
     // Gauges never carry _total.
     assert!(!text.contains("retry_ratio_total"), "{text}");

@@ -33,6 +33,7 @@ fn data_record(payload: &[u8], captured: u32) -> Vec<u8> {
         ret: 1000,
         len: 1000,
         tuple: v4_tuple(),
+        goroutine: 0,
     };
     let mut raw = as_bytes(&h);
     raw.extend_from_slice(payload);
@@ -51,9 +52,18 @@ fn data_record_decodes_every_field() {
     assert_eq!((d.ts_enter_ns, d.ts_exit_ns, d.len), (100, 150, 1000));
     assert_eq!(&d.payload[..], b"GET / HTTP/1.1\r\n");
     assert!(!d.is_complete());
+    assert_eq!(d.goid, None, "not a Go program: no goroutine context");
     let t = d.tuple.unwrap();
     assert_eq!(t.local, "127.0.0.1:40000".parse().unwrap());
     assert_eq!(t.remote, "127.0.0.2:8080".parse().unwrap());
+}
+
+#[test]
+fn a_go_programs_goroutine_context_is_kept() {
+    let mut raw = data_record(b"GET / HTTP/1.1\r\n", 16);
+    raw[112..120].copy_from_slice(&0xc000_1234_u64.to_le_bytes());
+    let Ok(Event::Data(d)) = decode(&raw) else { panic!("not data") };
+    assert_eq!(d.goid, Some(0xc000_1234));
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Outbound (client-role) exchanges: per-edge figures, retry / hedge detection, the children a
 //! thread's inbound request may have caused, and the process-wide failure history.
-use super::{CHILDREN_PER_THREAD, Child, Engine, FAILURES_PER_PROCESS, Peer, RetryState, ThreadCtx, class_index, claim_index, thread_key, tuple_key};
+use super::{CHILDREN_PER_THREAD, Child, Engine, FAILURES_PER_PROCESS, Peer, RetryState, ThreadCtx, class_index, claim_index, rooted, thread_key, tuple_key};
 use crate::{
     correlate::table::hash_one,
     l7::{Claim, Exchange, Failure, OutcomeClass, Protocol},
@@ -103,7 +103,7 @@ impl Engine {
             {
                 p.failures_lost_until = p.failures_lost_until.max(old.end);
             }
-            p.failures.push_back((child, thread_key(ex.tid, ex.goid)));
+            p.failures.push_back((child, thread_key(ex.tid, ex.goid) | rooted(ex.goid)));
         }
         let ctx = self.threads.get_or_insert_with((ex.pid, thread_key(ex.tid, ex.goid)), ThreadCtx::default);
         if ctx.children.len() >= CHILDREN_PER_THREAD

@@ -368,6 +368,22 @@ fn goroutines_are_contexts() {
     assert_eq!(w.verdict(r2).claim, Claim::Claimed);
 }
 
+/// A Go call the uprobes traced to another request goroutine (ROOTED) belongs to that request
+/// even before its window is known (it is still in flight when ours is judged), so our own
+/// failure is claimed; the same call on a bare goroutine is an orphan and makes ours missing.
+#[test]
+fn traced_go_calls_of_requests_still_in_flight_are_no_orphans() {
+    for (goid, want) in [(7 | retry_common::GOROUTINE_ROOTED, Claim::Claimed), (7, Claim::Missing)] {
+        let mut w = no_alo();
+        let t = 1_000 * MS;
+        let id1 = w.id();
+        w.push(X::client(id1, B, 200, eph(B, 1), addr("203.0.113.9:443"), t + 2 * MS, t + 3 * MS).goid(goid).status(503).build());
+        let r2 = w.id();
+        w.push(X::server(r2, B, 200, svc(B), addr("192.168.1.1:2"), t + MS, t + 11 * MS).goid(8 | retry_common::GOROUTINE_ROOTED).status(500).build());
+        assert_eq!(w.verdict(r2).claim, want, "call context {goid:#x}");
+    }
+}
+
 /// A child that ends after the parent answered did not cause the parent's error.
 #[test]
 fn late_children_do_not_explain() {

@@ -5,6 +5,8 @@ use super::{
     claim::{self, Context, Evidence, FailedCall, Reason},
     claim_index,
 };
+use retry_common::GOROUTINE_ROOTED;
+
 use crate::{
     correlate::types::{ChildFailure, DependencyKind, ServiceId, Verdict},
     l7::{Claim, OutcomeClass},
@@ -280,12 +282,17 @@ impl Engine {
 
     /// A fail-close outbound failure of the process during [start, end] on another thread that
     /// was serving no inbound request then: work handed off to a pool, i.e. a context we could
-    /// not follow. Its inbound request is somewhere; it may be ours.
+    /// not follow. Its inbound request is somewhere; it may be ours. Not so a Go call the
+    /// uprobes traced to another request goroutine: that request may still be in flight (its
+    /// window not known yet), but the call is its, not ours.
     pub(super) fn orphan_failed_during(&self, pid: u32, thread: u64, start: u64, end: u64) -> bool {
         let Some(p) = self.procs.get(&pid) else { return false };
         p.failures.iter().any(|&(c, t)| {
             let (s, e, edge) = (c.start, c.end, c.edge);
+            let traced = t & GOROUTINE_ROOTED != 0;
+            let t = t & !GOROUTINE_ROOTED;
             t != thread
+                && !traced
                 && s <= end
                 && e >= start
                 && self.fail_close(edge)

@@ -1,0 +1,204 @@
+//! Attaching the Go uprobes (retry-ebpf's go.rs) to every Go executable the node runs.
+//!
+//! Uprobes attach to files: each distinct executable (by device and inode; a container image's
+//! copy is a file of its own, reached through `/proc/<pid>/exe`) is inspected once. Programs
+//! that are not Go, are too old, or do not use net/http are left alone; a Go program that
+//! cannot be instrumented is logged and counted, and keeps the syscall-level linking (never
+//! fatal).
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf,
+    programs::{ProgramError, UProbe, uprobe::UProbeScope},
+};
+
+use super::{GoBinary, GoError};
+use crate::capture::programs::{Hook, ProgramSpec, UprobeTarget};
+
+/// One Go probe: the program, the function, and whether it goes at the function's RETs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub program: String,
+    pub function: &'static str,
+    pub returns: bool,
+}
+
+/// The functions a Go program must have for its HTTP calls to be linked.
+const SERVER: &str = "net/http.serverHandler.ServeHTTP";
+const CLIENT: &str = "net/http.(*persistConn).roundTrip";
+/// Every function the object's Go programs may name; a program naming another one is refused
+/// (its function must be looked up in binaries, and names are the only key).
+const KNOWN: &[&str] = &[SERVER, CLIENT, "net/http.(*Request).write", "runtime.newproc1", "runtime.goexit1"];
+
+/// The object's `go` / `go-ret` programs (their sections name the functions).
+pub(crate) fn plan(specs: &[ProgramSpec]) -> Vec<Probe> {
+    let mut out = Vec::new();
+    for s in specs {
+        let Hook::Uprobe(u) = &s.hook else { continue };
+        let returns = match u.target {
+            UprobeTarget::Go => false,
+            UprobeTarget::GoReturns => true,
+            UprobeTarget::Libssl => continue,
+        };
+        for f in &u.symbols {
+            match KNOWN.iter().find(|k| **k == f.as_str()) {
+                Some(function) => out.push(Probe { program: s.name.clone(), function, returns }),
+                None => tracing::warn!(program = %s.name, function = %f, "Go probe on a function the agent does not know: not attached"),
+            }
+        }
+    }
+    out
+}
+
+/// What became of one executable.
+#[derive(Debug)]
+pub enum Outcome {
+    Instrumented(GoBinary),
+    /// Not a Go program, or one without an HTTP server or client: nothing to do.
+    NotApplicable,
+    Failed(GoError),
+}
+
+/// The Go probes of one capture.
+#[derive(Debug, Default)]
+pub struct GoProbes {
+    plan: Vec<Probe>,
+    loaded: Option<bool>,
+    /// Executables handled (dev, inode), whatever the outcome.
+    files: HashSet<(u64, u64)>,
+    /// Processes already looked at.
+    pids: HashSet<u32>,
+    pub instrumented: usize,
+    pub failed: usize,
+}
+
+impl GoProbes {
+    pub fn new(plan: Vec<Probe>) -> Self {
+        Self { plan, ..Self::default() }
+    }
+
+    fn wanted(&self) -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = self.plan.iter().map(|p| p.function).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Instruments the executables of processes not seen before; returns how many were added.
+    /// Blocking /proc and file reads: call it off the hot path.
+    pub fn scan(&mut self, ebpf: &mut Ebpf, proc_root: &Path, skip_pid: u32) -> usize {
+        let Ok(dir) = std::fs::read_dir(proc_root) else { return 0 };
+        let mut live = HashSet::new();
+        let mut added = 0;
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            live.insert(pid);
+            if pid == skip_pid || !self.pids.insert(pid) {
+                continue;
+            }
+            let exe = proc_root.join(pid.to_string()).join("exe");
+            if let Some(true) = self.instrument_file(ebpf, &exe) {
+                added += 1;
+            }
+        }
+        // Forget pids that are gone, so a reused pid is looked at again.
+        self.pids.retain(|p| live.contains(p));
+        added
+    }
+
+    /// Instruments one executable unless already handled; Some(true) when probes were added.
+    pub fn instrument_file(&mut self, ebpf: &mut Ebpf, exe: &Path) -> Option<bool> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(exe).ok()?;
+        if !self.files.insert((meta.dev(), meta.ino())) {
+            return None;
+        }
+        match self.try_instrument(ebpf, exe) {
+            Outcome::Instrumented(bin) => {
+                tracing::info!(exe = %exe.display(), go = %bin, "Go request context from uprobes");
+                self.instrumented += 1;
+                Some(true)
+            }
+            Outcome::NotApplicable => Some(false),
+            Outcome::Failed(e) => {
+                tracing::warn!(exe = %exe.display(), error = %e, "cannot instrument this Go program: its calls are linked from syscalls only");
+                self.failed += 1;
+                Some(false)
+            }
+        }
+    }
+
+    fn try_instrument(&mut self, ebpf: &mut Ebpf, exe: &Path) -> Outcome {
+        if self.plan.is_empty() {
+            return Outcome::NotApplicable;
+        }
+        let bin = match GoBinary::inspect(exe, &self.wanted()) {
+            Ok(b) => b,
+            Err(GoError::NotGo | GoError::Elf(_)) => return Outcome::NotApplicable,
+            Err(e) => return Outcome::Failed(e),
+        };
+        if !bin.has(SERVER) && !bin.has(CLIENT) {
+            return Outcome::NotApplicable;
+        }
+        if !self.load(ebpf) {
+            return Outcome::Failed(GoError::Pclntab("the Go probes do not load on this kernel"));
+        }
+        match attach(ebpf, exe, &bin, &self.plan) {
+            Ok(()) => Outcome::Instrumented(bin),
+            Err(e) => Outcome::Failed(e),
+        }
+    }
+
+    fn load(&mut self, ebpf: &mut Ebpf) -> bool {
+        *self.loaded.get_or_insert_with(|| {
+            for probe in &self.plan {
+                let prog = probe.program.as_str();
+                match program(ebpf, prog).and_then(|p| p.load()) {
+                    Ok(()) | Err(ProgramError::AlreadyLoaded) => {}
+                    Err(e) => {
+                        tracing::warn!(program = prog, error = %e, "Go probe does not load: Go calls are linked from syscalls only");
+                        return false;
+                    }
+                }
+            }
+            true
+        })
+    }
+}
+
+/// Offsets first (a program lacking a function is refused before anything attaches), then
+/// every probe; on any failure the ones attached are detached again.
+fn attach(ebpf: &mut Ebpf, exe: &Path, bin: &GoBinary, probes: &[Probe]) -> Result<(), GoError> {
+    let mut plan: Vec<(&str, Vec<u64>)> = Vec::new();
+    for p in probes {
+        if !bin.has(p.function) {
+            continue; // a server without a client (or the reverse): those probes have nothing to do
+        }
+        let offsets = if p.returns { bin.return_offsets(p.function)? } else { vec![bin.entry_offset(p.function)?] };
+        plan.push((p.program.as_str(), offsets));
+    }
+    let target: PathBuf = exe.to_path_buf();
+    let mut links = Vec::new();
+    for (prog, offsets) in &plan {
+        let result = program(ebpf, prog).and_then(|p| p.attach(offsets.iter().copied(), &target, UProbeScope::AllProcesses));
+        match result {
+            Ok(id) => links.push((*prog, id)),
+            Err(e) => {
+                for (prog, id) in links {
+                    if let Ok(p) = program(ebpf, prog) {
+                        let _ = p.detach(id);
+                    }
+                }
+                return Err(GoError::Attach(e.to_string()));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, ProgramError> {
+    ebpf.program_mut(name).ok_or(ProgramError::NotLoaded)?.try_into()
+}
