@@ -51,6 +51,9 @@ pub struct PipelineConfig {
     pub decide: DecideConfig,
 }
 
+/// See [`Pipeline::with_exchange_hook`].
+pub type ExchangeHook = Box<dyn FnMut(&mut Exchange) + Send>;
+
 /// Default evaluation period (capture time): decisions follow edge figures once a second.
 pub const DEFAULT_EVAL_EVERY_NS: u64 = 1_000_000_000;
 
@@ -61,6 +64,9 @@ pub struct Pipeline {
     eval_every_ns: u64,
     next_eval_ns: u64,
     tap: Option<SharedRecorder>,
+    /// Adjusts each exchange before correlation (a replay restores the digests the live run
+    /// computed from bytes the recorder masked).
+    exchange_hook: Option<ExchangeHook>,
     /// Scratch buffers (reused: no allocation per event on the hot path).
     xs: Vec<Exchange>,
     vs: Vec<Verdict>,
@@ -77,6 +83,7 @@ impl Pipeline {
             eval_every_ns: DEFAULT_EVAL_EVERY_NS,
             next_eval_ns: 0,
             tap: None,
+            exchange_hook: None,
             xs: Vec::new(),
             vs: Vec::new(),
             mark: (0, 0, 0, 0),
@@ -108,6 +115,17 @@ impl Pipeline {
         let _ = rec.with(|r| r.set_pipeline_config(config));
         self.tap = Some(rec);
         self
+    }
+
+    /// Run `hook` on every exchange before correlation (the replay's recorded digests).
+    pub fn with_exchange_hook(mut self, hook: ExchangeHook) -> Self {
+        self.exchange_hook = Some(hook);
+        self
+    }
+
+    /// Set or clear the exchange hook on a built pipeline.
+    pub fn set_exchange_hook(&mut self, hook: Option<ExchangeHook>) {
+        self.exchange_hook = hook;
     }
 
     /// Feed one event (in kernel order).
@@ -173,7 +191,10 @@ impl Pipeline {
     }
 
     fn correlate(&mut self, out: &mut StageOutput) {
-        for x in self.xs.drain(..) {
+        for mut x in self.xs.drain(..) {
+            if let Some(hook) = self.exchange_hook.as_mut() {
+                hook(&mut x);
+            }
             self.engine.push(&x, &mut self.vs);
             out.exchanges.push(x);
         }
