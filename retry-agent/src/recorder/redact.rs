@@ -126,8 +126,15 @@ struct HeadInfo {
     bad: bool,
 }
 
+/// One connection direction: its framing state and the byte offset its next record should
+/// start at (a record elsewhere means bytes were lost in between).
+struct Tracked {
+    st: Stream,
+    next: u64,
+}
+
 pub struct Redactor {
-    streams: HashMap<(ConnId, Direction), Stream>,
+    streams: HashMap<(ConnId, Direction), Tracked>,
     arena: BytesMut,
     /// Scratch: body byte ranges of the payload being redacted.
     runs: Vec<(usize, usize)>,
@@ -151,11 +158,16 @@ impl Redactor {
         self.streams.retain(|(c, _), _| c.pid != pid);
     }
 
+    /// How many connection directions are tracked.
+    pub fn tracked(&self) -> usize {
+        self.streams.len()
+    }
+
     /// Records were lost before reaching the redactor (a full ring or channel): every stream is
     /// out of step, so everything is masked until a record starts a message again.
     pub fn lost_all(&mut self) {
-        for st in self.streams.values_mut() {
-            *st = Stream::Start;
+        for t in self.streams.values_mut() {
+            t.st = Stream::Start;
         }
     }
 
@@ -169,10 +181,25 @@ impl Redactor {
     /// The redacted copy of `d`'s payload (same length), carved from a shared arena: one
     /// allocation per `ARENA_CHUNK`, not one per event, and the ring frees chunks in order.
     pub fn redact_payload(&mut self, d: &DataEvent) -> (Bytes, Redacted) {
+        self.redact_payload_at(d, None)
+    }
+
+    /// [`Self::redact_payload`] for a record known to start at byte `offset` of its connection
+    /// direction (the sum of the full lengths before it). A record that does not start where
+    /// the last one ended follows a loss: its stream is out of step and is masked until a
+    /// record starts a message again. Without an offset, records are taken to be contiguous.
+    pub fn redact_payload_at(&mut self, d: &DataEvent, offset: Option<u64>) -> (Bytes, Redacted) {
         if self.streams.len() >= MAX_STREAMS && !self.streams.contains_key(&(d.conn, d.direction)) {
             self.streams.clear();
         }
-        let st = self.streams.entry((d.conn, d.direction)).or_insert(Stream::Start);
+        let t = self.streams.entry((d.conn, d.direction)).or_insert(Tracked { st: Stream::Start, next: offset.unwrap_or(0) });
+        if let Some(off) = offset
+            && off != t.next
+        {
+            t.st = Stream::Start;
+        }
+        t.next = offset.unwrap_or(t.next).saturating_add(d.len);
+        let st = &mut t.st;
         if self.arena.capacity() - self.arena.len() < d.payload.len() {
             self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(d.payload.len()));
         }

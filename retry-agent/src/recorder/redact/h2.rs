@@ -317,7 +317,7 @@ fn fragment(p: &[u8], kind: u8, flags: u8) -> Option<&[u8]> {
 }
 
 /// HPACK integer (RFC 7541 §5.1) at `at` with an `prefix`-bit prefix: (value, next index).
-fn hpack_int(b: &[u8], at: usize, prefix: u8) -> Option<(u64, usize)> {
+pub(super) fn hpack_int(b: &[u8], at: usize, prefix: u8) -> Option<(u64, usize)> {
     let max = (1u64 << prefix) - 1;
     let first = u64::from(*b.get(at)?) & max;
     if first < max {
@@ -341,7 +341,7 @@ fn hpack_int(b: &[u8], at: usize, prefix: u8) -> Option<(u64, usize)> {
 }
 
 /// A string literal at `at`: (huffman, bytes start, bytes end).
-fn hpack_str(b: &[u8], at: usize) -> Option<(bool, usize, usize)> {
+pub(super) fn hpack_str(b: &[u8], at: usize) -> Option<(bool, usize, usize)> {
     let huff = *b.get(at)? & 0x80 != 0;
     let (len, start) = hpack_int(b, at, 7)?;
     let end = start.checked_add(usize::try_from(len).ok()?)?;
@@ -369,7 +369,15 @@ fn static_name(idx: u64) -> Option<&'static [u8]> {
 /// a literal string (Huffman-decoded).
 fn literal_name(b: &[u8], huff: bool, from: usize, to: usize) -> Option<Vec<u8>> {
     let raw = b.get(from..to)?;
-    if huff { HuffmanDecoder::new().decode(raw).ok() } else { Some(raw.to_vec()) }
+    if huff { huffman_decode(raw) } else { Some(raw.to_vec()) }
+}
+
+/// Huffman-decode with one decoder per thread (building one builds its code map).
+fn huffman_decode(raw: &[u8]) -> Option<Vec<u8>> {
+    thread_local! {
+        static HUFFMAN: std::cell::RefCell<HuffmanDecoder> = std::cell::RefCell::new(HuffmanDecoder::new());
+    }
+    HUFFMAN.with(|h| h.try_borrow_mut().ok().and_then(|mut h| h.decode(raw).ok()))
 }
 
 /// Walk the fields of a whole header block, masking every literal value whose name is not on
@@ -400,16 +408,17 @@ fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
         let prefix = if c & 0x40 != 0 { 6 } else { 4 };
         let Some((idx, np)) = hpack_int(b, p, prefix) else { return mask_rest(b, p, red) };
         p = np;
-        let fallback_name = if idx == 0 {
+        let from_decoder = decoded.and_then(|d| d.get(field));
+        let mut literal = None;
+        if idx == 0 {
             let Some((huff, s, e)) = hpack_str(b, p) else { return mask_rest(b, p, red) };
             p = e;
-            literal_name(b, huff, s, e)
-        } else {
-            static_name(idx).map(<[u8]>::to_vec)
-        };
-        let name = match decoded.and_then(|d| d.get(field)) {
-            Some(d) => Some(d.clone()),
-            None => fallback_name,
+            literal = Some((huff, s, e));
+        }
+        let name = match (from_decoder, literal) {
+            (Some(d), _) => Some(d.clone()),
+            (None, Some((huff, s, e))) => literal_name(b, huff, s, e),
+            (None, None) => static_name(idx).map(<[u8]>::to_vec),
         };
         let Some((huff, s, e)) = hpack_str(b, p) else { return mask_rest(b, p, red) };
         let lead = p;
@@ -442,7 +451,7 @@ fn mask_path(b: &mut [u8], lead: usize, huff: bool, s: usize, e: usize, red: &mu
         }
         return;
     }
-    let decoded = b.get(s..e).and_then(|raw| HuffmanDecoder::new().decode(raw).ok());
+    let decoded = b.get(s..e).and_then(huffman_decode);
     let Some(decoded) = decoded else {
         red.headers += 1;
         if let Some(l) = b.get_mut(lead) {
