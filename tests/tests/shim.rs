@@ -105,6 +105,81 @@ server.stop(0)
 print(json.dumps({"attempts": count[0], "codes": codes}))
 "#;
 
+const GRPC_DISTINCT: &str = r#"
+import json, sys, threading
+from concurrent import futures
+import grpc
+
+port = int(sys.argv[1])
+seen = []
+lock = threading.Lock()
+
+def flaky(req, ctx):
+    user = dict(ctx.invocation_metadata()).get("authorization", "")
+    with lock:
+        seen.append([req.decode(), user])
+    if req == b"bad":
+        ctx.set_trailing_metadata((("x-user-data", "private-" + user),))
+        ctx.abort(grpc.StatusCode.UNAVAILABLE, "downstream down for " + user)
+    return b"ok:" + req
+
+handler = grpc.method_handlers_generic_handler("rashim.Svc", {"Flaky": grpc.unary_unary_rpc_method_handler(flaky)})
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+server.add_generic_rpc_handlers((handler,))
+server.add_insecure_port(f"127.0.0.1:{port}")
+server.start()
+ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+call = ch.unary_unary("/rashim.Svc/Flaky")
+out = []
+for body, user in [(b"bad", "alice"), (b"good", "alice"), (b"bad", "bob"), (b"bad", "alice")]:
+    try:
+        r = call(body, timeout=10, metadata=(("authorization", user),))
+        out.append({"code": "OK", "reply": r.decode()})
+    except grpc.RpcError as e:
+        t = dict(e.trailing_metadata() or ())
+        out.append({"code": e.code().name, "details": e.details(), "suppressed": t.get("x-retry-suppressed"), "user_data": t.get("x-user-data")})
+server.stop(0)
+print(json.dumps({"seen": seen, "calls": out}))
+"#;
+
+/// On a suppressed edge whose method just failed, another message to the same gRPC method and
+/// the same message from another user are first attempts: forwarded, answered by the callee.
+/// Only the same caller's same call again is a retry, answered with a synthetic failure that
+/// carries nothing of the real one.
+#[test]
+fn a_different_grpc_request_to_a_failed_method_is_forwarded() {
+    if let Some(r) = skip_reason(&["grpc"]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let rt = rt();
+    let _g = rt.enter();
+    let ctl_path = tmp("grpcdistinct.sock");
+    let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
+    let port = free_port();
+    let ch = chain("GDIST");
+    let _shim = Shim::start(ShimOpts { chain: &ch, dports: &[port], control: &ctl_path, watchdog: true, extra: &[] });
+    let dst: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    rt.block_on(ctl.apply(&[suppress("rashim-gdist", dst, 60_000)])).expect("apply");
+    std::thread::sleep(Duration::from_millis(200));
+    let out = python_json(GRPC_DISTINCT, &[port.to_string()]);
+    let seen = out["seen"].as_array().expect("seen");
+    let calls = out["calls"].as_array().expect("calls");
+    assert_eq!(calls.len(), 4, "{out}");
+    assert_eq!(calls[1]["code"], "OK", "another message to the failed method reached the callee: {out}");
+    assert_eq!(calls[1]["reply"], "ok:good", "{out}");
+    assert_eq!(calls[2]["code"], "UNAVAILABLE", "{out}");
+    assert!(calls[2]["suppressed"].is_null(), "another user's first attempt was answered locally: {out}");
+    assert_eq!(calls[2]["user_data"], "private-bob", "bob got the callee's own answer: {out}");
+    assert_eq!(seen.len(), 3, "the first three calls reached the callee, the fourth is a retry: {out}");
+    assert_eq!(calls[3]["code"], "UNAVAILABLE", "{out}");
+    assert_eq!(calls[3]["suppressed"], "callee_unclaimed", "{out}");
+    assert!(calls[3]["user_data"].is_null(), "a synthetic answer carries nothing of the cached failure: {out}");
+    assert!(!calls[3]["details"].as_str().unwrap_or_default().contains("alice"), "{out}");
+    drop(ctl);
+    let _ = std::fs::remove_file(&ctl_path);
+}
+
 /// Requests urllib3 retries 3 times: through the shim 4 attempts each reach the failing
 /// downstream; once the agent suppresses the edge over the control socket, exactly 1.
 /// Also measures decision → enforcement latency end to end.
@@ -147,7 +222,8 @@ fn python_requests_retries_stop_at_one_attempt_when_suppressed() {
     for r in out["results"].as_array().expect("results") {
         assert_eq!(r["status"], 502, "{out}");
         assert_eq!(r["suppressed"], "callee_unclaimed", "{out}");
-        assert_eq!(r["body"], "downstream failed\n", "the local answer replays the real failure: {out}");
+        // Synthetic: the status of the real failure, never its body or headers (another caller's).
+        assert_eq!(r["body"], "retry suppressed by retry-agent\n", "{out}");
     }
     drop(ctl);
     let _ = std::fs::remove_file(&ctl_path);

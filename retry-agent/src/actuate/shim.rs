@@ -26,6 +26,7 @@ use tokio::net::TcpListener;
 
 use super::control::{self, ControlView};
 
+pub mod answer;
 pub mod iptables;
 pub mod net;
 pub mod policy;
