@@ -407,9 +407,8 @@ fn head_bytes(st: &mut Stream, b: &mut [u8], mut i: usize, red: &mut Redacted) -
                     // End of head.
                     let done = i + l.len() + 1;
                     let info = std::mem::take(info);
-                    *st = if info.bad {
-                        Stream::Start
-                    } else if *trailers || info.no_body {
+                    // A head with a line that was not a header is not trusted for framing.
+                    *st = if info.bad || *trailers || info.no_body {
                         Stream::Start
                     } else if info.h2_upgrade {
                         Stream::H2(Box::new(H2::new(false, true)))

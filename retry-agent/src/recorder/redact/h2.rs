@@ -266,7 +266,7 @@ fn frame_plausible(kind: u8, len: u32, stream: u32) -> bool {
         DATA | HEADERS | CONTINUATION | PUSH_PROMISE => stream != 0,
         PRIORITY => stream != 0 && len == 5,
         RST_STREAM => stream != 0 && len == 4,
-        SETTINGS => stream == 0 && len % 6 == 0,
+        SETTINGS => stream == 0 && len.is_multiple_of(6),
         PING => stream == 0 && len == 8,
         GOAWAY => stream == 0 && len >= 8,
         WINDOW_UPDATE => len == 4,

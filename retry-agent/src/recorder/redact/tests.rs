@@ -164,7 +164,7 @@ fn h2_wire() -> Vec<u8> {
     b1.push(0x80 | HUFF_CUSTOM_VALUE.len() as u8);
     b1.extend_from_slice(HUFF_CUSTOM_VALUE);
     lit(&mut b1, &[0x0f, 0x10], b"application/grpc"); // content-type (static 31)
-    let mut b2 = vec![0x83, 0x86, 0xbe]; // ..., :authority from the dynamic table (64)
+    let mut b2 = vec![0x83, 0x86, 0xc0]; // ..., :authority from the dynamic table (64)
     lit(&mut b2, &[0x04], b"/pkg.Svc/Call");
     lit(&mut b2, &[0x0f, 0x2f], b"Bearer SECRETA2"); // name = dynamic 62 (authorization)
     lit(&mut b2, &[0x0f, 0x30], b"SECRETMETA2"); // name = dynamic 63 (x-auth-token)
