@@ -84,11 +84,13 @@ impl Body for Replayed {
     }
     fn size_hint(&self) -> SizeHint {
         let buffered: u64 = self.frames.iter().filter_map(|f| f.as_ref().ok()?.data_ref().map(|d| d.len() as u64)).sum();
-        let mut h = self.rest.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
-        h.set_lower(h.lower().saturating_add(buffered));
-        if let Some(u) = h.upper() {
+        let rest = self.rest.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        // Upper first: SizeHint asserts lower <= upper at every step.
+        let mut h = SizeHint::new();
+        if let Some(u) = rest.upper() {
             h.set_upper(u.saturating_add(buffered));
         }
+        h.set_lower(rest.lower().saturating_add(buffered));
         h
     }
 }
@@ -147,6 +149,16 @@ impl Body for TrailersOnly {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replayed_size_hint_adds_the_buffered_bytes() {
+        let hint = |frames: Vec<&'static [u8]>| {
+            let b = Replayed { frames: frames.into_iter().map(|d| Ok(Frame::data(Bytes::from_static(d)))).collect(), rest: None };
+            (b.size_hint().lower(), b.size_hint().upper())
+        };
+        assert_eq!(hint(vec![b"abc", b"de"]), (5, Some(5)));
+        assert_eq!(hint(vec![]), (0, Some(0)));
+    }
 
     #[test]
     fn local_http_reply_is_synthetic() {
