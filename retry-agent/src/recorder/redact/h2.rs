@@ -193,7 +193,7 @@ impl H2 {
         self.left = self.len;
         self.fresh = true;
         let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
-        if !frame_plausible(self.kind, self.len, stream) || (self.continuing && self.kind != CONTINUATION) {
+        if !frame_plausible(self.kind, self.flags, self.len, stream) || (self.continuing && self.kind != CONTINUATION) {
             return FrameCheck::Bad;
         }
         if matches!(self.kind, HEADERS | PUSH_PROMISE) {
@@ -259,9 +259,22 @@ impl H2 {
     }
 }
 
-/// Whether a frame header could come from a peer (RFC 9113 §6): a misread after lost bytes
-/// rarely passes.
-fn frame_plausible(kind: u8, len: u32, stream: u32) -> bool {
+/// Whether a frame header could come from a peer (RFC 9113 §6): a known type with only its
+/// defined flags, its stream rules and its fixed length. A misread after lost bytes rarely
+/// passes (a frame header is kept as it is, so a misread one would keep 9 bytes of body).
+fn frame_plausible(kind: u8, flags: u8, len: u32, stream: u32) -> bool {
+    let defined = match kind {
+        DATA => 0x1 | PADDED,
+        HEADERS => 0x1 | END_HEADERS | PADDED | PRIO,
+        SETTINGS | PING => 0x1,
+        PUSH_PROMISE => END_HEADERS | PADDED,
+        CONTINUATION => END_HEADERS,
+        PRIORITY | RST_STREAM | GOAWAY | WINDOW_UPDATE => 0,
+        _ => 0xff,
+    };
+    if flags & !defined != 0 {
+        return false;
+    }
     match kind {
         DATA | HEADERS | CONTINUATION | PUSH_PROMISE => stream != 0,
         PRIORITY => stream != 0 && len == 5,
@@ -276,21 +289,21 @@ fn frame_plausible(kind: u8, len: u32, stream: u32) -> bool {
     }
 }
 
-/// Whether `b` opens with HTTP/2 frames (a record that can resynchronise a lost stream): every
-/// frame header wholly inside `b` is plausible and at least one is.
+/// Whether `b` is a run of whole HTTP/2 frames (a record that can resynchronise a lost stream):
+/// every header plausible, on a plausible stream, and the frames fill `b` exactly.
 pub(super) fn starts_with_frames(b: &[u8]) -> bool {
     let mut off = 0usize;
     let mut frames = 0;
     while let Some(h) = b.get(off..off + 9) {
         let len = u32::from_be_bytes([0, h[0], h[1], h[2]]);
         let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
-        if !frame_plausible(h[3], len, stream) || h[3] == CONTINUATION {
+        if !frame_plausible(h[3], h[4], len, stream) || h[3] == CONTINUATION || stream >= 1 << 24 {
             return false;
         }
         frames += 1;
         off += 9 + len as usize;
     }
-    frames > 0
+    frames > 0 && off == b.len()
 }
 
 /// Header-block fragment bounds inside a HEADERS / PUSH_PROMISE / CONTINUATION payload.
