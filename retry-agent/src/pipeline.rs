@@ -104,12 +104,18 @@ pub trait Tap: Send {
     fn tap(&mut self, input: Input<'_>, derived: &mut dyn Iterator<Item = Record>);
 }
 
+/// See [`Pipeline::with_exchange_hook`].
+pub type ExchangeHook = Box<dyn FnMut(&mut Exchange) + Send>;
+
 pub struct Pipeline {
     pub reassembler: Reassembler,
     pub engine: Engine,
     pub decider: Decider,
     next_eval_ns: u64,
     tap: Option<Box<dyn Tap>>,
+    /// Adjusts each exchange before correlation (a replay restores the digests the live run
+    /// computed from bytes the recorder masked).
+    exchange_hook: Option<ExchangeHook>,
     /// Scratch buffers (reused: no allocation per event on the hot path).
     xs: Vec<Exchange>,
     vs: Vec<Verdict>,
@@ -125,6 +131,7 @@ impl Pipeline {
             decider: Decider::new(decide),
             next_eval_ns: 0,
             tap: None,
+            exchange_hook: None,
             xs: Vec::new(),
             vs: Vec::new(),
             mark: (0, 0, 0, 0),
@@ -149,6 +156,17 @@ impl Pipeline {
         tap.attach(&self.config());
         self.tap = Some(Box::new(tap));
         self
+    }
+
+    /// Run `hook` on every exchange before correlation (the replay's recorded digests).
+    pub fn with_exchange_hook(mut self, hook: ExchangeHook) -> Self {
+        self.exchange_hook = Some(hook);
+        self
+    }
+
+    /// Set or clear the exchange hook on a built pipeline.
+    pub fn set_exchange_hook(&mut self, hook: Option<ExchangeHook>) {
+        self.exchange_hook = hook;
     }
 
     /// Feed one event (in kernel order).
@@ -193,7 +211,10 @@ impl Pipeline {
     }
 
     fn correlate(&mut self, out: &mut StageOutput) {
-        for x in self.xs.drain(..) {
+        for mut x in self.xs.drain(..) {
+            if let Some(hook) = self.exchange_hook.as_mut() {
+                hook(&mut x);
+            }
             self.engine.push(&x, &mut self.vs);
             out.exchanges.push(x);
         }

@@ -66,6 +66,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut capture = Capture::load(&args.capture).context("loading the capture programs")?;
     let capture_stats = capture.stats_handle();
 
+    // Before any event is reassembled: every digest is keyed by the node's key.
+    recorder::key::install(&args.recorder.digest_key_file);
     let metrics = Arc::new(Metrics::new());
     let state = SharedState::new(metrics.clone(), args.api.max_verdicts);
     let recorder = if args.recorder.enabled {
@@ -133,6 +135,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 state.publish(&pipeline.engine, &pipeline.decider);
                 let c = capture_stats.snapshot();
                 metrics.observe_capture(c.events, c.kernel_drops + c.channel_drops);
+                if let Some(rec) = &recorder {
+                    let _ = rec.with(|r| r.note_capture_loss(c.kernel_drops + c.channel_drops));
+                }
                 metrics.observe_tls(capture.tls_libraries());
                 metrics.observe_go(capture.go_programs());
                 let l = pipeline.reassembler.stats();

@@ -36,6 +36,10 @@ pub struct TraceArgs {
     /// object (benchmarks, health checks).
     #[arg(long)]
     pub count: bool,
+    /// Print payloads as captured, credentials and bodies included (default: redacted as the
+    /// flight recorder stores them).
+    #[arg(long)]
+    pub raw: bool,
 }
 
 /// Which events `trace` prints. Pure, so the filter logic is tested without a kernel.
@@ -125,6 +129,7 @@ pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let started = Instant::now();
     let (mut shown, mut exchanges) = (Vec::new(), Vec::new());
+    let mut redactor = (!args.raw).then(crate::recorder::redact::Redactor::new);
     loop {
         tokio::select! {
             _ = &mut ctrl_c => break,
@@ -143,7 +148,10 @@ pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
                 match reassembler.as_mut() {
                     Some(r) => shown.drain(..).for_each(|ev| r.push(&ev, &mut exchanges)),
                     None => {
-                        for ev in shown.drain(..) {
+                        for mut ev in shown.drain(..) {
+                            if let (Some(r), Event::Data(d)) = (redactor.as_mut(), &mut ev) {
+                                d.payload = crate::recorder::redact::redact_for_display(r, d);
+                            }
                             serde_json::to_writer(&mut out, &ev).context("encoding event")?;
                             out.write_all(b"\n").ok();
                         }

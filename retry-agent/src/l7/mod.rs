@@ -22,7 +22,7 @@ pub use exchange::{
     RETRY_SUPPRESSED_HEADER, RetryMarkers,
 };
 
-pub use util::route_template;
+pub use util::{DigestKey, Keyed, digest_key, route_template, set_digest_key};
 
 use crate::{
     capture::{ConnEvent, ConnEventKind, ConnId, Event, Role},

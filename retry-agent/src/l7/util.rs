@@ -1,26 +1,80 @@
 //! Small pure helpers: stable hashing, route templates, lenient header-value parsing.
 
-/// FNV-1a, 64 bit: a fixed function, so body hashes are stable across runs and machines
-/// (retry matching compares them between processes and between a live run and a replay).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Fnv(u64);
+/// The 128-bit key of every digest l7 puts on an exchange (query strings, request bodies).
+/// Digests are keyed because they end up in dumps and API answers: an unkeyed hash of a short
+/// secret (a PIN, a one-time code) is brute-forced offline in seconds. Only equality matters
+/// (retry matching within one agent), so any key works; the agent sets a per-node one at start
+/// ([`set_digest_key`]) and a process-random one is used until then.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DigestKey([u8; 16]);
 
-impl Fnv {
-    pub(crate) const fn new() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-    pub(crate) fn write(&mut self, bytes: &[u8]) {
-        let mut h = self.0;
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        self.0 = h;
-    }
-    pub(crate) fn finish(self) -> u64 {
-        self.0
+impl std::fmt::Debug for DigestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DigestKey(..)")
     }
 }
+
+impl DigestKey {
+    pub const LEN: usize = 16;
+
+    pub const fn from_bytes(b: [u8; 16]) -> Self {
+        DigestKey(b)
+    }
+
+    /// A fresh random key (the OS's generator; a clock-derived key if it is unavailable, which
+    /// keeps digests keyed, only less secret).
+    pub fn random() -> Self {
+        let mut b = [0u8; 16];
+        if getrandom::fill(&mut b).is_err() {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+            let seed = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), t);
+            b[..8].copy_from_slice(&seed.to_le_bytes());
+            b[8..].copy_from_slice(&(t as u64).to_le_bytes());
+        }
+        DigestKey(b)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// A keyed hasher (SipHash-1-3: a PRF for short inputs); `domain` separates the uses of one
+    /// key so a digest of one kind never equals a digest of another kind of the same bytes.
+    pub fn hasher(&self, domain: u8) -> Keyed {
+        let mut h = siphasher::sip::SipHasher13::new_with_key(&self.0);
+        std::hash::Hasher::write_u8(&mut h, domain);
+        Keyed(h)
+    }
+}
+
+static DIGEST_KEY: std::sync::OnceLock<DigestKey> = std::sync::OnceLock::new();
+
+/// Set the process's digest key; the first call wins (returns false if one was already in use).
+pub fn set_digest_key(k: DigestKey) -> bool {
+    DIGEST_KEY.set(k).is_ok()
+}
+
+/// The process's digest key.
+pub fn digest_key() -> &'static DigestKey {
+    DIGEST_KEY.get_or_init(DigestKey::random)
+}
+
+/// A streaming keyed digest: the result depends on the bytes, not on how they were fed.
+#[derive(Clone, Debug)]
+pub struct Keyed(siphasher::sip::SipHasher13);
+
+impl Keyed {
+    pub fn write(&mut self, bytes: &[u8]) {
+        std::hash::Hasher::write(&mut self.0, bytes);
+    }
+    pub fn finish(&self) -> u64 {
+        std::hash::Hasher::finish(&self.0)
+    }
+}
+
+/// Digest domains (one per kind of input).
+pub(crate) const DOMAIN_QUERY: u8 = 1;
+pub(crate) const DOMAIN_BODY: u8 = 2;
 
 /// How many leading request-body bytes feed `body_hash`: enough to tell payloads apart, small
 /// enough that the hash only ever covers bytes a default capture prefix holds.
@@ -28,16 +82,16 @@ pub(crate) const BODY_HASH_LIMIT: usize = 1024;
 
 /// Hash of the first captured bytes of a request body, fed in pieces; stops at the first gap so
 /// the result depends only on the bytes, not on the syscall boundaries.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct BodyHasher {
-    h: Fnv,
+    h: Keyed,
     n: usize,
     stopped: bool,
 }
 
 impl Default for BodyHasher {
     fn default() -> Self {
-        BodyHasher { h: Fnv::new(), n: 0, stopped: false }
+        BodyHasher { h: digest_key().hasher(DOMAIN_BODY), n: 0, stopped: false }
     }
 }
 
@@ -86,13 +140,13 @@ pub(crate) fn path_of_target(target: &[u8]) -> &[u8] {
     t.get(..end).unwrap_or(t)
 }
 
-/// Hash of a request target's query string (after `?`, before `#`), if it has one. Only the
-/// hash is kept: queries carry tokens, and telling `?page=1` from `?page=2` is all we need.
+/// Keyed digest of a request target's query string (after `?`, before `#`), if it has one. Only
+/// the digest is kept: queries carry tokens, and telling `?page=1` from `?page=2` is all we need.
 pub(crate) fn query_hash_of_target(target: &[u8]) -> Option<u64> {
     let q = target.iter().position(|&c| c == b'?')?;
     let rest = target.get(q + 1..)?;
     let end = rest.iter().position(|&c| c == b'#').unwrap_or(rest.len());
-    let mut h = Fnv::new();
+    let mut h = digest_key().hasher(DOMAIN_QUERY);
     h.write(rest.get(..end)?);
     Some(h.finish())
 }
@@ -228,9 +282,14 @@ mod tests {
         c.feed(b" world");
         assert_ne!(c.finish(), a.finish());
         assert_eq!(BodyHasher::default().finish(), None);
-        // Fixed function: the value never changes between runs.
+        // Keyed: the unkeyed FNV-1a of "a" (what a dump once held) is not what comes out, and
+        // the same bytes as a query give another digest.
         let mut d = BodyHasher::default();
         d.feed(b"a");
-        assert_eq!(d.finish(), Some(0xaf63_dc4c_8601_ec8c));
+        assert_ne!(d.finish(), Some(0xaf63_dc4c_8601_ec8c));
+        assert_ne!(d.finish(), query_hash_of_target(b"/?a"));
+        let mut other = DigestKey::from_bytes([7; 16]).hasher(DOMAIN_BODY);
+        other.write(b"a");
+        assert_ne!(d.finish(), Some(other.finish()), "another key, another digest");
     }
 }

@@ -27,6 +27,7 @@ use crate::{
 
 pub mod client;
 pub mod format;
+pub mod key;
 pub mod redact;
 pub mod replay;
 
@@ -61,6 +62,15 @@ pub struct RecorderConfig {
     /// Seconds after the trigger an auto-dump waits for (and covers) before writing.
     #[arg(long = "recorder-auto-after-secs", env = "RETRY_AGENT_RECORDER_AUTO_AFTER_SECS", default_value_t = 60)]
     pub auto_after_secs: u64,
+    /// The node's secret key for the query and body digests in exchanges and dumps (created
+    /// 0600 at first start): without it, a dump's digests of short secrets cannot be brute-forced.
+    #[arg(long = "digest-key-file", env = "RETRY_AGENT_DIGEST_KEY_FILE", default_value = "/var/lib/retry-agent/digest.key")]
+    #[serde(default = "default_key_file")]
+    pub digest_key_file: PathBuf,
+}
+
+fn default_key_file() -> PathBuf {
+    PathBuf::from("/var/lib/retry-agent/digest.key")
 }
 
 impl Default for RecorderConfig {
@@ -290,6 +300,8 @@ pub struct Recorder {
     pending: Option<PendingAuto>,
     /// No new storm auto-dump before this record time (one dump per storm, not per decision).
     auto_quiet_until_ns: u64,
+    /// Capture losses (kernel ring + channel) already told to the redactor.
+    losses_seen: u64,
     /// Auto-dump threads still writing (joined by `wait_auto_dumps`, in tests and at shutdown).
     auto_threads: Vec<std::thread::JoinHandle<Result<PathBuf, RecorderError>>>,
 }
@@ -313,6 +325,7 @@ impl Recorder {
             stats: RecorderStats::default(),
             pending: None,
             auto_quiet_until_ns: 0,
+            losses_seen: 0,
             auto_threads: Vec::new(),
         })
     }
@@ -335,6 +348,15 @@ impl Recorder {
         for r in derived {
             self.record(r);
         }
+    }
+
+    /// The capture's running count of lost records: when it grows, every connection the
+    /// redactor follows may have lost bytes, so each is masked until it starts a message again.
+    pub fn note_capture_loss(&mut self, total: u64) {
+        if total > self.losses_seen {
+            self.redactor.lost_all();
+        }
+        self.losses_seen = total;
     }
 
     /// Record one item. Never fails, never blocks on IO (a due storm dump is written on its own

@@ -1,25 +1,31 @@
-//! Privacy at record time: what enters the ring is only the request/status line, the header names,
-//! and the values of the headers the product reads. Everything else is masked *in place, keeping
-//! every length*, so the l7 reassembler frames the recorded bytes exactly as it framed the live
-//! ones (Content-Length, chunk sizes and HTTP/2 frame headers stay intact).
+//! Privacy at record time: what enters the ring is only the request/status line (without its
+//! query), the header names, and the values of the headers the product reads. Everything else
+//! is masked *in place, keeping every length*, so the l7 reassembler frames the recorded bytes
+//! exactly as it framed the live ones (Content-Length, chunk sizes and HTTP/2 frame headers
+//! stay intact).
 //!
-//! - Header values not on the allowlist (always including Authorization, Cookie, Set-Cookie,
-//!   Proxy-Authorization) become `*`s.
-//! - Bodies (HTTP/1 bodies, chunk data, HTTP/2 DATA payloads, unparseable bytes) become a keyed
-//!   digest followed by `.`s: equal bodies still look equal (retry matching by body hash keeps
-//!   working in a replay) but the key lives only in this process, so the digest reveals nothing.
-//! - HTTP/2 header blocks: literal values whose name is sensitive (static-table index or plain
-//!   literal name) are masked; Huffman-coded literal names are not decoded (gRPC stacks send
-//!   these headers by static index). A header block split across syscalls or CONTINUATION
-//!   frames is masked whole: a replay loses that block, but no secret survives a split.
-use std::{
-    hash::{BuildHasher, Hasher, RandomState},
-};
-
+//! - One allow-list ([`KEEP_HEADERS`]) for HTTP/1 and HTTP/2: any other header value becomes
+//!   `*`s (Authorization, Cookie, Set-Cookie, `x-api-key`, custom gRPC metadata...). HTTP/2
+//!   names are judged decoded (`h2`: Huffman literals, dynamic-table references).
+//! - Query strings (request line, `:path`) are masked, across record boundaries too.
+//! - Bodies (HTTP/1 bodies, chunk data, HTTP/2 DATA payloads) become a keyed digest followed by
+//!   `.`s. Retry matching does not read these: the replay takes the query and body digests the
+//!   live run computed from the recorded exchanges (see `replay`).
+//! - What cannot be classified is masked: a head line that is not `name: value`, bytes after a
+//!   loss of framing (uncaptured bytes where framing needed them, implausible HTTP/2 frames, a
+//!   capture loss the recorder is told about) until a record starts a message again.
+//!
+//! [`redact_for_display`] is the same redaction for `retry-agent trace`.
 use bytes::{Bytes, BytesMut};
 use foldhash::HashMap;
 
 use crate::capture::{ConnId, DataEvent, Direction};
+
+mod h2;
+#[cfg(test)]
+mod tests;
+
+use h2::{H2, PREFACE as H2_PREFACE};
 
 /// Headers whose values the product reads (lower case). Everything else is masked.
 pub const KEEP_HEADERS: &[&str] = &[
@@ -62,6 +68,9 @@ pub const KEEP_HEADERS: &[&str] = &[
 /// Never kept, whatever the allowlist says.
 pub const SECRET_HEADERS: &[&str] = &["authorization", "proxy-authorization", "cookie", "set-cookie"];
 
+/// HTTP/2 pseudo-headers kept (`:path` keeps its path, not its query).
+const KEEP_PSEUDO: &[&str] = &[":method", ":scheme", ":authority", ":status", ":protocol"];
+
 /// Headers whose presence matters but whose value is private (masked, name kept).
 const PRESENCE_ONLY: &[&str] = &["idempotency-key", "x-idempotency-key"];
 
@@ -69,9 +78,10 @@ const METHODS: &[&[u8]] = &[
     b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"PATCH ", b"OPTIONS ", b"CONNECT ", b"TRACE ",
 ];
 const HEX: &[u8; 16] = b"0123456789abcdef";
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// Per-process bound on tracked streams (the state is tiny; the cap guards against fd churn).
+/// Per-process bound on tracked streams (the state is small; the cap guards against fd churn).
 const MAX_STREAMS: usize = 65_536;
+/// Digest domain of masked body runs.
+const DOMAIN_RUN: u8 = 3;
 
 /// What one redaction removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -80,26 +90,29 @@ pub struct Redacted {
     pub body_bytes: u64,
 }
 
+/// Where a head line is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LineMode {
+enum Line {
     /// At the start of a line: decide when the name is seen.
     Start,
+    /// The request line or status line; `spaces` seen so far, inside the query or not.
+    First { spaces: u8, query: bool },
     Keep,
     Mask,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
 enum Stream {
-    /// Expecting the start of a message (or lost: bytes that don't start one are masked).
+    /// Expecting the start of a message; bytes that do not start one are masked. Also the
+    /// state after a loss of framing.
     Start,
     /// Inside an HTTP/1 head (or trailers).
-    Head { first_line: bool, line: LineMode, info: HeadInfo, trailers: bool },
+    Head { line: Line, info: HeadInfo, trailers: bool },
     Body { remaining: u64 },
     ChunkSize,
     ChunkData { remaining: u64 },
     /// CRLF after chunk data.
     ChunkEnd { remaining: u8 },
-    H2(H2),
+    H2(Box<H2>),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -109,25 +122,19 @@ struct HeadInfo {
     /// Response status without a body (1xx, 204, 304).
     no_body: bool,
     h2_upgrade: bool,
+    /// A line that is not `name: value`: the head is not what we think it is.
+    bad: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct H2 {
-    preface_left: usize,
-    hdr: [u8; 9],
-    have: usize,
-    left: u32,
-    kind: u8,
-    /// The current frame's header arrived in this syscall (its payload may be whole here).
-    fresh: bool,
-    /// A header block continues in CONTINUATION frames: all of it is masked (a field may
-    /// straddle frames, and a split secret must not survive).
-    continuing: bool,
+/// One connection direction: its framing state and the byte offset its next record should
+/// start at (a record elsewhere means bytes were lost in between).
+struct Tracked {
+    st: Stream,
+    next: u64,
 }
 
 pub struct Redactor {
-    streams: HashMap<(ConnId, Direction), Stream>,
-    key: RandomState,
+    streams: HashMap<(ConnId, Direction), Tracked>,
     arena: BytesMut,
     /// Scratch: body byte ranges of the payload being redacted.
     runs: Vec<(usize, usize)>,
@@ -144,11 +151,24 @@ impl Default for Redactor {
 
 impl Redactor {
     pub fn new() -> Self {
-        Redactor { streams: HashMap::default(), key: RandomState::new(), arena: BytesMut::new(), runs: Vec::new() }
+        Redactor { streams: HashMap::default(), arena: BytesMut::new(), runs: Vec::new() }
     }
 
     pub fn forget_pid(&mut self, pid: u32) {
         self.streams.retain(|(c, _), _| c.pid != pid);
+    }
+
+    /// How many connection directions are tracked.
+    pub fn tracked(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Records were lost before reaching the redactor (a full ring or channel): every stream is
+    /// out of step, so everything is masked until a record starts a message again.
+    pub fn lost_all(&mut self) {
+        for t in self.streams.values_mut() {
+            t.st = Stream::Start;
+        }
     }
 
     /// Mask everything private in `d`'s payload; lengths are kept.
@@ -161,10 +181,25 @@ impl Redactor {
     /// The redacted copy of `d`'s payload (same length), carved from a shared arena: one
     /// allocation per `ARENA_CHUNK`, not one per event, and the ring frees chunks in order.
     pub fn redact_payload(&mut self, d: &DataEvent) -> (Bytes, Redacted) {
+        self.redact_payload_at(d, None)
+    }
+
+    /// [`Self::redact_payload`] for a record known to start at byte `offset` of its connection
+    /// direction (the sum of the full lengths before it). A record that does not start where
+    /// the last one ended follows a loss: its stream is out of step and is masked until a
+    /// record starts a message again. Without an offset, records are taken to be contiguous.
+    pub fn redact_payload_at(&mut self, d: &DataEvent, offset: Option<u64>) -> (Bytes, Redacted) {
         if self.streams.len() >= MAX_STREAMS && !self.streams.contains_key(&(d.conn, d.direction)) {
             self.streams.clear();
         }
-        let st = self.streams.entry((d.conn, d.direction)).or_insert(Stream::Start);
+        let t = self.streams.entry((d.conn, d.direction)).or_insert(Tracked { st: Stream::Start, next: offset.unwrap_or(0) });
+        if let Some(off) = offset
+            && off != t.next
+        {
+            t.st = Stream::Start;
+        }
+        t.next = offset.unwrap_or(t.next).saturating_add(d.len);
+        let st = &mut t.st;
         if self.arena.capacity() - self.arena.len() < d.payload.len() {
             self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(d.payload.len()));
         }
@@ -178,10 +213,11 @@ impl Redactor {
         if unseen > 0 {
             skip(st, unseen);
         }
+        let key = crate::l7::digest_key();
         for &(s, e) in &self.runs {
             if let Some(run) = buf.get_mut(s..e) {
                 red.body_bytes += run.len() as u64;
-                let mut h = self.key.build_hasher();
+                let mut h = key.hasher(DOMAIN_RUN);
                 h.write(run);
                 let digest = h.finish();
                 for (i, c) in run.iter_mut().enumerate() {
@@ -193,12 +229,22 @@ impl Redactor {
     }
 }
 
+/// A payload as `retry-agent trace` may print it: redacted as the recorder would, with its own
+/// per-connection state (the caller keeps one [`Redactor`] for the whole trace).
+pub fn redact_for_display(r: &mut Redactor, d: &DataEvent) -> Bytes {
+    r.redact_payload(d).0
+}
+
 fn starts_message(b: &[u8]) -> bool {
     b.starts_with(b"HTTP/1.") || METHODS.iter().any(|m| b.starts_with(m)) || b.starts_with(H2_PREFACE)
 }
 
 fn head_start() -> Stream {
-    Stream::Head { first_line: true, line: LineMode::Start, info: HeadInfo::default(), trailers: false }
+    Stream::Head { line: Line::First { spaces: 0, query: false }, info: HeadInfo::default(), trailers: false }
+}
+
+fn message_start(b: &[u8]) -> Stream {
+    if b.starts_with(H2_PREFACE) { Stream::H2(Box::new(H2::new(true, true))) } else { head_start() }
 }
 
 /// Advance the framing over bytes that were not captured.
@@ -211,11 +257,12 @@ fn skip(st: &mut Stream, n: u64) {
                 *st = Stream::Start;
             }
         }
-        Stream::H2(h) if h.have == 0 && u64::from(h.left) > n => {
-            h.left -= n as u32;
-            h.fresh = false;
+        Stream::H2(h) => {
+            if !h.skip(n) {
+                *st = Stream::Start;
+            }
         }
-        // Lost sync: the next event that starts a message resynchronises.
+        // Lost sync: the next record that starts a message resynchronises.
         _ => *st = Stream::Start,
     }
 }
@@ -224,19 +271,22 @@ fn skip(st: &mut Stream, n: u64) {
 fn walk(st: &mut Stream, b: &mut [u8], red: &mut Redacted, body: &mut Vec<(usize, usize)>) {
     let mut i = 0;
     let n = b.len();
-    // A body/unknown state that meets a message start at the top of a syscall resynchronises
-    // (responses to HEAD carry a Content-Length without a body).
+    // A body/unknown state that meets a message start at the top of a record resynchronises
+    // (responses to HEAD carry a Content-Length without a body); a lost stream also
+    // resynchronises on a record of HTTP/2 frames (its table is unknown: dynamic names masked).
     if matches!(st, Stream::Body { .. } | Stream::Start) && starts_message(b) {
-        *st = if b.starts_with(H2_PREFACE) { h2_start(true) } else { head_start() };
+        *st = message_start(b);
+    } else if matches!(st, Stream::Start) && h2::starts_with_frames(b) {
+        *st = Stream::H2(Box::new(H2::new(false, false)));
     }
     while i < n {
         match st {
             Stream::Start => {
                 let rest = b.get(i..).unwrap_or_default();
                 if starts_message(rest) {
-                    *st = if rest.starts_with(H2_PREFACE) { h2_start(true) } else { head_start() };
+                    *st = message_start(rest);
                 } else {
-                    // Unknown bytes: masked to the end of this syscall.
+                    // Unknown bytes: masked to the end of this record.
                     body.push((i, n));
                     return;
                 }
@@ -251,37 +301,7 @@ fn walk(st: &mut Stream, b: &mut [u8], red: &mut Redacted, body: &mut Vec<(usize
                     *st = Stream::Start;
                 }
             }
-            Stream::ChunkSize => {
-                // Keep the size line (hex digits, CRLF); chunk extensions are masked.
-                let line_end = b.get(i..).and_then(|r| r.iter().position(|&c| c == b'\n')).map(|p| i + p);
-                let end = line_end.unwrap_or(n);
-                let line = b.get(i..end).unwrap_or_default();
-                let digits = line.iter().take_while(|c| c.is_ascii_hexdigit()).count();
-                let size = std::str::from_utf8(line.get(..digits).unwrap_or_default())
-                    .ok()
-                    .and_then(|s| u64::from_str_radix(s, 16).ok());
-                if let Some(ext) = b.get_mut(i + digits..end) {
-                    for c in ext.iter_mut().filter(|c| **c != b'\r') {
-                        *c = b'*';
-                    }
-                }
-                let Some(le) = line_end else {
-                    // Size line split across syscalls: lose sync rather than guess.
-                    *st = Stream::Start;
-                    return;
-                };
-                *st = match size {
-                    Some(0) => Stream::Head {
-                        first_line: false,
-                        line: LineMode::Start,
-                        info: HeadInfo::default(),
-                        trailers: true,
-                    },
-                    Some(s) => Stream::ChunkData { remaining: s },
-                    None => Stream::Start,
-                };
-                i = le + 1;
-            }
+            Stream::ChunkSize => i = chunk_size(st, b, i),
             Stream::ChunkData { remaining } => {
                 let take = (*remaining).min((n - i) as u64) as usize;
                 body.push((i, i + take));
@@ -292,97 +312,152 @@ fn walk(st: &mut Stream, b: &mut [u8], red: &mut Redacted, body: &mut Vec<(usize
                 }
             }
             Stream::ChunkEnd { remaining } => {
+                if !matches!(b.get(i), Some(b'\r' | b'\n')) {
+                    *st = Stream::Start;
+                    continue;
+                }
                 i += 1;
                 *remaining = remaining.saturating_sub(1);
                 if *remaining == 0 {
                     *st = Stream::ChunkSize;
                 }
             }
-            Stream::H2(h) => i = h2_bytes(h, b, i, red, body),
+            Stream::H2(h) => match h.bytes(b, i, red, body) {
+                Some(next) => i = next,
+                None => {
+                    // Not HTTP/2 framing: out of step. Everything from here is masked.
+                    *st = Stream::Start;
+                    body.push((i, n));
+                    return;
+                }
+            },
         }
     }
 }
 
-fn h2_start(preface: bool) -> Stream {
-    Stream::H2(H2 { preface_left: if preface { H2_PREFACE.len() } else { 0 }, hdr: [0; 9], have: 0, left: 0, kind: 0, fresh: false, continuing: false })
+/// A chunk-size line: hex digits kept, extensions masked.
+fn chunk_size(st: &mut Stream, b: &mut [u8], i: usize) -> usize {
+    let n = b.len();
+    let line_end = b.get(i..).and_then(|r| memchr::memchr(b'\n', r)).map(|p| i + p);
+    let end = line_end.unwrap_or(n);
+    let line = b.get(i..end).unwrap_or_default();
+    let digits = line.iter().take_while(|c| c.is_ascii_hexdigit()).count();
+    let size = std::str::from_utf8(line.get(..digits).unwrap_or_default()).ok().and_then(|s| u64::from_str_radix(s, 16).ok());
+    if let Some(ext) = b.get_mut(i + digits..end) {
+        for c in ext.iter_mut().filter(|c| **c != b'\r') {
+            *c = b'*';
+        }
+    }
+    let Some(le) = line_end else {
+        // Size line split across records: lose sync rather than guess.
+        *st = Stream::Start;
+        return n;
+    };
+    *st = match size {
+        Some(0) => Stream::Head { line: Line::Start, info: HeadInfo::default(), trailers: true },
+        Some(s) => Stream::ChunkData { remaining: s },
+        None => Stream::Start,
+    };
+    le + 1
+}
+
+/// RFC 9110 token characters (header names).
+fn is_tchar(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
+}
+
+/// Mask the query of a request target (or request-line piece) in place: everything after the
+/// first `?` up to a space. Returns whether anything was masked.
+pub(crate) fn mask_query(v: &mut [u8]) -> bool {
+    let Some(q) = v.iter().position(|&c| c == b'?') else { return false };
+    let mut any = false;
+    for c in v.iter_mut().skip(q + 1).take_while(|c| **c != b' ') {
+        *c = b'*';
+        any = true;
+    }
+    any
 }
 
 /// Process head bytes from `i`; returns the next index.
 fn head_bytes(st: &mut Stream, b: &mut [u8], mut i: usize, red: &mut Redacted) -> usize {
-    let Stream::Head { first_line, line, info, trailers } = st else { return i };
+    let Stream::Head { line, info, trailers } = st else { return i };
     let n = b.len();
     while i < n {
-        let line_end = b.get(i..).and_then(|r| r.iter().position(|&c| c == b'\n')).map(|p| i + p);
+        let line_end = b.get(i..).and_then(|r| memchr::memchr(b'\n', r)).map(|p| i + p);
         let end = line_end.unwrap_or(n);
-        if *first_line {
-            // Request line or status line: kept (the query string is not: it carries tokens).
-            if let Some(l) = b.get_mut(i..end) {
-                if l.starts_with(b"HTTP/1.") {
-                    let code = l.get(9..12).and_then(|c| std::str::from_utf8(c).ok()).and_then(|c| c.parse::<u16>().ok());
-                    info.no_body = code.is_some_and(|c| (100..200).contains(&c) || c == 204 || c == 304);
-                    info.h2_upgrade = code == Some(101);
-                } else if let Some(q) = l.iter().position(|&c| c == b'?') {
-                    let stop = l.iter().rposition(|&c| c == b' ').filter(|&s| s > q).unwrap_or(l.len());
-                    for c in l.get_mut(q + 1..stop).into_iter().flatten() {
-                        *c = b'*';
-                    }
+        match *line {
+            Line::First { spaces, query } => {
+                first_line(b, i, end, spaces, query, info, line, red);
+                if line_end.is_some() {
+                    *line = Line::Start;
                 }
             }
-            if line_end.is_some() {
-                *first_line = false;
+            Line::Keep | Line::Mask => {
+                // Continuation of a line cut at the previous record.
+                if *line == Line::Mask {
+                    mask_value(b, i, end);
+                }
+                if line_end.is_some() {
+                    *line = Line::Start;
+                }
             }
-        } else if *line == LineMode::Start || line_end.is_some() && *line == LineMode::Start {
-            let l = b.get(i..end).unwrap_or_default();
-            if l == b"\r" || l.is_empty() && line_end.is_some() {
-                // End of head.
-                let done = i + l.len() + 1;
-                let info = std::mem::take(info);
-                *st = if *trailers || info.no_body {
-                    Stream::Start
-                } else if info.h2_upgrade {
-                    h2_start(false)
-                } else if info.chunked {
-                    Stream::ChunkSize
-                } else {
-                    match info.content_length {
-                        Some(len) if len > 0 => Stream::Body { remaining: len },
-                        _ => Stream::Start,
+            Line::Start => {
+                let l = b.get(i..end).unwrap_or_default();
+                if l == b"\r" || l.is_empty() && line_end.is_some() {
+                    // End of head.
+                    let done = i + l.len() + 1;
+                    let info = std::mem::take(info);
+                    // A head with a line that was not a header is not trusted for framing.
+                    *st = if info.bad || *trailers || info.no_body {
+                        Stream::Start
+                    } else if info.h2_upgrade {
+                        Stream::H2(Box::new(H2::new(false, true)))
+                    } else if info.chunked {
+                        Stream::ChunkSize
+                    } else {
+                        match info.content_length {
+                            Some(len) if len > 0 => Stream::Body { remaining: len },
+                            _ => Stream::Start,
+                        }
+                    };
+                    return done.min(n);
+                }
+                let colon = l.iter().position(|&c| c == b':');
+                let name = colon.and_then(|c| l.get(..c)).unwrap_or(l);
+                let valid_name = !name.is_empty() && name.iter().all(|&c| is_tchar(c));
+                match colon {
+                    Some(colon) if valid_name => {
+                        let value_at = i + colon + 1;
+                        let value = b.get(value_at..end).unwrap_or_default();
+                        if name.eq_ignore_ascii_case(b"content-length") {
+                            info.content_length = std::str::from_utf8(value).ok().and_then(|v| v.trim().parse().ok());
+                        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                            info.chunked = value.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked"));
+                        }
+                        let keep = keep_value(name);
+                        if !keep {
+                            red.headers += 1;
+                            mask_value(b, value_at, end);
+                        }
+                        if line_end.is_none() {
+                            *line = if keep { Line::Keep } else { Line::Mask };
+                        }
                     }
-                };
-                return done.min(n);
-            }
-            match l.iter().position(|&c| c == b':') {
-                Some(colon) => {
-                    let name = l.get(..colon).unwrap_or_default().trim_ascii();
-                    let value_at = i + colon + 1;
-                    let value = b.get(value_at..end).unwrap_or_default();
-                    if name.eq_ignore_ascii_case(b"content-length") {
-                        info.content_length = std::str::from_utf8(value).ok().and_then(|v| v.trim().parse().ok());
-                    } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-                        info.chunked = value.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked"));
+                    None if line_end.is_none() && valid_name => {
+                        // Name cut by the end of the record: mask the rest of the line, whatever it is.
+                        *line = Line::Mask;
                     }
-                    let keep = keep_value(name);
-                    if !keep {
+                    _ => {
+                        // Not `name: value` (a folded line, body bytes read as a head after a
+                        // loss): masked, and the head is not trusted for framing.
                         red.headers += 1;
-                        mask_value(b, value_at, end);
-                    }
-                    if line_end.is_none() {
-                        *line = if keep { LineMode::Keep } else { LineMode::Mask };
+                        mask_value(b, i, end);
+                        info.bad = true;
+                        if line_end.is_none() {
+                            *line = Line::Mask;
+                        }
                     }
                 }
-                None if line_end.is_none() => {
-                    // Name cut by the end of the syscall: mask the rest of the line, whatever it is.
-                    *line = LineMode::Mask;
-                }
-                None => {}
-            }
-        } else {
-            // Continuation of a line cut at the previous syscall.
-            if *line == LineMode::Mask {
-                mask_value(b, i, end);
-            }
-            if line_end.is_some() {
-                *line = LineMode::Start;
             }
         }
         match line_end {
@@ -393,9 +468,42 @@ fn head_bytes(st: &mut Stream, b: &mut [u8], mut i: usize, red: &mut Redacted) -
     i
 }
 
+/// The request line or status line, possibly in pieces: the query is masked wherever the cut.
+#[expect(clippy::too_many_arguments, reason = "one line's state, passed apart to satisfy the borrow checker")]
+fn first_line(b: &mut [u8], from: usize, to: usize, mut spaces: u8, mut query: bool, info: &mut HeadInfo, line: &mut Line, red: &mut Redacted) {
+    if spaces == 0 && !query && b.get(from..to).is_some_and(|l| l.starts_with(b"HTTP/1.")) {
+        let code = b.get(from + 9..from + 12).and_then(|c| std::str::from_utf8(c).ok()).and_then(|c| c.parse::<u16>().ok());
+        info.no_body = code.is_some_and(|c| (100..200).contains(&c) || c == 204 || c == 304);
+        info.h2_upgrade = code == Some(101);
+        // A status line has no query: the `?` rule below never fires past the reason phrase's
+        // start because a status line is marked as having passed its target.
+        spaces = 2;
+    }
+    let mut masked = false;
+    for c in b.get_mut(from..to).into_iter().flatten() {
+        match *c {
+            b' ' => {
+                query = false;
+                spaces = spaces.saturating_add(1);
+            }
+            b'\r' => {}
+            b'?' if spaces == 1 && !query => query = true,
+            _ if query => {
+                *c = b'*';
+                masked = true;
+            }
+            _ => {}
+        }
+    }
+    if masked {
+        red.headers += 1;
+    }
+    *line = Line::First { spaces, query };
+}
+
 fn keep_value(name: &[u8]) -> bool {
     let is = |list: &[&str]| list.iter().any(|k| k.as_bytes().eq_ignore_ascii_case(name));
-    !is(SECRET_HEADERS) && !is(PRESENCE_ONLY) && is(KEEP_HEADERS)
+    !is(SECRET_HEADERS) && !is(PRESENCE_ONLY) && (is(KEEP_HEADERS) || is(KEEP_PSEUDO))
 }
 
 fn mask_value(b: &mut [u8], from: usize, to: usize) {
@@ -403,165 +511,5 @@ fn mask_value(b: &mut [u8], from: usize, to: usize) {
         for c in v.iter_mut().filter(|c| !matches!(**c, b'\r' | b' ' | b'\t')) {
             *c = b'*';
         }
-    }
-}
-
-const H2_DATA: u8 = 0x0;
-const H2_HEADERS: u8 = 0x1;
-const H2_PUSH_PROMISE: u8 = 0x5;
-const H2_CONTINUATION: u8 = 0x9;
-
-fn h2_bytes(h: &mut H2, b: &mut [u8], mut i: usize, red: &mut Redacted, body: &mut Vec<(usize, usize)>) -> usize {
-    let n = b.len();
-    if i == 0 {
-        // A frame continuing from an earlier syscall is not whole here.
-        h.fresh = false;
-    }
-    while i < n {
-        if h.preface_left > 0 {
-            let take = h.preface_left.min(n - i);
-            h.preface_left -= take;
-            i += take;
-            continue;
-        }
-        if h.left == 0 && h.have < 9 {
-            // Frame header: kept.
-            if let (Some(slot), Some(&c)) = (h.hdr.get_mut(h.have), b.get(i)) {
-                *slot = c;
-            }
-            h.have += 1;
-            i += 1;
-            if h.have == 9 {
-                h.left = u32::from_be_bytes([0, h.hdr[0], h.hdr[1], h.hdr[2]]);
-                h.kind = h.hdr[3];
-                h.have = 0;
-                h.fresh = true;
-                let flags = h.hdr[4];
-                if matches!(h.kind, H2_HEADERS | H2_PUSH_PROMISE) {
-                    h.continuing = flags & 0x4 == 0;
-                }
-            }
-            continue;
-        }
-        let take = (h.left as usize).min(n - i);
-        let whole = h.fresh && take == h.left as usize;
-        match h.kind {
-            H2_DATA => body.push((i, i + take)),
-            H2_HEADERS | H2_PUSH_PROMISE if whole && !h.continuing => {
-                let pad = h.hdr[4] & 0x8 != 0;
-                let prio = h.hdr[4] & 0x20 != 0 && h.kind == H2_HEADERS;
-                hpack_mask(b, i, i + take, pad, prio, h.kind == H2_PUSH_PROMISE, red);
-            }
-            H2_HEADERS | H2_CONTINUATION | H2_PUSH_PROMISE => {
-                // Split across syscalls or frames: cannot be parsed safely, so none of it is kept.
-                red.headers += 1;
-                body.push((i, i + take));
-            }
-            _ => {}
-        }
-        i += take;
-        h.left -= take as u32;
-        if h.left == 0 && h.kind == H2_CONTINUATION && h.hdr[4] & 0x4 != 0 {
-            h.continuing = false;
-        }
-    }
-    i
-}
-
-/// HPACK (RFC 7541) static-table indices of sensitive header names.
-const HPACK_SECRET_IDX: &[u64] = &[23, 32, 49, 55];
-
-fn hpack_int(b: &[u8], at: usize, prefix: u8) -> Option<(u64, usize)> {
-    let max = (1u64 << prefix) - 1;
-    let first = u64::from(*b.get(at)?) & max;
-    if first < max {
-        return Some((first, at + 1));
-    }
-    let mut v = max;
-    let mut shift = 0;
-    let mut p = at + 1;
-    loop {
-        let c = *b.get(p)?;
-        v = v.checked_add(u64::from(c & 0x7f).checked_shl(shift)?)?;
-        p += 1;
-        if c & 0x80 == 0 {
-            return Some((v, p));
-        }
-        shift += 7;
-        if shift > 56 {
-            return None;
-        }
-    }
-}
-
-/// Mask literal values of secret headers in one header block fragment `b[from..to]`.
-fn hpack_mask(b: &mut [u8], from: usize, to: usize, padded: bool, prio: bool, promise: bool, red: &mut Redacted) {
-    let mut p = from;
-    let mut to = to;
-    if padded {
-        let Some(&padlen) = b.get(p) else { return };
-        p += 1;
-        to = to.saturating_sub(usize::from(padlen));
-    }
-    if prio {
-        p += 5;
-    }
-    if promise {
-        p += 4;
-    }
-    while p < to {
-        let Some(&c) = b.get(p) else { return };
-        let (name_idx, next) = if c & 0x80 != 0 {
-            // Indexed field: no literal bytes.
-            match hpack_int(b, p, 7) {
-                Some((_, np)) => {
-                    p = np;
-                    continue;
-                }
-                None => return,
-            }
-        } else if c & 0x40 != 0 {
-            match hpack_int(b, p, 6) {
-                Some(v) => v,
-                None => return,
-            }
-        } else if c & 0x20 != 0 {
-            // Dynamic table size update.
-            match hpack_int(b, p, 5) {
-                Some((_, np)) => {
-                    p = np;
-                    continue;
-                }
-                None => return,
-            }
-        } else {
-            match hpack_int(b, p, 4) {
-                Some(v) => v,
-                None => return,
-            }
-        };
-        p = next;
-        let mut secret = HPACK_SECRET_IDX.contains(&name_idx);
-        if name_idx == 0 {
-            let Some(&hb) = b.get(p) else { return };
-            let Some((len, np)) = hpack_int(b, p, 7) else { return };
-            let Some(name) = b.get(np..np + len as usize) else { return };
-            // Huffman-coded names are not decoded; plain ones are checked.
-            secret = hb & 0x80 == 0 && SECRET_HEADERS.iter().any(|s| s.as_bytes().eq_ignore_ascii_case(name));
-            p = np + len as usize;
-        }
-        let Some((len, np)) = hpack_int(b, p, 7) else { return };
-        let vend = np.saturating_add(len as usize);
-        if secret && vend <= to {
-            if let Some(first) = b.get_mut(p) {
-                // Plain (not Huffman) so the masked value still decodes, with the same length.
-                *first &= 0x7f;
-            }
-            if let Some(v) = b.get_mut(np..vend) {
-                v.fill(b'*');
-            }
-            red.headers += 1;
-        }
-        p = vend;
     }
 }

@@ -6,6 +6,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::net::TcpListener;
 
+pub mod answer;
 pub mod iptables;
 pub mod net;
 pub mod policy;

@@ -4,7 +4,11 @@
 //! [`RequestKey`] failed within the window. First attempts are always forwarded (at-least-once).
 //! A retry is answered locally when the agent found the callee's errors unclaimed, when the
 //! callee's last failure came back `x-error-claim: unclaimed` (the decision matrix), or when a
-//! retry budget or adaptive throttling says no. An edge the agent flags over budget or amplifying
+//! retry budget or adaptive throttling says no. "The same request" includes its body and the
+//! caller's credentials (as keyed digests: never stored plain), so another user's call, or
+//! another message to the same gRPC method, is never taken for a retry; and a suppressed retry
+//! is answered with a synthetic response (status or grpc-status, `x-retry-suppressed`), never
+//! with the headers or body another attempt got. An edge the agent flags over budget or amplifying
 //! still leads to an owner (or may): its retries pass up to a budget rather than stopping, so the
 //! chain keeps one retry where it helps (at-least-once).
 use std::{
@@ -13,8 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName};
 
 use crate::{decide::Reason, l7::Claim};
 
@@ -39,20 +42,82 @@ pub struct RequestKey {
     pub target: String,
     /// `x-request-id` if the caller sends one: distinct ids are distinct logical requests.
     pub request_id: Option<String>,
+    /// Keyed digest of the request body's first [`BODY_DIGEST_LIMIT`] bytes (`None`: no body).
+    pub body: Option<u64>,
+    /// Keyed digest of the caller's credentials ([`credential_digest`]); 0 when it sent none.
+    pub credential: u64,
 }
 
-/// The failure an attempt got, kept to answer suppressed retries with the same thing.
+/// Request-body bytes the body digest covers: enough to tell messages apart.
+pub const BODY_DIGEST_LIMIT: usize = 4096;
+
+/// Whether a request header carries a caller's identity or secret: the standard ones, and the
+/// names custom ones take (`x-auth-token` gRPC metadata, `x-api-key`, session ids...).
+pub fn is_credential(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    matches!(n, "authorization" | "proxy-authorization" | "cookie")
+        || ["auth", "token", "key", "session", "secret", "password", "credential", "signature", "jwt"]
+            .iter()
+            .any(|w| n.contains(w))
+}
+
+/// Digests under the shim's own process key (never stored, never shown).
+const DOMAIN_CREDENTIAL: u8 = 0x10;
+const DOMAIN_BODY: u8 = 0x11;
+
+/// Keyed digest of every credential header (name and value, in order): two callers with
+/// different tokens never share a key, and no token is kept.
+pub fn credential_digest(h: &HeaderMap) -> u64 {
+    let mut d = crate::l7::digest_key().hasher(DOMAIN_CREDENTIAL);
+    let mut any = false;
+    for (n, v) in h.iter().filter(|(n, _)| is_credential(n)) {
+        any = true;
+        d.write(n.as_str().as_bytes());
+        d.write(&[0]);
+        d.write(v.as_bytes());
+        d.write(&[0]);
+    }
+    if any { d.finish() } else { 0 }
+}
+
+/// Keyed digest of a request body prefix, fed in pieces.
+#[derive(Clone, Debug)]
+pub struct BodyDigest {
+    h: crate::l7::Keyed,
+    n: usize,
+}
+
+impl Default for BodyDigest {
+    fn default() -> Self {
+        BodyDigest { h: crate::l7::digest_key().hasher(DOMAIN_BODY), n: 0 }
+    }
+}
+
+impl BodyDigest {
+    /// Feed bytes; returns false once the limit is reached (nothing more is needed).
+    pub fn feed(&mut self, b: &[u8]) -> bool {
+        let take = b.len().min(BODY_DIGEST_LIMIT - self.n);
+        if let Some(p) = b.get(..take) {
+            self.h.write(p);
+            self.n += take;
+        }
+        self.n < BODY_DIGEST_LIMIT
+    }
+    pub fn finish(&self) -> Option<u64> {
+        (self.n > 0).then(|| self.h.finish())
+    }
+}
+
+/// What kind of failure an attempt got: enough to answer a suppressed retry with a synthetic
+/// response of the same status. Headers and body are never kept (they belong to one caller:
+/// `Set-Cookie`, error details).
 #[derive(Clone, Debug, PartialEq)]
 pub enum FailureReply {
     /// An HTTP (or gRPC) response.
     Response {
         status: http::StatusCode,
-        headers: HeaderMap,
-        /// Body prefix (bounded).
-        body: Bytes,
         /// gRPC status, from trailers or a trailers-only response.
         grpc_status: Option<u32>,
-        grpc_message: Option<HeaderValue>,
     },
     /// The upstream reset or closed without a response.
     Reset,

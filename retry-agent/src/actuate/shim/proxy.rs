@@ -19,7 +19,7 @@ use std::{
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use http_body_util::BodyExt;
 use hyper::{body::Incoming, client::conn as cconn, server::conn as sconn, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::{
@@ -28,16 +28,15 @@ use tokio::{
 };
 
 use super::{
+    answer::{self, Local, ReqBody, RespBody},
     net,
-    policy::{self, CallerId, FailureReply, RequestKey, SuppressReason, Verdict},
+    policy::{self, CallerId, FailureReply, RequestKey, Verdict},
 };
 use crate::{
     actuate::control::ControlView,
-    l7::{Claim, ERROR_CLAIM_HEADER, RETRY_SUPPRESSED_HEADER},
+    l7::{Claim, ERROR_CLAIM_HEADER},
 };
 
-/// Bound on the failure body kept to replay to suppressed retries.
-const MAX_FAILURE_BODY: usize = 64 << 10;
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const METHODS: [&[u8]; 8] = [b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"TRACE "];
 
@@ -245,7 +244,6 @@ pub enum ProxyError {
     Uri(#[from] http::Error),
 }
 
-type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;
 
 struct ConnInfo {
     peer: SocketAddr,
@@ -257,12 +255,12 @@ struct ConnInfo {
 /// between requests (mirrors what the client would see from its own pool).
 struct H1Upstream {
     orig: SocketAddr,
-    sender: tokio::sync::Mutex<Option<cconn::http1::SendRequest<Incoming>>>,
+    sender: tokio::sync::Mutex<Option<cconn::http1::SendRequest<ReqBody>>>,
 }
 
-type H1Conn = cconn::http1::Connection<TokioIo<TcpStream>, Incoming>;
+type H1Conn = cconn::http1::Connection<TokioIo<TcpStream>, ReqBody>;
 
-async fn h1_handshake(s: TcpStream) -> Result<(cconn::http1::SendRequest<Incoming>, H1Conn), ProxyError> {
+async fn h1_handshake(s: TcpStream) -> Result<(cconn::http1::SendRequest<ReqBody>, H1Conn), ProxyError> {
     Ok(cconn::http1::Builder::new().preserve_header_case(true).handshake(TokioIo::new(s)).await?)
 }
 
@@ -364,7 +362,8 @@ fn is_grpc(h: &HeaderMap) -> bool {
     h.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-fn key_of(req: &Request<Incoming>, info: &ConnInfo) -> RequestKey {
+/// The request's key; `body` is its body digest (see [`answer::digest_body`]).
+fn key_of_parts<B>(req: &Request<B>, info: &ConnInfo, body: Option<u64>) -> RequestKey {
     let authority = req
         .uri()
         .authority()
@@ -378,24 +377,32 @@ fn key_of(req: &Request<Incoming>, info: &ConnInfo) -> RequestKey {
         authority,
         target: req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default(),
         request_id: req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string),
+        body,
+        credential: policy::credential_digest(req.headers()),
     }
 }
 
 /// One request: classify, answer locally or forward, and remember the outcome.
 async fn exchange<F, Fut>(
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     info: &ConnInfo,
     ctx: &Arc<Ctx>,
     h2: bool,
     send: F,
 ) -> Result<Response<RespBody>, ProxyError>
 where
-    F: FnOnce(Request<Incoming>) -> Fut,
+    F: FnOnce(Request<ReqBody>) -> Fut,
     Fut: std::future::Future<Output = Result<Response<Incoming>, ProxyError>>,
 {
     bump(&ctx.stats.requests);
+    // The body's first bytes are part of "the same request": another message to the same
+    // method is not a retry of this one.
+    let (parts, body) = req.into_parts();
+    let (digest, body) = answer::digest_body(body, answer::BODY_WAIT).await;
+    let req = Request::from_parts(parts, ());
     let now = Instant::now();
-    let key = key_of(&req, info);
+    let key = key_of_parts(&req, info, digest);
+    let mut req = req.map(|()| body);
     let grpc = is_grpc(req.headers());
     let marked = policy::retry_markers(req.headers()).says_retry();
     let suppressed = ctx.view.suppression(&info.orig, now);
@@ -403,8 +410,13 @@ where
     match verdict {
         Verdict::Answer { reason, reply } => {
             bump(&ctx.stats.suppressed);
-            tracing::debug!(peer = %info.peer, orig = %info.orig, target = %key.target, reason = reason.as_str(), "retry answered locally");
-            return local_reply(reason, reply, grpc);
+            // The path only: a query may carry a token.
+            let path = req.uri().path();
+            tracing::debug!(peer = %info.peer, orig = %info.orig, path, reason = reason.as_str(), "retry answered locally");
+            return match answer::local_reply(reason, reply, grpc)? {
+                Local::Reply(r) => Ok(r),
+                Local::Reset => Err(ProxyError::SuppressedReset),
+            };
         }
         Verdict::Forward { retry: true } => bump(&ctx.stats.retries_forwarded),
         Verdict::Forward { retry: false } => {}
@@ -448,11 +460,8 @@ where
             ctx: ctx.clone(),
             key,
             status: parts.status,
-            headers: parts.headers.clone(),
-            body: BytesMut::new(),
             grpc,
             grpc_status,
-            grpc_message: parts.headers.get("grpc-message").cloned(),
             claim: policy::claim_of(&parts.headers).unwrap_or(Claim::Missing),
             stamp,
             pushback,
@@ -475,65 +484,12 @@ fn annotate_failure(h: &mut HeaderMap, stamp: Option<Claim>, pushback: bool) {
     }
 }
 
-/// Builds the local answer to a suppressed retry: the failure the last attempt got, or a 503
-/// (gRPC: UNAVAILABLE) when only a marker made it a retry; always with `x-retry-suppressed`.
-fn local_reply(reason: SuppressReason, reply: Option<FailureReply>, grpc: bool) -> Result<Response<RespBody>, ProxyError> {
-    let why = HeaderValue::from_static(reason.as_str());
-    let (status, headers, body, gstatus, gmsg) = match reply {
-        Some(FailureReply::Reset) if !grpc => return Err(ProxyError::SuppressedReset),
-        Some(FailureReply::Reset) | None => (StatusCode::SERVICE_UNAVAILABLE, HeaderMap::new(), Bytes::new(), None, None),
-        Some(FailureReply::Response { status, headers, body, grpc_status, grpc_message }) => {
-            (status, headers, body, grpc_status, grpc_message)
-        }
-    };
-    if grpc {
-        let mut b = Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/grpc");
-        b = b.header(RETRY_SUPPRESSED_HEADER, why.clone());
-        let mut trailers = HeaderMap::new();
-        let code = gstatus.filter(|s| *s != 0).unwrap_or(14);
-        trailers.insert("grpc-status", HeaderValue::from(code));
-        trailers.insert(
-            "grpc-message",
-            gmsg.unwrap_or_else(|| HeaderValue::from_static("retry suppressed by retry-agent")),
-        );
-        trailers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("-1"));
-        trailers.insert(RETRY_SUPPRESSED_HEADER, why);
-        return Ok(b.body(TrailersOnly(Some(trailers)).boxed_unsync())?);
-    }
-    let mut resp = Response::new(Full::new(body).map_err(|never| match never {}).boxed_unsync());
-    *resp.status_mut() = status;
-    for (n, v) in headers.iter() {
-        if !policy::is_hop_or_framing(n) {
-            resp.headers_mut().append(n.clone(), v.clone());
-        }
-    }
-    resp.headers_mut().insert(RETRY_SUPPRESSED_HEADER, why);
-    Ok(resp)
-}
-
-/// A body of trailers only (local gRPC answers).
-struct TrailersOnly(Option<HeaderMap>);
-
-impl Body for TrailersOnly {
-    type Data = Bytes;
-    type Error = hyper::Error;
-    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Poll::Ready(self.0.take().map(|t| Ok(Frame::trailers(t))))
-    }
-    fn is_end_stream(&self) -> bool {
-        self.0.is_none()
-    }
-}
-
 struct Watch {
     ctx: Arc<Ctx>,
     key: RequestKey,
     status: StatusCode,
-    headers: HeaderMap,
-    body: BytesMut,
     grpc: bool,
     grpc_status: Option<u32>,
-    grpc_message: Option<HeaderValue>,
     claim: Claim,
     stamp: Option<Claim>,
     pushback: bool,
@@ -546,18 +502,8 @@ impl Watch {
         let outcome = if reset {
             Some((FailureReply::Reset, self.claim))
         } else if failed {
-            let mut headers = self.headers;
-            headers.remove(ERROR_CLAIM_HEADER);
-            Some((
-                FailureReply::Response {
-                    status: self.status,
-                    headers,
-                    body: self.body.freeze(),
-                    grpc_status: self.grpc_status,
-                    grpc_message: self.grpc_message,
-                },
-                self.claim,
-            ))
+            // Only the status: a suppressed retry gets a synthetic answer, never this body.
+            Some((FailureReply::Response { status: self.status, grpc_status: self.grpc_status }, self.claim))
         } else {
             None
         };
@@ -565,8 +511,8 @@ impl Watch {
     }
 }
 
-/// Passes the response body through untouched, except that on a failure it keeps a bounded copy
-/// and edits the gRPC trailers (claim, pushback); at the end it records the outcome.
+/// Passes the response body through untouched, except that on a failure it edits the gRPC
+/// trailers (claim, pushback); at the end it records the outcome.
 struct Tee {
     inner: Incoming,
     watch: Option<Watch>,
@@ -591,7 +537,6 @@ impl Body for Tee {
                             && w.grpc
                         {
                             w.grpc_status = policy::grpc_status(&t).or(w.grpc_status);
-                            w.grpc_message = t.get("grpc-message").cloned().or(w.grpc_message.take());
                             if let Some(c) = policy::claim_of(&t) {
                                 w.claim = c;
                             }
@@ -601,13 +546,7 @@ impl Body for Tee {
                         }
                         Frame::trailers(t)
                     }
-                    Err(frame) => {
-                        if let (Some(w), Some(d)) = (this.watch.as_mut(), frame.data_ref()) {
-                            let room = MAX_FAILURE_BODY.saturating_sub(w.body.len());
-                            w.body.extend_from_slice(d.get(..room.min(d.len())).unwrap_or_default());
-                        }
-                        frame
-                    }
+                    Err(frame) => frame,
                 };
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -667,36 +606,6 @@ mod tests {
             classify(b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n"),
             Some(Detected::Opaque)
         );
-    }
-
-    #[test]
-    fn local_http_reply_replays_the_failure() {
-        let mut h = HeaderMap::new();
-        h.insert("content-length", HeaderValue::from_static("4"));
-        h.insert("x-app", HeaderValue::from_static("1"));
-        let reply = FailureReply::Response {
-            status: StatusCode::BAD_GATEWAY,
-            headers: h,
-            body: Bytes::from_static(b"down"),
-            grpc_status: None,
-            grpc_message: None,
-        };
-        let r = local_reply(SuppressReason::CalleeUnclaimed, Some(reply), false).expect("reply");
-        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(r.headers().get(RETRY_SUPPRESSED_HEADER).map(|v| v.as_bytes()), Some(&b"callee_unclaimed"[..]));
-        assert_eq!(r.headers().get("x-app").map(|v| v.as_bytes()), Some(&b"1"[..]));
-        assert!(r.headers().get("content-length").is_none());
-        assert!(matches!(local_reply(SuppressReason::RetryBudget, Some(FailureReply::Reset), false), Err(ProxyError::SuppressedReset)));
-    }
-
-    #[tokio::test]
-    async fn local_grpc_reply_has_pushback_trailers() {
-        let r = local_reply(SuppressReason::Decision(crate::decide::Reason::OverBudget), None, true).expect("reply");
-        assert_eq!(r.status(), StatusCode::OK);
-        let body = r.into_body().collect().await.expect("body");
-        let t = body.trailers().cloned().expect("trailers");
-        assert_eq!(t.get("grpc-status").map(|v| v.as_bytes()), Some(&b"14"[..]));
-        assert_eq!(t.get("grpc-retry-pushback-ms").map(|v| v.as_bytes()), Some(&b"-1"[..]));
     }
 
     #[test]

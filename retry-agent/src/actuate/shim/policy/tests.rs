@@ -1,4 +1,5 @@
 use std::net::Ipv4Addr;
+use http::HeaderValue;
 
 use super::*;
 
@@ -10,17 +11,13 @@ fn key(target: &str) -> RequestKey {
         authority: "svc".into(),
         target: target.into(),
         request_id: None,
+        body: None,
+        credential: 0,
     }
 }
 
 fn bad_gateway() -> FailureReply {
-    FailureReply::Response {
-        status: http::StatusCode::BAD_GATEWAY,
-        headers: HeaderMap::new(),
-        body: Bytes::from_static(b"down"),
-        grpc_status: None,
-        grpc_message: None,
-    }
+    FailureReply::Response { status: http::StatusCode::BAD_GATEWAY, grpc_status: None }
 }
 
 #[test]
@@ -221,4 +218,55 @@ fn quiet_traffic_before_a_fault_does_not_bank_the_budget() {
     }
     // About 10% of the fault's requests plus what the last ~10 s deposited, not a minute's worth.
     assert!((10..=30).contains(&forwarded), "{forwarded} of 100 retries forwarded");
+}
+
+/// Another message to a gRPC method whose last call failed, or the same one from another
+/// user, is a first attempt: forwarded, never answered with the other call's failure.
+#[test]
+fn a_different_body_or_caller_credential_is_not_a_retry() {
+    let mut t = Tracker::new(PolicyConfig::default());
+    let now = Instant::now();
+    let mut body = BodyDigest::default();
+    body.feed(b"\x00\x00\x00\x00\x05hello");
+    let mut h = HeaderMap::new();
+    h.insert("authorization", http::HeaderValue::from_static("Bearer alice"));
+    let alice = RequestKey { method: http::Method::POST, body: body.finish(), credential: credential_digest(&h), ..key("/pkg.Svc/Call") };
+    t.on_request(&alice, false, Some(Reason::CalleeUnclaimed), now);
+    t.on_outcome(&alice, Some((bad_gateway(), Claim::Missing)), now);
+    let later = now + Duration::from_millis(5);
+    // Alice again, same message: a retry, answered.
+    assert!(matches!(t.on_request(&alice, false, Some(Reason::CalleeUnclaimed), later), Verdict::Answer { .. }));
+    // Another message to the same method.
+    let mut other_body = BodyDigest::default();
+    other_body.feed(b"\x00\x00\x00\x00\x05world");
+    let other = RequestKey { body: other_body.finish(), ..alice.clone() };
+    assert_eq!(t.on_request(&other, false, Some(Reason::CalleeUnclaimed), later), Verdict::Forward { retry: false });
+    // Bob, same message, his own token (and metadata the shim has never heard of).
+    let mut hb = HeaderMap::new();
+    hb.insert("authorization", http::HeaderValue::from_static("Bearer bob"));
+    let bob = RequestKey { credential: credential_digest(&hb), ..alice.clone() };
+    assert_eq!(t.on_request(&bob, false, Some(Reason::CalleeUnclaimed), later), Verdict::Forward { retry: false });
+    let mut hm = HeaderMap::new();
+    hm.insert("x-auth-token", http::HeaderValue::from_static("t1"));
+    let meta = RequestKey { credential: credential_digest(&hm), ..alice.clone() };
+    assert_ne!(meta.credential, alice.credential);
+    assert_eq!(t.on_request(&meta, false, Some(Reason::CalleeUnclaimed), later), Verdict::Forward { retry: false });
+}
+
+#[test]
+fn credentials_are_recognised_and_digested_not_kept() {
+    for n in ["authorization", "cookie", "x-api-key", "x-auth-token", "x-session-id", "proxy-authorization"] {
+        assert!(is_credential(&HeaderName::from_static(n)), "{n}");
+    }
+    for n in ["content-type", "grpc-timeout", "traceparent", "x-envoy-attempt-count", "user-agent"] {
+        assert!(!is_credential(&HeaderName::from_static(n)), "{n}");
+    }
+    assert_eq!(credential_digest(&HeaderMap::new()), 0);
+    let mut h = HeaderMap::new();
+    h.insert("grpc-timeout", http::HeaderValue::from_static("99m"));
+    assert_eq!(credential_digest(&h), 0, "per-attempt headers do not change the key");
+    let mut d = BodyDigest::default();
+    assert!(d.feed(&[1; 100]));
+    assert!(!d.feed(&vec![2; BODY_DIGEST_LIMIT]), "stops at the limit");
+    assert_eq!(BodyDigest::default().finish(), None);
 }

@@ -1,0 +1,498 @@
+//! HTTP/2 redaction: frame headers kept, DATA digested, header blocks judged field by field on
+//! the *decoded* name (HPACK: Huffman-coded names and values, dynamic-table references), with
+//! the same allow-list as HTTP/1.
+//!
+//! The redactor runs its own HPACK decoder per connection and direction (loona-hpack, as l7
+//! does), so a name sent as a Huffman literal or as a dynamic-table index is known. A header
+//! block that does not arrive whole in one record is masked whole, but still fed to the decoder
+//! once complete, so the table stays in step. When the table cannot be trusted (a block decoded
+//! with an error, uncaptured bytes inside a block, capture started mid-connection), fields whose
+//! name comes from the dynamic table are masked: what cannot be classified is not kept.
+use std::{borrow::Cow, sync::OnceLock};
+
+use loona_hpack::{Decoder, huffman::HuffmanDecoder};
+
+use super::{Redacted, mask_query};
+
+pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Largest header block held to keep the decoder in step (beyond it the table is given up).
+const MAX_HELD: usize = 64 * 1024;
+
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const PRIORITY: u8 = 0x2;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const PUSH_PROMISE: u8 = 0x5;
+const PING: u8 = 0x6;
+const GOAWAY: u8 = 0x7;
+const WINDOW_UPDATE: u8 = 0x8;
+const CONTINUATION: u8 = 0x9;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIO: u8 = 0x20;
+
+/// Per connection and direction HTTP/2 state.
+pub(super) struct H2 {
+    preface_left: usize,
+    hdr: [u8; 9],
+    have: usize,
+    /// Payload bytes of the current frame still to come.
+    left: u32,
+    len: u32,
+    kind: u8,
+    flags: u8,
+    /// The current frame's payload starts in the record being redacted.
+    fresh: bool,
+    /// A header block continues in CONTINUATION frames.
+    continuing: bool,
+    /// Payload of the current header-block frame, when held (not whole in one record).
+    frame: Vec<u8>,
+    /// Fragments of the current header block, when held.
+    held: Vec<u8>,
+    holding: bool,
+    decoder: Decoder<'static>,
+    /// The decoder's dynamic table is in step with the sender's.
+    hpack_ok: bool,
+}
+
+/// What a frame header says about the frame.
+pub(super) enum FrameCheck {
+    Ok,
+    /// Not a frame a peer could send here: the stream is out of sync.
+    Bad,
+}
+
+impl H2 {
+    /// `preface`: the connection preface is expected first. `hpack_ok`: the decoder starts in
+    /// step (a connection seen from its start).
+    pub(super) fn new(preface: bool, hpack_ok: bool) -> Self {
+        let mut decoder = Decoder::new();
+        // Peers may announce a larger table than the default; the decoder must not refuse it.
+        decoder.set_max_allowed_table_size(1 << 20);
+        H2 {
+            preface_left: if preface { PREFACE.len() } else { 0 },
+            hdr: [0; 9],
+            have: 0,
+            left: 0,
+            len: 0,
+            kind: 0,
+            flags: 0,
+            fresh: false,
+            continuing: false,
+            frame: Vec::new(),
+            held: Vec::new(),
+            holding: false,
+            decoder,
+            hpack_ok,
+        }
+    }
+
+    /// Bytes moved but not captured: returns false when the framing is lost.
+    pub(super) fn skip(&mut self, n: u64) -> bool {
+        if self.have != 0 || u64::from(self.left) < n || self.preface_left > 0 {
+            return false;
+        }
+        if matches!(self.kind, HEADERS | CONTINUATION | PUSH_PROMISE) {
+            // Part of a header block is gone: the table can no longer be followed.
+            self.hpack_ok = false;
+            self.holding = false;
+            self.held.clear();
+            self.frame.clear();
+        }
+        self.left -= n as u32;
+        self.fresh = false;
+        true
+    }
+
+    /// Redact `b[i..]`; returns `None` when the bytes are not HTTP/2 framing (out of sync).
+    pub(super) fn bytes(&mut self, b: &mut [u8], mut i: usize, red: &mut Redacted, body: &mut Vec<(usize, usize)>) -> Option<usize> {
+        let n = b.len();
+        if i == 0 {
+            self.fresh = false;
+        }
+        while i < n {
+            if self.preface_left > 0 {
+                let at = PREFACE.len() - self.preface_left;
+                let take = self.preface_left.min(n - i);
+                if b.get(i..i + take) != PREFACE.get(at..at + take) {
+                    return None;
+                }
+                self.preface_left -= take;
+                i += take;
+                continue;
+            }
+            if self.left == 0 && self.have < 9 {
+                if let (Some(slot), Some(&c)) = (self.hdr.get_mut(self.have), b.get(i)) {
+                    *slot = c;
+                }
+                self.have += 1;
+                i += 1;
+                if self.have == 9 {
+                    self.have = 0;
+                    if let FrameCheck::Bad = self.start_frame() {
+                        return None;
+                    }
+                    if self.len == 0 {
+                        self.end_frame();
+                    }
+                }
+                continue;
+            }
+            let take = (self.left as usize).min(n - i);
+            let whole = self.fresh && take == self.len as usize;
+            let (from, to) = (i, i + take);
+            match self.kind {
+                DATA => body.push((from, to)),
+                HEADERS | PUSH_PROMISE if whole && !self.continuing && !self.holding => {
+                    if let Some(p) = b.get_mut(from..to) {
+                        self.mask_block(p, red);
+                    }
+                }
+                HEADERS | PUSH_PROMISE | CONTINUATION => {
+                    // Not whole here: held for the decoder, and none of it is kept.
+                    self.holding = true;
+                    if let Some(p) = b.get(from..to)
+                        && self.frame.len() + p.len() <= MAX_HELD
+                    {
+                        self.frame.extend_from_slice(p);
+                    } else {
+                        self.hpack_ok = false;
+                    }
+                    red.headers += 1;
+                    if let Some(p) = b.get_mut(from..to) {
+                        p.fill(b'*');
+                    }
+                }
+                GOAWAY => {
+                    // Last stream id and error code kept; the debug data is free text.
+                    let done = (self.len - self.left) as usize;
+                    let keep = 8usize.saturating_sub(done).min(take);
+                    if from + keep < to {
+                        body.push((from + keep, to));
+                    }
+                }
+                PRIORITY | RST_STREAM | SETTINGS | PING | WINDOW_UPDATE => {}
+                // Extension frames: their payload means nothing to us.
+                _ => body.push((from, to)),
+            }
+            i = to;
+            self.left -= take as u32;
+            if self.left == 0 {
+                self.end_frame();
+            }
+        }
+        Some(i)
+    }
+
+    fn start_frame(&mut self) -> FrameCheck {
+        let h = self.hdr;
+        self.len = u32::from_be_bytes([0, h[0], h[1], h[2]]);
+        self.kind = h[3];
+        self.flags = h[4];
+        self.left = self.len;
+        self.fresh = true;
+        let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+        if !frame_plausible(self.kind, self.flags, self.len, stream) || (self.continuing && self.kind != CONTINUATION) {
+            return FrameCheck::Bad;
+        }
+        if matches!(self.kind, HEADERS | PUSH_PROMISE) {
+            self.continuing = self.flags & END_HEADERS == 0;
+        }
+        FrameCheck::Ok
+    }
+
+    /// The current frame is complete: a held header-block frame joins its block, and a complete
+    /// held block goes through the decoder so the table follows the sender.
+    fn end_frame(&mut self) {
+        if self.kind == CONTINUATION && self.flags & END_HEADERS != 0 {
+            self.continuing = false;
+        }
+        if !self.holding || !matches!(self.kind, HEADERS | PUSH_PROMISE | CONTINUATION) {
+            return;
+        }
+        let frame = std::mem::take(&mut self.frame);
+        if let Some(frag) = fragment(&frame, self.kind, self.flags) {
+            if self.held.len() + frag.len() <= MAX_HELD {
+                self.held.extend_from_slice(frag);
+            } else {
+                self.hpack_ok = false;
+            }
+        } else {
+            self.hpack_ok = false;
+        }
+        self.frame = frame;
+        self.frame.clear();
+        if !self.continuing {
+            if self.hpack_ok && self.decoder.decode_with_cb(&self.held, |_, _| {}).is_err() {
+                self.hpack_ok = false;
+            }
+            self.held.clear();
+            self.holding = false;
+        }
+    }
+
+    /// Mask one whole header-block frame payload in place.
+    fn mask_block(&mut self, payload: &mut [u8], red: &mut Redacted) {
+        let (from, to) = match fragment_bounds(payload, self.kind, self.flags) {
+            Some(r) => r,
+            None => {
+                red.headers += 1;
+                payload.fill(b'*');
+                return;
+            }
+        };
+        let Some(block) = payload.get_mut(from..to) else { return };
+        let decoded = if self.hpack_ok {
+            let mut names: Vec<Vec<u8>> = Vec::new();
+            match self.decoder.decode_with_cb(block, |n: Cow<'_, [u8]>, _v: Cow<'_, [u8]>| names.push(n.into_owned())) {
+                Ok(()) => Some(names),
+                Err(_) => {
+                    self.hpack_ok = false;
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        mask_fields(block, decoded.as_deref(), red);
+    }
+}
+
+/// Whether a frame header could come from a peer (RFC 9113 §6): a known type with only its
+/// defined flags, its stream rules and its fixed length. A misread after lost bytes rarely
+/// passes (a frame header is kept as it is, so a misread one would keep 9 bytes of body).
+fn frame_plausible(kind: u8, flags: u8, len: u32, stream: u32) -> bool {
+    let defined = match kind {
+        DATA => 0x1 | PADDED,
+        HEADERS => 0x1 | END_HEADERS | PADDED | PRIO,
+        SETTINGS | PING => 0x1,
+        PUSH_PROMISE => END_HEADERS | PADDED,
+        CONTINUATION => END_HEADERS,
+        PRIORITY | RST_STREAM | GOAWAY | WINDOW_UPDATE => 0,
+        _ => 0xff,
+    };
+    if flags & !defined != 0 {
+        return false;
+    }
+    match kind {
+        DATA | HEADERS | CONTINUATION | PUSH_PROMISE => stream != 0,
+        PRIORITY => stream != 0 && len == 5,
+        RST_STREAM => stream != 0 && len == 4,
+        SETTINGS => stream == 0 && len.is_multiple_of(6),
+        PING => stream == 0 && len == 8,
+        GOAWAY => stream == 0 && len >= 8,
+        WINDOW_UPDATE => len == 4,
+        // ALTSVC, ORIGIN, PRIORITY_UPDATE: payload masked.
+        0xa | 0xc | 0x10 => true,
+        _ => false,
+    }
+}
+
+/// Whether `b` is a run of whole HTTP/2 frames (a record that can resynchronise a lost stream):
+/// every header plausible, on a plausible stream, and the frames fill `b` exactly.
+pub(super) fn starts_with_frames(b: &[u8]) -> bool {
+    let mut off = 0usize;
+    let mut frames = 0;
+    while let Some(h) = b.get(off..off + 9) {
+        let len = u32::from_be_bytes([0, h[0], h[1], h[2]]);
+        let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+        if !frame_plausible(h[3], h[4], len, stream) || h[3] == CONTINUATION || stream >= 1 << 24 {
+            return false;
+        }
+        frames += 1;
+        off += 9 + len as usize;
+    }
+    frames > 0 && off == b.len()
+}
+
+/// Header-block fragment bounds inside a HEADERS / PUSH_PROMISE / CONTINUATION payload.
+fn fragment_bounds(p: &[u8], kind: u8, flags: u8) -> Option<(usize, usize)> {
+    let mut from = 0usize;
+    let mut to = p.len();
+    if kind != CONTINUATION && flags & PADDED != 0 {
+        let pad = usize::from(*p.first()?);
+        from = 1;
+        to = to.checked_sub(pad)?;
+    }
+    if kind == HEADERS && flags & PRIO != 0 {
+        from += 5;
+    }
+    if kind == PUSH_PROMISE {
+        from += 4;
+    }
+    (from <= to).then_some((from, to))
+}
+
+fn fragment(p: &[u8], kind: u8, flags: u8) -> Option<&[u8]> {
+    let (from, to) = fragment_bounds(p, kind, flags)?;
+    p.get(from..to)
+}
+
+/// HPACK integer (RFC 7541 §5.1) at `at` with an `prefix`-bit prefix: (value, next index).
+pub(super) fn hpack_int(b: &[u8], at: usize, prefix: u8) -> Option<(u64, usize)> {
+    let max = (1u64 << prefix) - 1;
+    let first = u64::from(*b.get(at)?) & max;
+    if first < max {
+        return Some((first, at + 1));
+    }
+    let mut v = max;
+    let mut shift = 0u32;
+    let mut p = at + 1;
+    loop {
+        let c = *b.get(p)?;
+        v = v.checked_add(u64::from(c & 0x7f).checked_shl(shift)?)?;
+        p += 1;
+        if c & 0x80 == 0 {
+            return Some((v, p));
+        }
+        shift += 7;
+        if shift > 56 {
+            return None;
+        }
+    }
+}
+
+/// A string literal at `at`: (huffman, bytes start, bytes end).
+pub(super) fn hpack_str(b: &[u8], at: usize) -> Option<(bool, usize, usize)> {
+    let huff = *b.get(at)? & 0x80 != 0;
+    let (len, start) = hpack_int(b, at, 7)?;
+    let end = start.checked_add(usize::try_from(len).ok()?)?;
+    (end <= b.len()).then_some((huff, start, end))
+}
+
+/// Names of the static table (RFC 7541 Appendix A), read from the decoder itself.
+fn static_name(idx: u64) -> Option<&'static [u8]> {
+    static NAMES: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        (1u8..=61)
+            .map(|i| {
+                let mut d = Decoder::new();
+                let mut name = Vec::new();
+                let _ = d.decode_with_cb(&[0x80 | i], |n: Cow<'_, [u8]>, _v: Cow<'_, [u8]>| name = n.into_owned());
+                name
+            })
+            .collect()
+    });
+    let i = usize::try_from(idx).ok()?.checked_sub(1)?;
+    names.get(i).map(Vec::as_slice)
+}
+
+/// The name a literal field carries: indexed (static only when the decoder is not trusted) or
+/// a literal string (Huffman-decoded).
+fn literal_name(b: &[u8], huff: bool, from: usize, to: usize) -> Option<Vec<u8>> {
+    let raw = b.get(from..to)?;
+    if huff { huffman_decode(raw) } else { Some(raw.to_vec()) }
+}
+
+/// Huffman-decode with one decoder per thread (building one builds its code map).
+fn huffman_decode(raw: &[u8]) -> Option<Vec<u8>> {
+    thread_local! {
+        static HUFFMAN: std::cell::RefCell<HuffmanDecoder> = std::cell::RefCell::new(HuffmanDecoder::new());
+    }
+    HUFFMAN.with(|h| h.try_borrow_mut().ok().and_then(|mut h| h.decode(raw).ok()))
+}
+
+/// Walk the fields of a whole header block, masking every literal value whose name is not on
+/// the allow-list. `decoded`: the names in order, when the decoder read the block in step.
+fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
+    let mut p = 0usize;
+    let mut field = 0usize;
+    let n = b.len();
+    while p < n {
+        let Some(&c) = b.get(p) else { return };
+        if c & 0x80 != 0 {
+            // Indexed field: no literal bytes here (a dynamic entry was masked when it was sent).
+            match hpack_int(b, p, 7) {
+                Some((_, np)) => p = np,
+                None => return mask_rest(b, p, red),
+            }
+            field += 1;
+            continue;
+        }
+        if c & 0xe0 == 0x20 {
+            // Dynamic table size update: not a field.
+            match hpack_int(b, p, 5) {
+                Some((_, np)) => p = np,
+                None => return mask_rest(b, p, red),
+            }
+            continue;
+        }
+        let prefix = if c & 0x40 != 0 { 6 } else { 4 };
+        let Some((idx, np)) = hpack_int(b, p, prefix) else { return mask_rest(b, p, red) };
+        p = np;
+        let from_decoder = decoded.and_then(|d| d.get(field));
+        let mut literal = None;
+        if idx == 0 {
+            let Some((huff, s, e)) = hpack_str(b, p) else { return mask_rest(b, p, red) };
+            p = e;
+            literal = Some((huff, s, e));
+        }
+        let name = match (from_decoder, literal) {
+            (Some(d), _) => Some(d.clone()),
+            (None, Some((huff, s, e))) => literal_name(b, huff, s, e),
+            (None, None) => static_name(idx).map(<[u8]>::to_vec),
+        };
+        let Some((huff, s, e)) = hpack_str(b, p) else { return mask_rest(b, p, red) };
+        let lead = p;
+        p = e;
+        field += 1;
+        let name = name.as_deref().unwrap_or_default();
+        if name == b":path" {
+            mask_path(b, lead, huff, s, e, red);
+        } else if !super::keep_value(name) {
+            red.headers += 1;
+            // Plain (not Huffman) so the masked value still decodes, in no more octets.
+            if let Some(l) = b.get_mut(lead) {
+                *l &= 0x7f;
+            }
+            if let Some(v) = b.get_mut(s..e) {
+                v.fill(b'*');
+            }
+        }
+    }
+}
+
+/// `:path` keeps the path and loses the query. A Huffman-coded value is rewritten plain when
+/// the path and `?` fit in its octets; otherwise it is masked whole.
+fn mask_path(b: &mut [u8], lead: usize, huff: bool, s: usize, e: usize, red: &mut Redacted) {
+    if !huff {
+        if let Some(v) = b.get_mut(s..e)
+            && mask_query(v)
+        {
+            red.headers += 1;
+        }
+        return;
+    }
+    let decoded = b.get(s..e).and_then(huffman_decode);
+    let Some(decoded) = decoded else {
+        red.headers += 1;
+        if let Some(l) = b.get_mut(lead) {
+            *l &= 0x7f;
+        }
+        if let Some(v) = b.get_mut(s..e) {
+            v.fill(b'*');
+        }
+        return;
+    };
+    let Some(q) = decoded.iter().position(|&c| c == b'?') else { return };
+    red.headers += 1;
+    if let Some(l) = b.get_mut(lead) {
+        *l &= 0x7f;
+    }
+    if let Some(v) = b.get_mut(s..e) {
+        let keep = decoded.get(..=q).filter(|k| k.len() <= v.len()).unwrap_or_default();
+        v.fill(b'*');
+        if let Some(dst) = v.get_mut(..keep.len()) {
+            dst.copy_from_slice(keep);
+        }
+    }
+}
+
+/// A block that stopped parsing: nothing after `p` is kept.
+fn mask_rest(b: &mut [u8], p: usize, red: &mut Redacted) {
+    red.headers += 1;
+    if let Some(r) = b.get_mut(p..) {
+        r.fill(0);
+    }
+}
