@@ -64,7 +64,7 @@ pub struct RecorderConfig {
     pub auto_after_secs: u64,
     /// The node's secret key for the query and body digests in exchanges and dumps (created
     /// 0600 at first start): without it, a dump's digests of short secrets cannot be brute-forced.
-    #[arg(long = "digest-key-file", env = "RETRY_AGENT_DIGEST_KEY_FILE", default_value = "/var/lib/retry-agent/digest.key")]
+    #[arg(long = "recorder-digest-key-file", alias = "digest-key-file", env = "RETRY_AGENT_RECORDER_DIGEST_KEY_FILE", default_value = "/var/lib/retry-agent/digest.key")]
     #[serde(default = "default_key_file")]
     pub digest_key_file: PathBuf,
 }
