@@ -172,3 +172,51 @@ async fn event_loop_overlap_is_missing_not_guessed() {
     // B still owns its own errors.
     assert!(d.verdicts.iter().filter(|v| v.service.as_str() == "svc-b").all(|v| v.claim == Claim::Claimed));
 }
+
+/// The same event loop forwarding each request's `traceparent` to its call: the trace id ties
+/// every failed call to its request, so every verdict is sound (unclaimed, B's call the cause)
+/// instead of missing, with timing links off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_loop_forwarding_traceparent_gets_verdicts() {
+    if !can_run() {
+        return;
+    }
+    let node_ok = std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !node_ok {
+        eprintln!("skip: node not available");
+        return;
+    }
+    let Some(mut cap) = load() else { return };
+    let (b, pb) = python_server("chain_service_b.py", &[]);
+    let (n, pn) = serve(node, "event_loop_server.js", &[&pb.to_string()], Ready::Listening);
+    let mut args = vec![pn.to_string()];
+    args.extend((1..=6).map(|i| format!("/chain/{i}")));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = python("parallel_client.py", &args);
+    cmd.env("SEND_TRACEPARENT", "1").stdout(Stdio::piped());
+    let client = Proc::spawn(&mut cmd);
+    let (events, _) = capture_while(&mut cap, client, &[n.pid(), b.pid()]).await;
+
+    let mut cfg = CorrelateConfig::default();
+    cfg.at_least_once = false;
+    // Timing links off: the trace id alone must link.
+    cfg.timing_link_ms = 0;
+    cfg.service_names.push(format!("pid:{}=loop", n.pid()).parse().expect("override"));
+    cfg.service_names.push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
+    let d = derive(&events, cfg);
+    let mine: Vec<_> = d.verdicts.iter().filter(|v| v.service.as_str() == "loop").collect();
+    for v in &mine {
+        eprintln!("{v:?}");
+    }
+    assert_eq!(mine.len(), 6, "every failed request judged");
+    assert!(
+        mine.iter().all(|v| v.claim == Claim::Unclaimed && v.caused_by.len() == 1 && v.caused_by[0].callee.as_str() == "svc-b"),
+        "{mine:?}"
+    );
+    // Each verdict names its own call: six different causes.
+    let mut causes: Vec<_> = mine.iter().map(|v| v.caused_by[0].exchange).collect();
+    causes.sort_unstable();
+    causes.dedup();
+    assert_eq!(causes.len(), 6, "{mine:?}");
+    assert_eq!(d.engine.stats().trace_links, 6, "{:?}", d.engine.stats());
+}

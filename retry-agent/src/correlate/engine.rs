@@ -86,8 +86,8 @@ struct ProcState {
     failures: VecDeque<(Child, u64)>,
     /// Recent inbound responses of the process: (first response byte written, exchange).
     responses: VecDeque<(u64, ExchangeId)>,
-    /// Recent inbound requests of the process: (start, end, exchange).
-    inbound: VecDeque<(u64, u64, ExchangeId)>,
+    /// Recent inbound requests of the process: (start, end, exchange, propagated trace id).
+    inbound: VecDeque<(u64, u64, ExchangeId, Option<u64>)>,
     /// End of the newest failure evicted from `failures`: spans older than this are not covered.
     failures_lost_until: u64,
 }
@@ -104,6 +104,8 @@ struct Child {
     claim_header: Option<Claim>,
     retry: bool,
     idempotent: bool,
+    /// Propagated trace id: the inbound request of the process carrying it made this call.
+    trace: Option<u64>,
 }
 
 #[derive(Clone, Copy)]
@@ -226,6 +228,8 @@ struct Pending {
     /// First response byte written (for linking by timing).
     resp_start: Option<u64>,
     req_end: u64,
+    /// Propagated trace id the request carried.
+    trace: Option<u64>,
 }
 
 #[derive(Clone, Copy)]

@@ -227,4 +227,7 @@ pub struct EngineStats {
     /// Failed inbound exchanges thread context could not link, linked as the only request the
     /// process was serving at the time.
     pub sole_links: u64,
+    /// Failed inbound exchanges thread context could not link, linked by the trace id the
+    /// process forwarded from the request to its calls.
+    pub trace_links: u64,
 }

@@ -190,6 +190,10 @@ pub struct Exchange {
     pub idempotent: bool,
     pub idempotency_key: bool,
     pub retry_markers: RetryMarkers,
+    /// Hash of the propagated trace id (`traceparent`, `b3`, `x-b3-traceid`, `uber-trace-id`,
+    /// else `x-request-id`): ties an outbound call to the inbound request that forwarded it.
+    #[serde(default)]
+    pub trace_id: Option<u64>,
     /// Retry-After or grpc-retry-pushback-ms seen on the response.
     pub retry_after: bool,
     /// The error-claim header on the response, if any.

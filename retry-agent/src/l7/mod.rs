@@ -10,6 +10,7 @@ pub mod exchange;
 mod http1;
 mod http2;
 mod msg;
+mod trace;
 mod util;
 
 use std::num::NonZeroUsize;

@@ -2,6 +2,7 @@
 use super::{
     classify::Signals,
     exchange::{Claim, ERROR_CLAIM_HEADER, Method, RetryMarkers},
+    trace::{TraceSource, trace_of_header},
     util::{MAX_AUTHORITY, MAX_PATH, bounded_string, parse_u32},
 };
 
@@ -28,6 +29,8 @@ pub(crate) struct ReqInfo {
     pub query_hash: Option<u64>,
     pub idempotency_key: bool,
     pub markers: RetryMarkers,
+    /// Hash of the propagated trace id, and the header it came from (the best source wins).
+    pub trace: Option<(TraceSource, u64)>,
     /// Head cut short or decoder out of sync: fields may be missing.
     pub unknown: bool,
 }
@@ -76,6 +79,10 @@ pub(crate) fn apply_request_header(req: &mut ReqInfo, name: &[u8], value: &[u8])
         && let Some(v) = parse_u32(value)
     {
         req.markers.retry_attempt = Some(v);
+    } else if let Some(t) = trace_of_header(n, value)
+        && req.trace.is_none_or(|(src, _)| t.0 < src)
+    {
+        req.trace = Some(t);
     }
 }
 

@@ -718,3 +718,26 @@ fn tls_plaintext_is_parsed_and_ciphertext_ignored() {
     let got: Vec<_> = ex.iter().map(|e| (e.path.clone(), e.status, e.unknown)).collect();
     assert_eq!(got, vec![(Some("/secure".into()), Some(503), false)]);
 }
+
+#[test]
+fn propagated_trace_id_is_read_best_source_first() {
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    // x-request-id first, traceparent later: traceparent wins whatever the order.
+    let r1 = format!("GET /a HTTP/1.1\r\nHost: h\r\nX-Request-Id: req-1\r\ntraceparent: {tp}\r\n\r\n");
+    let r2 = "GET /b HTTP/1.1\r\nHost: h\r\nX-B3-TraceId: 4bf92f3577b34da6a3ce929d0e0e4736\r\n\r\n";
+    let r3 = "GET /c HTTP/1.1\r\nHost: h\r\ntraceparent: 00-bogus\r\n\r\n";
+    let r4 = "GET /d HTTP/1.1\r\nHost: h\r\nx-request-id: req-1\r\n\r\n";
+    let ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+    let mut ev = vec![conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 })];
+    for (i, r) in [r1.as_str(), r2, r3, r4].iter().enumerate() {
+        let t = 10 + 10 * i as u64;
+        ev.push(data(3, Role::Client, OUT, t, r.as_bytes()));
+        ev.push(data(3, Role::Client, IN, t + 5, ok.as_bytes()));
+    }
+    let ex = run_split_invariant(&ev);
+    assert_eq!(ex.len(), 4);
+    assert!(ex[0].trace_id.is_some());
+    assert_eq!(ex[1].trace_id, ex[0].trace_id, "same trace id, other header");
+    assert_eq!(ex[2].trace_id, None, "malformed traceparent ignored");
+    assert!(ex[3].trace_id.is_some() && ex[3].trace_id != ex[0].trace_id);
+}

@@ -400,3 +400,28 @@ fn concurrent_streams_are_bounded_and_counted_as_evictions() {
     assert_eq!(given_up, vec![(Some(1), true), (Some(3), true)]);
     assert_eq!((r.stats().evictions_inflight, r.stats().evictions()), (2, 2));
 }
+
+#[test]
+fn propagated_trace_id_is_read_from_hpack_headers() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let mut h1 = req_headers("/svc/A");
+    h1.push(("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()));
+    let mut h3 = req_headers("/svc/A");
+    h3.push(("b3", "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1".into()));
+    let mut h5 = req_headers("/svc/A");
+    h5.push(("uber-trace-id", "not-an-id".into()));
+    let mut out = Vec::new();
+    for (sid, h) in [(1, &h1), (3, &h3), (5, &h5)] {
+        out.extend(c.headers(sid, true, &hs(h)));
+    }
+    let mut inb = Vec::new();
+    for sid in [1, 3, 5] {
+        inb.extend(s.headers(sid, true, &[(":status", "200")]));
+    }
+    let ex = run_split_invariant(&client_conn(3, vec![(OUT, out), (IN, inb)]));
+    assert_eq!(ex.len(), 3);
+    let by = |sid| ex.iter().find(|e| e.stream_id == Some(sid)).and_then(|e| e.trace_id);
+    assert!(by(1).is_some());
+    assert_eq!(by(3), by(1));
+    assert_eq!(by(5), None);
+}

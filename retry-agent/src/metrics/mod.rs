@@ -269,6 +269,7 @@ impl Metrics {
         set_counter(&self.correlate_evictions, s.evictions);
         set_counter(&self.links.get_or_create(&LinkLabels { method: "timing" }), s.timing_links);
         set_counter(&self.links.get_or_create(&LinkLabels { method: "sole_inbound" }), s.sole_links);
+        set_counter(&self.links.get_or_create(&LinkLabels { method: "trace_header" }), s.trace_links);
     }
 
     /// Decisions as they are issued, and the number in force.

@@ -45,6 +45,7 @@ fn names_units_and_overflow_label() {
     s.verdicts.add(crate::l7::Claim::Unclaimed);
     s.timeout_mismatches = 3;
     s.sole_links = 4;
+    s.trace_links = 5;
     m.observe_engine(&s);
     m.observe_capture(1000, 7);
     m.observe_tls(2);
@@ -58,6 +59,7 @@ fn names_units_and_overflow_label() {
     assert!(text.contains("retry_agent_timeout_mismatch_total 3"), "{text}");
     assert!(text.contains("retry_agent_capture_drops_total 7"), "{text}");
     assert!(text.contains(r#"retry_agent_correlate_links_total{method="sole_inbound"} 4"#), "{text}");
+    assert!(text.contains(r#"retry_agent_correlate_links_total{method="trace_header"} 5"#), "{text}");
     assert!(text.contains("retry_agent_tls_libraries 2"), "{text}");
     assert!(text.contains("retry_agent_go_programs 3"), "{text}");
     assert!(text.contains("retry_agent_go_programs_failed 1"), "{text}");

@@ -51,6 +51,7 @@ impl ExchangeBuilder {
             idempotent: true,
             idempotency_key: false,
             retry_markers: RetryMarkers::default(),
+            trace_id: None,
             retry_after: false,
             claim_header: None,
             body_hash: None,
@@ -148,6 +149,12 @@ impl ExchangeBuilder {
 
     pub fn query_hash(mut self, h: u64) -> Self {
         self.0.query_hash = Some(h);
+        self
+    }
+
+    /// The propagated trace id (its hash, as l7 keeps it).
+    pub fn trace_id(mut self, h: u64) -> Self {
+        self.0.trace_id = Some(h);
         self
     }
 

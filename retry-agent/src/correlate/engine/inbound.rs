@@ -45,7 +45,7 @@ impl Engine {
             if p.inbound.len() >= FAILURES_PER_PROCESS {
                 p.inbound.pop_front();
             }
-            p.inbound.push_back((window.start, window.end, ex.id));
+            p.inbound.push_back((window.start, window.end, ex.id, ex.trace_id));
         }
         // A failed response whose timing was lost (l7 saw the connection end before the
         // response completed): the span of the request is unknown, so is its context.
@@ -90,6 +90,7 @@ impl Engine {
                 orphan_failed,
                 resp_start: ex.response_start_ns,
                 req_end: ex.request_end_ns,
+                trace: ex.trace_id,
             });
         } else if self.cfg.failure_memory && !cross_thread {
             // A success despite failed children: evidence those dependencies are fail-open. A

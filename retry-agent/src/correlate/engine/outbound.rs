@@ -95,6 +95,7 @@ impl Engine {
             claim_header: ex.claim_header,
             retry,
             idempotent: ex.idempotent || ex.idempotency_key,
+            trace: ex.trace_id,
         };
         if failed {
             let p = self.procs.entry(ex.pid).or_default();

@@ -935,3 +935,107 @@ fn claims_reach_the_edge_through_a_proxy_and_count_once() {
     let claims = w.edge("b", "c").callee_claims;
     assert_eq!((claims.unclaimed, claims.claimed, claims.missing), (7, 0, 0), "{claims:?}");
 }
+
+// ---- propagated trace context -------------------------------------------------------------
+
+/// An event loop (overlapping requests on one thread) whose calls carry the trace id of the
+/// request they serve: each failed request gets its own calls, whatever the interleaving.
+#[test]
+fn trace_id_links_calls_on_an_event_loop() {
+    let t = 1_000 * MS;
+    let run = |traced: bool| {
+        let mut c = cfg();
+        c.at_least_once = false;
+        c.timing_link_ms = 0;
+        let mut w = World::with(c);
+        let tr = |x: X, id: u64| if traced { x.trace_id(id) } else { x };
+        // r1 [t, t+10 ms] trace 1 calls a failing dependency; r2 [t+1, t+11 ms] trace 2 calls
+        // it successfully and fails on its own; both on thread 200.
+        let call = |id: u64, from: u64, status: u16, trace: u64| {
+            tr(X::client(id, B, 200, eph(B, 7000 + id as u16), addr("203.0.113.9:443"), t + from * MS, t + (from + 2) * MS), trace)
+                .route(&format!("/{id}"))
+                .status(status)
+                .build()
+        };
+        let req = |id: u64, from: u64, trace: u64| {
+            tr(X::server(id, B, 200, svc(B), addr(&format!("192.168.1.1:{}", 100 + id)), t + from * MS, t + (from + 10) * MS), trace)
+                .status(502)
+                .build()
+        };
+        w.push(call(1, 2, 503, 1));
+        w.push(call(2, 3, 200, 2));
+        w.push(req(3, 0, 1));
+        w.push(req(4, 1, 2));
+        let (v1, v2) = (w.verdict(3), w.verdict(4));
+        (v1, v2, w.e.stats().trace_links)
+    };
+    let (v1, v2, links) = run(true);
+    assert_eq!(v1.claim, Claim::Unclaimed, "{v1:?}");
+    assert_eq!(v1.caused_by.iter().map(|c| c.exchange).collect::<Vec<_>>(), vec![ExchangeId(1)]);
+    assert_eq!(v2.claim, Claim::Claimed, "{v2:?}");
+    assert_eq!(links, 2);
+    // Without the header the same traffic cannot be placed.
+    let (v1, v2, links) = run(false);
+    assert_eq!((v1.claim, v2.claim, links), (Claim::Missing, Claim::Missing, 0));
+}
+
+/// A call carrying another trace id is never the request's; a failed call the trace id cannot
+/// place (no id, or one no known request of the process carried) keeps the verdict missing.
+#[test]
+fn trace_id_links_only_its_own_calls() {
+    let t = 1_000 * MS;
+    let world = || {
+        let mut c = cfg();
+        c.at_least_once = false;
+        c.timing_link_ms = 0;
+        World::with(c)
+    };
+    let call = |id: u64, trace: Option<u64>| {
+        let x = X::client(id, B, 200, eph(B, 7000 + id as u16), addr("203.0.113.9:443"), t + 2 * MS, t + 4 * MS)
+            .route(&format!("/{id}"))
+            .status(503);
+        match trace {
+            Some(tr) => x.trace_id(tr),
+            None => x,
+        }
+        .build()
+    };
+    let req = |id: u64, from: u64, trace: u64, status: u16| {
+        X::server(id, B, 200, svc(B), addr(&format!("192.168.1.1:{}", 100 + id)), t + from * MS, t + (from + 10) * MS)
+            .trace_id(trace)
+            .status(status)
+            .build()
+    };
+
+    // The failed call is request 2's (trace 2): request 1 (trace 1) failed on its own.
+    let mut w = world();
+    w.push(call(1, Some(2)));
+    w.push(req(2, 0, 1, 500));
+    w.push(req(3, 1, 2, 502));
+    assert_eq!(w.verdict(2).claim, Claim::Claimed);
+    assert_eq!(w.verdict(3).claim, Claim::Unclaimed);
+
+    // Trace 3 belongs to no request of the process (an SDK that lost the context made it up).
+    let mut w = world();
+    w.push(call(1, Some(3)));
+    w.push(req(2, 0, 1, 500));
+    w.push(req(3, 1, 2, 500));
+    assert_eq!(w.verdict(2).claim, Claim::Missing);
+    assert_eq!(w.verdict(3).claim, Claim::Missing);
+
+    // A failed call without a trace id (a database, say) could be either request's.
+    let mut w = world();
+    w.push(call(1, None));
+    w.push(req(2, 0, 1, 500));
+    w.push(req(3, 1, 2, 500));
+    assert_eq!(w.verdict(2).claim, Claim::Missing);
+
+    // Two overlapping requests of one trace (a fan-out into this process): not told apart.
+    let mut w = world();
+    w.push(call(1, Some(1)));
+    w.push(req(2, 0, 1, 502));
+    w.push(req(3, 1, 1, 502));
+    assert_eq!(w.verdict(2).claim, Claim::Missing);
+    assert_eq!(w.verdict(3).claim, Claim::Missing);
+    assert_eq!(w.e.stats().trace_links, 0);
+}

@@ -136,7 +136,11 @@ impl Engine {
         if !(lost && found.process_failed) && !unplaced {
             return;
         }
-        if let Some(c) = self.link_by_timing(p) {
+        if let Some(cs) = self.link_by_trace(p) {
+            found.children = cs;
+            found.context = Context::Linked;
+            self.stats.trace_links += 1;
+        } else if let Some(c) = self.link_by_timing(p) {
             found.children = vec![c];
             found.context = Context::Linked;
             self.stats.timing_links += 1;
@@ -229,13 +233,51 @@ impl Engine {
         if proc_.failures_lost_until >= p.start || !proc_.inbound.iter().any(|x| x.2 == p.id) {
             return None;
         }
-        let overlapped = proc_.inbound.iter().any(|&(s, e, id)| id != p.id && s < p.end && p.start < e);
+        let overlapped = proc_.inbound.iter().any(|&(s, e, id, _)| id != p.id && s < p.end && p.start < e);
         if overlapped {
             return None;
         }
         let children: Vec<Child> =
             proc_.failures.iter().map(|(c, _)| *c).filter(|c| c.start >= p.start && c.end <= p.end).collect();
         (!children.is_empty()).then_some(children)
+    }
+
+    /// The request carried a propagated trace id and the process forwards it: its failed calls
+    /// are the process's failed calls carrying that id that it started while in flight,
+    /// whichever thread made them. Sound only when (a) no other known inbound request of the
+    /// process with the same id overlaps it (a fan-out of one trace into this process, or a
+    /// caller's hedge), (b) every fail-close failure of the process during it carries the trace
+    /// id of a known inbound request of the process in flight when the call started (a failed
+    /// call without one, e.g. to a database, or with a fresh id an SDK that lost the context
+    /// made up, could be this request's), and (c) the process's histories reach back to it. (As for the sole-request link, a request still
+    /// unanswered when we judge is not known yet: the grace period is the margin.)
+    pub(super) fn link_by_trace(&self, p: &Pending) -> Option<Vec<Child>> {
+        let trace = p.trace?;
+        let proc_ = self.procs.get(&p.pid)?;
+        if proc_.failures_lost_until >= p.start || !proc_.inbound.iter().any(|x| x.2 == p.id) {
+            return None;
+        }
+        let same_trace_overlaps =
+            proc_.inbound.iter().any(|&(s, e, id, t)| id != p.id && t == Some(trace) && s < p.end && p.start < e);
+        if same_trace_overlaps {
+            return None;
+        }
+        let during = |c: &Child| c.start <= p.end && c.end >= p.start;
+        let placed = |c: &Child| {
+            c.trace.is_some_and(|t| proc_.inbound.iter().any(|&(s, e, _, it)| it == Some(t) && s <= c.start && c.start <= e))
+        };
+        let unplaced_failure = proc_.failures.iter().any(|(c, _)| during(c) && self.fail_close(c.edge) && !placed(c));
+        if unplaced_failure {
+            return None;
+        }
+        Some(
+            proc_
+                .failures
+                .iter()
+                .map(|(c, _)| *c)
+                .filter(|c| c.trace == Some(trace) && c.start >= p.start && c.start <= p.end)
+                .collect(),
+        )
     }
 
     /// The one failed outbound call of the process that completed within `timing_link_ms`

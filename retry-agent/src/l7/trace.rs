@@ -1,0 +1,155 @@
+//! Propagated trace context: the trace id a request carries in `traceparent` (W3C), `b3`,
+//! `x-b3-traceid`, `uber-trace-id` or `x-request-id`, kept as a hash only (never the value).
+//! Services that forward it to their outbound calls let the engine tie a call to the inbound
+//! request it was made for, whatever thread or event-loop turn did the I/O.
+use super::util::Fnv;
+
+/// Which header gave the trace id; a lower rank wins when a request carries several, so the
+/// same request hashes the same whatever order its headers came in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum TraceSource {
+    TraceParent,
+    B3,
+    B3TraceId,
+    Uber,
+    RequestId,
+}
+
+/// Longest `x-request-id` kept (longer ones are not ids but payloads).
+const MAX_REQUEST_ID: usize = 128;
+
+/// The trace id in one request header, if the header is one of ours and well formed.
+pub(crate) fn trace_of_header(name: &[u8], value: &[u8]) -> Option<(TraceSource, u64)> {
+    let v = value.trim_ascii();
+    if name.eq_ignore_ascii_case(b"traceparent") {
+        traceparent(v).map(|h| (TraceSource::TraceParent, h))
+    } else if name.eq_ignore_ascii_case(b"b3") {
+        // `{trace}-{span}[-{sampled}[-{parent}]]`; a bare sampling flag carries no trace id.
+        let mut f = v.split(|&b| b == b'-');
+        let trace = f.next()?;
+        f.next()?;
+        hex_trace_id(trace).map(|h| (TraceSource::B3, h))
+    } else if name.eq_ignore_ascii_case(b"x-b3-traceid") {
+        hex_trace_id(v).map(|h| (TraceSource::B3TraceId, h))
+    } else if name.eq_ignore_ascii_case(b"uber-trace-id") {
+        // `{trace}:{span}:{parent}:{flags}`, sometimes URL-encoded (`%3A`).
+        let end = v.iter().position(|&b| b == b':' || b == b'%')?;
+        hex_trace_id(v.get(..end)?).map(|h| (TraceSource::Uber, h))
+    } else if name.eq_ignore_ascii_case(b"x-request-id") {
+        let ok = !v.is_empty() && v.len() <= MAX_REQUEST_ID && v.iter().all(u8::is_ascii_graphic);
+        ok.then(|| {
+            let mut h = Fnv::new();
+            h.write(b"x-request-id\0");
+            h.write(v);
+            (TraceSource::RequestId, h.finish())
+        })
+    } else {
+        None
+    }
+}
+
+/// `{version:2}-{trace:32}-{parent:16}-{flags:2}` (version ff is invalid; a later version may
+/// append fields, the first four keep their places).
+fn traceparent(v: &[u8]) -> Option<u64> {
+    let mut f = v.split(|&b| b == b'-');
+    let (version, trace, parent, flags) = (f.next()?, f.next()?, f.next()?, f.next()?);
+    let hex = |s: &[u8], n: usize| s.len() == n && s.iter().all(u8::is_ascii_hexdigit);
+    if !hex(version, 2) || version.eq_ignore_ascii_case(b"ff") || !hex(parent, 16) || !hex(flags, 2) {
+        return None;
+    }
+    if (version == b"00" && f.next().is_some()) || trace.len() != 32 {
+        return None;
+    }
+    hex_trace_id(trace)
+}
+
+/// A hex trace id of up to 32 digits, not all zero, hashed in one form for every header: lower
+/// case, left-padded to 128 bits (how OpenTelemetry widens a 64-bit B3 or Jaeger id), so a
+/// service that receives `b3` and sends `traceparent` still matches.
+fn hex_trace_id(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 32 || !s.iter().all(u8::is_ascii_hexdigit) || s.iter().all(|&b| b == b'0') {
+        return None;
+    }
+    let mut h = Fnv::new();
+    h.write(b"trace-id\0");
+    for _ in s.len()..32 {
+        h.write(b"0");
+    }
+    for b in s {
+        h.write(&[b.to_ascii_lowercase()]);
+    }
+    Some(h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn id(name: &str, value: &str) -> Option<u64> {
+        trace_of_header(name.as_bytes(), value.as_bytes()).map(|(_, h)| h)
+    }
+
+    #[test]
+    fn every_form_gives_the_same_id_for_the_same_trace() {
+        let tp = trace_of_header(b"traceparent", TP.as_bytes());
+        assert_eq!(tp.map(|t| t.0), Some(TraceSource::TraceParent));
+        let tp = tp.map(|t| t.1);
+        assert!(tp.is_some());
+        assert_eq!(id("TraceParent", " 00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01 "), tp);
+        assert_eq!(id("b3", "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1"), tp);
+        assert_eq!(id("b3", "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"), tp);
+        assert_eq!(id("X-B3-TraceId", "4bf92f3577b34da6a3ce929d0e0e4736"), tp);
+        assert_eq!(id("uber-trace-id", "4bf92f3577b34da6a3ce929d0e0e4736:00f067aa0ba902b7:0:1"), tp);
+        assert_eq!(id("uber-trace-id", "4bf92f3577b34da6a3ce929d0e0e4736%3A00f067aa0ba902b7%3A0%3A1"), tp);
+        // 64-bit ids widen like OpenTelemetry widens them; Jaeger drops leading zeros.
+        let short = id("x-b3-traceid", "a3ce929d0e0e4736");
+        assert!(short.is_some());
+        assert_eq!(id("traceparent", "00-0000000000000000a3ce929d0e0e4736-00f067aa0ba902b7-01"), short);
+        assert_eq!(id("uber-trace-id", "a3ce929d0e0e4736:1:0:1"), short);
+        assert_eq!(id("uber-trace-id", "00a3ce929d0e0e4736:1:0:1"), short);
+        assert_ne!(short, tp);
+    }
+
+    #[test]
+    fn different_traces_and_request_ids_differ() {
+        let other = id("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b7-01");
+        assert!(other.is_some());
+        assert_ne!(other, id("traceparent", TP));
+        let r1 = trace_of_header(b"x-request-id", b"f81d4fae-7dec-11d0-a765-00a0c91e6bf6");
+        assert_eq!(r1.map(|t| t.0), Some(TraceSource::RequestId));
+        assert!(r1.is_some());
+        assert_ne!(r1.map(|t| t.1), id("x-request-id", "f81d4fae-7dec-11d0-a765-00a0c91e6bf7"));
+        // The same digits as a request id and as a trace id are different ids.
+        assert_ne!(id("x-request-id", "a3ce929d0e0e4736"), id("x-b3-traceid", "a3ce929d0e0e4736"));
+    }
+
+    #[test]
+    fn malformed_values_are_ignored() {
+        for (n, v) in [
+            ("traceparent", ""),
+            ("traceparent", "00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+            ("traceparent", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01"),
+            ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"),
+            ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"),
+            ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e47zz-00f067aa0ba902b7-01"),
+            ("b3", "1"),
+            ("b3", "d"),
+            ("b3", "0000000000000000-00f067aa0ba902b7-1"),
+            ("x-b3-traceid", "not-hex"),
+            ("x-b3-traceid", "4bf92f3577b34da6a3ce929d0e0e47364bf9"),
+            ("uber-trace-id", "4bf92f3577b34da6"),
+            ("uber-trace-id", ":1:0:1"),
+            ("x-request-id", ""),
+            ("x-request-id", "has space"),
+            ("x-forwarded-for", "10.0.0.1"),
+        ] {
+            assert_eq!(trace_of_header(n.as_bytes(), v.as_bytes()), None, "{n}: {v}");
+        }
+        assert_eq!(trace_of_header(b"x-request-id", &[b'a'; MAX_REQUEST_ID + 1]), None);
+        // A later version may append fields.
+        assert!(id("traceparent", "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-abc").is_some());
+    }
+}
