@@ -2,7 +2,7 @@
 //! `x-b3-traceid`, `uber-trace-id` or `x-request-id`, kept as a hash only (never the value).
 //! Services that forward it to their outbound calls let the engine tie a call to the inbound
 //! request it was made for, whatever thread or event-loop turn did the I/O.
-use super::util::Fnv;
+use super::util::{DOMAIN_TRACE, digest_key};
 
 /// Which header gave the trace id; a lower rank wins when a request carries several, so the
 /// same request hashes the same whatever order its headers came in.
@@ -38,7 +38,7 @@ pub(crate) fn trace_of_header(name: &[u8], value: &[u8]) -> Option<(TraceSource,
     } else if name.eq_ignore_ascii_case(b"x-request-id") {
         let ok = !v.is_empty() && v.len() <= MAX_REQUEST_ID && v.iter().all(u8::is_ascii_graphic);
         ok.then(|| {
-            let mut h = Fnv::new();
+            let mut h = digest_key().hasher(DOMAIN_TRACE);
             h.write(b"x-request-id\0");
             h.write(v);
             (TraceSource::RequestId, h.finish())
@@ -70,7 +70,7 @@ fn hex_trace_id(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 32 || !s.iter().all(u8::is_ascii_hexdigit) || s.iter().all(|&b| b == b'0') {
         return None;
     }
-    let mut h = Fnv::new();
+    let mut h = digest_key().hasher(DOMAIN_TRACE);
     h.write(b"trace-id\0");
     for _ in s.len()..32 {
         h.write(b"0");

@@ -75,6 +75,8 @@ impl Keyed {
 /// Digest domains (one per kind of input).
 pub(crate) const DOMAIN_QUERY: u8 = 1;
 pub(crate) const DOMAIN_BODY: u8 = 2;
+/// Propagated trace ids (l7::trace): keyed like every digest that may reach a dump.
+pub(crate) const DOMAIN_TRACE: u8 = 3;
 
 /// How many leading request-body bytes feed `body_hash`: enough to tell payloads apart, small
 /// enough that the hash only ever covers bytes a default capture prefix holds.
