@@ -6,10 +6,44 @@ use crate::{
     l7::{Exchange, Failure},
 };
 
+/// Where a failed request's verdict will look for its context.
+struct Queued {
+    svc: u32,
+    tuple: u64,
+    thread: u64,
+    window: Window,
+    cross_thread: bool,
+}
+
 impl Engine {
+    /// One server-side exchange, in named steps: where it listens, the served figures, the
+    /// process-wide histories, its thread window, then its verdict queued (failed) or what its
+    /// success teaches the failure memory.
     pub(super) fn push_server(&mut self, ex: &Exchange, out: &mut Vec<Verdict>) {
         self.stats.inbound += 1;
         let svc = self.svc_for(ex.pid, ex.local);
+        self.remember_listener(ex);
+        // The caller went away (gave up, reset): a timeout mismatch, not this service's error, so
+        // no verdict and no failure in its figures.
+        let failed = ex.failed() && !caller_gone(ex);
+        self.book_served(ex, svc, failed);
+        // Client-side tuple of this connection: (their local, their remote) = (our remote, our local).
+        let tuple = tuple_key(ex.remote, ex.local);
+        self.timeout_mismatch(ex, tuple);
+
+        let thread = thread_key(ex.tid, ex.goid);
+        let window = Window { id: ex.id, start: ex.request_start_ns, end: last_ns(ex) };
+        self.record_process_history(ex, window);
+        self.record_thread_window(ex.pid, thread, window);
+        let cross_thread = ex.goid.is_none() && ex.response_tid.is_some_and(|t| t != ex.tid);
+        if failed {
+            self.queue_verdict(ex, Queued { svc, tuple, thread, window, cross_thread }, out);
+        } else if self.cfg.failure_memory && !cross_thread {
+            self.learn_from_success(ex.pid, thread, window);
+        }
+    }
+
+    fn remember_listener(&mut self, ex: &Exchange) {
         if let Some(local) = ex.local {
             let port = local.port();
             let k = self.ns_key(ex.pid, local);
@@ -17,40 +51,34 @@ impl Engine {
             // Also by bare address, for late resolution of remote-keyed edges.
             self.listeners.insert(hash_one((0u64, local)), (ex.pid, port));
         }
-        // The caller went away (gave up, reset): a timeout mismatch, not this service's error, so
-        // no verdict and no failure in its figures.
-        let peer_gone = caller_gone(ex);
-        let failed = ex.failed() && !peer_gone;
+    }
+
+    fn book_served(&mut self, ex: &Exchange, svc: u32, failed: bool) {
         let ep = self.epoch(ex.request_start_ns);
         if let Some(b) = self.svcs.get_mut(svc as usize).and_then(|s| s.ring.at(ep)) {
             b.served += 1;
             b.failures += u32::from(failed);
         }
-        // Client-side tuple of this connection: (their local, their remote) = (our remote, our local).
-        let tuple = tuple_key(ex.remote, ex.local);
-        self.timeout_mismatch(ex, tuple);
+    }
 
-        let thread = thread_key(ex.tid, ex.goid);
-        let cross_thread = ex.goid.is_none() && ex.response_tid.is_some_and(|t| t != ex.tid);
-        let window = Window { id: ex.id, start: ex.request_start_ns, end: last_ns(ex) };
-        {
-            // Process-wide histories, for the links thread context cannot make.
-            let p = self.procs.entry(ex.pid).or_default();
-            if let Some(rs) = ex.response_start_ns {
-                if p.responses.len() >= FAILURES_PER_PROCESS {
-                    p.responses.pop_front();
-                }
-                p.responses.push_back((rs, ex.id));
+    /// Process-wide histories, for the links thread context cannot make.
+    fn record_process_history(&mut self, ex: &Exchange, window: Window) {
+        let p = self.procs.entry(ex.pid).or_default();
+        if let Some(rs) = ex.response_start_ns {
+            if p.responses.len() >= FAILURES_PER_PROCESS {
+                p.responses.pop_front();
             }
-            if p.inbound.len() >= FAILURES_PER_PROCESS {
-                p.inbound.pop_front();
-            }
-            p.inbound.push_back((window.start, window.end, ex.id, ex.trace_id));
+            p.responses.push_back((rs, ex.id));
         }
-        // A failed response whose timing was lost (l7 saw the connection end before the
-        // response completed): the span of the request is unknown, so is its context.
-        let span_unknown = ex.response_start_ns.is_none() && ex.response_end_ns.is_none() && ex.status.is_some();
-        let ctx = self.threads.get_or_insert_with((ex.pid, thread), ThreadCtx::default);
+        if p.inbound.len() >= FAILURES_PER_PROCESS {
+            p.inbound.pop_front();
+        }
+        p.inbound.push_back((window.start, window.end, ex.id, ex.trace_id));
+    }
+
+    /// The request's window on its thread; one overlapping another marks an event loop.
+    fn record_thread_window(&mut self, pid: u32, thread: u64, window: Window) {
+        let ctx = self.threads.get_or_insert_with((pid, thread), ThreadCtx::default);
         if ctx.inbound.iter().any(|w| w.id != window.id && w.start < window.end && window.start < w.end) {
             ctx.event_loop = true;
         }
@@ -58,68 +86,75 @@ impl Engine {
             ctx.inbound.pop_front();
         }
         ctx.inbound.push_back(window);
+    }
 
-        if failed {
-            let (ambiguous, children) = self.children_of(ex.pid, thread, window.start, window.end);
-            let ambiguous = ambiguous || span_unknown;
-            let process_failed = self.process_failed_during(ex.pid, window.start, window.end);
-            let orphan_failed = self.orphan_failed_during(ex.pid, thread, window.start, window.end);
-            if self.pending.len() >= self.cfg.max_pending
-                && let Some(p) = self.pending.pop_front()
-            {
-                // Bounded: judge the oldest now rather than drop it.
-                self.stats.evictions += 1;
-                self.judge(p, out);
+    /// A failed request waits `context_grace_ms` for late children before it is judged.
+    fn queue_verdict(&mut self, ex: &Exchange, q: Queued, out: &mut Vec<Verdict>) {
+        let Queued { svc, tuple, thread, window, cross_thread } = q;
+        // A failed response whose timing was lost (l7 saw the connection end before the
+        // response completed): the span of the request is unknown, so is its context.
+        let span_unknown = ex.response_start_ns.is_none() && ex.response_end_ns.is_none() && ex.status.is_some();
+        let (ambiguous, children) = self.children_of(ex.pid, thread, window.start, window.end);
+        let ambiguous = ambiguous || span_unknown;
+        let process_failed = self.process_failed_during(ex.pid, window.start, window.end);
+        let orphan_failed = self.orphan_failed_during(ex.pid, thread, window.start, window.end);
+        if self.pending.len() >= self.cfg.max_pending
+            && let Some(p) = self.pending.pop_front()
+        {
+            // Bounded: judge the oldest now rather than drop it.
+            self.stats.evictions += 1;
+            self.judge(p, out);
+        }
+        self.pending.push_back(Pending {
+            deadline: window.end.saturating_add(self.grace_ns),
+            id: ex.id,
+            pid: ex.pid,
+            thread,
+            start: ex.request_start_ns,
+            end: window.end,
+            svc,
+            tuple,
+            remote: ex.remote,
+            outcome: ex.outcome,
+            status: ex.status,
+            cross_thread,
+            ambiguous,
+            children,
+            process_failed,
+            orphan_failed,
+            resp_start: ex.response_start_ns,
+            req_end: ex.request_end_ns,
+            trace: ex.trace_id,
+        });
+    }
+
+    /// A success despite failed children: evidence those dependencies are fail-open. A failure a
+    /// later retry on the same edge recovered is no such evidence: the caller survived it by
+    /// retrying, not by doing without (a fail-close dependency under a transient fault looks
+    /// exactly like that). No allocation unless a child failed: this is the hot path.
+    fn learn_from_success(&mut self, pid: u32, thread: u64, window: Window) {
+        let mut failed_edges: Vec<u32> = match self.threads.get(&(pid, thread)) {
+            Some(ctx) if !ctx.event_loop && ctx.children_lost_until < window.start => {
+                let in_window = |c: &&Child| c.start >= window.start && c.start <= window.end;
+                ctx.children
+                    .iter()
+                    .filter(in_window)
+                    .filter(|c| c.outcome.is_failure())
+                    .filter(|c| {
+                        !ctx.children
+                            .iter()
+                            .filter(in_window)
+                            .any(|r| r.retry && r.edge == c.edge && r.start > c.start && !r.outcome.is_failure())
+                    })
+                    .map(|c| c.edge)
+                    .collect()
             }
-            self.pending.push_back(Pending {
-                deadline: window.end.saturating_add(self.grace_ns),
-                id: ex.id,
-                pid: ex.pid,
-                thread,
-                start: ex.request_start_ns,
-                end: window.end,
-                svc,
-                tuple,
-                remote: ex.remote,
-                outcome: ex.outcome,
-                status: ex.status,
-                cross_thread,
-                ambiguous,
-                children,
-                process_failed,
-                orphan_failed,
-                resp_start: ex.response_start_ns,
-                req_end: ex.request_end_ns,
-                trace: ex.trace_id,
-            });
-        } else if self.cfg.failure_memory && !cross_thread {
-            // A success despite failed children: evidence those dependencies are fail-open. A
-            // failure a later retry on the same edge recovered is no such evidence: the caller
-            // survived it by retrying, not by doing without (a fail-close dependency under a
-            // transient fault looks exactly like that). No allocation unless a child failed:
-            // this is the hot path.
-            let mut failed_edges: Vec<u32> = match self.threads.get(&(ex.pid, thread)) {
-                Some(ctx) if !ctx.event_loop && ctx.children_lost_until < window.start => {
-                    let in_window = |c: &&Child| c.start >= window.start && c.start <= window.end;
-                    ctx.children
-                        .iter()
-                        .filter(in_window)
-                        .filter(|c| c.outcome.is_failure())
-                        .filter(|c| {
-                            !ctx.children.iter().filter(in_window).any(|r| {
-                                r.retry && r.edge == c.edge && r.start > c.start && !r.outcome.is_failure()
-                            })
-                        })
-                        .map(|c| c.edge)
-                        .collect()
-                }
-                _ => Vec::new(),
-            };
-            failed_edges.sort_unstable();
-            failed_edges.dedup();
-            for edge in failed_edges {
-                self.remember(edge, false);
-            }
+            _ => Vec::new(),
+        };
+        failed_edges.sort_unstable();
+        failed_edges.dedup();
+        for edge in failed_edges {
+            self.remember(edge, false);
         }
     }
 

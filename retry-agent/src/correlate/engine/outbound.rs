@@ -6,7 +6,21 @@ use crate::{
     l7::{Claim, Exchange, Failure, OutcomeClass, Protocol},
 };
 
+/// What one outbound call was, for the counters and the edge's bucket.
+struct Call {
+    edge: u32,
+    retry: bool,
+    hedged: bool,
+    non_idem: bool,
+    prev_class: Option<OutcomeClass>,
+    gap: Option<f64>,
+    failed: bool,
+    header_claim: Option<Claim>,
+}
+
 impl Engine {
+    /// One client-side exchange, in named steps: its edge and retry, the callee's claim it
+    /// carries, the counters and the edge's bucket, then the child it is of its thread.
     pub(super) fn push_client(&mut self, ex: &Exchange) {
         self.stats.outbound += 1;
         let edge = self.edge_for(ex.pid, ex.remote);
@@ -17,70 +31,18 @@ impl Engine {
         }
         let (retry, hedged, prev_class, gap) = self.detect_retry(ex, edge);
         let failed = ex.failed();
-        let non_idem = retry && !ex.idempotent && !ex.idempotency_key;
-        // The callee's claim, when it cannot come from our own verdict on its inbound side.
-        let local_callee = matches!(self.edges.get(edge as usize).map(|e| e.peer), Some(Peer::Local { .. }));
-        let no_server_side = matches!(ex.failure, Some(Failure::ConnectRefused | Failure::ConnectTimeout));
-        // A loopback callee not seen serving yet is on this node: its verdict will say.
-        let loopback = ex.remote.is_some_and(|r| r.ip().is_loopback());
-        let header_claim = if failed && ((!local_callee && !loopback) || no_server_side) {
-            Some(ex.claim_header.unwrap_or(Claim::Missing))
-        } else if failed && let Some(c) = ex.claim_header {
-            // A local callee behind a proxy (our shim stamps claims): its verdict cannot find
-            // this edge (its inbound peer is the proxy), so the header is the edge's evidence.
-            self.header_claimed.insert(tuple, ());
-            Some(c)
-        } else {
-            None
+        let call = Call {
+            edge,
+            retry,
+            hedged,
+            non_idem: retry && !ex.idempotent && !ex.idempotency_key,
+            prev_class,
+            gap,
+            failed,
+            header_claim: self.header_claim(ex, edge, tuple, failed),
         };
-        if retry {
-            self.stats.retries += 1;
-            if hedged {
-                self.stats.hedged_retries += 1;
-            }
-            if non_idem {
-                self.stats.non_idempotent_retries += 1;
-            }
-            if let Some(i) = prev_class.and_then(class_index)
-                && let Some(slot) = self.stats.retry_outcomes.get_mut(i + 1)
-            {
-                slot.0 += 1;
-                slot.1 += u64::from(!failed);
-            }
-        }
-        if let Some(e) = self.edges.get_mut(edge as usize) {
-            e.requests_total += 1;
-            e.retries_total += u64::from(retry);
-        }
-        if let Some(b) = self.edge_bucket(edge, ex.request_start_ns) {
-            b.requests += 1;
-            if retry {
-                b.retries += 1;
-            } else {
-                b.first += 1;
-            }
-            b.failures += u32::from(failed);
-            b.hedged += u32::from(hedged);
-            b.non_idempotent += u32::from(non_idem);
-            if let Some(i) = prev_class.and_then(class_index) {
-                if let Some(n) = b.retry_n.get_mut(i) {
-                    *n += 1;
-                }
-                if !failed && let Some(n) = b.retry_ok.get_mut(i) {
-                    *n += 1;
-                }
-            }
-            if let Some(g) = gap {
-                b.gap_n += 1;
-                b.gap_sum += g;
-                b.gap_sq += g * g;
-            }
-            if let Some(c) = header_claim
-                && let Some(n) = b.claims.get_mut(claim_index(c))
-            {
-                *n += 1;
-            }
-        }
+        self.count_call(&call);
+        self.book_call(ex, &call);
         if ex.failure == Some(Failure::Abandoned) {
             self.abandoned.insert(tuple, (ex.end_ns(), edge));
         }
@@ -97,6 +59,85 @@ impl Engine {
             idempotent: ex.idempotent || ex.idempotency_key,
             trace: ex.trace_id,
         };
+        self.record_child(ex, child, failed);
+    }
+
+    /// The callee's claim, when it cannot come from our own verdict on its inbound side.
+    fn header_claim(&mut self, ex: &Exchange, edge: u32, tuple: u64, failed: bool) -> Option<Claim> {
+        let local_callee = matches!(self.edges.get(edge as usize).map(|e| e.peer), Some(Peer::Local { .. }));
+        let no_server_side = matches!(ex.failure, Some(Failure::ConnectRefused | Failure::ConnectTimeout));
+        // A loopback callee not seen serving yet is on this node: its verdict will say.
+        let loopback = ex.remote.is_some_and(|r| r.ip().is_loopback());
+        if failed && ((!local_callee && !loopback) || no_server_side) {
+            Some(ex.claim_header.unwrap_or(Claim::Missing))
+        } else if failed && let Some(c) = ex.claim_header {
+            // A local callee behind a proxy (our shim stamps claims): its verdict cannot find
+            // this edge (its inbound peer is the proxy), so the header is the edge's evidence.
+            self.header_claimed.insert(tuple, ());
+            Some(c)
+        } else {
+            None
+        }
+    }
+
+    /// Engine-wide retry counters (retry success by the class of the failure retried).
+    fn count_call(&mut self, c: &Call) {
+        if !c.retry {
+            return;
+        }
+        self.stats.retries += 1;
+        if c.hedged {
+            self.stats.hedged_retries += 1;
+        }
+        if c.non_idem {
+            self.stats.non_idempotent_retries += 1;
+        }
+        if let Some(i) = c.prev_class.and_then(class_index)
+            && let Some(slot) = self.stats.retry_outcomes.get_mut(i + 1)
+        {
+            slot.0 += 1;
+            slot.1 += u64::from(!c.failed);
+        }
+    }
+
+    /// The edge's totals and its time bucket.
+    fn book_call(&mut self, ex: &Exchange, c: &Call) {
+        if let Some(e) = self.edges.get_mut(c.edge as usize) {
+            e.requests_total += 1;
+            e.retries_total += u64::from(c.retry);
+        }
+        let Some(b) = self.edge_bucket(c.edge, ex.request_start_ns) else { return };
+        b.requests += 1;
+        if c.retry {
+            b.retries += 1;
+        } else {
+            b.first += 1;
+        }
+        b.failures += u32::from(c.failed);
+        b.hedged += u32::from(c.hedged);
+        b.non_idempotent += u32::from(c.non_idem);
+        if let Some(i) = c.prev_class.and_then(class_index) {
+            if let Some(n) = b.retry_n.get_mut(i) {
+                *n += 1;
+            }
+            if !c.failed && let Some(n) = b.retry_ok.get_mut(i) {
+                *n += 1;
+            }
+        }
+        if let Some(g) = c.gap {
+            b.gap_n += 1;
+            b.gap_sum += g;
+            b.gap_sq += g * g;
+        }
+        if let Some(claim) = c.header_claim
+            && let Some(n) = b.claims.get_mut(claim_index(claim))
+        {
+            *n += 1;
+        }
+    }
+
+    /// The call as a child of its thread (or goroutine) and, failed, in the process history.
+    fn record_child(&mut self, ex: &Exchange, child: Child, failed: bool) {
         if failed {
             let p = self.procs.entry(ex.pid).or_default();
             if p.failures.len() >= FAILURES_PER_PROCESS
