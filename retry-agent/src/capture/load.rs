@@ -61,7 +61,7 @@ pub(super) fn check_accounted(ebpf: &Ebpf, specs: &[ProgramSpec]) -> Result<(), 
 /// are attached per file of their target by their own module, later (`tls` for libssl).
 pub(super) fn attach_fixed(ebpf: &mut Ebpf, specs: &[ProgramSpec]) -> Result<usize, CaptureError> {
     let mut n = 0;
-    for spec in specs {
+    for spec in attach_order(specs) {
         match &spec.hook {
             Hook::Tracepoint { category, name } => {
                 attach_tracepoint(ebpf, &spec.name, category, name)?;
@@ -73,6 +73,28 @@ pub(super) fn attach_fixed(ebpf: &mut Ebpf, specs: &[ProgramSpec]) -> Result<usi
         }
     }
     Ok(n)
+}
+
+/// The order programs are attached in: consumers before producers. A program that removes what
+/// another leaves in a map goes first (process exit, then the syscall exits, then the socket
+/// state changes the exits of accept read, then the syscall entries), so nothing is left behind
+/// while the programs go in one by one. Attached by name instead (every entry, then every exit),
+/// the lab's verdict precision fell from 99–100% to 55–85% and the gRPC hop lost its verdicts:
+/// loading 39 programs takes seconds, and what the early ones recorded without their later
+/// partners stayed wrong for the whole run.
+pub(super) fn attach_order(specs: &[ProgramSpec]) -> Vec<&ProgramSpec> {
+    let mut ordered: Vec<&ProgramSpec> = specs.iter().collect();
+    ordered.sort_by_key(|s| attach_rank(s));
+    ordered
+}
+
+fn attach_rank(s: &ProgramSpec) -> u8 {
+    match &s.hook {
+        Hook::Tracepoint { category, .. } if category == "sched" => 0,
+        Hook::Tracepoint { name, .. } if name.starts_with("sys_exit_") => 1,
+        Hook::Tracepoint { category, .. } if category == "sock" => 2,
+        _ => 3,
+    }
 }
 
 fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, category: &str, tp: &str) -> Result<(), CaptureError> {

@@ -21,3 +21,26 @@ fn comm_is_stored_like_the_kernel_does() {
     assert_eq!(&long[..15], b"a-very-long-pro");
     assert_eq!(long[15], 0);
 }
+
+#[test]
+fn programs_go_in_consumers_first() {
+    use super::programs::{Hook, ProgramSpec};
+    let tp = |name: &str, category: &str, tp: &str| ProgramSpec {
+        name: name.into(),
+        hook: Hook::Tracepoint { category: category.into(), name: tp.into() },
+    };
+    // Sorted by name, as the object lists them.
+    let specs = [
+        tp("ra_enter_close", "syscalls", "sys_enter_close"),
+        tp("ra_enter_connect", "syscalls", "sys_enter_connect"),
+        tp("ra_exit_accept", "syscalls", "sys_exit_accept"),
+        tp("ra_exit_connect", "syscalls", "sys_exit_connect"),
+        tp("ra_process_exit", "sched", "sched_process_exit"),
+        tp("ra_sock_state", "sock", "inet_sock_set_state"),
+    ];
+    let order: Vec<&str> = super::load::attach_order(&specs).iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        order,
+        ["ra_process_exit", "ra_exit_accept", "ra_exit_connect", "ra_sock_state", "ra_enter_close", "ra_enter_connect"]
+    );
+}

@@ -9,7 +9,6 @@ use crate::{
     capture::{ConnId, DataEvent, Direction, Role, Syscall},
     correlate::{Edge, ServiceId},
     decide::Reason,
-    l7::Exchange,
     pipeline::{Pipeline, Record, StageOutput},
     testkit::{synth, temp_dir},
 };
