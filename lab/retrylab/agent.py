@@ -1,10 +1,10 @@
 """The agent under test: its binary, its processes per mode, and its API."""
+import http.client
 import json
 import os
 import shutil
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 from .common import BIN, BRIDGE, NET, REPO, STATE_DIR, log
@@ -43,6 +43,7 @@ def full_agent(p):
 
 def expand(argv, sc, mode_dir):
     subst = {"api": sc.get("agent", {}).get("api", "127.0.0.1:19464"), "out": str(mode_dir),
+             "api_socket": str(API_SOCKET),
              "bridge": BRIDGE, "net": NET + ".0/24", "state": str(STATE_DIR),
              "ports": ",".join(str(node_port(n)) for n in sc["nodes"])}
     for n in sc["nodes"]:
@@ -83,12 +84,36 @@ def stop(procs):
             pass
 
 
-def fetch_json(url):
+# The agent serves /v1/* only on its private Unix socket (--api-socket {api_socket}).
+API_SOCKET = STATE_DIR / "api.sock"
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self):
+        import socket
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(str(self._path))
+
+
+def fetch_json(path):
+    """GET `path` (e.g. /v1/verdicts) from the agent's private API socket."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        conn = _UnixHTTPConnection(API_SOCKET, timeout=5)
+        try:
+            conn.request("GET", path)
+            r = conn.getresponse()
+            if r.status != 200:
+                raise OSError("HTTP %d" % r.status)
             return json.loads(r.read())
-    except (OSError, ValueError) as e:
-        log("GET %s: %s" % (url, e))
+        finally:
+            conn.close()
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        log("GET %s: %s" % (path, e))
         return None
 
 

@@ -90,11 +90,11 @@ def run_mode(sc, mode, args, out):
         verdicts, decisions = [], []
         if mode != "none":
             api = sc.get("agent", {}).get("api", "127.0.0.1:19464")
-            verdicts = items(fetch_json("http://%s/v1/verdicts" % api), "verdicts")
+            verdicts = items(fetch_json("/v1/verdicts"), "verdicts")
             # The decision log has every decision; the API only the live ones.
             decisions = decisions_of(mode_dir)
             if not decisions:
-                decisions = items(fetch_json("http://%s/v1/decisions" % api), "decisions")
+                decisions = items(fetch_json("/v1/decisions"), "decisions")
             try:
                 with urllib.request.urlopen("http://%s/metrics" % api, timeout=5) as r:
                     (mode_dir / "metrics.txt").write_bytes(r.read())

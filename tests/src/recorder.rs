@@ -1,63 +1,70 @@
-//! Helpers for the flight-recorder tests (tests/tests/recorder.rs): a minimal HTTP front for the
-//! dump route (the agent's API server mounts the same `dump_api_response`), and a temp dir.
-use std::{net::SocketAddr, path::PathBuf};
+//! Helpers for the flight-recorder tests (tests/tests/recorder.rs): the agent's own API servers
+//! (public TCP, private Unix socket with the guarded dump route) around a recorder, and a temp dir.
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use retry_agent::recorder::{SharedRecorder, dump_api_response};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpListener,
-    task::JoinHandle,
+use retry_agent::{
+    api::{self, DumpGate, DumpService, Retention, SharedState},
+    metrics::Metrics,
+    recorder::SharedRecorder,
 };
+use tokio::task::JoinHandle;
 
-/// Serves `POST /v1/dump` on a loopback port until dropped (abort the handle).
-pub async fn serve_dump_api(rec: SharedRecorder) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
-    let l = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = l.local_addr()?;
-    let h = tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let rec = rec.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                // Read the head and a Content-Length body.
-                let (head_end, len) = loop {
-                    let Ok(n) = s.read(&mut chunk).await else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
-                    if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let head = String::from_utf8_lossy(buf.get(..p).unwrap_or_default()).to_ascii_lowercase();
-                        let len = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .unwrap_or(0);
-                        break (p + 4, len);
-                    }
-                };
-                while buf.len() < head_end + len {
-                    let Ok(n) = s.read(&mut chunk).await else { return };
-                    if n == 0 {
-                        break;
-                    }
-                    buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
-                }
-                let ok_route = buf.starts_with(b"POST /v1/dump ");
-                let (status, body) = if ok_route {
-                    dump_api_response(&rec, buf.get(head_end..).unwrap_or_default()).await
-                } else {
-                    (404, "{}".to_string())
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
-            });
+/// The agent's API around one recorder, as `retry-agent run` serves it; aborted when dropped.
+pub struct DumpApi {
+    /// The private socket (dumps).
+    pub socket: PathBuf,
+    /// The public TCP address (metrics and health only).
+    pub public: SocketAddr,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl DumpApi {
+    /// `unix:` URL of the private socket, for `request_dump`.
+    pub fn url(&self) -> String {
+        format!("unix:{}", self.socket.display())
+    }
+}
+
+impl Drop for DumpApi {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
         }
-    });
-    Ok((addr, h))
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Serves the API with `POST /v1/dump` on a socket in `dir` (dumps go to `dump_dir`), at most
+/// one dump started per `min_interval`, `keep` dumps kept.
+pub async fn serve_dump_api(
+    rec: SharedRecorder,
+    dir: &std::path::Path,
+    dump_dir: PathBuf,
+    min_interval: Duration,
+    keep: usize,
+) -> anyhow::Result<DumpApi> {
+    let state = SharedState::new(Arc::new(Metrics::new()), 16);
+    let socket = dir.join("api.sock");
+    let unix = api::bind_socket(&socket)?;
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let public = tcp.local_addr()?;
+    let dumps = DumpService {
+        recorder: rec,
+        gate: Arc::new(DumpGate::new(min_interval)),
+        retention: Retention { dir: dump_dir, keep, max_bytes: u64::MAX },
+    };
+    let tasks = vec![
+        tokio::spawn(async move {
+            let _ = api::serve_public(tcp, state.clone()).await;
+        }),
+        tokio::spawn({
+            let state = SharedState::new(Arc::new(Metrics::new()), 16);
+            async move {
+                let _ = api::serve_private(unix, state, Some(dumps)).await;
+            }
+        }),
+    ];
+    Ok(DumpApi { socket, public, tasks })
 }
 
 /// A fresh directory under the temp dir, removed when dropped.

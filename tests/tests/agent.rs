@@ -54,6 +54,8 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
             .arg(dir.join("decisions.jsonl"))
             .arg("--actuate-control-socket")
             .arg(dir.join("control.sock"))
+            .arg("--api-socket")
+            .arg(dir.join("api.sock"))
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );
@@ -62,7 +64,8 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let healthz = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://127.0.0.1:{other_port}/healthz")]).status();
     assert!(healthz.is_ok_and(|s| s.success()), "the second agent answers");
     // A short-lived CLI call of the agent's binary (exits before userspace could read its
-    // name): the kernel leaves its sockets untracked by the name of its main thread.
+    // name): the kernel leaves its sockets untracked by the name of its main thread. (Dumps are
+    // not served over TCP, so the agent answers 404: the TCP exchange is what matters here.)
     let cli = Command::new(&bin)
         .args(["dump", "--api", &format!("http://127.0.0.1:{other_port}"), "--timeout-secs", "2"])
         .stdout(Stdio::null())

@@ -4,7 +4,9 @@
 //! - real traffic (capture loaded in-process, a Python caller → front → backend chain on loopback
 //!   with secrets in the headers): the live pipeline records, a dump is asked for over the HTTP
 //!   route, and its replay yields the same exchanges, verdicts, edge figures and decisions;
-//! - the dump route + `retry-agent dump` client, and SIGUSR1.
+//! - the dump route on the agent's private socket + `retry-agent dump` client (refused over TCP),
+//!   and SIGUSR1;
+//! - 50 parallel dump requests: single flight, rate limit, retention cap.
 use std::{os::unix::fs::PermissionsExt, process::Stdio, time::Duration};
 
 use integration_tests::{
@@ -54,8 +56,8 @@ async fn dump_route_client_and_sigusr1() {
     for ev in (StormScenario { requests: 300, fault: 100..200, ..Default::default() }).events() {
         p.push(&ev, &mut out);
     }
-    let (addr, server) = serve_dump_api(rec.clone()).await.expect("serve");
-    let path = request_dump(&format!("http://{addr}"), Some("integration".into()), Duration::from_secs(30))
+    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::ZERO, 20).await.expect("serve");
+    let path = request_dump(&api.url(), Some("integration".into()), Duration::from_secs(30))
         .await
         .expect("dump over the API");
     let meta = std::fs::metadata(&path).expect("dump file");
@@ -68,10 +70,10 @@ async fn dump_route_client_and_sigusr1() {
     assert!(events > 3000, "{events} events");
     assert_no_secret(&raw, &dump.records);
 
-    // A wrong route is an error the client reports, not a panic.
-    let err = request_dump(&format!("http://{addr}/nope"), None, Duration::from_secs(5)).await.unwrap_err();
+    // Over TCP (no authentication) the agent does not serve dumps: an error the client reports.
+    let err = request_dump(&format!("http://{}", api.public), None, Duration::from_secs(5)).await.unwrap_err();
     assert!(err.to_string().contains("404"), "{err}");
-    server.abort();
+    drop(api);
 
     // SIGUSR1: the handler is installed before the signal is sent.
     let sig = spawn_sigusr1_dumps(rec.clone()).expect("signal handler");
@@ -103,6 +105,74 @@ async fn dump_route_client_and_sigusr1() {
     assert_eq!(d.header.map(|h| h.reason), Some(DumpReason::Signal));
 }
 
+/// 50 parallel dump requests: one dump at a time (the others refused at once with 409, or 429
+/// inside the rate limit), and the dump directory stays under its cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_dumps_are_single_flight_rate_limited_and_capped() {
+    let dir = TempDir::new("parallel");
+    let rec = recorder(&dir);
+    let mut p = pipeline().with_tap(rec.clone());
+    let mut out = StageOutput::default();
+    for ev in (StormScenario { requests: 300, fault: 100..200, ..Default::default() }).events() {
+        p.push(&ev, &mut out);
+    }
+    let radumps = || {
+        std::fs::read_dir(&dir.0)
+            .map(|d| d.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "radump")).count())
+            .unwrap_or(0)
+    };
+    let burst = |url: String| async move {
+        let reqs = (0..50).map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { request_dump(&url, None, Duration::from_secs(30)).await })
+        });
+        let mut ok = 0;
+        let mut statuses = Vec::new();
+        for r in futures_join(reqs.collect()).await {
+            match r {
+                Ok(_) => ok += 1,
+                Err(retry_agent::recorder::client::ClientError::Agent { status, .. }) => statuses.push(status),
+                Err(e) => panic!("unexpected client error: {e}"),
+            }
+        }
+        (ok, statuses)
+    };
+
+    // A long rate limit: exactly one of 50 is written; every other one is refused, none fails.
+    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::from_secs(3600), 3).await.expect("serve");
+    let (ok, refused) = burst(api.url()).await;
+    assert_eq!(ok, 1, "one dump of 50 ({refused:?})");
+    assert_eq!(refused.len(), 49);
+    assert!(refused.iter().all(|s| *s == 409 || *s == 429), "{refused:?}");
+    assert_eq!(radumps(), 1);
+    drop(api);
+
+    // No rate limit, a cap of 3: bursts until more than 3 dumps were written; concurrent ones
+    // are refused with 409 and the directory never holds more than 3.
+    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::ZERO, 3).await.expect("serve");
+    let mut written = 1;
+    for _ in 0..20 {
+        let (ok, refused) = burst(api.url()).await;
+        assert!(ok >= 1, "a burst writes at least one dump");
+        assert!(refused.iter().all(|s| *s == 409), "{refused:?}");
+        written += ok;
+        assert!(radumps() <= 3, "{} dumps kept", radumps());
+        if written > 5 {
+            break;
+        }
+    }
+    assert!(written > 5, "only {written} dumps written");
+    assert_eq!(radumps(), 3);
+}
+
+async fn futures_join<T>(hs: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(hs.len());
+    for h in hs {
+        out.push(h.await.expect("request task"));
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_traffic_dump_replays_to_the_live_results() {
     if !can_run() {
@@ -129,9 +199,9 @@ async fn real_traffic_dump_replays_to_the_live_results() {
     let last = events.iter().map(Event::ts_ns).max().unwrap_or(0);
     live.tick(last + 2_000_000_000, &mut out);
 
-    let (addr, server) = serve_dump_api(rec.clone()).await.expect("serve");
-    let path = request_dump(&format!("http://{addr}"), None, Duration::from_secs(30)).await.expect("dump");
-    server.abort();
+    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::ZERO, 20).await.expect("serve");
+    let path = request_dump(&api.url(), None, Duration::from_secs(30)).await.expect("dump");
+    drop(api);
     let raw = std::fs::read(&path).expect("read dump");
     if let Some(keep) = std::env::var_os("RA_RECORDER_KEEP_DUMP") {
         // For looking at `retry-agent forensics` output on real traffic by hand.

@@ -158,6 +158,7 @@ pub struct Capture {
     stats: StatsHandle,
     tls: Option<TlsState>,
     go: Option<GoState>,
+    attached: usize,
 }
 
 /// What a Go rescan needs.
@@ -260,7 +261,7 @@ impl Capture {
         };
         tracing::info!(programs = attached, payload_bytes = config.payload_bytes, "capture attached");
         let tls = tls_probes.map(|probes| TlsState { probes, configured: cfg.tls_libs.clone(), proc_root: cfg.proc_root.clone() });
-        Ok(Capture { guard: CaptureGuard { ebpf, reader }, rx, stats, tls, go })
+        Ok(Capture { guard: CaptureGuard { ebpf, reader }, rx, stats, tls, go, attached })
     }
 
     /// Instruments the libssl files processes started since the last scan brought (a new pod's
@@ -281,6 +282,11 @@ impl Capture {
     /// Go executables instrumented so far, and those that could not be.
     pub fn go_programs(&self) -> (usize, usize) {
         self.go.as_ref().map_or((0, 0), |g| (g.probes.instrumented, g.probes.failed))
+    }
+
+    /// Programs attached at load (what `/healthz` requires to be non-zero).
+    pub fn programs_attached(&self) -> usize {
+        self.attached
     }
 
     /// libssl files instrumented so far (0 with `--tls false`).

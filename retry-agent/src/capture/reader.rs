@@ -69,6 +69,7 @@ impl Reader {
                     }
                 }
                 _ = poll.tick() => {
+                    self.stats.0.polls.fetch_add(1, Ordering::Relaxed);
                     // Records committed without a wakeup.
                     loop {
                         let Some(drained) = self.drain(ring.get_mut(), &mut raw) else { return };

@@ -12,6 +12,7 @@ pub struct StatsInner {
     pub(super) kernel_drops: AtomicU64,
     pub(super) channel_drops: AtomicU64,
     pub(super) decode_errors: AtomicU64,
+    pub(super) polls: AtomicU64,
 }
 
 /// A snapshot of the capture counters.
@@ -25,6 +26,9 @@ pub struct CaptureStats {
     pub channel_drops: u64,
     /// Malformed records.
     pub decode_errors: u64,
+    /// Poll rounds of the ring reader: it moves on a quiet node too, so `/healthz` can tell a
+    /// live reader from a dead one.
+    pub polls: u64,
 }
 
 /// Shared handle to the counters (clone it into metrics).
@@ -39,6 +43,7 @@ impl StatsHandle {
             kernel_drops: s.kernel_drops.load(Ordering::Relaxed),
             channel_drops: s.channel_drops.load(Ordering::Relaxed),
             decode_errors: s.decode_errors.load(Ordering::Relaxed),
+            polls: s.polls.load(Ordering::Relaxed),
         }
     }
 }

@@ -7,8 +7,9 @@ use crate::recorder::client::request_dump;
 
 #[derive(Debug, Args)]
 pub struct DumpArgs {
-    /// Base URL of the running agent's HTTP API (plain http).
-    #[arg(long, env = "RETRY_AGENT_API", default_value = "http://127.0.0.1:9464")]
+    /// The running agent's private API: `unix:` and its `--api-socket` (dumps are not served on
+    /// its TCP address).
+    #[arg(long, env = "RETRY_AGENT_API", default_value = "unix:/run/retry-agent/api.sock")]
     pub api: String,
     /// Free-text reason, kept in the dump header.
     #[arg(long)]

@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use crate::{
     actuate::{ActuateConfig, Dispatcher},
-    api::{self, ApiConfig, SharedState},
+    api::{self, ApiConfig, DumpGate, DumpService, Retention, SharedState},
     capture::{Capture, CaptureConfig, monotonic_ns},
     correlate::{self, CorrelateConfig},
     decide::{DecideConfig, Decision},
@@ -69,7 +69,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Before any event is reassembled: every digest is keyed by the node's key.
     recorder::key::install(&args.recorder.digest_key_file);
     let metrics = Arc::new(Metrics::new());
-    let state = SharedState::new(metrics.clone(), args.api.max_verdicts);
+    let state = SharedState::new(metrics.clone(), args.api.max_verdicts)
+        .with_healthz_stall(Duration::from_secs(args.api.healthz_stall_secs));
     let recorder = if args.recorder.enabled {
         Some(SharedRecorder::new(Recorder::new(args.recorder.clone()).context("starting the flight recorder")?))
     } else {
@@ -79,10 +80,26 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(args.api.addr)
         .await
         .with_context(|| format!("binding the API to {}", args.api.addr))?;
-    let api = api::serve(listener, state.clone(), recorder.clone());
+    let private = api::bind_socket(&args.api.socket).context("binding the private API socket")?;
+    let dumps = recorder.clone().map(|recorder| DumpService {
+        recorder,
+        gate: Arc::new(DumpGate::new(Duration::from_secs(args.api.dump_min_interval_secs))),
+        retention: Retention {
+            dir: args.recorder.dump_dir.clone(),
+            keep: args.api.dump_keep,
+            max_bytes: args.api.dump_max_bytes,
+        },
+    });
+    let public = api::serve_public(listener, state.clone());
+    let private = api::serve_private(private, state.clone(), dumps);
     tokio::spawn(async move {
-        if let Err(e) = api.await {
-            warn!(error = %e, "API server stopped");
+        if let Err(e) = public.await {
+            warn!(error = %e, "public API server stopped");
+        }
+    });
+    tokio::spawn(async move {
+        if let Err(e) = private.await {
+            warn!(error = %e, "private API server stopped");
         }
     });
     if let Some(rec) = &recorder
@@ -138,6 +155,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 if let Some(rec) = &recorder {
                     let _ = rec.with(|r| r.note_capture_loss(c.kernel_drops + c.channel_drops));
                 }
+                state.health().observe(c.events.wrapping_add(c.polls), capture.programs_attached());
                 metrics.observe_tls(capture.tls_libraries());
                 metrics.observe_go(capture.go_programs());
                 let l = pipeline.reassembler.stats();
@@ -173,6 +191,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     if tokio::time::timeout(ACTUATOR_SHUTDOWN, actuators).await.is_err() {
         warn!("actuators did not finish shutting down in time");
     }
+    let _ = std::fs::remove_file(&args.api.socket);
     Ok(())
 }
 

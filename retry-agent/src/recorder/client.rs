@@ -1,5 +1,6 @@
-//! The ways a dump is asked for: [`request_dump`] (the client `retry-agent dump` uses), the API
-//! route body (`dump_api_response`, which the API server calls for `POST /v1/dump`), and SIGUSR1.
+//! The ways a dump is asked for: [`request_dump`] (the client `retry-agent dump` uses, over the
+//! agent's private Unix socket), the API route body (`dump_api_response`, which the API's guarded
+//! `POST /v1/dump` calls), and SIGUSR1.
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -75,7 +76,7 @@ pub fn spawn_sigusr1_dumps(rec: SharedRecorder) -> std::io::Result<tokio::task::
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("only http://host:port URLs are supported, got {0:?}")]
+    #[error("the API must be unix:/path/to/api.sock or http://host:port, got {0:?}")]
     Url(String),
     #[error("cannot reach the agent at {addr}")]
     Connect {
@@ -91,8 +92,17 @@ pub enum ClientError {
     Agent { status: u16, message: String },
 }
 
-/// `POST {api}/v1/dump`; returns the dump path the agent wrote.
-pub async fn request_dump(api: &str, reason: Option<String>, timeout: Duration) -> Result<String, ClientError> {
+/// Where the agent's API is: its private Unix socket (where it serves dumps), or a plain
+/// `http://` base URL (the agent refuses dumps there; kept for other servers of the route).
+enum Endpoint<'a> {
+    Unix(&'a str),
+    Tcp { hostport: &'a str, prefix: &'a str },
+}
+
+fn endpoint(api: &str) -> Result<Endpoint<'_>, ClientError> {
+    if let Some(path) = api.strip_prefix("unix:") {
+        return if path.is_empty() { Err(ClientError::Url(api.to_string())) } else { Ok(Endpoint::Unix(path)) };
+    }
     let rest = api.strip_prefix("http://").ok_or_else(|| ClientError::Url(api.to_string()))?;
     let (hostport, prefix) = match rest.find('/') {
         Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
@@ -101,23 +111,41 @@ pub async fn request_dump(api: &str, reason: Option<String>, timeout: Duration) 
     if hostport.is_empty() {
         return Err(ClientError::Url(api.to_string()));
     }
+    Ok(Endpoint::Tcp { hostport, prefix })
+}
+
+async fn exchange<S: AsyncReadExt + AsyncWriteExt + Unpin>(mut s: S, req: &[u8]) -> std::io::Result<Vec<u8>> {
+    s.write_all(req).await?;
+    let mut resp = Vec::new();
+    s.take(1 << 20).read_to_end(&mut resp).await?;
+    Ok(resp)
+}
+
+/// `POST /v1/dump` to `api` (`unix:/path` or `http://host:port`); returns the dump path the
+/// agent wrote.
+pub async fn request_dump(api: &str, reason: Option<String>, timeout: Duration) -> Result<String, ClientError> {
+    let ep = endpoint(api)?;
+    let (host, prefix, addr) = match &ep {
+        Endpoint::Unix(path) => ("localhost", "", *path),
+        Endpoint::Tcp { hostport, prefix } => (*hostport, *prefix, *hostport),
+    };
     let body = serde_json::to_string(&DumpRequest { reason }).map_err(|_| ClientError::Malformed)?;
     let req = format!(
-        "POST {prefix}/v1/dump HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\n\
+        "POST {prefix}/v1/dump HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    let exchange = async {
-        let mut s = tokio::net::TcpStream::connect(hostport)
-            .await
-            .map_err(|source| ClientError::Connect { addr: hostport.to_string(), source })?;
-        let io = |source| ClientError::Connect { addr: hostport.to_string(), source };
-        s.write_all(req.as_bytes()).await.map_err(io)?;
-        let mut resp = Vec::new();
-        s.take(1 << 20).read_to_end(&mut resp).await.map_err(io)?;
-        Ok::<_, ClientError>(resp)
+    let io = |source| ClientError::Connect { addr: addr.to_string(), source };
+    let talk = async {
+        match ep {
+            Endpoint::Unix(path) => exchange(tokio::net::UnixStream::connect(path).await.map_err(io)?, req.as_bytes()).await,
+            Endpoint::Tcp { hostport, .. } => {
+                exchange(tokio::net::TcpStream::connect(hostport).await.map_err(io)?, req.as_bytes()).await
+            }
+        }
+        .map_err(io)
     };
-    let resp = tokio::time::timeout(timeout, exchange).await.map_err(|_| ClientError::Timeout(timeout))??;
+    let resp = tokio::time::timeout(timeout, talk).await.map_err(|_| ClientError::Timeout(timeout))??;
     let text = String::from_utf8_lossy(&resp);
     let status: u16 = text
         .strip_prefix("HTTP/1.")
