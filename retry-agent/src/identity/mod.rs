@@ -134,7 +134,7 @@ pub struct IdentityConfig {
     #[arg(long = "identity-max-objects", env = "RETRY_AGENT_IDENTITY_MAX_OBJECTS", default_value_t = 100_000)]
     pub max_objects: usize,
     /// Where /proc is (the host's, under hostPID).
-    #[arg(long = "identity-proc-root", env = "RETRY_AGENT_IDENTITY_PROC_ROOT", default_value = "/proc")]
+    #[arg(id = "identity_proc_root", long = "identity-proc-root", env = "RETRY_AGENT_IDENTITY_PROC_ROOT", default_value = "/proc")]
     pub proc_root: PathBuf,
 }
 
