@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::WorkloadName;
+
 /// Identity of one TCP connection as seen by one process: survives fd reuse because the
 /// generation (kernel socket cookie, or a per-fd counter bumped at connect/accept/close) changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -145,12 +147,20 @@ pub struct ProcessInfo {
     pub container_id: Option<String>,
     /// Network namespace inode: addresses are only unique within one.
     pub netns: Option<u64>,
+    /// The host's network namespace inode (pid 1's), so a replay can tell a containerized process
+    /// from a host one. `None` when unreadable, and in recordings from before it was carried.
+    #[serde(default)]
+    pub host_netns: Option<u64>,
+    /// Its Kubernetes name, once `identity` resolved its container (the process is described
+    /// again then). Recorded, so a replay names services as the live run did.
+    #[serde(default)]
+    pub workload: Option<WorkloadName>,
 }
 
 impl ProcessInfo {
     /// A process that was gone before /proc could describe it, named by its exit record.
     pub fn named_at_exit(pid: u32, comm: String) -> Self {
-        ProcessInfo { pid, comm, exe: None, cgroup: None, container_id: None, netns: None }
+        ProcessInfo { pid, comm, exe: None, cgroup: None, container_id: None, netns: None, host_netns: None, workload: None }
     }
 }
 

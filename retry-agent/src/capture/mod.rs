@@ -16,6 +16,7 @@
 pub mod decode;
 pub mod event;
 pub mod procfs;
+mod workload;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -37,6 +38,7 @@ pub use event::{
     ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, ProcessInfo, Role, Syscall, Tuple,
 };
 pub use programs::ProgramsError;
+pub use workload::{WorkloadKind, WorkloadName};
 pub use stats::{CaptureStats, ProgramStat, StatsHandle, StatsInner, enable_bpf_stats, loaded_program_ids, program_stats};
 
 /// The eBPF object embedded at build time (empty when built without `cargo xtask build-ebpf`).

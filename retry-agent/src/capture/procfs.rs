@@ -106,7 +106,8 @@ pub fn process_info(proc_root: &Path, pid: u32) -> ProcessInfo {
     let cgroup = fs::read_to_string(dir.join("cgroup")).ok().and_then(|t| parse_cgroup(&t));
     let container_id = cgroup.as_deref().and_then(container_id);
     let netns = fs::read_link(dir.join("ns/net")).ok().and_then(|p| ns_inode(&p.to_string_lossy()));
-    ProcessInfo { pid, comm, exe, cgroup, container_id, netns }
+    let host_netns = fs::read_link(proc_root.join("1/ns/net")).ok().and_then(|p| ns_inode(&p.to_string_lossy()));
+    ProcessInfo { pid, comm, exe, cgroup, container_id, netns, host_netns, workload: None }
 }
 
 /// A TCP connection found in /proc: which process holds it on which fd.

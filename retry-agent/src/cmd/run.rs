@@ -18,9 +18,10 @@ use tracing::{info, warn};
 use crate::{
     actuate::{ActuateConfig, Dispatcher},
     api::{self, ApiConfig, DumpGate, DumpService, Retention, SharedState},
-    capture::{Capture, CaptureConfig, monotonic_ns},
+    capture::{Capture, CaptureConfig, Event, monotonic_ns, procfs},
     correlate::{self, CorrelateConfig},
     decide::{DecideConfig, Decision},
+    identity::{Identity, IdentityConfig, Resolved},
     l7::L7Config,
     metrics::Metrics,
     pipeline::{Pipeline, StageOutput},
@@ -32,6 +33,8 @@ use crate::{
 pub struct RunArgs {
     #[command(flatten)]
     pub capture: CaptureConfig,
+    #[command(flatten)]
+    pub identity: IdentityConfig,
     #[command(flatten)]
     pub l7: L7Config,
     #[command(flatten)]
@@ -65,6 +68,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // should fail fast with that reason, not with a secondary one or while serving empty metrics.
     let mut capture = Capture::load(&args.capture).context("loading the capture programs")?;
     let capture_stats = capture.stats_handle();
+    // Off the pipeline task: lookups read caches, resolutions come back on `resolved`.
+    let (identity, mut resolved) = Identity::start(args.identity.clone());
 
     // Before any event is reassembled: every digest is keyed by the node's key.
     recorder::key::install(&args.recorder.digest_key_file);
@@ -138,8 +143,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     bail!("the capture stream ended unexpectedly");
                 };
                 last_event_ns = ev.ts_ns().max(last_event_ns);
+                let ev = with_identity(ev, &identity);
                 pipeline.push(&ev, &mut out);
                 drain(&mut out, &pipeline, &state, &to_actuators);
+            }
+            Some(r) = resolved.recv() => {
+                // Describe the container's processes again, named, through the pipeline: the
+                // recorder records the name, so a replay names services as this run does.
+                for ev in renamed(&r, &args.capture.proc_root) {
+                    pipeline.push(&ev, &mut out);
+                    drain(&mut out, &pipeline, &state, &to_actuators);
+                }
             }
             _ = publish.tick() => {
                 let now = monotonic_ns();
@@ -158,6 +172,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 state.health().observe(c.events.wrapping_add(c.polls), capture.programs_attached());
                 metrics.observe_tls(capture.tls_libraries());
                 metrics.observe_go(capture.go_programs());
+                metrics.observe_identity(&identity.failures());
                 let l = pipeline.reassembler.stats();
                 metrics.observe_l7(l.exchanges, l.evictions());
                 send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));
@@ -201,9 +216,42 @@ const ACTUATOR_SHUTDOWN: Duration = Duration::from_secs(5);
 /// Every configuration problem at once, before anything is loaded or bound.
 fn validate(args: &RunArgs) -> Result<(), InvalidConfig> {
     let mut p = InvalidConfig::default();
-    p.add(&args.capture).add(&args.l7).add(&args.correlate).add(&args.decide);
+    p.add(&args.capture).add(&args.identity).add(&args.l7).add(&args.correlate).add(&args.decide);
     p.add(&args.actuate).add(&args.recorder).add(&args.api);
     p.into_result()
+}
+
+/// Asks identity about each process capture describes, and names it when its container is
+/// already known (a re-description without the name would otherwise drop it).
+fn with_identity(ev: Event, identity: &Identity) -> Event {
+    match ev {
+        Event::Process(mut p) => {
+            identity.observe(p.pid);
+            if p.workload.is_none() {
+                p.workload = identity.pid(p.pid);
+            }
+            Event::Process(p)
+        }
+        Event::ProcessExit { pid, ts_ns } => {
+            identity.forget(pid);
+            Event::ProcessExit { pid, ts_ns }
+        }
+        ev => ev,
+    }
+}
+
+/// The processes of a newly named container, described again with the name. A process already
+/// gone is skipped: describing it without its comm would read as a different program.
+fn renamed(r: &Resolved, proc_root: &std::path::Path) -> Vec<Event> {
+    r.pids
+        .iter()
+        .map(|&pid| procfs::process_info(proc_root, pid))
+        .filter(|p| !p.comm.is_empty())
+        .map(|mut p| {
+            p.workload = Some(r.name.clone());
+            Event::Process(p)
+        })
+        .collect()
 }
 
 /// Hands one push's or tick's results to the API and the actuators. Verdict counters come from

@@ -12,6 +12,7 @@ use crate::{
     cmd::{Cli, Command},
     correlate::CorrelateConfig,
     decide::DecideConfig,
+    identity::IdentityConfig,
     l7::L7Config,
     recorder::RecorderConfig,
 };
@@ -56,6 +57,7 @@ fn written_once<T: Settings + Default + Debug>(prefix: &str, valid: T, invalid: 
 #[test]
 fn every_config_is_written_once_with_one_prefix() {
     written_once("capture", CaptureConfig::default(), CaptureConfig { ring_bytes: 3, ..Default::default() });
+    written_once("identity", IdentityConfig::default(), IdentityConfig { max_containers: 0, ..Default::default() });
     written_once("l7", L7Config::default(), L7Config { max_connections: 0, max_inflight: 0, ..Default::default() });
     written_once("correlate", CorrelateConfig::default(), CorrelateConfig { max_edges: 0, fault_failure_ratio: 2.0, ..Default::default() });
     written_once("decide", DecideConfig::default(), DecideConfig { retry_budget: -1.0, decision_ttl_ms: 0, ..Default::default() });
@@ -74,7 +76,7 @@ fn every_config_is_written_once_with_one_prefix() {
 fn run_flags_carry_their_stage_prefix() {
     let cli = Cli::command();
     let run = cli.find_subcommand("run").expect("run");
-    let prefixes = ["capture", "l7", "correlate", "decide", "actuate", "recorder", "api"];
+    let prefixes = ["capture", "identity", "l7", "correlate", "decide", "actuate", "recorder", "api"];
     for arg in run.get_arguments().filter(|a| !a.is_hide_set() && !a.is_global_set()) {
         let Some(long) = arg.get_long() else { continue };
         assert!(

@@ -217,6 +217,8 @@ mod tests {
             cgroup: None,
             container_id: None,
             netns: None,
+            host_netns: None,
+            workload: None,
         })
     }
 

@@ -390,6 +390,8 @@ impl Engine {
                 info.cgroup = info.cgroup.or(old.cgroup.clone());
                 info.container_id = info.container_id.or(old.container_id.clone());
                 info.netns = info.netns.or(old.netns);
+                info.host_netns = info.host_netns.or(old.host_netns);
+                info.workload = info.workload.or(old.workload.clone());
                 // Its provisional names (`pid:N`) will never be resolved again: give their
                 // places under the service cap back, or every short-lived process keeps one.
                 let provisional = format!("pid:{}", info.pid);

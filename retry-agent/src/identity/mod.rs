@@ -11,7 +11,6 @@
 //! processes again. Anything unnamed (no runtime socket, a vanished container, labels missing)
 //! falls back to `comm:port` ([`fallback_name`]) and is counted by [`FailureReason`].
 use std::{
-    fmt,
     net::IpAddr,
     path::PathBuf,
     sync::{
@@ -20,85 +19,18 @@ use std::{
     },
 };
 
-use serde::{Deserialize, Serialize};
-
 pub mod cgroup;
 pub mod cluster;
 pub mod containerd;
 pub mod pod;
 mod resolver;
 
+use crate::settings::{InvalidConfig, Settings};
+
 pub use cgroup::{ContainerId, ContainerRef, RuntimeKind};
+// The name types ride on capture's `ProcessInfo`, so they live in capture (the earlier layer).
+pub use crate::capture::{WorkloadKind, WorkloadName};
 pub use resolver::Resolved;
-
-/// What owns a pod (or, for an address, what it belongs to).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WorkloadKind {
-    Deployment,
-    StatefulSet,
-    DaemonSet,
-    Job,
-    CronJob,
-    /// A ReplicaSet no Deployment owns.
-    ReplicaSet,
-    /// A Service IP whose endpoints are not one workload's pods.
-    Service,
-    /// A bare pod (no owner), or one whose owner kind is not one of the above.
-    Pod,
-    /// Guessed from the pod name's shape (no API access): the kind is not known.
-    Unknown,
-}
-
-impl WorkloadKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkloadKind::Deployment => "deployment",
-            WorkloadKind::StatefulSet => "statefulset",
-            WorkloadKind::DaemonSet => "daemonset",
-            WorkloadKind::Job => "job",
-            WorkloadKind::CronJob => "cronjob",
-            WorkloadKind::ReplicaSet => "replicaset",
-            WorkloadKind::Service => "service",
-            WorkloadKind::Pod => "pod",
-            WorkloadKind::Unknown => "unknown",
-        }
-    }
-}
-
-/// The Kubernetes name of a process or an address. Cheap to clone.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct WorkloadName {
-    pub namespace: Arc<str>,
-    /// The owning workload's name (Deployment, StatefulSet, ...), or the pod's (or the
-    /// Service's) own name when nothing owns it.
-    pub workload: Arc<str>,
-    pub workload_kind: WorkloadKind,
-    /// Empty for a Service IP.
-    pub pod: Arc<str>,
-    /// Known for a local process (its container's labels) and for a remote pod IP whose port a
-    /// container of the pod declares; `None` otherwise.
-    pub container: Option<Arc<str>>,
-}
-
-impl WorkloadName {
-    /// The service name for edges, verdicts and metrics: `namespace/workload`. Stable across
-    /// pods, restarts and nodes (the caller on another node names the callee's IP the same way),
-    /// and bounded by the number of workloads, not pods.
-    pub fn service_name(&self) -> String {
-        format!("{}/{}", self.namespace, self.workload)
-    }
-}
-
-impl fmt::Display for WorkloadName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.workload)?;
-        if let Some(c) = &self.container {
-            write!(f, "/{c}")?;
-        }
-        Ok(())
-    }
-}
 
 /// The name of a process nothing better names: `comm:port`, plus `@netns:<inode>` when the
 /// process is not in the host's network namespace, so two processes listening on the same port
@@ -202,20 +134,21 @@ pub struct IdentityConfig {
     #[arg(long = "identity-max-objects", env = "RETRY_AGENT_IDENTITY_MAX_OBJECTS", default_value_t = 100_000)]
     pub max_objects: usize,
     /// Where /proc is (the host's, under hostPID).
-    #[arg(long = "identity-proc-root", env = "RETRY_AGENT_IDENTITY_PROC_ROOT", default_value = "/proc")]
+    #[arg(id = "identity_proc_root", long = "identity-proc-root", env = "RETRY_AGENT_IDENTITY_PROC_ROOT", default_value = "/proc")]
     pub proc_root: PathBuf,
 }
 
 impl Default for IdentityConfig {
     fn default() -> Self {
-        IdentityConfig {
-            runtime_sockets: vec!["/run/containerd/containerd.sock".into(), "/run/k3s/containerd/containerd.sock".into()],
-            containerd_namespaces: vec!["k8s.io".into(), "default".into(), "moby".into()],
-            kube: KubeMode::Auto,
-            max_containers: 4096,
-            max_objects: 100_000,
-            proc_root: "/proc".into(),
-        }
+        crate::settings::defaults()
+    }
+}
+
+impl Settings for IdentityConfig {
+    fn check(&self, p: &mut InvalidConfig) {
+        // Zero would name nothing while still paying for the runtime calls.
+        p.check(self.max_containers > 0, "identity-max-containers", self.max_containers, "at least 1");
+        p.check(self.max_objects > 0, "identity-max-objects", self.max_objects, "at least 1");
     }
 }
 

@@ -157,6 +157,13 @@ async fn run(shared: Arc<Shared>, cluster: Arc<RwLock<ClusterIndex>>, mut rx: mp
         };
         shared.set_pid(pid, PidEntry::Container(cref.id.clone()));
         if !shared.needs_lookup(&cref.id) {
+            // A new process of a container already named: announce it too, or the caller never
+            // learns its name (only the container's first lookup announces otherwise).
+            if let Some(name) = shared.name_of_pid(pid)
+                && out.try_send(Resolved { container: cref.id, name, pids: vec![pid] }).is_err()
+            {
+                shared.failures.count(FailureReason::QueueFull);
+            }
             continue;
         }
         let entry = match resolve(&shared, &clients, &cluster, &cref).await {

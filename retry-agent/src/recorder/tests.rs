@@ -346,6 +346,57 @@ fn replay_of_a_dump_reproduces_the_live_pipeline() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A process named by identity mid-run (its container resolved after it was first described)
+/// is recorded with its workload, so the replay names the service as the live run did.
+#[test]
+fn replay_keeps_workload_names() {
+    use crate::{
+        capture::{ProcessInfo, WorkloadKind, WorkloadName},
+        correlate::CorrelateConfig,
+        decide::DecideConfig,
+        l7::L7Config,
+    };
+    let dir = temp_dir("replay-names");
+    let rec = SharedRecorder::new(Recorder::new(RecorderConfig { auto_dump: false, ..cfg(dir.clone()) }).unwrap());
+    let mut live = Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default())
+        .with_tap(rec.clone());
+    let mut out = StageOutput::default();
+    let mut events = synth::StormScenario::default().events();
+    // What `run` pushes when the resolver names pid 200's container: the same process, named.
+    let named = events.iter().find_map(|e| match e {
+        Event::Process(p) if p.pid == 200 => Some(ProcessInfo {
+            workload: Some(WorkloadName {
+                namespace: "shop".into(),
+                workload: "api".into(),
+                workload_kind: WorkloadKind::Deployment,
+                pod: "api-5d8c7-x2x9q".into(),
+                container: Some("api".into()),
+            }),
+            ..p.clone()
+        }),
+        _ => None,
+    });
+    let at = events.iter().rposition(|e| matches!(e, Event::Process(_))).unwrap() + 1;
+    events.insert(at, Event::Process(named.unwrap()));
+    let last = events.last().map(Event::ts_ns).unwrap();
+    for ev in &events {
+        live.push(ev, &mut out);
+    }
+    live.tick(last + 3_000_000_000, &mut out);
+    let live_edges: Vec<String> = live.engine.edges().iter().map(|e| e.edge.to_string()).collect();
+    assert!(live_edges.iter().any(|e| e.contains("shop/api")), "{live_edges:?}");
+    assert!(!live_edges.iter().any(|e| e.contains("api:8080")), "{live_edges:?}");
+
+    let path = rec.with(|r| r.dump(DumpReason::OnDemand)).unwrap().unwrap();
+    let dump = DumpReader::read(&std::fs::read(&path).unwrap()).unwrap();
+    let mut fresh = Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default());
+    let rep = replay(&mut fresh, &dump.records);
+    assert_eq!(rep.verdicts, out.verdicts);
+    let replayed: Vec<String> = fresh.engine.edges().iter().map(|e| e.edge.to_string()).collect();
+    assert_eq!(replayed, live_edges);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 mod redaction {
     use super::*;
     use crate::recorder::redact::Redactor;

@@ -122,6 +122,8 @@ impl StormScenario {
                 cgroup: None,
                 container_id: None,
                 netns: Some(4026531840),
+                host_netns: Some(4026531840),
+                workload: None,
             }));
         }
         let (fe, api_in) = link((100, 10, 101), 40000, (200, 20, 201), 8080);

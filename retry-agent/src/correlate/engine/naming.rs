@@ -1,9 +1,14 @@
-//! Service names: resolved from process metadata and config overrides when figures are read or
-//! verdicts written, cached per (pid, port), capped by `max_services` (the rest is `other`).
+//! Service names: config overrides first, then the process's Kubernetes workload
+//! (`namespace/workload`), then `comm:port` (plus `@netns:<inode>` outside the host's network
+//! namespace). Resolved when figures are read or verdicts written, cached per (pid, port), capped
+//! by `max_services` (the rest is `other`).
 use std::net::SocketAddr;
 
 use super::{Engine, PORTS_PER_PROCESS, Peer};
-use crate::correlate::{config::ServiceMatch, table::hash_one, types::ServiceId};
+use crate::{
+    correlate::{config::ServiceMatch, table::hash_one, types::ServiceId},
+    identity::fallback_name,
+};
 
 impl Engine {
     pub(super) fn ns_key(&self, pid: u32, addr: SocketAddr) -> u64 {
@@ -70,10 +75,23 @@ impl Engine {
                 }
             }
         }
-        let base = comm.map_or_else(|| format!("pid:{pid}"), str::to_string);
-        match ports.first() {
-            Some(port) => ServiceId::new(&format!("{base}:{port}")),
-            None => ServiceId::new(&base),
+        let info = p.and_then(|p| p.info.as_ref());
+        // A container identity resolved it: the name operators use, the same on every node.
+        if let Some(w) = info.and_then(|i| i.workload.as_ref()) {
+            return ServiceId::new(&w.service_name());
+        }
+        match comm {
+            // `@netns:<inode>` outside the host's namespace: two containers on one port differ.
+            Some(comm) => ServiceId::new(&fallback_name(
+                comm,
+                ports.first().copied(),
+                info.and_then(|i| i.netns),
+                info.and_then(|i| i.host_netns),
+            )),
+            None => match ports.first() {
+                Some(port) => ServiceId::new(&format!("pid:{pid}:{port}")),
+                None => ServiceId::new(&format!("pid:{pid}")),
+            },
         }
     }
 

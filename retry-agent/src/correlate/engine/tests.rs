@@ -659,7 +659,7 @@ fn names_default_to_comm_and_port_and_overflow_to_other() {
     c.service_names.push("api:80=frontend".parse().unwrap());
     let mut w = World::with(c);
     for (pid, comm) in [(B, "api"), (C, "python3"), (D, "java")] {
-        w.e.on_process(&ProcessInfo { pid, comm: comm.into(), exe: None, cgroup: None, container_id: None, netns: Some(1) });
+        w.e.on_process(&ProcessInfo { pid, comm: comm.into(), exe: None, cgroup: None, container_id: None, netns: Some(1), host_netns: None, workload: None });
     }
     let t = 1_000 * MS;
     w.inbound(B, 200, t, 20 * MS, 200);
@@ -679,7 +679,7 @@ fn processes_gone_before_they_were_read_are_named_by_their_exit() {
     let mut w = World::with(CorrelateConfig::default());
     let server = 500;
     let local = addr("127.0.0.1:8080");
-    w.e.on_process(&ProcessInfo { pid: server, comm: "python3".into(), exe: None, cgroup: None, container_id: None, netns: Some(1) });
+    w.e.on_process(&ProcessInfo { pid: server, comm: "python3".into(), exe: None, cgroup: None, container_id: None, netns: Some(1), host_netns: None, workload: None });
     let mut t = 1_000 * MS;
     for i in 0..40u32 {
         let pid = 9_000 + i;
@@ -1038,4 +1038,103 @@ fn trace_id_links_only_its_own_calls() {
     assert_eq!(w.verdict(2).claim, Claim::Missing);
     assert_eq!(w.verdict(3).claim, Claim::Missing);
     assert_eq!(w.e.stats().trace_links, 0);
+
+mod names {
+    use super::*;
+    use crate::capture::{WorkloadKind, WorkloadName};
+
+    const HOST_NS: u64 = 4026531840;
+
+    fn proc(pid: u32, comm: &str, netns: u64, workload: Option<(&str, &str)>) -> ProcessInfo {
+        let workload = workload.map(|(ns, w)| WorkloadName {
+            namespace: ns.into(),
+            workload: w.into(),
+            workload_kind: WorkloadKind::Deployment,
+            pod: format!("{w}-7d9f8-abcde").into(),
+            container: Some(w.into()),
+        });
+        ProcessInfo {
+            pid,
+            comm: comm.into(),
+            exe: None,
+            cgroup: None,
+            container_id: None,
+            netns: Some(netns),
+            host_netns: Some(HOST_NS),
+            workload,
+        }
+    }
+
+    fn edge_names(w: &World) -> Vec<String> {
+        w.e.edges().iter().map(|e| e.edge.to_string()).collect()
+    }
+
+    /// A resolved container names its processes `namespace/workload`, whatever their comm and
+    /// port; an unresolved process keeps `comm:port`.
+    #[test]
+    fn a_process_with_a_workload_is_named_namespace_slash_workload() {
+        let mut w = World::with(CorrelateConfig::default());
+        w.e.on_process(&proc(B, "node", 11, Some(("shop", "checkout"))));
+        w.e.on_process(&proc(C, "python3", HOST_NS, None));
+        let t = 1_000 * MS;
+        w.inbound(B, 200, t, 20 * MS, 200);
+        w.call(B, 200, C, t, MS, 200);
+        w.e.tick(t + 3_000 * MS, &mut w.v);
+        let names = edge_names(&w);
+        assert!(names.contains(&"shop/checkout->python3:80".to_string()), "{names:?}");
+    }
+
+    /// Two containers listening on one port in two network namespaces (every pod on 8080) never
+    /// share a name; a host process on that port has no suffix.
+    #[test]
+    fn two_network_namespaces_on_one_port_get_two_names() {
+        let mut w = World::with(CorrelateConfig::default());
+        w.e.on_process(&proc(B, "curl", HOST_NS, None));
+        w.e.on_process(&proc(C, "httpd", 4026532001, None));
+        w.e.on_process(&proc(D, "httpd", 4026532002, None));
+        let t = 1_000 * MS;
+        w.call(B, 200, C, t, MS, 200);
+        w.call(B, 200, D, t + 10 * MS, MS, 200);
+        w.e.tick(t + 3_000 * MS, &mut w.v);
+        let names = edge_names(&w);
+        assert!(names.contains(&"curl->httpd:80@netns:4026532001".to_string()), "{names:?}");
+        assert!(names.contains(&"curl->httpd:80@netns:4026532002".to_string()), "{names:?}");
+        assert_eq!(w.e.resolve_name(A, 80).as_str(), "pid:10:80", "undescribed: its pid");
+        w.e.on_process(&proc(A, "httpd", HOST_NS, None));
+        assert_eq!(w.e.resolve_name(A, 80).as_str(), "httpd:80", "host namespace: no suffix");
+        // Without the host's namespace (a recording from before it was carried): as before.
+        let mut old = proc(A, "httpd", 4026532001, None);
+        old.host_netns = None;
+        w.e.on_process(&old);
+        assert_eq!(w.e.resolve_name(A, 80).as_str(), "httpd:80");
+    }
+
+    /// `--correlate-service-name` overrides (pid, comm:port, comm) still win over a workload.
+    #[test]
+    fn overrides_win_over_the_workload() {
+        let mut c = CorrelateConfig::default();
+        c.service_names.push(format!("pid:{B}=pinned").parse().unwrap());
+        c.service_names.push("python3:80=by-port".parse().unwrap());
+        c.service_names.push("java=by-comm".parse().unwrap());
+        let mut w = World::with(c);
+        w.e.on_process(&proc(A, "node", 11, Some(("shop", "web"))));
+        w.e.on_process(&proc(B, "node", 12, Some(("shop", "checkout"))));
+        w.e.on_process(&proc(C, "python3", 13, Some(("shop", "pricing"))));
+        w.e.on_process(&proc(D, "java", 14, Some(("shop", "ledger"))));
+        assert_eq!(w.e.resolve_name(A, 80).as_str(), "shop/web");
+        assert_eq!(w.e.resolve_name(B, 80).as_str(), "pinned");
+        assert_eq!(w.e.resolve_name(C, 80).as_str(), "by-port");
+        assert_eq!(w.e.resolve_name(D, 80).as_str(), "by-comm");
+    }
+
+    /// The container is named after its process was first described: the re-description with
+    /// the workload renames it (cached names are dropped), without losing its state.
+    #[test]
+    fn a_later_description_with_the_workload_renames_the_process() {
+        let mut w = World::with(CorrelateConfig::default());
+        w.e.on_process(&proc(C, "httpd", 4026532001, None));
+        assert_eq!(w.e.name(C, 80).as_str(), "httpd:80@netns:4026532001");
+        w.e.on_process(&proc(C, "httpd", 4026532001, Some(("web", "static"))));
+        assert_eq!(w.e.name(C, 80).as_str(), "web/static");
+    }
 }
