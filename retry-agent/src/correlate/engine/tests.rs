@@ -1038,6 +1038,7 @@ fn trace_id_links_only_its_own_calls() {
     assert_eq!(w.verdict(2).claim, Claim::Missing);
     assert_eq!(w.verdict(3).claim, Claim::Missing);
     assert_eq!(w.e.stats().trace_links, 0);
+}
 
 mod names {
     use super::*;
