@@ -19,10 +19,10 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 const ROUNDS: usize = 2;
-const SECONDS: u64 = 8;
-const CONNECTIONS: u32 = 16;
+pub(crate) const SECONDS: u64 = 8;
+pub(crate) const CONNECTIONS: u32 = 16;
 
-struct Killed(Child);
+pub(crate) struct Killed(pub(crate) Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -31,11 +31,11 @@ impl Drop for Killed {
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn wait_port(port: u16) -> Result<()> {
+pub(crate) fn wait_port(port: u16) -> Result<()> {
     let start = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         if start.elapsed() > Duration::from_secs(10) {
@@ -68,7 +68,7 @@ fn bench_pem(dir: &Path) -> Result<std::path::PathBuf> {
     Ok(pem)
 }
 
-fn haproxy(dir: &Path, port: u16, tls: bool) -> Result<Killed> {
+pub(crate) fn haproxy(dir: &Path, port: u16, tls: bool) -> Result<Killed> {
     let cfg = dir.join("haproxy.cfg");
     let ssl = if tls { format!(" ssl crt {}", bench_pem(dir)?.display()) } else { String::new() };
     std::fs::write(
@@ -95,9 +95,14 @@ fn haproxy(dir: &Path, port: u16, tls: bool) -> Result<Killed> {
 /// Requests/s of one wrk run.
 fn wrk(port: u16, tls: bool) -> Result<f64> {
     let scheme = if tls { "https" } else { "http" };
+    wrk_url(&format!("{scheme}://127.0.0.1:{port}/"))
+}
+
+/// Requests/s of one wrk run against `url` (one thread, [`CONNECTIONS`] keep-alive connections).
+pub(crate) fn wrk_url(url: &str) -> Result<f64> {
     let out = Command::new("wrk")
         .args(["-t1", &format!("-c{CONNECTIONS}"), &format!("-d{SECONDS}s")])
-        .arg(format!("{scheme}://127.0.0.1:{port}/"))
+        .arg(url)
         .output()
         .context("running wrk (apt-get install wrk)")?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -148,7 +153,7 @@ fn start_agent(bin: &Path, tls: bool) -> Result<Killed> {
 }
 
 /// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
     // Fields after the parenthesised comm; utime and stime are the 14th and 15th overall.
     let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };

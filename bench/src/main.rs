@@ -10,6 +10,7 @@ use clap::{Parser, ValueEnum};
 mod capture;
 mod correlate;
 mod l7;
+mod overhead;
 mod recorder;
 mod shim;
 
@@ -20,6 +21,7 @@ enum What {
     Correlate,
     Shim,
     Recorder,
+    Overhead,
 }
 
 #[derive(Debug, Parser)]
@@ -30,7 +32,7 @@ struct Cli {
     /// include the TLS uprobes.
     #[arg(long)]
     tls: bool,
-    /// capture, shim: the retry-agent binary to start (xtask builds it with the eBPF object).
+    /// capture, shim, overhead: the retry-agent binary to start (xtask builds it with the eBPF object).
     #[arg(long)]
     agent_bin: Option<PathBuf>,
 }
@@ -50,6 +52,7 @@ fn main() -> Result<()> {
         What::Correlate => correlate::run(),
         What::Shim => shim::run(&agent_bin()?),
         What::Recorder => recorder::run(),
+        What::Overhead => overhead::run(&agent_bin()?),
     }
 }
 

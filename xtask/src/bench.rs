@@ -16,6 +16,8 @@ pub enum What {
     Correlate,
     Shim,
     Recorder,
+    /// none / floor (empty programs on the same hooks) / agent, for haproxy, nginx, Go and TLS.
+    Overhead,
 }
 
 #[derive(Debug, Args)]
@@ -35,9 +37,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .env("RETRY_EBPF_OBJECT", &obj)
         .args(["run", "--release", "--quiet", "--package", "retry-bench", "--", &what])
         .args(args.tls.then_some("--tls"));
-    if matches!(args.what, What::Capture | What::Shim) {
-        // The shim bench can measure a debug build of the agent; the capture bench never does.
-        let release = matches!(args.what, What::Capture) || std::env::var("RA_BENCH_PROFILE").map_or(true, |p| p != "debug");
+    if matches!(args.what, What::Overhead) {
+        setup::bench_packages()?;
+    }
+    if matches!(args.what, What::Capture | What::Shim | What::Overhead) {
+        // The shim bench can measure a debug build of the agent; the others never do.
+        let release = matches!(args.what, What::Capture | What::Overhead) || std::env::var("RA_BENCH_PROFILE").map_or(true, |p| p != "debug");
         eprintln!("building the agent ({})…", if release { "release" } else { "debug" });
         cmd.arg("--agent-bin").arg(build::agent(release)?);
     }

@@ -102,8 +102,19 @@ pub fn agent() -> Result<()> {
     Ok(())
 }
 
+/// What only `cargo xtask bench overhead` needs (the suite does not install them).
+const BENCH_PACKAGES: &[&str] = &["nginx", "bpftrace"];
+
 pub fn debian_packages() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+    debian(DEBIAN_PACKAGES)
+}
+
+pub fn bench_packages() -> Result<()> {
+    debian(BENCH_PACKAGES)
+}
+
+fn debian(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| !ok(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]).env("LC_ALL", "C"), "install ok installed"))

@@ -323,6 +323,18 @@ impl Capture {
     }
 }
 
+/// The tracepoints the embedded object's programs attach to, as (category, name): what a
+/// benchmark's floor attaches empty programs to, so it measures the same hooks.
+pub fn tracepoints() -> Result<Vec<(String, String)>, ProgramsError> {
+    Ok(programs::programs(EBPF_OBJECT)?
+        .into_iter()
+        .filter_map(|p| match p.hook {
+            programs::Hook::Tracepoint { category, name } => Some((category, name)),
+            programs::Hook::Uprobe(_) => None,
+        })
+        .collect())
+}
+
 /// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

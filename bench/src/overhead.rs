@@ -1,0 +1,319 @@
+//! `cargo xtask bench overhead`: what the agent costs a busy service, against what attaching
+//! tracepoints costs at all, in one run.
+//!
+//! For each server (haproxy answering itself, nginx serving a 1 KiB file, Go net/http hello, and
+//! haproxy over TLS) a wrk keep-alive load runs three ways, side by side:
+//! - **none**: nothing attached;
+//! - **floor**: bpftrace with empty programs on the same tracepoints the agent's object attaches
+//!   (read from the object), plus empty uprobes on the libssl symbols for the TLS row: the cost of
+//!   the hooks themselves, which no agent built on them can go below;
+//! - **agent**: `retry-agent run` with its defaults (recorder on; `--capture-tls true` for the TLS
+//!   row), private paths in a temporary directory.
+//!
+//! It prints req/s for each, floor/none and agent/floor, the agent's CPU per request (its own
+//! process, user + system), its peak RSS and its capture drops. Figures only, never pass/fail: the
+//! machine is shared, so compare ratios from one run.
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::capture::{CONNECTIONS, Killed, SECONDS, cpu_seconds, free_port, haproxy, wait_port, wrk_url};
+
+/// The libssl functions the agent's TLS programs probe (entry and return).
+const SSL_SYMBOLS: &[&str] = &["SSL_write", "SSL_read", "SSL_write_ex", "SSL_read_ex", "SSL_do_handshake", "SSL_connect", "SSL_accept"];
+const LIBSSL: &[&str] = &["/usr/lib/x86_64-linux-gnu/libssl.so.3", "/usr/lib/aarch64-linux-gnu/libssl.so.3", "/usr/lib64/libssl.so.3"];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Server {
+    Haproxy,
+    Nginx,
+    Go,
+    HaproxyTls,
+}
+
+impl Server {
+    const ALL: [Server; 4] = [Server::Haproxy, Server::Nginx, Server::Go, Server::HaproxyTls];
+
+    fn label(self) -> &'static str {
+        match self {
+            Server::Haproxy => "haproxy answering itself",
+            Server::Nginx => "nginx, 1 KiB file",
+            Server::Go => "Go net/http hello",
+            Server::HaproxyTls => "haproxy over TLS",
+        }
+    }
+
+    fn tls(self) -> bool {
+        self == Server::HaproxyTls
+    }
+
+    /// Starts the server; returns it and the URL to load.
+    fn start(self, dir: &Path) -> Result<(Killed, String)> {
+        let port = free_port()?;
+        match self {
+            Server::Haproxy | Server::HaproxyTls => {
+                let scheme = if self.tls() { "https" } else { "http" };
+                Ok((haproxy(dir, port, self.tls())?, format!("{scheme}://127.0.0.1:{port}/")))
+            }
+            Server::Nginx => Ok((nginx(dir, port)?, format!("http://127.0.0.1:{port}/1k.bin"))),
+            Server::Go => Ok((go_hello(dir, port)?, format!("http://127.0.0.1:{port}/"))),
+        }
+    }
+}
+
+fn nginx(dir: &Path, port: u16) -> Result<Killed> {
+    let root = dir.join("nginx");
+    let www = root.join("www");
+    std::fs::create_dir_all(&www)?;
+    std::fs::write(www.join("1k.bin"), vec![b'x'; 1024])?;
+    let r = root.display();
+    let conf = root.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log {r}/error.log;\npid {r}/nginx.pid;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {r}/body;\n  proxy_temp_path {r}/proxy;\n  \
+             fastcgi_temp_path {r}/fastcgi;\n  uwsgi_temp_path {r}/uwsgi;\n  scgi_temp_path {r}/scgi;\n  \
+             keepalive_requests 1000000;\n  server {{ listen 127.0.0.1:{port}; root {r}/www; }}\n}}\n"
+        ),
+    )?;
+    let child = Command::new("nginx")
+        .arg("-c")
+        .arg(&conf)
+        .arg("-p")
+        .arg(&root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting nginx (apt-get install nginx)")?;
+    let n = Killed(child);
+    wait_port(port)?;
+    Ok(n)
+}
+
+fn go_hello(dir: &Path, port: u16) -> Result<Killed> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hello.go");
+    let bin = dir.join("hello");
+    let built = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GO111MODULE", "off")
+        .status()
+        .context("running go build (apt-get install golang-go)")?;
+    if !built.success() {
+        bail!("go build {} failed", src.display());
+    }
+    let child = Command::new(&bin)
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the Go server")?;
+    let g = Killed(child);
+    wait_port(port)?;
+    Ok(g)
+}
+
+/// bpftrace with empty programs on the agent's tracepoints (and the libssl symbols for TLS).
+fn floor(tls: bool) -> Result<Killed> {
+    let tps = retry_agent::capture::tracepoints().context("reading the embedded object's tracepoints")?;
+    if tps.is_empty() {
+        bail!("the embedded eBPF object has no tracepoint programs");
+    }
+    let mut probes: Vec<String> = tps.iter().map(|(c, n)| format!("tracepoint:{c}:{n}")).collect();
+    if tls {
+        let lib = LIBSSL.iter().find(|p| Path::new(p).exists()).context("no libssl.so.3 found")?;
+        for s in SSL_SYMBOLS {
+            probes.push(format!("uprobe:{lib}:{s}"));
+            probes.push(format!("uretprobe:{lib}:{s}"));
+        }
+    }
+    let script = format!("{} {{ }}", probes.join(",\n"));
+    let mut child = Command::new("bpftrace")
+        .arg("-e")
+        .arg(&script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting bpftrace (apt-get install bpftrace)")?;
+    let out = child.stdout.take().context("bpftrace stdout")?;
+    let mut lines = BufReader::new(out).lines();
+    // bpftrace prints "Attaching N probes..." once it has attached them all.
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.starts_with("Attaching") => break,
+            Some(Ok(_)) => {}
+            _ => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                let _ = child.wait();
+                bail!("bpftrace exited before attaching: {err}");
+            }
+        }
+    }
+    thread::spawn(move || lines.for_each(drop));
+    // "Attaching" is printed as attaching starts; give it the moment attaching ~40 probes takes.
+    thread::sleep(Duration::from_secs(2));
+    Ok(Killed(child))
+}
+
+struct Agent {
+    proc: Killed,
+    api_port: u16,
+}
+
+fn start_agent(bin: &Path, dir: &Path, tls: bool) -> Result<Agent> {
+    let api_port = free_port()?;
+    let state = dir.join("agent");
+    std::fs::create_dir_all(&state)?;
+    let mut child = Command::new(bin)
+        .arg("run")
+        .args(["--api-addr", &format!("127.0.0.1:{api_port}")])
+        .arg("--api-socket")
+        .arg(state.join("api.sock"))
+        .arg("--recorder-dump-dir")
+        .arg(state.join("dumps"))
+        .arg("--recorder-digest-key-file")
+        .arg(state.join("digest.key"))
+        .args(["--capture-tls", if tls { "true" } else { "false" }])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let err = child.stderr.take().context("agent stderr")?;
+    let mut lines = BufReader::new(err).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("retry-agent running") => break,
+            Some(Ok(_)) => {}
+            _ => {
+                let _ = child.wait();
+                bail!("the agent exited before running (run the bench as root)");
+            }
+        }
+    }
+    thread::spawn(move || lines.for_each(drop));
+    Ok(Agent { proc: Killed(child), api_port })
+}
+
+/// (VmRSS, VmHWM) of a process, in bytes.
+fn rss(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    (kb("VmRSS:"), kb("VmHWM:"))
+}
+
+/// One sample's value from the agent's /metrics (0 when absent).
+fn metric(api_port: u16, name: &str) -> f64 {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", api_port)) else { return 0.0 };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[derive(Default)]
+struct Row {
+    none: f64,
+    floor: f64,
+    agent: f64,
+    cpu_per_request_us: f64,
+    rss_peak: u64,
+    events: f64,
+    drops: f64,
+}
+
+fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
+    let (_server, url) = server.start(dir)?;
+    // Warm-up: first connections, page cache, CPU frequency.
+    let _ = wrk_url(&url)?;
+    let mut row = Row { none: wrk_url(&url)?, ..Row::default() };
+    {
+        let _floor = floor(server.tls())?;
+        row.floor = wrk_url(&url)?;
+    }
+    let agent = start_agent(bin, dir, server.tls())?;
+    let pid = agent.proc.0.id();
+    // Let the start-up scans (/proc, Go executables) settle before the load.
+    thread::sleep(Duration::from_secs(2));
+    let cpu0 = cpu_seconds(pid);
+    row.agent = wrk_url(&url)?;
+    let cpu1 = cpu_seconds(pid);
+    // Figures are published once a second.
+    thread::sleep(Duration::from_millis(1500));
+    row.rss_peak = rss(pid).1;
+    row.events = metric(agent.api_port, "retry_agent_capture_events_total");
+    row.drops = metric(agent.api_port, "retry_agent_capture_drops_total");
+    let requests = row.agent * SECONDS as f64;
+    row.cpu_per_request_us = (cpu1 - cpu0) * 1e6 / requests.max(1.0);
+    Command::new("kill").args(["-INT", &pid.to_string()]).status().context("signalling the agent")?;
+    drop(agent);
+    Ok(row)
+}
+
+pub fn run(bin: &Path) -> Result<()> {
+    if !crate::is_root() {
+        bail!("bench overhead loads eBPF programs: run as root");
+    }
+    let dir: PathBuf = std::env::temp_dir().join(format!("raover-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut rows = Vec::new();
+    for server in Server::ALL {
+        eprintln!("bench overhead: {}…", server.label());
+        match measure(server, bin, &dir) {
+            Ok(r) => rows.push((server, r)),
+            Err(e) => eprintln!("bench overhead: {} skipped: {e:#}", server.label()),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "bench overhead: wrk -t1 -c{CONNECTIONS} -d{SECONDS}s keep-alive on loopback; floor = bpftrace, empty programs on the agent's {} tracepoints (+ libssl uprobes for TLS); agent = `retry-agent run` defaults",
+        retry_agent::capture::tracepoints().map(|t| t.len()).unwrap_or(0)
+    );
+    println!();
+    println!("| server | none req/s | floor | agent | floor/none | agent/floor | agent CPU per request | agent RSS (peak) | events per request | capture drops |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (s, r) in &rows {
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+        println!(
+            "| {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} µs | {:.0} MiB | {:.1} | {:.0} |",
+            s.label(),
+            r.none,
+            r.floor,
+            r.agent,
+            ratio(r.floor, r.none),
+            ratio(r.agent, r.floor),
+            r.cpu_per_request_us,
+            r.rss_peak as f64 / (1 << 20) as f64,
+            r.events / (r.agent * SECONDS as f64).max(1.0),
+            r.drops
+        );
+    }
+    if rows.is_empty() {
+        bail!("no server could be measured");
+    }
+    Ok(())
+}
