@@ -58,12 +58,14 @@ pub struct PipelineConfig {
 pub const EVAL_EVERY_NS: u64 = 1_000_000_000;
 
 /// What the pipeline hands its tap at each stage (and what a dump file holds).
-#[expect(clippy::large_enum_variant, reason = "records are built once and moved into the ring; boxing would add an allocation per record")]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Record {
     Event(Event),
-    Exchange(Exchange),
+    /// Boxed: an exchange is twice the size of an event, and every record is moved into and out
+    /// of the recorder's ring; inline, each move copied 408 bytes (16% of the agent's CPU under
+    /// a keep-alive load, `cargo xtask bench overhead` with perf), boxed 216.
+    Exchange(Box<Exchange>),
     Verdict(Verdict),
     Decision(Decision),
     /// Edge and call-path figures at one evaluation (what the decisions were made from).
@@ -243,7 +245,7 @@ fn derived(out: &StageOutput, mark: (usize, usize, usize, usize)) -> impl Iterat
     let ss = out.snapshots.get(mark.3..).unwrap_or_default();
     xs.iter()
         .cloned()
-        .map(Record::Exchange)
+        .map(|x| Record::Exchange(Box::new(x)))
         .chain(vs.iter().cloned().map(Record::Verdict))
         .chain(ss.iter().cloned().map(Record::Edges))
         .chain(ds.iter().cloned().map(Record::Decision))

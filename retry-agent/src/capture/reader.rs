@@ -47,7 +47,6 @@ impl Reader {
         // The kernel wakes us only once `wakeup_bytes` wait; below that we come and look.
         let mut poll = tokio::time::interval(self.poll_interval);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let mut raw = Vec::with_capacity(8192);
         loop {
             tokio::select! {
                 guard = ring.readable_mut() => {
@@ -58,7 +57,7 @@ impl Reader {
                             return;
                         }
                     };
-                    let Some(drained) = self.drain(guard.get_inner_mut(), &mut raw) else { return };
+                    let Some(drained) = self.drain(guard.get_inner_mut()) else { return };
                     // Clear readiness only once the ring is empty: the kernel wakes the reader
                     // only when a record lands in an empty ring (adaptive notification), so
                     // clearing with records left would stall capture for good under load.
@@ -72,7 +71,7 @@ impl Reader {
                     self.stats.0.polls.fetch_add(1, Ordering::Relaxed);
                     // Records committed without a wakeup.
                     loop {
-                        let Some(drained) = self.drain(ring.get_mut(), &mut raw) else { return };
+                        let Some(drained) = self.drain(ring.get_mut()) else { return };
                         if drained {
                             break;
                         }
@@ -86,13 +85,11 @@ impl Reader {
 
     /// Handles up to one batch of records. `Some(true)`: the ring is empty; `Some(false)`: more
     /// wait; `None`: the consumer is gone. Bounded so the tick and a closed channel are noticed.
-    fn drain(&mut self, rb: &mut RingBuf<MapData>, raw: &mut Vec<u8>) -> Option<bool> {
+    fn drain(&mut self, rb: &mut RingBuf<MapData>) -> Option<bool> {
         for _ in 0..4096 {
             let Some(item) = rb.next() else { return Some(true) };
-            raw.clear();
-            raw.extend_from_slice(&item);
-            drop(item);
-            if !self.handle(raw) {
+            // Decoded in place: the decoder copies the payload once, into the event it owns.
+            if !self.handle(&item) {
                 return None;
             }
         }

@@ -173,7 +173,7 @@ fn recorded(records: &[Record]) -> Derived {
     let mut d = Derived { exchanges: vec![], verdicts: vec![], decisions: vec![], snapshots: vec![] };
     for r in records {
         match r {
-            Record::Exchange(x) => d.exchanges.push(x.clone()),
+            Record::Exchange(x) => d.exchanges.push((**x).clone()),
             Record::Verdict(v) => d.verdicts.push(v.clone()),
             Record::Decision(x) => d.decisions.push(x.clone()),
             Record::Edges(s) => d.snapshots.push(s.clone()),
