@@ -342,15 +342,22 @@ pub struct Config {
     /// Wake the ring reader only once this many bytes wait (0 = on every record). Waking per
     /// record (an IPI each) cost more than the rest of the program; the reader also polls.
     pub wakeup_bytes: u32,
-    /// Offsets of task_struct.group_leader and task_struct.comm (0 = unknown): with them a
-    /// process whose main thread is named `ignore_comm` (the agent's shims and CLI calls) has
-    /// its sockets left untracked from connect/accept on, whichever thread makes them.
-    pub task_group_leader: u32,
-    pub task_comm: u32,
-    /// NUL-padded; all zero = none.
-    pub ignore_comm: [u8; 16],
     /// `config_flags::*`.
     pub flags: u32,
+    /// The agent's executable as the kernel names it (inode number, `s_dev` of its filesystem;
+    /// 0 = unknown): a process whose `mm->exe_file` is that file is the agent's (a shim, a CLI
+    /// call), however it is named, and its sockets stay untracked from connect/accept on.
+    pub exe_ino: u64,
+    pub exe_dev: u32,
+    /// Offsets of task_struct.mm, mm_struct.exe_file, file.f_inode, inode.i_ino, inode.i_sb,
+    /// super_block.s_dev (all 0 = unknown: only userspace recognises agent processes).
+    pub task_mm: u32,
+    pub mm_exe_file: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
+    pub _pad: u32,
 }
 
 /// `Config::flags`.
@@ -366,6 +373,9 @@ pub mod names {
     pub const DROPS: &str = "DROPS";
     pub const CONFIG: &str = "CONFIG";
     pub const CONNS: &str = "CONNS";
+    /// Processes running the agent's own executable (shims, CLI calls), found by userspace by
+    /// the file's identity: their sockets are left untracked from connect/accept on.
+    pub const AGENT_TGIDS: &str = "AGENT_TGIDS";
 }
 
 #[cfg(feature = "user")]

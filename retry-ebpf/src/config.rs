@@ -2,7 +2,7 @@
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 use retry_common::Config;
 
-use crate::maps::CONFIG;
+use crate::maps::{AGENT_TGIDS, CONFIG};
 
 #[inline(always)]
 pub fn config() -> Config {
@@ -17,29 +17,42 @@ pub fn is_agent(pid_tgid: u64) -> bool {
     if c.agent_tgid != 0 && (pid_tgid >> 32) as u32 == c.agent_tgid {
         return true;
     }
-    if c.ignore_comm[0] == 0 || c.task_group_leader == 0 || c.task_comm == 0 {
+    // Not by name: any workload could take the agent's name and hide. By executable: the
+    // agent's own file here (catches short-lived CLI calls before userspace could look), and
+    // any process userspace found running it or a byte-identical copy.
+    if runs_agent_file(&c) {
+        return true;
+    }
+    // SAFETY: the value is a plain byte; only its presence is read.
+    unsafe { AGENT_TGIDS.get(&((pid_tgid >> 32) as u32)) }.is_some()
+}
+
+/// Whether the current task's `mm->exe_file` is the agent's executable (by inode and device).
+#[inline(always)]
+fn runs_agent_file(c: &Config) -> bool {
+    if c.exe_ino == 0 || c.task_mm == 0 || c.mm_exe_file == 0 || c.file_inode == 0 || c.inode_sb == 0 {
         return false;
     }
-    // The main thread's name: worker threads carry their own (tokio-runtime-w).
-    // SAFETY: kernel reads through the checked helper; offsets from BTF.
-    let leader: u64 = match unsafe { bpf_probe_read_kernel((bpf_get_current_task() + c.task_group_leader as u64) as *const u64) } {
-        Ok(l) => l,
-        Err(_) => return false,
-    };
-    // SAFETY: as above.
-    let comm: [u8; 16] = match unsafe { bpf_probe_read_kernel((leader + c.task_comm as u64) as *const [u8; 16]) } {
-        Ok(x) => x,
-        Err(_) => return false,
-    };
-    let mut i = 0;
-    while i < 16 {
-        if comm[i] != c.ignore_comm[i] {
-            return false;
+    let read = |addr: u64| -> u64 {
+        if addr == 0 {
+            return 0;
         }
-        if comm[i] == 0 {
-            return true;
-        }
-        i += 1;
+        // SAFETY: bpf_probe_read_kernel tolerates bad addresses (returns an error).
+        unsafe { bpf_probe_read_kernel(addr as *const u64) }.unwrap_or(0)
+    };
+    // SAFETY: no preconditions; the pointer is only used through probe reads.
+    let task = unsafe { bpf_get_current_task() };
+    let mm = read(task + c.task_mm as u64);
+    let file = read(mm + c.mm_exe_file as u64);
+    let inode = read(file + c.file_inode as u64);
+    if inode == 0 || read(inode + c.inode_ino as u64) != c.exe_ino {
+        return false;
     }
-    true
+    let sb = read(inode + c.inode_sb as u64);
+    if sb == 0 {
+        return false;
+    }
+    // SAFETY: as above; s_dev is a u32 (dev_t).
+    let dev: u32 = unsafe { bpf_probe_read_kernel((sb + c.sb_dev as u64) as *const u32) }.unwrap_or(0);
+    dev == c.exe_dev
 }

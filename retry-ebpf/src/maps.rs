@@ -21,6 +21,10 @@ pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 /// removes a process's entries when it exits.
 #[map]
 pub static CONNS: LruHashMap<ConnKey, ConnInfo> = LruHashMap::with_max_entries(65536, 0);
+/// Tgids running the agent's executable (shims, CLI calls), filled by userspace; an entry goes
+/// when its process exits or execs (`sched`), so a reused pid is never hidden.
+#[map]
+pub static AGENT_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 /// `struct sock *` -> owner, for state changes seen outside the owner's context.
 #[map]
 pub static SOCKS: LruHashMap<u64, SockOwner> = LruHashMap::with_max_entries(65536, 0);

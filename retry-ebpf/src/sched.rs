@@ -5,7 +5,7 @@ use retry_common::{KIND_PROCESS_EXEC, KIND_PROCESS_EXIT};
 
 use crate::{
     emit::emit_process,
-    maps::{ACCEPT_ARGS, CONNECT_ARGS, IO_ARGS, SSL_ARGS},
+    maps::{ACCEPT_ARGS, AGENT_TGIDS, CONNECT_ARGS, IO_ARGS, SSL_ARGS},
 };
 
 #[inline(always)]
@@ -21,6 +21,7 @@ fn try_process_exit(ctx: &TracePointContext) -> Result<(), i32> {
     if group_dead == 0 {
         return Ok(());
     }
+    let _ = AGENT_TGIDS.remove(&((tid_key >> 32) as u32));
     emit_process(KIND_PROCESS_EXIT, bpf_get_current_pid_tgid());
     Ok(())
 }
@@ -34,6 +35,9 @@ pub fn ra_process_exit(ctx: TracePointContext) -> u32 {
 /// exec replaces comm/exe: userspace re-reads the metadata of processes it already described.
 #[tracepoint(category = "sched", name = "sched_process_exec")]
 pub fn ra_process_exec(_ctx: TracePointContext) -> u32 {
-    emit_process(KIND_PROCESS_EXEC, bpf_get_current_pid_tgid());
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // A new image is judged anew by userspace.
+    let _ = AGENT_TGIDS.remove(&((pid_tgid >> 32) as u32));
+    emit_process(KIND_PROCESS_EXEC, pid_tgid);
     0
 }

@@ -13,7 +13,8 @@ use integration_tests::{
 };
 
 /// The agent's own shims are proxy hops, not services: another process running the agent's
-/// binary is not observed, while its peers (and everyone else) still are.
+/// binary is not observed, while its peers (and everyone else) still are, including a workload
+/// that took the agent's name (it is recognised by its executable, not its name).
 #[test]
 fn other_agent_processes_are_not_observed_but_their_peers_are() {
     if !can_run() {
@@ -26,8 +27,9 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     wait_listening(&addr, None);
 
     let other_port = free_port();
+    let namesake_port = free_port();
     let mut trace = Command::new(&bin)
-        .args(["trace", "--port", &port.to_string(), "--port", &other_port.to_string()])
+        .args(["trace", "--port", &port.to_string(), "--port", &other_port.to_string(), "--port", &namesake_port.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -64,7 +66,7 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let healthz = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://127.0.0.1:{other_port}/healthz")]).status();
     assert!(healthz.is_ok_and(|s| s.success()), "the second agent answers");
     // A short-lived CLI call of the agent's binary (exits before userspace could read its
-    // name): the kernel leaves its sockets untracked by the name of its main thread. (Dumps are
+    // name): the kernel leaves its sockets untracked by the file it runs. (Dumps are
     // not served over TCP, so the agent answers 404: the TCP exchange is what matters here.)
     let cli = Command::new(&bin)
         .args(["dump", "--api", &format!("http://127.0.0.1:{other_port}"), "--timeout-secs", "2"])
@@ -74,6 +76,21 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
         .expect("retry-agent dump");
     let cli_pid = cli.id();
     let _ = cli.wait_with_output();
+    // A workload named like the agent: Python run from a copy named `retry-agent`, asked by curl.
+    let namesake_bin = dir.join("retry-agent");
+    std::fs::copy(std::fs::canonicalize("/usr/bin/python3").unwrap(), &namesake_bin).unwrap();
+    let namesake = Proc::spawn(
+        Command::new(&namesake_bin)
+            .arg("-u")
+            .arg(integration_tests::fixture::fixture("static_http_server.py"))
+            .arg(namesake_port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let namesake_pid = namesake.pid();
+    wait_listening(&format!("127.0.0.1:{namesake_port}"), None);
+    let asked = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://127.0.0.1:{namesake_port}/")]).status();
+    assert!(asked.is_ok_and(|s| s.success()), "the namesake answers");
     // ...and curl talks to the Python server too.
     let curl = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://{addr}/")]).spawn().expect("curl");
     let curl_pid = curl.id();
@@ -96,7 +113,7 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
         if v["type"] == "data" {
             pids.insert(v["pid"].as_u64().unwrap() as u32);
         }
-        if pids.contains(&curl_pid) && pids.len() >= 3 {
+        if pids.contains(&curl_pid) && pids.contains(&namesake_pid) && pids.len() >= 3 {
             // curl and the server's side of its connection are in; give late records a moment.
             std::thread::sleep(Duration::from_millis(300));
             while let Ok(line) = rx.try_recv() {
@@ -111,8 +128,10 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let _ = trace.kill();
     let _ = trace.wait();
     drop(other);
+    drop(namesake);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(pids.contains(&curl_pid), "curl's I/O was not observed: {pids:?}");
+    assert!(pids.contains(&namesake_pid), "a workload named retry-agent hid from capture: {pids:?}");
     assert!(!pids.contains(&other_pid), "the other retry-agent process was observed: {pids:?}");
     assert!(!pids.contains(&cli_pid), "a short-lived retry-agent CLI call was observed: {pids:?}");
 }

@@ -16,8 +16,13 @@ pub struct KernelOffsets {
     pub fdt_fd: u32,
     pub file_private_data: u32,
     pub socket_sk: u32,
-    pub task_group_leader: u32,
-    pub task_comm: u32,
+    /// task → mm → exe_file → f_inode → i_ino, i_sb → s_dev: which file a process runs.
+    pub task_mm: u32,
+    pub mm_exe_file: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
 }
 
 /// Reads /sys/kernel/btf/vmlinux once.
@@ -41,19 +46,28 @@ pub fn offsets_from(data: &[u8]) -> KernelOffsets {
         }
         o.unwrap_or(0)
     };
-    let o = KernelOffsets {
+    let mut o = KernelOffsets {
         sk_err: get("sock", "sk_err"),
         task_files: get("task_struct", "files"),
         files_fdt: get("files_struct", "fdt"),
         fdt_fd: get("fdtable", "fd"),
         file_private_data: get("file", "private_data"),
         socket_sk: get("socket", "sk"),
-        task_group_leader: get("task_struct", "group_leader"),
-        task_comm: get("task_struct", "comm"),
+        task_mm: get("task_struct", "mm"),
+        mm_exe_file: get("mm_struct", "exe_file"),
+        file_inode: get("file", "f_inode"),
+        inode_ino: get("inode", "i_ino"),
+        inode_sb: get("inode", "i_sb"),
+        sb_dev: get("super_block", "s_dev"),
     };
-    // The fd walk needs every link; a partial set would read the wrong memory.
-    if o.task_files == 0 || o.files_fdt == 0 || o.fdt_fd == 0 || o.file_private_data == 0 || o.socket_sk == 0 {
-        return KernelOffsets { sk_err: o.sk_err, task_group_leader: o.task_group_leader, task_comm: o.task_comm, ..KernelOffsets::default() };
+    // Each walk needs every link; a partial set would read the wrong memory.
+    let fd_walk = [o.task_files, o.files_fdt, o.fdt_fd, o.file_private_data, o.socket_sk];
+    if fd_walk.contains(&0) {
+        o = KernelOffsets { task_files: 0, files_fdt: 0, fdt_fd: 0, file_private_data: 0, socket_sk: 0, ..o };
+    }
+    let exe_walk = [o.task_mm, o.mm_exe_file, o.file_inode, o.inode_ino, o.inode_sb, o.sb_dev];
+    if exe_walk.contains(&0) {
+        o = KernelOffsets { task_mm: 0, mm_exe_file: 0, file_inode: 0, inode_ino: 0, inode_sb: 0, sb_dev: 0, ..o };
     }
     o
 }
@@ -217,6 +231,9 @@ mod tests {
             assert!(v > 0 && v < 16384, "{o:?}");
         }
         assert_eq!(o.fdt_fd % 8, 0, "pointer member is aligned: {o:?}");
-        assert!(o.task_group_leader > 0 && o.task_group_leader % 8 == 0 && o.task_comm > 0, "{o:?}");
+        // Every link of the exe-file walk.
+        for v in [o.task_mm, o.mm_exe_file, o.file_inode, o.inode_ino, o.inode_sb, o.sb_dev] {
+            assert!(v > 0 && v < 16384, "{o:?}");
+        }
     }
 }

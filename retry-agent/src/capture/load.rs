@@ -16,8 +16,9 @@ use super::{
 
 /// The settings the programs read (`CONFIG`): what to capture, who the agent is, and the kernel
 /// struct offsets BTF gave.
-pub(super) fn kernel_config(cfg: &CaptureConfig, agent_tgid: u32, own_comm: &str) -> Config {
+pub(super) fn kernel_config(cfg: &CaptureConfig, agent_tgid: u32) -> Config {
     let off = btf::kernel_offsets();
+    let exe = own_exe_kernel_id();
     Config {
         agent_tgid,
         payload_bytes: cfg.payload_bytes.min(MAX_PAYLOAD as u32),
@@ -27,10 +28,16 @@ pub(super) fn kernel_config(cfg: &CaptureConfig, agent_tgid: u32, own_comm: &str
         fdt_fd: off.fdt_fd,
         file_private_data: off.file_private_data,
         socket_sk: off.socket_sk,
+        exe_ino: exe.map_or(0, |e| e.0),
+        exe_dev: exe.map_or(0, |e| e.1),
+        task_mm: off.task_mm,
+        mm_exe_file: off.mm_exe_file,
+        file_inode: off.file_inode,
+        inode_ino: off.inode_ino,
+        inode_sb: off.inode_sb,
+        sb_dev: off.sb_dev,
+        _pad: 0,
         wakeup_bytes: cfg.wakeup_bytes.min(cfg.ring_bytes / 2),
-        task_group_leader: off.task_group_leader,
-        task_comm: off.task_comm,
-        ignore_comm: comm_bytes(own_comm),
         flags: if cfg.tls { config_flags::TLS } else { 0 },
     }
 }
@@ -124,18 +131,14 @@ pub(super) fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps:
     ebpf.take_map(name).ok_or(CaptureError::MissingMap(name))
 }
 
-/// This process's name (what its shims and CLI calls share).
-pub(super) fn own_comm() -> String {
-    std::fs::read_to_string("/proc/self/comm").map(|c| c.trim_end().to_string()).unwrap_or_default()
-}
-
-/// A comm as the kernel stores it: at most 15 bytes, NUL-padded to 16.
-pub(super) fn comm_bytes(comm: &str) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    for (o, b) in out.iter_mut().zip(comm.bytes().take(15)) {
-        *o = b;
-    }
-    out
+/// The agent's executable as the kernel names it: (inode number, `s_dev`). `stat` encodes the
+/// device for userspace; the kernel's `dev_t` is `major << 20 | minor`.
+fn own_exe_kernel_id() -> Option<(u64, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata("/proc/self/exe").ok()?;
+    let dev = m.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    Some((m.ino(), (major << 20) | (minor & 0xfffff)))
 }
 
 /// Names the first missing prerequisite instead of letting the bpf() syscall fail obscurely.

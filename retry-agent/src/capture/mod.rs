@@ -208,8 +208,7 @@ impl Capture {
         load::check_accounted(&ebpf, &specs)?;
 
         let agent_tgid = std::process::id();
-        let own_comm = load::own_comm();
-        let config = load::kernel_config(cfg, agent_tgid, &own_comm);
+        let config = load::kernel_config(cfg, agent_tgid);
         load::write_config(&mut ebpf, &config)?;
 
         let attached = load::attach_fixed(&mut ebpf, &specs)?;
@@ -236,6 +235,10 @@ impl Capture {
         let mut conns: BpfHashMap<MapData, ConnKey, ConnInfo> =
             BpfHashMap::try_from(conns).map_err(|source| CaptureError::Map { map: names::CONNS, source })?;
 
+        let agent_tgids = load::take_map(&mut ebpf, names::AGENT_TGIDS)?;
+        let agent_tgids: BpfHashMap<MapData, u32, u8> =
+            BpfHashMap::try_from(agent_tgids).map_err(|source| CaptureError::Map { map: names::AGENT_TGIDS, source })?;
+
         // Attached before the scan, so a connection opened meanwhile is seen by one or the other.
         let initial = pickup::pick_up_existing(&cfg.proc_root, agent_tgid, &mut conns);
 
@@ -257,7 +260,8 @@ impl Capture {
                 seen: HashMap::new(),
                 ignored: HashSet::new(),
                 nameless: HashSet::new(),
-                own_comm,
+                own_exe: own_exe::OwnExe::current(),
+                agent_tgids,
             };
             rt.spawn(state.run(async_ring, initial))
         };
@@ -345,6 +349,7 @@ pub fn monotonic_ns() -> u64 {
 
 mod btf;
 mod load;
+mod own_exe;
 mod pickup;
 mod programs;
 mod reader;

@@ -12,7 +12,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use retry_common::{ConnInfo, ConnKey};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
-use super::{ConnEventKind, Event, ProcessInfo, StatsHandle, decode, procfs};
+use super::{ConnEventKind, Event, ProcessInfo, StatsHandle, decode, own_exe::OwnExe, procfs};
 
 /// The ring reader task's state.
 pub(super) struct Reader {
@@ -28,8 +28,10 @@ pub(super) struct Reader {
     /// Processes running the agent's own binary (its shims): a proxy hop is not a service, and
     /// observing it would put a fake service between every caller and callee it steers.
     pub(super) ignored: HashSet<u32>,
-    /// The agent's own comm, which its shims share.
-    pub(super) own_comm: String,
+    /// The agent's executable: processes running it (shims) are not observed.
+    pub(super) own_exe: OwnExe,
+    /// The kernel's list of those processes (their new sockets are never tracked).
+    pub(super) agent_tgids: BpfHashMap<MapData, u32, u8>,
     /// Pids described with no name (gone from /proc before they were read): their exit record
     /// names them. Entries go with the exit, like `seen`'s.
     pub(super) nameless: HashSet<u32>,
@@ -106,8 +108,19 @@ impl Reader {
     /// Returns false when the consumer is gone.
     fn handle(&mut self, raw: &[u8]) -> bool {
         if let Some(pid) = decode::exec_pid(raw) {
+            // The kernel forgot an ignored process at exec: its new image is judged anew.
+            if self.ignored.remove(&pid) {
+                return true;
+            }
             // New image, new comm/exe: describe it again, but only if it was described before.
             if self.seen.contains_key(&pid) {
+                if self.is_ours(pid) {
+                    // A traced process that became a shim: its sockets go untracked.
+                    for fd in self.seen.remove(&pid).unwrap_or_default() {
+                        let _ = self.conns.remove(&ConnKey { tgid: pid, fd });
+                    }
+                    return true;
+                }
                 let info = self.describe(pid);
                 return self.send(Event::Process(info));
             }
@@ -136,6 +149,20 @@ impl Reader {
         }
     }
 
+    /// Whether `pid` runs the agent's executable; if so it is ignored from now on, here and
+    /// in the kernel.
+    fn is_ours(&mut self, pid: u32) -> bool {
+        if !self.own_exe.is_ours(&self.proc_root.join(pid.to_string()).join("exe")) {
+            return false;
+        }
+        tracing::debug!(pid, "not observing another process of the agent's executable (a shim)");
+        self.ignored.insert(pid);
+        if let Err(e) = self.agent_tgids.insert(&pid, &1, 0) {
+            tracing::debug!(pid, error = %e, "cannot tell the kernel to skip an agent process");
+        }
+        true
+    }
+
     fn forward(&mut self, ev: Event) -> bool {
         let pid = ev.pid();
         if self.ignored.contains(&pid) {
@@ -159,12 +186,10 @@ impl Reader {
                 let _ = self.conns.remove(&ConnKey { tgid: pid, fd });
             }
         } else if !self.seen.contains_key(&pid) {
-            let info = self.describe(pid);
-            if !self.own_comm.is_empty() && info.comm == self.own_comm {
-                tracing::debug!(pid, "not observing another retry-agent process (a shim)");
-                self.ignored.insert(pid);
+            if self.is_ours(pid) {
                 return self.forward(ev);
             }
+            let info = self.describe(pid);
             self.seen.insert(pid, HashSet::new());
             if !self.send(Event::Process(info)) {
                 return false;

@@ -12,17 +12,6 @@ fn validate_reports_every_problem() {
 }
 
 #[test]
-fn comm_is_stored_like_the_kernel_does() {
-    let b = super::load::comm_bytes("retry-agent");
-    assert_eq!(&b[..11], b"retry-agent");
-    assert!(b[11..].iter().all(|&c| c == 0));
-    // The kernel keeps 15 bytes and a NUL.
-    let long = super::load::comm_bytes("a-very-long-process-name");
-    assert_eq!(&long[..15], b"a-very-long-pro");
-    assert_eq!(long[15], 0);
-}
-
-#[test]
 fn programs_go_in_consumers_first() {
     use super::programs::{Hook, ProgramSpec};
     let tp = |name: &str, category: &str, tp: &str| ProgramSpec {
