@@ -129,27 +129,45 @@ struct AgentRun {
 
 /// Starts `retry-agent trace --count` and waits until its programs are attached.
 fn start_agent(bin: &Path, tls: bool) -> Result<Killed> {
-    let mut child = Command::new(bin)
-        .args(["trace", "--count", "--log", "info", "--capture-tls", if tls { "true" } else { "false" }])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let err = child.stderr.take().context("agent stderr")?;
-    let mut lines = BufReader::new(err).lines();
+    let mut cmd = Command::new(bin);
+    cmd.args(["trace", "--count", "--log", "info", "--capture-tls", if tls { "true" } else { "false" }]).stdout(Stdio::piped());
+    spawn_until(&mut cmd, Said::Stderr, "capture attached").with_context(|| format!("{} (run the bench as root)", bin.display()))
+}
+
+/// Where a child says it is ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Said {
+    Stdout,
+    Stderr,
+}
+
+/// Spawns `cmd` and returns once a line of its `said` stream contains `needle`; that stream is
+/// drained afterwards so the child never blocks on a full pipe. An exit before it is an error
+/// carrying what the child printed.
+pub(crate) fn spawn_until(cmd: &mut Command, said: Said, needle: &str) -> Result<Killed> {
+    match said {
+        Said::Stdout => cmd.stdout(Stdio::piped()),
+        Said::Stderr => cmd.stderr(Stdio::piped()),
+    };
+    let mut child = Killed(cmd.spawn().with_context(|| format!("starting {:?}", cmd.get_program()))?);
+    let stream: Box<dyn Read + Send> = match said {
+        Said::Stdout => Box::new(child.0.stdout.take().context("child stdout")?),
+        Said::Stderr => Box::new(child.0.stderr.take().context("child stderr")?),
+    };
+    let mut lines = BufReader::new(stream).lines();
+    let mut seen = Vec::new();
     loop {
         match lines.next() {
-            Some(Ok(l)) if l.contains("capture attached") => break,
-            Some(Ok(_)) => {}
+            Some(Ok(l)) if l.contains(needle) => break,
+            Some(Ok(l)) => seen.push(l),
             _ => {
-                let _ = child.wait();
-                bail!("the agent exited before attaching (run the bench as root)");
+                let _ = child.0.wait();
+                bail!("{:?} exited before saying {needle:?}:\n{}", cmd.get_program(), seen.join("\n"));
             }
         }
     }
-    // Keep draining its log so it never blocks on a full pipe.
     thread::spawn(move || lines.for_each(drop));
-    Ok(Killed(child))
+    Ok(child)
 }
 
 /// utime + stime of a process, in seconds.

@@ -8,13 +8,14 @@
 //!   (read from the object), plus empty uprobes on the libssl symbols for the TLS row: the cost of
 //!   the hooks themselves, which no agent built on them can go below;
 //! - **agent**: `retry-agent run` with its defaults (recorder on; `--capture-tls true` for the TLS
-//!   row), private paths in a temporary directory.
+//!   row; once more without the Go uprobes for the Go server), private paths in a temporary
+//!   directory.
 //!
 //! It prints req/s for each, floor/none and agent/floor, the agent's CPU per request (its own
 //! process, user + system), its peak RSS and its capture drops. Figures only, never pass/fail: the
 //! machine is shared, so compare ratios from one run.
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     net::TcpStream,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -24,7 +25,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::capture::{CONNECTIONS, Killed, SECONDS, cpu_seconds, free_port, haproxy, wait_port, wrk_url};
+use crate::capture::{CONNECTIONS, Killed, SECONDS, Said, cpu_seconds, free_port, haproxy, spawn_until, wait_port, wrk_url};
 
 /// The libssl functions the agent's TLS programs probe (entry and return).
 const SSL_SYMBOLS: &[&str] = &["SSL_write", "SSL_read", "SSL_write_ex", "SSL_read_ex", "SSL_do_handshake", "SSL_connect", "SSL_accept"];
@@ -35,23 +36,35 @@ enum Server {
     Haproxy,
     Nginx,
     Go,
+    /// The same Go server, the agent without its Go uprobes: what they cost.
+    GoNoUprobes,
     HaproxyTls,
 }
 
 impl Server {
-    const ALL: [Server; 4] = [Server::Haproxy, Server::Nginx, Server::Go, Server::HaproxyTls];
+    const ALL: [Server; 5] = [Server::Haproxy, Server::Nginx, Server::Go, Server::GoNoUprobes, Server::HaproxyTls];
 
     fn label(self) -> &'static str {
         match self {
             Server::Haproxy => "haproxy answering itself",
             Server::Nginx => "nginx, 1 KiB file",
             Server::Go => "Go net/http hello",
+            Server::GoNoUprobes => "Go hello, --capture-go false",
             Server::HaproxyTls => "haproxy over TLS",
         }
     }
 
     fn tls(self) -> bool {
         self == Server::HaproxyTls
+    }
+
+    /// The agent's settings for this row (defaults but for TLS and, in one row, the Go uprobes).
+    fn agent_args(self) -> Vec<&'static str> {
+        let mut args = vec!["--capture-tls", if self.tls() { "true" } else { "false" }];
+        if self == Server::GoNoUprobes {
+            args.extend(["--capture-go", "false"]);
+        }
+        args
     }
 
     /// Starts the server; returns it and the URL to load.
@@ -63,7 +76,7 @@ impl Server {
                 Ok((haproxy(dir, port, self.tls())?, format!("{scheme}://127.0.0.1:{port}/")))
             }
             Server::Nginx => Ok((nginx(dir, port)?, format!("http://127.0.0.1:{port}/1k.bin"))),
-            Server::Go => Ok((go_hello(dir, port)?, format!("http://127.0.0.1:{port}/"))),
+            Server::Go | Server::GoNoUprobes => Ok((go_hello(dir, port)?, format!("http://127.0.0.1:{port}/"))),
         }
     }
 }
@@ -139,34 +152,12 @@ fn floor(tls: bool) -> Result<Killed> {
         }
     }
     let script = format!("{} {{ }}", probes.join(",\n"));
-    let mut child = Command::new("bpftrace")
-        .arg("-e")
-        .arg(&script)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting bpftrace (apt-get install bpftrace)")?;
-    let out = child.stdout.take().context("bpftrace stdout")?;
-    let mut lines = BufReader::new(out).lines();
-    // bpftrace prints "Attaching N probes..." once it has attached them all.
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l.starts_with("Attaching") => break,
-            Some(Ok(_)) => {}
-            _ => {
-                let mut err = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = e.read_to_string(&mut err);
-                }
-                let _ = child.wait();
-                bail!("bpftrace exited before attaching: {err}");
-            }
-        }
-    }
-    thread::spawn(move || lines.for_each(drop));
+    // bpftrace prints "Attaching N probes..." once it starts attaching them.
+    let floor = spawn_until(Command::new("bpftrace").arg("-e").arg(&script).stderr(Stdio::null()), Said::Stdout, "Attaching")
+        .context("bpftrace (apt-get install bpftrace)")?;
     // "Attaching" is printed as attaching starts; give it the moment attaching ~40 probes takes.
     thread::sleep(Duration::from_secs(2));
-    Ok(Killed(child))
+    Ok(floor)
 }
 
 struct Agent {
@@ -174,12 +165,12 @@ struct Agent {
     api_port: u16,
 }
 
-fn start_agent(bin: &Path, dir: &Path, tls: bool) -> Result<Agent> {
+fn start_agent(bin: &Path, dir: &Path, args: &[&str]) -> Result<Agent> {
     let api_port = free_port()?;
     let state = dir.join("agent");
     std::fs::create_dir_all(&state)?;
-    let mut child = Command::new(bin)
-        .arg("run")
+    let mut cmd = Command::new(bin);
+    cmd.arg("run")
         .args(["--api-addr", &format!("127.0.0.1:{api_port}")])
         .arg("--api-socket")
         .arg(state.join("api.sock"))
@@ -187,25 +178,10 @@ fn start_agent(bin: &Path, dir: &Path, tls: bool) -> Result<Agent> {
         .arg(state.join("dumps"))
         .arg("--recorder-digest-key-file")
         .arg(state.join("digest.key"))
-        .args(["--capture-tls", if tls { "true" } else { "false" }])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let err = child.stderr.take().context("agent stderr")?;
-    let mut lines = BufReader::new(err).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l.contains("retry-agent running") => break,
-            Some(Ok(_)) => {}
-            _ => {
-                let _ = child.wait();
-                bail!("the agent exited before running (run the bench as root)");
-            }
-        }
-    }
-    thread::spawn(move || lines.for_each(drop));
-    Ok(Agent { proc: Killed(child), api_port })
+        .args(args)
+        .stdout(Stdio::null());
+    let proc = spawn_until(&mut cmd, Said::Stderr, "retry-agent running").context("the agent (run the bench as root)")?;
+    Ok(Agent { proc, api_port })
 }
 
 /// (VmRSS, VmHWM) of a process, in bytes.
@@ -255,7 +231,7 @@ fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
         let _floor = floor(server.tls())?;
         row.floor = wrk_url(&url)?;
     }
-    let agent = start_agent(bin, dir, server.tls())?;
+    let agent = start_agent(bin, dir, &server.agent_args())?;
     let pid = agent.proc.0.id();
     // Let the start-up scans (/proc, Go executables) settle before the load.
     thread::sleep(Duration::from_secs(2));
