@@ -8,7 +8,9 @@ fn main() {
     println!("cargo:rerun-if-env-changed=RETRY_EBPF_OBJECT");
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
     let default = manifest.join("../retry-ebpf/target/bpfel-unknown-none/release/retry-ebpf");
-    let obj = env::var_os("RETRY_EBPF_OBJECT").map(PathBuf::from).unwrap_or(default);
+    let obj = env::var_os("RETRY_EBPF_OBJECT")
+        .map(PathBuf::from)
+        .unwrap_or(default);
     println!("cargo:rerun-if-changed={}", obj.display());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap_or_default()).join("retry-ebpf.o");
     let bytes = fs::read(&obj).unwrap_or_default();

@@ -48,9 +48,23 @@ pub(crate) fn wait_port(port: u16) -> Result<()> {
 
 /// A self-signed certificate and its key in one PEM (what haproxy's `crt` takes).
 fn bench_pem(dir: &Path) -> Result<std::path::PathBuf> {
-    let (cert, key, pem) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("bench.pem"));
+    let (cert, key, pem) = (
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+        dir.join("bench.pem"),
+    );
     let ok = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])
         .arg("-keyout")
         .arg(&key)
         .arg("-out")
@@ -70,7 +84,11 @@ fn bench_pem(dir: &Path) -> Result<std::path::PathBuf> {
 
 pub(crate) fn haproxy(dir: &Path, port: u16, tls: bool) -> Result<Killed> {
     let cfg = dir.join("haproxy.cfg");
-    let ssl = if tls { format!(" ssl crt {}", bench_pem(dir)?.display()) } else { String::new() };
+    let ssl = if tls {
+        format!(" ssl crt {}", bench_pem(dir)?.display())
+    } else {
+        String::new()
+    };
     std::fs::write(
         &cfg,
         format!(
@@ -130,8 +148,17 @@ struct AgentRun {
 /// Starts `retry-agent trace --count` and waits until its programs are attached.
 fn start_agent(bin: &Path, tls: bool) -> Result<Killed> {
     let mut cmd = Command::new(bin);
-    cmd.args(["trace", "--count", "--log", "info", "--capture-tls", if tls { "true" } else { "false" }]).stdout(Stdio::piped());
-    spawn_until(&mut cmd, Said::Stderr, "capture attached").with_context(|| format!("{} (run the bench as root)", bin.display()))
+    cmd.args([
+        "trace",
+        "--count",
+        "--log",
+        "info",
+        "--capture-tls",
+        if tls { "true" } else { "false" },
+    ])
+    .stdout(Stdio::piped());
+    spawn_until(&mut cmd, Said::Stderr, "capture attached")
+        .with_context(|| format!("{} (run the bench as root)", bin.display()))
 }
 
 /// Where a child says it is ready.
@@ -149,7 +176,10 @@ pub(crate) fn spawn_until(cmd: &mut Command, said: Said, needle: &str) -> Result
         Said::Stdout => cmd.stdout(Stdio::piped()),
         Said::Stderr => cmd.stderr(Stdio::piped()),
     };
-    let mut child = Killed(cmd.spawn().with_context(|| format!("starting {:?}", cmd.get_program()))?);
+    let mut child = Killed(
+        cmd.spawn()
+            .with_context(|| format!("starting {:?}", cmd.get_program()))?,
+    );
     let stream: Box<dyn Read + Send> = match said {
         Said::Stdout => Box::new(child.0.stdout.take().context("child stdout")?),
         Said::Stderr => Box::new(child.0.stderr.take().context("child stderr")?),
@@ -162,7 +192,11 @@ pub(crate) fn spawn_until(cmd: &mut Command, said: Said, needle: &str) -> Result
             Some(Ok(l)) => seen.push(l),
             _ => {
                 let _ = child.0.wait();
-                bail!("{:?} exited before saying {needle:?}:\n{}", cmd.get_program(), seen.join("\n"));
+                bail!(
+                    "{:?} exited before saying {needle:?}:\n{}",
+                    cmd.get_program(),
+                    seen.join("\n")
+                );
             }
         }
     }
@@ -172,9 +206,13 @@ pub(crate) fn spawn_until(cmd: &mut Command, said: Said, needle: &str) -> Result
 
 /// utime + stime of a process, in seconds.
 pub(crate) fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
     // Fields after the parenthesised comm; utime and stime are the 14th and 15th overall.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // 100 ticks per second (USER_HZ) on Linux.
@@ -183,7 +221,10 @@ pub(crate) fn cpu_seconds(pid: u32) -> f64 {
 
 /// Run time and run count of each of our programs, by program id.
 fn bpf_snapshot() -> std::collections::HashMap<u32, (String, u64, u64)> {
-    retry_agent::capture::program_stats().into_iter().map(|p| (p.id, (p.name, p.run_ns, p.runs))).collect()
+    retry_agent::capture::program_stats()
+        .into_iter()
+        .map(|p| (p.id, (p.name, p.run_ns, p.runs)))
+        .collect()
 }
 
 /// Per-program (name, ns, runs) between two snapshots.
@@ -194,14 +235,21 @@ fn bpf_delta(
     b.iter()
         .map(|(id, (name, ns, runs))| {
             let (ns0, runs0) = a.get(id).map(|(_, n, r)| (*n, *r)).unwrap_or((0, 0));
-            (name.clone(), ns.saturating_sub(ns0), runs.saturating_sub(runs0))
+            (
+                name.clone(),
+                ns.saturating_sub(ns0),
+                runs.saturating_sub(runs0),
+            )
         })
         .collect()
 }
 
 fn stop_agent(mut agent: Killed) -> Result<AgentRun> {
     let pid = agent.0.id().to_string();
-    Command::new("kill").args(["-INT", &pid]).status().context("signalling the agent")?;
+    Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .context("signalling the agent")?;
     let mut out = String::new();
     if let Some(mut so) = agent.0.stdout.take() {
         so.read_to_string(&mut out)?;
@@ -283,13 +331,29 @@ pub fn run(bin: &Path, tls: bool) -> Result<()> {
     let events: u64 = agent_runs.iter().map(|r| r.events).sum();
     let secs: f64 = agent_runs.iter().map(|r| r.seconds).sum();
     let load_secs = (SECONDS * ROUNDS as u64) as f64;
-    let over = if tls { "HTTPS (TLS uprobes on libssl)" } else { "plain HTTP" };
-    println!("bench capture: wrk -t1 -c{CONNECTIONS} -d{SECONDS}s keep-alive GETs to haproxy on loopback over {over}, {ROUNDS} rounds");
+    let over = if tls {
+        "HTTPS (TLS uprobes on libssl)"
+    } else {
+        "plain HTTP"
+    };
+    println!(
+        "bench capture: wrk -t1 -c{CONNECTIONS} -d{SECONDS}s keep-alive GETs to haproxy on loopback over {over}, {ROUNDS} rounds"
+    );
     println!("  requests/s without agent   {wo:>12.0}");
     println!("  requests/s with agent      {wi:>12.0}");
-    println!("  ratio with/without         {:>12.3}", if wo > 0.0 { wi / wo } else { 0.0 });
-    println!("  events consumed            {events:>12}  ({:.0}/s over the load, {:.0}/s over agent uptime {secs:.1}s)", events as f64 / load_secs, events as f64 / secs.max(1e-9));
-    println!("  events per request         {:>12.2}", events as f64 / (wi * load_secs).max(1.0));
+    println!(
+        "  ratio with/without         {:>12.3}",
+        if wo > 0.0 { wi / wo } else { 0.0 }
+    );
+    println!(
+        "  events consumed            {events:>12}  ({:.0}/s over the load, {:.0}/s over agent uptime {secs:.1}s)",
+        events as f64 / load_secs,
+        events as f64 / secs.max(1e-9)
+    );
+    println!(
+        "  events per request         {:>12.2}",
+        events as f64 / (wi * load_secs).max(1.0)
+    );
     let bpf_ns: u64 = agent_runs.iter().map(|r| r.bpf_ns).sum();
     let bpf_runs: u64 = agent_runs.iter().map(|r| r.bpf_runs).sum();
     let requests = wi * load_secs;
@@ -307,7 +371,11 @@ pub fn run(bin: &Path, tls: bool) -> Result<()> {
     let mut top: Vec<_> = by_name.into_iter().collect();
     top.sort_by_key(|(_, (ns, _))| std::cmp::Reverse(*ns));
     for (name, (ns, runs)) in top.iter().take(8) {
-        println!("    {name:<24} {runs:>10} runs  {:>6.0} ns/run  {:>5.1}% of eBPF time", *ns as f64 / (*runs).max(1) as f64, 100.0 * *ns as f64 / bpf_ns.max(1) as f64);
+        println!(
+            "    {name:<24} {runs:>10} runs  {:>6.0} ns/run  {:>5.1}% of eBPF time",
+            *ns as f64 / (*runs).max(1) as f64,
+            100.0 * *ns as f64 / bpf_ns.max(1) as f64
+        );
     }
     let cpu: f64 = agent_runs.iter().map(|r| r.agent_cpu_s).sum();
     println!(
@@ -315,8 +383,17 @@ pub fn run(bin: &Path, tls: bool) -> Result<()> {
         100.0 * cpu / load_secs,
         cpu * 1e9 / (events.max(1)) as f64
     );
-    println!("  kernel ring drops          {:>12}", agent_runs.iter().map(|r| r.kernel_drops).sum::<u64>());
-    println!("  channel drops              {:>12}", agent_runs.iter().map(|r| r.channel_drops).sum::<u64>());
-    println!("  decode errors              {:>12}", agent_runs.iter().map(|r| r.decode_errors).sum::<u64>());
+    println!(
+        "  kernel ring drops          {:>12}",
+        agent_runs.iter().map(|r| r.kernel_drops).sum::<u64>()
+    );
+    println!(
+        "  channel drops              {:>12}",
+        agent_runs.iter().map(|r| r.channel_drops).sum::<u64>()
+    );
+    println!(
+        "  decode errors              {:>12}",
+        agent_runs.iter().map(|r| r.decode_errors).sum::<u64>()
+    );
     Ok(())
 }

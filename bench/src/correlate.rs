@@ -17,13 +17,17 @@ use retry_agent::{
     testkit::ExchangeBuilder as X,
 };
 
-
 const MS: u64 = 1_000_000;
 
 pub fn run() -> Result<()> {
     pin_to_one_core();
     println!("correlation engine, one core, release build");
-    throughput("steady mix: 3 hops, 2 calls per request, 5% failures, retries", 0.05, 400, 10)?;
+    throughput(
+        "steady mix: 3 hops, 2 calls per request, 5% failures, retries",
+        0.05,
+        400,
+        10,
+    )?;
     throughput("storm: 60% failures, every failure retried", 0.60, 400, 10)?;
     memory_concurrent(10_000)?;
     memory_at_caps()?;
@@ -33,7 +37,9 @@ pub fn run() -> Result<()> {
 fn pin_to_one_core() {
     // Best effort: the figure is per core; without taskset the scheduler may still move us.
     let pid = std::process::id().to_string();
-    let _ = Command::new("taskset").args(["-p", "-c", "0", &pid]).output();
+    let _ = Command::new("taskset")
+        .args(["-p", "-c", "0", &pid])
+        .output();
 }
 
 fn ip(n: u32) -> IpAddr {
@@ -71,16 +77,64 @@ fn workload(fail: f64, threads: u32, requests_per_thread: u32) -> Vec<Exchange> 
             // mid → cache (always fine), mid → back (fails with `fail`, retried once).
             let mid_tid = 20_000 + th;
             let c_local = eph(mid);
-            out.push(X::server(ids(), cache * 100, 40_000 + th, svc(cache), c_local, t0 + 3 * MS / 100, t0 + 5 * MS / 100).build());
-            out.push(X::client(ids(), mid * 100, mid_tid, c_local, svc(cache), t0 + 2 * MS / 100, t0 + 6 * MS / 100).route(&path).build());
+            out.push(
+                X::server(
+                    ids(),
+                    cache * 100,
+                    40_000 + th,
+                    svc(cache),
+                    c_local,
+                    t0 + 3 * MS / 100,
+                    t0 + 5 * MS / 100,
+                )
+                .build(),
+            );
+            out.push(
+                X::client(
+                    ids(),
+                    mid * 100,
+                    mid_tid,
+                    c_local,
+                    svc(cache),
+                    t0 + 2 * MS / 100,
+                    t0 + 6 * MS / 100,
+                )
+                .route(&path)
+                .build(),
+            );
             let mut t = t0 + 7 * MS / 100;
             let mut ok = false;
             for _attempt in 0..2 {
                 let failed = next(fail);
                 let status = if failed { 503 } else { 200 };
                 let b_local = eph(mid);
-                out.push(X::server(ids(), back * 100, 30_000 + th, svc(back), b_local, t + MS / 100, t + 9 * MS / 100).status(status).build());
-                out.push(X::client(ids(), mid * 100, mid_tid, b_local, svc(back), t, t + 10 * MS / 100).route(&path).status(status).build());
+                out.push(
+                    X::server(
+                        ids(),
+                        back * 100,
+                        30_000 + th,
+                        svc(back),
+                        b_local,
+                        t + MS / 100,
+                        t + 9 * MS / 100,
+                    )
+                    .status(status)
+                    .build(),
+                );
+                out.push(
+                    X::client(
+                        ids(),
+                        mid * 100,
+                        mid_tid,
+                        b_local,
+                        svc(back),
+                        t,
+                        t + 10 * MS / 100,
+                    )
+                    .route(&path)
+                    .status(status)
+                    .build(),
+                );
                 t += 12 * MS / 100;
                 if !failed {
                     ok = true;
@@ -89,10 +143,47 @@ fn workload(fail: f64, threads: u32, requests_per_thread: u32) -> Vec<Exchange> 
             }
             let status = if ok { 200 } else { 502 };
             let m_local = eph(front);
-            out.push(X::server(ids(), mid * 100, mid_tid, svc(mid), m_local, t0 + MS / 100, t + MS / 100).status(status).build());
-            out.push(X::client(ids(), front * 100, 10_000 + th, m_local, svc(mid), t0, t + 2 * MS / 100).route(&path).status(status).build());
+            out.push(
+                X::server(
+                    ids(),
+                    mid * 100,
+                    mid_tid,
+                    svc(mid),
+                    m_local,
+                    t0 + MS / 100,
+                    t + MS / 100,
+                )
+                .status(status)
+                .build(),
+            );
+            out.push(
+                X::client(
+                    ids(),
+                    front * 100,
+                    10_000 + th,
+                    m_local,
+                    svc(mid),
+                    t0,
+                    t + 2 * MS / 100,
+                )
+                .route(&path)
+                .status(status)
+                .build(),
+            );
             let from = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 168, 0, 1)), 40_000);
-            out.push(X::server(ids(), front * 100, 10_000 + th, svc(front), from, t0, t + 3 * MS / 100).status(status).build());
+            out.push(
+                X::server(
+                    ids(),
+                    front * 100,
+                    10_000 + th,
+                    svc(front),
+                    from,
+                    t0,
+                    t + 3 * MS / 100,
+                )
+                .status(status)
+                .build(),
+            );
         }
     }
     // The engine sees exchanges in completion order, as l7 emits them.
@@ -182,7 +273,9 @@ unsafe extern "C" {
 fn heap_in_use() -> u64 {
     // SAFETY: mallinfo2 only reads the allocator's statistics; glibc is the allocator here.
     let m = unsafe { mallinfo2() };
-    let _ = (m.arena, m.ordblks, m.smblks, m.hblks, m.usmblks, m.fsmblks, m.fordblks, m.keepcost);
+    let _ = (
+        m.arena, m.ordblks, m.smblks, m.hblks, m.usmblks, m.fsmblks, m.fordblks, m.keepcost,
+    );
     (m.uordblks + m.hblkhd) as u64
 }
 
@@ -201,10 +294,27 @@ fn memory_concurrent(conns: u32) -> Result<()> {
         let local = SocketAddr::new(ip(2), 10_000 + (i % 50_000) as u16);
         let callee = SocketAddr::new(ip(3 + i % 50), 8080);
         id += 1;
-        w.push(X::client(id, 200, 100_000 + i, local, callee, t0 + 10, t0 + 5 * MS).route(&format!("/c/{i}")).status(if i % 10 == 0 { 503 } else { 200 }).build());
+        w.push(
+            X::client(id, 200, 100_000 + i, local, callee, t0 + 10, t0 + 5 * MS)
+                .route(&format!("/c/{i}"))
+                .status(if i % 10 == 0 { 503 } else { 200 })
+                .build(),
+        );
         id += 1;
         let from = SocketAddr::new(ip(1), 10_000 + (i % 50_000) as u16);
-        w.push(X::server(id, 200, 100_000 + i, SocketAddr::new(ip(2), 8080), from, t0, t0 + 6 * MS).status(if i % 10 == 0 { 502 } else { 200 }).build());
+        w.push(
+            X::server(
+                id,
+                200,
+                100_000 + i,
+                SocketAddr::new(ip(2), 8080),
+                from,
+                t0,
+                t0 + 6 * MS,
+            )
+            .status(if i % 10 == 0 { 502 } else { 200 })
+            .build(),
+        );
     }
     w.sort_by_key(Exchange::end_ns);
     let before = heap_in_use();
@@ -247,12 +357,25 @@ fn memory_at_caps() -> Result<()> {
                 let local = SocketAddr::new(ip(100_000 + n / 50_000), 10_000 + (n % 50_000) as u16);
                 let callee = SocketAddr::new(ip(3 + n % 2_000), 8080);
                 let t = t0 + u64::from(c) * 1_000;
-                let x = X::client(id, pid, th, local, callee, t, t + 500).route(&format!("/k/{n}")).status(503).build();
+                let x = X::client(id, pid, th, local, callee, t, t + 500)
+                    .route(&format!("/k/{n}"))
+                    .status(503)
+                    .build();
                 engine.push(&x, &mut v);
             }
             id += 1;
             let from = SocketAddr::new(ip(200_000 + th / 50_000), 10_000 + (th % 50_000) as u16);
-            let s = X::server(id, pid, th, SocketAddr::new(ip(2), 8080), from, t0, t0 + 50_000).status(502).build();
+            let s = X::server(
+                id,
+                pid,
+                th,
+                SocketAddr::new(ip(2), 8080),
+                from,
+                t0,
+                t0 + 50_000,
+            )
+            .status(502)
+            .build();
             engine.push(&s, &mut v);
             v.clear();
         }

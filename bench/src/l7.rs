@@ -13,7 +13,6 @@ use retry_agent::{
     l7::{Exchange, L7Config, Reassembler},
 };
 
-
 pub fn run() -> Result<()> {
     println!("l7 reassembler, one core, release build");
     for w in [http1_small(), http1_large(), grpc_unary()] {
@@ -38,8 +37,22 @@ fn measure(w: &Workload) {
         r.push(e, &mut out);
     }
     out.clear();
-    let captured: u64 = w.round.iter().map(|e| if let Event::Data(d) = e { d.payload.len() as u64 } else { 0 }).sum();
-    let wire: u64 = w.round.iter().map(|e| if let Event::Data(d) = e { d.len } else { 0 }).sum();
+    let captured: u64 = w
+        .round
+        .iter()
+        .map(|e| {
+            if let Event::Data(d) = e {
+                d.payload.len() as u64
+            } else {
+                0
+            }
+        })
+        .sum();
+    let wire: u64 = w
+        .round
+        .iter()
+        .map(|e| if let Event::Data(d) = e { d.len } else { 0 })
+        .sum();
     let (mut rounds, mut exchanges) = (0u64, 0u64);
     let start = Instant::now();
     let cpu_start = thread_cpu_secs();
@@ -68,24 +81,48 @@ fn measure(w: &Workload) {
         s.unknown_exchanges,
         s.parse_errors,
     );
-    assert_eq!(exchanges, rounds * w.exchanges_per_round as u64, "{}: every exchange completes", w.name);
+    assert_eq!(
+        exchanges,
+        rounds * w.exchanges_per_round as u64,
+        "{}: every exchange completes",
+        w.name
+    );
 }
 
 fn thread_cpu_secs() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 fn conn(fd: u32) -> ConnId {
-    ConnId { pid: 1000 + fd % 7, fd, generation: 1 }
+    ConnId {
+        pid: 1000 + fd % 7,
+        fd,
+        generation: 1,
+    }
 }
 
 fn connect(fd: u32, role: Role) -> Event {
-    let kind = if role == Role::Server { ConnEventKind::Accept } else { ConnEventKind::Connect { errno: 0 } };
+    let kind = if role == Role::Server {
+        ConnEventKind::Accept
+    } else {
+        ConnEventKind::Connect { errno: 0 }
+    };
     let c = conn(fd);
-    Event::Conn(ConnEvent { conn: c, role, tuple: None, pid: c.pid, tid: c.pid, ts_ns: 1, kind })
+    Event::Conn(ConnEvent {
+        conn: c,
+        role,
+        tuple: None,
+        pid: c.pid,
+        tid: c.pid,
+        ts_ns: 1,
+        kind,
+    })
 }
 
 fn data(fd: u32, role: Role, dir: Direction, ts: u64, payload: &Bytes, len: u64) -> Event {
@@ -120,16 +157,37 @@ fn http1_small() -> Workload {
     let mut round = Vec::new();
     for i in 0..16u64 {
         for fd in 0..CONNS {
-            round.push(data(fd, Role::Client, Direction::Egress, i * 10, &req, req.len() as u64));
-            round.push(data(fd, Role::Client, Direction::Ingress, i * 10 + 5, &resp, resp.len() as u64));
+            round.push(data(
+                fd,
+                Role::Client,
+                Direction::Egress,
+                i * 10,
+                &req,
+                req.len() as u64,
+            ));
+            round.push(data(
+                fd,
+                Role::Client,
+                Direction::Ingress,
+                i * 10 + 5,
+                &resp,
+                resp.len() as u64,
+            ));
         }
     }
-    Workload { name: "http1 keep-alive, 512 B bodies, full capture", setup, round, exchanges_per_round: 16 * CONNS as usize }
+    Workload {
+        name: "http1 keep-alive, 512 B bodies, full capture",
+        setup,
+        round,
+        exchanges_per_round: 16 * CONNS as usize,
+    }
 }
 
 /// Servers answering 64 KiB bodies of which 4 KiB per write are captured.
 fn http1_large() -> Workload {
-    let req = Bytes::from_static(b"GET /blobs/9f86d081884c7d659a2feaa0c55ad015 HTTP/1.1\r\nHost: blobs\r\n\r\n");
+    let req = Bytes::from_static(
+        b"GET /blobs/9f86d081884c7d659a2feaa0c55ad015 HTTP/1.1\r\nHost: blobs\r\n\r\n",
+    );
     let mut resp = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 65536\r\n\r\n".to_vec();
     let head = resp.len() as u64;
     resp.extend(std::iter::repeat_n(b'y', 4096 - resp.len()));
@@ -138,11 +196,30 @@ fn http1_large() -> Workload {
     let mut round = Vec::new();
     for i in 0..16u64 {
         for fd in 0..CONNS {
-            round.push(data(fd, Role::Server, Direction::Ingress, i * 10, &req, req.len() as u64));
-            round.push(data(fd, Role::Server, Direction::Egress, i * 10 + 5, &resp, head + 65536));
+            round.push(data(
+                fd,
+                Role::Server,
+                Direction::Ingress,
+                i * 10,
+                &req,
+                req.len() as u64,
+            ));
+            round.push(data(
+                fd,
+                Role::Server,
+                Direction::Egress,
+                i * 10 + 5,
+                &resp,
+                head + 65536,
+            ));
         }
     }
-    Workload { name: "http1 keep-alive, 64 KiB bodies, 4 KiB captured", setup, round, exchanges_per_round: 16 * CONNS as usize }
+    Workload {
+        name: "http1 keep-alive, 64 KiB bodies, 4 KiB captured",
+        setup,
+        round,
+        exchanges_per_round: 16 * CONNS as usize,
+    }
 }
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -173,7 +250,8 @@ fn grpc_unary() -> Workload {
         (b"te", b"trailers"),
         (b"grpc-timeout", b"1S"),
     ];
-    let resp_h: [(&[u8], &[u8]); 2] = [(b":status", b"200"), (b"content-type", b"application/grpc")];
+    let resp_h: [(&[u8], &[u8]); 2] =
+        [(b":status", b"200"), (b"content-type", b"application/grpc")];
     let trailers: [(&[u8], &[u8]); 2] = [(b"grpc-status", b"0"), (b"grpc-message", b"")];
     for fd in 0..GRPC_CONNS {
         let (mut ce, mut se) = (loona_hpack::Encoder::new(), loona_hpack::Encoder::new());
@@ -185,8 +263,22 @@ fn grpc_unary() -> Workload {
         first.extend(frame(1, 0x5, 1, &ce.encode(req_h)));
         let mut answer = frame(1, 0x4, 1, &se.encode(resp_h));
         answer.extend(frame(1, 0x5, 1, &se.encode(trailers)));
-        setup.push(data(fd, Role::Client, Direction::Egress, 0, &Bytes::from(first.clone()), first.len() as u64));
-        setup.push(data(fd, Role::Client, Direction::Ingress, 1, &Bytes::from(answer.clone()), answer.len() as u64));
+        setup.push(data(
+            fd,
+            Role::Client,
+            Direction::Egress,
+            0,
+            &Bytes::from(first.clone()),
+            first.len() as u64,
+        ));
+        setup.push(data(
+            fd,
+            Role::Client,
+            Direction::Ingress,
+            1,
+            &Bytes::from(answer.clone()),
+            answer.len() as u64,
+        ));
         let mut batch_req = Vec::new();
         let mut batch_resp = Vec::new();
         for call in 0..CALLS {
@@ -199,9 +291,26 @@ fn grpc_unary() -> Workload {
             batch_resp.extend(frame(0, 0, id, &msg));
             batch_resp.extend(frame(1, 0x5, id, &se.encode(trailers)));
             if call % 8 == 7 {
-                let (q, p) = (Bytes::from(std::mem::take(&mut batch_req)), Bytes::from(std::mem::take(&mut batch_resp)));
-                round.push(data(fd, Role::Client, Direction::Egress, call as u64, &q, q.len() as u64));
-                round.push(data(fd, Role::Client, Direction::Ingress, call as u64 + 1, &p, p.len() as u64));
+                let (q, p) = (
+                    Bytes::from(std::mem::take(&mut batch_req)),
+                    Bytes::from(std::mem::take(&mut batch_resp)),
+                );
+                round.push(data(
+                    fd,
+                    Role::Client,
+                    Direction::Egress,
+                    call as u64,
+                    &q,
+                    q.len() as u64,
+                ));
+                round.push(data(
+                    fd,
+                    Role::Client,
+                    Direction::Ingress,
+                    call as u64 + 1,
+                    &p,
+                    p.len() as u64,
+                ));
             }
         }
     }

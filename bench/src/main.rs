@@ -40,11 +40,15 @@ struct Cli {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     if cfg!(debug_assertions) {
-        bail!("figures from an unoptimised build mean nothing: run `cargo xtask bench` (it builds --release)");
+        bail!(
+            "figures from an unoptimised build mean nothing: run `cargo xtask bench` (it builds --release)"
+        );
     }
     let agent_bin = || match &cli.agent_bin {
         Some(b) => Ok(b.clone()),
-        None => bail!("this bench starts the agent: pass --agent-bin (cargo xtask bench builds it)"),
+        None => {
+            bail!("this bench starts the agent: pass --agent-bin (cargo xtask bench builds it)")
+        }
     };
     match cli.what {
         What::Capture => capture::run(&agent_bin()?, cli.tls),

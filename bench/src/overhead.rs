@@ -25,11 +25,26 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::capture::{CONNECTIONS, Killed, SECONDS, Said, cpu_seconds, free_port, haproxy, spawn_until, wait_port, wrk_url};
+use crate::capture::{
+    CONNECTIONS, Killed, SECONDS, Said, cpu_seconds, free_port, haproxy, spawn_until, wait_port,
+    wrk_url,
+};
 
 /// The libssl functions the agent's TLS programs probe (entry and return).
-const SSL_SYMBOLS: &[&str] = &["SSL_write", "SSL_read", "SSL_write_ex", "SSL_read_ex", "SSL_do_handshake", "SSL_connect", "SSL_accept"];
-const LIBSSL: &[&str] = &["/usr/lib/x86_64-linux-gnu/libssl.so.3", "/usr/lib/aarch64-linux-gnu/libssl.so.3", "/usr/lib64/libssl.so.3"];
+const SSL_SYMBOLS: &[&str] = &[
+    "SSL_write",
+    "SSL_read",
+    "SSL_write_ex",
+    "SSL_read_ex",
+    "SSL_do_handshake",
+    "SSL_connect",
+    "SSL_accept",
+];
+const LIBSSL: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/libssl.so.3",
+    "/usr/lib/aarch64-linux-gnu/libssl.so.3",
+    "/usr/lib64/libssl.so.3",
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Server {
@@ -42,7 +57,13 @@ enum Server {
 }
 
 impl Server {
-    const ALL: [Server; 5] = [Server::Haproxy, Server::Nginx, Server::Go, Server::GoNoUprobes, Server::HaproxyTls];
+    const ALL: [Server; 5] = [
+        Server::Haproxy,
+        Server::Nginx,
+        Server::Go,
+        Server::GoNoUprobes,
+        Server::HaproxyTls,
+    ];
 
     fn label(self) -> &'static str {
         match self {
@@ -73,10 +94,15 @@ impl Server {
         match self {
             Server::Haproxy | Server::HaproxyTls => {
                 let scheme = if self.tls() { "https" } else { "http" };
-                Ok((haproxy(dir, port, self.tls())?, format!("{scheme}://127.0.0.1:{port}/")))
+                Ok((
+                    haproxy(dir, port, self.tls())?,
+                    format!("{scheme}://127.0.0.1:{port}/"),
+                ))
             }
             Server::Nginx => Ok((nginx(dir, port)?, format!("http://127.0.0.1:{port}/1k.bin"))),
-            Server::Go | Server::GoNoUprobes => Ok((go_hello(dir, port)?, format!("http://127.0.0.1:{port}/"))),
+            Server::Go | Server::GoNoUprobes => {
+                Ok((go_hello(dir, port)?, format!("http://127.0.0.1:{port}/")))
+            }
         }
     }
 }
@@ -139,13 +165,20 @@ fn go_hello(dir: &Path, port: u16) -> Result<Killed> {
 
 /// bpftrace with empty programs on the agent's tracepoints (and the libssl symbols for TLS).
 fn floor(tls: bool) -> Result<Killed> {
-    let tps = retry_agent::capture::tracepoints().context("reading the embedded object's tracepoints")?;
+    let tps =
+        retry_agent::capture::tracepoints().context("reading the embedded object's tracepoints")?;
     if tps.is_empty() {
         bail!("the embedded eBPF object has no tracepoint programs");
     }
-    let mut probes: Vec<String> = tps.iter().map(|(c, n)| format!("tracepoint:{c}:{n}")).collect();
+    let mut probes: Vec<String> = tps
+        .iter()
+        .map(|(c, n)| format!("tracepoint:{c}:{n}"))
+        .collect();
     if tls {
-        let lib = LIBSSL.iter().find(|p| Path::new(p).exists()).context("no libssl.so.3 found")?;
+        let lib = LIBSSL
+            .iter()
+            .find(|p| Path::new(p).exists())
+            .context("no libssl.so.3 found")?;
         for s in SSL_SYMBOLS {
             probes.push(format!("uprobe:{lib}:{s}"));
             probes.push(format!("uretprobe:{lib}:{s}"));
@@ -153,8 +186,15 @@ fn floor(tls: bool) -> Result<Killed> {
     }
     let script = format!("{} {{ }}", probes.join(",\n"));
     // bpftrace prints "Attaching N probes..." once it starts attaching them.
-    let floor = spawn_until(Command::new("bpftrace").arg("-e").arg(&script).stderr(Stdio::null()), Said::Stdout, "Attaching")
-        .context("bpftrace (apt-get install bpftrace)")?;
+    let floor = spawn_until(
+        Command::new("bpftrace")
+            .arg("-e")
+            .arg(&script)
+            .stderr(Stdio::null()),
+        Said::Stdout,
+        "Attaching",
+    )
+    .context("bpftrace (apt-get install bpftrace)")?;
     // "Attaching" is printed as attaching starts; give it the moment attaching ~40 probes takes.
     thread::sleep(Duration::from_secs(2));
     Ok(floor)
@@ -180,7 +220,8 @@ fn start_agent(bin: &Path, dir: &Path, args: &[&str]) -> Result<Agent> {
         .arg(state.join("digest.key"))
         .args(args)
         .stdout(Stdio::null());
-    let proc = spawn_until(&mut cmd, Said::Stderr, "retry-agent running").context("the agent (run the bench as root)")?;
+    let proc = spawn_until(&mut cmd, Said::Stderr, "retry-agent running")
+        .context("the agent (run the bench as root)")?;
     Ok(Agent { proc, api_port })
 }
 
@@ -200,7 +241,9 @@ fn rss(pid: u32) -> (u64, u64) {
 
 /// One sample's value from the agent's /metrics (0 when absent).
 fn metric(api_port: u16, name: &str) -> f64 {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", api_port)) else { return 0.0 };
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", api_port)) else {
+        return 0.0;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
     let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n");
     let mut body = String::new();
@@ -226,7 +269,10 @@ fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
     let (_server, url) = server.start(dir)?;
     // Warm-up: first connections, page cache, CPU frequency.
     let _ = wrk_url(&url)?;
-    let mut row = Row { none: wrk_url(&url)?, ..Row::default() };
+    let mut row = Row {
+        none: wrk_url(&url)?,
+        ..Row::default()
+    };
     {
         let _floor = floor(server.tls())?;
         row.floor = wrk_url(&url)?;
@@ -245,7 +291,10 @@ fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
     row.drops = metric(agent.api_port, "retry_agent_capture_drops_total");
     let requests = row.agent * SECONDS as f64;
     row.cpu_per_request_us = (cpu1 - cpu0) * 1e6 / requests.max(1.0);
-    Command::new("kill").args(["-INT", &pid.to_string()]).status().context("signalling the agent")?;
+    Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .context("signalling the agent")?;
     drop(agent);
     Ok(row)
 }
@@ -267,10 +316,14 @@ pub fn run(bin: &Path) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     println!(
         "bench overhead: wrk -t1 -c{CONNECTIONS} -d{SECONDS}s keep-alive on loopback; floor = bpftrace, empty programs on the agent's {} tracepoints (+ libssl uprobes for TLS); agent = `retry-agent run` defaults",
-        retry_agent::capture::tracepoints().map(|t| t.len()).unwrap_or(0)
+        retry_agent::capture::tracepoints()
+            .map(|t| t.len())
+            .unwrap_or(0)
     );
     println!();
-    println!("| server | none req/s | floor | agent | floor/none | agent/floor | agent CPU per request | agent RSS (peak) | events per request | capture drops |");
+    println!(
+        "| server | none req/s | floor | agent | floor/none | agent/floor | agent CPU per request | agent RSS (peak) | events per request | capture drops |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for (s, r) in &rows {
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };

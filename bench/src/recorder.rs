@@ -21,7 +21,6 @@ use retry_agent::{
     testkit::StormScenario,
 };
 
-
 /// CPU time of this thread in ns (scheduler accounting, ns precision): the timed loops run on
 /// one thread, so other engineers' builds on the same box do not count against them.
 fn cpu_ns() -> u64 {
@@ -39,27 +38,64 @@ struct Timed {
 fn timed(f: impl FnOnce()) -> Timed {
     let (w, c) = (Instant::now(), cpu_ns());
     f();
-    Timed { wall_s: w.elapsed().as_secs_f64(), cpu_s: (cpu_ns().saturating_sub(c)) as f64 / 1e9 }
+    Timed {
+        wall_s: w.elapsed().as_secs_f64(),
+        cpu_s: (cpu_ns().saturating_sub(c)) as f64 / 1e9,
+    }
 }
 
 fn pipeline() -> Pipeline {
-    Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default())
+    Pipeline::new(
+        L7Config::default(),
+        CorrelateConfig::default(),
+        DecideConfig::default(),
+    )
 }
 
 pub fn run() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("ra-recorder-bench-{}", std::process::id()));
-    let cfg = RecorderConfig { dump_dir: dir.clone(), auto_dump: false, max_mib: 256, window_secs: 3600, ..Default::default() };
-    let events = StormScenario { requests: 20_000, interval_ns: 1_000_000, fault: 8_000..12_000, ..Default::default() }.events();
+    let cfg = RecorderConfig {
+        dump_dir: dir.clone(),
+        auto_dump: false,
+        max_mib: 256,
+        window_secs: 3600,
+        ..Default::default()
+    };
+    let events = StormScenario {
+        requests: 20_000,
+        interval_ns: 1_000_000,
+        fault: 8_000..12_000,
+        ..Default::default()
+    }
+    .events();
     let n = events.len() as f64;
-    let payload: usize = events.iter().map(|e| if let Event::Data(d) = e { d.payload.len() } else { 0 }).sum();
-    println!("recorder bench, release build, one core: {} events ({:.1} MB of captured payload)", events.len(), payload as f64 / 1e6);
+    let payload: usize = events
+        .iter()
+        .map(|e| {
+            if let Event::Data(d) = e {
+                d.payload.len()
+            } else {
+                0
+            }
+        })
+        .sum();
+    println!(
+        "recorder bench, release build, one core: {} events ({:.1} MB of captured payload)",
+        events.len(),
+        payload as f64 / 1e6
+    );
 
     // 1. Recording alone: into a ring still growing, and into a full one (steady state: every
     // record evicts an old one).
     for (label, mib) in [("growing ring", 256), ("full ring (8 MiB)", 8)] {
-        let mut rec = Recorder::new(RecorderConfig { max_mib: mib, ..cfg.clone() })?;
+        let mut rec = Recorder::new(RecorderConfig {
+            max_mib: mib,
+            ..cfg.clone()
+        })?;
         if mib == 8 {
-            events.iter().for_each(|e| rec.record(Record::Event(e.clone())));
+            events
+                .iter()
+                .for_each(|e| rec.record(Record::Event(e.clone())));
         }
         let t = timed(|| {
             for e in &events {
@@ -74,7 +110,10 @@ pub fn run() -> Result<()> {
             rec.stats().records_in_ring
         );
     }
-    println!("  (size of one ring entry before payload: {} bytes)", std::mem::size_of::<Record>());
+    println!(
+        "  (size of one ring entry before payload: {} bytes)",
+        std::mem::size_of::<Record>()
+    );
 
     // 2. The pipeline with the recorder off and on, same events (best of 5 each, CPU time). The recorder
     // runs at its default bound and is filled first: the steady state of a running agent, where
@@ -82,9 +121,14 @@ pub fn run() -> Result<()> {
     let mut off = f64::MAX;
     let mut on = f64::MAX;
     let mut live_out = StageOutput::default();
-    let steady = SharedRecorder::new(Recorder::new(RecorderConfig { max_mib: 64, ..cfg.clone() })?);
+    let steady = SharedRecorder::new(Recorder::new(RecorderConfig {
+        max_mib: 64,
+        ..cfg.clone()
+    })?);
     let mut warm = pipeline().with_tap(steady.clone());
-    events.iter().for_each(|e| warm.push(e, &mut StageOutput::default()));
+    events
+        .iter()
+        .for_each(|e| warm.push(e, &mut StageOutput::default()));
     for _ in 0..5 {
         let mut p = pipeline();
         let mut out = StageOutput::default();
@@ -97,11 +141,18 @@ pub fn run() -> Result<()> {
         live_out = out;
     }
     let st = steady.stats();
-    println!("    (steady ring: {:.1} MB, {} records, {} evicted for size)", st.bytes_in_ring as f64 / 1e6, st.records_in_ring, st.evicted_size_total);
+    println!(
+        "    (steady ring: {:.1} MB, {} records, {} evicted for size)",
+        st.bytes_in_ring as f64 / 1e6,
+        st.records_in_ring,
+        st.evicted_size_total
+    );
     // A dump of one whole live run (its own ring, large enough to hold it).
     let shared = SharedRecorder::new(Recorder::new(cfg.clone())?);
     let mut p = pipeline().with_tap(shared.clone());
-    events.iter().for_each(|e| p.push(e, &mut StageOutput::default()));
+    events
+        .iter()
+        .for_each(|e| p.push(e, &mut StageOutput::default()));
     let shared = Some(shared);
     println!(
         "  pipeline, recorder off: {:>10.0} events/CPU-s   recorder on: {:>10.0} events/CPU-s   CPU on/off = {:.2}",
@@ -134,7 +185,11 @@ pub fn run() -> Result<()> {
     let mut read = None;
     let t = timed(|| read = Some(DumpReader::open(&path)));
     let read = read.ok_or_else(|| anyhow::anyhow!("no read"))??;
-    println!("  dump read:              {:>10.0} records/s   ({})", read.records.len() as f64 / t.wall_s, read.loss);
+    println!(
+        "  dump read:              {:>10.0} records/s   ({})",
+        read.records.len() as f64 / t.wall_s,
+        read.loss
+    );
 
     // 4. Replay.
     let mut p = pipeline();

@@ -40,7 +40,10 @@ struct Cleanup {
 }
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let _ = Command::new(&self.bin).args(["shim", "--cleanup", "--chain", &self.chain]).stderr(Stdio::null()).status();
+        let _ = Command::new(&self.bin)
+            .args(["shim", "--cleanup", "--chain", &self.chain])
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
@@ -49,7 +52,12 @@ fn free_port() -> Result<u16> {
 }
 
 fn have(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+    Command::new(cmd)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
 }
 
 fn wait_port(port: u16) -> bool {
@@ -90,7 +98,13 @@ fn parse_dur(s: &str) -> Option<f64> {
 
 /// wrk's own summary, plus the `RA_P999 <us>` line [`WRK_SCRIPT`] prints.
 fn parse_wrk(out: &str) -> Option<Figures> {
-    let mut f = Figures { rps: f64::NAN, p50_us: f64::NAN, p99_us: f64::NAN, p999_us: f64::NAN, cpu_us: f64::NAN };
+    let mut f = Figures {
+        rps: f64::NAN,
+        p50_us: f64::NAN,
+        p99_us: f64::NAN,
+        p999_us: f64::NAN,
+        cpu_us: f64::NAN,
+    };
     for line in out.lines() {
         let mut w = line.split_whitespace();
         match (w.next(), w.next()) {
@@ -123,21 +137,36 @@ fn parse_h2load_log(text: &str) -> (f64, f64, f64, usize) {
         .filter_map(|l| {
             let mut c = l.split('\t');
             let (_, status, dur) = (c.next()?, c.next()?, c.next()?);
-            status.trim().starts_with('2').then(|| dur.trim().parse::<f64>().ok()).flatten()
+            status
+                .trim()
+                .starts_with('2')
+                .then(|| dur.trim().parse::<f64>().ok())
+                .flatten()
         })
         .collect();
     d.sort_by(f64::total_cmp);
-    (quantile(&d, 0.50), quantile(&d, 0.99), quantile(&d, 0.999), d.len())
+    (
+        quantile(&d, 0.50),
+        quantile(&d, 0.99),
+        quantile(&d, 0.999),
+        d.len(),
+    )
 }
 
 /// CPU time (utime + stime, all threads) of a process, in µs.
 fn cpu_us(pid: Option<u32>) -> f64 {
     let Some(pid) = pid else { return f64::NAN };
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return f64::NAN };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
     // Fields after the parenthesised command name; utime and stime are the 14th and 15th overall.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    let ticks = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(11) + ticks(12)) * 1e6 / hz
@@ -171,7 +200,13 @@ impl Load<'_> {
         let script = self.dir.join("p999.lua");
         std::fs::write(&script, WRK_SCRIPT)?;
         let out = Command::new("wrk")
-            .args(["-t2", &format!("-c{}", self.conns), &format!("-d{secs}s"), "--latency", "-s"])
+            .args([
+                "-t2",
+                &format!("-c{}", self.conns),
+                &format!("-d{secs}s"),
+                "--latency",
+                "-s",
+            ])
             .arg(&script)
             .arg(format!("http://127.0.0.1:{port}/"))
             .output()
@@ -188,7 +223,12 @@ impl Load<'_> {
         let log = self.dir.join(format!("h2load-{port}.log"));
         let _ = std::fs::remove_file(&log);
         let out = Command::new("h2load")
-            .args(["-t2", &format!("-c{}", self.conns), "-m1", &format!("-D{secs}")])
+            .args([
+                "-t2",
+                &format!("-c{}", self.conns),
+                "-m1",
+                &format!("-D{secs}"),
+            ])
             .arg(format!("--log-file={}", log.display()))
             .arg(format!("http://127.0.0.1:{port}/"))
             .output()
@@ -199,10 +239,19 @@ impl Load<'_> {
         if n == 0 {
             bail!("h2load completed no request on port {port}:\n{text}");
         }
-        if text.lines().any(|l| l.starts_with("requests:") && !l.contains(" 0 failed, 0 errored")) {
+        if text
+            .lines()
+            .any(|l| l.starts_with("requests:") && !l.contains(" 0 failed, 0 errored"))
+        {
             eprintln!("warning: h2load saw failures on port {port}:\n{text}");
         }
-        Ok(Figures { rps: n as f64 / secs as f64, p50_us: p50, p99_us: p99, p999_us: p999, cpu_us: f64::NAN })
+        Ok(Figures {
+            rps: n as f64 / secs as f64,
+            p50_us: p50,
+            p99_us: p99,
+            p999_us: p999,
+            cpu_us: f64::NAN,
+        })
     }
 }
 
@@ -255,26 +304,46 @@ fn envoy_config(h1: &Ports, h2: &Ports) -> String {
 
 /// xtask installs Envoy and names its binary (`RETRY_AGENT_ENVOY`), as it builds the agent.
 fn envoy_bin() -> Result<PathBuf> {
-    std::env::var_os("RETRY_AGENT_ENVOY").map(PathBuf::from).context("no Envoy binary: run through `cargo xtask bench shim`")
+    std::env::var_os("RETRY_AGENT_ENVOY")
+        .map(PathBuf::from)
+        .context("no Envoy binary: run through `cargo xtask bench shim`")
 }
 
 pub fn run(bin: &Path) -> Result<()> {
-    let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     if uid.as_deref().ok() != Some("0") {
         bail!("bench shim needs root (iptables steering)");
     }
-    for (c, a, pkg) in [("wrk", "-v", "wrk"), ("haproxy", "-v", "haproxy"), ("iptables", "-V", "iptables"), ("h2load", "--version", "nghttp2-client")] {
+    for (c, a, pkg) in [
+        ("wrk", "-v", "wrk"),
+        ("haproxy", "-v", "haproxy"),
+        ("iptables", "-V", "iptables"),
+        ("h2load", "--version", "nghttp2-client"),
+    ] {
         if !have(c, a) {
             bail!("bench shim needs {c} (apt-get install {pkg})");
         }
     }
     let envoy = envoy_bin()?;
-    let secs: u64 = std::env::var("RA_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
+    let secs: u64 = std::env::var("RA_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8);
     let bin = bin.to_path_buf();
 
     let dir = std::env::temp_dir().join(format!("rabench-shim-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let ports = || -> Result<Ports> { Ok(Ports { direct: free_port()?, haproxy: free_port()?, envoy: free_port()?, shim: free_port()? }) };
+    let ports = || -> Result<Ports> {
+        Ok(Ports {
+            direct: free_port()?,
+            haproxy: free_port()?,
+            envoy: free_port()?,
+            shim: free_port()?,
+        })
+    };
     let (h1, h2) = (ports()?, ports()?);
     // The backend in its own HAProxy process, so no forwarder shares its threads with it. The
     // shim paths have their own backend ports (steered by destination port).
@@ -301,39 +370,91 @@ pub fn run(bin: &Path) -> Result<()> {
     )?;
     let envoy_cfg = dir.join("envoy.yaml");
     std::fs::write(&envoy_cfg, envoy_config(&h1, &h2))?;
-    let _backend = Kill(Command::new("haproxy").arg("-db").arg("-f").arg(&be_cfg).stdout(Stdio::null()).spawn()?);
-    let hap = Kill(Command::new("haproxy").arg("-db").arg("-f").arg(&fwd_cfg).stdout(Stdio::null()).spawn()?);
+    let _backend = Kill(
+        Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&be_cfg)
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+    let hap = Kill(
+        Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&fwd_cfg)
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
     let env = Kill(
         Command::new(&envoy)
             .arg("-c")
             .arg(&envoy_cfg)
-            .args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "error"])
+            .args([
+                "--concurrency",
+                "2",
+                "--disable-hot-restart",
+                "--log-level",
+                "error",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?,
     );
     let chain = format!("RABENCH_{}", std::process::id() % 100_000);
-    let _cleanup = Cleanup { bin: bin.clone(), chain: chain.clone() };
+    let _cleanup = Cleanup {
+        bin: bin.clone(),
+        chain: chain.clone(),
+    };
     let shim_port = free_port()?;
     let shim = Kill(
         Command::new(&bin)
-            .args(["--log", "warn", "shim", "--port", &shim_port.to_string(), "--chain", &chain])
-            .args(["--dport", &format!("{},{}", h1.shim, h2.shim), "--control-socket"])
+            .args([
+                "--log",
+                "warn",
+                "shim",
+                "--port",
+                &shim_port.to_string(),
+                "--chain",
+                &chain,
+            ])
+            .args([
+                "--dport",
+                &format!("{},{}", h1.shim, h2.shim),
+                "--control-socket",
+            ])
             .arg(dir.join("no-agent.sock"))
             .arg("--run-dir")
             .arg(&dir)
             .stdout(Stdio::null())
             .spawn()?,
     );
-    if ![h1.direct, h2.direct, h1.haproxy, h2.haproxy, h1.envoy, h2.envoy, shim_port].into_iter().all(wait_port) {
+    if ![
+        h1.direct, h2.direct, h1.haproxy, h2.haproxy, h1.envoy, h2.envoy, shim_port,
+    ]
+    .into_iter()
+    .all(wait_port)
+    {
         bail!("haproxy, envoy or the shim did not come up");
     }
     sleep(Duration::from_millis(500)); // rules installed after the listener
 
-    let load = Load { dir: &dir, conns: 32 };
-    let pids = [("direct", None), ("haproxy", Some(hap.0.id())), ("envoy", Some(env.0.id())), ("shim", Some(shim.0.id()))];
+    let load = Load {
+        dir: &dir,
+        conns: 32,
+    };
+    let pids = [
+        ("direct", None),
+        ("haproxy", Some(hap.0.id())),
+        ("envoy", Some(env.0.id())),
+        ("shim", Some(shim.0.id())),
+    ];
     let load1 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    eprintln!("{} connections, one request in flight each, {secs}s per path; load average before: {}", load.conns, load1.trim());
+    eprintln!(
+        "{} connections, one request in flight each, {secs}s per path; load average before: {}",
+        load.conns,
+        load1.trim()
+    );
     let mut rows = Vec::new();
     for (proto, name, p) in [(Proto::Http1, "http1", &h1), (Proto::H2c, "h2c", &h2)] {
         let port_of = [p.direct, p.haproxy, p.envoy, p.shim];
@@ -348,10 +469,14 @@ pub fn run(bin: &Path) -> Result<()> {
     }
     let load2 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
 
-    println!("| proto | path | req/s | p50 µs | p99 µs | p99.9 µs | +p50 µs | +p99 µs | +p99.9 µs | proxy CPU µs/req |");
+    println!(
+        "| proto | path | req/s | p50 µs | p99 µs | p99.9 µs | +p50 µs | +p99 µs | +p99.9 µs | proxy CPU µs/req |"
+    );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (proto, figs) in &rows {
-        let Some((_, direct)) = figs.first().copied() else { continue };
+        let Some((_, direct)) = figs.first().copied() else {
+            continue;
+        };
         for (path, f) in figs {
             println!(
                 "| {proto} | {path} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
@@ -362,7 +487,11 @@ pub fn run(bin: &Path) -> Result<()> {
                 f.p50_us - direct.p50_us,
                 f.p99_us - direct.p99_us,
                 f.p999_us - direct.p999_us,
-                if f.cpu_us.is_nan() { "-".to_string() } else { format!("{:.1}", f.cpu_us) }
+                if f.cpu_us.is_nan() {
+                    "-".to_string()
+                } else {
+                    format!("{:.1}", f.cpu_us)
+                }
             );
         }
         let get = |n: &str| figs.iter().find(|(p, _)| *p == n).map(|(_, f)| *f);
@@ -375,7 +504,11 @@ pub fn run(bin: &Path) -> Result<()> {
             );
         }
     }
-    println!("load average before: {} after: {}", load1.trim(), load2.trim());
+    println!(
+        "load average before: {} after: {}",
+        load1.trim(),
+        load2.trim()
+    );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -22,17 +22,27 @@ fn main() -> ExitCode {
         Err(e) => {
             let usage = e.use_stderr();
             let _ = e.print();
-            return if usage { ExitCode::from(EX_USAGE) } else { ExitCode::SUCCESS };
+            return if usage {
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     for (old, new, _) in &renamed {
         tracing::warn!("{old} is deprecated: it is read as {new}, set that instead");
     }
 
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("retry-agent: cannot start the runtime: {e}");
@@ -46,7 +56,11 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("retry-agent: {e:#}");
             let usage = e.chain().any(|c| c.is::<InvalidConfig>());
-            if usage { ExitCode::from(EX_USAGE) } else { ExitCode::FAILURE }
+            if usage {
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -71,7 +71,9 @@ pub enum Record {
     /// Edge and call-path figures at one evaluation (what the decisions were made from).
     Edges(EdgeSnapshot),
     /// An evaluation the live loop made without an event (idle timer): a replay ticks here too.
-    Tick { now_ns: u64 },
+    Tick {
+        now_ns: u64,
+    },
 }
 
 impl Record {
@@ -209,7 +211,12 @@ impl Pipeline {
     }
 
     fn mark_out(&mut self, out: &StageOutput) {
-        self.mark = (out.exchanges.len(), out.verdicts.len(), out.decisions.len(), out.snapshots.len());
+        self.mark = (
+            out.exchanges.len(),
+            out.verdicts.len(),
+            out.decisions.len(),
+            out.snapshots.len(),
+        );
     }
 
     fn correlate(&mut self, out: &mut StageOutput) {
@@ -231,14 +238,21 @@ impl Pipeline {
         out.verdicts.append(&mut self.vs);
         let edges = self.engine.edges();
         let decisions = self.decider.evaluate_edges(&edges, now_ns);
-        out.snapshots.push(EdgeSnapshot { ts_ns: now_ns, edges, paths: self.engine.paths() });
+        out.snapshots.push(EdgeSnapshot {
+            ts_ns: now_ns,
+            edges,
+            paths: self.engine.paths(),
+        });
         out.decisions.extend(decisions);
         self.next_eval_ns = (now_ns / EVAL_EVERY_NS + 1).saturating_mul(EVAL_EVERY_NS);
     }
 }
 
 /// The records `out` gained since `mark`, in stage order (what the tap is handed).
-fn derived(out: &StageOutput, mark: (usize, usize, usize, usize)) -> impl Iterator<Item = Record> + '_ {
+fn derived(
+    out: &StageOutput,
+    mark: (usize, usize, usize, usize),
+) -> impl Iterator<Item = Record> + '_ {
     let xs = out.exchanges.get(mark.0..).unwrap_or_default();
     let vs = out.verdicts.get(mark.1..).unwrap_or_default();
     let ds = out.decisions.get(mark.2..).unwrap_or_default();

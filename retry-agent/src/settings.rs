@@ -18,12 +18,18 @@ use std::{ffi::OsString, fmt};
 /// The defaults of a config struct, as its flag attributes state them: clap parses an empty
 /// command line with env vars ignored, so `Default` never depends on the environment.
 pub fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
-    let cmd = T::augment_args(clap::Command::new("defaults").no_binary_name(true)).mut_args(|a| a.env(None));
+    let cmd = T::augment_args(clap::Command::new("defaults").no_binary_name(true))
+        .mut_args(|a| a.env(None));
     cmd.try_get_matches_from(std::iter::empty::<OsString>())
         .and_then(|m| T::from_arg_matches(&m))
         // Every config struct is parsed this way by the settings test: a default that does not
         // parse is a programming error caught there, not something observed at run time.
-        .unwrap_or_else(|e| panic!("the flag defaults of {} do not parse: {e}", std::any::type_name::<T>()))
+        .unwrap_or_else(|e| {
+            panic!(
+                "the flag defaults of {} do not parse: {e}",
+                std::any::type_name::<T>()
+            )
+        })
 }
 
 /// A stage's settings: clap flags with defaults, and a check of their values.
@@ -65,9 +71,19 @@ impl fmt::Display for InvalidConfig {
 
 impl InvalidConfig {
     /// Records a problem with `--flag value` unless `ok`.
-    pub fn check(&mut self, ok: bool, flag: &'static str, value: impl fmt::Display, expected: &'static str) {
+    pub fn check(
+        &mut self,
+        ok: bool,
+        flag: &'static str,
+        value: impl fmt::Display,
+        expected: &'static str,
+    ) {
         if !ok {
-            self.0.push(Invalid { flag, value: value.to_string(), expected });
+            self.0.push(Invalid {
+                flag,
+                value: value.to_string(),
+                expected,
+            });
         }
     }
 
@@ -89,53 +105,157 @@ impl InvalidConfig {
 /// Env vars from before the stage prefixes, and the ones that replaced them. Read only when the
 /// new one is not set, so a deployment can move over one variable at a time.
 pub const LEGACY_ENV: &[(&str, &[&str])] = &[
-    ("RETRY_AGENT_RING_BYTES", &["RETRY_AGENT_CAPTURE_RING_BYTES"]),
-    ("RETRY_AGENT_PAYLOAD_BYTES", &["RETRY_AGENT_CAPTURE_PAYLOAD_BYTES"]),
-    ("RETRY_AGENT_CHANNEL_CAPACITY", &["RETRY_AGENT_CAPTURE_CHANNEL_CAPACITY"]),
+    (
+        "RETRY_AGENT_RING_BYTES",
+        &["RETRY_AGENT_CAPTURE_RING_BYTES"],
+    ),
+    (
+        "RETRY_AGENT_PAYLOAD_BYTES",
+        &["RETRY_AGENT_CAPTURE_PAYLOAD_BYTES"],
+    ),
+    (
+        "RETRY_AGENT_CHANNEL_CAPACITY",
+        &["RETRY_AGENT_CAPTURE_CHANNEL_CAPACITY"],
+    ),
     ("RETRY_AGENT_PROC_ROOT", &["RETRY_AGENT_CAPTURE_PROC_ROOT"]),
-    ("RETRY_AGENT_RING_WAKEUP_BYTES", &["RETRY_AGENT_CAPTURE_RING_WAKEUP_BYTES"]),
-    ("RETRY_AGENT_RING_POLL_MS", &["RETRY_AGENT_CAPTURE_RING_POLL_MS"]),
+    (
+        "RETRY_AGENT_RING_WAKEUP_BYTES",
+        &["RETRY_AGENT_CAPTURE_RING_WAKEUP_BYTES"],
+    ),
+    (
+        "RETRY_AGENT_RING_POLL_MS",
+        &["RETRY_AGENT_CAPTURE_RING_POLL_MS"],
+    ),
     ("RETRY_AGENT_TLS", &["RETRY_AGENT_CAPTURE_TLS"]),
     ("RETRY_AGENT_TLS_LIBS", &["RETRY_AGENT_CAPTURE_TLS_LIB"]),
-    ("RETRY_AGENT_TLS_RESCAN_SECS", &["RETRY_AGENT_CAPTURE_TLS_RESCAN_SECS"]),
-    ("RETRY_AGENT_CONTEXT_GRACE_MS", &["RETRY_AGENT_CORRELATE_CONTEXT_GRACE_MS"]),
-    ("RETRY_AGENT_RETRY_WINDOW_MS", &["RETRY_AGENT_CORRELATE_RETRY_WINDOW_MS"]),
-    ("RETRY_AGENT_STATS_BUCKET_MS", &["RETRY_AGENT_CORRELATE_STATS_BUCKET_MS"]),
-    ("RETRY_AGENT_STATS_WINDOW_BUCKETS", &["RETRY_AGENT_CORRELATE_STATS_WINDOW_BUCKETS"]),
-    ("RETRY_AGENT_FAULT_FAILURE_RATIO", &["RETRY_AGENT_CORRELATE_FAULT_FAILURE_RATIO"]),
-    ("RETRY_AGENT_AT_LEAST_ONCE", &["RETRY_AGENT_CORRELATE_AT_LEAST_ONCE"]),
-    ("RETRY_AGENT_TIMING_LINK_MS", &["RETRY_AGENT_CORRELATE_TIMING_LINK_MS"]),
-    ("RETRY_AGENT_FAILURE_MEMORY", &["RETRY_AGENT_CORRELATE_FAILURE_MEMORY"]),
-    ("RETRY_AGENT_SERVICE_NAMES", &["RETRY_AGENT_CORRELATE_SERVICE_NAME"]),
-    ("RETRY_AGENT_MAX_SERVICES", &["RETRY_AGENT_CORRELATE_MAX_SERVICES"]),
-    ("RETRY_AGENT_MAX_EDGES", &["RETRY_AGENT_CORRELATE_MAX_EDGES"]),
-    ("RETRY_AGENT_MAX_THREADS", &["RETRY_AGENT_CORRELATE_MAX_THREADS"]),
-    ("RETRY_AGENT_MAX_PENDING", &["RETRY_AGENT_CORRELATE_MAX_PENDING"]),
-    ("RETRY_AGENT_MAX_RETRY_KEYS", &["RETRY_AGENT_CORRELATE_MAX_RETRY_KEYS"]),
-    ("RETRY_AGENT_RETRY_BUDGET", &["RETRY_AGENT_DECIDE_RETRY_BUDGET"]),
-    ("RETRY_AGENT_AMPLIFICATION_THRESHOLD", &["RETRY_AGENT_DECIDE_AMPLIFICATION_THRESHOLD"]),
-    ("RETRY_AGENT_DECISION_TTL_MS", &["RETRY_AGENT_DECIDE_TTL_MS"]),
-    ("RETRY_AGENT_DECISION_HYSTERESIS_MS", &["RETRY_AGENT_DECIDE_HYSTERESIS_MS"]),
-    ("RETRY_AGENT_DECISION_EXIT_FRACTION", &["RETRY_AGENT_DECIDE_EXIT_FRACTION"]),
-    ("RETRY_AGENT_DECISION_MIN_REQUESTS", &["RETRY_AGENT_DECIDE_MIN_REQUESTS"]),
-    ("RETRY_AGENT_DECISION_MIN_FAILURES", &["RETRY_AGENT_DECIDE_MIN_FAILURES"]),
+    (
+        "RETRY_AGENT_TLS_RESCAN_SECS",
+        &["RETRY_AGENT_CAPTURE_TLS_RESCAN_SECS"],
+    ),
+    (
+        "RETRY_AGENT_CONTEXT_GRACE_MS",
+        &["RETRY_AGENT_CORRELATE_CONTEXT_GRACE_MS"],
+    ),
+    (
+        "RETRY_AGENT_RETRY_WINDOW_MS",
+        &["RETRY_AGENT_CORRELATE_RETRY_WINDOW_MS"],
+    ),
+    (
+        "RETRY_AGENT_STATS_BUCKET_MS",
+        &["RETRY_AGENT_CORRELATE_STATS_BUCKET_MS"],
+    ),
+    (
+        "RETRY_AGENT_STATS_WINDOW_BUCKETS",
+        &["RETRY_AGENT_CORRELATE_STATS_WINDOW_BUCKETS"],
+    ),
+    (
+        "RETRY_AGENT_FAULT_FAILURE_RATIO",
+        &["RETRY_AGENT_CORRELATE_FAULT_FAILURE_RATIO"],
+    ),
+    (
+        "RETRY_AGENT_AT_LEAST_ONCE",
+        &["RETRY_AGENT_CORRELATE_AT_LEAST_ONCE"],
+    ),
+    (
+        "RETRY_AGENT_TIMING_LINK_MS",
+        &["RETRY_AGENT_CORRELATE_TIMING_LINK_MS"],
+    ),
+    (
+        "RETRY_AGENT_FAILURE_MEMORY",
+        &["RETRY_AGENT_CORRELATE_FAILURE_MEMORY"],
+    ),
+    (
+        "RETRY_AGENT_SERVICE_NAMES",
+        &["RETRY_AGENT_CORRELATE_SERVICE_NAME"],
+    ),
+    (
+        "RETRY_AGENT_MAX_SERVICES",
+        &["RETRY_AGENT_CORRELATE_MAX_SERVICES"],
+    ),
+    (
+        "RETRY_AGENT_MAX_EDGES",
+        &["RETRY_AGENT_CORRELATE_MAX_EDGES"],
+    ),
+    (
+        "RETRY_AGENT_MAX_THREADS",
+        &["RETRY_AGENT_CORRELATE_MAX_THREADS"],
+    ),
+    (
+        "RETRY_AGENT_MAX_PENDING",
+        &["RETRY_AGENT_CORRELATE_MAX_PENDING"],
+    ),
+    (
+        "RETRY_AGENT_MAX_RETRY_KEYS",
+        &["RETRY_AGENT_CORRELATE_MAX_RETRY_KEYS"],
+    ),
+    (
+        "RETRY_AGENT_RETRY_BUDGET",
+        &["RETRY_AGENT_DECIDE_RETRY_BUDGET"],
+    ),
+    (
+        "RETRY_AGENT_AMPLIFICATION_THRESHOLD",
+        &["RETRY_AGENT_DECIDE_AMPLIFICATION_THRESHOLD"],
+    ),
+    (
+        "RETRY_AGENT_DECISION_TTL_MS",
+        &["RETRY_AGENT_DECIDE_TTL_MS"],
+    ),
+    (
+        "RETRY_AGENT_DECISION_HYSTERESIS_MS",
+        &["RETRY_AGENT_DECIDE_HYSTERESIS_MS"],
+    ),
+    (
+        "RETRY_AGENT_DECISION_EXIT_FRACTION",
+        &["RETRY_AGENT_DECIDE_EXIT_FRACTION"],
+    ),
+    (
+        "RETRY_AGENT_DECISION_MIN_REQUESTS",
+        &["RETRY_AGENT_DECIDE_MIN_REQUESTS"],
+    ),
+    (
+        "RETRY_AGENT_DECISION_MIN_FAILURES",
+        &["RETRY_AGENT_DECIDE_MIN_FAILURES"],
+    ),
     ("RETRY_AGENT_ACTUATORS", &["RETRY_AGENT_ACTUATE"]),
     // The agent and the shim read the same variable before; both still do.
-    ("RETRY_AGENT_CONTROL_SOCKET", &["RETRY_AGENT_ACTUATE_CONTROL_SOCKET", "RETRY_AGENT_SHIM_CONTROL_SOCKET"]),
-    ("RETRY_AGENT_HAPROXY_SOCKET", &["RETRY_AGENT_ACTUATE_HAPROXY_SOCKET"]),
-    ("RETRY_AGENT_HAPROXY_MAP", &["RETRY_AGENT_ACTUATE_HAPROXY_MAP"]),
-    ("RETRY_AGENT_ENVOY_ADMIN", &["RETRY_AGENT_ACTUATE_ENVOY_ADMIN"]),
-    ("RETRY_AGENT_DECISION_LOG", &["RETRY_AGENT_ACTUATE_DECISION_LOG"]),
+    (
+        "RETRY_AGENT_CONTROL_SOCKET",
+        &[
+            "RETRY_AGENT_ACTUATE_CONTROL_SOCKET",
+            "RETRY_AGENT_SHIM_CONTROL_SOCKET",
+        ],
+    ),
+    (
+        "RETRY_AGENT_HAPROXY_SOCKET",
+        &["RETRY_AGENT_ACTUATE_HAPROXY_SOCKET"],
+    ),
+    (
+        "RETRY_AGENT_HAPROXY_MAP",
+        &["RETRY_AGENT_ACTUATE_HAPROXY_MAP"],
+    ),
+    (
+        "RETRY_AGENT_ENVOY_ADMIN",
+        &["RETRY_AGENT_ACTUATE_ENVOY_ADMIN"],
+    ),
+    (
+        "RETRY_AGENT_DECISION_LOG",
+        &["RETRY_AGENT_ACTUATE_DECISION_LOG"],
+    ),
     ("RETRY_AGENT_SHIM_UIDS", &["RETRY_AGENT_SHIM_UID"]),
     ("RETRY_AGENT_SHIM_CGROUPS", &["RETRY_AGENT_SHIM_CGROUP"]),
     ("RETRY_AGENT_SHIM_DPORTS", &["RETRY_AGENT_SHIM_DPORT"]),
-    ("RETRY_AGENT_SHIM_INBOUND_PORTS", &["RETRY_AGENT_SHIM_INBOUND_PORT"]),
+    (
+        "RETRY_AGENT_SHIM_INBOUND_PORTS",
+        &["RETRY_AGENT_SHIM_INBOUND_PORT"],
+    ),
 ];
 
 /// The new env vars to set from legacy ones: `(old, new, value)` for each legacy variable that is
 /// set whose replacement is not. `env` looks a variable up (the process environment in `main`,
 /// a map in tests).
-pub fn legacy_env(env: impl Fn(&str) -> Option<OsString>) -> Vec<(&'static str, &'static str, OsString)> {
+pub fn legacy_env(
+    env: impl Fn(&str) -> Option<OsString>,
+) -> Vec<(&'static str, &'static str, OsString)> {
     let mut out = Vec::new();
     for (old, news) in LEGACY_ENV {
         let Some(value) = env(old) else { continue };
@@ -147,4 +267,3 @@ pub fn legacy_env(env: impl Fn(&str) -> Option<OsString>) -> Vec<(&'static str, 
     }
     out
 }
-

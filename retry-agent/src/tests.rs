@@ -38,7 +38,12 @@ fn lex(src: &str) -> Vec<(Tok, usize)> {
     let b = src.as_bytes();
     let mut out = Vec::new();
     let (mut i, mut line) = (0, 1);
-    let count_lines = |from: usize, to: usize| b[from..to.min(b.len())].iter().filter(|&&c| c == b'\n').count();
+    let count_lines = |from: usize, to: usize| {
+        b[from..to.min(b.len())]
+            .iter()
+            .filter(|&&c| c == b'\n')
+            .count()
+    };
     while i < b.len() {
         let c = b[i];
         match c {
@@ -71,7 +76,9 @@ fn lex(src: &str) -> Vec<(Tok, usize)> {
             }
             b'r' | b'b' if raw_string_start(b, i).is_some() => {
                 let (hashes, open) = raw_string_start(b, i).unwrap();
-                let close: Vec<u8> = std::iter::once(b'"').chain(std::iter::repeat_n(b'#', hashes)).collect();
+                let close: Vec<u8> = std::iter::once(b'"')
+                    .chain(std::iter::repeat_n(b'#', hashes))
+                    .collect();
                 let start = i;
                 i = open + 1;
                 while i < b.len() && !b[i..].starts_with(&close) {
@@ -189,8 +196,12 @@ fn scan(module: &[String], src: &str) -> Scan {
     while i < toks.len() {
         let t = &toks[i];
         match &t.0 {
-            Tok::Punct('#') if is(toks.get(i + 1), '[') && ident(toks.get(i + 2)) == Some("cfg") => {
-                let test_only = is(toks.get(i + 3), '(') && ident(toks.get(i + 4)) == Some("test") && is(toks.get(i + 5), ')');
+            Tok::Punct('#')
+                if is(toks.get(i + 1), '[') && ident(toks.get(i + 2)) == Some("cfg") =>
+            {
+                let test_only = is(toks.get(i + 3), '(')
+                    && ident(toks.get(i + 4)) == Some("test")
+                    && is(toks.get(i + 5), ')');
                 if test_only && test_item.is_none() {
                     test_item = Some((depth, false));
                 }
@@ -229,7 +240,9 @@ fn scan(module: &[String], src: &str) -> Scan {
                     }
                 }
             }
-            Tok::Ident(root) if (root == "crate" || root == "super") && is_path(toks.get(i + 1)) => {
+            Tok::Ident(root)
+                if (root == "crate" || root == "super") && is_path(toks.get(i + 1)) =>
+            {
                 let in_test = test_item.is_some();
                 let mut here: Vec<String> = module.to_vec();
                 here.extend(inline.iter().map(|(n, _)| n.clone()));
@@ -246,7 +259,11 @@ fn scan(module: &[String], src: &str) -> Scan {
                 if here.is_empty() {
                     // At the crate root: the next segment, or each first-level one of a group.
                     if let Some(m) = ident(toks.get(j)) {
-                        scan.uses.push(Use { line: t.1, module: m.to_string(), in_test });
+                        scan.uses.push(Use {
+                            line: t.1,
+                            module: m.to_string(),
+                            in_test,
+                        });
                     } else if is(toks.get(j), '{') {
                         let mut level = 0;
                         let mut k = j;
@@ -259,8 +276,16 @@ fn scan(module: &[String], src: &str) -> Scan {
                                         break;
                                     }
                                 }
-                                Tok::Ident(m) if level == 1 && (is(toks.get(k - 1), '{') || is(toks.get(k - 1), ',')) => {
-                                    scan.uses.push(Use { line: toks[k].1, module: m.clone(), in_test });
+                                Tok::Ident(m)
+                                    if level == 1
+                                        && (is(toks.get(k - 1), '{')
+                                            || is(toks.get(k - 1), ',')) =>
+                                {
+                                    scan.uses.push(Use {
+                                        line: toks[k].1,
+                                        module: m.clone(),
+                                        in_test,
+                                    });
                                 }
                                 _ => {}
                             }
@@ -280,7 +305,10 @@ fn scan(module: &[String], src: &str) -> Scan {
 
 /// Module path of a file under `src/` (`a/b.rs` → a::b, `a/mod.rs` → a); None for the roots.
 fn module_of(rel: &Path) -> Option<Vec<String>> {
-    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
     let last = parts.pop()?;
     let stem = last.strip_suffix(".rs")?;
     if parts.is_empty() && matches!(stem, "lib" | "main" | "tests") {
@@ -298,7 +326,10 @@ fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
         .iter()
         .filter_map(|(p, src)| module_of(p).map(|m| (p.clone(), m.clone(), scan(&m, src))))
         .collect();
-    let test_mods: BTreeSet<Vec<String>> = scanned.iter().flat_map(|(_, _, s)| s.test_mods.iter().cloned()).collect();
+    let test_mods: BTreeSet<Vec<String>> = scanned
+        .iter()
+        .flat_map(|(_, _, s)| s.test_mods.iter().cloned())
+        .collect();
     let layer = |m: &str| LAYERS.iter().position(|l| *l == m);
     let mut out = Vec::new();
     for (path, module, scan) in &scanned {
@@ -317,15 +348,24 @@ fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
             } else {
                 match (layer(own), layer(used)) {
                     (Some(a), Some(b)) if b > a => {
-                        let excepted = in_test && TEST_EXCEPTIONS.iter().any(|(f, t, _)| f == own && *t == used);
-                        (!excepted).then_some("a stage may import only the stages before it (lib.rs LAYERS)")
+                        let excepted = in_test
+                            && TEST_EXCEPTIONS
+                                .iter()
+                                .any(|(f, t, _)| f == own && *t == used);
+                        (!excepted).then_some(
+                            "a stage may import only the stages before it (lib.rs LAYERS)",
+                        )
                     }
                     (None, _) => Some("a top-level module missing from lib.rs LAYERS"),
                     _ => None,
                 }
             };
             if let Some(why) = why {
-                out.push(format!("{}:{}: {own} uses {used}: {why}", path.display(), u.line));
+                out.push(format!(
+                    "{}:{}: {own} uses {used}: {why}",
+                    path.display(),
+                    u.line
+                ));
             }
         }
     }
@@ -333,7 +373,10 @@ fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
 }
 
 fn rust_files(dir: &Path, root: &Path, out: &mut Vec<(PathBuf, String)>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("read src").map(|e| e.expect("dir entry").path()).collect();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read src")
+        .map(|e| e.expect("dir entry").path())
+        .collect();
     entries.sort();
     for p in entries {
         if p.is_dir() {
@@ -350,7 +393,11 @@ fn no_module_imports_a_later_stage() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&root, &root, &mut files);
-    assert!(files.len() > 50, "found the sources ({} files)", files.len());
+    assert!(
+        files.len() > 50,
+        "found the sources ({} files)",
+        files.len()
+    );
     let v = violations(&files);
     assert!(v.is_empty(), "layering broken:\n  {}", v.join("\n  "));
 }
@@ -361,47 +408,124 @@ fn every_top_level_module_is_in_the_order() {
     let lib = std::fs::read_to_string(root.join("lib.rs")).expect("lib.rs");
     let declared: Vec<String> = lib
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("pub mod ").and_then(|m| m.strip_suffix(';')).map(str::to_string))
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("pub mod ")
+                .and_then(|m| m.strip_suffix(';'))
+                .map(str::to_string)
+        })
         .collect();
     let mut want: Vec<String> = LAYERS.iter().map(|s| s.to_string()).collect();
     want.push(TESTKIT.into());
-    assert_eq!(declared, want, "lib.rs declares the modules in LAYERS order, then the test kit");
+    assert_eq!(
+        declared, want,
+        "lib.rs declares the modules in LAYERS order, then the test kit"
+    );
 }
 
 fn check(files: &[(&str, &str)]) -> Vec<String> {
-    violations(&files.iter().map(|(p, s)| (PathBuf::from(p), s.to_string())).collect::<Vec<_>>())
+    violations(
+        &files
+            .iter()
+            .map(|(p, s)| (PathBuf::from(p), s.to_string()))
+            .collect::<Vec<_>>(),
+    )
 }
 
 #[test]
 fn the_check_catches_later_imports_in_every_spelling() {
-    assert_eq!(check(&[("capture/x.rs", "use crate::l7::Exchange;")]).len(), 1, "a plain path");
-    assert_eq!(check(&[("correlate/mod.rs", "use crate::{capture::Event, decide::Decision};")]).len(), 1, "a group");
-    let v = check(&[("l7/conn/x.rs", "fn f() { super::super::super::pipeline::Pipeline::new(); }")]);
+    assert_eq!(
+        check(&[("capture/x.rs", "use crate::l7::Exchange;")]).len(),
+        1,
+        "a plain path"
+    );
+    assert_eq!(
+        check(&[(
+            "correlate/mod.rs",
+            "use crate::{capture::Event, decide::Decision};"
+        )])
+        .len(),
+        1,
+        "a group"
+    );
+    let v = check(&[(
+        "l7/conn/x.rs",
+        "fn f() { super::super::super::pipeline::Pipeline::new(); }",
+    )]);
     assert_eq!(v.len(), 1, "super past the crate root: {v:?}");
-    assert!(v[0].starts_with("l7/conn/x.rs:1: l7 uses pipeline"), "{v:?}");
-    let v = check(&[("recorder/mod.rs", "use crate::{\n    capture::Event,\n    forensics::{self, Options},\n};")]);
-    assert_eq!(v, vec!["recorder/mod.rs:3: recorder uses forensics: a stage may import only the stages before it (lib.rs LAYERS)"]);
-    assert_eq!(check(&[("decide/x.rs", "#[cfg(test)]\nmod tests {\n    use crate::api::router;\n}")]).len(), 1, "test code too");
-    assert_eq!(check(&[("cmd/x.rs", "use crate::testkit::Sim;")]).len(), 1, "the test kit from production code");
-    assert_eq!(check(&[("testkit/x.rs", "use crate::cmd::Cli;")]).len(), 1, "the test kit above the commands");
-    assert_eq!(check(&[("extra/x.rs", "use crate::capture::Event;")]).len(), 1, "a module outside the order");
+    assert!(
+        v[0].starts_with("l7/conn/x.rs:1: l7 uses pipeline"),
+        "{v:?}"
+    );
+    let v = check(&[(
+        "recorder/mod.rs",
+        "use crate::{\n    capture::Event,\n    forensics::{self, Options},\n};",
+    )]);
+    assert_eq!(
+        v,
+        vec![
+            "recorder/mod.rs:3: recorder uses forensics: a stage may import only the stages before it (lib.rs LAYERS)"
+        ]
+    );
+    assert_eq!(
+        check(&[(
+            "decide/x.rs",
+            "#[cfg(test)]\nmod tests {\n    use crate::api::router;\n}"
+        )])
+        .len(),
+        1,
+        "test code too"
+    );
+    assert_eq!(
+        check(&[("cmd/x.rs", "use crate::testkit::Sim;")]).len(),
+        1,
+        "the test kit from production code"
+    );
+    assert_eq!(
+        check(&[("testkit/x.rs", "use crate::cmd::Cli;")]).len(),
+        1,
+        "the test kit above the commands"
+    );
+    assert_eq!(
+        check(&[("extra/x.rs", "use crate::capture::Event;")]).len(),
+        1,
+        "a module outside the order"
+    );
 }
 
 #[test]
 fn the_check_allows_earlier_stages_test_kits_in_tests_and_mentions() {
     let ok = [
-        ("decide/x.rs", "use crate::{correlate::Edge, l7::Claim};\nuse super::Decider;"),
-        ("l7/conn.rs", "mod inner { use super::super::http1; }\n#[cfg(test)]\nmod tests { use super::super::tests::data; }"),
+        (
+            "decide/x.rs",
+            "use crate::{correlate::Edge, l7::Claim};\nuse super::Decider;",
+        ),
+        (
+            "l7/conn.rs",
+            "mod inner { use super::super::http1; }\n#[cfg(test)]\nmod tests { use super::super::tests::data; }",
+        ),
         ("recorder/mod.rs", "#[cfg(test)]\nmod tests;\nfn f() {}"),
         ("recorder/tests.rs", "use crate::testkit::synth;"),
-        ("capture/x.rs", "#[cfg(test)]\nmod t {\n    use crate::testkit::StormScenario;\n}\nuse crate::capture::Event;"),
-        ("capture/y.rs", "/// See [`crate::cmd::trace`].\n// crate::api\nconst S: &str = \"crate::metrics::X\";\nconst R: &str = r#\"crate::api\"#;\nfn f<'a>(c: char) -> bool { c == '{' }"),
-        ("testkit/x.rs", "use crate::{forensics::Options, pipeline::Pipeline};"),
+        (
+            "capture/x.rs",
+            "#[cfg(test)]\nmod t {\n    use crate::testkit::StormScenario;\n}\nuse crate::capture::Event;",
+        ),
+        (
+            "capture/y.rs",
+            "/// See [`crate::cmd::trace`].\n// crate::api\nconst S: &str = \"crate::metrics::X\";\nconst R: &str = r#\"crate::api\"#;\nfn f<'a>(c: char) -> bool { c == '{' }",
+        ),
+        (
+            "testkit/x.rs",
+            "use crate::{forensics::Options, pipeline::Pipeline};",
+        ),
         ("correlate/engine/tests.rs", "use crate::decide::Decider;"),
         ("correlate/engine.rs", "#[cfg(test)]\nmod tests;"),
     ];
     let v = check(&ok);
     assert!(v.is_empty(), "{v:?}");
     // The same decide import outside test code is a breach: the exception is for tests only.
-    assert_eq!(check(&[("correlate/engine.rs", "use crate::decide::Decider;")]).len(), 1);
+    assert_eq!(
+        check(&[("correlate/engine.rs", "use crate::decide::Decider;")]).len(),
+        1
+    );
 }

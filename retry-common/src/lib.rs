@@ -59,7 +59,10 @@ pub mod syscall {
 
     /// Whether the syscall sends (egress) rather than receives.
     pub const fn is_egress(sc: u32) -> bool {
-        matches!(sc, WRITE | WRITEV | SENDTO | SENDMSG | SENDMMSG | SENDFILE | SPLICE_OUT | SSL_WRITE)
+        matches!(
+            sc,
+            WRITE | WRITEV | SENDTO | SENDMSG | SENDMMSG | SENDFILE | SPLICE_OUT | SSL_WRITE
+        )
     }
 
     /// Plaintext of a TLS connection (from uprobes on the TLS library).
@@ -320,6 +323,32 @@ pub struct AcceptArgs {
     pub _pad: u32,
 }
 
+/// Kernel struct offsets from /sys/kernel/btf/vmlinux (Aya emits no CO-RE relocations): found
+/// once by userspace, read by the programs. 0 = unknown, and each walk needs all of its links.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    /// `struct sock.sk_err`: the errno of a non-blocking connect failure or a reset, read when
+    /// the socket goes to CLOSE.
+    pub sk_err: u32,
+    /// From the current task to the `struct sock` behind an fd, for accept() calls that pass no
+    /// peer-address buffer (libuv/Node): task_struct.files, files_struct.fdt, fdtable.fd,
+    /// file.private_data, socket.sk.
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdt_fd: u32,
+    pub file_private_data: u32,
+    pub socket_sk: u32,
+    /// task → mm → exe_file → f_inode → i_ino, i_sb → s_dev: which file a process runs (all 0:
+    /// only userspace recognises the agent's processes).
+    pub task_mm: u32,
+    pub mm_exe_file: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
+}
+
 /// Settings userspace writes into the one-element `CONFIG` array before attaching.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -328,17 +357,6 @@ pub struct Config {
     pub agent_tgid: u32,
     /// Payload prefix size, ≤ `MAX_PAYLOAD`.
     pub payload_bytes: u32,
-    /// Offset of `sk_err` in `struct sock`, from /sys/kernel/btf/vmlinux (0 = unknown): the errno
-    /// of a non-blocking connect failure or a reset, read when the socket goes to CLOSE.
-    pub sk_err_offset: u32,
-    /// Offsets to go from the current task to the `struct sock` behind an fd, for accept() calls
-    /// that pass no peer-address buffer (libuv/Node): task_struct.files, files_struct.fdt,
-    /// fdtable.fd, file.private_data, socket.sk. All 0 = unknown (such accepts are not tracked).
-    pub task_files: u32,
-    pub files_fdt: u32,
-    pub fdt_fd: u32,
-    pub file_private_data: u32,
-    pub socket_sk: u32,
     /// Wake the ring reader only once this many bytes wait (0 = on every record). Waking per
     /// record (an IPI each) cost more than the rest of the program; the reader also polls.
     pub wakeup_bytes: u32,
@@ -349,15 +367,8 @@ pub struct Config {
     /// call), however it is named, and its sockets stay untracked from connect/accept on.
     pub exe_ino: u64,
     pub exe_dev: u32,
-    /// Offsets of task_struct.mm, mm_struct.exe_file, file.f_inode, inode.i_ino, inode.i_sb,
-    /// super_block.s_dev (all 0 = unknown: only userspace recognises agent processes).
-    pub task_mm: u32,
-    pub mm_exe_file: u32,
-    pub file_inode: u32,
-    pub inode_ino: u32,
-    pub inode_sb: u32,
-    pub sb_dev: u32,
     pub _pad: u32,
+    pub offsets: KernelOffsets,
 }
 
 /// `Config::flags`.

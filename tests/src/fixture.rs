@@ -45,7 +45,11 @@ pub fn load() -> Option<Capture> {
 pub fn load_with(cfg: &CaptureConfig) -> Option<Capture> {
     match Capture::load(cfg) {
         Ok(c) => Some(c),
-        Err(e @ (CaptureError::MissingCapability(_) | CaptureError::TracefsNotMounted | CaptureError::KernelTooOld(_))) => {
+        Err(
+            e @ (CaptureError::MissingCapability(_)
+            | CaptureError::TracefsNotMounted
+            | CaptureError::KernelTooOld(_)),
+        ) => {
             eprintln!("skip: {e}");
             None
         }
@@ -80,16 +84,25 @@ pub async fn collect(
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
 }
 
 /// A child process killed (and reaped) on drop; its stdout is read through one buffered reader
 /// (one per line would drop whatever the previous read had buffered).
-pub struct Proc(pub Child, Option<std::io::BufReader<std::process::ChildStdout>>);
+pub struct Proc(
+    pub Child,
+    Option<std::io::BufReader<std::process::ChildStdout>>,
+);
 
 impl Proc {
     pub fn spawn(cmd: &mut Command) -> Proc {
-        let child = cmd.stdin(Stdio::null()).spawn().unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+        let child = cmd
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
         Proc(child, None)
     }
     pub fn from_child(child: Child) -> Proc {
@@ -117,8 +130,13 @@ impl Proc {
         if self.1.is_none() {
             self.1 = self.0.stdout.take().map(std::io::BufReader::new);
         }
-        let Some(r) = self.1.as_mut() else { return Vec::new() };
-        r.lines().map_while(Result::ok).map(|l| l.trim().to_string()).collect()
+        let Some(r) = self.1.as_mut() else {
+            return Vec::new();
+        };
+        r.lines()
+            .map_while(Result::ok)
+            .map(|l| l.trim().to_string())
+            .collect()
     }
     /// Kills it (it keeps its stdout, so what it printed can still be read).
     pub fn kill(&mut self) {
@@ -131,7 +149,11 @@ impl Proc {
             if let Ok(Some(st)) = self.0.try_wait() {
                 return st;
             }
-            assert!(start.elapsed() < limit, "process {} did not finish in {limit:?}", self.pid());
+            assert!(
+                start.elapsed() < limit,
+                "process {} did not finish in {limit:?}",
+                self.pid()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -175,7 +197,12 @@ pub enum Ready {
 /// Starts a server fixture on a fresh loopback port, passed as its first argument before
 /// `extra`, with stdout piped (servers that log their requests are read with `output_lines`);
 /// returns once it is ready.
-pub fn serve(program: fn(&str, &[&str]) -> Command, name: &str, extra: &[&str], ready: Ready) -> (Proc, u16) {
+pub fn serve(
+    program: fn(&str, &[&str]) -> Command,
+    name: &str,
+    extra: &[&str],
+    ready: Ready,
+) -> (Proc, u16) {
     let port = free_port();
     let ps = port.to_string();
     let mut args = vec![ps.as_str()];
@@ -195,7 +222,12 @@ pub fn python_server(name: &str, extra: &[&str]) -> (Proc, u16) {
 
 /// Whether `tool arg` runs here; says so when not.
 pub fn have(tool: &str, arg: &str) -> bool {
-    let ok = Command::new(tool).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let ok = Command::new(tool)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     if !ok {
         eprintln!("skip part: {tool} not available");
     }
@@ -209,16 +241,35 @@ pub fn involving(pids: &[u32]) -> impl FnMut(&Event) -> bool + use<> {
 }
 
 pub fn data_events(evs: &[Event]) -> Vec<&DataEvent> {
-    evs.iter().filter_map(|e| if let Event::Data(d) = e { Some(d) } else { None }).collect()
+    evs.iter()
+        .filter_map(|e| {
+            if let Event::Data(d) = e {
+                Some(d)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 pub fn conn_events(evs: &[Event]) -> Vec<&ConnEvent> {
-    evs.iter().filter_map(|e| if let Event::Conn(c) = e { Some(c) } else { None }).collect()
+    evs.iter()
+        .filter_map(|e| {
+            if let Event::Conn(c) = e {
+                Some(c)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// The events as JSON lines, for failure messages.
 pub fn dump(evs: &[Event]) -> String {
-    evs.iter().map(|e| serde_json::to_string(e).unwrap_or_default()).collect::<Vec<_>>().join("\n")
+    evs.iter()
+        .map(|e| serde_json::to_string(e).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Waits until something accepts TCP connections at `addr` (probing from the test process, which
@@ -228,12 +279,23 @@ pub fn wait_listening(addr: &str, netns: Option<&str>) {
     let start = Instant::now();
     loop {
         let ok = match netns {
-            None => std::net::TcpStream::connect_timeout(&addr.parse().expect("addr"), Duration::from_millis(200)).is_ok(),
+            None => std::net::TcpStream::connect_timeout(
+                &addr.parse().expect("addr"),
+                Duration::from_millis(200),
+            )
+            .is_ok(),
             Some(ns) => {
                 // Probe with bash's /dev/tcp inside the namespace: a separate short-lived process.
                 let (host, port) = addr.rsplit_once(':').expect("host:port");
                 Command::new("ip")
-                    .args(["netns", "exec", ns, "bash", "-c", &format!("exec 3<>/dev/tcp/{host}/{port}")])
+                    .args([
+                        "netns",
+                        "exec",
+                        ns,
+                        "bash",
+                        "-c",
+                        &format!("exec 3<>/dev/tcp/{host}/{port}"),
+                    ])
                     .stderr(Stdio::null())
                     .status()
                     .map(|s| s.success())
@@ -243,7 +305,10 @@ pub fn wait_listening(addr: &str, netns: Option<&str>) {
         if ok {
             return;
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "nothing listening at {addr}");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "nothing listening at {addr}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -258,7 +323,12 @@ pub struct NetnsPair {
 }
 
 fn ip(args: &[&str]) -> bool {
-    Command::new("ip").args(args).stderr(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+    Command::new("ip")
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
 }
 
 impl NetnsPair {
@@ -278,20 +348,88 @@ impl NetnsPair {
         let steps: Vec<Vec<String>> = vec![
             vec!["netns".into(), "add".into(), p.a.clone()],
             vec!["netns".into(), "add".into(), p.b.clone()],
-            vec!["link".into(), "add".into(), va.clone(), "type".into(), "veth".into(), "peer".into(), "name".into(), vb.clone()],
-            vec!["link".into(), "set".into(), va.clone(), "netns".into(), p.a.clone()],
-            vec!["link".into(), "set".into(), vb.clone(), "netns".into(), p.b.clone()],
-            vec!["-n".into(), p.a.clone(), "addr".into(), "add".into(), format!("{}/24", p.ip_a), "dev".into(), va.clone()],
-            vec!["-n".into(), p.b.clone(), "addr".into(), "add".into(), format!("{}/24", p.ip_b), "dev".into(), vb.clone()],
-            vec!["-n".into(), p.a.clone(), "link".into(), "set".into(), va.clone(), "up".into()],
-            vec!["-n".into(), p.b.clone(), "link".into(), "set".into(), vb.clone(), "up".into()],
-            vec!["-n".into(), p.a.clone(), "link".into(), "set".into(), "lo".into(), "up".into()],
-            vec!["-n".into(), p.b.clone(), "link".into(), "set".into(), "lo".into(), "up".into()],
+            vec![
+                "link".into(),
+                "add".into(),
+                va.clone(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                vb.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                va.clone(),
+                "netns".into(),
+                p.a.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                vb.clone(),
+                "netns".into(),
+                p.b.clone(),
+            ],
+            vec![
+                "-n".into(),
+                p.a.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("{}/24", p.ip_a),
+                "dev".into(),
+                va.clone(),
+            ],
+            vec![
+                "-n".into(),
+                p.b.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("{}/24", p.ip_b),
+                "dev".into(),
+                vb.clone(),
+            ],
+            vec![
+                "-n".into(),
+                p.a.clone(),
+                "link".into(),
+                "set".into(),
+                va.clone(),
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                p.b.clone(),
+                "link".into(),
+                "set".into(),
+                vb.clone(),
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                p.a.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                p.b.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
         ];
         for s in steps {
             let args: Vec<&str> = s.iter().map(String::as_str).collect();
             if !ip(&args) {
-                eprintln!("skip: `ip {}` failed (no netns/veth support?)", args.join(" "));
+                eprintln!(
+                    "skip: `ip {}` failed (no netns/veth support?)",
+                    args.join(" ")
+                );
                 // Drop cleans up whatever was made.
                 return None;
             }

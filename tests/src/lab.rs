@@ -15,7 +15,10 @@ pub fn repo() -> PathBuf {
 /// Why the lab cannot run here, if it cannot: not root, or a runtime/tool is missing.
 pub fn skip_reason() -> Option<String> {
     let uid_zero = std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
         .unwrap_or(false);
     if !uid_zero {
         return Some("not root: the lab needs network namespaces".into());
@@ -50,7 +53,10 @@ pub fn lock() -> Result<std::fs::File> {
 
 fn lab_command(args: &[&str]) -> Command {
     let mut c = Command::new("python3");
-    c.arg(repo().join("lab/lab.py")).args(args).current_dir(repo()).env("RALAB_LOCK_HELD", "1");
+    c.arg(repo().join("lab/lab.py"))
+        .args(args)
+        .current_dir(repo())
+        .env("RALAB_LOCK_HELD", "1");
     c
 }
 
@@ -66,7 +72,8 @@ pub fn run(scenario: &str, modes: &str, out: &str, extra: &[&str]) -> Result<Val
     if !status.success() {
         bail!("lab/lab.py {args:?} failed: {status}");
     }
-    let text = std::fs::read_to_string(out_dir.join("result.json")).context("reading result.json")?;
+    let text =
+        std::fs::read_to_string(out_dir.join("result.json")).context("reading result.json")?;
     serde_json::from_str(&text).context("parsing result.json")
 }
 
@@ -74,22 +81,33 @@ pub fn run(scenario: &str, modes: &str, out: &str, extra: &[&str]) -> Result<Val
 pub fn spawn(scenario: &str, modes: &str, out: &str) -> Result<Child> {
     let out_dir = repo().join("lab-out").join(out);
     let scenario = repo().join("lab/scenarios").join(scenario);
-    lab_command(&["run", &scenario.to_string_lossy(), "--modes", modes, "--out", &out_dir.to_string_lossy()])
-        .spawn()
-        .context("starting lab/lab.py")
+    lab_command(&[
+        "run",
+        &scenario.to_string_lossy(),
+        "--modes",
+        modes,
+        "--out",
+        &out_dir.to_string_lossy(),
+    ])
+    .spawn()
+    .context("starting lab/lab.py")
 }
 
 /// What of the lab still exists: namespaces, links, iptables rules, processes.
 pub fn leftovers() -> Result<Value> {
-    let out = lab_command(&["leftovers"]).output().context("lab/lab.py leftovers")?;
+    let out = lab_command(&["leftovers"])
+        .output()
+        .context("lab/lab.py leftovers")?;
     serde_json::from_slice(&out.stdout).context("parsing leftovers")
 }
 
 /// True when nothing of the lab is left.
 pub fn is_clean(v: &Value) -> bool {
-    ["namespaces", "links", "rules", "pids"]
-        .iter()
-        .all(|k| v.get(*k).and_then(Value::as_array).is_some_and(|a| a.is_empty()))
+    ["namespaces", "links", "rules", "pids"].iter().all(|k| {
+        v.get(*k)
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.is_empty())
+    })
 }
 
 /// The result block of one mode, unless the lab skipped it (returns the reason then).
@@ -97,7 +115,10 @@ pub fn mode<'a>(result: &'a Value, name: &str) -> std::result::Result<&'a Value,
     let m = result
         .get("modes")
         .and_then(Value::as_array)
-        .and_then(|ms| ms.iter().find(|m| m.get("mode").and_then(Value::as_str) == Some(name)))
+        .and_then(|ms| {
+            ms.iter()
+                .find(|m| m.get("mode").and_then(Value::as_str) == Some(name))
+        })
         .ok_or_else(|| format!("mode {name} missing from the result"))?;
     match m.get("skipped").and_then(Value::as_str) {
         Some(why) => Err(why.to_string()),
@@ -107,10 +128,14 @@ pub fn mode<'a>(result: &'a Value, name: &str) -> std::result::Result<&'a Value,
 
 /// Requests served by `node` in the fault window, as a multiple of the root rate.
 pub fn served_x(mode: &Value, node: &str) -> f64 {
-    mode.pointer(&format!("/nodes/{node}/served_x")).and_then(Value::as_f64).unwrap_or(f64::NAN)
+    mode.pointer(&format!("/nodes/{node}/served_x"))
+        .and_then(Value::as_f64)
+        .unwrap_or(f64::NAN)
 }
 
 /// Availability seen by the load generator at the root over the whole run.
 pub fn availability(mode: &Value) -> f64 {
-    mode.pointer("/root/availability").and_then(Value::as_f64).unwrap_or(f64::NAN)
+    mode.pointer("/root/availability")
+        .and_then(Value::as_f64)
+        .unwrap_or(f64::NAN)
 }

@@ -51,7 +51,11 @@ pub async fn serve_dump_api(
     let dumps = DumpService {
         recorder: rec,
         gate: Arc::new(DumpGate::new(min_interval)),
-        retention: Retention { dir: dump_dir, keep, max_bytes: u64::MAX },
+        retention: Retention {
+            dir: dump_dir,
+            keep,
+            max_bytes: u64::MAX,
+        },
     };
     let tasks = vec![
         tokio::spawn(async move {
@@ -64,7 +68,11 @@ pub async fn serve_dump_api(
             }
         }),
     ];
-    Ok(DumpApi { socket, public, tasks })
+    Ok(DumpApi {
+        socket,
+        public,
+        tasks,
+    })
 }
 
 /// A fresh directory under the temp dir, removed when dropped.

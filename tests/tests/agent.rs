@@ -23,13 +23,25 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let bin = agent_bin();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let _server = Proc::spawn(python("static_http_server.py", &[&port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()));
+    let _server = Proc::spawn(
+        python("static_http_server.py", &[&port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
     wait_listening(&addr, None);
 
     let other_port = free_port();
     let namesake_port = free_port();
     let mut trace = Command::new(&bin)
-        .args(["trace", "--port", &port.to_string(), "--port", &other_port.to_string(), "--port", &namesake_port.to_string()])
+        .args([
+            "trace",
+            "--port",
+            &port.to_string(),
+            "--port",
+            &other_port.to_string(),
+            "--port",
+            &namesake_port.to_string(),
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -51,7 +63,15 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let _ = std::fs::create_dir_all(&dir);
     let other = Proc::spawn(
         Command::new(&bin)
-            .args(["run", "--api-addr", &format!("127.0.0.1:{other_port}"), "--actuate", "decision-log", "--recorder", "false"])
+            .args([
+                "run",
+                "--api-addr",
+                &format!("127.0.0.1:{other_port}"),
+                "--actuate",
+                "decision-log",
+                "--recorder",
+                "false",
+            ])
             .arg("--actuate-decision-log")
             .arg(dir.join("decisions.jsonl"))
             .arg("--actuate-control-socket")
@@ -63,13 +83,29 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     );
     let other_pid = other.pid();
     wait_listening(&format!("127.0.0.1:{other_port}"), None);
-    let healthz = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://127.0.0.1:{other_port}/healthz")]).status();
-    assert!(healthz.is_ok_and(|s| s.success()), "the second agent answers");
+    let healthz = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            &format!("http://127.0.0.1:{other_port}/healthz"),
+        ])
+        .status();
+    assert!(
+        healthz.is_ok_and(|s| s.success()),
+        "the second agent answers"
+    );
     // A short-lived CLI call of the agent's binary (exits before userspace could read its
     // name): the kernel leaves its sockets untracked by the file it runs. (Dumps are
     // not served over TCP, so the agent answers 404: the TCP exchange is what matters here.)
     let cli = Command::new(&bin)
-        .args(["dump", "--api", &format!("http://127.0.0.1:{other_port}"), "--timeout-secs", "2"])
+        .args([
+            "dump",
+            "--api",
+            &format!("http://127.0.0.1:{other_port}"),
+            "--timeout-secs",
+            "2",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -78,7 +114,11 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let _ = cli.wait_with_output();
     // A workload named like the agent: Python run from a copy named `retry-agent`, asked by curl.
     let namesake_bin = dir.join("retry-agent");
-    std::fs::copy(std::fs::canonicalize("/usr/bin/python3").unwrap(), &namesake_bin).unwrap();
+    std::fs::copy(
+        std::fs::canonicalize("/usr/bin/python3").unwrap(),
+        &namesake_bin,
+    )
+    .unwrap();
     let namesake = Proc::spawn(
         Command::new(&namesake_bin)
             .arg("-u")
@@ -89,10 +129,20 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     );
     let namesake_pid = namesake.pid();
     wait_listening(&format!("127.0.0.1:{namesake_port}"), None);
-    let asked = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://127.0.0.1:{namesake_port}/")]).status();
+    let asked = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            &format!("http://127.0.0.1:{namesake_port}/"),
+        ])
+        .status();
     assert!(asked.is_ok_and(|s| s.success()), "the namesake answers");
     // ...and curl talks to the Python server too.
-    let curl = Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://{addr}/")]).spawn().expect("curl");
+    let curl = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", &format!("http://{addr}/")])
+        .spawn()
+        .expect("curl");
     let curl_pid = curl.id();
     let _ = curl.wait_with_output();
 
@@ -108,7 +158,9 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let mut pids = HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) else { continue };
+        let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) else {
+            continue;
+        };
         let v: serde_json::Value = serde_json::from_str(&line).expect("trace prints JSON lines");
         if v["type"] == "data" {
             pids.insert(v["pid"].as_u64().unwrap() as u32);
@@ -130,8 +182,20 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     drop(other);
     drop(namesake);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(pids.contains(&curl_pid), "curl's I/O was not observed: {pids:?}");
-    assert!(pids.contains(&namesake_pid), "a workload named retry-agent hid from capture: {pids:?}");
-    assert!(!pids.contains(&other_pid), "the other retry-agent process was observed: {pids:?}");
-    assert!(!pids.contains(&cli_pid), "a short-lived retry-agent CLI call was observed: {pids:?}");
+    assert!(
+        pids.contains(&curl_pid),
+        "curl's I/O was not observed: {pids:?}"
+    );
+    assert!(
+        pids.contains(&namesake_pid),
+        "a workload named retry-agent hid from capture: {pids:?}"
+    );
+    assert!(
+        !pids.contains(&other_pid),
+        "the other retry-agent process was observed: {pids:?}"
+    );
+    assert!(
+        !pids.contains(&cli_pid),
+        "a short-lived retry-agent CLI call was observed: {pids:?}"
+    );
 }

@@ -4,8 +4,8 @@
 use std::{process::Stdio, time::Duration};
 
 use integration_tests::fixture::{
-    NetnsPair, Proc, Ready, can_run, collect, conn_events, data_events, dump, free_port, involving, load, load_with, python,
-    python_server, serve, wait_listening,
+    NetnsPair, Proc, Ready, can_run, collect, conn_events, data_events, dump, free_port, involving,
+    load, load_with, python, python_server, serve, wait_listening,
 };
 use retry_agent::capture::{ConnEvent, ConnEventKind, DataEvent, Direction, Event, Role, Syscall};
 
@@ -20,7 +20,9 @@ fn starts(d: &DataEvent, prefix: &[u8]) -> bool {
 /// Tid of the server thread that answered, from the response's X-Tid header.
 fn x_tid(d: &DataEvent) -> Option<u32> {
     let text = String::from_utf8_lossy(&d.payload);
-    text.lines().find_map(|l| l.strip_prefix("X-Tid: ")).and_then(|v| v.trim().parse().ok())
+    text.lines()
+        .find_map(|l| l.strip_prefix("X-Tid: "))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Checks one HTTP exchange end to end: connect/accept tuples mirror each other; request bytes on
@@ -38,49 +40,92 @@ fn assert_exchange(evs: &[Event], client: u32, server: u32, path: &str) {
         .find(|d| d.pid == client && d.direction == Direction::Egress && starts(d, req.as_bytes()))
         .unwrap_or_else(|| panic!("no client write of {req:?}\n{}", ctx()));
     assert_eq!(c_req.role, Role::Client);
-    assert_eq!(c_req.tid, client, "single-threaded client writes from its main thread");
+    assert_eq!(
+        c_req.tid, client,
+        "single-threaded client writes from its main thread"
+    );
     assert!(c_req.ts_enter_ns <= c_req.ts_exit_ns);
-    let c_tuple = c_req.tuple.unwrap_or_else(|| panic!("client write without tuple\n{}", ctx()));
+    let c_tuple = c_req
+        .tuple
+        .unwrap_or_else(|| panic!("client write without tuple\n{}", ctx()));
 
     let connect = conns
         .iter()
         .find(|c| c.conn == c_req.conn)
         .unwrap_or_else(|| panic!("no connect event for {:?}\n{}", c_req.conn, ctx()));
-    assert!(matches!(connect.kind, ConnEventKind::Connect { errno: 0 | EINPROGRESS }), "{:?}", connect.kind);
+    assert!(
+        matches!(
+            connect.kind,
+            ConnEventKind::Connect {
+                errno: 0 | EINPROGRESS
+            }
+        ),
+        "{:?}",
+        connect.kind
+    );
     assert_eq!(connect.role, Role::Client);
     assert_eq!(connect.pid, client);
     assert_eq!(connect.tuple, Some(c_tuple), "connect tuple = data tuple");
 
     let accept = conns
         .iter()
-        .find(|c| c.pid == server && c.kind == ConnEventKind::Accept && c.tuple.map(|t| t.remote) == Some(c_tuple.local))
+        .find(|c| {
+            c.pid == server
+                && c.kind == ConnEventKind::Accept
+                && c.tuple.map(|t| t.remote) == Some(c_tuple.local)
+        })
         .unwrap_or_else(|| panic!("no accept from {}\n{}", c_tuple.local, ctx()));
-    let s_tuple = accept.tuple.unwrap_or_else(|| panic!("accept without tuple"));
-    assert_eq!((s_tuple.local, s_tuple.remote), (c_tuple.remote, c_tuple.local), "tuples mirror");
+    let s_tuple = accept
+        .tuple
+        .unwrap_or_else(|| panic!("accept without tuple"));
+    assert_eq!(
+        (s_tuple.local, s_tuple.remote),
+        (c_tuple.remote, c_tuple.local),
+        "tuples mirror"
+    );
     assert_eq!(accept.role, Role::Server);
 
     let s_req = data
         .iter()
-        .find(|d| d.conn == accept.conn && d.direction == Direction::Ingress && starts(d, req.as_bytes()))
+        .find(|d| {
+            d.conn == accept.conn && d.direction == Direction::Ingress && starts(d, req.as_bytes())
+        })
         .unwrap_or_else(|| panic!("no server read of {req:?}\n{}", ctx()));
-    assert_eq!((s_req.pid, s_req.role, s_req.tuple), (server, Role::Server, Some(s_tuple)));
+    assert_eq!(
+        (s_req.pid, s_req.role, s_req.tuple),
+        (server, Role::Server, Some(s_tuple))
+    );
 
     let s_resp = data
         .iter()
-        .find(|d| d.conn == accept.conn && d.direction == Direction::Egress && starts(d, b"HTTP/1.0 200"))
+        .find(|d| {
+            d.conn == accept.conn && d.direction == Direction::Egress && starts(d, b"HTTP/1.0 200")
+        })
         .unwrap_or_else(|| panic!("no server write of the response\n{}", ctx()));
     assert_eq!((s_resp.pid, s_resp.role), (server, Role::Server));
     let tid = x_tid(s_resp).unwrap_or_else(|| panic!("no X-Tid in {:?}", s_resp.payload));
     assert_eq!(s_resp.tid, tid, "server write from the handler thread");
     assert_eq!(s_req.tid, tid, "server read from the handler thread");
-    assert_ne!(tid, server, "ThreadingHTTPServer handles in a worker thread");
+    assert_ne!(
+        tid, server,
+        "ThreadingHTTPServer handles in a worker thread"
+    );
 
     let c_resp = data
         .iter()
-        .find(|d| d.conn == c_req.conn && d.direction == Direction::Ingress && starts(d, b"HTTP/1.0 200"))
+        .find(|d| {
+            d.conn == c_req.conn && d.direction == Direction::Ingress && starts(d, b"HTTP/1.0 200")
+        })
         .unwrap_or_else(|| panic!("no client read of the response\n{}", ctx()));
-    assert_eq!((c_resp.pid, c_resp.tid, c_resp.role), (client, client, Role::Client));
-    assert_eq!(x_tid(c_resp), Some(tid), "client read the bytes the server wrote");
+    assert_eq!(
+        (c_resp.pid, c_resp.tid, c_resp.role),
+        (client, client, Role::Client)
+    );
+    assert_eq!(
+        x_tid(c_resp),
+        Some(tid),
+        "client read the bytes the server wrote"
+    );
 
     // Bodies too, wherever they were read.
     let body = format!("hello {path}");
@@ -102,22 +147,33 @@ async fn loopback_http_curl_and_python_client() {
     let (server, port) = python_server("http_tid_server.py", &[]);
     let ps = port.to_string();
 
-    let mut curl = Proc::spawn(
-        std::process::Command::new("curl")
-            .args(["-s", "-o", "/dev/null", &format!("http://127.0.0.1:{port}/via-curl")]),
-    );
-    let mut py = Proc::spawn(&mut python("http_get_client.py", &["127.0.0.1", &ps, "/via-python"]));
+    let mut curl = Proc::spawn(std::process::Command::new("curl").args([
+        "-s",
+        "-o",
+        "/dev/null",
+        &format!("http://127.0.0.1:{port}/via-curl"),
+    ]));
+    let mut py = Proc::spawn(&mut python(
+        "http_get_client.py",
+        &["127.0.0.1", &ps, "/via-python"],
+    ));
     assert!(curl.wait(Duration::from_secs(10)).success());
     assert!(py.wait(Duration::from_secs(10)).success());
 
     let pids = [server.pid(), curl.pid(), py.pid()];
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
+        false
+    })
+    .await;
     assert_exchange(&evs, curl.pid(), server.pid(), "/via-curl");
     assert_exchange(&evs, py.pid(), server.pid(), "/via-python");
 
     // Process metadata precedes each pid's first event.
     for (pid, comm) in [(curl.pid(), "curl"), (server.pid(), "python3")] {
-        let first = evs.iter().position(|e| e.pid() == pid).unwrap_or(usize::MAX);
+        let first = evs
+            .iter()
+            .position(|e| e.pid() == pid)
+            .unwrap_or(usize::MAX);
         match evs.get(first) {
             Some(Event::Process(p)) => assert!(p.comm.starts_with(comm), "{p:?}"),
             other => panic!("first event of {pid} is not Process: {other:?}"),
@@ -142,13 +198,26 @@ async fn loopback_ipv6() {
     let ps = port.to_string();
     let server = Proc::spawn(python("http_tid_server.py", &[&ps, "::1"]).stdout(Stdio::null()));
     wait_listening(&format!("[::1]:{port}"), None);
-    let mut curl = Proc::spawn(
-        std::process::Command::new("curl").args(["-s", "-o", "/dev/null", &format!("http://[::1]:{port}/v6")]),
-    );
+    let mut curl = Proc::spawn(std::process::Command::new("curl").args([
+        "-s",
+        "-o",
+        "/dev/null",
+        &format!("http://[::1]:{port}/v6"),
+    ]));
     assert!(curl.wait(Duration::from_secs(10)).success());
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&[server.pid(), curl.pid()]), |_| false).await;
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(3),
+        involving(&[server.pid(), curl.pid()]),
+        |_| false,
+    )
+    .await;
     assert_exchange(&evs, curl.pid(), server.pid(), "/v6");
-    let t = data_events(&evs).into_iter().find(|d| d.pid == curl.pid()).and_then(|d| d.tuple).expect("tuple");
+    let t = data_events(&evs)
+        .into_iter()
+        .find(|d| d.pid == curl.pid())
+        .and_then(|d| d.tuple)
+        .expect("tuple");
     assert_eq!(t.remote, format!("[::1]:{port}").parse().unwrap());
     assert!(t.local.is_ipv6());
 }
@@ -171,7 +240,10 @@ async fn dropping_the_capture_unloads_every_program() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = retry_agent::capture::loaded_program_ids();
     let left: Vec<_> = ours.iter().filter(|id| after.contains(id)).collect();
-    assert!(left.is_empty(), "programs still loaded after drop: {left:?}");
+    assert!(
+        left.is_empty(),
+        "programs still loaded after drop: {left:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,21 +253,36 @@ async fn fd_reused_for_a_file_is_not_traced() {
     }
     let Some(mut cap) = load() else { return };
     let (echo, port) = python_server("echo_server.py", &[]);
-    let mut p = Proc::spawn(python("dup2_over_socket.py", &[&port.to_string()]).stdout(Stdio::piped()));
+    let mut p =
+        Proc::spawn(python("dup2_over_socket.py", &[&port.to_string()]).stdout(Stdio::piped()));
     let fd: u32 = p.read_line().trim().parse().expect("fd");
     assert!(p.wait(Duration::from_secs(10)).success());
-    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[p.pid(), echo.pid()]), |_| false).await;
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(2),
+        involving(&[p.pid(), echo.pid()]),
+        |_| false,
+    )
+    .await;
     let data = data_events(&evs);
-    let before = data.iter().find(|d| d.pid == p.pid() && d.payload.starts_with(b"BEFORE-CLOSE"));
-    let conn = before.unwrap_or_else(|| panic!("TCP write captured\n{}", dump(&evs))).conn;
+    let before = data
+        .iter()
+        .find(|d| d.pid == p.pid() && d.payload.starts_with(b"BEFORE-CLOSE"));
+    let conn = before
+        .unwrap_or_else(|| panic!("TCP write captured\n{}", dump(&evs)))
+        .conn;
     assert_eq!(conn.fd, fd);
     assert!(
-        !data.iter().any(|d| d.payload.starts_with(b"FILE-AFTER-DUP2")),
+        !data
+            .iter()
+            .any(|d| d.payload.starts_with(b"FILE-AFTER-DUP2")),
         "file write through a reused fd number was traced\n{}",
         dump(&evs)
     );
     assert!(
-        conn_events(&evs).iter().any(|c| c.conn == conn && c.kind == ConnEventKind::Close),
+        conn_events(&evs)
+            .iter()
+            .any(|c| c.conn == conn && c.kind == ConnEventKind::Close),
         "dup2 over the socket ends the connection\n{}",
         dump(&evs)
     );
@@ -208,10 +295,19 @@ async fn accept_without_peer_buffer_is_tracked() {
     }
     let Some(mut cap) = load() else { return };
     let (mut server, port) = serve(python, "null_accept_server.py", &[], Ready::SaysReady);
-    let mut client = Proc::spawn(&mut python("one_shot_client.py", &[&port.to_string(), "NULLACCEPT-REQ"]));
+    let mut client = Proc::spawn(&mut python(
+        "one_shot_client.py",
+        &[&port.to_string(), "NULLACCEPT-REQ"],
+    ));
     assert!(client.wait(Duration::from_secs(10)).success());
     let _ = server.wait(Duration::from_secs(10));
-    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[server.pid(), client.pid()]), |_| false).await;
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(2),
+        involving(&[server.pid(), client.pid()]),
+        |_| false,
+    )
+    .await;
     let ctx = || dump(&evs);
     let accept = conn_events(&evs)
         .into_iter()
@@ -224,14 +320,23 @@ async fn accept_without_peer_buffer_is_tracked() {
         .find(|d| d.pid == client.pid() && d.direction == Direction::Egress)
         .and_then(|d| d.tuple)
         .map(|t| t.local);
-    assert_eq!(Some(t.remote), c_local, "server's remote is the client's local address");
+    assert_eq!(
+        Some(t.remote),
+        c_local,
+        "server's remote is the client's local address"
+    );
     let data = data_events(&evs);
     let read = data
         .iter()
         .find(|d| d.conn == accept.conn && d.syscall == Syscall::Read)
         .unwrap_or_else(|| panic!("server read not captured\n{}", ctx()));
-    assert_eq!((&read.payload[..], read.role, read.direction), (&b"NULLACCEPT-REQ"[..], Role::Server, Direction::Ingress));
-    assert!(data.iter().any(|d| d.conn == accept.conn && d.syscall == Syscall::Write && d.payload.starts_with(b"NULLACCEPT-REPLY:")));
+    assert_eq!(
+        (&read.payload[..], read.role, read.direction),
+        (&b"NULLACCEPT-REQ"[..], Role::Server, Direction::Ingress)
+    );
+    assert!(data.iter().any(|d| d.conn == accept.conn
+        && d.syscall == Syscall::Write
+        && d.payload.starts_with(b"NULLACCEPT-REPLY:")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,19 +344,36 @@ async fn payload_prefix_size_is_configurable_up_to_4k() {
     if !can_run() {
         return;
     }
-    let cfg = retry_agent::capture::CaptureConfig { payload_bytes: 4096, ..Default::default() };
-    let Some(mut cap) = load_with(&cfg) else { return };
+    let cfg = retry_agent::capture::CaptureConfig {
+        payload_bytes: 4096,
+        ..Default::default()
+    };
+    let Some(mut cap) = load_with(&cfg) else {
+        return;
+    };
     let (echo, port) = python_server("echo_server.py", &[]);
     let mut client = Proc::spawn(&mut python("big_write_client.py", &[&port.to_string()]));
     assert!(client.wait(Duration::from_secs(10)).success());
-    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[client.pid(), echo.pid()]), |_| false).await;
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(2),
+        involving(&[client.pid(), echo.pid()]),
+        |_| false,
+    )
+    .await;
     let w = data_events(&evs)
         .into_iter()
         .find(|d| d.pid == client.pid() && d.direction == Direction::Egress)
         .unwrap_or_else(|| panic!("big write not captured\n{}", dump(&evs)));
     assert_eq!(w.len, 10000);
     assert_eq!(w.payload.len(), 4096, "prefix is the configured size");
-    assert!(w.payload.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "prefix bytes are the first bytes");
+    assert!(
+        w.payload
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 251) as u8),
+        "prefix bytes are the first bytes"
+    );
     assert!(!w.is_complete());
 }
 
@@ -265,7 +387,10 @@ async fn exec_re_describes_the_process() {
     let mut p = Proc::spawn(&mut python("exec_with_socket.py", &[&port.to_string()]));
     assert!(p.wait(Duration::from_secs(10)).success());
     let pid = p.pid();
-    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[pid]), |_| false).await;
+    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[pid]), |_| {
+        false
+    })
+    .await;
     let ctx = || dump(&evs);
     let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(|e| f(e));
     let before = pos(&|e| matches!(e, Event::Data(d) if d.payload.starts_with(b"BEFORE-EXEC")));
@@ -277,10 +402,16 @@ async fn exec_re_describes_the_process() {
     let sh_info = evs.iter().enumerate().position(|(i, e)| {
         matches!(e, Event::Process(p) if p.comm == "sh") && before.is_some_and(|b| i > b)
     });
-    let (Some(before), Some(after), Some(first_info), Some(sh_info)) = (before, after, first_info, sh_info) else {
+    let (Some(before), Some(after), Some(first_info), Some(sh_info)) =
+        (before, after, first_info, sh_info)
+    else {
         panic!("missing events\n{}", ctx());
     };
-    assert!(first_info < before && before < sh_info && sh_info < after, "order\n{}", ctx());
+    assert!(
+        first_info < before && before < sh_info && sh_info < after,
+        "order\n{}",
+        ctx()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,23 +419,42 @@ async fn veth_between_namespaces() {
     if !can_run() {
         return;
     }
-    let Some(ns) = NetnsPair::create("h", 71) else { return };
+    let Some(ns) = NetnsPair::create("h", 71) else {
+        return;
+    };
     let Some(mut cap) = load() else { return };
     let port = 8080u16.to_string();
-    let server = Proc::spawn(NetnsPair::python(&ns.a, "http_tid_server.py", &[&port, &ns.ip_a]).stdout(Stdio::null()));
+    let server = Proc::spawn(
+        NetnsPair::python(&ns.a, "http_tid_server.py", &[&port, &ns.ip_a]).stdout(Stdio::null()),
+    );
     wait_listening(&format!("{}:{port}", ns.ip_a), Some(&ns.b));
     let url = format!("http://{}:{port}/over-veth", ns.ip_a);
-    let mut curl = Proc::spawn(NetnsPair::exec(&ns.b, "curl").args(["-s", "-o", "/dev/null", &url]));
-    let mut py = Proc::spawn(&mut NetnsPair::python(&ns.b, "http_get_client.py", &[&ns.ip_a, &port, "/py-veth"]));
+    let mut curl =
+        Proc::spawn(NetnsPair::exec(&ns.b, "curl").args(["-s", "-o", "/dev/null", &url]));
+    let mut py = Proc::spawn(&mut NetnsPair::python(
+        &ns.b,
+        "http_get_client.py",
+        &[&ns.ip_a, &port, "/py-veth"],
+    ));
     assert!(curl.wait(Duration::from_secs(10)).success());
     assert!(py.wait(Duration::from_secs(10)).success());
     let pids = [server.pid(), curl.pid(), py.pid()];
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
+        false
+    })
+    .await;
     assert_exchange(&evs, curl.pid(), server.pid(), "/over-veth");
     assert_exchange(&evs, py.pid(), server.pid(), "/py-veth");
-    let c = data_events(&evs).into_iter().find(|d| d.pid == curl.pid()).map(|d| d.tuple);
+    let c = data_events(&evs)
+        .into_iter()
+        .find(|d| d.pid == curl.pid())
+        .map(|d| d.tuple);
     let want_remote = format!("{}:{port}", ns.ip_a).parse().ok();
-    assert_eq!(c.flatten().map(|t| t.remote), want_remote, "curl talks to the other namespace");
+    assert_eq!(
+        c.flatten().map(|t| t.remote),
+        want_remote,
+        "curl talks to the other namespace"
+    );
     // Namespaces differ: the metadata says so.
     let netns = |pid: u32| {
         evs.iter().find_map(|e| match e {
@@ -324,9 +474,15 @@ async fn vectored_and_msg_syscalls() {
     let Some(mut cap) = load() else { return };
     let (echo, port) = python_server("echo_server.py", &[]);
     let mut client = Proc::spawn(&mut python("vectored_client.py", &[&port.to_string()]));
-    assert!(client.wait(Duration::from_secs(10)).success(), "client script failed");
+    assert!(
+        client.wait(Duration::from_secs(10)).success(),
+        "client script failed"
+    );
     let pids = [echo.pid(), client.pid()];
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
+        false
+    })
+    .await;
     let data = data_events(&evs);
     let ctx = || dump(&evs);
     let find = |sc: Syscall| {
@@ -342,15 +498,28 @@ async fn vectored_and_msg_syscalls() {
     assert_eq!(r.direction, Direction::Ingress);
     assert!(r.payload.starts_with(b"ECHO:WRITEV-"), "{:?}", r.payload);
     let sm = find(Syscall::Sendmsg);
-    assert_eq!((sm.direction, sm.len, &sm.payload[..]), (Direction::Egress, 9, &b"SENDMSG-X"[..]));
+    assert_eq!(
+        (sm.direction, sm.len, &sm.payload[..]),
+        (Direction::Egress, 9, &b"SENDMSG-X"[..])
+    );
     let rm = find(Syscall::Recvmsg);
-    assert_eq!((rm.direction, &rm.payload[..]), (Direction::Ingress, &b"ECHO:SENDMSG-X"[..]));
+    assert_eq!(
+        (rm.direction, &rm.payload[..]),
+        (Direction::Ingress, &b"ECHO:SENDMSG-X"[..])
+    );
     let smm = find(Syscall::Sendmmsg);
     // First message only: its length and bytes.
-    assert_eq!((smm.direction, smm.len, &smm.payload[..]), (Direction::Egress, 8, &b"MMSG-ONE"[..]));
+    assert_eq!(
+        (smm.direction, smm.len, &smm.payload[..]),
+        (Direction::Egress, 8, &b"MMSG-ONE"[..])
+    );
     let rmm = find(Syscall::Recvmmsg);
     assert_eq!(rmm.direction, Direction::Ingress);
-    assert!(rmm.payload.starts_with(b"ECHO:MMSG-ONE"), "{:?}", rmm.payload);
+    assert!(
+        rmm.payload.starts_with(b"ECHO:MMSG-ONE"),
+        "{:?}",
+        rmm.payload
+    );
     assert_eq!(rmm.len as usize, rmm.payload.len());
     for d in [w, r, sm, rm, smm, rmm] {
         assert_eq!(d.role, Role::Client);
@@ -358,7 +527,9 @@ async fn vectored_and_msg_syscalls() {
     }
     // The echo server saw the bytes with recvfrom (socket.recv).
     assert!(
-        data.iter().any(|d| d.pid == echo.pid() && d.direction == Direction::Ingress && d.payload.starts_with(b"WRITEV-PART2")),
+        data.iter().any(|d| d.pid == echo.pid()
+            && d.direction == Direction::Ingress
+            && d.payload.starts_with(b"WRITEV-PART2")),
         "server read the whole writev\n{}",
         ctx()
     );
@@ -371,23 +542,55 @@ async fn file_unix_pipe_and_udp_io_are_filtered() {
     }
     let Some(mut cap) = load() else { return };
     let (echo, port) = python_server("echo_server.py", &[]);
-    let out = python("mixed_io_client.py", &[&port.to_string()]).output().expect("running the mixed-I/O script");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let tcp_fd: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("fd printed");
+    let out = python("mixed_io_client.py", &[&port.to_string()])
+        .output()
+        .expect("running the mixed-I/O script");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tcp_fd: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("fd printed");
     drop(echo);
-    let evs = collect(&mut cap, Duration::from_secs(3), |e| matches!(e, Event::Data(_)), |_| false).await;
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(3),
+        |e| matches!(e, Event::Data(_)),
+        |_| false,
+    )
+    .await;
     let data = data_events(&evs);
     let marker = |d: &&&DataEvent, m: &str| String::from_utf8_lossy(&d.payload).contains(m);
-    let tcp: Vec<_> = data.iter().filter(|d| marker(d, "TCPDATA-MARKER")).collect();
-    assert!(!tcp.is_empty(), "the TCP write is captured (so the process was traced)");
-    let client_pid = tcp.iter().find(|d| d.direction == Direction::Egress && d.role == Role::Client).map(|d| d.pid);
+    let tcp: Vec<_> = data
+        .iter()
+        .filter(|d| marker(d, "TCPDATA-MARKER"))
+        .collect();
+    assert!(
+        !tcp.is_empty(),
+        "the TCP write is captured (so the process was traced)"
+    );
+    let client_pid = tcp
+        .iter()
+        .find(|d| d.direction == Direction::Egress && d.role == Role::Client)
+        .map(|d| d.pid);
     let client_pid = client_pid.expect("client-side TCP write");
-    for m in ["FILEDATA-MARKER", "UNIXDATA-MARKER", "PIPEDATA-MARKER", "UDPDATA-MARKER"] {
+    for m in [
+        "FILEDATA-MARKER",
+        "UNIXDATA-MARKER",
+        "PIPEDATA-MARKER",
+        "UDPDATA-MARKER",
+    ] {
         let leaked: Vec<_> = data.iter().filter(|d| marker(d, m)).collect();
         assert!(leaked.is_empty(), "{m} leaked into data events: {leaked:?}");
     }
     for d in data.iter().filter(|d| d.pid == client_pid) {
-        assert_eq!(d.conn.fd, tcp_fd, "only the TCP fd produces data events: {d:?}");
+        assert_eq!(
+            d.conn.fd, tcp_fd,
+            "only the TCP fd produces data events: {d:?}"
+        );
     }
 }
 
@@ -399,22 +602,49 @@ async fn refused_connect_reports_errno() {
     let Some(mut cap) = load() else { return };
     let port = free_port();
     let mut p = Proc::spawn(&mut python("refused_connect.py", &[&port.to_string()]));
-    assert!(p.wait(Duration::from_secs(10)).success(), "refused script failed");
-    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[p.pid()]), |_| false).await;
+    assert!(
+        p.wait(Duration::from_secs(10)).success(),
+        "refused script failed"
+    );
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(2),
+        involving(&[p.pid()]),
+        |_| false,
+    )
+    .await;
     let conns = conn_events(&evs);
     let to_port = |c: &&&ConnEvent| c.tuple.map(|t| t.remote.port()) == Some(port);
     let refused: Vec<_> = conns
         .iter()
         .filter(to_port)
         .filter(|c| {
-            matches!(c.kind, ConnEventKind::Connect { errno: ECONNREFUSED } | ConnEventKind::Failed { errno: ECONNREFUSED })
+            matches!(
+                c.kind,
+                ConnEventKind::Connect {
+                    errno: ECONNREFUSED
+                } | ConnEventKind::Failed {
+                    errno: ECONNREFUSED
+                }
+            )
         })
         .collect();
     // Blocking: connect() returns the errno. Non-blocking: either connect() already knows it or
     // the SYN_SENT -> CLOSE transition reports it (errno read from sk_err via BTF).
-    assert!(refused.len() >= 2, "both connects report ECONNREFUSED\n{}", dump(&evs));
-    assert!(refused.iter().all(|c| c.role == Role::Client && c.pid == p.pid()));
-    assert!(data_events(&evs).is_empty(), "a refused connection moves no data");
+    assert!(
+        refused.len() >= 2,
+        "both connects report ECONNREFUSED\n{}",
+        dump(&evs)
+    );
+    assert!(
+        refused
+            .iter()
+            .all(|c| c.role == Role::Client && c.pid == p.pid())
+    );
+    assert!(
+        data_events(&evs).is_empty(),
+        "a refused connection moves no data"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -426,9 +656,18 @@ async fn reset_connection_reports_errno() {
     // The server accepts once: it says when it listens instead of being probed.
     let (mut server, port) = serve(python, "reset_server.py", &[], Ready::SaysReady);
     let mut client = Proc::spawn(&mut python("reset_client.py", &[&port.to_string()]));
-    assert!(client.wait(Duration::from_secs(10)).success(), "client saw no reset");
+    assert!(
+        client.wait(Duration::from_secs(10)).success(),
+        "client saw no reset"
+    );
     let _ = server.wait(Duration::from_secs(10));
-    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[client.pid(), server.pid()]), |_| false).await;
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(2),
+        involving(&[client.pid(), server.pid()]),
+        |_| false,
+    )
+    .await;
     let conns = conn_events(&evs);
     let client_conn = data_events(&evs)
         .into_iter()
@@ -439,11 +678,21 @@ async fn reset_connection_reports_errno() {
         .iter()
         .filter(|c| c.conn == client_conn && c.kind == ConnEventKind::Reset { errno: ECONNRESET })
         .collect();
-    assert!(!resets.is_empty(), "client connection reset with ECONNRESET\n{}", dump(&evs));
-    assert!(resets.iter().all(|c| c.role == Role::Client && c.pid == client.pid()));
+    assert!(
+        !resets.is_empty(),
+        "client connection reset with ECONNRESET\n{}",
+        dump(&evs)
+    );
+    assert!(
+        resets
+            .iter()
+            .all(|c| c.role == Role::Client && c.pid == client.pid())
+    );
     // The server aborted its side (SO_LINGER 0): its connection ends in a reset too.
     assert!(
-        conns.iter().any(|c| c.pid == server.pid() && matches!(c.kind, ConnEventKind::Reset { .. })),
+        conns
+            .iter()
+            .any(|c| c.pid == server.pid() && matches!(c.kind, ConnEventKind::Reset { .. })),
         "server-side abort seen\n{}",
         dump(&evs)
     );
@@ -457,8 +706,19 @@ async fn connection_opened_before_start_is_attributed() {
     let trigger = std::env::temp_dir().join(format!("racap-go-{}", std::process::id()));
     let _ = std::fs::remove_file(&trigger);
     // The server says when it listens (a probe connection would be its one accept).
-    let (server, port) = serve(python, "late_server.py", &[&trigger.to_string_lossy()], Ready::SaysReady);
-    let mut client = Proc::spawn(python("late_client.py", &[&port.to_string(), &trigger.to_string_lossy()]).stdout(Stdio::piped()));
+    let (server, port) = serve(
+        python,
+        "late_server.py",
+        &[&trigger.to_string_lossy()],
+        Ready::SaysReady,
+    );
+    let mut client = Proc::spawn(
+        python(
+            "late_client.py",
+            &[&port.to_string(), &trigger.to_string_lossy()],
+        )
+        .stdout(Stdio::piped()),
+    );
     // The client prints its fd once connected.
     let client_fd: u32 = client.read_line().trim().parse().expect("fd");
 
@@ -467,7 +727,13 @@ async fn connection_opened_before_start_is_attributed() {
     let status = client.wait(Duration::from_secs(10));
     let _ = std::fs::remove_file(&trigger);
     assert!(status.success());
-    let evs = collect(&mut cap, Duration::from_secs(2), involving(&[client.pid(), server.pid()]), |_| false).await;
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(2),
+        involving(&[client.pid(), server.pid()]),
+        |_| false,
+    )
+    .await;
     let ctx = || dump(&evs);
     let conns = conn_events(&evs);
     let existing_client = conns
@@ -482,7 +748,11 @@ async fn connection_opened_before_start_is_attributed() {
         .iter()
         .find(|c| c.pid == server.pid() && c.kind == ConnEventKind::Existing)
         .unwrap_or_else(|| panic!("server connection not picked up\n{}", ctx()));
-    assert_eq!(existing_server.role, Role::Server, "local port is a listening port");
+    assert_eq!(
+        existing_server.role,
+        Role::Server,
+        "local port is a listening port"
+    );
     let st = existing_server.tuple.expect("tuple");
     assert_eq!((st.local, st.remote), (ct.remote, ct.local));
 
@@ -491,11 +761,24 @@ async fn connection_opened_before_start_is_attributed() {
         .iter()
         .find(|d| d.pid == client.pid() && d.payload.starts_with(b"LATE-PING"))
         .unwrap_or_else(|| panic!("client ping not captured\n{}", ctx()));
-    assert_eq!((ping.conn, ping.role, ping.direction, ping.tuple), (existing_client.conn, Role::Client, Direction::Egress, Some(ct)));
+    assert_eq!(
+        (ping.conn, ping.role, ping.direction, ping.tuple),
+        (
+            existing_client.conn,
+            Role::Client,
+            Direction::Egress,
+            Some(ct)
+        )
+    );
     let got = data
         .iter()
         .find(|d| d.pid == server.pid() && d.payload.starts_with(b"LATE-PING"))
         .unwrap_or_else(|| panic!("server read not captured\n{}", ctx()));
-    assert_eq!((got.conn, got.role, got.direction), (existing_server.conn, Role::Server, Direction::Ingress));
-    assert!(data.iter().any(|d| d.pid == client.pid() && d.direction == Direction::Ingress && d.payload.starts_with(b"LATE-PONG")));
+    assert_eq!(
+        (got.conn, got.role, got.direction),
+        (existing_server.conn, Role::Server, Direction::Ingress)
+    );
+    assert!(data.iter().any(|d| d.pid == client.pid()
+        && d.direction == Direction::Ingress
+        && d.payload.starts_with(b"LATE-PONG")));
 }

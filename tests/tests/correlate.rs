@@ -36,58 +36,145 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let client = Proc::spawn(python("urllib_client.py", &args).stdout(Stdio::piped()));
     let (events, lines) = capture_while(&mut cap, client, &[a.pid(), b.pid()]).await;
-    assert_eq!(lines.len(), 13, "the client logged every request: {lines:?}");
-    assert!(lines.iter().filter(|l| l.starts_with("/chain/")).all(|l| l.ends_with(" 502")), "{lines:?}");
-    assert!(lines.iter().filter(|l| l.starts_with("/own/")).all(|l| l.ends_with(" 500")), "{lines:?}");
+    assert_eq!(
+        lines.len(),
+        13,
+        "the client logged every request: {lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("/chain/"))
+            .all(|l| l.ends_with(" 502")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("/own/"))
+            .all(|l| l.ends_with(" 500")),
+        "{lines:?}"
+    );
 
     let mut cfg = CorrelateConfig::default();
-    cfg.service_names.push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
-    cfg.service_names.push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
+    cfg.service_names
+        .push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
+    cfg.service_names
+        .push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
     let d = derive(&events, cfg);
-    let path_of = |v: &retry_agent::correlate::Verdict| d.exchanges.get(&v.exchange).and_then(|x| x.path.clone()).unwrap_or_default();
-    let server_exchanges = |pid: u32| d.exchanges.values().filter(move |x| x.pid == pid && x.role == Role::Server).count();
-    eprintln!("exchanges: A served {}, B served {}", server_exchanges(a.pid()), server_exchanges(b.pid()));
+    let path_of = |v: &retry_agent::correlate::Verdict| {
+        d.exchanges
+            .get(&v.exchange)
+            .and_then(|x| x.path.clone())
+            .unwrap_or_default()
+    };
+    let server_exchanges = |pid: u32| {
+        d.exchanges
+            .values()
+            .filter(move |x| x.pid == pid && x.role == Role::Server)
+            .count()
+    };
+    eprintln!(
+        "exchanges: A served {}, B served {}",
+        server_exchanges(a.pid()),
+        server_exchanges(b.pid())
+    );
     for v in &d.verdicts {
-        eprintln!("verdict {} {} {:?} caused_by {:?}", v.service, path_of(v), v.claim, v.caused_by);
+        eprintln!(
+            "verdict {} {} {:?} caused_by {:?}",
+            v.service,
+            path_of(v),
+            v.claim,
+            v.caused_by
+        );
     }
     let mut xs: Vec<_> = d.exchanges.values().filter(|x| x.pid == a.pid()).collect();
     xs.sort_by_key(|x| x.request_start_ns);
     for x in xs {
         eprintln!(
             "A {:?} {:?} tid {} rtid {:?} {:?} {:?} {:?} {}..{} rs {:?} re {}",
-            x.id, x.role, x.tid, x.response_tid, x.path, x.status, x.failure, x.request_start_ns, x.end_ns(), x.response_start_ns, x.request_end_ns
+            x.id,
+            x.role,
+            x.tid,
+            x.response_tid,
+            x.path,
+            x.status,
+            x.failure,
+            x.request_start_ns,
+            x.end_ns(),
+            x.response_start_ns,
+            x.request_end_ns
         );
     }
 
     // B failed on its own: every /fail request it answered is claimed, and A called it.
-    let b_verdicts: Vec<_> = d.verdicts.iter().filter(|v| v.service.as_str() == "svc-b").collect();
+    let b_verdicts: Vec<_> = d
+        .verdicts
+        .iter()
+        .filter(|v| v.service.as_str() == "svc-b")
+        .collect();
     assert_eq!(b_verdicts.len(), 12, "two attempts per chained request");
-    assert!(b_verdicts.iter().all(|v| v.claim == Claim::Claimed && path_of(v).starts_with("/fail/")));
-    assert!(b_verdicts.iter().all(|v| v.caller.as_ref().map(|c| c.as_str()) == Some("svc-a")));
+    assert!(
+        b_verdicts
+            .iter()
+            .all(|v| v.claim == Claim::Claimed && path_of(v).starts_with("/fail/"))
+    );
+    assert!(
+        b_verdicts
+            .iter()
+            .all(|v| v.caller.as_ref().map(|c| c.as_str()) == Some("svc-a"))
+    );
 
     // A's chained failures are symptoms of B's, with both failed attempts as the cause.
-    let chained: Vec<_> = d.verdicts.iter().filter(|v| v.service.as_str() == "svc-a" && path_of(v).starts_with("/chain/")).collect();
+    let chained: Vec<_> = d
+        .verdicts
+        .iter()
+        .filter(|v| v.service.as_str() == "svc-a" && path_of(v).starts_with("/chain/"))
+        .collect();
     assert_eq!(chained.len(), 6);
     for v in &chained {
         assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
         assert_eq!(v.caused_by.len(), 2, "{v:?}");
-        assert!(v.caused_by.iter().all(|c| c.callee.as_str() == "svc-b" && c.status == Some(503)));
+        assert!(
+            v.caused_by
+                .iter()
+                .all(|c| c.callee.as_str() == "svc-b" && c.status == Some(503))
+        );
     }
     // A failing on its own (its call to B succeeded) owns its errors.
-    let own: Vec<_> = d.verdicts.iter().filter(|v| v.service.as_str() == "svc-a" && path_of(v).starts_with("/own/")).collect();
+    let own: Vec<_> = d
+        .verdicts
+        .iter()
+        .filter(|v| v.service.as_str() == "svc-a" && path_of(v).starts_with("/own/"))
+        .collect();
     assert_eq!(own.len(), 6);
-    assert!(own.iter().all(|v| v.claim == Claim::Claimed && v.caused_by.is_empty()), "{own:?}");
+    assert!(
+        own.iter()
+            .all(|v| v.claim == Claim::Claimed && v.caused_by.is_empty()),
+        "{own:?}"
+    );
 
     // The edge figures: A retried B once per chained request; B's errors were claimed, so the
     // retries into B are never suppressed for ownership.
     let edges = d.engine.edges();
-    let ab = edges.iter().find(|e| e.edge.to_string() == "svc-a->svc-b").unwrap_or_else(|| panic!("edge svc-a -> svc-b in {edges:?}"));
+    let ab = edges
+        .iter()
+        .find(|e| e.edge.to_string() == "svc-a->svc-b")
+        .unwrap_or_else(|| panic!("edge svc-a -> svc-b in {edges:?}"));
     eprintln!("{ab:?}");
     assert_eq!(ab.retries_total, 6);
     assert_eq!(ab.requests_total, 18);
-    let mut decider = Decider::new(DecideConfig { min_requests: 1, ..DecideConfig::default() });
+    let mut decider = Decider::new(DecideConfig {
+        min_requests: 1,
+        ..DecideConfig::default()
+    });
     let decisions = decider.evaluate_edges(&edges, d.engine.now_ns());
-    assert!(decisions.iter().all(|x| x.reason != Reason::CalleeUnclaimed), "{decisions:?}");
+    assert!(
+        decisions
+            .iter()
+            .all(|x| x.reason != Reason::CalleeUnclaimed),
+        "{decisions:?}"
+    );
 }
 
 /// The caller gives up (0.3 s timeout) while A still works (1 s): a timeout mismatch on the
@@ -100,29 +187,58 @@ async fn caller_giving_up_is_a_timeout_mismatch() {
     let Some(mut cap) = load() else { return };
     let (b, pb) = python_server("chain_service_b.py", &[]);
     let (a, pa) = python_server("chain_service_a.py", &[&pb.to_string()]);
-    let client = Proc::spawn(python("impatient_client.py", &[&pa.to_string(), "/slow/1", "/slow/2", "/slow/3"]).stdout(Stdio::piped()));
+    let client = Proc::spawn(
+        python(
+            "impatient_client.py",
+            &[&pa.to_string(), "/slow/1", "/slow/2", "/slow/3"],
+        )
+        .stdout(Stdio::piped()),
+    );
     let client_pid = client.pid();
     let (events, lines) = capture_while(&mut cap, client, &[a.pid(), b.pid()]).await;
-    assert_eq!(lines, vec!["/slow/1 timeout", "/slow/2 timeout", "/slow/3 timeout"]);
+    assert_eq!(
+        lines,
+        vec!["/slow/1 timeout", "/slow/2 timeout", "/slow/3 timeout"]
+    );
     // A answers a second after each request; give it time to write the last one.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let mut more = collect(&mut cap, Duration::from_millis(500), |e: &Event| e.pid() == a.pid(), |_| false).await;
+    let mut more = collect(
+        &mut cap,
+        Duration::from_millis(500),
+        |e: &Event| e.pid() == a.pid(),
+        |_| false,
+    )
+    .await;
     let mut events = events;
     events.append(&mut more);
 
     let mut cfg = CorrelateConfig::default();
-    cfg.service_names.push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
-    cfg.service_names.push(format!("pid:{client_pid}=impatient").parse().expect("override"));
+    cfg.service_names
+        .push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
+    cfg.service_names.push(
+        format!("pid:{client_pid}=impatient")
+            .parse()
+            .expect("override"),
+    );
     let d = derive(&events, cfg);
     let edges = d.engine.edges();
-    let edge = edges.iter().find(|e| e.edge.to_string() == "impatient->svc-a");
+    let edge = edges
+        .iter()
+        .find(|e| e.edge.to_string() == "impatient->svc-a");
     eprintln!("{edge:?}\nstats {:?}", d.engine.stats());
     let edge = edge.unwrap_or_else(|| panic!("edge impatient -> svc-a in {edges:?}"));
-    assert_eq!(edge.timeout_mismatches_total, 3, "once per abandoned request: {edge:?}");
+    assert_eq!(
+        edge.timeout_mismatches_total, 3,
+        "once per abandoned request: {edge:?}"
+    );
     assert_eq!(d.engine.stats().timeout_mismatches, 3);
     // The caller giving up is not A's error: no verdicts for A, and no claims on the edge
     // beyond what A said.
-    assert!(d.verdicts.iter().all(|v| v.service.as_str() != "svc-a"), "{:?}", d.verdicts);
+    assert!(
+        d.verdicts.iter().all(|v| v.service.as_str() != "svc-a"),
+        "{:?}",
+        d.verdicts
+    );
     assert_eq!(edge.callee_claims.total(), 0, "{edge:?}");
 }
 
@@ -134,14 +250,22 @@ async fn event_loop_overlap_is_missing_not_guessed() {
     if !can_run() {
         return;
     }
-    let node_ok = std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
+    let node_ok = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !node_ok {
         eprintln!("skip: node not available");
         return;
     }
     let Some(mut cap) = load() else { return };
     let (b, pb) = python_server("chain_service_b.py", &[]);
-    let (n, pn) = serve(node, "event_loop_server.js", &[&pb.to_string()], Ready::Listening);
+    let (n, pn) = serve(
+        node,
+        "event_loop_server.js",
+        &[&pb.to_string()],
+        Ready::Listening,
+    );
     let sn = pn.to_string();
     let paths: Vec<String> = (1..=6).map(|i| format!("/chain/{i}")).collect();
     let mut args = vec![sn.clone()];
@@ -154,10 +278,16 @@ async fn event_loop_overlap_is_missing_not_guessed() {
     // The loop never retries B: at-least-once would (deliberately) own B's errors; here we look
     // at linking alone.
     cfg.at_least_once = false;
-    cfg.service_names.push(format!("pid:{}=loop", n.pid()).parse().expect("override"));
-    cfg.service_names.push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
+    cfg.service_names
+        .push(format!("pid:{}=loop", n.pid()).parse().expect("override"));
+    cfg.service_names
+        .push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
     let d = derive(&events, cfg);
-    let mine: Vec<_> = d.verdicts.iter().filter(|v| v.service.as_str() == "loop").collect();
+    let mine: Vec<_> = d
+        .verdicts
+        .iter()
+        .filter(|v| v.service.as_str() == "loop")
+        .collect();
     for v in &mine {
         eprintln!("{v:?}");
     }
@@ -166,11 +296,18 @@ async fn event_loop_overlap_is_missing_not_guessed() {
     // the response) unclaimed with that call of B's as the cause.
     assert!(mine.iter().all(|v| v.claim != Claim::Claimed), "{mine:?}");
     assert!(
-        mine.iter().filter(|v| v.claim == Claim::Unclaimed).all(|v| v.caused_by.len() == 1 && v.caused_by[0].callee.as_str() == "svc-b"),
+        mine.iter()
+            .filter(|v| v.claim == Claim::Unclaimed)
+            .all(|v| v.caused_by.len() == 1 && v.caused_by[0].callee.as_str() == "svc-b"),
         "{mine:?}"
     );
     // B still owns its own errors.
-    assert!(d.verdicts.iter().filter(|v| v.service.as_str() == "svc-b").all(|v| v.claim == Claim::Claimed));
+    assert!(
+        d.verdicts
+            .iter()
+            .filter(|v| v.service.as_str() == "svc-b")
+            .all(|v| v.claim == Claim::Claimed)
+    );
 }
 
 /// The same event loop forwarding each request's `traceparent` to its call: the trace id ties
@@ -181,14 +318,22 @@ async fn event_loop_forwarding_traceparent_gets_verdicts() {
     if !can_run() {
         return;
     }
-    let node_ok = std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
+    let node_ok = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !node_ok {
         eprintln!("skip: node not available");
         return;
     }
     let Some(mut cap) = load() else { return };
     let (b, pb) = python_server("chain_service_b.py", &[]);
-    let (n, pn) = serve(node, "event_loop_server.js", &[&pb.to_string()], Ready::Listening);
+    let (n, pn) = serve(
+        node,
+        "event_loop_server.js",
+        &[&pb.to_string()],
+        Ready::Listening,
+    );
     let mut args = vec![pn.to_string()];
     args.extend((1..=6).map(|i| format!("/chain/{i}")));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -201,16 +346,24 @@ async fn event_loop_forwarding_traceparent_gets_verdicts() {
     cfg.at_least_once = false;
     // Timing links off: the trace id alone must link.
     cfg.timing_link_ms = 0;
-    cfg.service_names.push(format!("pid:{}=loop", n.pid()).parse().expect("override"));
-    cfg.service_names.push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
+    cfg.service_names
+        .push(format!("pid:{}=loop", n.pid()).parse().expect("override"));
+    cfg.service_names
+        .push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
     let d = derive(&events, cfg);
-    let mine: Vec<_> = d.verdicts.iter().filter(|v| v.service.as_str() == "loop").collect();
+    let mine: Vec<_> = d
+        .verdicts
+        .iter()
+        .filter(|v| v.service.as_str() == "loop")
+        .collect();
     for v in &mine {
         eprintln!("{v:?}");
     }
     assert_eq!(mine.len(), 6, "every failed request judged");
     assert!(
-        mine.iter().all(|v| v.claim == Claim::Unclaimed && v.caused_by.len() == 1 && v.caused_by[0].callee.as_str() == "svc-b"),
+        mine.iter().all(|v| v.claim == Claim::Unclaimed
+            && v.caused_by.len() == 1
+            && v.caused_by[0].callee.as_str() == "svc-b"),
         "{mine:?}"
     );
     // Each verdict names its own call: six different causes.

@@ -8,11 +8,16 @@
 use std::{
     net::SocketAddr,
     process::{Command, Stdio},
-    sync::{Arc, atomic::{AtomicU64, Ordering}},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
-use integration_tests::actuate::{Proc, allow, envoy_bin, free_port, http_get, http_request, status_server, suppress, wait_until};
+use integration_tests::actuate::{
+    Proc, allow, envoy_bin, free_port, http_get, http_request, status_server, suppress, wait_until,
+};
 use retry_agent::actuate::{Actuator, envoy::EnvoyActuator};
 
 /// The callee's service id as the agent names it; Envoy's cluster is named otherwise.
@@ -64,13 +69,25 @@ static_resources:
 
 /// Envoy's counters for the cluster: (upstream_rq_total, upstream_rq_retry, upstream_rq_retry_overflow).
 fn counters(admin: SocketAddr) -> (u64, u64, u64) {
-    let (status, body) = http_request(admin, "GET", &format!("/stats?filter=^cluster\\.{CLUSTER}\\.upstream_rq_")).expect("stats");
+    let (status, body) = http_request(
+        admin,
+        "GET",
+        &format!("/stats?filter=^cluster\\.{CLUSTER}\\.upstream_rq_"),
+    )
+    .expect("stats");
     assert_eq!(status, 200, "{body}");
     let get = |name: &str| {
         let key = format!("cluster.{CLUSTER}.{name}:");
-        body.lines().find_map(|l| l.strip_prefix(&key)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+        body.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     };
-    (get("upstream_rq_total"), get("upstream_rq_retry"), get("upstream_rq_retry_overflow"))
+    (
+        get("upstream_rq_total"),
+        get("upstream_rq_retry"),
+        get("upstream_rq_retry_overflow"),
+    )
 }
 
 struct Rig {
@@ -91,12 +108,20 @@ impl Rig {
         }
         let (t1, r1, o1) = counters(self.admin);
         let hits = self.hits.load(Ordering::SeqCst) - h0;
-        assert_eq!(t1 - t0, hits, "Envoy's upstream_rq_total and the service disagree");
+        assert_eq!(
+            t1 - t0,
+            hits,
+            "Envoy's upstream_rq_total and the service disagree"
+        );
         let per = (t1 - t0) as f64 / n as f64;
         // Every attempt past the first is a retry; every refused one is an overflow.
         assert_eq!(r1 - r0, (t1 - t0) - n, "upstream_rq_retry");
         if per == 1.0 {
-            assert_eq!(o1 - o0, n, "each request's first retry refused by the circuit breaker");
+            assert_eq!(
+                o1 - o0,
+                n,
+                "each request's first retry refused by the circuit breaker"
+            );
         }
         per
     }
@@ -131,7 +156,13 @@ fn envoy_runtime_override_stops_route_retries_and_lapses() {
         Command::new(&bin)
             .arg("-c")
             .arg(&cfg)
-            .args(["--concurrency", "1", "--disable-hot-restart", "--log-level", "warn"])
+            .args([
+                "--concurrency",
+                "1",
+                "--disable-hot-restart",
+                "--log-level",
+                "warn",
+            ])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -141,37 +172,69 @@ fn envoy_runtime_override_stops_route_retries_and_lapses() {
     let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
     let listen: SocketAddr = format!("127.0.0.1:{listen_port}").parse().expect("addr");
     let up = wait_until(Duration::from_secs(20), || {
-        http_request(admin, "GET", "/ready").is_ok_and(|(s, b)| s == 200 && b.contains("LIVE")) && std::net::TcpStream::connect(listen).is_ok()
+        http_request(admin, "GET", "/ready").is_ok_and(|(s, b)| s == 200 && b.contains("LIVE"))
+            && std::net::TcpStream::connect(listen).is_ok()
     });
-    assert!(up.is_some(), "envoy did not come up: {}", std::fs::read_to_string(dir.join("envoy.log")).unwrap_or_default());
-    let rig = Rig { admin, listen, hits };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    assert!(
+        up.is_some(),
+        "envoy did not come up: {}",
+        std::fs::read_to_string(dir.join("envoy.log")).unwrap_or_default()
+    );
+    let rig = Rig {
+        admin,
+        listen,
+        hits,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
     let mut act = EnvoyActuator::new(admin);
     let key = format!("circuit_breakers.{CLUSTER}.default.max_retries");
 
-    assert_eq!(rig.attempts(5), 4.0, "num_retries 3 → 4 attempts per request");
+    assert_eq!(
+        rig.attempts(5),
+        4.0,
+        "num_retries 3 → 4 attempts per request"
+    );
 
-    rt.block_on(act.apply(&[suppress(CALLEE, be, 60_000)])).expect("apply");
-    assert!(rig.runtime().contains(&key), "override missing: {}", rig.runtime());
+    rt.block_on(act.apply(&[suppress(CALLEE, be, 60_000)]))
+        .expect("apply");
+    assert!(
+        rig.runtime().contains(&key),
+        "override missing: {}",
+        rig.runtime()
+    );
     assert_eq!(rig.attempts(5), 1.0, "suppressed: one attempt per request");
     // A refresh re-sets the same keys.
-    rt.block_on(act.apply(&[suppress(CALLEE, be, 60_000)])).expect("refresh");
+    rt.block_on(act.apply(&[suppress(CALLEE, be, 60_000)]))
+        .expect("refresh");
     assert_eq!(rig.attempts(2), 1.0);
 
     rt.block_on(act.apply(&[allow(CALLEE)])).expect("lift");
-    assert!(!rig.runtime().contains(&key), "lifted override still there: {}", rig.runtime());
+    assert!(
+        !rig.runtime().contains(&key),
+        "lifted override still there: {}",
+        rig.runtime()
+    );
     assert_eq!(rig.attempts(3), 4.0, "lifted: retries back");
 
     // Expiry: the agent stops refreshing; its next tick removes the override.
-    rt.block_on(act.apply(&[suppress(CALLEE, be, 500)])).expect("short");
+    rt.block_on(act.apply(&[suppress(CALLEE, be, 500)]))
+        .expect("short");
     assert_eq!(rig.attempts(2), 1.0);
     std::thread::sleep(Duration::from_millis(600));
     rt.block_on(act.apply(&[])).expect("tick");
-    assert!(!rig.runtime().contains(&key), "expired override still there: {}", rig.runtime());
+    assert!(
+        !rig.runtime().contains(&key),
+        "expired override still there: {}",
+        rig.runtime()
+    );
     assert_eq!(rig.attempts(3), 4.0, "expired suppression must not hold");
 
     // Shutdown removes what the agent set.
-    rt.block_on(act.apply(&[suppress(CALLEE, be, 60_000)])).expect("again");
+    rt.block_on(act.apply(&[suppress(CALLEE, be, 60_000)]))
+        .expect("again");
     assert_eq!(rig.attempts(2), 1.0);
     rt.block_on(act.shutdown()).expect("shutdown");
     assert_eq!(rig.attempts(3), 4.0, "shut down: retries back");
@@ -179,15 +242,28 @@ fn envoy_runtime_override_stops_route_retries_and_lapses() {
     // A killed agent leaves its override (Envoy's runtime has no TTL) until its marker lapses and
     // the next agent's first sweep removes it.
     let mut dead = EnvoyActuator::new(admin);
-    rt.block_on(dead.apply(&[suppress(CALLEE, be, 1000)])).expect("dead agent's decision");
+    rt.block_on(dead.apply(&[suppress(CALLEE, be, 1000)]))
+        .expect("dead agent's decision");
     drop(dead);
     std::thread::sleep(Duration::from_millis(1100));
-    assert_eq!(rig.attempts(2), 1.0, "no TTL in Envoy: the override outlives its agent");
+    assert_eq!(
+        rig.attempts(2),
+        1.0,
+        "no TTL in Envoy: the override outlives its agent"
+    );
     std::thread::sleep(Duration::from_millis(1000));
     let mut next = EnvoyActuator::new(admin);
     rt.block_on(next.apply(&[])).expect("next agent's sweep");
-    assert!(!rig.runtime().contains("retry_agent."), "lapsed marker left: {}", rig.runtime());
-    assert_eq!(rig.attempts(3), 4.0, "the next agent lifted the lapsed override");
+    assert!(
+        !rig.runtime().contains("retry_agent."),
+        "lapsed marker left: {}",
+        rig.runtime()
+    );
+    assert_eq!(
+        rig.attempts(3),
+        4.0,
+        "the next agent lifted the lapsed override"
+    );
 
     let mut envoy = envoy;
     assert!(envoy.0.try_wait().ok().flatten().is_none(), "envoy exited");

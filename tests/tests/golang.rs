@@ -2,11 +2,14 @@
 //! (`-ldflags=-s -w`): the agent finds the functions its Go uprobes need in both, at the same
 //! places, and their RET instructions; and, with the uprobes attached, a concurrent Go service
 //! gets an ownership verdict for every failed request, as a thread-per-request one does.
-use std::{path::PathBuf, process::{Command, Stdio}};
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+};
 
 use integration_tests::{
-    fixture::{Proc, can_run, fixture, free_port, load, wait_listening},
     correlate::{capture_while, derive},
+    fixture::{Proc, can_run, fixture, free_port, load, wait_listening},
 };
 use retry_agent::{
     capture::golang::{GoBinary, GoError, GoVersion},
@@ -30,12 +33,20 @@ fn build(ldflags: &str) -> Option<PathBuf> {
         return None;
     }
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/go/chain");
-    let flavour = if ldflags.is_empty() { "full" } else { "stripped" };
+    let flavour = if ldflags.is_empty() {
+        "full"
+    } else {
+        "stripped"
+    };
     let dir = std::env::temp_dir().join(format!("retry-agent-go-{}-{flavour}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(src.join("main.go"), dir.join("main.go")).unwrap();
     std::fs::write(dir.join("go.mod"), "module chain\n\ngo 1.17\n").unwrap();
-    let out = dir.join(if ldflags.is_empty() { "chain" } else { "chain-stripped" });
+    let out = dir.join(if ldflags.is_empty() {
+        "chain"
+    } else {
+        "chain-stripped"
+    });
     let status = Command::new("go")
         .args(["build", "-o"])
         .arg(&out)
@@ -52,7 +63,9 @@ fn build(ldflags: &str) -> Option<PathBuf> {
 #[test]
 fn functions_and_returns_are_found_with_and_without_symbols() {
     let Some(full) = build("") else { return };
-    let Some(stripped) = build("-s -w") else { return };
+    let Some(stripped) = build("-s -w") else {
+        return;
+    };
     let a = GoBinary::inspect(&full, WANTED).expect("a Go binary with symbols is read");
     let b = GoBinary::inspect(&stripped, WANTED).expect("a stripped Go binary is read");
     assert!(a.has_symbols, "{a}");
@@ -65,7 +78,10 @@ fn functions_and_returns_are_found_with_and_without_symbols() {
         let eb = b.entry_offset(name).unwrap();
         assert!(ea > 0 && eb > 0);
         // Stripping keeps the code where it was: the same functions, the same returns.
-        assert_eq!(ea, eb, "{name}: entry differs between symbol table and pclntab");
+        assert_eq!(
+            ea, eb,
+            "{name}: entry differs between symbol table and pclntab"
+        );
         let ra = a.return_offsets(name).unwrap();
         assert_eq!(ra, b.return_offsets(name).unwrap(), "{name}: RETs differ");
         assert!(ra.iter().all(|r| *r > ea), "{name}: a RET before the entry");
@@ -100,11 +116,20 @@ async fn go_service_verdicts(ldflags: &str, fanout: u32) {
     let Some(bin) = build(ldflags) else { return };
     let Some(mut cap) = load() else { return };
     let (pa, pb) = (free_port(), free_port());
-    let b = Proc::spawn(Command::new(&bin).args(["-listen", &format!("127.0.0.1:{pb}")]).stdout(Stdio::null()));
+    let b = Proc::spawn(
+        Command::new(&bin)
+            .args(["-listen", &format!("127.0.0.1:{pb}")])
+            .stdout(Stdio::null()),
+    );
     wait_listening(&format!("127.0.0.1:{pb}"), None);
     let a = Proc::spawn(
         Command::new(&bin)
-            .args(["-listen", &format!("127.0.0.1:{pa}"), "-upstream", &format!("http://127.0.0.1:{pb}")])
+            .args([
+                "-listen",
+                &format!("127.0.0.1:{pa}"),
+                "-upstream",
+                &format!("http://127.0.0.1:{pb}"),
+            ])
             .args(["-fanout", &fanout.to_string()])
             .stdout(Stdio::null()),
     );
@@ -117,44 +142,97 @@ async fn go_service_verdicts(ldflags: &str, fanout: u32) {
     let client = Proc::spawn(
         Command::new("python3")
             .arg(fixture("concurrent_client.py"))
-            .args([&pa.to_string(), "8", "60", "/own-fail", "/dep/own-fail", "/ok"])
+            .args([
+                &pa.to_string(),
+                "8",
+                "60",
+                "/own-fail",
+                "/dep/own-fail",
+                "/ok",
+            ])
             .stdout(Stdio::piped()),
     );
     let (events, lines) = capture_while(&mut cap, client, &[a.pid(), b.pid()]).await;
     assert_eq!(lines.len(), 180, "every request answered: {lines:?}");
-    assert_eq!(lines.iter().filter(|l| l.ends_with(" 502")).count(), 60, "{lines:?}");
+    assert_eq!(
+        lines.iter().filter(|l| l.ends_with(" 502")).count(),
+        60,
+        "{lines:?}"
+    );
 
     let mut cfg = CorrelateConfig::default();
-    cfg.service_names.push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
-    cfg.service_names.push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
+    cfg.service_names
+        .push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
+    cfg.service_names
+        .push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
     let d = derive(&events, cfg);
-    let path = |v: &retry_agent::correlate::Verdict| d.exchanges.get(&v.exchange).and_then(|x| x.path.clone()).unwrap_or_default();
-    let a_verdicts: Vec<_> = d.verdicts.iter().filter(|v| v.service.as_str() == "svc-a").collect();
+    let path = |v: &retry_agent::correlate::Verdict| {
+        d.exchanges
+            .get(&v.exchange)
+            .and_then(|x| x.path.clone())
+            .unwrap_or_default()
+    };
+    let a_verdicts: Vec<_> = d
+        .verdicts
+        .iter()
+        .filter(|v| v.service.as_str() == "svc-a")
+        .collect();
     let (mut right, mut wrong, mut missing) = (0, 0, 0);
     for v in &a_verdicts {
-        let want = if path(v).starts_with("/dep/") { Claim::Unclaimed } else { Claim::Claimed };
+        let want = if path(v).starts_with("/dep/") {
+            Claim::Unclaimed
+        } else {
+            Claim::Claimed
+        };
         match v.claim {
             Claim::Missing => {
                 missing += 1;
                 let x = d.exchanges.get(&v.exchange);
-                eprintln!("missing: {} goid {:?} tid {:?}", path(v), x.and_then(|x| x.goid), x.map(|x| x.tid));
+                eprintln!(
+                    "missing: {} goid {:?} tid {:?}",
+                    path(v),
+                    x.and_then(|x| x.goid),
+                    x.map(|x| x.tid)
+                );
             }
             c if c == want => right += 1,
             _ => {
                 wrong += 1;
-                eprintln!("wrong verdict: {} {:?} caused_by {:?}", path(v), v.claim, v.caused_by);
+                eprintln!(
+                    "wrong verdict: {} {:?} caused_by {:?}",
+                    path(v),
+                    v.claim,
+                    v.caused_by
+                );
             }
         }
     }
-    eprintln!("A (fanout {fanout}, ldflags {ldflags:?}): {right} right, {wrong} wrong, {missing} missing of {}", a_verdicts.len());
+    eprintln!(
+        "A (fanout {fanout}, ldflags {ldflags:?}): {right} right, {wrong} wrong, {missing} missing of {}",
+        a_verdicts.len()
+    );
     assert_eq!(a_verdicts.len(), 120, "one verdict per failed request of A");
     let decided = right + wrong;
     // The targets: precision ≥ 99%, recall ≥ 95%.
-    assert!(wrong * 100 <= decided, "precision below 99%: {wrong} wrong of {decided}");
-    assert!(right * 100 >= 95 * 120, "recall below 95%: {right} right of 120 ({missing} missing)");
+    assert!(
+        wrong * 100 <= decided,
+        "precision below 99%: {wrong} wrong of {decided}"
+    );
+    assert!(
+        right * 100 >= 95 * 120,
+        "recall below 95%: {right} right of 120 ({missing} missing)"
+    );
     // B owns its failures: two attempts per chained request, each claimed.
-    let b_claimed = d.verdicts.iter().filter(|v| v.service.as_str() == "svc-b" && v.claim == Claim::Claimed).count();
-    assert_eq!(b_claimed, 120 * fanout as usize, "B claims every failure it served");
+    let b_claimed = d
+        .verdicts
+        .iter()
+        .filter(|v| v.service.as_str() == "svc-b" && v.claim == Claim::Claimed)
+        .count();
+    assert_eq!(
+        b_claimed,
+        120 * fanout as usize,
+        "B claims every failure it served"
+    );
     let _ = std::fs::remove_dir_all(bin.parent().unwrap());
 }
 

@@ -10,7 +10,8 @@ use std::{
 };
 
 use integration_tests::fixture::{
-    Proc, Ready, can_run, collect, free_port, have, involving, load_with, node, python, python_server, serve, wait_listening,
+    Proc, Ready, can_run, collect, free_port, have, involving, load_with, node, python,
+    python_server, serve, wait_listening,
 };
 use retry_agent::{
     capture::{Capture, CaptureConfig, Event, Role},
@@ -20,7 +21,11 @@ use retry_agent::{
 /// Capture with the largest payload prefix, so header blocks are whole (the default of 256
 /// bytes is exercised by the unit tests' truncation cases).
 fn load_capture() -> Option<Capture> {
-    load_with(&CaptureConfig { payload_bytes: 4096, tls: true, ..CaptureConfig::default() })
+    load_with(&CaptureConfig {
+        payload_bytes: 4096,
+        tls: true,
+        ..CaptureConfig::default()
+    })
 }
 
 fn reassemble(evs: &[Event]) -> Vec<Exchange> {
@@ -42,15 +47,28 @@ fn reassemble(evs: &[Event]) -> Vec<Exchange> {
 }
 
 fn method_name(m: &Option<Method>) -> String {
-    m.as_ref().and_then(|m| serde_json::to_value(m).ok()).and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    m.as_ref()
+        .and_then(|m| serde_json::to_value(m).ok())
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 /// `METHOD PATH STATUS` of the completed exchanges of `pid` in `role`, in request order.
 fn http_lines(ex: &[Exchange], pid: u32, role: Role) -> Vec<String> {
-    let mut v: Vec<&Exchange> = ex.iter().filter(|e| e.pid == pid && e.role == role && e.protocol == Protocol::Http1).collect();
+    let mut v: Vec<&Exchange> = ex
+        .iter()
+        .filter(|e| e.pid == pid && e.role == role && e.protocol == Protocol::Http1)
+        .collect();
     v.sort_by_key(|e| e.request_start_ns);
     v.iter()
-        .map(|e| format!("{} {} {}", method_name(&e.method), e.path.clone().unwrap_or_default(), e.status.map(|s| s.to_string()).unwrap_or_default()))
+        .map(|e| {
+            format!(
+                "{} {} {}",
+                method_name(&e.method),
+                e.path.clone().unwrap_or_default(),
+                e.status.map(|s| s.to_string()).unwrap_or_default()
+            )
+        })
         .collect()
 }
 
@@ -59,7 +77,9 @@ async fn http1_exchanges_equal_what_the_peers_logged() {
     if !can_run() {
         return;
     }
-    let Some(mut cap) = load_capture() else { return };
+    let Some(mut cap) = load_capture() else {
+        return;
+    };
     let (mut server, port) = python_server("keepalive_http_server.py", &[]);
     let ps = port.to_string();
 
@@ -68,20 +88,28 @@ async fn http1_exchanges_equal_what_the_peers_logged() {
     let py_lines = py.output_lines();
     clients.push((py, "requests"));
     // curl: two URLs on one keep-alive connection.
-    let mut curl = Proc::spawn(Command::new("curl").args([
-        "-s",
-        "-o",
-        "/dev/null",
-        "-o",
-        "/dev/null",
-        "-w",
-        "GET %{url_effective} %{http_code}\\n",
-        &format!("http://127.0.0.1:{port}/curl/7?x=1"),
-        &format!("http://127.0.0.1:{port}/missing/curl"),
-    ]).stdout(Stdio::piped()));
-    let curl_lines: Vec<String> = curl.output_lines()
+    let mut curl = Proc::spawn(
+        Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-o",
+                "/dev/null",
+                "-w",
+                "GET %{url_effective} %{http_code}\\n",
+                &format!("http://127.0.0.1:{port}/curl/7?x=1"),
+                &format!("http://127.0.0.1:{port}/missing/curl"),
+            ])
+            .stdout(Stdio::piped()),
+    );
+    let curl_lines: Vec<String> = curl
+        .output_lines()
         .iter()
-        .map(|l| l.replace(&format!("http://127.0.0.1:{port}"), "").replace("?x=1", ""))
+        .map(|l| {
+            l.replace(&format!("http://127.0.0.1:{port}"), "")
+                .replace("?x=1", "")
+        })
         .collect();
     clients.push((curl, "curl"));
     let node_lines = if have("node", "--version") {
@@ -94,19 +122,31 @@ async fn http1_exchanges_equal_what_the_peers_logged() {
     };
     let mut pids = vec![server.pid()];
     pids.extend(clients.iter().map(|(p, _)| p.pid()));
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
+        false
+    })
+    .await;
     let server_pid = server.pid();
     server.kill();
     let server_lines = server.output_lines();
     let ex = reassemble(&evs);
 
-    let expect = [(&py_lines, 0usize, "requests"), (&curl_lines, 1, "curl"), (&node_lines, 2, "node")];
+    let expect = [
+        (&py_lines, 0usize, "requests"),
+        (&curl_lines, 1, "curl"),
+        (&node_lines, 2, "node"),
+    ];
     let mut total = 0;
     for (want, i, name) in expect {
-        let Some((p, _)) = clients.get(i) else { continue };
+        let Some((p, _)) = clients.get(i) else {
+            continue;
+        };
         assert!(!want.is_empty() || name == "node", "{name} logged nothing");
         let got = http_lines(&ex, p.pid(), Role::Client);
-        assert_eq!(&got, want, "{name}: client exchanges vs the client's own log");
+        assert_eq!(
+            &got, want,
+            "{name}: client exchanges vs the client's own log"
+        );
         total += want.len();
     }
     // The server side of the same traffic, as the server logged it (order across clients
@@ -116,19 +156,35 @@ async fn http1_exchanges_equal_what_the_peers_logged() {
     got.sort();
     want.sort();
     assert_eq!(got, want, "server exchanges vs the server's log");
-    assert_eq!(want.len(), total, "the server saw every request the clients sent");
+    assert_eq!(
+        want.len(),
+        total,
+        "the server saw every request the clients sent"
+    );
 
     // Fields beyond the log line.
     let mine = |pid: u32| ex.iter().filter(move |e| e.pid == pid);
     let py_pid = clients[0].0.pid();
-    let charge = mine(py_pid).find(|e| e.path.as_deref() == Some("/charge")).expect("POST /charge");
+    let charge = mine(py_pid)
+        .find(|e| e.path.as_deref() == Some("/charge"))
+        .expect("POST /charge");
     assert!(charge.idempotency_key && charge.idempotent && charge.body_hash.is_some());
     assert_eq!(charge.outcome, OutcomeClass::Success);
-    let busy = mine(py_pid).find(|e| e.path.as_deref() == Some("/busy")).expect("GET /busy");
-    assert_eq!((busy.outcome, busy.retry_after), (OutcomeClass::Overload, true));
-    let missing = mine(server_pid).find(|e| e.path.as_deref() == Some("/missing/2")).expect("server 404");
+    let busy = mine(py_pid)
+        .find(|e| e.path.as_deref() == Some("/busy"))
+        .expect("GET /busy");
+    assert_eq!(
+        (busy.outcome, busy.retry_after),
+        (OutcomeClass::Overload, true)
+    );
+    let missing = mine(server_pid)
+        .find(|e| e.path.as_deref() == Some("/missing/2"))
+        .expect("server 404");
     assert_eq!(missing.outcome, OutcomeClass::Semantic);
-    assert!(mine(server_pid).all(|e| !e.unknown && e.failure.is_none()), "{ex:#?}");
+    assert!(
+        mine(server_pid).all(|e| !e.unknown && e.failure.is_none()),
+        "{ex:#?}"
+    );
     if let Some((node, _)) = clients.get(2) {
         assert!(mine(node.pid()).all(|e| e.retry_markers.retry_attempt == Some(1)));
     }
@@ -138,10 +194,17 @@ async fn http1_exchanges_equal_what_the_peers_logged() {
 /// A field the reassembler reports must equal the logged one; a field it could not know (the
 /// capture cut a header block) must be absent and the exchange marked unknown.
 fn check_h2(ex: &[Exchange], pid: u32, role: Role, log: &[String]) -> Vec<Exchange> {
-    let mut v: Vec<Exchange> =
-        ex.iter().filter(|e| e.pid == pid && e.role == role && e.protocol == Protocol::Http2).cloned().collect();
+    let mut v: Vec<Exchange> = ex
+        .iter()
+        .filter(|e| e.pid == pid && e.role == role && e.protocol == Protocol::Http2)
+        .cloned()
+        .collect();
     v.sort_by_key(|e| e.request_start_ns);
-    assert_eq!(v.len(), log.len(), "{role:?}: one exchange per logged call\n{v:#?}\n{log:?}");
+    assert_eq!(
+        v.len(),
+        log.len(),
+        "{role:?}: one exchange per logged call\n{v:#?}\n{log:?}"
+    );
     for (e, line) in v.iter().zip(log) {
         let (path, code) = line.rsplit_once(' ').unwrap_or((line, ""));
         if let Some(p) = &e.path {
@@ -162,27 +225,43 @@ async fn node_h2c_exchanges_equal_what_the_peers_logged() {
     if !can_run() || !have("node", "--version") {
         return;
     }
-    let Some(mut cap) = load_capture() else { return };
+    let Some(mut cap) = load_capture() else {
+        return;
+    };
     let (mut server, port) = serve(node, "node_h2c_server.js", &[], Ready::SaysReady);
     let ps = port.to_string();
     let mut client = Proc::spawn(node("node_h2c_client.js", &[&ps]).stdout(Stdio::piped()));
     let client_lines = client.output_lines();
     assert_eq!(client_lines.len(), 6, "{client_lines:?}");
     let pids = [server.pid(), client.pid()];
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
+        false
+    })
+    .await;
     let server_pid = server.pid();
     server.kill();
     let server_lines = server.output_lines();
     let ex = reassemble(&evs);
     let client_ex = check_h2(&ex, client.pid(), Role::Client, &client_lines);
     check_h2(&ex, server_pid, Role::Server, &server_lines);
-    eprintln!("node h2c: {} exchanges, {} fully known", ex.len(), ex.iter().filter(|e| !e.unknown).count());
+    eprintln!(
+        "node h2c: {} exchanges, {} fully known",
+        ex.len(),
+        ex.iter().filter(|e| !e.unknown).count()
+    );
     // Node writes each batch of frames from one buffer, so the capture holds whole header
     // blocks: every field is known on both sides (Huffman strings, dynamic table and all).
-    assert!(ex.iter().all(|e| !e.unknown && e.method == Some(Method::Post)), "{ex:#?}");
+    assert!(
+        ex.iter()
+            .all(|e| !e.unknown && e.method == Some(Method::Post)),
+        "{ex:#?}"
+    );
     use OutcomeClass::*;
     let classes: Vec<OutcomeClass> = client_ex.iter().map(|e| e.outcome).collect();
-    assert_eq!(classes, vec![Success, Transient, Success, Overload, Semantic, Success]);
+    assert_eq!(
+        classes,
+        vec![Success, Transient, Success, Overload, Semantic, Success]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,18 +269,27 @@ async fn grpc_exchanges_equal_what_the_peers_logged() {
     if !can_run() {
         return;
     }
-    if !Command::new("python3").args(["-c", "import grpc"]).status().is_ok_and(|s| s.success()) {
+    if !Command::new("python3")
+        .args(["-c", "import grpc"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
         eprintln!("skip: python grpcio not installed");
         return;
     }
-    let Some(mut cap) = load_capture() else { return };
+    let Some(mut cap) = load_capture() else {
+        return;
+    };
     let (mut server, port) = serve(python, "grpc_server.py", &[], Ready::SaysReady);
     let ps = port.to_string();
     let mut client = Proc::spawn(python("grpc_client.py", &[&ps]).stdout(Stdio::piped()));
     let client_lines = client.output_lines();
     assert_eq!(client_lines.len(), 7, "{client_lines:?}");
     let pids = [server.pid(), client.pid()];
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
+        false
+    })
+    .await;
     let server_pid = server.pid();
     server.kill();
     let server_lines = server.output_lines();
@@ -212,13 +300,29 @@ async fn grpc_exchanges_equal_what_the_peers_logged() {
     // Reads are whole (recvmsg): the client always knows the statuses, the server the paths.
     use OutcomeClass::*;
     let classes: Vec<OutcomeClass> = client_ex.iter().map(|e| e.outcome).collect();
-    assert_eq!(classes, vec![Success, Transient, Success, Overload, Semantic, Semantic, Success]);
-    assert!(server_ex.iter().all(|e| e.path.is_some() && e.method == Some(Method::Post)), "{server_ex:#?}");
+    assert_eq!(
+        classes,
+        vec![
+            Success, Transient, Success, Overload, Semantic, Semantic, Success
+        ]
+    );
+    assert!(
+        server_ex
+            .iter()
+            .all(|e| e.path.is_some() && e.method == Some(Method::Post)),
+        "{server_ex:#?}"
+    );
     // grpcio writes each frame as many small iovecs: the capture must follow enough of them, and
     // the default prefix must hold a whole header block, or the HPACK table is lost and every
     // later exchange on the connection turns unknown (client paths and retry markers with it).
-    assert!(client_ex.iter().chain(server_ex.iter()).all(|e| !e.unknown), "grpcio exchanges decoded whole: {ex:#?}");
-    assert!(client_ex.iter().all(|e| e.path.is_some()), "client paths: {client_ex:#?}");
+    assert!(
+        client_ex.iter().chain(server_ex.iter()).all(|e| !e.unknown),
+        "grpcio exchanges decoded whole: {ex:#?}"
+    );
+    assert!(
+        client_ex.iter().all(|e| e.path.is_some()),
+        "client paths: {client_ex:#?}"
+    );
 }
 
 /// Bodies sent with sendfile(2) or splice(2) never pass through user memory: capture counts
@@ -228,23 +332,51 @@ async fn zero_copy_bodies_are_framed() {
     if !can_run() {
         return;
     }
-    let Some(mut cap) = load_capture() else { return };
+    let Some(mut cap) = load_capture() else {
+        return;
+    };
     let (mut server, port) = python_server("zero_copy_server.py", &[]);
     let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
     let curl = Proc::spawn(Command::new("curl").args([
-        "-s", "-o", "/dev/null", "-o", "/dev/null", "-o", "/dev/null",
-        &url("/sendfile"), &url("/splice"), &url("/missing"),
+        "-s",
+        "-o",
+        "/dev/null",
+        "-o",
+        "/dev/null",
+        "-o",
+        "/dev/null",
+        &url("/sendfile"),
+        &url("/splice"),
+        &url("/missing"),
     ]));
     let pids = vec![server.pid(), curl.pid()];
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
+        false
+    })
+    .await;
     let server_pid = server.pid();
     server.kill();
     let logged = server.output_lines();
     let ex = reassemble(&evs);
-    assert_eq!(logged, ["GET /sendfile 200", "GET /splice 200", "GET /missing 404"], "the server's own log");
-    assert_eq!(http_lines(&ex, server_pid, Role::Server), logged, "server exchanges vs its log");
-    assert_eq!(http_lines(&ex, curl.pid(), Role::Client), logged, "curl's exchanges");
-    for e in ex.iter().filter(|e| e.pid == server_pid && e.status == Some(200)) {
+    assert_eq!(
+        logged,
+        ["GET /sendfile 200", "GET /splice 200", "GET /missing 404"],
+        "the server's own log"
+    );
+    assert_eq!(
+        http_lines(&ex, server_pid, Role::Server),
+        logged,
+        "server exchanges vs its log"
+    );
+    assert_eq!(
+        http_lines(&ex, curl.pid(), Role::Client),
+        logged,
+        "curl's exchanges"
+    );
+    for e in ex
+        .iter()
+        .filter(|e| e.pid == server_pid && e.status == Some(200))
+    {
         assert!(e.response_bytes >= 100_000 && !e.unknown, "{e:?}");
     }
 }
@@ -255,9 +387,24 @@ fn self_signed(tag: &str) -> (std::path::PathBuf, String, String) {
     std::fs::create_dir_all(&dir).expect("dir");
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let made = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"])
-        .arg("-keyout").arg(&key).arg("-out").arg(&cert)
-        .stdout(Stdio::null()).stderr(Stdio::null()).status();
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
     assert!(made.is_ok_and(|s| s.success()), "openssl req");
     (dir, cert.display().to_string(), key.display().to_string())
 }
@@ -267,11 +414,23 @@ fn curl_https(port: u16, paths: [&str; 2]) -> (Proc, Vec<String>) {
     let url = |p: &str| format!("https://127.0.0.1:{port}{p}");
     let mut curl = Proc::spawn(
         Command::new("curl")
-            .args(["-sk", "-o", "/dev/null", "-o", "/dev/null", "-w", "GET %{url_effective} %{http_code}\\n"])
+            .args([
+                "-sk",
+                "-o",
+                "/dev/null",
+                "-o",
+                "/dev/null",
+                "-w",
+                "GET %{url_effective} %{http_code}\\n",
+            ])
             .args([url(paths[0]), url(paths[1])])
             .stdout(Stdio::piped()),
     );
-    let lines = curl.output_lines().iter().map(|l| l.replace(&format!("https://127.0.0.1:{port}"), "")).collect();
+    let lines = curl
+        .output_lines()
+        .iter()
+        .map(|l| l.replace(&format!("https://127.0.0.1:{port}"), ""))
+        .collect();
     (curl, lines)
 }
 
@@ -284,22 +443,49 @@ async fn tls_exchanges_come_from_libssl_plaintext() {
         return;
     }
     let (dir, cert, key) = self_signed("plain");
-    let Some(mut cap) = load_capture() else { return };
+    let Some(mut cap) = load_capture() else {
+        return;
+    };
     let (mut server, port) = python_server("keepalive_http_server.py", &[&cert, &key]);
     let (curl, curl_lines) = curl_https(port, ["/tls/curl", "/missing/tls"]);
-    let mut py = Proc::spawn(python("requests_tls_client.py", &[&port.to_string(), "/tls/py", "/busy"]).stdout(Stdio::piped()));
+    let mut py = Proc::spawn(
+        python(
+            "requests_tls_client.py",
+            &[&port.to_string(), "/tls/py", "/busy"],
+        )
+        .stdout(Stdio::piped()),
+    );
     let py_lines = py.output_lines();
     let pids = vec![server.pid(), curl.pid(), py.pid()];
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
+        false
+    })
+    .await;
     let server_pid = server.pid();
     server.kill();
     let mut server_lines = server.output_lines();
     let _ = std::fs::remove_dir_all(&dir);
     let ex = reassemble(&evs);
-    assert_eq!(curl_lines, ["GET /tls/curl 200", "GET /missing/tls 404"], "curl's own log");
-    assert_eq!(py_lines, ["GET /tls/py 200", "GET /busy 503"], "requests' own log");
-    assert_eq!(http_lines(&ex, curl.pid(), Role::Client), curl_lines, "curl's exchanges (SSL_write/SSL_read)");
-    assert_eq!(http_lines(&ex, py.pid(), Role::Client), py_lines, "requests' exchanges (SSL_write_ex/SSL_read_ex)");
+    assert_eq!(
+        curl_lines,
+        ["GET /tls/curl 200", "GET /missing/tls 404"],
+        "curl's own log"
+    );
+    assert_eq!(
+        py_lines,
+        ["GET /tls/py 200", "GET /busy 503"],
+        "requests' own log"
+    );
+    assert_eq!(
+        http_lines(&ex, curl.pid(), Role::Client),
+        curl_lines,
+        "curl's exchanges (SSL_write/SSL_read)"
+    );
+    assert_eq!(
+        http_lines(&ex, py.pid(), Role::Client),
+        py_lines,
+        "requests' exchanges (SSL_write_ex/SSL_read_ex)"
+    );
     let mut got = http_lines(&ex, server_pid, Role::Server);
     got.sort();
     server_lines.sort();
@@ -313,35 +499,59 @@ async fn tls_exchanges_come_from_libssl_plaintext() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_rescan_reaches_a_libssl_private_to_a_mount_namespace() {
     const LIBSSL: &str = "/usr/lib/x86_64-linux-gnu/libssl.so.3";
-    if !can_run() || !have("openssl", "version") || !have("unshare", "--version") || !std::path::Path::new(LIBSSL).exists() {
+    if !can_run()
+        || !have("openssl", "version")
+        || !have("unshare", "--version")
+        || !std::path::Path::new(LIBSSL).exists()
+    {
         return;
     }
     let (dir, cert, key) = self_signed("ns");
     let copy = dir.join("libssl.so.3");
     std::fs::copy(LIBSSL, &copy).expect("copy libssl");
-    let Some(mut cap) = load_capture() else { return };
+    let Some(mut cap) = load_capture() else {
+        return;
+    };
     let port = free_port();
     let ps = port.to_string();
     let script = integration_tests::fixture::fixture("keepalive_http_server.py");
     let mut server = Proc::spawn(
         Command::new("unshare")
             .args(["-m", "sh", "-c"])
-            .arg(format!("mount --bind {} {LIBSSL} && exec python3 -u {} {ps} {cert} {key}", copy.display(), script.display()))
+            .arg(format!(
+                "mount --bind {} {LIBSSL} && exec python3 -u {} {ps} {cert} {key}",
+                copy.display(),
+                script.display()
+            ))
             .stdout(Stdio::piped()),
     );
     wait_listening(&format!("127.0.0.1:{port}"), None);
     let added = cap.rescan_tls();
-    assert!(added >= 1, "the namespace's libssl copy must be a new library: {added}");
+    assert!(
+        added >= 1,
+        "the namespace's libssl copy must be a new library: {added}"
+    );
     let (curl, curl_lines) = curl_https(port, ["/ns/a", "/missing/ns"]);
     let pids = vec![server.pid(), curl.pid()];
     // The server is python under `sh -c ... exec`: the same pid.
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
+        false
+    })
+    .await;
     let server_pid = server.pid();
     server.kill();
     let server_lines = server.output_lines();
     let _ = std::fs::remove_dir_all(&dir);
     let ex = reassemble(&evs);
-    assert_eq!(curl_lines, ["GET /ns/a 200", "GET /missing/ns 404"], "curl's own log");
-    assert_eq!(http_lines(&ex, server_pid, Role::Server), server_lines, "server exchanges through its private libssl");
+    assert_eq!(
+        curl_lines,
+        ["GET /ns/a 200", "GET /missing/ns 404"],
+        "curl's own log"
+    );
+    assert_eq!(
+        http_lines(&ex, server_pid, Role::Server),
+        server_lines,
+        "server exchanges through its private libssl"
+    );
     assert_eq!(server_lines.len(), 2);
 }

@@ -28,7 +28,10 @@ fn skip() -> bool {
 
 fn assert_clean(after: &str) {
     let left = lab::leftovers().expect("lab leftovers");
-    assert!(lab::is_clean(&left), "the lab left things behind after {after}: {left}");
+    assert!(
+        lab::is_clean(&left),
+        "the lab left things behind after {after}: {left}"
+    );
 }
 
 fn near(x: f64, want: f64, tol: f64) -> bool {
@@ -49,35 +52,55 @@ fn storm_multiplies_without_control_and_stops_with_agent_and_shim() {
     let none = lab::mode(&r, "none").expect("no-control mode always runs");
     for (node, want) in [("a", 1.0), ("b", 2.0), ("c", 4.0), ("d", 8.0)] {
         let got = lab::served_x(none, node);
-        assert!(near(got, want, 0.1), "no control: {node} served {got}Ƞ, want ≈{want}Ƞ");
+        assert!(
+            near(got, want, 0.1),
+            "no control: {node} served {got}Ƞ, want ≈{want}Ƞ"
+        );
     }
-    let avail = none.pointer("/root/availability_fault_window").and_then(|v| v.as_f64());
-    assert!(avail.is_some_and(|a| a < 0.05), "a hard fault fails the root: {avail:?}");
+    let avail = none
+        .pointer("/root/availability_fault_window")
+        .and_then(|v| v.as_f64());
+    assert!(
+        avail.is_some_and(|a| a < 0.05),
+        "a hard fault fails the root: {avail:?}"
+    );
 
     match lab::mode(&r, "shim") {
         Err(why) => eprintln!("SKIP agent+shim part of the storm lab: {why}"),
         Ok(shim) => {
             let d = lab::served_x(shim, "d");
             assert!(d <= 1.2, "agent+shim: D served {d}Ƞ, want ≤ 1.2Ƞ");
-            assert!(lab::served_x(shim, "a") > 0.9, "first attempts must all pass");
+            assert!(
+                lab::served_x(shim, "a") > 0.9,
+                "first attempts must all pass"
+            );
             // Ownership, not budgets everywhere: only the edge into the owner retries.
             for node in ["b", "c"] {
                 let x = lab::served_x(shim, node);
-                assert!(x <= 1.1, "agent+shim: {node} served {x}Ƞ; only C→D may retry");
+                assert!(
+                    x <= 1.1,
+                    "agent+shim: {node} served {x}Ƞ; only C→D may retry"
+                );
             }
         }
     }
     match lab::mode(&r, "observe") {
         Err(why) => eprintln!("SKIP agent verdict part of the storm lab: {why}"),
         Ok(obs) => {
-            let py = obs.pointer("/agent/per_runtime/python").cloned().unwrap_or_default();
+            let py = obs
+                .pointer("/agent/per_runtime/python")
+                .cloned()
+                .unwrap_or_default();
             let precision = py.get("precision").and_then(|v| v.as_f64());
             assert!(
                 precision.is_some_and(|p| p >= 0.99),
                 "verdict precision for the thread-per-request services ≥ 99%: {py}"
             );
             let d = lab::served_x(obs, "d");
-            assert!(d > 6.0, "observing only must not change the storm: D served {d}Ƞ");
+            assert!(
+                d > 6.0,
+                "observing only must not change the storm: D served {d}Ƞ"
+            );
         }
     }
 }
@@ -94,12 +117,18 @@ fn transient_fault_keeps_root_availability_under_suppression() {
     let none = lab::mode(&r, "none").expect("no-control mode always runs");
     let base = lab::availability(none);
     // 5% errors at D, retried on every hop: the root hardly ever sees one.
-    assert!(base > 0.98, "no control under a 5% transient fault: availability {base}");
+    assert!(
+        base > 0.98,
+        "no control under a 5% transient fault: availability {base}"
+    );
     match lab::mode(&r, "shim") {
         Err(why) => eprintln!("SKIP agent+shim part of the transient scenario: {why}"),
         Ok(shim) => {
             let a = lab::availability(shim);
-            assert!((base - a).abs() <= 0.01, "availability {a} with the shim vs {base} without");
+            assert!(
+                (base - a).abs() <= 0.01,
+                "availability {a} with the shim vs {base} without"
+            );
         }
     }
 }
@@ -115,27 +144,48 @@ fn chain7_with_a_grpc_hop_stops_at_the_owner_edge() {
         return;
     }
     let _lab = lab::lock().expect("the lab lock");
-    let r = lab::run("chain7.toml", "none,shim", "test-chain7", &["--retries", "1"]).expect("lab run");
+    let r = lab::run(
+        "chain7.toml",
+        "none,shim",
+        "test-chain7",
+        &["--retries", "1"],
+    )
+    .expect("lab run");
     assert_clean("chain7");
     let none = lab::mode(&r, "none").expect("no-control mode always runs");
     for (node, want) in [("a", 1.0), ("b", 2.0), ("c", 4.0), ("d", 8.0), ("g", 8.0)] {
         let got = lab::served_x(none, node);
-        assert!(near(got, want, 0.1), "no control: {node} served {got}Ƞ, want ≈{want}Ƞ");
+        assert!(
+            near(got, want, 0.1),
+            "no control: {node} served {got}Ƞ, want ≈{want}Ƞ"
+        );
     }
     match lab::mode(&r, "shim") {
         Err(why) => eprintln!("SKIP agent+shim part of chain7: {why}"),
         Ok(shim) => {
             for node in ["a", "b", "c"] {
                 let x = lab::served_x(shim, node);
-                assert!(x <= 1.1, "agent+shim: {node} served {x}Ƞ, want ≈1Ƞ above the owner edge");
+                assert!(
+                    x <= 1.1,
+                    "agent+shim: {node} served {x}Ƞ, want ≈1Ƞ above the owner edge"
+                );
             }
             for node in ["d", "e", "f", "g"] {
                 let x = lab::served_x(shim, node);
-                assert!(x <= 1.2, "agent+shim: {node} served {x}Ƞ, want ≈1.1Ƞ (budgeted owner edge)");
+                assert!(
+                    x <= 1.2,
+                    "agent+shim: {node} served {x}Ƞ, want ≈1.1Ƞ (budgeted owner edge)"
+                );
             }
-            let grpc = shim.pointer("/agent/per_runtime/python-grpc").cloned().unwrap_or_default();
+            let grpc = shim
+                .pointer("/agent/per_runtime/python-grpc")
+                .cloned()
+                .unwrap_or_default();
             let precision = grpc.get("precision").and_then(|v| v.as_f64());
-            assert!(precision.is_some_and(|p| p >= 0.99), "verdict precision at the gRPC service: {grpc}");
+            assert!(
+                precision.is_some_and(|p| p >= 0.99),
+                "verdict precision at the gRPC service: {grpc}"
+            );
         }
     }
 }
@@ -150,18 +200,30 @@ fn lab_cleans_up_after_an_interruption() {
     let mut child = lab::spawn("depth4.toml", "none", "test-interrupt").expect("spawn lab");
     // Interrupt while the fleet and load are running. Set-up time varies (a fresh checkout
     // builds the Go service first), so wait for the fleet rather than for a fixed time.
-    let up = |v: &serde_json::Value| v.get("namespaces").and_then(|v| v.as_array()).is_some_and(|a| a.len() >= 5);
+    let up = |v: &serde_json::Value| {
+        v.get("namespaces")
+            .and_then(|v| v.as_array())
+            .is_some_and(|a| a.len() >= 5)
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
     let mut during = lab::leftovers().expect("leftovers");
-    while !up(&during) && std::time::Instant::now() < deadline && child.try_wait().ok().flatten().is_none() {
+    while !up(&during)
+        && std::time::Instant::now() < deadline
+        && child.try_wait().ok().flatten().is_none()
+    {
         std::thread::sleep(std::time::Duration::from_millis(250));
         during = lab::leftovers().expect("leftovers");
     }
     // Let the load start too.
     std::thread::sleep(std::time::Duration::from_secs(2));
     let pid = child.id().to_string();
-    let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status();
-    assert!(killed.is_ok_and(|s| s.success()), "could not signal the lab");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(
+        killed.is_ok_and(|s| s.success()),
+        "could not signal the lab"
+    );
     let status = child.wait().expect("wait lab");
     assert!(!status.success(), "an interrupted run reports failure");
     assert!(up(&during), "the fleet was up when interrupted: {during}");
@@ -176,6 +238,10 @@ fn lab_analysis_unit_tests_pass() {
         .output();
     match out {
         Err(e) => eprintln!("SKIP lab analysis tests: python3: {e}"),
-        Ok(o) => assert!(o.status.success(), "lab/test_lab.py failed:\n{}", String::from_utf8_lossy(&o.stderr)),
+        Ok(o) => assert!(
+            o.status.success(),
+            "lab/test_lab.py failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
     }
 }

@@ -20,19 +20,27 @@ use retry_agent::{
     l7::{Exchange, L7Config},
     pipeline::{Pipeline, Record, StageOutput},
     recorder::{
-        DumpReader, DumpReason, Recorder, RecorderConfig, SharedRecorder, client::request_dump, replay,
-        spawn_sigusr1_dumps,
+        DumpReader, DumpReason, Recorder, RecorderConfig, SharedRecorder, client::request_dump,
+        replay, spawn_sigusr1_dumps,
     },
     testkit::StormScenario,
 };
 
 fn recorder(dir: &TempDir) -> SharedRecorder {
-    let cfg = RecorderConfig { dump_dir: dir.0.clone(), auto_dump: false, ..RecorderConfig::default() };
+    let cfg = RecorderConfig {
+        dump_dir: dir.0.clone(),
+        auto_dump: false,
+        ..RecorderConfig::default()
+    };
     SharedRecorder::new(Recorder::new(cfg).expect("recorder"))
 }
 
 fn pipeline() -> Pipeline {
-    Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default())
+    Pipeline::new(
+        L7Config::default(),
+        CorrelateConfig::default(),
+        DecideConfig::default(),
+    )
 }
 
 fn assert_no_secret(raw: &[u8], records: &[Record]) {
@@ -53,25 +61,50 @@ async fn dump_route_client_and_sigusr1() {
     let rec = recorder(&dir);
     let mut p = pipeline().with_tap(rec.clone());
     let mut out = StageOutput::default();
-    for ev in (StormScenario { requests: 300, fault: 100..200, ..Default::default() }).events() {
+    for ev in (StormScenario {
+        requests: 300,
+        fault: 100..200,
+        ..Default::default()
+    })
+    .events()
+    {
         p.push(&ev, &mut out);
     }
-    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::ZERO, 20).await.expect("serve");
-    let path = request_dump(&api.url(), Some("integration".into()), Duration::from_secs(30))
+    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::ZERO, 20)
         .await
-        .expect("dump over the API");
+        .expect("serve");
+    let path = request_dump(
+        &api.url(),
+        Some("integration".into()),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("dump over the API");
     let meta = std::fs::metadata(&path).expect("dump file");
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     let raw = std::fs::read(&path).expect("read");
     let dump = DumpReader::read(&raw).expect("parse");
     assert!(dump.loss.is_clean(), "{}", dump.loss);
-    assert_eq!(dump.header.as_ref().map(|h| h.reason.clone()), Some(DumpReason::Other("integration".into())));
-    let events = dump.records.iter().filter(|r| matches!(r, Record::Event(_))).count();
+    assert_eq!(
+        dump.header.as_ref().map(|h| h.reason.clone()),
+        Some(DumpReason::Other("integration".into()))
+    );
+    let events = dump
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Event(_)))
+        .count();
     assert!(events > 3000, "{events} events");
     assert_no_secret(&raw, &dump.records);
 
     // Over TCP (no authentication) the agent does not serve dumps: an error the client reports.
-    let err = request_dump(&format!("http://{}", api.public), None, Duration::from_secs(5)).await.unwrap_err();
+    let err = request_dump(
+        &format!("http://{}", api.public),
+        None,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("404"), "{err}");
     drop(api);
 
@@ -79,7 +112,11 @@ async fn dump_route_client_and_sigusr1() {
     let sig = spawn_sigusr1_dumps(rec.clone()).expect("signal handler");
     let dumps = || {
         std::fs::read_dir(&dir.0)
-            .map(|d| d.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "radump")).count())
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "radump"))
+                    .count()
+            })
             .unwrap_or(0)
     };
     let before = dumps();
@@ -91,9 +128,12 @@ async fn dump_route_client_and_sigusr1() {
     let mut found = None;
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        found = std::fs::read_dir(&dir.0)
-            .ok()
-            .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.to_string_lossy().contains("-signal") && p.extension().is_some_and(|e| e == "radump")));
+        found = std::fs::read_dir(&dir.0).ok().and_then(|d| {
+            d.flatten().map(|e| e.path()).find(|p| {
+                p.to_string_lossy().contains("-signal")
+                    && p.extension().is_some_and(|e| e == "radump")
+            })
+        });
         if found.is_some() {
             break;
         }
@@ -113,12 +153,22 @@ async fn parallel_dumps_are_single_flight_rate_limited_and_capped() {
     let rec = recorder(&dir);
     let mut p = pipeline().with_tap(rec.clone());
     let mut out = StageOutput::default();
-    for ev in (StormScenario { requests: 300, fault: 100..200, ..Default::default() }).events() {
+    for ev in (StormScenario {
+        requests: 300,
+        fault: 100..200,
+        ..Default::default()
+    })
+    .events()
+    {
         p.push(&ev, &mut out);
     }
     let radumps = || {
         std::fs::read_dir(&dir.0)
-            .map(|d| d.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "radump")).count())
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "radump"))
+                    .count()
+            })
             .unwrap_or(0)
     };
     let burst = |url: String| async move {
@@ -131,7 +181,9 @@ async fn parallel_dumps_are_single_flight_rate_limited_and_capped() {
         for r in futures_join(reqs.collect()).await {
             match r {
                 Ok(_) => ok += 1,
-                Err(retry_agent::recorder::client::ClientError::Agent { status, .. }) => statuses.push(status),
+                Err(retry_agent::recorder::client::ClientError::Agent { status, .. }) => {
+                    statuses.push(status)
+                }
                 Err(e) => panic!("unexpected client error: {e}"),
             }
         }
@@ -139,17 +191,30 @@ async fn parallel_dumps_are_single_flight_rate_limited_and_capped() {
     };
 
     // A long rate limit: exactly one of 50 is written; every other one is refused, none fails.
-    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::from_secs(3600), 3).await.expect("serve");
+    let api = serve_dump_api(
+        rec.clone(),
+        &dir.0,
+        dir.0.clone(),
+        Duration::from_secs(3600),
+        3,
+    )
+    .await
+    .expect("serve");
     let (ok, refused) = burst(api.url()).await;
     assert_eq!(ok, 1, "one dump of 50 ({refused:?})");
     assert_eq!(refused.len(), 49);
-    assert!(refused.iter().all(|s| *s == 409 || *s == 429), "{refused:?}");
+    assert!(
+        refused.iter().all(|s| *s == 409 || *s == 429),
+        "{refused:?}"
+    );
     assert_eq!(radumps(), 1);
     drop(api);
 
     // No rate limit, a cap of 3: bursts until more than 3 dumps were written; concurrent ones
     // are refused with 409 and the directory never holds more than 3.
-    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::ZERO, 3).await.expect("serve");
+    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::ZERO, 3)
+        .await
+        .expect("serve");
     let mut written = 1;
     for _ in 0..20 {
         let (ok, refused) = burst(api.url()).await;
@@ -182,11 +247,27 @@ async fn real_traffic_dump_replays_to_the_live_results() {
     let (backend, bp) = python_server("secret_backend.py", &[]);
     let (front, fp) = python_server("retrying_front.py", &[&bp.to_string()]);
     let n = 60;
-    let mut client = Proc::spawn(&mut python("secret_client.py", &[&fp.to_string(), &n.to_string()]));
-    assert!(client.wait(Duration::from_secs(60)).success(), "client failed");
+    let mut client = Proc::spawn(&mut python(
+        "secret_client.py",
+        &[&fp.to_string(), &n.to_string()],
+    ));
+    assert!(
+        client.wait(Duration::from_secs(60)).success(),
+        "client failed"
+    );
     let pids = [backend.pid(), front.pid(), client.pid()];
-    let events = collect(&mut cap, Duration::from_secs(3), |e| pids.contains(&e.pid()), |_| false).await;
-    assert!(events.len() > n * 4, "only {} events captured", events.len());
+    let events = collect(
+        &mut cap,
+        Duration::from_secs(3),
+        |e| pids.contains(&e.pid()),
+        |_| false,
+    )
+    .await;
+    assert!(
+        events.len() > n * 4,
+        "only {} events captured",
+        events.len()
+    );
 
     // The live pipeline, as `retry-agent run` drives it, with the recorder tapping it.
     let dir = TempDir::new("live");
@@ -199,8 +280,12 @@ async fn real_traffic_dump_replays_to_the_live_results() {
     let last = events.iter().map(Event::ts_ns).max().unwrap_or(0);
     live.tick(last + 2_000_000_000, &mut out);
 
-    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::ZERO, 20).await.expect("serve");
-    let path = request_dump(&api.url(), None, Duration::from_secs(30)).await.expect("dump");
+    let api = serve_dump_api(rec.clone(), &dir.0, dir.0.clone(), Duration::ZERO, 20)
+        .await
+        .expect("serve");
+    let path = request_dump(&api.url(), None, Duration::from_secs(30))
+        .await
+        .expect("dump");
     drop(api);
     let raw = std::fs::read(&path).expect("read dump");
     if let Some(keep) = std::env::var_os("RA_RECORDER_KEEP_DUMP") {
@@ -221,7 +306,11 @@ async fn real_traffic_dump_replays_to_the_live_results() {
         out.snapshots.len(),
         out.decisions.len()
     );
-    assert!(out.exchanges.len() >= n * 2, "live pipeline saw {} exchanges", out.exchanges.len());
+    assert!(
+        out.exchanges.len() >= n * 2,
+        "live pipeline saw {} exchanges",
+        out.exchanges.len()
+    );
     assert_eq!(rep.events, events.len() as u64);
     // Exactly: the replay restores the keyed query and body digests the live run recorded.
     assert_eq!(rep.exchanges, out.exchanges, "exchanges differ");
@@ -229,8 +318,6 @@ async fn real_traffic_dump_replays_to_the_live_results() {
     assert_eq!(rep.snapshots, out.snapshots, "edge figures differ");
     assert_eq!(rep.decisions, out.decisions, "decisions differ");
 }
-
-
 
 /// The forensics promise on real traffic: 50 requests with distinct query strings (one length),
 /// distinct bodies and a few real retries, eight at a time. The dump holds no secret and its
@@ -244,13 +331,26 @@ async fn distinct_queries_bodies_and_concurrency_replay_to_the_live_run() {
     }
     let Some(mut cap) = load() else { return };
     let bp = free_port();
-    let backend = Proc::spawn(python("distinct_backend.py", &[&bp.to_string()]).stdout(Stdio::null()));
+    let backend =
+        Proc::spawn(python("distinct_backend.py", &[&bp.to_string()]).stdout(Stdio::null()));
     wait_listening(&format!("127.0.0.1:{bp}"), None);
     let n = 50;
-    let mut client = Proc::spawn(&mut python("distinct_client.py", &[&bp.to_string(), &n.to_string()]));
-    assert!(client.wait(Duration::from_secs(60)).success(), "client failed");
+    let mut client = Proc::spawn(&mut python(
+        "distinct_client.py",
+        &[&bp.to_string(), &n.to_string()],
+    ));
+    assert!(
+        client.wait(Duration::from_secs(60)).success(),
+        "client failed"
+    );
     let pids = [backend.pid(), client.pid()];
-    let events = collect(&mut cap, Duration::from_secs(3), |e| pids.contains(&e.pid()), |_| false).await;
+    let events = collect(
+        &mut cap,
+        Duration::from_secs(3),
+        |e| pids.contains(&e.pid()),
+        |_| false,
+    )
+    .await;
 
     let dir = TempDir::new("distinct");
     let rec = recorder(&dir);
@@ -261,18 +361,39 @@ async fn distinct_queries_bodies_and_concurrency_replay_to_the_live_run() {
     }
     let last = events.iter().map(Event::ts_ns).max().unwrap_or(0);
     live.tick(last + 2_000_000_000, &mut out);
-    let path = rec.with(|r| r.dump(DumpReason::OnDemand)).expect("recorder").expect("dump");
+    let path = rec
+        .with(|r| r.dump(DumpReason::OnDemand))
+        .expect("recorder")
+        .expect("dump");
     let raw = std::fs::read(&path).expect("read dump");
     let dump = DumpReader::read(&raw).expect("parse dump");
     assert!(dump.loss.is_clean(), "{}", dump.loss);
     assert_no_secret(&raw, &dump.records);
 
-    let client_side: Vec<_> = out.exchanges.iter().filter(|x| x.pid == client.pid()).collect();
-    assert!(client_side.len() >= n, "live pipeline saw {} client exchanges", client_side.len());
-    let queries: std::collections::HashSet<_> = client_side.iter().filter_map(|x| x.query_hash).collect();
-    assert!(queries.len() >= n, "distinct queries have distinct digests: {}", queries.len());
+    let client_side: Vec<_> = out
+        .exchanges
+        .iter()
+        .filter(|x| x.pid == client.pid())
+        .collect();
+    assert!(
+        client_side.len() >= n,
+        "live pipeline saw {} client exchanges",
+        client_side.len()
+    );
+    let queries: std::collections::HashSet<_> =
+        client_side.iter().filter_map(|x| x.query_hash).collect();
+    assert!(
+        queries.len() >= n,
+        "distinct queries have distinct digests: {}",
+        queries.len()
+    );
     // Retries in the window, as the edge figures count them (5 real ones at most).
-    let retried = out.snapshots.iter().map(|s| s.edges.iter().map(|e| e.retries).sum::<u64>()).max().unwrap_or(0);
+    let retried = out
+        .snapshots
+        .iter()
+        .map(|s| s.edges.iter().map(|e| e.retries).sum::<u64>())
+        .max()
+        .unwrap_or(0);
     let mut fresh = pipeline();
     let rep = replay(&mut fresh, &dump.records);
     eprintln!(
@@ -283,7 +404,10 @@ async fn distinct_queries_bodies_and_concurrency_replay_to_the_live_run() {
         out.decisions.len(),
         rep.digests_restored
     );
-    assert!(retried <= 5, "live retries are the real ones only: {retried}");
+    assert!(
+        retried <= 5,
+        "live retries are the real ones only: {retried}"
+    );
     assert_eq!(rep.exchanges, out.exchanges, "exchanges differ");
     assert_eq!(rep.verdicts, out.verdicts, "verdicts differ");
     assert_eq!(rep.snapshots, out.snapshots, "edge figures differ");

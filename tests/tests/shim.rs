@@ -12,8 +12,8 @@ use std::{
 };
 
 use integration_tests::actuate::{
-    ShimOpts, Shim, echo_server, free_port, http_get, python_json, skip_reason, status_server, status_server_at, suppress,
-    wait_until,
+    Shim, ShimOpts, echo_server, free_port, http_get, python_json, skip_reason, status_server,
+    status_server_at, suppress, wait_until,
 };
 use retry_agent::actuate::{
     Actuator,
@@ -30,7 +30,11 @@ fn chain(tag: &str) -> String {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 /// Requests urllib3 retries 3 times: through the shim 4 attempts each reach the failing
@@ -49,29 +53,56 @@ fn python_requests_retries_stop_at_one_attempt_when_suppressed() {
     let port = free_port();
     let (probe, _) = status_server("502 Bad Gateway");
     let ch = chain("HTTP");
-    let _shim = Shim::start(ShimOpts { chain: &ch, dports: &[port, probe.port()], control: &ctl_path, watchdog: true, extra: &[] });
+    let _shim = Shim::start(ShimOpts {
+        chain: &ch,
+        dports: &[port, probe.port()],
+        control: &ctl_path,
+        watchdog: true,
+        extra: &[],
+    });
     let n = 5;
 
-    let out = python_json("shim_requests_client.py", &[port.to_string(), n.to_string(), "plain".into()]);
+    let out = python_json(
+        "shim_requests_client.py",
+        &[port.to_string(), n.to_string(), "plain".into()],
+    );
     let attempts = out["attempts"].as_object().expect("attempts");
     assert_eq!(attempts.len(), n, "{out}");
-    assert!(attempts.values().all(|v| v == 4), "without suppression every request makes 4 attempts: {out}");
+    assert!(
+        attempts.values().all(|v| v == 4),
+        "without suppression every request makes 4 attempts: {out}"
+    );
 
     let dst: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let t0 = Instant::now();
-    rt.block_on(ctl.apply(&[suppress("rashim-down", dst, 60_000), suppress("rashim-probe", probe, 60_000)]))
-        .expect("apply");
+    rt.block_on(ctl.apply(&[
+        suppress("rashim-down", dst, 60_000),
+        suppress("rashim-probe", probe, 60_000),
+    ]))
+    .expect("apply");
     // Decision → enforcement: a marked retry to the probe edge is answered locally.
     let lat = wait_until(Duration::from_secs(5), || {
-        http_get(probe, "/latency", "x-retry-attempt: 1\r\n").is_ok_and(|(_, head)| head.contains("x-retry-suppressed"))
+        http_get(probe, "/latency", "x-retry-attempt: 1\r\n")
+            .is_ok_and(|(_, head)| head.contains("x-retry-suppressed"))
     });
-    let lat = lat.map(|_| t0.elapsed()).expect("suppression never took effect");
-    eprintln!("FIGURE decision_to_enforcement_ms={:.2}", lat.as_secs_f64() * 1000.0);
+    let lat = lat
+        .map(|_| t0.elapsed())
+        .expect("suppression never took effect");
+    eprintln!(
+        "FIGURE decision_to_enforcement_ms={:.2}",
+        lat.as_secs_f64() * 1000.0
+    );
 
-    let out = python_json("shim_requests_client.py", &[port.to_string(), n.to_string(), "suppressed".into()]);
+    let out = python_json(
+        "shim_requests_client.py",
+        &[port.to_string(), n.to_string(), "suppressed".into()],
+    );
     let attempts = out["attempts"].as_object().expect("attempts");
     assert_eq!(attempts.len(), n, "{out}");
-    assert!(attempts.values().all(|v| v == 1), "with suppression exactly one attempt each: {out}");
+    assert!(
+        attempts.values().all(|v| v == 1),
+        "with suppression exactly one attempt each: {out}"
+    );
     for r in out["results"].as_array().expect("results") {
         assert_eq!(r["status"], 502, "{out}");
         assert_eq!(r["suppressed"], "callee_unclaimed", "{out}");
@@ -96,17 +127,35 @@ fn ipv6_callee_retries_are_answered_locally() {
     let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
     let (srv, hits) = status_server_at("[::1]:0", "502 Bad Gateway");
     let ch = chain("V6");
-    let _shim = Shim::start(ShimOpts { chain: &ch, dports: &[srv.port()], control: &ctl_path, watchdog: true, extra: &["--shim-ipv6", "true"] });
-    rt.block_on(ctl.apply(&[suppress("rashim-v6", srv, 60_000)])).expect("apply");
-    let answered = wait_until(Duration::from_secs(5), || {
-        http_get(srv, "/v6", "x-retry-attempt: 1\r\n").is_ok_and(|(_, head)| head.contains("x-retry-suppressed"))
+    let _shim = Shim::start(ShimOpts {
+        chain: &ch,
+        dports: &[srv.port()],
+        control: &ctl_path,
+        watchdog: true,
+        extra: &["--shim-ipv6", "true"],
     });
-    assert!(answered.is_some(), "a marked retry to [::1] was not answered by the shim");
+    rt.block_on(ctl.apply(&[suppress("rashim-v6", srv, 60_000)]))
+        .expect("apply");
+    let answered = wait_until(Duration::from_secs(5), || {
+        http_get(srv, "/v6", "x-retry-attempt: 1\r\n")
+            .is_ok_and(|(_, head)| head.contains("x-retry-suppressed"))
+    });
+    assert!(
+        answered.is_some(),
+        "a marked retry to [::1] was not answered by the shim"
+    );
     let before = hits.load(std::sync::atomic::Ordering::Relaxed);
     let (status, head) = http_get(srv, "/first", "").expect("first attempt");
     assert_eq!(status, 502);
-    assert!(!head.contains("x-retry-suppressed"), "a first attempt must reach the callee: {head}");
-    assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), before + 1, "the callee saw the first attempt");
+    assert!(
+        !head.contains("x-retry-suppressed"),
+        "a first attempt must reach the callee: {head}"
+    );
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::Relaxed),
+        before + 1,
+        "the callee saw the first attempt"
+    );
     drop(ctl);
     let _ = std::fs::remove_file(&ctl_path);
 }
@@ -125,24 +174,55 @@ fn grpc_pushback_trailer_stops_client_retries() {
     let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
     let port = free_port();
     let ch = chain("GRPC");
-    let shim = Shim::start(ShimOpts { chain: &ch, dports: &[port], control: &ctl_path, watchdog: true, extra: &[] });
+    let shim = Shim::start(ShimOpts {
+        chain: &ch,
+        dports: &[port],
+        control: &ctl_path,
+        watchdog: true,
+        extra: &[],
+    });
     let n = 4;
 
-    let out = python_json("shim_grpc_client.py", &[port.to_string(), n.to_string(), "plain".into()]);
-    assert_eq!(out["attempts"], 4 * n, "without suppression grpcio retries to 4 attempts: {out}");
+    let out = python_json(
+        "shim_grpc_client.py",
+        &[port.to_string(), n.to_string(), "plain".into()],
+    );
+    assert_eq!(
+        out["attempts"],
+        4 * n,
+        "without suppression grpcio retries to 4 attempts: {out}"
+    );
 
     let dst: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    rt.block_on(ctl.apply(&[suppress("rashim-grpc", dst, 60_000)])).expect("apply");
+    rt.block_on(ctl.apply(&[suppress("rashim-grpc", dst, 60_000)]))
+        .expect("apply");
     // The view is updated within a millisecond or so; give it a generous moment.
     std::thread::sleep(Duration::from_millis(200));
-    let out = python_json("shim_grpc_client.py", &[port.to_string(), n.to_string(), "suppressed".into()]);
-    assert_eq!(out["attempts"], n, "with suppression one attempt per call: {out}");
-    assert!(out["codes"].as_array().expect("codes").iter().all(|c| c == "UNAVAILABLE"), "{out}");
+    let out = python_json(
+        "shim_grpc_client.py",
+        &[port.to_string(), n.to_string(), "suppressed".into()],
+    );
+    assert_eq!(
+        out["attempts"], n,
+        "with suppression one attempt per call: {out}"
+    );
+    assert!(
+        out["codes"]
+            .as_array()
+            .expect("codes")
+            .iter()
+            .all(|c| c == "UNAVAILABLE"),
+        "{out}"
+    );
     // The pushback stopped the client itself: no retry even reached the shim to be answered.
     let mut shim = shim;
     assert!(shim.stop(), "shim did not stop cleanly");
-    let log = std::fs::read_to_string(std::env::temp_dir().join(format!("rashim-{ch}.log"))).unwrap_or_default();
-    assert!(log.contains(" suppressed=0 ") && log.contains(" h2=2 "), "retries reached the shim: {log}");
+    let log = std::fs::read_to_string(std::env::temp_dir().join(format!("rashim-{ch}.log")))
+        .unwrap_or_default();
+    assert!(
+        log.contains(" suppressed=0 ") && log.contains(" h2=2 "),
+        "retries reached the shim: {log}"
+    );
     drop(ctl);
     let _ = std::fs::remove_file(&ctl_path);
 }
@@ -161,7 +241,8 @@ fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
 
 fn echo_roundtrip(addr: SocketAddr, payload: &[u8]) -> Vec<u8> {
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let mut w = s.try_clone().expect("clone");
     let p = payload.to_vec();
     let writer = std::thread::spawn(move || {
@@ -184,30 +265,50 @@ fn opaque_and_tls_streams_pass_unchanged() {
     let echo = echo_server();
     let ch = chain("ECHO");
     let ctl_path = tmp("echo-none.sock");
-    let shim = Shim::start(ShimOpts { chain: &ch, dports: &[echo.port()], control: &ctl_path, watchdog: true, extra: &[] });
+    let shim = Shim::start(ShimOpts {
+        chain: &ch,
+        dports: &[echo.port()],
+        control: &ctl_path,
+        watchdog: true,
+        extra: &[],
+    });
     let mut raw = b"hello, not http at all\n".to_vec();
     raw.extend(pseudo_random(256 << 10, 7));
     assert_eq!(echo_roundtrip(echo, &raw), raw, "raw stream changed");
     // A TLS 1.2 ClientHello record header, then noise.
-    let mut tls = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+    let mut tls = vec![
+        0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+    ];
     tls.extend(pseudo_random(100 << 10, 11));
-    assert_eq!(echo_roundtrip(echo, &tls), tls, "TLS-looking stream changed");
+    assert_eq!(
+        echo_roundtrip(echo, &tls),
+        tls,
+        "TLS-looking stream changed"
+    );
     // Something that starts like an HTTP method but is not one.
     let near = b"GETAWAY\r\n\r\nstill opaque".to_vec();
     assert_eq!(echo_roundtrip(echo, &near), near);
     // It really went through the shim: its log counted opaque connections.
     drop(shim);
-    let log = std::fs::read_to_string(std::env::temp_dir().join(format!("rashim-{ch}.log"))).unwrap_or_default();
-    assert!(log.contains("opaque=3"), "shim did not see 3 opaque connections: {log}");
+    let log = std::fs::read_to_string(std::env::temp_dir().join(format!("rashim-{ch}.log")))
+        .unwrap_or_default();
+    assert!(
+        log.contains("opaque=3"),
+        "shim did not see 3 opaque connections: {log}"
+    );
 }
 
 /// Helper process for `agent_sigkill_*`: serves the control socket with one suppression until
 /// killed. A no-op unless RASHIM_AGENT_HELPER is set.
 #[test]
 fn agent_helper_process() {
-    let Ok(spec) = std::env::var("RASHIM_AGENT_HELPER") else { return };
+    let Ok(spec) = std::env::var("RASHIM_AGENT_HELPER") else {
+        return;
+    };
     let mut parts = spec.splitn(3, '|');
-    let (Some(path), Some(addr), Some(ttl)) = (parts.next(), parts.next(), parts.next()) else { return };
+    let (Some(path), Some(addr), Some(ttl)) = (parts.next(), parts.next(), parts.next()) else {
+        return;
+    };
     let rt = rt();
     let _g = rt.enter();
     let mut ctl = ControlActuator::bind(std::path::Path::new(path)).expect("bind");
@@ -215,7 +316,8 @@ fn agent_helper_process() {
     let ttl: u64 = ttl.parse().expect("ttl");
     // A live agent keeps refreshing its decision while the condition holds.
     for _ in 0..400 {
-        rt.block_on(ctl.apply(&[suppress("rashim-probe", addr, ttl)])).expect("apply");
+        rt.block_on(ctl.apply(&[suppress("rashim-probe", addr, ttl)]))
+            .expect("apply");
         std::thread::sleep(Duration::from_millis(300));
     }
 }
@@ -235,18 +337,40 @@ fn agent_sigkill_under_load_shim_keeps_forwarding_and_fails_open() {
     let exe = std::env::current_exe().expect("exe");
     let mut agent = integration_tests::actuate::Proc::from_child(
         std::process::Command::new(exe)
-            .args(["agent_helper_process", "--exact", "--nocapture", "--test-threads=1"])
-            .env("RASHIM_AGENT_HELPER", format!("{}|{probe}|{ttl_ms}", ctl_path.display()))
+            .args([
+                "agent_helper_process",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(
+                "RASHIM_AGENT_HELPER",
+                format!("{}|{probe}|{ttl_ms}", ctl_path.display()),
+            )
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("spawn agent helper"),
     );
-    assert!(wait_until(Duration::from_secs(10), || ctl_path.exists()).is_some(), "agent helper never bound");
+    assert!(
+        wait_until(Duration::from_secs(10), || ctl_path.exists()).is_some(),
+        "agent helper never bound"
+    );
     let ch = chain("AKILL");
-    let _shim =
-        Shim::start(ShimOpts { chain: &ch, dports: &[ok_srv.port(), probe.port()], control: &ctl_path, watchdog: true, extra: &[] });
-    let suppressed = || http_get(probe, "/p", "x-retry-attempt: 1\r\n").is_ok_and(|(_, h)| h.contains("x-retry-suppressed"));
-    assert!(wait_until(Duration::from_secs(5), suppressed).is_some(), "suppression from the agent never applied");
+    let _shim = Shim::start(ShimOpts {
+        chain: &ch,
+        dports: &[ok_srv.port(), probe.port()],
+        control: &ctl_path,
+        watchdog: true,
+        extra: &[],
+    });
+    let suppressed = || {
+        http_get(probe, "/p", "x-retry-attempt: 1\r\n")
+            .is_ok_and(|(_, h)| h.contains("x-retry-suppressed"))
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), suppressed).is_some(),
+        "suppression from the agent never applied"
+    );
 
     let stop = Arc::new(AtomicBool::new(false));
     let (oks, errs) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -281,9 +405,17 @@ fn agent_sigkill_under_load_shim_keeps_forwarding_and_fails_open() {
         lapsed.map(|_| killed_at.elapsed())
     );
     assert_eq!(errs, 0, "requests failed while the agent died");
-    assert!(oks > 20 && ok_hits.load(Ordering::Relaxed) >= oks, "too little load went through ({oks})");
-    let lapsed = lapsed.map(|_| killed_at.elapsed()).expect("suppression never lapsed after the agent died");
-    assert!(lapsed <= Duration::from_millis(ttl_ms + 1000), "lapsed after {lapsed:?}");
+    assert!(
+        oks > 20 && ok_hits.load(Ordering::Relaxed) >= oks,
+        "too little load went through ({oks})"
+    );
+    let lapsed = lapsed
+        .map(|_| killed_at.elapsed())
+        .expect("suppression never lapsed after the agent died");
+    assert!(
+        lapsed <= Duration::from_millis(ttl_ms + 1000),
+        "lapsed after {lapsed:?}"
+    );
     let _ = std::fs::remove_file(&ctl_path);
 }
 
@@ -297,18 +429,34 @@ fn shim_sigkill_watchdog_removes_rules_no_blackhole() {
     let (srv, hits) = status_server("200 OK");
     let ch = chain("SKILL");
     let ctl_path = tmp("skill-none.sock");
-    let mut shim = Shim::start(ShimOpts { chain: &ch, dports: &[srv.port()], control: &ctl_path, watchdog: true, extra: &[] });
+    let mut shim = Shim::start(ShimOpts {
+        chain: &ch,
+        dports: &[srv.port()],
+        control: &ctl_path,
+        watchdog: true,
+        extra: &[],
+    });
     assert_eq!(http_get(srv, "/before", "").map(|r| r.0).ok(), Some(200));
     let killed = Instant::now();
     shim.sigkill();
     let gone = wait_until(Duration::from_secs(5), || {
-        iptables::count_jumps(Family::V4, "OUTPUT", &ch) == 0 && iptables::list(Family::V4, &ch).is_none()
+        iptables::count_jumps(Family::V4, "OUTPUT", &ch) == 0
+            && iptables::list(Family::V4, &ch).is_none()
     });
-    let gone = gone.map(|_| killed.elapsed()).expect("watchdog did not remove the rules");
-    eprintln!("FIGURE shim_sigkill_rules_removed_after_ms={:.1}", gone.as_secs_f64() * 1000.0);
+    let gone = gone
+        .map(|_| killed.elapsed())
+        .expect("watchdog did not remove the rules");
+    eprintln!(
+        "FIGURE shim_sigkill_rules_removed_after_ms={:.1}",
+        gone.as_secs_f64() * 1000.0
+    );
     let before = hits.load(Ordering::SeqCst);
     for i in 0..20 {
-        assert_eq!(http_get(srv, &format!("/after/{i}"), "").map(|r| r.0).ok(), Some(200), "connection black-holed");
+        assert_eq!(
+            http_get(srv, &format!("/after/{i}"), "").map(|r| r.0).ok(),
+            Some(200),
+            "connection black-holed"
+        );
     }
     assert_eq!(hits.load(Ordering::SeqCst), before + 20);
 }
@@ -326,17 +474,38 @@ fn shim_cleanup_after_crash_and_restart_is_idempotent() {
     let ch = chain("RESTART");
     let ctl_path = tmp("restart-none.sock");
     let dports = [srv.port()];
-    let opts = || ShimOpts { chain: &ch, dports: &dports, control: &ctl_path, watchdog: false, extra: &[] };
+    let opts = || ShimOpts {
+        chain: &ch,
+        dports: &dports,
+        control: &ctl_path,
+        watchdog: false,
+        extra: &[],
+    };
     let mut a = Shim::start(opts());
     a.sigkill();
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(iptables::count_jumps(Family::V4, "OUTPUT", &ch), 1, "rules should survive a SIGKILL without watchdog");
-    assert!(http_get(srv, "/dead", "").is_err(), "with leftover rules and no shim, connections are refused");
+    assert_eq!(
+        iptables::count_jumps(Family::V4, "OUTPUT", &ch),
+        1,
+        "rules should survive a SIGKILL without watchdog"
+    );
+    assert!(
+        http_get(srv, "/dead", "").is_err(),
+        "with leftover rules and no shim, connections are refused"
+    );
     // A restart over the leftovers: still one jump, one chain's worth of rules.
     let b = Shim::start(opts());
-    assert_eq!(iptables::count_jumps(Family::V4, "OUTPUT", &ch), 1, "duplicate jump rules after restart");
+    assert_eq!(
+        iptables::count_jumps(Family::V4, "OUTPUT", &ch),
+        1,
+        "duplicate jump rules after restart"
+    );
     let rules = iptables::list(Family::V4, &ch).expect("chain");
-    assert_eq!(rules.iter().filter(|r| r.starts_with("-A ")).count(), 3, "{rules:?}");
+    assert_eq!(
+        rules.iter().filter(|r| r.starts_with("-A ")).count(),
+        3,
+        "{rules:?}"
+    );
     assert_eq!(http_get(srv, "/restarted", "").map(|r| r.0).ok(), Some(200));
     let mut b = b;
     b.sigkill();

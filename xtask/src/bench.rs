@@ -30,20 +30,36 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    let what = args.what.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+    let what = args
+        .what
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
     let obj = build::ebpf()?;
     let mut cmd = Command::new("cargo");
     cmd.current_dir(setup::root())
         .env("RETRY_EBPF_OBJECT", &obj)
-        .args(["run", "--release", "--quiet", "--package", "retry-bench", "--", &what])
+        .args([
+            "run",
+            "--release",
+            "--quiet",
+            "--package",
+            "retry-bench",
+            "--",
+            &what,
+        ])
         .args(args.tls.then_some("--tls"));
     if matches!(args.what, What::Overhead) {
         setup::bench_packages()?;
     }
     if matches!(args.what, What::Capture | What::Shim | What::Overhead) {
         // The shim bench can measure a debug build of the agent; the others never do.
-        let release = matches!(args.what, What::Capture | What::Overhead) || std::env::var("RA_BENCH_PROFILE").map_or(true, |p| p != "debug");
-        eprintln!("building the agent ({})…", if release { "release" } else { "debug" });
+        let release = matches!(args.what, What::Capture | What::Overhead)
+            || std::env::var("RA_BENCH_PROFILE").map_or(true, |p| p != "debug");
+        eprintln!(
+            "building the agent ({})…",
+            if release { "release" } else { "debug" }
+        );
         cmd.arg("--agent-bin").arg(build::agent(release)?);
     }
     if matches!(args.what, What::Shim) {

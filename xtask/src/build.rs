@@ -29,10 +29,16 @@ pub fn ebpf() -> Result<PathBuf> {
 pub fn agent(release: bool) -> Result<PathBuf> {
     let obj = ebpf()?;
     let mut cmd = Command::new("cargo");
-    cmd.args(["build", "-p", "retry-agent"]).current_dir(setup::root()).env("RETRY_EBPF_OBJECT", &obj);
+    cmd.args(["build", "-p", "retry-agent"])
+        .current_dir(setup::root())
+        .env("RETRY_EBPF_OBJECT", &obj);
     if release {
         cmd.arg("--release");
     }
     run(&mut cmd)?;
-    Ok(setup::root().join(if release { "target/release/retry-agent" } else { "target/debug/retry-agent" }))
+    Ok(setup::root().join(if release {
+        "target/release/retry-agent"
+    } else {
+        "target/debug/retry-agent"
+    }))
 }

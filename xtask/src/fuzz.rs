@@ -28,7 +28,8 @@ fn fuzz_dir() -> PathBuf {
 
 fn targets() -> Result<Vec<String>> {
     let manifest = fuzz_dir().join("Cargo.toml");
-    let text = std::fs::read_to_string(&manifest).with_context(|| format!("reading {}", manifest.display()))?;
+    let text = std::fs::read_to_string(&manifest)
+        .with_context(|| format!("reading {}", manifest.display()))?;
     // Names of the [[bin]] sections, in order.
     let mut names = Vec::new();
     let mut in_bin = false;
@@ -36,7 +37,12 @@ fn targets() -> Result<Vec<String>> {
         if line.starts_with('[') {
             in_bin = line == "[[bin]]";
         } else if in_bin && let Some(v) = line.strip_prefix("name") {
-            names.push(v.trim_start_matches([' ', '=']).trim().trim_matches('"').to_string());
+            names.push(
+                v.trim_start_matches([' ', '='])
+                    .trim()
+                    .trim_matches('"')
+                    .to_string(),
+            );
         }
     }
     Ok(names)
@@ -45,14 +51,25 @@ fn targets() -> Result<Vec<String>> {
 /// The pinned nightly of fuzz/rust-toolchain.toml.
 fn toolchain() -> Result<String> {
     let path = fuzz_dir().join("rust-toolchain.toml");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
-        .find_map(|l| l.trim().strip_prefix("channel").map(|v| v.trim_start_matches([' ', '=']).trim().trim_matches('"').to_string()))
+        .find_map(|l| {
+            l.trim().strip_prefix("channel").map(|v| {
+                v.trim_start_matches([' ', '='])
+                    .trim()
+                    .trim_matches('"')
+                    .to_string()
+            })
+        })
         .context("fuzz/rust-toolchain.toml names no channel")
 }
 
 fn ensure_cargo_fuzz() -> Result<()> {
-    if sh::ok(Command::new("cargo").args(["fuzz", "--version"]), "cargo-fuzz") {
+    if sh::ok(
+        Command::new("cargo").args(["fuzz", "--version"]),
+        "cargo-fuzz",
+    ) {
         return Ok(());
     }
     eprintln!("xtask: installing cargo-fuzz");
@@ -68,7 +85,11 @@ pub fn run(args: FuzzArgs) -> Result<()> {
         return Ok(());
     }
     if !all.contains(&args.target) {
-        bail!("unknown fuzz target {:?}; targets: {}", args.target, all.join(", "));
+        bail!(
+            "unknown fuzz target {:?}; targets: {}",
+            args.target,
+            all.join(", ")
+        );
     }
     let tc = toolchain()?;
     setup::nightly(&tc)?;
@@ -89,7 +110,8 @@ pub fn run(args: FuzzArgs) -> Result<()> {
         .arg("-max_len=8192")
         .arg("-print_final_stats=1");
     if args.jobs > 1 {
-        cmd.arg(format!("-jobs={}", args.jobs)).arg(format!("-workers={}", args.jobs));
+        cmd.arg(format!("-jobs={}", args.jobs))
+            .arg(format!("-workers={}", args.jobs));
     }
     let dict = dir.join("dict").join(format!("{}.dict", args.target));
     if dict.is_file() {
@@ -97,6 +119,9 @@ pub fn run(args: FuzzArgs) -> Result<()> {
     }
     sh::run(&mut cmd)?;
     // libFuzzer's final stats (executions, peak RSS) are printed above.
-    eprintln!("xtask: fuzzed {} for {} s (after the build) without a failure", args.target, args.seconds);
+    eprintln!(
+        "xtask: fuzzed {} for {} s (after the build) without a failure",
+        args.target, args.seconds
+    );
     Ok(())
 }

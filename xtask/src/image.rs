@@ -39,8 +39,14 @@ pub fn run(args: ImageArgs) -> Result<()> {
         Some(b) => b.clone(),
         None => build::agent(true)?,
     };
-    let tag = args.tag.clone().unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string());
-    let out = args.out.clone().unwrap_or_else(|| setup::root().join(format!("target/image/retry-agent-{tag}.oci.tar")));
+    let tag = args
+        .tag
+        .clone()
+        .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string());
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| setup::root().join(format!("target/image/retry-agent-{tag}.oci.tar")));
     let reference = format!("{}:{tag}", args.name);
     build_image(&bin, &reference, &tag, &out)?;
     println!("{}", out.display());
@@ -49,7 +55,8 @@ pub fn run(args: ImageArgs) -> Result<()> {
 
 /// Writes the OCI layout tar for `bin` to `out`, naming it `reference`.
 pub fn build_image(bin: &Path, reference: &str, tag: &str, out: &Path) -> Result<()> {
-    let mut files: Vec<(String, PathBuf, u32)> = vec![("usr/bin/retry-agent".into(), bin.to_path_buf(), 0o755)];
+    let mut files: Vec<(String, PathBuf, u32)> =
+        vec![("usr/bin/retry-agent".into(), bin.to_path_buf(), 0o755)];
     for lib in shared_libraries(bin)? {
         let inside = lib.to_string_lossy().trim_start_matches('/').to_string();
         files.push((inside, lib, 0o755));
@@ -92,11 +99,20 @@ pub fn build_image(bin: &Path, reference: &str, tag: &str, out: &Path) -> Result
         }],
     }))?;
     let mut outer = tar::Builder::new(Vec::new());
-    append(&mut outer, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#, 0o644)?;
+    append(
+        &mut outer,
+        "oci-layout",
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+        0o644,
+    )?;
     append(&mut outer, "index.json", &index, 0o644)?;
     append_dir(&mut outer, "blobs/")?;
     append_dir(&mut outer, "blobs/sha256/")?;
-    for (digest, blob) in [(&layer_digest, &layer), (&config_digest, &config), (&manifest_digest, &manifest)] {
+    for (digest, blob) in [
+        (&layer_digest, &layer),
+        (&config_digest, &config),
+        (&manifest_digest, &manifest),
+    ] {
         append(&mut outer, &format!("blobs/sha256/{digest}"), blob, 0o644)?;
     }
     let bytes = outer.into_inner()?;
@@ -104,19 +120,31 @@ pub fn build_image(bin: &Path, reference: &str, tag: &str, out: &Path) -> Result
         fs::create_dir_all(dir)?;
     }
     fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?;
-    eprintln!("xtask: image {reference} ({} files, layer {} bytes) → {}", files.len(), layer.len(), out.display());
+    eprintln!(
+        "xtask: image {reference} ({} files, layer {} bytes) → {}",
+        files.len(),
+        layer.len(),
+        out.display()
+    );
     Ok(())
 }
 
 /// The absolute paths of the libraries (and loader) `ldd` resolves for `bin`.
 fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>> {
-    let out = Command::new("ldd").arg(bin).output().context("running ldd")?;
+    let out = Command::new("ldd")
+        .arg(bin)
+        .output()
+        .context("running ldd")?;
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         if text.contains("not a dynamic executable") {
             return Ok(Vec::new());
         }
-        bail!("ldd {} failed: {}", bin.display(), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "ldd {} failed: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     parse_ldd(&text)
 }
@@ -150,11 +178,23 @@ fn layer_tar(files: &[(String, PathBuf, u32)]) -> Result<Vec<u8>> {
         .iter()
         .flat_map(|(inside, _, _)| {
             let parts: Vec<&str> = inside.split('/').collect();
-            (1..parts.len()).map(move |n| format!("{}/", parts[..n].join("/"))).collect::<Vec<_>>()
+            (1..parts.len())
+                .map(move |n| format!("{}/", parts[..n].join("/")))
+                .collect::<Vec<_>>()
         })
         .collect();
     // Mount points the manifests use must exist in a read-only root filesystem.
-    dirs.extend(["tmp/", "run/", "run/retry-agent/", "var/", "var/lib/", "var/lib/retry-agent/"].map(String::from));
+    dirs.extend(
+        [
+            "tmp/",
+            "run/",
+            "run/retry-agent/",
+            "var/",
+            "var/lib/",
+            "var/lib/retry-agent/",
+        ]
+        .map(String::from),
+    );
     dirs.sort();
     dirs.dedup();
     let mut b = tar::Builder::new(Vec::new());
@@ -181,16 +221,21 @@ fn header(kind: tar::EntryType, size: u64, mode: u32) -> tar::Header {
 
 fn append(b: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8], mode: u32) -> Result<()> {
     let mut h = header(tar::EntryType::Regular, data.len() as u64, mode);
-    b.append_data(&mut h, path, data).with_context(|| format!("adding {path}"))
+    b.append_data(&mut h, path, data)
+        .with_context(|| format!("adding {path}"))
 }
 
 fn append_dir(b: &mut tar::Builder<Vec<u8>>, path: &str) -> Result<()> {
     let mut h = header(tar::EntryType::Directory, 0, 0o755);
-    b.append_data(&mut h, path, std::io::empty()).with_context(|| format!("adding {path}"))
+    b.append_data(&mut h, path, std::io::empty())
+        .with_context(|| format!("adding {path}"))
 }
 
 fn sha256(data: &[u8]) -> String {
-    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -204,7 +249,12 @@ mod tests {
         let libs = parse_ldd(text).unwrap();
         assert_eq!(
             libs,
-            ["/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libssl.so.3", "/lib64/ld-linux-x86-64.so.2"].map(PathBuf::from)
+            [
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib/x86_64-linux-gnu/libssl.so.3",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+            .map(PathBuf::from)
         );
         assert!(parse_ldd("\tlibfoo.so.1 => not found\n").is_err());
     }

@@ -44,7 +44,10 @@ pub fn run(args: LabArgs) -> Result<()> {
         cmd.arg("cleanup");
     } else {
         let scenario = args.scenario.context("a scenario file is required")?;
-        let agent_modes = args.modes.as_deref().is_none_or(|m| m.split(',').any(|m| m != "none"));
+        let agent_modes = args
+            .modes
+            .as_deref()
+            .is_none_or(|m| m.split(',').any(|m| m != "none"));
         cmd.arg("run").arg(scenario);
         if agent_modes {
             // The agent modes run the agent built like every other task's: the eBPF object built
@@ -70,7 +73,9 @@ pub fn run(args: LabArgs) -> Result<()> {
             cmd.arg("--out").arg(o);
         }
     }
-    let status = cmd.status().with_context(|| format!("running {}", lab.display()))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {}", lab.display()))?;
     if !status.success() {
         bail!("lab failed: {status}");
     }

@@ -58,7 +58,11 @@ fn main() -> Result<()> {
             if !setup::is_root() {
                 bail!("the agent loads eBPF programs: run as root (sudo -E cargo xtask run)");
             }
-            let args = if args.is_empty() { vec!["run".to_string()] } else { args };
+            let args = if args.is_empty() {
+                vec!["run".to_string()]
+            } else {
+                args
+            };
             // exec: signals go straight to the agent, which detaches everything on exit.
             Err(Command::new(bin).args(args).exec().into())
         }

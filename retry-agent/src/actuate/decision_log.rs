@@ -22,19 +22,35 @@ pub struct DecisionLog {
 #[derive(Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum LogLine<'a> {
-    Decision { logged_unix_ms: u64, decision: &'a Decision },
-    Claims { logged_unix_ms: u64, claims: &'a [ServiceClaim] },
+    Decision {
+        logged_unix_ms: u64,
+        decision: &'a Decision,
+    },
+    Claims {
+        logged_unix_ms: u64,
+        claims: &'a [ServiceClaim],
+    },
 }
 
 impl DecisionLog {
     /// Opens (creating it and its directory) for appending.
     pub fn open(path: &Path) -> Result<DecisionLog, ActuateError> {
-        let err = |source| ActuateError::DecisionLog { path: path.to_path_buf(), source };
+        let err = |source| ActuateError::DecisionLog {
+            path: path.to_path_buf(),
+            source,
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
-        let file = OpenOptions::new().create(true).append(true).open(path).map_err(err)?;
-        Ok(DecisionLog { path: path.to_path_buf(), file })
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(err)?;
+        Ok(DecisionLog {
+            path: path.to_path_buf(),
+            file,
+        })
     }
 
     fn write(&mut self, lines: &[LogLine<'_>]) -> Result<(), ActuateError> {
@@ -43,14 +59,19 @@ impl DecisionLog {
         }
         let mut buf = Vec::new();
         for l in lines {
-            serde_json::to_writer(&mut buf, l)
-                .map_err(|source| ActuateError::Serialize { what: "decision log line", source })?;
+            serde_json::to_writer(&mut buf, l).map_err(|source| ActuateError::Serialize {
+                what: "decision log line",
+                source,
+            })?;
             buf.push(b'\n');
         }
         // One write per batch: O_APPEND keeps concurrent readers from seeing torn lines.
         self.file
             .write_all(&buf)
-            .map_err(|source| ActuateError::DecisionLog { path: self.path.clone(), source })
+            .map_err(|source| ActuateError::DecisionLog {
+                path: self.path.clone(),
+                source,
+            })
     }
 }
 
@@ -61,13 +82,22 @@ impl Actuator for DecisionLog {
 
     fn apply<'a>(&'a mut self, decisions: &'a [Decision]) -> ActuateFuture<'a> {
         let now = unix_ms();
-        let lines: Vec<_> = decisions.iter().map(|decision| LogLine::Decision { logged_unix_ms: now, decision }).collect();
+        let lines: Vec<_> = decisions
+            .iter()
+            .map(|decision| LogLine::Decision {
+                logged_unix_ms: now,
+                decision,
+            })
+            .collect();
         let r = self.write(&lines);
         Box::pin(async move { r })
     }
 
     fn publish_claims<'a>(&'a mut self, claims: &'a [ServiceClaim]) -> ActuateFuture<'a> {
-        let r = self.write(&[LogLine::Claims { logged_unix_ms: unix_ms(), claims }]);
+        let r = self.write(&[LogLine::Claims {
+            logged_unix_ms: unix_ms(),
+            claims,
+        }]);
         Box::pin(async move { r })
     }
 }

@@ -48,9 +48,17 @@ const MAX_BODY: usize = 64 << 20;
 pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
 pub const MARKER_PREFIX: &str = "retry_agent.suppressed_until.";
 const PRIORITIES: [&str; 2] = ["default", "high"];
-const RETRY_KEYS: [&str; 3] = ["max_retries", "retry_budget.budget_percent", "retry_budget.min_retry_concurrency"];
+const RETRY_KEYS: [&str; 3] = [
+    "max_retries",
+    "retry_budget.budget_percent",
+    "retry_budget.min_retry_concurrency",
+];
 /// Form encoding: everything but unreserved characters (cluster names carry `|`, `:`, …).
-const FORM: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'-').remove(b'_').remove(b'~');
+const FORM: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'.')
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'~');
 
 pub fn default_admin() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9901))
@@ -85,22 +93,38 @@ impl Target {
 /// The runtime key/value pairs that enforce (`until_s = Some(unix s)`) or lift (`None`) an
 /// override on `target`.
 pub fn runtime_keys(target: &Target, until_s: Option<u64>) -> Vec<(String, String)> {
-    let v = |on: &str| if until_s.is_some() { on.to_string() } else { String::new() };
+    let v = |on: &str| {
+        if until_s.is_some() {
+            on.to_string()
+        } else {
+            String::new()
+        }
+    };
     let mut kv = match target {
         Target::AllRoutes => vec![("upstream.use_retry".to_string(), v("0"))],
         Target::Cluster(c) => PRIORITIES
             .iter()
-            .flat_map(|p| RETRY_KEYS.iter().map(move |k| (format!("circuit_breakers.{c}.{p}.{k}"), v("0"))))
+            .flat_map(|p| {
+                RETRY_KEYS
+                    .iter()
+                    .map(move |k| (format!("circuit_breakers.{c}.{p}.{k}"), v("0")))
+            })
             .collect(),
     };
-    kv.push((target.marker(), until_s.map(|s| s.to_string()).unwrap_or_default()));
+    kv.push((
+        target.marker(),
+        until_s.map(|s| s.to_string()).unwrap_or_default(),
+    ));
     kv
 }
 
 /// `k=v&k=v`, form-encoded.
 pub fn form_body(kv: &[(String, String)]) -> String {
     let enc = |s: &str| utf8_percent_encode(s, FORM).to_string();
-    kv.iter().map(|(k, v)| format!("{}={}", enc(k), enc(v))).collect::<Vec<_>>().join("&")
+    kv.iter()
+        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 /// The part of `/clusters?format=json` the actuator reads.
@@ -143,11 +167,16 @@ impl Clusters {
         self.cluster_statuses
             .iter()
             .filter(|c| {
-                c.host_statuses.iter().filter_map(|h| h.address.as_ref()?.socket_address.as_ref()).any(|sa| {
-                    let Ok(ip) = sa.address.parse::<std::net::IpAddr>() else { return false };
-                    let ep = SocketAddr::new(ip, sa.port_value);
-                    addrs.iter().any(|a| super::control::addr_matches(a, &ep))
-                })
+                c.host_statuses
+                    .iter()
+                    .filter_map(|h| h.address.as_ref()?.socket_address.as_ref())
+                    .any(|sa| {
+                        let Ok(ip) = sa.address.parse::<std::net::IpAddr>() else {
+                            return false;
+                        };
+                        let ep = SocketAddr::new(ip, sa.port_value);
+                        addrs.iter().any(|a| super::control::addr_matches(a, &ep))
+                    })
             })
             .map(|c| c.name.clone())
             .collect()
@@ -157,13 +186,20 @@ impl Clusters {
 /// Targets named by lapsed markers in `GET /runtime` (admin-layer entries `MARKER_PREFIX…` whose
 /// unix second is at or before `now_s`; an unreadable value counts as lapsed).
 pub fn lapsed_markers(runtime: &serde_json::Value, now_s: u64) -> Vec<Target> {
-    let Some(entries) = runtime.get("entries").and_then(|e| e.as_object()) else { return Vec::new() };
+    let Some(entries) = runtime.get("entries").and_then(|e| e.as_object()) else {
+        return Vec::new();
+    };
     entries
         .iter()
         .filter_map(|(k, e)| {
             let target = Target::from_marker(k)?;
-            let v = e.get("final_value").and_then(|v| v.as_str()).unwrap_or_default();
-            v.parse::<u64>().map_or(true, |until| until <= now_s).then_some(target)
+            let v = e
+                .get("final_value")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default();
+            v.parse::<u64>()
+                .map_or(true, |until| until <= now_s)
+                .then_some(target)
         })
         .collect()
 }
@@ -178,58 +214,110 @@ pub struct EnvoyActuator {
 
 impl EnvoyActuator {
     pub fn new(admin: SocketAddr) -> EnvoyActuator {
-        EnvoyActuator { admin, active: ActiveSet::default(), held: BTreeMap::new(), last_sweep: None }
+        EnvoyActuator {
+            admin,
+            active: ActiveSet::default(),
+            held: BTreeMap::new(),
+            last_sweep: None,
+        }
     }
 
     /// One admin request on its own connection; returns the status and (bounded) body.
-    pub async fn admin(&self, method: Method, path: &str, form: Option<String>) -> Result<(StatusCode, Bytes), ActuateError> {
+    pub async fn admin(
+        &self,
+        method: Method,
+        path: &str,
+        form: Option<String>,
+    ) -> Result<(StatusCode, Bytes), ActuateError> {
         let addr = self.admin;
-        let http = |e: Box<dyn std::error::Error + Send + Sync>| ActuateError::EnvoyHttp { addr, source: e };
+        let http = |e: Box<dyn std::error::Error + Send + Sync>| ActuateError::EnvoyHttp {
+            addr,
+            source: e,
+        };
         let fut = async {
-            let stream = TcpStream::connect(addr).await.map_err(|source| ActuateError::EnvoyIo { addr, source })?;
-            let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| http(e.into()))?;
+            let stream = TcpStream::connect(addr)
+                .await
+                .map_err(|source| ActuateError::EnvoyIo { addr, source })?;
+            let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| http(e.into()))?;
             // The connection task ends with the response (or the timeout drops it with this future).
             tokio::spawn(conn);
-            let mut req = Request::builder().method(method).uri(path).header(header::HOST, addr.to_string());
+            let mut req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(header::HOST, addr.to_string());
             if form.is_some() {
                 req = req.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
             }
-            let req = req.body(Full::new(Bytes::from(form.unwrap_or_default()))).map_err(|e| http(e.into()))?;
+            let req = req
+                .body(Full::new(Bytes::from(form.unwrap_or_default())))
+                .map_err(|e| http(e.into()))?;
             let resp = tx.send_request(req).await.map_err(|e| http(e.into()))?;
             let status = resp.status();
-            let body = Limited::new(resp.into_body(), MAX_BODY).collect().await.map_err(http)?.to_bytes();
+            let body = Limited::new(resp.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map_err(http)?
+                .to_bytes();
             Ok((status, body))
         };
-        tokio::time::timeout(TIMEOUT, fut).await.map_err(|_| ActuateError::Timeout { what: "envoy admin" })?
+        tokio::time::timeout(TIMEOUT, fut)
+            .await
+            .map_err(|_| ActuateError::Timeout {
+                what: "envoy admin",
+            })?
     }
 
-    async fn admin_ok(&self, method: Method, path: &str, form: Option<String>) -> Result<Bytes, ActuateError> {
+    async fn admin_ok(
+        &self,
+        method: Method,
+        path: &str,
+        form: Option<String>,
+    ) -> Result<Bytes, ActuateError> {
         let (status, body) = self.admin(method, path, form).await?;
         if status == StatusCode::OK {
             return Ok(body);
         }
         let body = String::from_utf8_lossy(&body).chars().take(200).collect();
-        Err(ActuateError::EnvoyStatus { addr: self.admin, status: status.to_string(), body })
+        Err(ActuateError::EnvoyStatus {
+            addr: self.admin,
+            status: status.to_string(),
+            body,
+        })
     }
 
     /// `POST /runtime_modify` with the pairs in a form body.
     pub async fn runtime_modify(&self, kv: &[(String, String)]) -> Result<(), ActuateError> {
-        self.admin_ok(Method::POST, "/runtime_modify", Some(form_body(kv))).await.map(|_| ())
+        self.admin_ok(Method::POST, "/runtime_modify", Some(form_body(kv)))
+            .await
+            .map(|_| ())
     }
 
     /// `GET /clusters?format=json`.
     pub async fn clusters(&self) -> Result<Clusters, ActuateError> {
-        let body = self.admin_ok(Method::GET, "/clusters?format=json", None).await?;
-        serde_json::from_slice(&body).map_err(|source| ActuateError::Serialize { what: "envoy /clusters", source })
+        let body = self
+            .admin_ok(Method::GET, "/clusters?format=json", None)
+            .await?;
+        serde_json::from_slice(&body).map_err(|source| ActuateError::Serialize {
+            what: "envoy /clusters",
+            source,
+        })
     }
 
     /// Removes the overrides of lapsed markers, except targets this agent holds right now.
     pub async fn sweep(&mut self) -> Result<(), ActuateError> {
         let body = self.admin_ok(Method::GET, "/runtime", None).await?;
         let runtime: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|source| ActuateError::Serialize { what: "envoy /runtime", source })?;
+            serde_json::from_slice(&body).map_err(|source| ActuateError::Serialize {
+                what: "envoy /runtime",
+                source,
+            })?;
         let held: BTreeSet<&Target> = self.held.values().flatten().collect();
-        let lapsed: Vec<Target> = lapsed_markers(&runtime, unix_ms() / 1000).into_iter().filter(|t| !held.contains(t)).collect();
+        let lapsed: Vec<Target> = lapsed_markers(&runtime, unix_ms() / 1000)
+            .into_iter()
+            .filter(|t| !held.contains(t))
+            .collect();
         for t in &lapsed {
             tracing::info!(target = ?t, "envoy: removing a lapsed retry override");
             self.runtime_modify(&runtime_keys(t, None)).await?;
@@ -240,7 +328,9 @@ impl EnvoyActuator {
 
     /// Lifts what `edge` held, except targets another edge still holds.
     async fn lift(&mut self, edge: &Edge) -> Result<(), ActuateError> {
-        let Some(targets) = self.held.remove(edge) else { return Ok(()) };
+        let Some(targets) = self.held.remove(edge) else {
+            return Ok(());
+        };
         let still: BTreeSet<&Target> = self.held.values().flatten().collect();
         let mut first_err = None;
         for t in targets.iter().filter(|t| !still.contains(t)) {
@@ -251,14 +341,21 @@ impl EnvoyActuator {
         first_err.map_or(Ok(()), Err)
     }
 
-    async fn enforce(&mut self, d: &Decision, clusters: &mut Option<Clusters>) -> Result<(), ActuateError> {
+    async fn enforce(
+        &mut self,
+        d: &Decision,
+        clusters: &mut Option<Clusters>,
+    ) -> Result<(), ActuateError> {
         let targets = if d.edge.callee.as_str() == "*" {
             vec![Target::AllRoutes]
         } else {
             if clusters.is_none() {
                 *clusters = Some(self.clusters().await?);
             }
-            let names = clusters.as_ref().map(|c| c.holding(&d.callee_addrs)).unwrap_or_default();
+            let names = clusters
+                .as_ref()
+                .map(|c| c.holding(&d.callee_addrs))
+                .unwrap_or_default();
             if names.is_empty() {
                 return Err(ActuateError::Invalid(format!(
                     "no Envoy cluster has an endpoint at {:?} (callee {})",
@@ -268,7 +365,10 @@ impl EnvoyActuator {
             names.into_iter().map(Target::Cluster).collect()
         };
         // Held before it is set, so a half-done change is still lifted later.
-        let old = self.held.insert(d.edge.clone(), targets.clone()).unwrap_or_default();
+        let old = self
+            .held
+            .insert(d.edge.clone(), targets.clone())
+            .unwrap_or_default();
         // Round up so a sub-second TTL still covers the current second.
         let until_s = (unix_ms() + d.ttl_ms).div_ceil(1000);
         for t in &targets {
@@ -304,7 +404,10 @@ impl Actuator for EnvoyActuator {
                     first_err.get_or_insert(e);
                 }
             }
-            if self.last_sweep.is_none_or(|t| now.duration_since(t) >= SWEEP_EVERY) {
+            if self
+                .last_sweep
+                .is_none_or(|t| now.duration_since(t) >= SWEEP_EVERY)
+            {
                 // A failed sweep waits for the next period too: an unreachable Envoy is reported
                 // every SWEEP_EVERY, not every tick.
                 if let Err(e) = self.sweep().await {

@@ -21,7 +21,10 @@ use tokio::{
     net::UnixStream,
 };
 
-use super::{ActiveSet, ActuateError, ActuateFuture, Actuator, control::{addr_matches, unix_ms}};
+use super::{
+    ActiveSet, ActuateError, ActuateFuture, Actuator,
+    control::{addr_matches, unix_ms},
+};
 use crate::{correlate::Edge, decide::Decision};
 
 pub const DEFAULT_SOCKET: &str = "/run/haproxy/admin.sock";
@@ -48,15 +51,26 @@ pub fn backends_serving(state: &str, addrs: &[SocketAddr], fallback: &str) -> Ve
     for line in state.lines() {
         if let Some(h) = line.strip_prefix('#') {
             let pos = |n: &str| h.split_whitespace().position(|c| c == n);
-            cols = pos("be_name").zip(pos("srv_addr")).zip(pos("srv_port")).map(|((b, a), p)| (b, a, p));
+            cols = pos("be_name")
+                .zip(pos("srv_addr"))
+                .zip(pos("srv_port"))
+                .map(|((b, a), p)| (b, a, p));
             continue;
         }
         let Some((bc, ac, pc)) = cols else { continue };
         let f: Vec<&str> = line.split_whitespace().collect();
-        let (Some(be), Some(ip), Some(port)) = (f.get(bc), f.get(ac), f.get(pc)) else { continue };
+        let (Some(be), Some(ip), Some(port)) = (f.get(bc), f.get(ac), f.get(pc)) else {
+            continue;
+        };
         names.insert(be);
-        let server = ip.parse::<IpAddr>().ok().zip(port.parse::<u16>().ok()).map(|(i, p)| SocketAddr::new(i, p));
-        if server.is_some_and(|s| addrs.iter().any(|a| addr_matches(a, &s))) && !found.iter().any(|n| n == be) {
+        let server = ip
+            .parse::<IpAddr>()
+            .ok()
+            .zip(port.parse::<u16>().ok())
+            .map(|(i, p)| SocketAddr::new(i, p));
+        if server.is_some_and(|s| addrs.iter().any(|a| addr_matches(a, &s)))
+            && !found.iter().any(|n| n == be)
+        {
             found.push((*be).to_string());
         }
     }
@@ -68,15 +82,28 @@ pub fn backends_serving(state: &str, addrs: &[SocketAddr], fallback: &str) -> Ve
 
 impl HaproxyActuator {
     pub fn new(socket: PathBuf, map: String) -> HaproxyActuator {
-        HaproxyActuator { socket, map, active: ActiveSet::default(), held: BTreeMap::new() }
+        HaproxyActuator {
+            socket,
+            map,
+            active: ActiveSet::default(),
+            held: BTreeMap::new(),
+        }
     }
 
     /// The backends (map keys) serving `d`'s callee.
-    async fn backends_for(&self, d: &Decision, state: &mut Option<String>) -> Result<Vec<String>, ActuateError> {
+    async fn backends_for(
+        &self,
+        d: &Decision,
+        state: &mut Option<String>,
+    ) -> Result<Vec<String>, ActuateError> {
         if state.is_none() {
             *state = Some(self.command("show servers state").await?);
         }
-        let found = backends_serving(state.as_deref().unwrap_or_default(), &d.callee_addrs, d.edge.callee.as_str());
+        let found = backends_serving(
+            state.as_deref().unwrap_or_default(),
+            &d.callee_addrs,
+            d.edge.callee.as_str(),
+        );
         if found.is_empty() {
             return Err(ActuateError::Invalid(format!(
                 "no HAProxy backend has a server at {:?} (callee {})",
@@ -84,15 +111,24 @@ impl HaproxyActuator {
             )));
         }
         match found.iter().find(|k| !valid_key(k)) {
-            Some(bad) => Err(ActuateError::Invalid(format!("backend {bad:?} is not a valid map key"))),
+            Some(bad) => Err(ActuateError::Invalid(format!(
+                "backend {bad:?} is not a valid map key"
+            ))),
             None => Ok(found),
         }
     }
 
-    async fn enforce(&mut self, d: &Decision, state: &mut Option<String>) -> Result<(), ActuateError> {
+    async fn enforce(
+        &mut self,
+        d: &Decision,
+        state: &mut Option<String>,
+    ) -> Result<(), ActuateError> {
         let keys = self.backends_for(d, state).await?;
         // Held before it is set, so a half-done change is still removed later.
-        let old = self.held.insert(d.edge.clone(), keys.clone()).unwrap_or_default();
+        let old = self
+            .held
+            .insert(d.edge.clone(), keys.clone())
+            .unwrap_or_default();
         // Round up so a sub-second TTL still suppresses for the current second.
         let until_s = (unix_ms() + d.ttl_ms).div_ceil(1000);
         for k in &keys {
@@ -107,7 +143,9 @@ impl HaproxyActuator {
 
     /// Removes what `edge` set, except keys another edge still holds.
     async fn lift(&mut self, edge: &Edge) -> Result<(), ActuateError> {
-        let Some(keys) = self.held.remove(edge) else { return Ok(()) };
+        let Some(keys) = self.held.remove(edge) else {
+            return Ok(());
+        };
         let still: BTreeSet<&String> = self.held.values().flatten().collect();
         let mut first_err = None;
         for k in keys.iter().filter(|k| !still.contains(k)) {
@@ -120,15 +158,26 @@ impl HaproxyActuator {
 
     /// Sends one command (non-interactive mode: HAProxy answers and closes).
     pub async fn command(&self, cmd: &str) -> Result<String, ActuateError> {
-        let io = |source| ActuateError::HaproxyIo { path: self.socket.clone(), source };
+        let io = |source| ActuateError::HaproxyIo {
+            path: self.socket.clone(),
+            source,
+        };
         let fut = async {
             let mut s = UnixStream::connect(&self.socket).await.map_err(io)?;
-            s.write_all(format!("{cmd}\n").as_bytes()).await.map_err(io)?;
+            s.write_all(format!("{cmd}\n").as_bytes())
+                .await
+                .map_err(io)?;
             let mut reply = Vec::new();
-            (&mut s).take(MAX_REPLY).read_to_end(&mut reply).await.map_err(io)?;
+            (&mut s)
+                .take(MAX_REPLY)
+                .read_to_end(&mut reply)
+                .await
+                .map_err(io)?;
             Ok(String::from_utf8_lossy(&reply).trim().to_string())
         };
-        tokio::time::timeout(TIMEOUT, fut).await.map_err(|_| ActuateError::Timeout { what: "haproxy" })?
+        tokio::time::timeout(TIMEOUT, fut)
+            .await
+            .map_err(|_| ActuateError::Timeout { what: "haproxy" })?
     }
 
     /// Sets `key value` in the map, adding the entry if it is not there yet.
@@ -139,11 +188,21 @@ impl HaproxyActuator {
             return Ok(());
         }
         if !reply.to_ascii_lowercase().contains("not found") {
-            return Err(ActuateError::HaproxyCommand { command: set, reply });
+            return Err(ActuateError::HaproxyCommand {
+                command: set,
+                reply,
+            });
         }
         let add = format!("add map {} {key} {value}", self.map);
         let reply = self.command(&add).await?;
-        if reply.is_empty() { Ok(()) } else { Err(ActuateError::HaproxyCommand { command: add, reply }) }
+        if reply.is_empty() {
+            Ok(())
+        } else {
+            Err(ActuateError::HaproxyCommand {
+                command: add,
+                reply,
+            })
+        }
     }
 
     /// Removes `key`; absent is fine.
@@ -153,14 +212,20 @@ impl HaproxyActuator {
         if reply.is_empty() || reply.to_ascii_lowercase().contains("not found") {
             Ok(())
         } else {
-            Err(ActuateError::HaproxyCommand { command: del, reply })
+            Err(ActuateError::HaproxyCommand {
+                command: del,
+                reply,
+            })
         }
     }
 }
 
 /// Map keys go on a command line: refuse anything that could split or inject a command.
 pub fn valid_key(k: &str) -> bool {
-    !k.is_empty() && k.len() <= 256 && k.bytes().all(|b| b.is_ascii_graphic() && b != b';' && b != b'\\')
+    !k.is_empty()
+        && k.len() <= 256
+        && k.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b';' && b != b'\\')
 }
 
 impl Actuator for HaproxyActuator {

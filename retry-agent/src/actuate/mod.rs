@@ -15,13 +15,7 @@
 //!   (the control socket's [`control::CLAIM_TTL`]). Actuators that have no use for claims ignore
 //!   them.
 //! - What crosses to the shims is [`wire`]'s: versioned wire types, not these.
-use std::{
-    fmt,
-    future::Future,
-    net::SocketAddr,
-    path::PathBuf,
-    pin::Pin,
-};
+use std::{fmt, future::Future, net::SocketAddr, path::PathBuf, pin::Pin};
 
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
@@ -80,7 +74,11 @@ pub enum ActuateError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("envoy admin at {addr} answered {status}: {body}")]
-    EnvoyStatus { addr: SocketAddr, status: String, body: String },
+    EnvoyStatus {
+        addr: SocketAddr,
+        status: String,
+        body: String,
+    },
     #[error("timed out talking to {what}")]
     Timeout { what: &'static str },
     #[error("serializing {what}: {source}")]
@@ -141,7 +139,14 @@ impl fmt::Display for ActuatorKind {
 #[derive(clap::Args, Debug, Clone)]
 pub struct ActuateConfig {
     /// Actuators to drive, comma-separated (control, haproxy, envoy, decision-log).
-    #[arg(long = "actuate", alias = "actuators", env = "RETRY_AGENT_ACTUATE", value_enum, value_delimiter = ',', default_value = "control,decision-log")]
+    #[arg(
+        long = "actuate",
+        alias = "actuators",
+        env = "RETRY_AGENT_ACTUATE",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "control,decision-log"
+    )]
     pub actuators: Vec<ActuatorKind>,
     /// Unix socket on which shims receive decisions and claims (JSON lines).
     #[arg(long = "actuate-control-socket", alias = "control-socket", env = "RETRY_AGENT_ACTUATE_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
@@ -177,11 +182,21 @@ impl Settings for ActuateConfig {
             // The name goes into runtime API command lines: whitespace would split the command.
             let map = &self.haproxy_map;
             let ok = !map.is_empty() && !map.chars().any(|c| c.is_whitespace() || c.is_control());
-            p.check(ok, "actuate-haproxy-map", format!("{map:?}"), "a map name without spaces");
+            p.check(
+                ok,
+                "actuate-haproxy-map",
+                format!("{map:?}"),
+                "a map name without spaces",
+            );
         }
         if uses(ActuatorKind::DecisionLog) {
             let log = &self.decision_log;
-            p.check(log.file_name().is_some(), "actuate-decision-log", log.display(), "a file path");
+            p.check(
+                log.file_name().is_some(),
+                "actuate-decision-log",
+                log.display(),
+                "a file path",
+            );
         }
     }
 }
@@ -233,7 +248,9 @@ pub struct Dispatcher {
 
 impl fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.slots.iter().map(|s| &s.stats)).finish()
+        f.debug_list()
+            .entries(self.slots.iter().map(|s| &s.stats))
+            .finish()
     }
 }
 
@@ -250,12 +267,17 @@ impl Dispatcher {
             }
             seen.push(*kind);
             let a: Box<dyn Actuator> = match kind {
-                ActuatorKind::Control => Box::new(control::ControlActuator::bind(&cfg.control_socket)?),
-                ActuatorKind::Haproxy => {
-                    Box::new(haproxy::HaproxyActuator::new(cfg.haproxy_socket.clone(), cfg.haproxy_map.clone()))
+                ActuatorKind::Control => {
+                    Box::new(control::ControlActuator::bind(&cfg.control_socket)?)
                 }
+                ActuatorKind::Haproxy => Box::new(haproxy::HaproxyActuator::new(
+                    cfg.haproxy_socket.clone(),
+                    cfg.haproxy_map.clone(),
+                )),
                 ActuatorKind::Envoy => Box::new(envoy::EnvoyActuator::new(cfg.envoy_admin)),
-                ActuatorKind::DecisionLog => Box::new(decision_log::DecisionLog::open(&cfg.decision_log)?),
+                ActuatorKind::DecisionLog => {
+                    Box::new(decision_log::DecisionLog::open(&cfg.decision_log)?)
+                }
             };
             d.push(a);
         }
@@ -265,7 +287,13 @@ impl Dispatcher {
     /// Adds an actuator (tests, or callers assembling their own set).
     pub fn push(&mut self, actuator: Box<dyn Actuator>) {
         let name = actuator.name();
-        self.slots.push(Slot { actuator, stats: ActuatorStats { name, ..Default::default() } });
+        self.slots.push(Slot {
+            actuator,
+            stats: ActuatorStats {
+                name,
+                ..Default::default()
+            },
+        });
     }
 
     /// Sends new decisions to every actuator; failures are counted and logged.
@@ -338,8 +366,12 @@ impl ActiveSet {
                 }
             }
         }
-        let expired: Vec<_> =
-            self.entries.iter().filter(|(_, (_, until))| *until <= now).map(|(e, _)| e.clone()).collect();
+        let expired: Vec<_> = self
+            .entries
+            .iter()
+            .filter(|(_, (_, until))| *until <= now)
+            .map(|(e, _)| e.clone())
+            .collect();
         for e in expired {
             if let Some((old, _)) = self.entries.remove(&e) {
                 ch.removed.push(old);
@@ -349,7 +381,10 @@ impl ActiveSet {
     }
 
     /// Active decisions with their remaining time at `now`.
-    pub fn remaining(&self, now: std::time::Instant) -> impl Iterator<Item = (&Decision, std::time::Duration)> {
+    pub fn remaining(
+        &self,
+        now: std::time::Instant,
+    ) -> impl Iterator<Item = (&Decision, std::time::Duration)> {
         self.entries.values().filter_map(move |(d, until)| {
             let left = until.saturating_duration_since(now);
             (!left.is_zero()).then_some((d, left))

@@ -1,6 +1,9 @@
 use std::{
     net::SocketAddr,
-    sync::{Arc, atomic::{AtomicU32, Ordering}},
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -10,10 +13,20 @@ use crate::{
     decide::{Action, Reason},
 };
 
-pub(crate) fn decision(id: u64, caller: &str, callee: &str, addr: &str, action: Action, ttl_ms: u64) -> Decision {
+pub(crate) fn decision(
+    id: u64,
+    caller: &str,
+    callee: &str,
+    addr: &str,
+    action: Action,
+    ttl_ms: u64,
+) -> Decision {
     Decision {
         id,
-        edge: Edge { caller: ServiceId::new(caller), callee: ServiceId::new(callee) },
+        edge: Edge {
+            caller: ServiceId::new(caller),
+            callee: ServiceId::new(callee),
+        },
         callee_addrs: addr.parse::<SocketAddr>().into_iter().collect(),
         action,
         reason: Reason::CalleeUnclaimed,
@@ -33,7 +46,13 @@ impl Actuator for Flaky {
     }
     fn apply<'a>(&'a mut self, _d: &'a [Decision]) -> ActuateFuture<'a> {
         let n = self.0.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async move { if n % 2 == 0 { Err(ActuateError::Invalid("boom".into())) } else { Ok(()) } })
+        Box::pin(async move {
+            if n % 2 == 0 {
+                Err(ActuateError::Invalid("boom".into()))
+            } else {
+                Ok(())
+            }
+        })
     }
 }
 
@@ -64,7 +83,13 @@ impl Actuator for Stopping {
     }
     fn shutdown(&mut self) -> ActuateFuture<'_> {
         let n = self.0.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async move { if n == 0 { Err(ActuateError::Invalid("still there".into())) } else { Ok(()) } })
+        Box::pin(async move {
+            if n == 0 {
+                Err(ActuateError::Invalid("still there".into()))
+            } else {
+                Ok(())
+            }
+        })
     }
 }
 
@@ -76,10 +101,21 @@ async fn dispatcher_shuts_every_actuator_down_even_after_a_failure() {
     d.push(Box::new(Flaky(Arc::new(AtomicU32::new(0)))));
     d.push(Box::new(Stopping(b.clone())));
     d.shutdown().await;
-    assert_eq!((a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)), (1, 2), "both asked once");
+    assert_eq!(
+        (a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)),
+        (1, 2),
+        "both asked once"
+    );
     let s = d.stats();
-    assert_eq!((s[0].failed, s[0].last_error.as_deref()), (1, Some("still there")));
-    assert_eq!((s[1].ok, s[1].failed), (1, 0), "an actuator with nothing to remove succeeds");
+    assert_eq!(
+        (s[0].failed, s[0].last_error.as_deref()),
+        (1, Some("still there"))
+    );
+    assert_eq!(
+        (s[1].ok, s[1].failed),
+        (1, 0),
+        "an actuator with nothing to remove succeeds"
+    );
     assert_eq!((s[2].ok, s[2].failed), (1, 0));
 }
 
@@ -87,13 +123,33 @@ async fn dispatcher_shuts_every_actuator_down_even_after_a_failure() {
 fn active_set_expires_and_allow_lifts() {
     let mut s = ActiveSet::default();
     let t0 = Instant::now();
-    let ch = s.update(&[decision(1, "a", "b", "127.0.0.1:80", Action::SuppressRetries, 100)], t0);
+    let ch = s.update(
+        &[decision(
+            1,
+            "a",
+            "b",
+            "127.0.0.1:80",
+            Action::SuppressRetries,
+            100,
+        )],
+        t0,
+    );
     assert_eq!(ch.upserted.len(), 1);
     assert_eq!(s.remaining(t0 + Duration::from_millis(50)).count(), 1);
     let ch = s.update(&[], t0 + Duration::from_millis(101));
     assert_eq!(ch.removed.len(), 1);
     assert!(s.is_empty());
-    s.update(&[decision(2, "a", "b", "127.0.0.1:80", Action::SuppressRetries, 1000)], t0);
+    s.update(
+        &[decision(
+            2,
+            "a",
+            "b",
+            "127.0.0.1:80",
+            Action::SuppressRetries,
+            1000,
+        )],
+        t0,
+    );
     let ch = s.update(&[decision(3, "a", "b", "", Action::Allow, 0)], t0);
     assert_eq!(ch.removed.first().map(|d| d.id), Some(2));
     assert!(s.is_empty());
@@ -109,9 +165,15 @@ fn actuators_parse_as_a_list() {
         a: ActuateConfig,
     }
     let parsed = C::parse_from(["x"]).a;
-    assert_eq!(parsed.actuators, vec![ActuatorKind::Control, ActuatorKind::DecisionLog]);
+    assert_eq!(
+        parsed.actuators,
+        vec![ActuatorKind::Control, ActuatorKind::DecisionLog]
+    );
     let c = C::parse_from(["x", "--actuate", "haproxy,envoy"]).a;
-    assert_eq!(c.actuators, vec![ActuatorKind::Haproxy, ActuatorKind::Envoy]);
+    assert_eq!(
+        c.actuators,
+        vec![ActuatorKind::Haproxy, ActuatorKind::Envoy]
+    );
     let c = C::parse_from(["x", "--actuators", "envoy"]).a;
     assert_eq!(c.actuators, vec![ActuatorKind::Envoy]);
 }
@@ -120,17 +182,33 @@ fn actuators_parse_as_a_list() {
 fn settings_that_cannot_work_are_refused() {
     use crate::settings::Settings;
     let bad = ActuateConfig {
-        actuators: vec![ActuatorKind::Control, ActuatorKind::Haproxy, ActuatorKind::DecisionLog],
+        actuators: vec![
+            ActuatorKind::Control,
+            ActuatorKind::Haproxy,
+            ActuatorKind::DecisionLog,
+        ],
         control_socket: PathBuf::from(format!("/run/{}", "x".repeat(120))),
         haproxy_map: "/m.map; clear map x".into(),
         decision_log: PathBuf::from("/"),
         ..Default::default()
     };
-    let Err(e) = bad.validate() else { panic!("accepted {bad:?}") };
+    let Err(e) = bad.validate() else {
+        panic!("accepted {bad:?}")
+    };
     let flags: Vec<_> = e.0.iter().map(|p| p.flag).collect();
-    assert_eq!(flags, ["actuate-control-socket", "actuate-haproxy-map", "actuate-decision-log"]);
+    assert_eq!(
+        flags,
+        [
+            "actuate-control-socket",
+            "actuate-haproxy-map",
+            "actuate-decision-log"
+        ]
+    );
     // What is not used is not checked.
-    let unused = ActuateConfig { haproxy_map: String::new(), ..Default::default() };
+    let unused = ActuateConfig {
+        haproxy_map: String::new(),
+        ..Default::default()
+    };
     assert!(unused.validate().is_ok());
 }
 
@@ -141,25 +219,55 @@ async fn control_socket_feeds_view_and_ttl_lapses() {
     let view = control::ControlView::new();
     let follower = tokio::spawn(control::follow(path.clone(), view.clone()));
     let dst: SocketAddr = "127.0.0.1:8080".parse().expect("addr");
-    ctl.apply(&[decision(1, "a", "b", "127.0.0.1:8080", Action::SuppressRetries, 300)]).await.expect("apply");
+    ctl.apply(&[decision(
+        1,
+        "a",
+        "b",
+        "127.0.0.1:8080",
+        Action::SuppressRetries,
+        300,
+    )])
+    .await
+    .expect("apply");
     let claim = ServiceClaim {
         service: ServiceId::new("b"),
         addrs: vec!["0.0.0.0:8080".parse().expect("addr")],
         claim: crate::l7::Claim::Unclaimed,
-        counts: crate::correlate::ClaimCounts { claimed: 0, unclaimed: 3, missing: 0 },
+        counts: crate::correlate::ClaimCounts {
+            claimed: 0,
+            unclaimed: 3,
+            missing: 0,
+        },
     };
     ctl.publish_claims(&[claim]).await.expect("claims");
     let t0 = Instant::now();
-    while view.suppression(&dst, Instant::now()).is_none() || view.claim(&dst, Instant::now()).is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(3), "view never saw the decision");
+    while view.suppression(&dst, Instant::now()).is_none()
+        || view.claim(&dst, Instant::now()).is_none()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "view never saw the decision"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(view.suppression(&dst, Instant::now()), Some(Reason::CalleeUnclaimed));
-    assert_eq!(view.suppression(&"127.0.0.1:8081".parse().expect("addr"), Instant::now()), None);
-    assert_eq!(view.claim(&dst, Instant::now()), Some(crate::l7::Claim::Unclaimed));
+    assert_eq!(
+        view.suppression(&dst, Instant::now()),
+        Some(Reason::CalleeUnclaimed)
+    );
+    assert_eq!(
+        view.suppression(&"127.0.0.1:8081".parse().expect("addr"), Instant::now()),
+        None
+    );
+    assert_eq!(
+        view.claim(&dst, Instant::now()),
+        Some(crate::l7::Claim::Unclaimed)
+    );
     // Agent dies: the view still expires the suppression by its TTL.
     drop(ctl);
-    assert_eq!(view.suppression(&dst, Instant::now() + Duration::from_millis(400)), None);
+    assert_eq!(
+        view.suppression(&dst, Instant::now() + Duration::from_millis(400)),
+        None
+    );
     follower.abort();
 }
 
@@ -185,7 +293,10 @@ async fn decision_log_appends_json_lines() {
     .await
     .expect("apply");
     let text = std::fs::read_to_string(&path).expect("read");
-    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
     assert_eq!(lines.len(), 2);
     assert_eq!(lines[0]["kind"], "decision");
     assert_eq!(lines[0]["decision"]["id"], 7);
@@ -197,7 +308,10 @@ async fn decision_log_appends_json_lines() {
 fn addr_patterns() {
     let p = |s: &str| s.parse::<SocketAddr>().expect("addr");
     assert!(control::addr_matches(&p("0.0.0.0:80"), &p("10.0.0.1:80")));
-    assert!(control::addr_matches(&p("10.0.0.1:80"), &p("[::ffff:10.0.0.1]:80")));
+    assert!(control::addr_matches(
+        &p("10.0.0.1:80"),
+        &p("[::ffff:10.0.0.1]:80")
+    ));
     assert!(!control::addr_matches(&p("10.0.0.1:80"), &p("10.0.0.2:80")));
     assert!(!control::addr_matches(&p("10.0.0.1:80"), &p("10.0.0.1:81")));
 }
@@ -222,11 +336,27 @@ const SERVERS_STATE: &str = "1
 #[test]
 fn haproxy_backends_found_by_server_address() {
     let p = |s: &str| s.parse::<SocketAddr>().expect("addr");
-    assert_eq!(haproxy::backends_serving(SERVERS_STATE, &[p("127.0.0.1:18081")], "svc"), vec!["orders"]);
-    assert_eq!(haproxy::backends_serving(SERVERS_STATE, &[p("[::1]:18082"), p("127.0.0.1:18081")], "svc"), vec!["orders"]);
-    assert_eq!(haproxy::backends_serving(SERVERS_STATE, &[p("0.0.0.0:9000")], "svc"), vec!["other"]);
+    assert_eq!(
+        haproxy::backends_serving(SERVERS_STATE, &[p("127.0.0.1:18081")], "svc"),
+        vec!["orders"]
+    );
+    assert_eq!(
+        haproxy::backends_serving(
+            SERVERS_STATE,
+            &[p("[::1]:18082"), p("127.0.0.1:18081")],
+            "svc"
+        ),
+        vec!["orders"]
+    );
+    assert_eq!(
+        haproxy::backends_serving(SERVERS_STATE, &[p("0.0.0.0:9000")], "svc"),
+        vec!["other"]
+    );
     // Nothing at that address: a backend named like the callee, else nothing.
-    assert_eq!(haproxy::backends_serving(SERVERS_STATE, &[p("127.0.0.1:1")], "other"), vec!["other"]);
+    assert_eq!(
+        haproxy::backends_serving(SERVERS_STATE, &[p("127.0.0.1:1")], "other"),
+        vec!["other"]
+    );
     assert!(haproxy::backends_serving(SERVERS_STATE, &[p("127.0.0.1:1")], "svc").is_empty());
     assert!(haproxy::backends_serving("garbage\nmore", &[p("127.0.0.1:18081")], "svc").is_empty());
 }
@@ -256,16 +386,56 @@ async fn haproxy_set_falls_back_to_add_then_del() {
         }
     });
     let mut h = haproxy::HaproxyActuator::new(path.clone(), "/m.map".into());
-    let unknown = h.apply(&[decision(3, "a", "nobody", "127.0.0.9:1", Action::SuppressRetries, 60_000)]).await;
-    assert!(matches!(unknown, Err(ActuateError::Invalid(_))), "{unknown:?}");
+    let unknown = h
+        .apply(&[decision(
+            3,
+            "a",
+            "nobody",
+            "127.0.0.9:1",
+            Action::SuppressRetries,
+            60_000,
+        )])
+        .await;
+    assert!(
+        matches!(unknown, Err(ActuateError::Invalid(_))),
+        "{unknown:?}"
+    );
     // The callee's id is not a backend name: the key is the backend serving its address.
-    h.apply(&[decision(1, "a", "orders-svc", "127.0.0.1:18081", Action::SuppressRetries, 60_000)]).await.expect("apply");
-    h.apply(&[decision(2, "a", "orders-svc", "127.0.0.1:18081", Action::Allow, 0)]).await.expect("lift");
-    let seen: Vec<String> = seen.lock().expect("lock").iter().filter(|l| *l != "show servers state").cloned().collect();
+    h.apply(&[decision(
+        1,
+        "a",
+        "orders-svc",
+        "127.0.0.1:18081",
+        Action::SuppressRetries,
+        60_000,
+    )])
+    .await
+    .expect("apply");
+    h.apply(&[decision(
+        2,
+        "a",
+        "orders-svc",
+        "127.0.0.1:18081",
+        Action::Allow,
+        0,
+    )])
+    .await
+    .expect("lift");
+    let seen: Vec<String> = seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|l| *l != "show servers state")
+        .cloned()
+        .collect();
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert!(seen[0].starts_with("set map /m.map orders "));
     assert!(seen[1].starts_with("add map /m.map orders "));
-    let until: u64 = seen[1].rsplit(' ').next().and_then(|v| v.parse().ok()).expect("value");
+    let until: u64 = seen[1]
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("value");
     assert!(until >= control::unix_ms() / 1000 + 59);
     assert_eq!(seen[2], "del map /m.map orders");
     let _ = std::fs::remove_file(&path);
@@ -286,8 +456,17 @@ const ENVOY_CLUSTERS: &str = r#"{"cluster_statuses": [
 fn envoy_clusters_found_by_endpoint_address() {
     let p = |s: &str| s.parse::<SocketAddr>().expect("addr");
     let c: envoy::Clusters = serde_json::from_str(ENVOY_CLUSTERS).expect("json");
-    assert_eq!(c.holding(&[p("127.0.0.1:18081")]), vec!["outbound|8080||orders.shop.svc.cluster.local"]);
-    assert_eq!(c.holding(&[p("0.0.0.0:18081")]), vec!["outbound|8080||orders.shop.svc.cluster.local", "backend_orders"]);
+    assert_eq!(
+        c.holding(&[p("127.0.0.1:18081")]),
+        vec!["outbound|8080||orders.shop.svc.cluster.local"]
+    );
+    assert_eq!(
+        c.holding(&[p("0.0.0.0:18081")]),
+        vec![
+            "outbound|8080||orders.shop.svc.cluster.local",
+            "backend_orders"
+        ]
+    );
     assert!(c.holding(&[p("127.0.0.1:18082")]).is_empty());
 }
 
@@ -295,16 +474,37 @@ fn envoy_clusters_found_by_endpoint_address() {
 fn envoy_keys_cover_both_priorities_and_budgets_and_encode_names() {
     let t = envoy::Target::Cluster("outbound|8080||orders".into());
     let on = envoy::runtime_keys(&t, Some(1234));
-    assert!(on.contains(&("circuit_breakers.outbound|8080||orders.default.max_retries".into(), "0".into())));
-    assert!(on.contains(&("circuit_breakers.outbound|8080||orders.high.retry_budget.budget_percent".into(), "0".into())));
-    assert!(on.contains(&("circuit_breakers.outbound|8080||orders.default.retry_budget.min_retry_concurrency".into(), "0".into())));
-    assert!(on.contains(&("retry_agent.suppressed_until.outbound|8080||orders".into(), "1234".into())));
+    assert!(on.contains(&(
+        "circuit_breakers.outbound|8080||orders.default.max_retries".into(),
+        "0".into()
+    )));
+    assert!(on.contains(&(
+        "circuit_breakers.outbound|8080||orders.high.retry_budget.budget_percent".into(),
+        "0".into()
+    )));
+    assert!(on.contains(&(
+        "circuit_breakers.outbound|8080||orders.default.retry_budget.min_retry_concurrency".into(),
+        "0".into()
+    )));
+    assert!(on.contains(&(
+        "retry_agent.suppressed_until.outbound|8080||orders".into(),
+        "1234".into()
+    )));
     assert_eq!(on.len(), 7);
     let off = envoy::runtime_keys(&t, None);
     assert_eq!(off.len(), 7);
-    assert!(off.iter().all(|(_, v)| v.is_empty()), "lifting empties every key: {off:?}");
-    assert_eq!(envoy::runtime_keys(&envoy::Target::AllRoutes, Some(1))[0], ("upstream.use_retry".into(), "0".into()));
-    let body = envoy::form_body(&[("a.b|c".into(), "0".into()), ("x y&z".into(), String::new())]);
+    assert!(
+        off.iter().all(|(_, v)| v.is_empty()),
+        "lifting empties every key: {off:?}"
+    );
+    assert_eq!(
+        envoy::runtime_keys(&envoy::Target::AllRoutes, Some(1))[0],
+        ("upstream.use_retry".into(), "0".into())
+    );
+    let body = envoy::form_body(&[
+        ("a.b|c".into(), "0".into()),
+        ("x y&z".into(), String::new()),
+    ]);
     assert_eq!(body, "a.b%7Cc=0&x%20y%26z=");
 }
 
@@ -318,7 +518,13 @@ fn envoy_sweep_finds_only_lapsed_markers() {
     }});
     let mut lapsed = envoy::lapsed_markers(&rt, 200);
     lapsed.sort();
-    assert_eq!(lapsed, vec![envoy::Target::AllRoutes, envoy::Target::Cluster("old".into())]);
+    assert_eq!(
+        lapsed,
+        vec![
+            envoy::Target::AllRoutes,
+            envoy::Target::Cluster("old".into())
+        ]
+    );
     assert!(envoy::lapsed_markers(&serde_json::json!({}), 200).is_empty());
 }
 
@@ -327,7 +533,9 @@ fn envoy_sweep_finds_only_lapsed_markers() {
 #[tokio::test]
 async fn envoy_admin_refusal_is_reported_with_its_body() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = l.local_addr().expect("addr");
     let body = ENVOY_CLUSTERS.to_string();
     tokio::spawn(async move {
@@ -336,7 +544,10 @@ async fn envoy_admin_refusal_is_reported_with_its_body() {
             let k = s.read(&mut buf).await.unwrap_or(0);
             let head = String::from_utf8_lossy(buf.get(..k).unwrap_or_default()).to_string();
             let resp = if head.starts_with("GET /clusters?format=json ") {
-                format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
             } else {
                 "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 24\r\n\r\nNo admin layer specified".to_string()
             };
@@ -344,7 +555,16 @@ async fn envoy_admin_refusal_is_reported_with_its_body() {
         }
     });
     let mut e = envoy::EnvoyActuator::new(addr);
-    let r = e.apply(&[decision(1, "a", "orders", "127.0.0.1:18081", Action::SuppressRetries, 60_000)]).await;
+    let r = e
+        .apply(&[decision(
+            1,
+            "a",
+            "orders",
+            "127.0.0.1:18081",
+            Action::SuppressRetries,
+            60_000,
+        )])
+        .await;
     match r {
         Err(ActuateError::EnvoyStatus { status, body, .. }) => {
             assert!(status.starts_with("503"), "{status}");

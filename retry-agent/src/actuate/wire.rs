@@ -117,7 +117,9 @@ pub enum WireError {
     Malformed(#[source] serde_json::Error),
     #[error("control line has no protocol version (`v`)")]
     NoVersion,
-    #[error("the agent speaks control protocol v{got}; this shim speaks v{VERSION}: run the same release on both sides")]
+    #[error(
+        "the agent speaks control protocol v{got}; this shim speaks v{VERSION}: run the same release on both sides"
+    )]
     UnsupportedVersion { got: u32 },
 }
 
@@ -180,7 +182,12 @@ impl ClaimEntry {
     /// `None` for a service without a claim (`Missing`): it gets no header.
     pub fn new(c: &ServiceClaim, remaining: Duration) -> Option<Self> {
         let claim = WireClaim::from_claim(c.claim)?;
-        Some(ClaimEntry { service: c.service.to_string(), addrs: c.addrs.clone(), claim, remaining_ms: ms(remaining) })
+        Some(ClaimEntry {
+            service: c.service.to_string(),
+            addrs: c.addrs.clone(),
+            claim,
+            remaining_ms: ms(remaining),
+        })
     }
 }
 

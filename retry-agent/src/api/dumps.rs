@@ -45,12 +45,20 @@ pub struct Permit {
 
 impl DumpGate {
     pub fn new(min_interval: Duration) -> DumpGate {
-        DumpGate { busy: Arc::default(), last_start: Mutex::new(None), min_interval }
+        DumpGate {
+            busy: Arc::default(),
+            last_start: Mutex::new(None),
+            min_interval,
+        }
     }
 
     /// Never waits: either a permit or the reason there is none.
     pub fn try_start(&self) -> Result<Permit, Refused> {
-        let held = self.busy.clone().try_lock_owned().map_err(|_| Refused::Busy)?;
+        let held = self
+            .busy
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| Refused::Busy)?;
         let now = Instant::now();
         let mut last = self.last_start.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = *last {
@@ -93,7 +101,9 @@ impl DumpService {
         let answer = dump_api_response(&self.recorder, body).await;
         let retention = self.retention.clone();
         match tokio::task::spawn_blocking(move || prune(&retention)).await {
-            Ok(Ok(removed)) if removed > 0 => tracing::info!(removed, "recorder: old dumps removed"),
+            Ok(Ok(removed)) if removed > 0 => {
+                tracing::info!(removed, "recorder: old dumps removed")
+            }
             Ok(Err(e)) => tracing::warn!(error = %e, "recorder: pruning the dump directory failed"),
             _ => {}
         }
@@ -116,7 +126,11 @@ pub fn prune(r: &Retention) -> std::io::Result<usize> {
         if !meta.is_file() {
             continue;
         }
-        dumps.push((meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), path, meta.len()));
+        dumps.push((
+            meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            path,
+            meta.len(),
+        ));
     }
     // Newest first (names carry a timestamp, so they order mtime ties the same way).
     dumps.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| b.1.cmp(&a.1)));
@@ -148,11 +162,18 @@ mod tests {
     async fn one_dump_at_a_time_and_one_per_interval() {
         let gate = DumpGate::new(Duration::from_secs(10));
         let first = gate.try_start().expect("first");
-        assert_eq!(gate.try_start().err(), Some(Refused::Busy), "second while the first runs");
+        assert_eq!(
+            gate.try_start().err(),
+            Some(Refused::Busy),
+            "second while the first runs"
+        );
         drop(first);
         // Done, but too soon after the last start.
         tokio::time::advance(Duration::from_secs(4)).await;
-        assert_eq!(gate.try_start().err(), Some(Refused::RateLimited(Duration::from_secs(6))));
+        assert_eq!(
+            gate.try_start().err(),
+            Some(Refused::RateLimited(Duration::from_secs(6)))
+        );
         assert_eq!(Refused::Busy.status(), 409);
         assert_eq!(Refused::RateLimited(Duration::ZERO).status(), 429);
         tokio::time::advance(Duration::from_secs(6)).await;
@@ -177,12 +198,20 @@ mod tests {
         let p = d.join(name);
         std::fs::write(&p, vec![0u8; len]).unwrap();
         let t = SystemTime::now() - Duration::from_secs(age_s);
-        std::fs::File::options().write(true).open(&p).unwrap().set_modified(t).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
     }
 
     fn names(d: &Path) -> Vec<String> {
-        let mut v: Vec<String> =
-            std::fs::read_dir(d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
         v.sort();
         v
     }
@@ -194,14 +223,39 @@ mod tests {
             write(&d, &format!("d{i}.radump"), 100, *age);
         }
         write(&d, "notes.txt", 10_000, 100);
-        let removed = prune(&Retention { dir: d.clone(), keep: 3, max_bytes: u64::MAX }).unwrap();
+        let removed = prune(&Retention {
+            dir: d.clone(),
+            keep: 3,
+            max_bytes: u64::MAX,
+        })
+        .unwrap();
         assert_eq!(removed, 2);
-        assert_eq!(names(&d), ["d2.radump", "d3.radump", "d4.radump", "notes.txt"], "other files are left alone");
+        assert_eq!(
+            names(&d),
+            ["d2.radump", "d3.radump", "d4.radump", "notes.txt"],
+            "other files are left alone"
+        );
         // The size cap: 250 bytes hold two 100-byte dumps.
-        assert_eq!(prune(&Retention { dir: d.clone(), keep: 10, max_bytes: 250 }).unwrap(), 1);
+        assert_eq!(
+            prune(&Retention {
+                dir: d.clone(),
+                keep: 10,
+                max_bytes: 250
+            })
+            .unwrap(),
+            1
+        );
         assert_eq!(names(&d), ["d3.radump", "d4.radump", "notes.txt"]);
         // The newest dump is kept even when it alone is over the cap.
-        assert_eq!(prune(&Retention { dir: d.clone(), keep: 10, max_bytes: 1 }).unwrap(), 1);
+        assert_eq!(
+            prune(&Retention {
+                dir: d.clone(),
+                keep: 10,
+                max_bytes: 1
+            })
+            .unwrap(),
+            1
+        );
         assert_eq!(names(&d), ["d4.radump", "notes.txt"]);
         let _ = std::fs::remove_dir_all(&d);
     }

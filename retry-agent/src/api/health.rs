@@ -35,7 +35,10 @@ pub struct Health {
 
 impl Health {
     pub fn new(stall: Duration) -> Health {
-        Health { progress: Arc::default(), stall }
+        Health {
+            progress: Arc::default(),
+            stall,
+        }
     }
 
     /// Records the reader's progress counter (events + poll rounds) and the programs attached.
@@ -50,7 +53,13 @@ impl Health {
                 }
                 p.programs = programs;
             }
-            None => *g = Some(Progress { counter, changed: now, programs }),
+            None => {
+                *g = Some(Progress {
+                    counter,
+                    changed: now,
+                    programs,
+                })
+            }
         }
     }
 

@@ -48,25 +48,49 @@ pub use health::{Health, Unhealthy};
 #[derive(Args, Debug, Clone)]
 pub struct ApiConfig {
     /// TCP address of the public server: /metrics and /healthz only.
-    #[arg(long = "api-addr", env = "RETRY_AGENT_API_ADDR", default_value = "127.0.0.1:9464")]
+    #[arg(
+        long = "api-addr",
+        env = "RETRY_AGENT_API_ADDR",
+        default_value = "127.0.0.1:9464"
+    )]
     pub addr: SocketAddr,
     /// Unix socket of the private API (/v1/*, dumps), created mode 0600.
-    #[arg(long = "api-socket", env = "RETRY_AGENT_API_SOCKET", default_value = "/run/retry-agent/api.sock")]
+    #[arg(
+        long = "api-socket",
+        env = "RETRY_AGENT_API_SOCKET",
+        default_value = "/run/retry-agent/api.sock"
+    )]
     pub socket: PathBuf,
     /// Recent verdicts kept for /v1/verdicts.
-    #[arg(long = "api-max-verdicts", env = "RETRY_AGENT_API_MAX_VERDICTS", default_value_t = 1024)]
+    #[arg(
+        long = "api-max-verdicts",
+        env = "RETRY_AGENT_API_MAX_VERDICTS",
+        default_value_t = 1024
+    )]
     pub max_verdicts: usize,
     /// Minimum seconds between the starts of two API dumps (0: only one at a time).
-    #[arg(long = "api-dump-min-interval-secs", env = "RETRY_AGENT_API_DUMP_MIN_INTERVAL_SECS", default_value_t = 10)]
+    #[arg(
+        long = "api-dump-min-interval-secs",
+        env = "RETRY_AGENT_API_DUMP_MIN_INTERVAL_SECS",
+        default_value_t = 10
+    )]
     pub dump_min_interval_secs: u64,
     /// Dumps kept in the dump directory after an API dump (the oldest are removed).
-    #[arg(long = "api-dump-keep", env = "RETRY_AGENT_API_DUMP_KEEP", default_value_t = 20)]
+    #[arg(
+        long = "api-dump-keep",
+        env = "RETRY_AGENT_API_DUMP_KEEP",
+        default_value_t = 20
+    )]
     pub dump_keep: usize,
     /// Total bytes of dumps kept in the dump directory (the newest is always kept).
     #[arg(long = "api-dump-max-bytes", env = "RETRY_AGENT_API_DUMP_MAX_BYTES", default_value_t = 1 << 30)]
     pub dump_max_bytes: u64,
     /// /healthz fails once the ring reader has not progressed for this many seconds.
-    #[arg(long = "api-healthz-stall-secs", env = "RETRY_AGENT_API_HEALTHZ_STALL_SECS", default_value_t = 30)]
+    #[arg(
+        long = "api-healthz-stall-secs",
+        env = "RETRY_AGENT_API_HEALTHZ_STALL_SECS",
+        default_value_t = 30
+    )]
     pub healthz_stall_secs: u64,
 }
 
@@ -78,12 +102,42 @@ impl Default for ApiConfig {
 
 impl Settings for ApiConfig {
     fn check(&self, p: &mut InvalidConfig) {
-        p.check(self.max_verdicts > 0, "api-max-verdicts", self.max_verdicts, "at least 1");
-        p.check(self.socket.is_absolute(), "api-socket", self.socket.display(), "an absolute path");
-        p.check(self.dump_min_interval_secs <= 86_400, "api-dump-min-interval-secs", self.dump_min_interval_secs, "at most 86400");
-        p.check(self.dump_keep > 0, "api-dump-keep", self.dump_keep, "at least 1");
-        p.check(self.dump_max_bytes > 0, "api-dump-max-bytes", self.dump_max_bytes, "at least 1");
-        p.check((1..=3600).contains(&self.healthz_stall_secs), "api-healthz-stall-secs", self.healthz_stall_secs, "in 1..=3600");
+        p.check(
+            self.max_verdicts > 0,
+            "api-max-verdicts",
+            self.max_verdicts,
+            "at least 1",
+        );
+        p.check(
+            self.socket.is_absolute(),
+            "api-socket",
+            self.socket.display(),
+            "an absolute path",
+        );
+        p.check(
+            self.dump_min_interval_secs <= 86_400,
+            "api-dump-min-interval-secs",
+            self.dump_min_interval_secs,
+            "at most 86400",
+        );
+        p.check(
+            self.dump_keep > 0,
+            "api-dump-keep",
+            self.dump_keep,
+            "at least 1",
+        );
+        p.check(
+            self.dump_max_bytes > 0,
+            "api-dump-max-bytes",
+            self.dump_max_bytes,
+            "at least 1",
+        );
+        p.check(
+            (1..=3600).contains(&self.healthz_stall_secs),
+            "api-healthz-stall-secs",
+            self.healthz_stall_secs,
+            "in 1..=3600",
+        );
     }
 }
 
@@ -126,7 +180,12 @@ const DEFAULT_STALL: Duration = Duration::from_secs(30);
 
 impl SharedState {
     pub fn new(metrics: Arc<Metrics>, max_verdicts: usize) -> Self {
-        SharedState { metrics, snapshot: Arc::default(), max_verdicts: max_verdicts.max(1), health: Health::new(DEFAULT_STALL) }
+        SharedState {
+            metrics,
+            snapshot: Arc::default(),
+            max_verdicts: max_verdicts.max(1),
+            health: Health::new(DEFAULT_STALL),
+        }
     }
 
     /// With `/healthz` failing after `stall` without reader progress.
@@ -192,24 +251,48 @@ impl SharedState {
 
 /// The public routes: `/metrics` and `/healthz`.
 pub fn public_router(state: SharedState) -> Router {
-    Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz)).with_state(state)
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(state)
 }
 
 /// Every route but the dump: the public ones and the `/v1/*` views.
 pub fn router(state: SharedState) -> Router {
     public_router(state.clone()).merge(
         Router::new()
-            .route("/v1/edges", get(|State(s): State<SharedState>| async move { Json(s.read().edges.clone()) }))
-            .route("/v1/paths", get(|State(s): State<SharedState>| async move { Json(s.read().paths.clone()) }))
-            .route("/v1/decisions", get(|State(s): State<SharedState>| async move { Json(s.read().decisions.clone()) }))
-            .route("/v1/claims", get(|State(s): State<SharedState>| async move { Json(s.read().claims.clone()) }))
-            .route("/v1/verdicts", get(|State(s): State<SharedState>| async move { Json(s.read().verdicts.clone()) }))
+            .route(
+                "/v1/edges",
+                get(|State(s): State<SharedState>| async move { Json(s.read().edges.clone()) }),
+            )
+            .route(
+                "/v1/paths",
+                get(|State(s): State<SharedState>| async move { Json(s.read().paths.clone()) }),
+            )
+            .route(
+                "/v1/decisions",
+                get(|State(s): State<SharedState>| async move { Json(s.read().decisions.clone()) }),
+            )
+            .route(
+                "/v1/claims",
+                get(|State(s): State<SharedState>| async move { Json(s.read().claims.clone()) }),
+            )
+            .route(
+                "/v1/verdicts",
+                get(|State(s): State<SharedState>| async move { Json(s.read().verdicts.clone()) }),
+            )
             .with_state(state),
     )
 }
 
 async fn metrics(State(s): State<SharedState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
 }
 
 async fn healthz(State(s): State<SharedState>) -> impl IntoResponse {
@@ -221,16 +304,25 @@ async fn healthz(State(s): State<SharedState>) -> impl IntoResponse {
 
 /// Serves `/metrics` and `/healthz` on an already bound TCP listener (bound by the caller, so a
 /// bad address fails start-up and tests can bind port 0).
-pub async fn serve_public(listener: tokio::net::TcpListener, state: SharedState) -> Result<(), ApiError> {
+pub async fn serve_public(
+    listener: tokio::net::TcpListener,
+    state: SharedState,
+) -> Result<(), ApiError> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "metrics and health listening");
     }
-    axum::serve(listener, public_router(state)).await.map_err(ApiError::Serve)
+    axum::serve(listener, public_router(state))
+        .await
+        .map_err(ApiError::Serve)
 }
 
 /// Serves every route on the private Unix socket, with `POST /v1/dump` when a flight recorder
 /// runs.
-pub async fn serve_private(listener: tokio::net::UnixListener, state: SharedState, dumps: Option<DumpService>) -> Result<(), ApiError> {
+pub async fn serve_private(
+    listener: tokio::net::UnixListener,
+    state: SharedState,
+    dumps: Option<DumpService>,
+) -> Result<(), ApiError> {
     let mut app = router(state);
     if let Some(d) = dumps {
         app = app.merge(Router::new().route("/v1/dump", post(dump)).with_state(d));
@@ -245,12 +337,19 @@ pub async fn serve_private(listener: tokio::net::UnixListener, state: SharedStat
 /// left by a dead agent is replaced; one a live process answers on is not.
 pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ApiError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let err = |source| ApiError::Socket { path: path.to_path_buf(), source };
+    let err = |source| ApiError::Socket {
+        path: path.to_path_buf(),
+        source,
+    };
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
         && !dir.exists()
     {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(err)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(err)?;
     }
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
@@ -265,5 +364,8 @@ pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ApiError> {
 
 async fn dump(State(d): State<DumpService>, body: Bytes) -> impl IntoResponse {
     let (status, json) = d.handle(&body).await;
-    (StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), json)
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        json,
+    )
 }

@@ -6,29 +6,14 @@
 //! A minimal reader: walks the type section once, understands only what is needed to find a
 //! member's byte offset (including through anonymous structs/unions). Never panics on bad input.
 
-/// Kernel struct offsets the programs need; 0 where unknown (the feature then degrades: errno 0
-/// for non-blocking connect failures, accept() without a peer buffer untracked).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelOffsets {
-    pub sk_err: u32,
-    pub task_files: u32,
-    pub files_fdt: u32,
-    pub fdt_fd: u32,
-    pub file_private_data: u32,
-    pub socket_sk: u32,
-    /// task → mm → exe_file → f_inode → i_ino, i_sb → s_dev: which file a process runs.
-    pub task_mm: u32,
-    pub mm_exe_file: u32,
-    pub file_inode: u32,
-    pub inode_ino: u32,
-    pub inode_sb: u32,
-    pub sb_dev: u32,
-}
+pub use retry_common::KernelOffsets;
 
 /// Reads /sys/kernel/btf/vmlinux once.
 pub fn kernel_offsets() -> KernelOffsets {
     let Ok(data) = std::fs::read("/sys/kernel/btf/vmlinux") else {
-        tracing::warn!("no kernel BTF at /sys/kernel/btf/vmlinux: connect-failure errnos and accept(NULL) unavailable");
+        tracing::warn!(
+            "no kernel BTF at /sys/kernel/btf/vmlinux: connect-failure errnos and accept(NULL) unavailable"
+        );
         return KernelOffsets::default();
     };
     offsets_from(&data)
@@ -61,13 +46,41 @@ pub fn offsets_from(data: &[u8]) -> KernelOffsets {
         sb_dev: get("super_block", "s_dev"),
     };
     // Each walk needs every link; a partial set would read the wrong memory.
-    let fd_walk = [o.task_files, o.files_fdt, o.fdt_fd, o.file_private_data, o.socket_sk];
+    let fd_walk = [
+        o.task_files,
+        o.files_fdt,
+        o.fdt_fd,
+        o.file_private_data,
+        o.socket_sk,
+    ];
     if fd_walk.contains(&0) {
-        o = KernelOffsets { task_files: 0, files_fdt: 0, fdt_fd: 0, file_private_data: 0, socket_sk: 0, ..o };
+        o = KernelOffsets {
+            task_files: 0,
+            files_fdt: 0,
+            fdt_fd: 0,
+            file_private_data: 0,
+            socket_sk: 0,
+            ..o
+        };
     }
-    let exe_walk = [o.task_mm, o.mm_exe_file, o.file_inode, o.inode_ino, o.inode_sb, o.sb_dev];
+    let exe_walk = [
+        o.task_mm,
+        o.mm_exe_file,
+        o.file_inode,
+        o.inode_ino,
+        o.inode_sb,
+        o.sb_dev,
+    ];
     if exe_walk.contains(&0) {
-        o = KernelOffsets { task_mm: 0, mm_exe_file: 0, file_inode: 0, inode_ino: 0, inode_sb: 0, sb_dev: 0, ..o };
+        o = KernelOffsets {
+            task_mm: 0,
+            mm_exe_file: 0,
+            file_inode: 0,
+            inode_ino: 0,
+            inode_sb: 0,
+            sb_dev: 0,
+            ..o
+        };
     }
     o
 }
@@ -115,7 +128,13 @@ impl<'a> Parsed<'a> {
         let strings = btf.get(hdr_len + str_off..hdr_len + str_off + str_len)?;
 
         // Type ids start at 1; index 0 is the void placeholder.
-        let mut all: Vec<Type> = vec![Type { name_off: 0, kind: 0, kind_flag: false, members_at: 0, vlen: 0 }];
+        let mut all: Vec<Type> = vec![Type {
+            name_off: 0,
+            kind: 0,
+            kind_flag: false,
+            members_at: 0,
+            vlen: 0,
+        }];
         let mut at = 0usize;
         while at + 12 <= types.len() {
             let name_off = u32_at(types, at)?;
@@ -131,18 +150,27 @@ impl<'a> Parsed<'a> {
                 2 | 7..=12 | 16 | 18 => 0,
                 _ => return None,
             };
-            all.push(Type { name_off, kind, kind_flag: info >> 31 == 1, members_at: at + 12, vlen });
+            all.push(Type {
+                name_off,
+                kind,
+                kind_flag: info >> 31 == 1,
+                members_at: at + 12,
+                vlen,
+            });
             at += 12 + extra;
         }
-        Some(Parsed { all, types, strings })
+        Some(Parsed {
+            all,
+            types,
+            strings,
+        })
     }
 
     fn member_offset(&self, strukt: &str, member: &str) -> Option<u32> {
         // The first complete definition (vmlinux has one per name; forward decls are FWD).
-        let id = self
-            .all
-            .iter()
-            .position(|t| t.kind == KIND_STRUCT && t.vlen > 0 && str_at(self.strings, t.name_off) == Some(strukt))?;
+        let id = self.all.iter().position(|t| {
+            t.kind == KIND_STRUCT && t.vlen > 0 && str_at(self.strings, t.name_off) == Some(strukt)
+        })?;
         find_member(&self.all, self.types, self.strings, id, member, 0)
     }
 }
@@ -153,7 +181,14 @@ fn member_offset(btf: &[u8], strukt: &str, member: &str) -> Option<u32> {
     Parsed::new(btf)?.member_offset(strukt, member)
 }
 
-fn find_member(all: &[Type], types: &[u8], strings: &[u8], id: usize, member: &str, depth: u32) -> Option<u32> {
+fn find_member(
+    all: &[Type],
+    types: &[u8],
+    strings: &[u8],
+    id: usize,
+    member: &str,
+    depth: u32,
+) -> Option<u32> {
     let t = all.get(id)?;
     if depth > 8 || (t.kind != KIND_STRUCT && t.kind != KIND_UNION) {
         return None;
@@ -163,7 +198,11 @@ fn find_member(all: &[Type], types: &[u8], strings: &[u8], id: usize, member: &s
         let name_off = u32_at(types, m)?;
         let ty = u32_at(types, m + 4)? as usize;
         let raw_off = u32_at(types, m + 8)?;
-        let bits = if t.kind_flag { raw_off & 0x00ff_ffff } else { raw_off };
+        let bits = if t.kind_flag {
+            raw_off & 0x00ff_ffff
+        } else {
+            raw_off
+        };
         if name_off == 0 {
             if let Some(inner) = find_member(all, types, strings, ty, member, depth + 1) {
                 return Some(bits / 8 + inner);
@@ -185,13 +224,22 @@ mod tests {
         let strings = b"\0int\0sock\0a\0sk_err\0y\0".to_vec();
         let (int, sock, a, sk_err, y) = (1u32, 5u32, 10u32, 12u32, 19u32);
         let mut types = Vec::new();
-        let mut push = |v: &[u32]| v.iter().for_each(|x| types.extend_from_slice(&x.to_le_bytes()));
+        let mut push = |v: &[u32]| {
+            v.iter()
+                .for_each(|x| types.extend_from_slice(&x.to_le_bytes()))
+        };
         push(&[int, 1 << 24, 4, 32]);
         push(&[0, (4 << 24) | 1, 8, y, 1, 32]);
         push(&[sock, (4 << 24) | 3, 24, a, 1, 0, 0, 2, 64, sk_err, 1, 128]);
         let mut out = Vec::new();
         out.extend_from_slice(&[0x9f, 0xeb, 1, 0]);
-        for v in [24u32, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+        for v in [
+            24u32,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(&types);
@@ -227,12 +275,25 @@ mod tests {
         let o = kernel_offsets();
         assert!(o.sk_err > 0 && o.sk_err < 2048, "{o:?}");
         // Every link of the fd walk, at plausible places.
-        for v in [o.task_files, o.files_fdt, o.fdt_fd, o.file_private_data, o.socket_sk] {
+        for v in [
+            o.task_files,
+            o.files_fdt,
+            o.fdt_fd,
+            o.file_private_data,
+            o.socket_sk,
+        ] {
             assert!(v > 0 && v < 16384, "{o:?}");
         }
         assert_eq!(o.fdt_fd % 8, 0, "pointer member is aligned: {o:?}");
         // Every link of the exe-file walk.
-        for v in [o.task_mm, o.mm_exe_file, o.file_inode, o.inode_ino, o.inode_sb, o.sb_dev] {
+        for v in [
+            o.task_mm,
+            o.mm_exe_file,
+            o.file_inode,
+            o.inode_ino,
+            o.inode_sb,
+            o.sb_dev,
+        ] {
             assert!(v > 0 && v < 16384, "{o:?}");
         }
     }

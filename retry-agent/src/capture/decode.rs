@@ -4,16 +4,22 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use bytes::Bytes;
 use retry_common::{
-    AF_INET, AF_INET6, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT, ProcessExitRecord, SockTuple,
-    conn_kind, direction, role, syscall,
+    AF_INET, AF_INET6, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT,
+    ProcessExitRecord, SockTuple, conn_kind, direction, role, syscall,
 };
 
-use super::event::{ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, Role, Syscall, Tuple};
+use super::event::{
+    ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, Role, Syscall, Tuple,
+};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     #[error("record of {len} bytes is shorter than its {what} ({need} bytes)")]
-    Short { what: &'static str, len: usize, need: usize },
+    Short {
+        what: &'static str,
+        len: usize,
+        need: usize,
+    },
     #[error("unknown record kind {0}")]
     UnknownKind(u32),
     #[error("unknown {what} value {value}")]
@@ -25,7 +31,11 @@ pub enum DecodeError {
 fn read<T: aya::Pod>(raw: &[u8], what: &'static str) -> Result<T, DecodeError> {
     let need = size_of::<T>();
     if raw.len() < need {
-        return Err(DecodeError::Short { what, len: raw.len(), need });
+        return Err(DecodeError::Short {
+            what,
+            len: raw.len(),
+            need,
+        });
     }
     // SAFETY: length checked above; T is Pod (every bit pattern valid, no padding).
     Ok(unsafe { std::ptr::read_unaligned(raw.as_ptr().cast::<T>()) })
@@ -58,7 +68,10 @@ pub fn decode(raw: &[u8]) -> Result<Event, DecodeError> {
         KIND_CONN => decode_conn(raw).map(Event::Conn),
         KIND_PROCESS_EXIT => {
             let r: ProcessExitRecord = read(raw, "process exit record")?;
-            Ok(Event::ProcessExit { pid: r.pid, ts_ns: r.ts_ns })
+            Ok(Event::ProcessExit {
+                pid: r.pid,
+                ts_ns: r.ts_ns,
+            })
         }
         other => Err(DecodeError::UnknownKind(other)),
     }
@@ -68,14 +81,27 @@ fn decode_data(raw: &[u8]) -> Result<DataEvent, DecodeError> {
     let h: DataHeader = read(raw, "data header")?;
     let start = size_of::<DataHeader>();
     let end = start + h.captured as usize;
-    let payload = raw.get(start..end).ok_or(DecodeError::Short { what: "payload", len: raw.len(), need: end })?;
+    let payload = raw.get(start..end).ok_or(DecodeError::Short {
+        what: "payload",
+        len: raw.len(),
+        need: end,
+    })?;
     Ok(DataEvent {
-        conn: ConnId { pid: h.pid, fd: h.fd, generation: h.generation },
+        conn: ConnId {
+            pid: h.pid,
+            fd: h.fd,
+            generation: h.generation,
+        },
         role: role_of(h.role)?,
         direction: match h.direction {
             direction::EGRESS => Direction::Egress,
             direction::INGRESS => Direction::Ingress,
-            v => return Err(DecodeError::UnknownValue { what: "direction", value: v }),
+            v => {
+                return Err(DecodeError::UnknownValue {
+                    what: "direction",
+                    value: v,
+                });
+            }
         },
         syscall: syscall_of(h.syscall),
         tuple: tuple_of(&h.tuple),
@@ -98,10 +124,19 @@ fn decode_conn(raw: &[u8]) -> Result<ConnEvent, DecodeError> {
         conn_kind::ACCEPT => ConnEventKind::Accept,
         conn_kind::CLOSE => ConnEventKind::Close,
         conn_kind::RESET => ConnEventKind::Reset { errno: r.errno },
-        v => return Err(DecodeError::UnknownValue { what: "connection event kind", value: v }),
+        v => {
+            return Err(DecodeError::UnknownValue {
+                what: "connection event kind",
+                value: v,
+            });
+        }
     };
     Ok(ConnEvent {
-        conn: ConnId { pid: r.pid, fd: r.fd, generation: r.generation },
+        conn: ConnId {
+            pid: r.pid,
+            fd: r.fd,
+            generation: r.generation,
+        },
         role: role_of(r.role)?,
         tuple: tuple_of(&r.tuple),
         pid: r.pid,
@@ -116,7 +151,10 @@ fn role_of(v: u32) -> Result<Role, DecodeError> {
         role::CLIENT => Ok(Role::Client),
         role::SERVER => Ok(Role::Server),
         role::UNKNOWN => Ok(Role::Unknown),
-        v => Err(DecodeError::UnknownValue { what: "role", value: v }),
+        v => Err(DecodeError::UnknownValue {
+            what: "role",
+            value: v,
+        }),
     }
 }
 
@@ -150,10 +188,16 @@ pub fn tuple_of(t: &SockTuple) -> Option<Tuple> {
             let r = Ipv4Addr::new(t.raddr[0], t.raddr[1], t.raddr[2], t.raddr[3]);
             (IpAddr::V4(l), IpAddr::V4(r))
         }
-        AF_INET6 => (Ipv6Addr::from(t.laddr).to_canonical(), Ipv6Addr::from(t.raddr).to_canonical()),
+        AF_INET6 => (
+            Ipv6Addr::from(t.laddr).to_canonical(),
+            Ipv6Addr::from(t.raddr).to_canonical(),
+        ),
         _ => return None,
     };
-    Some(Tuple { local: SocketAddr::new(local, t.lport), remote: SocketAddr::new(remote, t.rport) })
+    Some(Tuple {
+        local: SocketAddr::new(local, t.lport),
+        remote: SocketAddr::new(remote, t.rport),
+    })
 }
 
 /// Addresses → kernel tuple (for connections the agent inserts itself, e.g. from /proc).
@@ -170,7 +214,14 @@ pub fn sock_tuple(t: &Tuple) -> SockTuple {
     }
     let (family, laddr) = bytes(t.local.ip());
     let (_, raddr) = bytes(t.remote.ip());
-    SockTuple { family, lport: t.local.port(), rport: t.remote.port(), _pad: 0, laddr, raddr }
+    SockTuple {
+        family,
+        lport: t.local.port(),
+        rport: t.remote.port(),
+        _pad: 0,
+        laddr,
+        raddr,
+    }
 }
 
 #[cfg(test)]

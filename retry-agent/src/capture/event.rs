@@ -107,17 +107,23 @@ impl DataEvent {
 pub enum ConnEventKind {
     /// connect() finished; `errno` is 0 on success (or EINPROGRESS for non-blocking sockets,
     /// whose outcome arrives later as `Established` or `Failed`).
-    Connect { errno: i32 },
+    Connect {
+        errno: i32,
+    },
     /// A non-blocking connect or a handshake reached ESTABLISHED.
     Established,
     /// A non-blocking connect failed (ECONNREFUSED, ETIMEDOUT, ...).
-    Failed { errno: i32 },
+    Failed {
+        errno: i32,
+    },
     Accept,
     /// The process closed its fd.
     Close,
     /// The peer reset the connection (seen as a state change to CLOSE from an open state
     /// without a FIN exchange, or an I/O errno of ECONNRESET/EPIPE).
-    Reset { errno: i32 },
+    Reset {
+        errno: i32,
+    },
     /// Found in /proc at start-up: existed before the agent.
     Existing,
 }
@@ -160,7 +166,16 @@ pub struct ProcessInfo {
 impl ProcessInfo {
     /// A process that was gone before /proc could describe it, named by its exit record.
     pub fn named_at_exit(pid: u32, comm: String) -> Self {
-        ProcessInfo { pid, comm, exe: None, cgroup: None, container_id: None, netns: None, host_netns: None, workload: None }
+        ProcessInfo {
+            pid,
+            comm,
+            exe: None,
+            cgroup: None,
+            container_id: None,
+            netns: None,
+            host_netns: None,
+            workload: None,
+        }
     }
 }
 
@@ -225,7 +240,9 @@ mod bytes_serde {
                         i += 2;
                     }
                     Some(b'x') => {
-                        let hex = s.get(i + 2..i + 4).ok_or_else(|| D::Error::custom("short \\x escape"))?;
+                        let hex = s
+                            .get(i + 2..i + 4)
+                            .ok_or_else(|| D::Error::custom("short \\x escape"))?;
                         out.push(u8::from_str_radix(hex, 16).map_err(D::Error::custom)?);
                         i += 4;
                     }
@@ -247,7 +264,11 @@ mod tests {
     #[test]
     fn payload_round_trips_through_json() {
         let ev = Event::Data(DataEvent {
-            conn: ConnId { pid: 1, fd: 3, generation: 7 },
+            conn: ConnId {
+                pid: 1,
+                fd: 3,
+                generation: 7,
+            },
             role: Role::Client,
             direction: Direction::Egress,
             syscall: Syscall::Write,

@@ -17,37 +17,33 @@ use super::{
 /// The settings the programs read (`CONFIG`): what to capture, who the agent is, and the kernel
 /// struct offsets BTF gave.
 pub(super) fn kernel_config(cfg: &CaptureConfig, agent_tgid: u32) -> Config {
-    let off = btf::kernel_offsets();
     let exe = own_exe_kernel_id();
     Config {
         agent_tgid,
         payload_bytes: cfg.payload_bytes.min(MAX_PAYLOAD as u32),
-        sk_err_offset: off.sk_err,
-        task_files: off.task_files,
-        files_fdt: off.files_fdt,
-        fdt_fd: off.fdt_fd,
-        file_private_data: off.file_private_data,
-        socket_sk: off.socket_sk,
-        exe_ino: exe.map_or(0, |e| e.0),
-        exe_dev: exe.map_or(0, |e| e.1),
-        task_mm: off.task_mm,
-        mm_exe_file: off.mm_exe_file,
-        file_inode: off.file_inode,
-        inode_ino: off.inode_ino,
-        inode_sb: off.inode_sb,
-        sb_dev: off.sb_dev,
-        _pad: 0,
         wakeup_bytes: cfg.wakeup_bytes.min(cfg.ring_bytes / 2),
         flags: if cfg.tls { config_flags::TLS } else { 0 },
+        exe_ino: exe.map_or(0, |e| e.0),
+        exe_dev: exe.map_or(0, |e| e.1),
+        _pad: 0,
+        offsets: btf::kernel_offsets(),
     }
 }
 
 /// Writes `config` into the object's `CONFIG` map (before any program is attached).
 pub(super) fn write_config(ebpf: &mut Ebpf, config: &Config) -> Result<(), CaptureError> {
-    let map = ebpf.map_mut(names::CONFIG).ok_or(CaptureError::MissingMap(names::CONFIG))?;
+    let map = ebpf
+        .map_mut(names::CONFIG)
+        .ok_or(CaptureError::MissingMap(names::CONFIG))?;
     let mut arr: Array<&mut MapData, Config> =
-        Array::try_from(map).map_err(|source| CaptureError::Map { map: names::CONFIG, source })?;
-    arr.set(0, config, 0).map_err(|source| CaptureError::Map { map: names::CONFIG, source })
+        Array::try_from(map).map_err(|source| CaptureError::Map {
+            map: names::CONFIG,
+            source,
+        })?;
+    arr.set(0, config, 0).map_err(|source| CaptureError::Map {
+        map: names::CONFIG,
+        source,
+    })
 }
 
 /// Every program aya loaded must be one of `specs` (the capture knows where it goes): a program
@@ -104,30 +100,57 @@ fn attach_rank(s: &ProgramSpec) -> u8 {
     }
 }
 
-fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, category: &str, tp: &str) -> Result<(), CaptureError> {
-    let program = ebpf.program_mut(prog).ok_or_else(|| CaptureError::Program {
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    prog: &str,
+    category: &str,
+    tp: &str,
+) -> Result<(), CaptureError> {
+    let program = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| CaptureError::Program {
+            program: prog.to_string(),
+            source: ProgramError::NotLoaded,
+        })?;
+    let program: &mut TracePoint = program.try_into().map_err(|source| CaptureError::Program {
         program: prog.to_string(),
-        source: ProgramError::NotLoaded,
+        source,
     })?;
-    let program: &mut TracePoint = program
-        .try_into()
-        .map_err(|source| CaptureError::Program { program: prog.to_string(), source })?;
     match program.load() {
         Ok(()) => {}
-        Err(ProgramError::LoadError { io_error, verifier_log }) => {
+        Err(ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        }) => {
             return Err(CaptureError::Verifier {
                 program: prog.to_string(),
                 log: verifier_log.to_string(),
-                source: ProgramError::LoadError { io_error, verifier_log },
+                source: ProgramError::LoadError {
+                    io_error,
+                    verifier_log,
+                },
             });
         }
-        Err(source) => return Err(CaptureError::Program { program: prog.to_string(), source }),
+        Err(source) => {
+            return Err(CaptureError::Program {
+                program: prog.to_string(),
+                source,
+            });
+        }
     }
-    program.attach(category, tp).map_err(|source| CaptureError::Program { program: prog.to_string(), source })?;
+    program
+        .attach(category, tp)
+        .map_err(|source| CaptureError::Program {
+            program: prog.to_string(),
+            source,
+        })?;
     Ok(())
 }
 
-pub(super) fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, CaptureError> {
+pub(super) fn take_map(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<aya::maps::Map, CaptureError> {
     ebpf.take_map(name).ok_or(CaptureError::MissingMap(name))
 }
 
@@ -163,7 +186,10 @@ pub(super) fn preflight() -> Result<(), CaptureError> {
         }
     }
     if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
-        let mut it = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+        let mut it = release
+            .trim()
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
         let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
         if (major, minor) < (5, 8) {
             return Err(CaptureError::KernelTooOld(release.trim().to_string()));
@@ -178,18 +204,24 @@ pub(super) fn preflight() -> Result<(), CaptureError> {
         }
     }
     // Nothing is pinned, so bpffs is optional; mount it when missing as the usual set-up expects.
-    if std::fs::read_dir("/sys/fs/bpf").map(|mut d| d.next().is_none()).unwrap_or(true)
+    if std::fs::read_dir("/sys/fs/bpf")
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(true)
         && !is_bpffs("/sys/fs/bpf")
         && !mount("bpf", "/sys/fs/bpf", "bpf")
     {
-        tracing::warn!("bpffs is not mounted at /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf); not needed: nothing is pinned");
+        tracing::warn!(
+            "bpffs is not mounted at /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf); not needed: nothing is pinned"
+        );
     }
     Ok(())
 }
 
 fn is_bpffs(path: &str) -> bool {
     const BPF_FS_MAGIC: i64 = 0xcafe4a11;
-    let Ok(c) = std::ffi::CString::new(path) else { return false };
+    let Ok(c) = std::ffi::CString::new(path) else {
+        return false;
+    };
     // SAFETY: statfs writes into the zeroed struct we own; the path is NUL-terminated.
     unsafe {
         let mut s: libc::statfs = std::mem::zeroed();
@@ -198,9 +230,11 @@ fn is_bpffs(path: &str) -> bool {
 }
 
 fn mount(source: &str, target: &str, fstype: &str) -> bool {
-    let (Ok(s), Ok(t), Ok(f)) =
-        (std::ffi::CString::new(source), std::ffi::CString::new(target), std::ffi::CString::new(fstype))
-    else {
+    let (Ok(s), Ok(t), Ok(f)) = (
+        std::ffi::CString::new(source),
+        std::ffi::CString::new(target),
+        std::ffi::CString::new(fstype),
+    ) else {
         return false;
     };
     // SAFETY: all strings are NUL-terminated and outlive the call; no data argument.
@@ -209,7 +243,10 @@ fn mount(source: &str, target: &str, fstype: &str) -> bool {
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
 pub(super) fn raise_memlock() {
-    let rl = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    let rl = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
     // SAFETY: plain syscall with a valid struct.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) } != 0 {
         tracing::debug!("could not raise RLIMIT_MEMLOCK");

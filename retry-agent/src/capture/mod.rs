@@ -35,14 +35,19 @@ use tokio::{io::unix::AsyncFd, sync::mpsc, task::JoinHandle};
 use crate::settings::{InvalidConfig, Settings};
 
 pub use event::{
-    ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, ProcessInfo, Role, Syscall, Tuple,
+    ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, ProcessInfo, Role, Syscall,
+    Tuple,
 };
 pub use programs::ProgramsError;
+pub use stats::{
+    CaptureStats, ProgramStat, StatsHandle, StatsInner, enable_bpf_stats, loaded_program_ids,
+    program_stats,
+};
 pub use workload::{WorkloadKind, WorkloadName};
-pub use stats::{CaptureStats, ProgramStat, StatsHandle, StatsInner, enable_bpf_stats, loaded_program_ids, program_stats};
 
 /// The eBPF object embedded at build time (empty when built without `cargo xtask build-ebpf`).
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/retry-ebpf.o"));
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/retry-ebpf.o"));
 
 /// Capture settings (`--capture-*`).
 #[derive(clap::Args, Debug, Clone)]
@@ -54,10 +59,20 @@ pub struct CaptureConfig {
     #[arg(long = "capture-payload-bytes", alias = "payload-bytes", env = "RETRY_AGENT_CAPTURE_PAYLOAD_BYTES", default_value_t = retry_common::DEFAULT_PAYLOAD)]
     pub payload_bytes: u32,
     /// Capacity of the channel between the ring reader and the pipeline, in events.
-    #[arg(long = "capture-channel-capacity", alias = "channel-capacity", env = "RETRY_AGENT_CAPTURE_CHANNEL_CAPACITY", default_value_t = 65536)]
+    #[arg(
+        long = "capture-channel-capacity",
+        alias = "channel-capacity",
+        env = "RETRY_AGENT_CAPTURE_CHANNEL_CAPACITY",
+        default_value_t = 65536
+    )]
     pub channel_capacity: usize,
     /// Where to read process metadata and pre-existing connections.
-    #[arg(long = "capture-proc-root", alias = "proc-root", env = "RETRY_AGENT_CAPTURE_PROC_ROOT", default_value = "/proc")]
+    #[arg(
+        long = "capture-proc-root",
+        alias = "proc-root",
+        env = "RETRY_AGENT_CAPTURE_PROC_ROOT",
+        default_value = "/proc"
+    )]
     pub proc_root: PathBuf,
     /// The kernel wakes the ring reader only once this many bytes wait (0: on every record,
     /// which costs an interrupt per syscall); below that the reader polls.
@@ -65,7 +80,12 @@ pub struct CaptureConfig {
     pub wakeup_bytes: u32,
     /// How often the reader looks at the ring without a wakeup, in milliseconds (the most a
     /// record waits when traffic is light).
-    #[arg(long = "capture-ring-poll-ms", alias = "poll-ms", env = "RETRY_AGENT_CAPTURE_RING_POLL_MS", default_value_t = 10)]
+    #[arg(
+        long = "capture-ring-poll-ms",
+        alias = "poll-ms",
+        env = "RETRY_AGENT_CAPTURE_RING_POLL_MS",
+        default_value_t = 10
+    )]
     pub poll_ms: u64,
     /// Read TLS plaintext with uprobes on the shared OpenSSL (libssl) processes map. Off by
     /// default: every SSL_read/SSL_write then takes two uprobe traps in the calling process
@@ -75,18 +95,32 @@ pub struct CaptureConfig {
     pub tls: bool,
     /// libssl files to instrument (repeatable, or comma-separated in the env var); default: the
     /// distribution's usual locations that exist.
-    #[arg(long = "capture-tls-lib", alias = "tls-lib", env = "RETRY_AGENT_CAPTURE_TLS_LIB", value_delimiter = ',')]
+    #[arg(
+        long = "capture-tls-lib",
+        alias = "tls-lib",
+        env = "RETRY_AGENT_CAPTURE_TLS_LIB",
+        value_delimiter = ','
+    )]
     pub tls_libs: Vec<PathBuf>,
     /// How often to look for libssl files new processes map (new pods' images), in seconds
     /// (0: only at start).
-    #[arg(long = "capture-tls-rescan-secs", alias = "tls-rescan-secs", env = "RETRY_AGENT_CAPTURE_TLS_RESCAN_SECS", default_value_t = 30)]
+    #[arg(
+        long = "capture-tls-rescan-secs",
+        alias = "tls-rescan-secs",
+        env = "RETRY_AGENT_CAPTURE_TLS_RESCAN_SECS",
+        default_value_t = 30
+    )]
     pub tls_rescan_secs: u64,
     /// Link a Go program's outbound HTTP calls to the inbound request they serve with uprobes on
     /// net/http and the Go scheduler (goroutine ancestry), in every Go executable the node runs.
     #[arg(long = "capture-go", env = "RETRY_AGENT_CAPTURE_GO", default_value_t = true, action = clap::ArgAction::Set)]
     pub go: bool,
     /// How often to look for new Go executables among the node's processes, in milliseconds.
-    #[arg(long = "capture-go-rescan-ms", env = "RETRY_AGENT_CAPTURE_GO_RESCAN_MS", default_value_t = 1000)]
+    #[arg(
+        long = "capture-go-rescan-ms",
+        env = "RETRY_AGENT_CAPTURE_GO_RESCAN_MS",
+        default_value_t = 1000
+    )]
     pub go_rescan_ms: u64,
 }
 
@@ -99,12 +133,37 @@ impl Default for CaptureConfig {
 impl Settings for CaptureConfig {
     fn check(&self, p: &mut InvalidConfig) {
         let ring = self.ring_bytes;
-        p.check(ring.is_power_of_two() && ring >= 4096, "capture-ring-bytes", ring, "a power of two ≥ 4096");
+        p.check(
+            ring.is_power_of_two() && ring >= 4096,
+            "capture-ring-bytes",
+            ring,
+            "a power of two ≥ 4096",
+        );
         let payload = self.payload_bytes;
-        p.check(payload as usize <= MAX_PAYLOAD, "capture-payload-bytes", payload, "at most 4096");
-        p.check((1..=1000).contains(&self.poll_ms), "capture-ring-poll-ms", self.poll_ms, "in 1..=1000");
-        p.check(self.channel_capacity > 0, "capture-channel-capacity", self.channel_capacity, "at least 1");
-        p.check(!self.go || self.go_rescan_ms > 0, "capture-go-rescan-ms", self.go_rescan_ms, "at least 1");
+        p.check(
+            payload as usize <= MAX_PAYLOAD,
+            "capture-payload-bytes",
+            payload,
+            "at most 4096",
+        );
+        p.check(
+            (1..=1000).contains(&self.poll_ms),
+            "capture-ring-poll-ms",
+            self.poll_ms,
+            "in 1..=1000",
+        );
+        p.check(
+            self.channel_capacity > 0,
+            "capture-channel-capacity",
+            self.channel_capacity,
+            "at least 1",
+        );
+        p.check(
+            !self.go || self.go_rescan_ms > 0,
+            "capture-go-rescan-ms",
+            self.go_rescan_ms,
+            "at least 1",
+        );
     }
 }
 
@@ -116,11 +175,15 @@ pub enum CaptureError {
         "missing capability {0}: the agent loads eBPF programs; run it as root or grant CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)"
     )]
     MissingCapability(&'static str),
-    #[error("tracefs is not mounted at /sys/kernel/tracing and mounting it failed; run: mount -t tracefs nodev /sys/kernel/tracing")]
+    #[error(
+        "tracefs is not mounted at /sys/kernel/tracing and mounting it failed; run: mount -t tracefs nodev /sys/kernel/tracing"
+    )]
     TracefsNotMounted,
     #[error("kernel {0} is too old: the ring buffer needs Linux 5.8 or newer")]
     KernelTooOld(String),
-    #[error("the embedded eBPF object is empty: run `cargo xtask build-ebpf` and rebuild the agent")]
+    #[error(
+        "the embedded eBPF object is empty: run `cargo xtask build-ebpf` and rebuild the agent"
+    )]
     EmptyObject,
     #[error("capture must be started inside a tokio runtime")]
     NoRuntime,
@@ -216,28 +279,45 @@ impl Capture {
         if let Some(t) = tls_probes.as_mut() {
             let n = t.instrument(&mut ebpf, &tls::candidates(&cfg.tls_libs, &cfg.proc_root));
             if n == 0 {
-                tracing::info!("no libssl instrumented: TLS connections stay opaque until one is found");
+                tracing::info!(
+                    "no libssl instrumented: TLS connections stay opaque until one is found"
+                );
             }
         }
 
         let go = cfg.go.then(|| {
             let mut probes = golang::GoProbes::new(golang::plan(&specs));
             probes.scan(&mut ebpf, &cfg.proc_root, agent_tgid);
-            GoState { probes, proc_root: cfg.proc_root.clone() }
+            GoState {
+                probes,
+                proc_root: cfg.proc_root.clone(),
+            }
         });
 
         let ring = load::take_map(&mut ebpf, names::EVENTS)?;
-        let ring = RingBuf::try_from(ring).map_err(|source| CaptureError::Map { map: names::EVENTS, source })?;
+        let ring = RingBuf::try_from(ring).map_err(|source| CaptureError::Map {
+            map: names::EVENTS,
+            source,
+        })?;
         let drops = load::take_map(&mut ebpf, names::DROPS)?;
         let drops: PerCpuArray<MapData, u64> =
-            PerCpuArray::try_from(drops).map_err(|source| CaptureError::Map { map: names::DROPS, source })?;
+            PerCpuArray::try_from(drops).map_err(|source| CaptureError::Map {
+                map: names::DROPS,
+                source,
+            })?;
         let conns = load::take_map(&mut ebpf, names::CONNS)?;
-        let mut conns: BpfHashMap<MapData, ConnKey, ConnInfo> =
-            BpfHashMap::try_from(conns).map_err(|source| CaptureError::Map { map: names::CONNS, source })?;
+        let mut conns: BpfHashMap<MapData, ConnKey, ConnInfo> = BpfHashMap::try_from(conns)
+            .map_err(|source| CaptureError::Map {
+                map: names::CONNS,
+                source,
+            })?;
 
         let agent_tgids = load::take_map(&mut ebpf, names::AGENT_TGIDS)?;
         let agent_tgids: BpfHashMap<MapData, u32, u8> =
-            BpfHashMap::try_from(agent_tgids).map_err(|source| CaptureError::Map { map: names::AGENT_TGIDS, source })?;
+            BpfHashMap::try_from(agent_tgids).map_err(|source| CaptureError::Map {
+                map: names::AGENT_TGIDS,
+                source,
+            })?;
 
         // Attached before the scan, so a connection opened meanwhile is seen by one or the other.
         let initial = pickup::pick_up_existing(&cfg.proc_root, agent_tgid, &mut conns);
@@ -248,8 +328,9 @@ impl Capture {
             let _guard = rt.enter();
             // SAFETY: the RingBuf owns its map fd, which stays open and the same for as long as
             // the AsyncFd owns the RingBuf.
-            let async_ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-                .map_err(|e| CaptureError::Poll(std::io::Error::other(e.to_string())))?;
+            let async_ring =
+                unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+                    .map_err(|e| CaptureError::Poll(std::io::Error::other(e.to_string())))?;
             let state = reader::Reader {
                 tx,
                 stats: stats.clone(),
@@ -265,9 +346,24 @@ impl Capture {
             };
             rt.spawn(state.run(async_ring, initial))
         };
-        tracing::info!(programs = attached, payload_bytes = config.payload_bytes, "capture attached");
-        let tls = tls_probes.map(|probes| TlsState { probes, configured: cfg.tls_libs.clone(), proc_root: cfg.proc_root.clone() });
-        Ok(Capture { guard: CaptureGuard { ebpf, reader }, rx, stats, tls, go, attached })
+        tracing::info!(
+            programs = attached,
+            payload_bytes = config.payload_bytes,
+            "capture attached"
+        );
+        let tls = tls_probes.map(|probes| TlsState {
+            probes,
+            configured: cfg.tls_libs.clone(),
+            proc_root: cfg.proc_root.clone(),
+        });
+        Ok(Capture {
+            guard: CaptureGuard { ebpf, reader },
+            rx,
+            stats,
+            tls,
+            go,
+            attached,
+        })
     }
 
     /// Instruments the libssl files processes started since the last scan brought (a new pod's
@@ -282,12 +378,15 @@ impl Capture {
     /// many were added. Blocking /proc and file reads (only new executables are read).
     pub fn rescan_go(&mut self) -> usize {
         let Some(g) = self.go.as_mut() else { return 0 };
-        g.probes.scan(&mut self.guard.ebpf, &g.proc_root, std::process::id())
+        g.probes
+            .scan(&mut self.guard.ebpf, &g.proc_root, std::process::id())
     }
 
     /// Go executables instrumented so far, and those that could not be.
     pub fn go_programs(&self) -> (usize, usize) {
-        self.go.as_ref().map_or((0, 0), |g| (g.probes.instrumented, g.probes.failed))
+        self.go
+            .as_ref()
+            .map_or((0, 0), |g| (g.probes.instrumented, g.probes.failed))
     }
 
     /// Programs attached at load (what `/healthz` requires to be non-zero).
@@ -312,7 +411,12 @@ impl Capture {
 
     /// Kernel ids of this capture's programs (they disappear when `self` is dropped).
     pub fn program_ids(&self) -> Vec<u32> {
-        self.guard.ebpf.programs().filter_map(|(_, p)| p.info().ok()).map(|i| i.id()).collect()
+        self.guard
+            .ebpf
+            .programs()
+            .filter_map(|(_, p)| p.info().ok())
+            .map(|i| i.id())
+            .collect()
     }
 
     /// A handle that reads the counters after `self` has been split up.
@@ -341,13 +445,19 @@ pub fn tracepoints() -> Result<Vec<(String, String)>, ProgramsError> {
 
 /// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid out pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 mod btf;
+pub mod golang;
 mod load;
 mod own_exe;
 mod pickup;
@@ -355,7 +465,6 @@ mod programs;
 mod reader;
 mod stats;
 mod tls;
-pub mod golang;
 
 #[cfg(test)]
 mod tests;

@@ -28,7 +28,12 @@ struct FileId {
 impl FileId {
     fn of(path: &Path) -> Option<FileId> {
         let m = std::fs::metadata(path).ok()?;
-        Some(FileId { dev: m.dev(), ino: m.ino(), size: m.size(), mtime: m.mtime() })
+        Some(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: m.mtime(),
+        })
     }
 }
 
@@ -64,7 +69,9 @@ impl OwnExe {
     /// Whether `exe` (a `/proc/PID/exe` link or a path) is the agent's executable. Unknown
     /// (unreadable, gone) is "no": a workload is observed rather than hidden.
     pub(super) fn is_ours(&mut self, exe: &Path) -> bool {
-        let (Some(own), Some(id)) = (self.own, FileId::of(exe)) else { return false };
+        let (Some(own), Some(id)) = (self.own, FileId::of(exe)) else {
+            return false;
+        };
         if (id.dev, id.ino) == (own.dev, own.ino) {
             return true;
         }
@@ -123,7 +130,10 @@ mod tests {
         // A workload that took the agent's name, even one of the same size.
         let namesake = dir.join("retry-agent");
         std::fs::write(&namesake, b"\x7fELF the rogue's bytes").unwrap();
-        assert_eq!(std::fs::metadata(&namesake).unwrap().len(), std::fs::metadata(&agent).unwrap().len());
+        assert_eq!(
+            std::fs::metadata(&namesake).unwrap().len(),
+            std::fs::metadata(&agent).unwrap().len()
+        );
         assert!(!own.is_ours(&namesake));
         assert!(!own.is_ours(&dir.join("gone")));
         // The running test binary is not the fake agent.

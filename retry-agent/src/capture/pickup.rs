@@ -16,7 +16,10 @@ pub(super) fn pick_up_existing(
     let now = monotonic_ns();
     let mut out = Vec::new();
     for c in procfs::scan_existing(proc_root, agent_tgid) {
-        let key = ConnKey { tgid: c.pid, fd: c.fd };
+        let key = ConnKey {
+            tgid: c.pid,
+            fd: c.fd,
+        };
         // A connection the programs saw being made meanwhile is already there, with its real role.
         if conns.get(&key, 0).is_ok() {
             continue;
@@ -26,13 +29,23 @@ pub(super) fn pick_up_existing(
             Role::Server => retry_common::role::SERVER,
             Role::Unknown => retry_common::role::UNKNOWN,
         };
-        let info = ConnInfo { generation: now, skaddr: 0, role, _pad: 0, tuple: decode::sock_tuple(&c.tuple) };
+        let info = ConnInfo {
+            generation: now,
+            skaddr: 0,
+            role,
+            _pad: 0,
+            tuple: decode::sock_tuple(&c.tuple),
+        };
         if let Err(e) = conns.insert(&key, &info, 0) {
             tracing::debug!(pid = c.pid, fd = c.fd, error = %e, "cannot track existing connection");
             continue;
         }
         out.push(Event::Conn(ConnEvent {
-            conn: ConnId { pid: c.pid, fd: c.fd, generation: now },
+            conn: ConnId {
+                pid: c.pid,
+                fd: c.fd,
+                generation: now,
+            },
             role: c.role,
             tuple: Some(c.tuple),
             pid: c.pid,
@@ -41,6 +54,9 @@ pub(super) fn pick_up_existing(
             kind: ConnEventKind::Existing,
         }));
     }
-    tracing::info!(connections = out.len(), "picked up existing TCP connections");
+    tracing::info!(
+        connections = out.len(),
+        "picked up existing TCP connections"
+    );
     out
 }

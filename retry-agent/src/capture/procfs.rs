@@ -65,7 +65,10 @@ pub fn parse_proc_net_tcp(text: &str) -> Vec<ProcTcpEntry> {
 
 /// `socket:[12345]` → 12345.
 pub fn socket_inode(link: &str) -> Option<u64> {
-    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 /// `net:[4026531840]` → 4026531840.
@@ -101,13 +104,32 @@ pub fn container_id(cgroup: &str) -> Option<String> {
 /// (at least the pid), never an error: metadata is best-effort enrichment.
 pub fn process_info(proc_root: &Path, pid: u32) -> ProcessInfo {
     let dir = proc_root.join(pid.to_string());
-    let comm = fs::read_to_string(dir.join("comm")).map(|s| s.trim_end().to_string()).unwrap_or_default();
-    let exe = fs::read_link(dir.join("exe")).ok().map(|p| p.to_string_lossy().into_owned());
-    let cgroup = fs::read_to_string(dir.join("cgroup")).ok().and_then(|t| parse_cgroup(&t));
+    let comm = fs::read_to_string(dir.join("comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_default();
+    let exe = fs::read_link(dir.join("exe"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned());
+    let cgroup = fs::read_to_string(dir.join("cgroup"))
+        .ok()
+        .and_then(|t| parse_cgroup(&t));
     let container_id = cgroup.as_deref().and_then(container_id);
-    let netns = fs::read_link(dir.join("ns/net")).ok().and_then(|p| ns_inode(&p.to_string_lossy()));
-    let host_netns = fs::read_link(proc_root.join("1/ns/net")).ok().and_then(|p| ns_inode(&p.to_string_lossy()));
-    ProcessInfo { pid, comm, exe, cgroup, container_id, netns, host_netns, workload: None }
+    let netns = fs::read_link(dir.join("ns/net"))
+        .ok()
+        .and_then(|p| ns_inode(&p.to_string_lossy()));
+    let host_netns = fs::read_link(proc_root.join("1/ns/net"))
+        .ok()
+        .and_then(|p| ns_inode(&p.to_string_lossy()));
+    ProcessInfo {
+        pid,
+        comm,
+        exe,
+        cgroup,
+        container_id,
+        netns,
+        host_netns,
+        workload: None,
+    }
 }
 
 /// A TCP connection found in /proc: which process holds it on which fd.
@@ -143,14 +165,24 @@ pub fn scan_existing(proc_root: &Path, skip_pid: u32) -> Vec<ExistingConn> {
     }
     let mut tables: HashMap<u64, NsTables> = HashMap::new();
     let mut out = Vec::new();
-    let Ok(entries) = fs::read_dir(proc_root) else { return out };
+    let Ok(entries) = fs::read_dir(proc_root) else {
+        return out;
+    };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
         if pid == skip_pid {
             continue;
         }
         let dir = entry.path();
-        let Ok(fds) = fs::read_dir(dir.join("fd")) else { continue };
+        let Ok(fds) = fs::read_dir(dir.join("fd")) else {
+            continue;
+        };
         let sockets: Vec<(u32, u64)> = fds
             .flatten()
             .filter_map(|fd| {
@@ -162,7 +194,10 @@ pub fn scan_existing(proc_root: &Path, skip_pid: u32) -> Vec<ExistingConn> {
         if sockets.is_empty() {
             continue;
         }
-        let Some(ns) = fs::read_link(dir.join("ns/net")).ok().and_then(|p| ns_inode(&p.to_string_lossy())) else {
+        let Some(ns) = fs::read_link(dir.join("ns/net"))
+            .ok()
+            .and_then(|p| ns_inode(&p.to_string_lossy()))
+        else {
             continue;
         };
         let t = tables.entry(ns).or_insert_with(|| {
@@ -173,18 +208,36 @@ pub fn scan_existing(proc_root: &Path, skip_pid: u32) -> Vec<ExistingConn> {
                 }
             }
             NsTables {
-                listening: all.iter().filter(|e| e.state == TCP_LISTEN).map(|e| e.local).collect(),
-                by_inode: all.into_iter().filter(|e| e.inode != 0).map(|e| (e.inode, e)).collect(),
+                listening: all
+                    .iter()
+                    .filter(|e| e.state == TCP_LISTEN)
+                    .map(|e| e.local)
+                    .collect(),
+                by_inode: all
+                    .into_iter()
+                    .filter(|e| e.inode != 0)
+                    .map(|e| (e.inode, e))
+                    .collect(),
             }
         });
         for (fd, inode) in sockets {
-            let Some(e) = t.by_inode.get(&inode) else { continue };
+            let Some(e) = t.by_inode.get(&inode) else {
+                continue;
+            };
             if e.state != TCP_ESTABLISHED && e.state != TCP_CLOSE_WAIT {
                 continue;
             }
             let role = role_for(e.local, &t.listening);
-            let tuple = Tuple { local: canonical(e.local), remote: canonical(e.remote) };
-            out.push(ExistingConn { pid, fd, role, tuple });
+            let tuple = Tuple {
+                local: canonical(e.local),
+                remote: canonical(e.remote),
+            };
+            out.push(ExistingConn {
+                pid,
+                fd,
+                role,
+                tuple,
+            });
         }
     }
     out

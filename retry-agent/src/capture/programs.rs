@@ -61,7 +61,9 @@ pub(crate) struct ProgramSpec {
 pub enum ProgramsError {
     #[error("the eBPF object does not parse as ELF: {0}")]
     Elf(String),
-    #[error("program {program} is in section {section}, which the capture does not know how to attach")]
+    #[error(
+        "program {program} is in section {section}, which the capture does not know how to attach"
+    )]
     Unattachable { program: String, section: String },
 }
 
@@ -73,15 +75,27 @@ pub(crate) fn programs(object: &[u8]) -> Result<Vec<ProgramSpec>, ProgramsError>
         if sym.kind() != SymbolKind::Text || !sym.is_global() {
             continue;
         }
-        let Some(section) = sym.section_index().and_then(|i| file.section_by_index(i).ok()) else { continue };
+        let Some(section) = sym
+            .section_index()
+            .and_then(|i| file.section_by_index(i).ok())
+        else {
+            continue;
+        };
         // `.text` holds BPF subprograms (functions programs call), not programs.
         if section.kind() != SectionKind::Text || section.name() == Ok(".text") {
             continue;
         }
-        let (Ok(program), Ok(section)) = (sym.name(), section.name()) else { continue };
-        let hook = hook(section)
-            .ok_or_else(|| ProgramsError::Unattachable { program: program.to_string(), section: section.to_string() })?;
-        out.push(ProgramSpec { name: program.to_string(), hook });
+        let (Ok(program), Ok(section)) = (sym.name(), section.name()) else {
+            continue;
+        };
+        let hook = hook(section).ok_or_else(|| ProgramsError::Unattachable {
+            program: program.to_string(),
+            section: section.to_string(),
+        })?;
+        out.push(ProgramSpec {
+            name: program.to_string(),
+            hook,
+        });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
@@ -93,16 +107,29 @@ fn hook(section: &str) -> Option<Hook> {
     match kind {
         "tracepoint" => {
             let (category, name) = rest.split_once('/')?;
-            (!category.is_empty() && !name.is_empty() && !name.contains('/'))
-                .then(|| Hook::Tracepoint { category: category.to_string(), name: name.to_string() })
+            (!category.is_empty() && !name.is_empty() && !name.contains('/')).then(|| {
+                Hook::Tracepoint {
+                    category: category.to_string(),
+                    name: name.to_string(),
+                }
+            })
         }
         "uprobe" | "uretprobe" => {
             let (target, symbols) = rest.split_once(':')?;
-            let symbols: Vec<String> = symbols.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+            let symbols: Vec<String> = symbols
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect();
             if symbols.is_empty() {
                 return None;
             }
-            Some(Hook::Uprobe(Uprobe { target: UprobeTarget::parse(target)?, symbols, ret: kind == "uretprobe" }))
+            Some(Hook::Uprobe(Uprobe {
+                target: UprobeTarget::parse(target)?,
+                symbols,
+                ret: kind == "uretprobe",
+            }))
         }
         _ => None,
     }

@@ -89,7 +89,9 @@ impl Reader {
     /// wait; `None`: the consumer is gone. Bounded so the tick and a closed channel are noticed.
     fn drain(&mut self, rb: &mut RingBuf<MapData>) -> Option<bool> {
         for _ in 0..4096 {
-            let Some(item) = rb.next() else { return Some(true) };
+            let Some(item) = rb.next() else {
+                return Some(true);
+            };
             // Decoded in place: the decoder copies the payload once, into the event it owns.
             if !self.handle(&item) {
                 return None;
@@ -152,10 +154,16 @@ impl Reader {
     /// Whether `pid` runs the agent's executable; if so it is ignored from now on, here and
     /// in the kernel.
     fn is_ours(&mut self, pid: u32) -> bool {
-        if !self.own_exe.is_ours(&self.proc_root.join(pid.to_string()).join("exe")) {
+        if !self
+            .own_exe
+            .is_ours(&self.proc_root.join(pid.to_string()).join("exe"))
+        {
             return false;
         }
-        tracing::debug!(pid, "not observing another process of the agent's executable (a shim)");
+        tracing::debug!(
+            pid,
+            "not observing another process of the agent's executable (a shim)"
+        );
         self.ignored.insert(pid);
         if let Err(e) = self.agent_tgids.insert(&pid, &1, 0) {
             tracing::debug!(pid, error = %e, "cannot tell the kernel to skip an agent process");
@@ -172,7 +180,10 @@ impl Reader {
                 }
                 // Untrack its sockets in the kernel so their I/O costs no records.
                 Event::Conn(c) => {
-                    let _ = self.conns.remove(&ConnKey { tgid: pid, fd: c.conn.fd });
+                    let _ = self.conns.remove(&ConnKey {
+                        tgid: pid,
+                        fd: c.conn.fd,
+                    });
                 }
                 _ => {}
             }
@@ -180,7 +191,9 @@ impl Reader {
         }
         if let Event::ProcessExit { .. } = ev {
             // Exits of processes never traced are noise.
-            let Some(fds) = self.seen.remove(&pid) else { return true };
+            let Some(fds) = self.seen.remove(&pid) else {
+                return true;
+            };
             // The kernel cannot iterate its map on exit; drop the dead process's entries here.
             for fd in fds {
                 let _ = self.conns.remove(&ConnKey { tgid: pid, fd });

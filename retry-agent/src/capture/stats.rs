@@ -50,7 +50,10 @@ impl StatsHandle {
 
 /// Ids of every program loaded in the kernel right now (to check nothing outlives a capture).
 pub fn loaded_program_ids() -> Vec<u32> {
-    aya::programs::loaded_programs().filter_map(Result::ok).map(|p| p.id()).collect()
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|p| p.id())
+        .collect()
 }
 
 /// Cumulative kernel run time of one of this project's loaded programs (names `ra_*`). Counts only
@@ -82,5 +85,6 @@ pub fn program_stats() -> Vec<ProgramStat> {
 /// Turns on kernel BPF run-time statistics for as long as the returned fd is open (they cost a
 /// little per program run, so they are off by default; benchmarks use them).
 pub fn enable_bpf_stats() -> std::io::Result<std::os::fd::OwnedFd> {
-    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| std::io::Error::other(e.to_string()))
+    aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| std::io::Error::other(e.to_string()))
 }

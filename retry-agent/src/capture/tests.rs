@@ -4,10 +4,26 @@ use super::*;
 
 #[test]
 fn validate_reports_every_problem() {
-    let cfg = CaptureConfig { ring_bytes: 5000, payload_bytes: 5000, channel_capacity: 0, poll_ms: 0, ..Default::default() };
-    let Err(e) = cfg.validate() else { panic!("accepted a bad config") };
+    let cfg = CaptureConfig {
+        ring_bytes: 5000,
+        payload_bytes: 5000,
+        channel_capacity: 0,
+        poll_ms: 0,
+        ..Default::default()
+    };
+    let Err(e) = cfg.validate() else {
+        panic!("accepted a bad config")
+    };
     let flags: Vec<_> = e.0.iter().map(|p| p.flag).collect();
-    assert_eq!(flags, ["capture-ring-bytes", "capture-payload-bytes", "capture-ring-poll-ms", "capture-channel-capacity"]);
+    assert_eq!(
+        flags,
+        [
+            "capture-ring-bytes",
+            "capture-payload-bytes",
+            "capture-ring-poll-ms",
+            "capture-channel-capacity"
+        ]
+    );
     assert!(CaptureConfig::default().validate().is_ok());
 }
 
@@ -16,7 +32,10 @@ fn programs_go_in_consumers_first() {
     use super::programs::{Hook, ProgramSpec};
     let tp = |name: &str, category: &str, tp: &str| ProgramSpec {
         name: name.into(),
-        hook: Hook::Tracepoint { category: category.into(), name: tp.into() },
+        hook: Hook::Tracepoint {
+            category: category.into(),
+            name: tp.into(),
+        },
     };
     // Sorted by name, as the object lists them.
     let specs = [
@@ -27,9 +46,19 @@ fn programs_go_in_consumers_first() {
         tp("ra_process_exit", "sched", "sched_process_exit"),
         tp("ra_sock_state", "sock", "inet_sock_set_state"),
     ];
-    let order: Vec<&str> = super::load::attach_order(&specs).iter().map(|s| s.name.as_str()).collect();
+    let order: Vec<&str> = super::load::attach_order(&specs)
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
     assert_eq!(
         order,
-        ["ra_process_exit", "ra_exit_accept", "ra_exit_connect", "ra_sock_state", "ra_enter_close", "ra_enter_connect"]
+        [
+            "ra_process_exit",
+            "ra_exit_accept",
+            "ra_exit_connect",
+            "ra_sock_state",
+            "ra_enter_close",
+            "ra_enter_connect"
+        ]
     );
 }

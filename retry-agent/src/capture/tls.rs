@@ -36,7 +36,11 @@ pub(crate) fn plan(specs: &[ProgramSpec]) -> Plan {
         if u.target != UprobeTarget::Libssl {
             continue;
         }
-        let list = if u.ret { &mut plan.returns } else { &mut plan.entries };
+        let list = if u.ret {
+            &mut plan.returns
+        } else {
+            &mut plan.entries
+        };
         list.extend(u.symbols.iter().map(|sym| (s.name.clone(), sym.clone())));
     }
     plan
@@ -45,13 +49,21 @@ pub(crate) fn plan(specs: &[ProgramSpec]) -> Plan {
 impl Plan {
     /// Every program of the plan, once.
     pub fn programs(&self) -> BTreeSet<&str> {
-        self.entries.iter().chain(&self.returns).map(|(p, _)| p.as_str()).collect()
+        self.entries
+            .iter()
+            .chain(&self.returns)
+            .map(|(p, _)| p.as_str())
+            .collect()
     }
 
     /// Something to attach, and every entry symbol has a return probe (an entry without one
     /// would leave its call pending and hide the thread's I/O until it goes stale).
     pub fn is_complete(&self) -> bool {
-        !self.entries.is_empty() && self.entries.iter().all(|(_, sym)| self.returns.iter().any(|(_, r)| r == sym))
+        !self.entries.is_empty()
+            && self
+                .entries
+                .iter()
+                .all(|(_, sym)| self.returns.iter().any(|(_, r)| r == sym))
     }
 
     /// (program, symbol) pairs in attach order: each entry probe, then the return probes on its
@@ -60,10 +72,20 @@ impl Plan {
         let mut out = Vec::new();
         for (prog, sym) in &self.entries {
             out.push((prog.as_str(), sym.as_str()));
-            out.extend(self.returns.iter().filter(|(_, r)| r == sym).map(|(p, r)| (p.as_str(), r.as_str())));
+            out.extend(
+                self.returns
+                    .iter()
+                    .filter(|(_, r)| r == sym)
+                    .map(|(p, r)| (p.as_str(), r.as_str())),
+            );
         }
         let entry_syms: HashSet<&str> = self.entries.iter().map(|(_, s)| s.as_str()).collect();
-        out.extend(self.returns.iter().filter(|(_, r)| !entry_syms.contains(r.as_str())).map(|(p, r)| (p.as_str(), r.as_str())));
+        out.extend(
+            self.returns
+                .iter()
+                .filter(|(_, r)| !entry_syms.contains(r.as_str()))
+                .map(|(p, r)| (p.as_str(), r.as_str())),
+        );
         out
     }
 }
@@ -92,17 +114,33 @@ pub fn candidates(configured: &[PathBuf], proc_root: &Path) -> Vec<PathBuf> {
 /// libssl files mapped by running processes, as paths through each process's root.
 pub fn mapped_libraries(proc_root: &Path) -> Vec<PathBuf> {
     let mut out = BTreeSet::new();
-    let Ok(dir) = std::fs::read_dir(proc_root) else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir(proc_root) else {
+        return Vec::new();
+    };
     for e in dir.flatten() {
         let name = e.file_name();
-        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else { continue };
-        let Ok(maps) = std::fs::read_to_string(proc_root.join(pid).join("maps")) else { continue };
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(maps) = std::fs::read_to_string(proc_root.join(pid).join("maps")) else {
+            continue;
+        };
         for line in maps.lines() {
             // address perms offset dev inode path
-            let Some(path) = line.split_whitespace().nth(5) else { continue };
+            let Some(path) = line.split_whitespace().nth(5) else {
+                continue;
+            };
             let file = path.rsplit('/').next().unwrap_or_default();
             if file.starts_with("libssl.so") && path.starts_with('/') {
-                out.insert(proc_root.join(pid).join("root").join(path.trim_start_matches('/')));
+                out.insert(
+                    proc_root
+                        .join(pid)
+                        .join("root")
+                        .join(path.trim_start_matches('/')),
+                );
             }
         }
     }
@@ -112,7 +150,10 @@ pub fn mapped_libraries(proc_root: &Path) -> Vec<PathBuf> {
 /// A file's identity (uprobes attach to inodes: two paths to one file are one library).
 fn identity(p: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).ok().filter(|m| m.is_file()).map(|m| (m.dev(), m.ino()))
+    std::fs::metadata(p)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| (m.dev(), m.ino()))
 }
 
 /// The TLS probes of one capture: loaded on first use, attached once per library file.
@@ -126,7 +167,12 @@ pub struct TlsProbes {
 
 impl TlsProbes {
     pub fn new(plan: Plan) -> Self {
-        TlsProbes { plan, loaded: None, handled: HashSet::new(), instrumented: 0 }
+        TlsProbes {
+            plan,
+            loaded: None,
+            handled: HashSet::new(),
+            instrumented: 0,
+        }
     }
 
     /// Attaches to every library in `libs` not handled yet; returns how many were added.
@@ -162,7 +208,9 @@ impl TlsProbes {
                     added += 1;
                     tracing::info!(lib = %lib.display(), "TLS plaintext from this libssl");
                 }
-                Err(e) => tracing::warn!(lib = %lib.display(), error = %e, "cannot instrument this libssl"),
+                Err(e) => {
+                    tracing::warn!(lib = %lib.display(), error = %e, "cannot instrument this libssl")
+                }
             }
         }
         self.instrumented += added;
@@ -176,14 +224,18 @@ impl TlsProbes {
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, ProgramError> {
-    ebpf.program_mut(name).ok_or(ProgramError::NotLoaded)?.try_into()
+    ebpf.program_mut(name)
+        .ok_or(ProgramError::NotLoaded)?
+        .try_into()
 }
 
 fn attach_lib(ebpf: &mut Ebpf, plan: &Plan, lib: &Path) -> Result<(), ProgramError> {
     let mut links = Vec::new();
     let mut result = Ok(());
     for (prog, sym) in plan.pairs() {
-        result = program(ebpf, prog).and_then(|p| p.attach([sym], lib, UProbeScope::AllProcesses)).map(|id| links.push((prog, id)));
+        result = program(ebpf, prog)
+            .and_then(|p| p.attach([sym], lib, UProbeScope::AllProcesses))
+            .map(|id| links.push((prog, id)));
         if result.is_err() {
             break;
         }
@@ -219,11 +271,21 @@ mod tests {
                     7f20-7f30 rw-p 00000000 00:00 0 [heap]\n";
         std::fs::write(root.join("42/maps"), maps).expect("maps");
         std::fs::write(root.join("self/maps"), maps).expect("maps");
-        std::fs::write(root.join("7/maps"), "7f00-7f10 r-xp 00000000 08:01 5 /usr/bin/python3\n").expect("maps");
+        std::fs::write(
+            root.join("7/maps"),
+            "7f00-7f10 r-xp 00000000 08:01 5 /usr/bin/python3\n",
+        )
+        .expect("maps");
         let got = mapped_libraries(&root);
-        assert_eq!(got, vec![root.join("42/root/usr/lib/x86_64-linux-gnu/libssl.so.3")]);
+        assert_eq!(
+            got,
+            vec![root.join("42/root/usr/lib/x86_64-linux-gnu/libssl.so.3")]
+        );
         // Configured libraries replace discovery.
-        assert_eq!(candidates(&[PathBuf::from("/x/libssl.so.3")], &root), vec![PathBuf::from("/x/libssl.so.3")]);
+        assert_eq!(
+            candidates(&[PathBuf::from("/x/libssl.so.3")], &root),
+            vec![PathBuf::from("/x/libssl.so.3")]
+        );
         // One file reached by two paths is one library; a missing one is none.
         let link = root.join("libssl-link.so");
         std::os::unix::fs::symlink(lib_dir.join("libssl.so.3"), &link).expect("symlink");
@@ -235,12 +297,25 @@ mod tests {
 
     fn spec(name: &str, symbols: &[&str], ret: bool) -> ProgramSpec {
         let symbols = symbols.iter().map(|s| s.to_string()).collect();
-        ProgramSpec { name: name.into(), hook: Hook::Uprobe(super::super::programs::Uprobe { target: UprobeTarget::Libssl, symbols, ret }) }
+        ProgramSpec {
+            name: name.into(),
+            hook: Hook::Uprobe(super::super::programs::Uprobe {
+                target: UprobeTarget::Libssl,
+                symbols,
+                ret,
+            }),
+        }
     }
 
     #[test]
     fn the_plan_pairs_each_entry_with_its_return_probe() {
-        let tp = ProgramSpec { name: "ra_x".into(), hook: Hook::Tracepoint { category: "a".into(), name: "b".into() } };
+        let tp = ProgramSpec {
+            name: "ra_x".into(),
+            hook: Hook::Tracepoint {
+                category: "a".into(),
+                name: "b".into(),
+            },
+        };
         let specs = [
             tp,
             spec("ra_w", &["SSL_write"], false),
@@ -249,7 +324,10 @@ mod tests {
         ];
         let p = plan(&specs);
         assert!(p.is_complete());
-        assert_eq!(p.programs().into_iter().collect::<Vec<_>>(), vec!["ra_h", "ra_ret", "ra_w"]);
+        assert_eq!(
+            p.programs().into_iter().collect::<Vec<_>>(),
+            vec!["ra_h", "ra_ret", "ra_w"]
+        );
         assert_eq!(
             p.pairs(),
             vec![
@@ -262,7 +340,11 @@ mod tests {
             ]
         );
         // An entry probe without a return probe would leave its calls pending: not attached.
-        let p = plan(&[spec("ra_w", &["SSL_write"], false), spec("ra_r", &["SSL_read"], false), spec("ra_ret", &["SSL_write"], true)]);
+        let p = plan(&[
+            spec("ra_w", &["SSL_write"], false),
+            spec("ra_r", &["SSL_read"], false),
+            spec("ra_ret", &["SSL_write"], true),
+        ]);
         assert!(!p.is_complete());
         assert!(!plan(&[]).is_complete());
     }

@@ -9,7 +9,11 @@ use crate::recorder::client::request_dump;
 pub struct DumpArgs {
     /// The running agent's private API: `unix:` and its `--api-socket` (dumps are not served on
     /// its TCP address).
-    #[arg(long, env = "RETRY_AGENT_API", default_value = "unix:/run/retry-agent/api.sock")]
+    #[arg(
+        long,
+        env = "RETRY_AGENT_API",
+        default_value = "unix:/run/retry-agent/api.sock"
+    )]
     pub api: String,
     /// Free-text reason, kept in the dump header.
     #[arg(long)]
@@ -20,7 +24,12 @@ pub struct DumpArgs {
 }
 
 pub async fn run(args: DumpArgs) -> anyhow::Result<()> {
-    let path = request_dump(&args.api, args.reason, Duration::from_secs(args.timeout_secs)).await?;
+    let path = request_dump(
+        &args.api,
+        args.reason,
+        Duration::from_secs(args.timeout_secs),
+    )
+    .await?;
     println!("{path}");
     Ok(())
 }

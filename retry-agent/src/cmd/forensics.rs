@@ -43,7 +43,11 @@ pub struct ForensicsArgs {
 impl ForensicsArgs {
     fn options(&self) -> Options {
         Options {
-            settings: PipelineConfig { l7: self.l7.clone(), correlate: self.correlate.clone(), decide: self.decide.clone() },
+            settings: PipelineConfig {
+                l7: self.l7.clone(),
+                correlate: self.correlate.clone(),
+                decide: self.decide.clone(),
+            },
             override_settings: self.replay_flags,
             recorded: self.recorded,
         }
@@ -59,14 +63,18 @@ pub fn run(args: ForensicsArgs) -> anyhow::Result<()> {
     if let Some(other) = &args.diff {
         let b = analyse(other, &opts)?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "a": report, "b": b }))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({ "a": report, "b": b }))?
+            );
         } else {
             print!("{}", render_diff(&report, &b));
         }
         return Ok(());
     }
     if let Some(out) = &args.html {
-        std::fs::write(out, render_html(&report)).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", out.display()))?;
+        std::fs::write(out, render_html(&report))
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", out.display()))?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -11,7 +11,11 @@ pub mod trace;
 pub use crate::settings::InvalidConfig;
 
 #[derive(Debug, Parser)]
-#[command(name = "retry-agent", version, about = "Kernel-assisted retry-storm detection and suppression")]
+#[command(
+    name = "retry-agent",
+    version,
+    about = "Kernel-assisted retry-storm detection and suppression"
+)]
 pub struct Cli {
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "RETRY_AGENT_LOG", default_value = "info", global = true)]

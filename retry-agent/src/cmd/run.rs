@@ -77,7 +77,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let state = SharedState::new(metrics.clone(), args.api.max_verdicts)
         .with_healthz_stall(Duration::from_secs(args.api.healthz_stall_secs));
     let recorder = if args.recorder.enabled {
-        Some(SharedRecorder::new(Recorder::new(args.recorder.clone()).context("starting the flight recorder")?))
+        Some(SharedRecorder::new(
+            Recorder::new(args.recorder.clone()).context("starting the flight recorder")?,
+        ))
     } else {
         None
     };
@@ -88,7 +90,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let private = api::bind_socket(&args.api.socket).context("binding the private API socket")?;
     let dumps = recorder.clone().map(|recorder| DumpService {
         recorder,
-        gate: Arc::new(DumpGate::new(Duration::from_secs(args.api.dump_min_interval_secs))),
+        gate: Arc::new(DumpGate::new(Duration::from_secs(
+            args.api.dump_min_interval_secs,
+        ))),
         retention: Retention {
             dir: args.recorder.dump_dir.clone(),
             keep: args.api.dump_keep,
@@ -127,10 +131,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut last_event_ns = 0u64;
-    info!(tls_libraries = capture.tls_libraries(), "retry-agent running");
+    info!(
+        tls_libraries = capture.tls_libraries(),
+        "retry-agent running"
+    );
     // A period of zero never fires (only the scan at start).
     let rescan_every = Duration::from_secs(args.capture.tls_rescan_secs.max(1));
-    let mut tls_rescan = tokio::time::interval_at(tokio::time::Instant::now() + rescan_every, rescan_every);
+    let mut tls_rescan =
+        tokio::time::interval_at(tokio::time::Instant::now() + rescan_every, rescan_every);
     tls_rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let go_every = Duration::from_millis(args.capture.go_rescan_ms.max(1));
     let mut go_rescan = tokio::time::interval_at(tokio::time::Instant::now() + go_every, go_every);
@@ -203,7 +211,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     drain(&mut out, &pipeline, &state, &to_actuators);
     // Closing the queue lets the actuators finish it, then remove what would outlive the agent.
     drop(to_actuators);
-    if tokio::time::timeout(ACTUATOR_SHUTDOWN, actuators).await.is_err() {
+    if tokio::time::timeout(ACTUATOR_SHUTDOWN, actuators)
+        .await
+        .is_err()
+    {
         warn!("actuators did not finish shutting down in time");
     }
     let _ = std::fs::remove_file(&args.api.socket);
@@ -216,7 +227,11 @@ const ACTUATOR_SHUTDOWN: Duration = Duration::from_secs(5);
 /// Every configuration problem at once, before anything is loaded or bound.
 fn validate(args: &RunArgs) -> Result<(), InvalidConfig> {
     let mut p = InvalidConfig::default();
-    p.add(&args.capture).add(&args.identity).add(&args.l7).add(&args.correlate).add(&args.decide);
+    p.add(&args.capture)
+        .add(&args.identity)
+        .add(&args.l7)
+        .add(&args.correlate)
+        .add(&args.decide);
     p.add(&args.actuate).add(&args.recorder).add(&args.api);
     p.into_result()
 }
@@ -256,16 +271,26 @@ fn renamed(r: &Resolved, proc_root: &std::path::Path) -> Vec<Event> {
 
 /// Hands one push's or tick's results to the API and the actuators. Verdict counters come from
 /// the engine's totals at publish time, so they are not counted here.
-fn drain(out: &mut StageOutput, pipeline: &Pipeline, state: &SharedState, to_actuators: &mpsc::Sender<ToActuators>) {
+fn drain(
+    out: &mut StageOutput,
+    pipeline: &Pipeline,
+    state: &SharedState,
+    to_actuators: &mpsc::Sender<ToActuators>,
+) {
     if !out.verdicts.is_empty() {
         state.record_verdicts(&out.verdicts);
     }
     if !out.decisions.is_empty() {
-        state.metrics().observe_decisions(&out.decisions, pipeline.decider.active().len());
+        state
+            .metrics()
+            .observe_decisions(&out.decisions, pipeline.decider.active().len());
         for d in &out.decisions {
             info!(edge = %d.edge, action = %d.action, reason = %d.reason, ttl_ms = d.ttl_ms, "decision");
         }
-        send(to_actuators, ToActuators::Decisions(std::mem::take(&mut out.decisions)));
+        send(
+            to_actuators,
+            ToActuators::Decisions(std::mem::take(&mut out.decisions)),
+        );
     }
     out.clear();
 }
@@ -287,4 +312,3 @@ async fn drive_actuators(mut dispatcher: Dispatcher, mut rx: mpsc::Receiver<ToAc
     }
     dispatcher.shutdown().await;
 }
-

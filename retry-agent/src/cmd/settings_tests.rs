@@ -6,9 +6,9 @@ use clap::{CommandFactory, Parser};
 use crate::settings::*;
 use crate::{
     actuate::ActuateConfig,
-    cmd::shim::ShimArgs,
     api::ApiConfig,
     capture::CaptureConfig,
+    cmd::shim::ShimArgs,
     cmd::{Cli, Command},
     correlate::CorrelateConfig,
     decide::DecideConfig,
@@ -32,43 +32,144 @@ const NOT_SETTINGS: &[&str] = &["cleanup", "watch-pid"];
 /// what has no default), and every flag carries the stage's prefix, the matching env var and help.
 fn written_once<T: Settings + Default + Debug>(prefix: &str, valid: T, invalid: T) {
     let name = std::any::type_name::<T>();
-    assert_eq!(format!("{:?}", T::default()), format!("{:?}", defaults::<T>()), "{name}: Default is not the flag defaults");
-    assert!(valid.validate().is_ok(), "{name}: {valid:?} does not validate: {:?}", valid.validate());
+    assert_eq!(
+        format!("{:?}", T::default()),
+        format!("{:?}", defaults::<T>()),
+        "{name}: Default is not the flag defaults"
+    );
+    assert!(
+        valid.validate().is_ok(),
+        "{name}: {valid:?} does not validate: {:?}",
+        valid.validate()
+    );
     let cmd = command_of::<T>();
     let longs: Vec<&str> = cmd.get_arguments().filter_map(|a| a.get_long()).collect();
     for arg in cmd.get_arguments() {
         let Some(long) = arg.get_long() else { continue };
-        assert!(arg.get_visible_aliases().is_none_or(|v| v.is_empty()), "{name}: --{long} has a visible alias (old names are hidden)");
+        assert!(
+            arg.get_visible_aliases().is_none_or(|v| v.is_empty()),
+            "{name}: --{long} has a visible alias (old names are hidden)"
+        );
         if NOT_SETTINGS.contains(&long) {
             continue;
         }
-        assert!(long == prefix || long.starts_with(&format!("{prefix}-")), "{name}: --{long} lacks the --{prefix}- prefix");
+        assert!(
+            long == prefix || long.starts_with(&format!("{prefix}-")),
+            "{name}: --{long} lacks the --{prefix}- prefix"
+        );
         let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
-        assert_eq!(env, Some(env_of(long)), "{name}: --{long} has the wrong env var");
+        assert_eq!(
+            env,
+            Some(env_of(long)),
+            "{name}: --{long} has the wrong env var"
+        );
         assert!(arg.get_help().is_some(), "{name}: --{long} has no help");
     }
     // Every problem a check reports names a real flag of this struct.
-    let Err(e) = invalid.validate() else { panic!("{name}: accepted {invalid:?}") };
+    let Err(e) = invalid.validate() else {
+        panic!("{name}: accepted {invalid:?}")
+    };
     for p in &e.0 {
-        assert!(longs.contains(&p.flag), "{name}: the problem {p} names no flag of it");
+        assert!(
+            longs.contains(&p.flag),
+            "{name}: the problem {p} names no flag of it"
+        );
     }
 }
 
 #[test]
 fn every_config_is_written_once_with_one_prefix() {
-    written_once("capture", CaptureConfig::default(), CaptureConfig { ring_bytes: 3, ..Default::default() });
-    written_once("identity", IdentityConfig::default(), IdentityConfig { max_containers: 0, ..Default::default() });
-    written_once("l7", L7Config::default(), L7Config { max_connections: 0, max_inflight: 0, ..Default::default() });
-    written_once("correlate", CorrelateConfig::default(), CorrelateConfig { max_edges: 0, fault_failure_ratio: 2.0, ..Default::default() });
-    written_once("decide", DecideConfig::default(), DecideConfig { retry_budget: -1.0, decision_ttl_ms: 0, ..Default::default() });
-    let actuate = ActuateConfig { haproxy_map: "a b".into(), ..Default::default() };
-    written_once("actuate", ActuateConfig::default(), ActuateConfig { actuators: vec![crate::actuate::ActuatorKind::Haproxy], ..actuate });
-    written_once("recorder", RecorderConfig::default(), RecorderConfig { window_secs: 0, auto_before_secs: 10, ..Default::default() });
-    written_once("api", ApiConfig::default(), ApiConfig { max_verdicts: 0, ..Default::default() });
+    written_once(
+        "capture",
+        CaptureConfig::default(),
+        CaptureConfig {
+            ring_bytes: 3,
+            ..Default::default()
+        },
+    );
+    written_once(
+        "identity",
+        IdentityConfig::default(),
+        IdentityConfig {
+            max_containers: 0,
+            ..Default::default()
+        },
+    );
+    written_once(
+        "l7",
+        L7Config::default(),
+        L7Config {
+            max_connections: 0,
+            max_inflight: 0,
+            ..Default::default()
+        },
+    );
+    written_once(
+        "correlate",
+        CorrelateConfig::default(),
+        CorrelateConfig {
+            max_edges: 0,
+            fault_failure_ratio: 2.0,
+            ..Default::default()
+        },
+    );
+    written_once(
+        "decide",
+        DecideConfig::default(),
+        DecideConfig {
+            retry_budget: -1.0,
+            decision_ttl_ms: 0,
+            ..Default::default()
+        },
+    );
+    let actuate = ActuateConfig {
+        haproxy_map: "a b".into(),
+        ..Default::default()
+    };
+    written_once(
+        "actuate",
+        ActuateConfig::default(),
+        ActuateConfig {
+            actuators: vec![crate::actuate::ActuatorKind::Haproxy],
+            ..actuate
+        },
+    );
+    written_once(
+        "recorder",
+        RecorderConfig::default(),
+        RecorderConfig {
+            window_secs: 0,
+            auto_before_secs: 10,
+            ..Default::default()
+        },
+    );
+    written_once(
+        "api",
+        ApiConfig::default(),
+        ApiConfig {
+            max_verdicts: 0,
+            ..Default::default()
+        },
+    );
     // The shim has to be told what to steer: no default can say.
-    let shim = ShimArgs { dports: vec![8080], ..Default::default() };
-    assert!(ShimArgs::default().validate().is_err_and(|e| e.0.iter().all(|p| p.flag == "shim-dport")));
-    written_once("shim", shim.clone(), ShimArgs { chain: "bad chain".into(), threads: Some(0), ..Default::default() });
+    let shim = ShimArgs {
+        dports: vec![8080],
+        ..Default::default()
+    };
+    assert!(
+        ShimArgs::default()
+            .validate()
+            .is_err_and(|e| e.0.iter().all(|p| p.flag == "shim-dport"))
+    );
+    written_once(
+        "shim",
+        shim.clone(),
+        ShimArgs {
+            chain: "bad chain".into(),
+            threads: Some(0),
+            ..Default::default()
+        },
+    );
 }
 
 /// What `retry-agent run --help` shows: one prefix per stage, nothing else.
@@ -76,11 +177,25 @@ fn every_config_is_written_once_with_one_prefix() {
 fn run_flags_carry_their_stage_prefix() {
     let cli = Cli::command();
     let run = cli.find_subcommand("run").expect("run");
-    let prefixes = ["capture", "identity", "l7", "correlate", "decide", "actuate", "recorder", "api"];
-    for arg in run.get_arguments().filter(|a| !a.is_hide_set() && !a.is_global_set()) {
+    let prefixes = [
+        "capture",
+        "identity",
+        "l7",
+        "correlate",
+        "decide",
+        "actuate",
+        "recorder",
+        "api",
+    ];
+    for arg in run
+        .get_arguments()
+        .filter(|a| !a.is_hide_set() && !a.is_global_set())
+    {
         let Some(long) = arg.get_long() else { continue };
         assert!(
-            prefixes.iter().any(|p| long == *p || long.starts_with(&format!("{p}-"))),
+            prefixes
+                .iter()
+                .any(|p| long == *p || long.starts_with(&format!("{p}-"))),
             "run --{long}: not one of the stage prefixes"
         );
     }
@@ -110,34 +225,74 @@ const RENAMED: &[(&str, &str, &str, &str)] = &[
     ("run", "context-grace-ms", "correlate-context-grace-ms", "7"),
     ("run", "retry-window-ms", "correlate-retry-window-ms", "7"),
     ("run", "stats-bucket-ms", "correlate-stats-bucket-ms", "7"),
-    ("run", "stats-window-buckets", "correlate-stats-window-buckets", "7"),
-    ("run", "fault-failure-ratio", "correlate-fault-failure-ratio", "0.5"),
+    (
+        "run",
+        "stats-window-buckets",
+        "correlate-stats-window-buckets",
+        "7",
+    ),
+    (
+        "run",
+        "fault-failure-ratio",
+        "correlate-fault-failure-ratio",
+        "0.5",
+    ),
     ("run", "at-least-once", "correlate-at-least-once", "false"),
     ("run", "timing-link-ms", "correlate-timing-link-ms", "7"),
     ("run", "failure-memory", "correlate-failure-memory", "false"),
-    ("run", "service-name", "correlate-service-name", "python3=orders"),
+    (
+        "run",
+        "service-name",
+        "correlate-service-name",
+        "python3=orders",
+    ),
     ("run", "max-services", "correlate-max-services", "7"),
     ("run", "max-edges", "correlate-max-edges", "7"),
     ("run", "max-threads", "correlate-max-threads", "7"),
     ("run", "max-pending", "correlate-max-pending", "7"),
     ("run", "max-retry-keys", "correlate-max-retry-keys", "7"),
     ("run", "retry-budget", "decide-retry-budget", "0.2"),
-    ("run", "amplification-threshold", "decide-amplification-threshold", "2"),
+    (
+        "run",
+        "amplification-threshold",
+        "decide-amplification-threshold",
+        "2",
+    ),
     ("run", "decision-ttl-ms", "decide-ttl-ms", "7"),
     ("run", "hysteresis-ms", "decide-hysteresis-ms", "7"),
     ("run", "exit-fraction", "decide-exit-fraction", "0.7"),
     ("run", "min-requests", "decide-min-requests", "7"),
     ("run", "min-failures", "decide-min-failures", "7"),
     ("run", "actuators", "actuate", "haproxy"),
-    ("run", "control-socket", "actuate-control-socket", "/tmp/c.sock"),
-    ("run", "haproxy-socket", "actuate-haproxy-socket", "/tmp/h.sock"),
+    (
+        "run",
+        "control-socket",
+        "actuate-control-socket",
+        "/tmp/c.sock",
+    ),
+    (
+        "run",
+        "haproxy-socket",
+        "actuate-haproxy-socket",
+        "/tmp/h.sock",
+    ),
     ("run", "haproxy-map", "actuate-haproxy-map", "/m.map"),
     ("run", "envoy-admin", "actuate-envoy-admin", "127.0.0.1:1"),
-    ("run", "decision-log", "actuate-decision-log", "/tmp/d.jsonl"),
+    (
+        "run",
+        "decision-log",
+        "actuate-decision-log",
+        "/tmp/d.jsonl",
+    ),
     ("shim", "port", "shim-port", "7"),
     ("shim", "listen", "shim-listen", "127.0.0.1"),
     ("shim", "ipv6", "shim-ipv6", "false"),
-    ("shim", "control-socket", "shim-control-socket", "/tmp/c.sock"),
+    (
+        "shim",
+        "control-socket",
+        "shim-control-socket",
+        "/tmp/c.sock",
+    ),
     ("shim", "chain", "shim-chain", "X"),
     ("shim", "mark", "shim-mark", "0x1"),
     ("shim", "uid", "shim-uid", "7"),
@@ -164,7 +319,10 @@ fn old_flag_names_still_parse() {
         assert_eq!(parse(&[cmd, &old, value]), by_new, "{cmd} {old} {value}");
     }
     // Flags without a value.
-    assert_eq!(parse(&["shim", "--no-iptables"]), parse(&["shim", "--shim-no-iptables"]));
+    assert_eq!(
+        parse(&["shim", "--no-iptables"]),
+        parse(&["shim", "--shim-no-iptables"])
+    );
     assert_ne!(parse(&["shim", "--no-iptables"]), parse(&["shim"]));
 }
 
@@ -177,9 +335,15 @@ fn old_env_names_map_to_new_ones() {
         .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
         .collect();
     for (old, news) in LEGACY_ENV {
-        assert!(!envs.iter().any(|e| e == old), "{old} is still read directly");
+        assert!(
+            !envs.iter().any(|e| e == old),
+            "{old} is still read directly"
+        );
         for new in *news {
-            assert!(envs.iter().any(|e| e == new), "{old} maps to {new}, which no flag reads");
+            assert!(
+                envs.iter().any(|e| e == new),
+                "{old} maps to {new}, which no flag reads"
+            );
         }
     }
     let env: HashMap<&str, OsString> = [
@@ -193,8 +357,16 @@ fn old_env_names_map_to_new_ones() {
     assert_eq!(
         got,
         vec![
-            ("RETRY_AGENT_CONTROL_SOCKET", "RETRY_AGENT_ACTUATE_CONTROL_SOCKET", OsString::from("/c.sock")),
-            ("RETRY_AGENT_RING_BYTES", "RETRY_AGENT_CAPTURE_RING_BYTES", OsString::from("8192")),
+            (
+                "RETRY_AGENT_CONTROL_SOCKET",
+                "RETRY_AGENT_ACTUATE_CONTROL_SOCKET",
+                OsString::from("/c.sock")
+            ),
+            (
+                "RETRY_AGENT_RING_BYTES",
+                "RETRY_AGENT_CAPTURE_RING_BYTES",
+                OsString::from("8192")
+            ),
         ],
         "a new name that is set wins over the old one"
     );
@@ -203,8 +375,14 @@ fn old_env_names_map_to_new_ones() {
 #[test]
 fn every_problem_is_reported_on_its_own_line() {
     let mut p = InvalidConfig::default();
-    p.add(&DecideConfig { retry_budget: 2.0, ..Default::default() });
-    p.add(&ApiConfig { max_verdicts: 0, ..Default::default() });
+    p.add(&DecideConfig {
+        retry_budget: 2.0,
+        ..Default::default()
+    });
+    p.add(&ApiConfig {
+        max_verdicts: 0,
+        ..Default::default()
+    });
     assert_eq!(
         p.to_string(),
         "invalid configuration:\n  --decide-retry-budget 2: must be in [0, 1]\n  --api-max-verdicts 0: must be at least 1"
@@ -216,16 +394,43 @@ fn every_problem_is_reported_on_its_own_line() {
 /// `trace` and `forensics` check the stage settings they take before doing anything else.
 #[tokio::test]
 async fn trace_and_forensics_refuse_bad_settings_first() {
-    let cli = Cli::try_parse_from(["retry-agent", "trace", "--capture-ring-bytes", "3", "--l7-max-inflight", "0"]).unwrap();
-    let Some(Command::Trace(args)) = cli.command else { panic!("not trace") };
-    let e = crate::cmd::trace::run(args).await.expect_err("bad settings");
+    let cli = Cli::try_parse_from([
+        "retry-agent",
+        "trace",
+        "--capture-ring-bytes",
+        "3",
+        "--l7-max-inflight",
+        "0",
+    ])
+    .unwrap();
+    let Some(Command::Trace(args)) = cli.command else {
+        panic!("not trace")
+    };
+    let e = crate::cmd::trace::run(args)
+        .await
+        .expect_err("bad settings");
     let e = e.downcast_ref::<InvalidConfig>().expect("an InvalidConfig");
-    assert_eq!(e.0.iter().map(|p| p.flag).collect::<Vec<_>>(), ["capture-ring-bytes", "l7-max-inflight"]);
+    assert_eq!(
+        e.0.iter().map(|p| p.flag).collect::<Vec<_>>(),
+        ["capture-ring-bytes", "l7-max-inflight"]
+    );
 
     // The dump does not exist: the settings are refused before it is opened.
-    let argv = ["retry-agent", "forensics", "/nonexistent.dump", "--replay-flags", "--decide-retry-budget", "2"];
-    let Some(Command::Forensics(args)) = Cli::try_parse_from(argv).unwrap().command else { panic!("not forensics") };
+    let argv = [
+        "retry-agent",
+        "forensics",
+        "/nonexistent.dump",
+        "--replay-flags",
+        "--decide-retry-budget",
+        "2",
+    ];
+    let Some(Command::Forensics(args)) = Cli::try_parse_from(argv).unwrap().command else {
+        panic!("not forensics")
+    };
     let e = crate::cmd::forensics::run(args).expect_err("bad settings");
     let e = e.downcast_ref::<InvalidConfig>().expect("an InvalidConfig");
-    assert_eq!(e.0.iter().map(|p| p.flag).collect::<Vec<_>>(), ["decide-retry-budget"]);
+    assert_eq!(
+        e.0.iter().map(|p| p.flag).collect::<Vec<_>>(),
+        ["decide-retry-budget"]
+    );
 }

@@ -42,10 +42,20 @@ fn parse_mark(s: &str) -> Result<u32, String> {
 #[derive(Debug, Args, Clone)]
 pub struct ShimArgs {
     /// Port the shim listens on (all addresses, IPv4 and IPv6); steering redirects here.
-    #[arg(long = "shim-port", alias = "port", env = "RETRY_AGENT_SHIM_PORT", default_value_t = 15001)]
+    #[arg(
+        long = "shim-port",
+        alias = "port",
+        env = "RETRY_AGENT_SHIM_PORT",
+        default_value_t = 15001
+    )]
     pub port: u16,
     /// Address to listen on for IPv4 (REDIRECT from PREROUTING needs the interface address).
-    #[arg(long = "shim-listen", alias = "listen", env = "RETRY_AGENT_SHIM_LISTEN", default_value = "0.0.0.0")]
+    #[arg(
+        long = "shim-listen",
+        alias = "listen",
+        env = "RETRY_AGENT_SHIM_LISTEN",
+        default_value = "0.0.0.0"
+    )]
     pub listen: std::net::IpAddr,
     /// Also listen on [::] and steer IPv6 (when ip6tables nat is available).
     #[arg(long = "shim-ipv6", alias = "ipv6", env = "RETRY_AGENT_SHIM_IPV6", default_value_t = true, action = clap::ArgAction::Set)]
@@ -54,25 +64,54 @@ pub struct ShimArgs {
     #[arg(long = "shim-control-socket", alias = "control-socket", env = "RETRY_AGENT_SHIM_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
     pub control_socket: PathBuf,
     /// nat chain name (the inbound chain gets `_IN` appended).
-    #[arg(long = "shim-chain", alias = "chain", env = "RETRY_AGENT_SHIM_CHAIN", default_value = "RETRY_SHIM")]
+    #[arg(
+        long = "shim-chain",
+        alias = "chain",
+        env = "RETRY_AGENT_SHIM_CHAIN",
+        default_value = "RETRY_SHIM"
+    )]
     pub chain: String,
     /// SO_MARK on the shim's upstream connections; the chain lets marked packets through.
     #[arg(long = "shim-mark", alias = "mark", env = "RETRY_AGENT_SHIM_MARK", default_value = "0x52a0", value_parser = parse_mark)]
     pub mark: u32,
     /// Steer outbound connections of this uid (repeatable).
-    #[arg(long = "shim-uid", alias = "uid", env = "RETRY_AGENT_SHIM_UID", value_delimiter = ',')]
+    #[arg(
+        long = "shim-uid",
+        alias = "uid",
+        env = "RETRY_AGENT_SHIM_UID",
+        value_delimiter = ','
+    )]
     pub uids: Vec<u32>,
     /// Steer outbound connections from this cgroup v2 path (repeatable).
-    #[arg(long = "shim-cgroup", alias = "cgroup", env = "RETRY_AGENT_SHIM_CGROUP", value_delimiter = ',')]
+    #[arg(
+        long = "shim-cgroup",
+        alias = "cgroup",
+        env = "RETRY_AGENT_SHIM_CGROUP",
+        value_delimiter = ','
+    )]
     pub cgroups: Vec<String>,
     /// Steer outbound connections to this destination port (repeatable).
-    #[arg(long = "shim-dport", alias = "dport", env = "RETRY_AGENT_SHIM_DPORT", value_delimiter = ',')]
+    #[arg(
+        long = "shim-dport",
+        alias = "dport",
+        env = "RETRY_AGENT_SHIM_DPORT",
+        value_delimiter = ','
+    )]
     pub dports: Vec<u16>,
     /// Steer inbound connections (PREROUTING) to this local port (repeatable).
-    #[arg(long = "shim-inbound-port", alias = "inbound-port", env = "RETRY_AGENT_SHIM_INBOUND_PORT", value_delimiter = ',')]
+    #[arg(
+        long = "shim-inbound-port",
+        alias = "inbound-port",
+        env = "RETRY_AGENT_SHIM_INBOUND_PORT",
+        value_delimiter = ','
+    )]
     pub inbound_ports: Vec<u16>,
     /// Do not touch iptables (steering is managed elsewhere).
-    #[arg(long = "shim-no-iptables", alias = "no-iptables", env = "RETRY_AGENT_SHIM_NO_IPTABLES")]
+    #[arg(
+        long = "shim-no-iptables",
+        alias = "no-iptables",
+        env = "RETRY_AGENT_SHIM_NO_IPTABLES"
+    )]
     pub no_iptables: bool,
     /// Spawn a watchdog process that removes the rules if the shim dies without cleaning up.
     #[arg(long = "shim-watchdog", alias = "watchdog", env = "RETRY_AGENT_SHIM_WATCHDOG", default_value_t = true, action = clap::ArgAction::Set)]
@@ -84,25 +123,57 @@ pub struct ShimArgs {
     #[arg(long, requires = "cleanup", hide = true)]
     pub watch_pid: Option<i32>,
     /// A failed request repeated within this window counts as a retry.
-    #[arg(long = "shim-retry-window-ms", alias = "retry-window-ms", env = "RETRY_AGENT_SHIM_RETRY_WINDOW_MS", default_value_t = 10_000)]
+    #[arg(
+        long = "shim-retry-window-ms",
+        alias = "retry-window-ms",
+        env = "RETRY_AGENT_SHIM_RETRY_WINDOW_MS",
+        default_value_t = 10_000
+    )]
     pub retry_window_ms: u64,
     /// Per-client retry budget: retries allowed per request (e.g. 0.1). Off unless set.
-    #[arg(long = "shim-retry-budget", alias = "retry-budget", env = "RETRY_AGENT_SHIM_RETRY_BUDGET")]
+    #[arg(
+        long = "shim-retry-budget",
+        alias = "retry-budget",
+        env = "RETRY_AGENT_SHIM_RETRY_BUDGET"
+    )]
     pub retry_budget: Option<f64>,
     /// Client-side adaptive throttling of retries with this K (e.g. 2). Off unless set.
-    #[arg(long = "shim-throttle-k", alias = "throttle-k", env = "RETRY_AGENT_SHIM_THROTTLE_K")]
+    #[arg(
+        long = "shim-throttle-k",
+        alias = "throttle-k",
+        env = "RETRY_AGENT_SHIM_THROTTLE_K"
+    )]
     pub throttle_k: Option<f64>,
     /// How long to wait for a client's first bytes before treating the stream as opaque.
-    #[arg(long = "shim-detect-timeout-ms", alias = "detect-timeout-ms", env = "RETRY_AGENT_SHIM_DETECT_TIMEOUT_MS", default_value_t = 300)]
+    #[arg(
+        long = "shim-detect-timeout-ms",
+        alias = "detect-timeout-ms",
+        env = "RETRY_AGENT_SHIM_DETECT_TIMEOUT_MS",
+        default_value_t = 300
+    )]
     pub detect_timeout_ms: u64,
     /// Upstream connect timeout.
-    #[arg(long = "shim-connect-timeout-ms", alias = "connect-timeout-ms", env = "RETRY_AGENT_SHIM_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(
+        long = "shim-connect-timeout-ms",
+        alias = "connect-timeout-ms",
+        env = "RETRY_AGENT_SHIM_CONNECT_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
     pub connect_timeout_ms: u64,
     /// IO threads (each with its own listener and runtime); default: one per CPU.
-    #[arg(long = "shim-threads", alias = "threads", env = "RETRY_AGENT_SHIM_THREADS")]
+    #[arg(
+        long = "shim-threads",
+        alias = "threads",
+        env = "RETRY_AGENT_SHIM_THREADS"
+    )]
     pub threads: Option<usize>,
     /// Directory for the ownership pid file.
-    #[arg(long = "shim-run-dir", alias = "run-dir", env = "RETRY_AGENT_SHIM_RUN_DIR", default_value = "/run/retry-agent")]
+    #[arg(
+        long = "shim-run-dir",
+        alias = "run-dir",
+        env = "RETRY_AGENT_SHIM_RUN_DIR",
+        default_value = "/run/retry-agent"
+    )]
     pub run_dir: PathBuf,
 }
 
@@ -133,25 +204,57 @@ impl Default for ShimArgs {
 impl Settings for ShimArgs {
     fn check(&self, p: &mut InvalidConfig) {
         let chain = &self.chain;
-        p.check(iptables::valid_chain(chain), "shim-chain", chain, "1-24 characters of [A-Za-z0-9_-]");
+        p.check(
+            iptables::valid_chain(chain),
+            "shim-chain",
+            chain,
+            "1-24 characters of [A-Za-z0-9_-]",
+        );
         if self.cleanup {
             return;
         }
         let steers = !self.no_iptables;
-        let selectors = self.uids.len() + self.cgroups.len() + self.dports.len() + self.inbound_ports.len();
-        let what = "set, or one of --shim-uid, --shim-cgroup, --shim-inbound-port, to say what to steer";
+        let selectors =
+            self.uids.len() + self.cgroups.len() + self.dports.len() + self.inbound_ports.len();
+        let what =
+            "set, or one of --shim-uid, --shim-cgroup, --shim-inbound-port, to say what to steer";
         p.check(!steers || selectors > 0, "shim-dport", "unset", what);
         crate::actuate::check_socket_path(p, "shim-control-socket", &self.control_socket);
         p.check(self.port != 0, "shim-port", self.port, "a port (1-65535)");
         if let Some(b) = self.retry_budget {
-            p.check((0.0..=10.0).contains(&b), "shim-retry-budget", b, "a ratio like 0.1 (0 to 10)");
+            p.check(
+                (0.0..=10.0).contains(&b),
+                "shim-retry-budget",
+                b,
+                "a ratio like 0.1 (0 to 10)",
+            );
         }
         if let Some(k) = self.throttle_k {
-            p.check(k > 0.0 && k.is_finite(), "shim-throttle-k", k, "a positive number like 2");
+            p.check(
+                k > 0.0 && k.is_finite(),
+                "shim-throttle-k",
+                k,
+                "a positive number like 2",
+            );
         }
-        p.check(self.retry_window_ms > 0, "shim-retry-window-ms", self.retry_window_ms, "at least 1");
-        p.check(self.detect_timeout_ms > 0, "shim-detect-timeout-ms", self.detect_timeout_ms, "at least 1");
-        p.check(self.connect_timeout_ms > 0, "shim-connect-timeout-ms", self.connect_timeout_ms, "at least 1");
+        p.check(
+            self.retry_window_ms > 0,
+            "shim-retry-window-ms",
+            self.retry_window_ms,
+            "at least 1",
+        );
+        p.check(
+            self.detect_timeout_ms > 0,
+            "shim-detect-timeout-ms",
+            self.detect_timeout_ms,
+            "at least 1",
+        );
+        p.check(
+            self.connect_timeout_ms > 0,
+            "shim-connect-timeout-ms",
+            self.connect_timeout_ms,
+            "at least 1",
+        );
         if let Some(t) = self.threads {
             p.check(t > 0, "shim-threads", t, "at least 1");
         }
@@ -184,7 +287,10 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
     // Thread per core, each with its own SO_REUSEPORT listeners and a current-thread runtime:
     // a connection and its upstream live on one thread (no work-stealing hops), as in HAProxy.
     // Bound here, before any rule exists, so a bind error stops us with nothing redirected.
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .max(1);
     let v4_addr = SocketAddr::new(args.listen, args.port);
     let v6_addr = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, args.port));
     let mut v6_ok = args.ipv6 && iptables::Family::V6.available();
@@ -206,7 +312,10 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         spawn_io_thread(i, ls, ctx.clone()).context("starting an io thread")?;
     }
 
-    tokio::spawn(control::follow(args.control_socket.clone(), ctx.view.clone()));
+    tokio::spawn(control::follow(
+        args.control_socket.clone(),
+        ctx.view.clone(),
+    ));
 
     let pid_file = args.pid_file();
     if !args.no_iptables {
@@ -224,9 +333,7 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
             let _ = std::fs::remove_file(&pid_file);
             return Err(e).context("installing IPv4 steering");
         }
-        if v6_ok
-            && let Err(e) = st.install(iptables::Family::V6)
-        {
+        if v6_ok && let Err(e) = st.install(iptables::Family::V6) {
             tracing::warn!(error = %e, "IPv6 steering not installed");
         }
         tracing::info!(chain = %args.chain, port = args.port, took_ms = t0.elapsed().as_millis() as u64, "steering installed");
@@ -251,17 +358,25 @@ struct Signals(Option<[tokio::signal::unix::Signal; 3]>);
 impl Signals {
     fn new() -> Signals {
         use tokio::signal::unix::{SignalKind, signal};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup())) {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::hangup()),
+        ) {
             (Ok(t), Ok(i), Ok(h)) => Signals(Some([t, i, h])),
             _ => {
-                tracing::warn!("cannot install signal handlers; the watchdog or --cleanup must remove the rules");
+                tracing::warn!(
+                    "cannot install signal handlers; the watchdog or --cleanup must remove the rules"
+                );
                 Signals(None)
             }
         }
     }
 
     async fn wait(&mut self) -> &'static str {
-        let Some([t, i, h]) = self.0.as_mut() else { return std::future::pending().await };
+        let Some([t, i, h]) = self.0.as_mut() else {
+            return std::future::pending().await;
+        };
         tokio::select! {
             _ = t.recv() => "SIGTERM",
             _ = i.recv() => "SIGINT",
@@ -287,7 +402,14 @@ fn spawn_watchdog(args: &ShimArgs) {
         }
     };
     let r = std::process::Command::new(exe)
-        .args(["shim", "--cleanup", "--shim-chain", &args.chain, "--watch-pid", &std::process::id().to_string()])
+        .args([
+            "shim",
+            "--cleanup",
+            "--shim-chain",
+            &args.chain,
+            "--watch-pid",
+            &std::process::id().to_string(),
+        ])
         .arg("--shim-run-dir")
         .arg(&args.run_dir)
         .stdin(std::process::Stdio::null())
@@ -305,7 +427,9 @@ async fn cleanup_mode(args: &ShimArgs) -> anyhow::Result<()> {
     if let Some(pid) = args.watch_pid {
         wait_for_exit(pid).await?;
         // Only the shim we watched may be cleaned up after: a newer one owns the file now.
-        let owner = std::fs::read_to_string(args.pid_file()).ok().and_then(|s| s.trim().parse::<i32>().ok());
+        let owner = std::fs::read_to_string(args.pid_file())
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
         if owner != Some(pid) {
             let owner = owner.map_or_else(|| "none".to_string(), |o| o.to_string());
             tracing::debug!(%owner, pid, "the watched shim cleaned up or was replaced; nothing to do");

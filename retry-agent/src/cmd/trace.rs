@@ -8,11 +8,11 @@ use std::{
 use anyhow::Context;
 use clap::Args;
 
+use crate::settings::InvalidConfig;
 use crate::{
     capture::{Capture, CaptureConfig, Event, ProcessInfo, monotonic_ns},
     l7::{L7Config, Reassembler},
 };
-use crate::settings::InvalidConfig;
 
 #[derive(Debug, Args)]
 pub struct TraceArgs {
@@ -59,7 +59,12 @@ pub struct Filter {
 
 impl Filter {
     pub fn new(pids: Vec<u32>, ports: Vec<u16>, comms: Vec<String>) -> Self {
-        Self { pids, ports, comms, ..Default::default() }
+        Self {
+            pids,
+            ports,
+            comms,
+            ..Default::default()
+        }
     }
 
     /// Appends to `out` what to print for `ev` (nothing, the event, or its process's metadata
@@ -99,7 +104,9 @@ impl Filter {
                         _ => None,
                     };
                     let Some(t) = tuple else { return };
-                    if !self.ports.contains(&t.local.port()) && !self.ports.contains(&t.remote.port()) {
+                    if !self.ports.contains(&t.local.port())
+                        && !self.ports.contains(&t.remote.port())
+                    {
                         return;
                     }
                 }
@@ -194,11 +201,18 @@ mod tests {
 
     fn data(pid: u32, local: &str, remote: &str) -> Event {
         Event::Data(DataEvent {
-            conn: ConnId { pid, fd: 3, generation: 1 },
+            conn: ConnId {
+                pid,
+                fd: 3,
+                generation: 1,
+            },
             role: Role::Client,
             direction: Direction::Egress,
             syscall: Syscall::Write,
-            tuple: Some(Tuple { local: local.parse().unwrap(), remote: remote.parse().unwrap() }),
+            tuple: Some(Tuple {
+                local: local.parse().unwrap(),
+                remote: remote.parse().unwrap(),
+            }),
             pid,
             tid: pid,
             goid: None,
@@ -234,28 +248,53 @@ mod tests {
         assert!(admit(&mut f, process(1, "curl")).is_empty(), "held back");
         let out = admit(&mut f, data(1, "127.0.0.1:1", "127.0.0.1:2"));
         assert!(matches!(out.as_slice(), [Event::Process(p), Event::Data(_)] if p.pid == 1));
-        assert_eq!(admit(&mut f, data(1, "127.0.0.1:1", "127.0.0.1:2")).len(), 1, "metadata once");
-        assert_eq!(admit(&mut f, Event::ProcessExit { pid: 1, ts_ns: 0 }).len(), 1);
-        assert!(admit(&mut f, Event::ProcessExit { pid: 2, ts_ns: 0 }).is_empty(), "never shown");
+        assert_eq!(
+            admit(&mut f, data(1, "127.0.0.1:1", "127.0.0.1:2")).len(),
+            1,
+            "metadata once"
+        );
+        assert_eq!(
+            admit(&mut f, Event::ProcessExit { pid: 1, ts_ns: 0 }).len(),
+            1
+        );
+        assert!(
+            admit(&mut f, Event::ProcessExit { pid: 2, ts_ns: 0 }).is_empty(),
+            "never shown"
+        );
     }
 
     #[test]
     fn pid_port_and_comm_filters() {
         let mut f = Filter::new(vec![], vec![8080], vec![]);
-        assert_eq!(admit(&mut f, data(1, "127.0.0.1:40000", "127.0.0.1:8080")).len(), 1);
-        assert_eq!(admit(&mut f, data(1, "127.0.0.1:8080", "127.0.0.1:40000")).len(), 1);
+        assert_eq!(
+            admit(&mut f, data(1, "127.0.0.1:40000", "127.0.0.1:8080")).len(),
+            1
+        );
+        assert_eq!(
+            admit(&mut f, data(1, "127.0.0.1:8080", "127.0.0.1:40000")).len(),
+            1
+        );
         assert!(admit(&mut f, data(1, "127.0.0.1:40000", "127.0.0.1:9090")).is_empty());
 
         let mut f = Filter::new(vec![7], vec![], vec![]);
-        assert_eq!(admit(&mut f, data(7, "127.0.0.1:1", "127.0.0.1:2")).len(), 1);
+        assert_eq!(
+            admit(&mut f, data(7, "127.0.0.1:1", "127.0.0.1:2")).len(),
+            1
+        );
         assert!(admit(&mut f, data(8, "127.0.0.1:1", "127.0.0.1:2")).is_empty());
 
         let mut f = Filter::new(vec![], vec![], vec!["curl".into()]);
         assert!(admit(&mut f, process(5, "curl")).is_empty());
         assert!(admit(&mut f, process(6, "python3")).is_empty());
-        assert_eq!(admit(&mut f, data(5, "127.0.0.1:1", "127.0.0.1:2")).len(), 2);
+        assert_eq!(
+            admit(&mut f, data(5, "127.0.0.1:1", "127.0.0.1:2")).len(),
+            2
+        );
         assert!(admit(&mut f, data(6, "127.0.0.1:1", "127.0.0.1:2")).is_empty());
-        assert!(admit(&mut f, data(9, "127.0.0.1:1", "127.0.0.1:2")).is_empty(), "unknown comm is not curl");
+        assert!(
+            admit(&mut f, data(9, "127.0.0.1:1", "127.0.0.1:2")).is_empty(),
+            "unknown comm is not curl"
+        );
         assert!(admit(&mut f, Event::ProcessExit { pid: 6, ts_ns: 0 }).is_empty());
     }
 }

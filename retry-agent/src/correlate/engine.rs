@@ -68,7 +68,10 @@ const OVERFLOW_EDGE: u32 = 0;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Peer {
     /// A process on this node serving on that port.
-    Local { pid: u32, port: u16 },
+    Local {
+        pid: u32,
+        port: u16,
+    },
     Remote(SocketAddr),
     Overflow,
 }
@@ -159,7 +162,11 @@ impl Baseline {
             self.seen = true;
             return;
         }
-        self.rate = if self.buckets == 0 { r } else { self.rate + BASELINE_ALPHA * (r - self.rate) };
+        self.rate = if self.buckets == 0 {
+            r
+        } else {
+            self.rate + BASELINE_ALPHA * (r - self.rate)
+        };
         self.buckets = self.buckets.saturating_add(1);
     }
 
@@ -295,8 +302,12 @@ fn class_index(c: OutcomeClass) -> Option<usize> {
     }
 }
 
-const FAILURE_CLASSES: [OutcomeClass; 4] =
-    [OutcomeClass::Transient, OutcomeClass::Semantic, OutcomeClass::Overload, OutcomeClass::Unknown];
+const FAILURE_CLASSES: [OutcomeClass; 4] = [
+    OutcomeClass::Transient,
+    OutcomeClass::Semantic,
+    OutcomeClass::Overload,
+    OutcomeClass::Unknown,
+];
 
 fn claim_index(c: Claim) -> usize {
     match c {
@@ -307,7 +318,11 @@ fn claim_index(c: Claim) -> usize {
 }
 
 fn counts(c: [u32; 3]) -> ClaimCounts {
-    ClaimCounts { claimed: u64::from(c[0]), unclaimed: u64::from(c[1]), missing: u64::from(c[2]) }
+    ClaimCounts {
+        claimed: u64::from(c[0]),
+        unclaimed: u64::from(c[1]),
+        missing: u64::from(c[2]),
+    }
 }
 
 fn thread_key(tid: u32, goid: Option<u64>) -> u64 {
@@ -338,7 +353,10 @@ fn ratio(n: u64, d: u64) -> f64 {
 impl Engine {
     pub fn new(cfg: CorrelateConfig) -> Self {
         let bucket_ns = cfg.stats_bucket_ms.max(1).saturating_mul(NS_PER_MS);
-        let window = u64::from(cfg.stats_window_buckets.clamp(1, super::config::MAX_WINDOW_BUCKETS));
+        let window = u64::from(
+            cfg.stats_window_buckets
+                .clamp(1, super::config::MAX_WINDOW_BUCKETS),
+        );
         let mut e = Engine {
             bucket_ns,
             window,
@@ -397,7 +415,10 @@ impl Engine {
                 let provisional = format!("pid:{}", info.pid);
                 for (_, n) in &p.names {
                     let s = n.as_str();
-                    if s == provisional || s.strip_prefix(provisional.as_str()).is_some_and(|r| r.starts_with(':')) {
+                    if s == provisional
+                        || s.strip_prefix(provisional.as_str())
+                            .is_some_and(|r| r.starts_with(':'))
+                    {
                         self.names_issued.remove(n);
                     }
                 }

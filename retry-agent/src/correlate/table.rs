@@ -29,7 +29,12 @@ pub(crate) struct GenMap<K, V> {
 
 impl<K: Hash + Eq + Copy, V> GenMap<K, V> {
     pub fn new(cap: usize) -> Self {
-        GenMap { young: map(), old: map(), half: (cap / 2).max(1), evicted: 0 }
+        GenMap {
+            young: map(),
+            old: map(),
+            half: (cap / 2).max(1),
+            evicted: 0,
+        }
     }
 
     fn turn_over(&mut self) {
@@ -87,7 +92,10 @@ const EMPTY: u64 = u64::MAX;
 impl<B: Default + Clone> Ring<B> {
     pub fn new(len: usize) -> Self {
         let len = len.max(1);
-        Ring { epochs: vec![EMPTY; len], slots: vec![B::default(); len] }
+        Ring {
+            epochs: vec![EMPTY; len],
+            slots: vec![B::default(); len],
+        }
     }
 
     pub fn at(&mut self, epoch: u64) -> Option<&mut B> {
@@ -106,7 +114,11 @@ impl<B: Default + Clone> Ring<B> {
 
     pub fn get(&self, epoch: u64) -> Option<&B> {
         let i = (epoch % self.slots.len() as u64) as usize;
-        if *self.epochs.get(i)? == epoch { self.slots.get(i) } else { None }
+        if *self.epochs.get(i)? == epoch {
+            self.slots.get(i)
+        } else {
+            None
+        }
     }
 
     /// Buckets for epochs in `[from, to)` that the ring still holds.

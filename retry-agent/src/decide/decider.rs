@@ -18,26 +18,61 @@ use crate::{
 #[serde(default)]
 pub struct DecideConfig {
     /// Retry budget: retries / requests on an edge above this is over budget.
-    #[arg(long = "decide-retry-budget", alias = "retry-budget", env = "RETRY_AGENT_DECIDE_RETRY_BUDGET", default_value_t = 0.10)]
+    #[arg(
+        long = "decide-retry-budget",
+        alias = "retry-budget",
+        env = "RETRY_AGENT_DECIDE_RETRY_BUDGET",
+        default_value_t = 0.10
+    )]
     pub retry_budget: f64,
     /// Arrival rate over baseline at a callee above this (while the edge retries) is a storm.
-    #[arg(long = "decide-amplification-threshold", alias = "amplification-threshold", env = "RETRY_AGENT_DECIDE_AMPLIFICATION_THRESHOLD", default_value_t = 1.5)]
+    #[arg(
+        long = "decide-amplification-threshold",
+        alias = "amplification-threshold",
+        env = "RETRY_AGENT_DECIDE_AMPLIFICATION_THRESHOLD",
+        default_value_t = 1.5
+    )]
     pub amplification_threshold: f64,
     /// Time to live of a decision; renewed at half-life while its condition holds.
-    #[arg(long = "decide-ttl-ms", alias = "decision-ttl-ms", env = "RETRY_AGENT_DECIDE_TTL_MS", default_value_t = 30_000)]
+    #[arg(
+        long = "decide-ttl-ms",
+        alias = "decision-ttl-ms",
+        env = "RETRY_AGENT_DECIDE_TTL_MS",
+        default_value_t = 30_000
+    )]
     pub decision_ttl_ms: u64,
     /// A decision is lifted only after its condition has been false this long.
-    #[arg(long = "decide-hysteresis-ms", alias = "hysteresis-ms", env = "RETRY_AGENT_DECIDE_HYSTERESIS_MS", default_value_t = 15_000)]
+    #[arg(
+        long = "decide-hysteresis-ms",
+        alias = "hysteresis-ms",
+        env = "RETRY_AGENT_DECIDE_HYSTERESIS_MS",
+        default_value_t = 15_000
+    )]
     pub hysteresis_ms: u64,
     /// While a decision is active its thresholds are scaled by this (< 1), so figures hovering
     /// at a threshold do not flap.
-    #[arg(long = "decide-exit-fraction", alias = "exit-fraction", env = "RETRY_AGENT_DECIDE_EXIT_FRACTION", default_value_t = 0.5)]
+    #[arg(
+        long = "decide-exit-fraction",
+        alias = "exit-fraction",
+        env = "RETRY_AGENT_DECIDE_EXIT_FRACTION",
+        default_value_t = 0.5
+    )]
     pub exit_fraction: f64,
     /// Requests in the window an edge needs before budget or amplification count.
-    #[arg(long = "decide-min-requests", alias = "min-requests", env = "RETRY_AGENT_DECIDE_MIN_REQUESTS", default_value_t = 20)]
+    #[arg(
+        long = "decide-min-requests",
+        alias = "min-requests",
+        env = "RETRY_AGENT_DECIDE_MIN_REQUESTS",
+        default_value_t = 20
+    )]
     pub min_requests: u64,
     /// Callee errors in the window before their claims count.
-    #[arg(long = "decide-min-failures", alias = "min-failures", env = "RETRY_AGENT_DECIDE_MIN_FAILURES", default_value_t = 5)]
+    #[arg(
+        long = "decide-min-failures",
+        alias = "min-failures",
+        env = "RETRY_AGENT_DECIDE_MIN_FAILURES",
+        default_value_t = 5
+    )]
     pub min_failures: u64,
 }
 
@@ -50,12 +85,27 @@ impl Default for DecideConfig {
 impl Settings for DecideConfig {
     fn check(&self, p: &mut InvalidConfig) {
         let budget = self.retry_budget;
-        p.check((0.0..=1.0).contains(&budget), "decide-retry-budget", budget, "in [0, 1]");
+        p.check(
+            (0.0..=1.0).contains(&budget),
+            "decide-retry-budget",
+            budget,
+            "in [0, 1]",
+        );
         let amp = self.amplification_threshold;
         p.check(amp > 1.0, "decide-amplification-threshold", amp, "> 1");
         let exit = self.exit_fraction;
-        p.check(exit > 0.0 && exit <= 1.0, "decide-exit-fraction", exit, "in (0, 1]");
-        p.check(self.decision_ttl_ms > 0, "decide-ttl-ms", self.decision_ttl_ms, "at least 1");
+        p.check(
+            exit > 0.0 && exit <= 1.0,
+            "decide-exit-fraction",
+            exit,
+            "in (0, 1]",
+        );
+        p.check(
+            self.decision_ttl_ms > 0,
+            "decide-ttl-ms",
+            self.decision_ttl_ms,
+            "at least 1",
+        );
     }
 }
 
@@ -75,7 +125,11 @@ pub struct Decider {
 
 impl Decider {
     pub fn new(cfg: DecideConfig) -> Self {
-        Decider { cfg, next_id: 1, active: BTreeMap::new() }
+        Decider {
+            cfg,
+            next_id: 1,
+            active: BTreeMap::new(),
+        }
     }
 
     pub fn config(&self) -> &DecideConfig {
@@ -96,7 +150,13 @@ impl Decider {
             match (want, self.active.get_mut(&e.edge)) {
                 (Some(reason), None) => {
                     let d = self.issue(e, reason, now_ns);
-                    self.active.insert(e.edge.clone(), Active { decision: d.clone(), last_true_ns: now_ns });
+                    self.active.insert(
+                        e.edge.clone(),
+                        Active {
+                            decision: d.clone(),
+                            last_true_ns: now_ns,
+                        },
+                    );
                     out.push(d);
                 }
                 (Some(reason), Some(a)) => {
@@ -112,7 +172,9 @@ impl Decider {
                     }
                 }
                 (None, Some(a)) => {
-                    if now_ns.saturating_sub(a.last_true_ns) >= self.cfg.hysteresis_ms.saturating_mul(1_000_000) {
+                    if now_ns.saturating_sub(a.last_true_ns)
+                        >= self.cfg.hysteresis_ms.saturating_mul(1_000_000)
+                    {
                         let mut lift = a.decision.clone();
                         lift.action = Action::Allow;
                         lift.issued_at_ns = now_ns;
@@ -131,7 +193,8 @@ impl Decider {
             .active
             .iter()
             .filter(|(edge, a)| {
-                now_ns.saturating_sub(a.last_true_ns) >= hyst && !edges.iter().any(|e| &e.edge == *edge)
+                now_ns.saturating_sub(a.last_true_ns) >= hyst
+                    && !edges.iter().any(|e| &e.edge == *edge)
             })
             .map(|(edge, _)| edge.clone())
             .collect();

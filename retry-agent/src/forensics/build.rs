@@ -16,8 +16,22 @@ use crate::{
 };
 
 /// Build the report from recorded events and the derived streams.
-pub(super) fn build(records: &[Record], d: &Derived, header: Option<&DumpHeader>, source: Source) -> IncidentReport {
-    let events: Vec<&Event> = records.iter().filter_map(|r| if let Record::Event(e) = r { Some(e) } else { None }).collect();
+pub(super) fn build(
+    records: &[Record],
+    d: &Derived,
+    header: Option<&DumpHeader>,
+    source: Source,
+) -> IncidentReport {
+    let events: Vec<&Event> = records
+        .iter()
+        .filter_map(|r| {
+            if let Record::Event(e) = r {
+                Some(e)
+            } else {
+                None
+            }
+        })
+        .collect();
     let clock = Clock::new(records, header);
     let timeline = timeline(d, &clock);
     let (verdicts, owners) = owners(&d.verdicts);
@@ -25,10 +39,19 @@ pub(super) fn build(records: &[Record], d: &Derived, header: Option<&DumpHeader>
     let edges = figures.rows;
 
     // Non-idempotent retries also straight from the exchanges (when edge figures are missing).
-    let nonidem_x = d.exchanges.iter().filter(|x| x.retry_markers.says_retry() && !x.idempotent && x.role == Role::Client).count() as u64;
-    let non_idempotent_retries = edges.iter().map(|e| e.non_idempotent_retries).sum::<u64>().max(nonidem_x);
+    let nonidem_x = d
+        .exchanges
+        .iter()
+        .filter(|x| x.retry_markers.says_retry() && !x.idempotent && x.role == Role::Client)
+        .count() as u64;
+    let non_idempotent_retries = edges
+        .iter()
+        .map(|e| e.non_idempotent_retries)
+        .sum::<u64>()
+        .max(nonidem_x);
     let timeout_mismatches = edges.iter().map(|e| e.timeout_mismatches).sum();
-    let (retries_suppressed, counterfactual) = suppressed(&events, &d.exchanges, &figures.last, &owners);
+    let (retries_suppressed, counterfactual) =
+        suppressed(&events, &d.exchanges, &figures.last, &owners);
 
     IncidentReport {
         dump: DumpSummary {
@@ -70,7 +93,15 @@ struct Clock<'a> {
 
 impl<'a> Clock<'a> {
     fn new(records: &[Record], header: Option<&'a DumpHeader>) -> Self {
-        Clock { t0: records.iter().map(Record::ts_ns).filter(|&t| t > 0).min().unwrap_or(0), header }
+        Clock {
+            t0: records
+                .iter()
+                .map(Record::ts_ns)
+                .filter(|&t| t > 0)
+                .min()
+                .unwrap_or(0),
+            header,
+        }
     }
 
     fn t_s(&self, ts: u64) -> f64 {
@@ -78,7 +109,13 @@ impl<'a> Clock<'a> {
     }
 
     fn entry(&self, ts: u64, kind: TimelineKind, detail: String) -> TimelineEntry {
-        TimelineEntry { ts_ns: ts, t_s: self.t_s(ts), wall_ms: self.header.map(|h| h.wall_ms(ts)), kind, detail }
+        TimelineEntry {
+            ts_ns: ts,
+            t_s: self.t_s(ts),
+            wall_ms: self.header.map(|h| h.wall_ms(ts)),
+            kind,
+            detail,
+        }
     }
 }
 
@@ -86,13 +123,26 @@ impl<'a> Clock<'a> {
 /// not own, and the decisions taken.
 fn timeline(d: &Derived, clock: &Clock<'_>) -> Vec<TimelineEntry> {
     let mut t = Vec::new();
-    let first_fail = d.exchanges.iter().filter(|x| x.failed()).min_by_key(|x| x.end_ns());
+    let first_fail = d
+        .exchanges
+        .iter()
+        .filter(|x| x.failed())
+        .min_by_key(|x| x.end_ns());
     if let Some(x) = first_fail {
         t.push(clock.entry(x.end_ns(), TimelineKind::FirstFailure, failure_detail(x)));
     }
     t.extend(fault_and_recovery(d, first_fail.is_some(), clock));
-    if let Some(v) = d.verdicts.iter().filter(|v| v.claim == Claim::Unclaimed).min_by_key(|v| v.ts_ns) {
-        t.push(clock.entry(v.ts_ns, TimelineKind::FirstUnclaimedError, unclaimed_detail(v)));
+    if let Some(v) = d
+        .verdicts
+        .iter()
+        .filter(|v| v.claim == Claim::Unclaimed)
+        .min_by_key(|v| v.ts_ns)
+    {
+        t.push(clock.entry(
+            v.ts_ns,
+            TimelineKind::FirstUnclaimedError,
+            unclaimed_detail(v),
+        ));
     }
     t.extend(decisions(&d.decisions, clock));
     t.sort_by(|a, b| a.ts_ns.cmp(&b.ts_ns).then(a.kind.cmp(&b.kind)));
@@ -102,17 +152,24 @@ fn timeline(d: &Derived, clock: &Clock<'_>) -> Vec<TimelineEntry> {
 /// "503 /path at 10.0.0.1:80": what failed, where (the failing service's address: the local end
 /// of a server-side exchange).
 fn failure_detail(x: &Exchange) -> String {
-    let at = if x.role == Role::Server { x.local } else { x.remote };
+    let at = if x.role == Role::Server {
+        x.local
+    } else {
+        x.remote
+    };
     format!(
         "{} {} at {}",
-        x.status.map_or_else(|| x.outcome.to_string(), |s| s.to_string()),
+        x.status
+            .map_or_else(|| x.outcome.to_string(), |s| s.to_string()),
         x.path.as_deref().unwrap_or("-"),
         at.map_or_else(|| "?".into(), |a| a.to_string())
     )
 }
 
 fn unclaimed_detail(v: &Verdict) -> String {
-    let cause = v.caused_by.first().map_or_else(String::new, |c| format!(" (caused by {} {})", c.callee, c.outcome));
+    let cause = v.caused_by.first().map_or_else(String::new, |c| {
+        format!(" (caused by {} {})", c.callee, c.outcome)
+    });
     format!("{} returned an error it does not own{cause}", v.service)
 }
 
@@ -120,18 +177,47 @@ fn unclaimed_detail(v: &Verdict) -> String {
 /// the first success after the last failure.
 fn fault_and_recovery(d: &Derived, any_failure: bool, clock: &Clock<'_>) -> Vec<TimelineEntry> {
     let mut t = Vec::new();
-    let in_fault = |s: &EdgeSnapshot| s.paths.fault_active || s.edges.iter().any(|e| e.fault_active);
+    let in_fault =
+        |s: &EdgeSnapshot| s.paths.fault_active || s.edges.iter().any(|e| e.fault_active);
     if let Some(s) = d.snapshots.iter().find(|s| in_fault(s)) {
-        let e = s.edges.iter().filter(|e| e.fault_active).max_by(|a, b| a.failure_ratio.total_cmp(&b.failure_ratio));
-        let detail = e.map_or_else(|| "fault active".into(), |e| format!("{} failure ratio {:.0}%", e.edge, e.failure_ratio * 100.0));
+        let e = s
+            .edges
+            .iter()
+            .filter(|e| e.fault_active)
+            .max_by(|a, b| a.failure_ratio.total_cmp(&b.failure_ratio));
+        let detail = e.map_or_else(
+            || "fault active".into(),
+            |e| format!("{} failure ratio {:.0}%", e.edge, e.failure_ratio * 100.0),
+        );
         t.push(clock.entry(s.ts_ns, TimelineKind::FaultOnset, detail));
-        if let Some(r) = d.snapshots.iter().find(|r| r.ts_ns > s.ts_ns && !in_fault(r)) {
-            t.push(clock.entry(r.ts_ns, TimelineKind::Recovery, "no edge in fault any more".into()));
+        if let Some(r) = d
+            .snapshots
+            .iter()
+            .find(|r| r.ts_ns > s.ts_ns && !in_fault(r))
+        {
+            t.push(clock.entry(
+                r.ts_ns,
+                TimelineKind::Recovery,
+                "no edge in fault any more".into(),
+            ));
         }
-    } else if let (true, Some(last)) = (any_failure, d.exchanges.iter().filter(|x| x.failed()).max_by_key(|x| x.end_ns()))
-        && let Some(ok) = d.exchanges.iter().filter(|x| !x.failed() && x.end_ns() > last.end_ns()).min_by_key(|x| x.end_ns())
+    } else if let (true, Some(last)) = (
+        any_failure,
+        d.exchanges
+            .iter()
+            .filter(|x| x.failed())
+            .max_by_key(|x| x.end_ns()),
+    ) && let Some(ok) = d
+        .exchanges
+        .iter()
+        .filter(|x| !x.failed() && x.end_ns() > last.end_ns())
+        .min_by_key(|x| x.end_ns())
     {
-        t.push(clock.entry(ok.end_ns(), TimelineKind::Recovery, "first success after the last failure".into()));
+        t.push(clock.entry(
+            ok.end_ns(),
+            TimelineKind::Recovery,
+            "first success after the last failure".into(),
+        ));
     }
     t
 }
@@ -149,12 +235,23 @@ fn decisions(ds: &[Decision], clock: &Clock<'_>) -> Vec<TimelineEntry> {
             Action::SuppressRetries => {
                 if !storm {
                     storm = true;
-                    t.push(clock.entry(dec.issued_at_ns, TimelineKind::StormDetected, format!("on {} ({})", dec.edge, dec.reason)));
+                    t.push(clock.entry(
+                        dec.issued_at_ns,
+                        TimelineKind::StormDetected,
+                        format!("on {} ({})", dec.edge, dec.reason),
+                    ));
                 }
-                let detail = format!("suppress retries on {} ({}, ttl {} ms)", dec.edge, dec.reason, dec.ttl_ms);
+                let detail = format!(
+                    "suppress retries on {} ({}, ttl {} ms)",
+                    dec.edge, dec.reason, dec.ttl_ms
+                );
                 t.push(clock.entry(dec.issued_at_ns, TimelineKind::Suppress, detail));
             }
-            Action::Allow => t.push(clock.entry(dec.issued_at_ns, TimelineKind::Allow, format!("allow retries on {} again", dec.edge))),
+            Action::Allow => t.push(clock.entry(
+                dec.issued_at_ns,
+                TimelineKind::Allow,
+                format!("allow retries on {} again", dec.edge),
+            )),
         }
     }
     t
@@ -181,8 +278,15 @@ fn owners(vs: &[Verdict]) -> (BTreeMap<String, u64>, Vec<OwnerRow>) {
             Claim::Missing => {}
         }
     }
-    let mut owners: Vec<OwnerRow> = owners.into_values().filter(|o| o.claimed_errors > 0).collect();
-    owners.sort_by(|a, b| b.claimed_errors.cmp(&a.claimed_errors).then(a.first_claimed_ns.cmp(&b.first_claimed_ns)));
+    let mut owners: Vec<OwnerRow> = owners
+        .into_values()
+        .filter(|o| o.claimed_errors > 0)
+        .collect();
+    owners.sort_by(|a, b| {
+        b.claimed_errors
+            .cmp(&a.claimed_errors)
+            .then(a.first_claimed_ns.cmp(&b.first_claimed_ns))
+    });
     (verdicts, owners)
 }
 
@@ -222,7 +326,8 @@ fn edge_figures(snapshots: &[EdgeSnapshot], clock: &Clock<'_>) -> EdgeFigures {
                 row.peak_amplification = e.amplification;
                 row.peak_at_s = clock.t_s(s.ts_ns);
             }
-            row.peak_attempts_per_request = row.peak_attempts_per_request.max(e.attempts_per_request);
+            row.peak_attempts_per_request =
+                row.peak_attempts_per_request.max(e.attempts_per_request);
             last.insert(e.edge.clone(), e.clone());
         }
     }
@@ -244,7 +349,12 @@ fn edge_figures(snapshots: &[EdgeSnapshot], clock: &Clock<'_>) -> EdgeFigures {
 /// requests they would have caused at the owner: each suppressed retry on `caller → callee`
 /// would have arrived at the callee and been multiplied by the attempts per request observed on
 /// the path from the callee down to an owner.
-fn suppressed(events: &[&Event], xs: &[Exchange], edges: &BTreeMap<Edge, EdgeStats>, owners: &[OwnerRow]) -> (u64, f64) {
+fn suppressed(
+    events: &[&Event],
+    xs: &[Exchange],
+    edges: &BTreeMap<Edge, EdgeStats>,
+    owners: &[OwnerRow],
+) -> (u64, f64) {
     let mut comm: HashMap<u32, String> = HashMap::new();
     for e in events {
         if let Event::Process(p) = e {
@@ -257,11 +367,22 @@ fn suppressed(events: &[&Event], xs: &[Exchange], edges: &BTreeMap<Edge, EdgeSta
     let mut cf = 0.0;
     for e in events {
         let Event::Data(d) = e else { continue };
-        if d.direction != Direction::Ingress || d.role != Role::Client || !d.payload.starts_with(b"HTTP/1.") {
+        if d.direction != Direction::Ingress
+            || d.role != Role::Client
+            || !d.payload.starts_with(b"HTTP/1.")
+        {
             continue;
         }
-        let head_end = d.payload.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(d.payload.len());
-        let head = d.payload.get(..head_end).unwrap_or_default().to_ascii_lowercase();
+        let head_end = d
+            .payload
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or(d.payload.len());
+        let head = d
+            .payload
+            .get(..head_end)
+            .unwrap_or_default()
+            .to_ascii_lowercase();
         if !head.windows(needle.len()).any(|w| w == needle.as_bytes()) {
             continue;
         }
@@ -269,11 +390,17 @@ fn suppressed(events: &[&Event], xs: &[Exchange], edges: &BTreeMap<Edge, EdgeSta
         // Which edge: the exchange on this connection answered at this time.
         let remote = xs
             .iter()
-            .find(|x| x.conn == d.conn && x.response_start_ns.is_some_and(|s| s <= d.ts_exit_ns) && x.end_ns() >= d.ts_exit_ns)
+            .find(|x| {
+                x.conn == d.conn
+                    && x.response_start_ns.is_some_and(|s| s <= d.ts_exit_ns)
+                    && x.end_ns() >= d.ts_exit_ns
+            })
             .and_then(|x| x.remote)
             .or(d.tuple.map(|t| t.remote));
         let caller = comm.get(&d.pid).cloned().unwrap_or_default();
-        let edge = edges.values().find(|s| s.edge.caller.as_str() == caller && remote.is_some_and(|r| s.callee_addrs.contains(&r)));
+        let edge = edges.values().find(|s| {
+            s.edge.caller.as_str() == caller && remote.is_some_and(|r| s.callee_addrs.contains(&r))
+        });
         cf += match edge {
             Some(s) => multiplier(&s.edge.callee, edges, &owner_set, 0),
             None => 1.0,
@@ -283,13 +410,20 @@ fn suppressed(events: &[&Event], xs: &[Exchange], edges: &BTreeMap<Edge, EdgeSta
 }
 
 /// Requests reaching an owner per request arriving at `svc` (max over paths; 1 at an owner).
-fn multiplier(svc: &ServiceId, edges: &BTreeMap<Edge, EdgeStats>, owners: &BTreeSet<&ServiceId>, depth: u32) -> f64 {
+fn multiplier(
+    svc: &ServiceId,
+    edges: &BTreeMap<Edge, EdgeStats>,
+    owners: &BTreeSet<&ServiceId>,
+    depth: u32,
+) -> f64 {
     if owners.is_empty() || owners.contains(svc) || depth > 16 {
         return 1.0;
     }
     edges
         .values()
         .filter(|e| &e.edge.caller == svc)
-        .map(|e| e.attempts_per_request.max(1.0) * multiplier(&e.edge.callee, edges, owners, depth + 1))
+        .map(|e| {
+            e.attempts_per_request.max(1.0) * multiplier(&e.edge.callee, edges, owners, depth + 1)
+        })
         .fold(1.0, f64::max)
 }

@@ -11,7 +11,7 @@ use crate::{
     decide::Decision,
     l7::Exchange,
     pipeline::{EdgeSnapshot, Pipeline, PipelineConfig, Record},
-    recorder::{DumpReason, DumpReader, FormatError, Loss, Replayed, replay},
+    recorder::{DumpReader, DumpReason, FormatError, Loss, Replayed, replay},
 };
 
 mod build;
@@ -170,7 +170,12 @@ struct Derived {
 }
 
 fn recorded(records: &[Record]) -> Derived {
-    let mut d = Derived { exchanges: vec![], verdicts: vec![], decisions: vec![], snapshots: vec![] };
+    let mut d = Derived {
+        exchanges: vec![],
+        verdicts: vec![],
+        decisions: vec![],
+        snapshots: vec![],
+    };
     for r in records {
         match r {
             Record::Exchange(x) => d.exchanges.push((**x).clone()),
@@ -196,7 +201,11 @@ pub fn analyse(path: &Path, opts: &Options) -> Result<IncidentReport, FormatErro
     let mut notes = Vec::new();
     let rec = recorded(&dump.records);
     let flags = opts.settings.clone();
-    let live = dump.header.as_ref().map(|h| &h.pipeline).filter(|v| !v.is_null());
+    let live = dump
+        .header
+        .as_ref()
+        .map(|h| &h.pipeline)
+        .filter(|v| !v.is_null());
     let config = match (opts.override_settings, live) {
         (true, _) => flags,
         (false, Some(v)) => match serde_json::from_value::<PipelineConfig>(v.clone()) {
@@ -232,7 +241,15 @@ pub fn analyse(path: &Path, opts: &Options) -> Result<IncidentReport, FormatErro
         notes.push("the replay produced no exchanges (this build's l7 stage may be incomplete): reporting from the recorded derived records".into());
         (Source::Recorded, rec)
     } else {
-        (Source::Replay, Derived { exchanges: rep.exchanges, verdicts: rep.verdicts, decisions: rep.decisions, snapshots: rep.snapshots })
+        (
+            Source::Replay,
+            Derived {
+                exchanges: rep.exchanges,
+                verdicts: rep.verdicts,
+                decisions: rep.decisions,
+                snapshots: rep.snapshots,
+            },
+        )
     };
     let missing = dump.header.as_ref().map_or(0, |h| h.missing_before);
     if missing > 0 {
@@ -242,7 +259,10 @@ pub fn analyse(path: &Path, opts: &Options) -> Result<IncidentReport, FormatErro
         ));
     }
     if !dump.loss.is_clean() {
-        notes.push(format!("the dump is damaged: {}; figures cover what survived", dump.loss));
+        notes.push(format!(
+            "the dump is damaged: {}; figures cover what survived",
+            dump.loss
+        ));
     }
     let mut report = build::build(&dump.records, &derived, dump.header.as_ref(), source);
     report.dump.path = path.display().to_string();

@@ -19,13 +19,19 @@ use crate::{
 const S: u64 = 1_000_000_000;
 
 fn cfg(dir: PathBuf) -> RecorderConfig {
-    RecorderConfig { dump_dir: dir, ..RecorderConfig::default() }
+    RecorderConfig {
+        dump_dir: dir,
+        ..RecorderConfig::default()
+    }
 }
 
 fn decision(ts: u64) -> Decision {
     Decision {
         id: 1,
-        edge: Edge { caller: ServiceId::new("a"), callee: ServiceId::new("b") },
+        edge: Edge {
+            caller: ServiceId::new("a"),
+            callee: ServiceId::new("b"),
+        },
         callee_addrs: vec![],
         action: Action::SuppressRetries,
         reason: Reason::CalleeUnclaimed,
@@ -39,23 +45,40 @@ fn decision(ts: u64) -> Decision {
 #[test]
 fn forensics_replays_with_the_live_pipelines_settings() {
     let dir = temp_dir("replay-config");
-    let rec = SharedRecorder::new(Recorder::new(RecorderConfig { auto_dump: false, ..cfg(dir.clone()) }).unwrap());
+    let rec = SharedRecorder::new(
+        Recorder::new(RecorderConfig {
+            auto_dump: false,
+            ..cfg(dir.clone())
+        })
+        .unwrap(),
+    );
     // Decisions only at a 10x arrival rate and a 90% retry ratio: the default settings decide
     // differently on the same storm.
-    let decide = DecideConfig { amplification_threshold: 10.0, retry_budget: 0.9, ..DecideConfig::default() };
-    let mut live = Pipeline::new(L7Config::default(), CorrelateConfig::default(), decide).with_tap(rec.clone());
+    let decide = DecideConfig {
+        amplification_threshold: 10.0,
+        retry_budget: 0.9,
+        ..DecideConfig::default()
+    };
+    let mut live = Pipeline::new(L7Config::default(), CorrelateConfig::default(), decide)
+        .with_tap(rec.clone());
     let mut out = StageOutput::default();
     for ev in &StormScenario::default().events() {
         live.push(ev, &mut out);
     }
     let path = rec.with(|r| r.dump(DumpReason::OnDemand)).unwrap().unwrap();
-    let opts = |override_settings: bool| Options { override_settings, ..Options::default() };
+    let opts = |override_settings: bool| Options {
+        override_settings,
+        ..Options::default()
+    };
     let faithful = analyse(&path, &opts(false)).unwrap();
     let check = faithful.replay_check.clone().expect("a replay check");
     assert!(check.decisions_equal && check.verdicts_equal, "{check:?}");
     let what_if = analyse(&path, &opts(true)).unwrap();
     let check = what_if.replay_check.clone().expect("a replay check");
-    assert!(!check.decisions_equal, "default settings decide differently: {check:?}");
+    assert!(
+        !check.decisions_equal,
+        "default settings decide differently: {check:?}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -68,7 +91,10 @@ mod report {
 
     fn edge(caller: &str, callee: &str, port: u16, amp: f64, fault: bool) -> EdgeStats {
         EdgeStats {
-            edge: Edge { caller: ServiceId::new(caller), callee: ServiceId::new(callee) },
+            edge: Edge {
+                caller: ServiceId::new(caller),
+                callee: ServiceId::new(callee),
+            },
             callee_addrs: vec![std::net::SocketAddr::from(([127, 0, 0, 1], port))],
             window_seconds: 10.0,
             request_rate: 100.0 * amp,
@@ -110,16 +136,25 @@ mod report {
 
     /// A dump whose derived records are hand-made (independent of the l7/correlate logic).
     fn incident_dump(dir: &std::path::Path) -> PathBuf {
-        let mut records: Vec<Record> = StormScenario { requests: 10, ..Default::default() }
-            .events()
-            .into_iter()
-            .map(Record::Event)
-            .collect();
+        let mut records: Vec<Record> = StormScenario {
+            requests: 10,
+            ..Default::default()
+        }
+        .events()
+        .into_iter()
+        .map(Record::Event)
+        .collect();
         // The shim answered one retry of api → db locally.
         if let Event::Data(mut d) = records
             .iter()
             .find_map(|r| match r {
-                Record::Event(Event::Data(d)) if d.pid == 200 && d.direction == Direction::Ingress && d.role == Role::Client => Some(Event::Data(d.clone())),
+                Record::Event(Event::Data(d))
+                    if d.pid == 200
+                        && d.direction == Direction::Ingress
+                        && d.role == Role::Client =>
+                {
+                    Some(Event::Data(d.clone()))
+                }
                 _ => None,
             })
             .unwrap()
@@ -133,13 +168,30 @@ mod report {
             let amp = if fault { 4.0 } else { 1.0 };
             let paths = PathStats {
                 storm_radius: if fault { 2 } else { 0 },
-                storm_path: if fault { vec![ServiceId::new("frontend"), ServiceId::new("api"), ServiceId::new("db")] } else { vec![] },
+                storm_path: if fault {
+                    vec![
+                        ServiceId::new("frontend"),
+                        ServiceId::new("api"),
+                        ServiceId::new("db"),
+                    ]
+                } else {
+                    vec![]
+                },
                 fault_active: fault,
                 ..PathStats::default()
             };
             records.push(Record::Edges(EdgeSnapshot {
                 ts_ns: t * S,
-                edges: vec![edge("api", "db", 9090, amp, fault), edge("frontend", "api", 8080, if fault { 2.0 } else { 1.0 }, false)],
+                edges: vec![
+                    edge("api", "db", 9090, amp, fault),
+                    edge(
+                        "frontend",
+                        "api",
+                        8080,
+                        if fault { 2.0 } else { 1.0 },
+                        false,
+                    ),
+                ],
                 paths,
             }));
         }
@@ -147,11 +199,30 @@ mod report {
         records.push(verdict("api", Claim::Unclaimed, 22 * S));
         records.push(verdict("db", Claim::Claimed, 23 * S));
         let mut d = decision(25 * S);
-        d.edge = Edge { caller: ServiceId::new("frontend"), callee: ServiceId::new("api") };
+        d.edge = Edge {
+            caller: ServiceId::new("frontend"),
+            callee: ServiceId::new("api"),
+        };
         records.push(Record::Decision(d.clone()));
-        records.push(Record::Decision(Decision { issued_at_ns: 30 * S, ..d.clone() })); // renewal
-        records.push(Record::Decision(Decision { id: 2, action: Action::Allow, issued_at_ns: 55 * S, ..d }));
-        let snap = Snapshot { reason: DumpReason::OnDemand, config: RecorderConfig::default(), records, from_ns: 0, to_ns: 60 * S, missing_before: 0, pipeline: None };
+        records.push(Record::Decision(Decision {
+            issued_at_ns: 30 * S,
+            ..d.clone()
+        })); // renewal
+        records.push(Record::Decision(Decision {
+            id: 2,
+            action: Action::Allow,
+            issued_at_ns: 55 * S,
+            ..d
+        }));
+        let snap = Snapshot {
+            reason: DumpReason::OnDemand,
+            config: RecorderConfig::default(),
+            records,
+            from_ns: 0,
+            to_ns: 60 * S,
+            missing_before: 0,
+            pipeline: None,
+        };
         snap.write_to_dir(dir).unwrap()
     }
 
@@ -159,8 +230,16 @@ mod report {
     fn report_tells_the_story_of_the_incident() {
         let dir = temp_dir("forensics");
         let path = incident_dump(&dir);
-        let r = analyse(&path, &Options { recorded: true, ..Options::default() }).unwrap();
-        let kinds: Vec<(TimelineKind, u64)> = r.timeline.iter().map(|t| (t.kind, t.ts_ns / S)).collect();
+        let r = analyse(
+            &path,
+            &Options {
+                recorded: true,
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        let kinds: Vec<(TimelineKind, u64)> =
+            r.timeline.iter().map(|t| (t.kind, t.ts_ns / S)).collect();
         assert_eq!(
             kinds,
             vec![
@@ -187,9 +266,16 @@ mod report {
         assert_eq!(r.timeout_mismatches, 4);
         assert_eq!(r.non_idempotent_retries, 6);
         let text = render_text(&r);
-        assert!(text.contains("storm detected") && text.contains("api->db"), "{text}");
+        assert!(
+            text.contains("storm detected") && text.contains("api->db"),
+            "{text}"
+        );
         let html = render_html(&r);
-        assert!(html.starts_with("<!doctype html>") && html.contains("<polyline") && !html.contains("<script"));
+        assert!(
+            html.starts_with("<!doctype html>")
+                && html.contains("<polyline")
+                && !html.contains("<script")
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -28,7 +28,8 @@ pub struct ContainerId(String);
 impl ContainerId {
     /// `Some` for 64 hex digits.
     pub fn parse(s: &str) -> Option<Self> {
-        (s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())).then(|| ContainerId(s.to_ascii_lowercase()))
+        (s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| ContainerId(s.to_ascii_lowercase()))
     }
     pub fn as_str(&self) -> &str {
         &self.0
@@ -87,7 +88,11 @@ pub fn parse_path(path: &str) -> Option<ContainerRef> {
     let pod_uid = segments[..at].iter().rev().find_map(|s| pod_uid(s));
     let namespace_hint = match (at, segments.first()) {
         // `/<namespace>/<id>`: containerd's layout outside Kubernetes.
-        (1, Some(ns)) if runtime == RuntimeKind::Unknown && !ns.contains('.') && *ns != "docker" => Some(ns.to_string()),
+        (1, Some(ns))
+            if runtime == RuntimeKind::Unknown && !ns.contains('.') && *ns != "docker" =>
+        {
+            Some(ns.to_string())
+        }
         _ => None,
     };
     let runtime = match runtime {
@@ -95,7 +100,12 @@ pub fn parse_path(path: &str) -> Option<ContainerRef> {
         RuntimeKind::Unknown if namespace_hint.is_some() => RuntimeKind::Containerd,
         rt => rt,
     };
-    Some(ContainerRef { id, runtime, pod_uid, namespace_hint })
+    Some(ContainerRef {
+        id,
+        runtime,
+        pod_uid,
+        namespace_hint,
+    })
 }
 
 fn container_segment(seg: &str) -> Option<(ContainerId, RuntimeKind)> {

@@ -17,7 +17,9 @@ use std::{
     sync::{Arc, RwLock},
 };
 
-use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod, core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    apps::v1::ReplicaSet, core::v1::Pod, core::v1::Service, discovery::v1::EndpointSlice,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{
@@ -57,23 +59,39 @@ pub struct ClusterIndex {
 }
 
 fn key(meta: &ObjectMeta) -> Option<Key> {
-    Some((Arc::from(meta.namespace.as_deref()?), Arc::from(meta.name.as_deref()?)))
+    Some((
+        Arc::from(meta.namespace.as_deref()?),
+        Arc::from(meta.name.as_deref()?),
+    ))
 }
 
 fn controller(meta: &ObjectMeta) -> Option<Owner> {
     let refs = meta.owner_references.as_ref()?;
-    let r = refs.iter().find(|r| r.controller == Some(true)).or(refs.first())?;
-    Some(Owner { kind: r.kind.clone(), name: r.name.clone() })
+    let r = refs
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .or(refs.first())?;
+    Some(Owner {
+        kind: r.kind.clone(),
+        name: r.name.clone(),
+    })
 }
 
 fn ips<'a>(it: impl IntoIterator<Item = &'a String>) -> Vec<IpAddr> {
-    let set: BTreeSet<IpAddr> = it.into_iter().filter_map(|s| s.parse::<IpAddr>().ok()).map(|ip| ip.to_canonical()).collect();
+    let set: BTreeSet<IpAddr> = it
+        .into_iter()
+        .filter_map(|s| s.parse::<IpAddr>().ok())
+        .map(|ip| ip.to_canonical())
+        .collect();
     set.into_iter().collect()
 }
 
 impl ClusterIndex {
     pub fn new(max_objects: usize) -> Self {
-        ClusterIndex { max: max_objects, ..Default::default() }
+        ClusterIndex {
+            max: max_objects,
+            ..Default::default()
+        }
     }
 
     /// Objects held (every kind).
@@ -98,7 +116,10 @@ impl ClusterIndex {
         let spec = pod.spec.as_ref();
         let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
         let status = pod.status.as_ref();
-        let mut addrs: Vec<&String> = status.and_then(|s| s.pod_ips.as_ref()).map(|v| v.iter().map(|p| &p.ip).collect()).unwrap_or_default();
+        let mut addrs: Vec<&String> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .map(|v| v.iter().map(|p| &p.ip).collect())
+            .unwrap_or_default();
         if let Some(ip) = status.and_then(|s| s.pod_ip.as_ref()) {
             addrs.push(ip);
         }
@@ -109,7 +130,9 @@ impl ClusterIndex {
                     .iter()
                     .flat_map(|c| {
                         let name: Arc<str> = Arc::from(c.name.as_str());
-                        c.ports.iter().flatten().filter_map(move |p| Some((u16::try_from(p.container_port).ok()?, name.clone())))
+                        c.ports.iter().flatten().filter_map(move |p| {
+                            Some((u16::try_from(p.container_port).ok()?, name.clone()))
+                        })
                     })
                     .collect()
             })
@@ -121,7 +144,15 @@ impl ClusterIndex {
         if let Some(u) = &uid {
             self.pod_by_uid.insert(u.clone(), k.clone());
         }
-        self.pods.insert(k, PodEntry { uid, ips, owner: controller(&pod.metadata), ports });
+        self.pods.insert(
+            k,
+            PodEntry {
+                uid,
+                ips,
+                owner: controller(&pod.metadata),
+                ports,
+            },
+        );
     }
 
     pub fn delete_pod(&mut self, pod: &Pod) {
@@ -131,7 +162,9 @@ impl ClusterIndex {
     }
 
     fn delete_pod_key(&mut self, k: &Key) {
-        let Some(old) = self.pods.remove(k) else { return };
+        let Some(old) = self.pods.remove(k) else {
+            return;
+        };
         for ip in old.ips {
             // A recycled IP may already belong to a newer pod.
             if self.pod_by_ip.get(&ip) == Some(k) {
@@ -164,7 +197,10 @@ impl ClusterIndex {
             return;
         }
         let spec = svc.spec.as_ref();
-        let mut addrs: Vec<&String> = spec.and_then(|s| s.cluster_ips.as_ref()).map(|v| v.iter().collect()).unwrap_or_default();
+        let mut addrs: Vec<&String> = spec
+            .and_then(|s| s.cluster_ips.as_ref())
+            .map(|v| v.iter().collect())
+            .unwrap_or_default();
         if let Some(ip) = spec.and_then(|s| s.cluster_ip.as_ref()) {
             addrs.push(ip);
         }
@@ -191,8 +227,17 @@ impl ClusterIndex {
     }
 
     pub fn apply_slice(&mut self, slice: &EndpointSlice) {
-        let Some(k) = key(&slice.metadata) else { return };
-        let Some(service) = slice.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")) else { return };
+        let Some(k) = key(&slice.metadata) else {
+            return;
+        };
+        let Some(service) = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("kubernetes.io/service-name"))
+        else {
+            return;
+        };
         if self.full() && !self.slices.contains_key(&k) {
             return;
         }
@@ -208,7 +253,13 @@ impl ClusterIndex {
                 Some((Arc::from(ns), Arc::from(t.name.as_deref()?)))
             })
             .collect();
-        self.slices.insert(k.clone(), SliceEntry { service: (k.0.clone(), Arc::from(service.as_str())), pods });
+        self.slices.insert(
+            k.clone(),
+            SliceEntry {
+                service: (k.0.clone(), Arc::from(service.as_str())),
+                pods,
+            },
+        );
     }
 
     pub fn delete_slice(&mut self, slice: &EndpointSlice) {
@@ -244,9 +295,11 @@ impl ClusterIndex {
 
     fn workload(&self, k: &Key, p: &PodEntry) -> (String, WorkloadKind) {
         let rs_owner = match &p.owner {
-            Some(o) if o.kind == "ReplicaSet" => {
-                self.replicasets.get(&(k.0.clone(), Arc::from(o.name.as_str()))).cloned().flatten()
-            }
+            Some(o) if o.kind == "ReplicaSet" => self
+                .replicasets
+                .get(&(k.0.clone(), Arc::from(o.name.as_str())))
+                .cloned()
+                .flatten(),
             _ => None,
         };
         workload_of(&k.1, p.owner.as_ref(), rs_owner.as_ref())
@@ -255,7 +308,13 @@ impl ClusterIndex {
     fn pod_name(&self, k: &Key, container: Option<Arc<str>>) -> Option<WorkloadName> {
         let p = self.pods.get(k)?;
         let (workload, kind) = self.workload(k, p);
-        Some(WorkloadName { namespace: k.0.clone(), workload: Arc::from(workload), workload_kind: kind, pod: k.1.clone(), container })
+        Some(WorkloadName {
+            namespace: k.0.clone(),
+            workload: Arc::from(workload),
+            workload_kind: kind,
+            pod: k.1.clone(),
+            container,
+        })
     }
 
     /// The pod with this UID (a kubelet cgroup names it when the runtime cannot be asked).
@@ -268,7 +327,13 @@ impl ClusterIndex {
     pub fn name_of_ip(&self, ip: IpAddr, port: u16) -> Option<WorkloadName> {
         let ip = ip.to_canonical();
         if let Some(k) = self.pod_by_ip.get(&ip) {
-            let container = self.pods.get(k)?.ports.iter().find(|(p, _)| *p == port).map(|(_, c)| c.clone());
+            let container = self
+                .pods
+                .get(k)?
+                .ports
+                .iter()
+                .find(|(p, _)| *p == port)
+                .map(|(_, c)| c.clone());
             return self.pod_name(k, container);
         }
         let svc = self.service_by_ip.get(&ip)?;
@@ -318,9 +383,14 @@ pub fn in_cluster() -> bool {
 }
 
 /// Starts the watches when the agent runs in a cluster; otherwise does nothing.
-pub(super) fn spawn_if_in_cluster(index: Arc<RwLock<ClusterIndex>>, shared: Arc<super::resolver::Shared>) {
+pub(super) fn spawn_if_in_cluster(
+    index: Arc<RwLock<ClusterIndex>>,
+    shared: Arc<super::resolver::Shared>,
+) {
     if !in_cluster() {
-        tracing::info!("no in-cluster credentials: remote addresses are not named from the Kubernetes API");
+        tracing::info!(
+            "no in-cluster credentials: remote addresses are not named from the Kubernetes API"
+        );
         return;
     }
     tokio::spawn(watch::run(index, shared));

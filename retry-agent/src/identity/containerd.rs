@@ -54,9 +54,16 @@ pub enum RuntimeError {
         source: tonic::transport::Error,
     },
     #[error("container {id} not found in containerd namespaces {namespaces:?}")]
-    NotFound { id: ContainerId, namespaces: Vec<String> },
+    NotFound {
+        id: ContainerId,
+        namespaces: Vec<String>,
+    },
     #[error("containerd answered {code:?} for container {id}: {message}")]
-    Call { id: ContainerId, code: Code, message: String },
+    Call {
+        id: ContainerId,
+        code: Code,
+        message: String,
+    },
 }
 
 /// A client of one containerd socket. Connects lazily and reconnects after failures (tonic's
@@ -76,7 +83,11 @@ impl Client {
             .connect_timeout(CALL_TIMEOUT)
             .connect_with_connector_lazy(tower::service_fn(move |_| {
                 let path = path.clone();
-                async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+                async move {
+                    tokio::net::UnixStream::connect(path)
+                        .await
+                        .map(TokioIo::new)
+                }
             }));
         Ok(Client { socket, channel })
     }
@@ -86,33 +97,56 @@ impl Client {
     }
 
     /// The container's labels, looked up in each namespace in turn.
-    pub async fn labels(&self, id: &ContainerId, namespaces: &[String]) -> Result<HashMap<String, String>, RuntimeError> {
+    pub async fn labels(
+        &self,
+        id: &ContainerId,
+        namespaces: &[String],
+    ) -> Result<HashMap<String, String>, RuntimeError> {
         for ns in namespaces {
             match self.get(id, ns).await {
                 Ok(c) => return Ok(c.labels),
                 Err(GetError::NotFound) => continue,
                 Err(GetError::Transport(source)) => {
-                    return Err(RuntimeError::Unreachable { socket: self.socket.clone(), source });
+                    return Err(RuntimeError::Unreachable {
+                        socket: self.socket.clone(),
+                        source,
+                    });
                 }
                 Err(GetError::Status(s)) if is_unreachable(&s) => {
-                    return Err(RuntimeError::Call { id: id.clone(), code: Code::Unavailable, message: s.message().to_string() });
+                    return Err(RuntimeError::Call {
+                        id: id.clone(),
+                        code: Code::Unavailable,
+                        message: s.message().to_string(),
+                    });
                 }
                 Err(GetError::Status(s)) => {
-                    return Err(RuntimeError::Call { id: id.clone(), code: s.code(), message: s.message().to_string() });
+                    return Err(RuntimeError::Call {
+                        id: id.clone(),
+                        code: s.code(),
+                        message: s.message().to_string(),
+                    });
                 }
             }
         }
-        Err(RuntimeError::NotFound { id: id.clone(), namespaces: namespaces.to_vec() })
+        Err(RuntimeError::NotFound {
+            id: id.clone(),
+            namespaces: namespaces.to_vec(),
+        })
     }
 
     async fn get(&self, id: &ContainerId, namespace: &str) -> Result<Container, GetError> {
         let mut grpc = tonic::client::Grpc::new(self.channel.clone());
         grpc.ready().await.map_err(GetError::Transport)?;
-        let mut req = tonic::Request::new(GetContainerRequest { id: id.as_str().to_string() });
+        let mut req = tonic::Request::new(GetContainerRequest {
+            id: id.as_str().to_string(),
+        });
         let ns = namespace.parse().map_err(|_| GetError::NotFound)?;
         req.metadata_mut().insert(NAMESPACE_HEADER, ns);
         let codec = tonic_prost::ProstCodec::<GetContainerRequest, GetContainerResponse>::default();
-        match grpc.unary(req, PathAndQuery::from_static(GET_PATH), codec).await {
+        match grpc
+            .unary(req, PathAndQuery::from_static(GET_PATH), codec)
+            .await
+        {
             Ok(resp) => resp.into_inner().container.ok_or(GetError::NotFound),
             Err(s) if s.code() == Code::NotFound => Err(GetError::NotFound),
             Err(s) => Err(GetError::Status(s)),
@@ -129,5 +163,8 @@ enum GetError {
 /// Whether a status means the socket could not be reached (tonic reports a refused or missing
 /// socket as `Unavailable` from the lazy channel).
 pub fn is_unreachable(s: &tonic::Status) -> bool {
-    matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled)
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
+    )
 }

@@ -35,7 +35,12 @@ pub use resolver::Resolved;
 /// The name of a process nothing better names: `comm:port`, plus `@netns:<inode>` when the
 /// process is not in the host's network namespace, so two processes listening on the same port
 /// in two namespaces never share a name by accident.
-pub fn fallback_name(comm: &str, port: Option<u16>, netns: Option<u64>, host_netns: Option<u64>) -> String {
+pub fn fallback_name(
+    comm: &str,
+    port: Option<u16>,
+    netns: Option<u64>,
+    host_netns: Option<u64>,
+) -> String {
     let mut s = match port {
         Some(p) => format!("{comm}:{p}"),
         None => comm.to_string(),
@@ -128,13 +133,26 @@ pub struct IdentityConfig {
     #[arg(long = "identity-kube", env = "RETRY_AGENT_IDENTITY_KUBE", value_enum, default_value_t = KubeMode::Auto)]
     pub kube: KubeMode,
     /// Containers (and pods in the API index) kept; beyond it new ones stay unnamed and counted.
-    #[arg(long = "identity-max-containers", env = "RETRY_AGENT_IDENTITY_MAX_CONTAINERS", default_value_t = 4096)]
+    #[arg(
+        long = "identity-max-containers",
+        env = "RETRY_AGENT_IDENTITY_MAX_CONTAINERS",
+        default_value_t = 4096
+    )]
     pub max_containers: usize,
     /// Pods, Services and ReplicaSets kept from the API watch.
-    #[arg(long = "identity-max-objects", env = "RETRY_AGENT_IDENTITY_MAX_OBJECTS", default_value_t = 100_000)]
+    #[arg(
+        long = "identity-max-objects",
+        env = "RETRY_AGENT_IDENTITY_MAX_OBJECTS",
+        default_value_t = 100_000
+    )]
     pub max_objects: usize,
     /// Where /proc is (the host's, under hostPID).
-    #[arg(id = "identity_proc_root", long = "identity-proc-root", env = "RETRY_AGENT_IDENTITY_PROC_ROOT", default_value = "/proc")]
+    #[arg(
+        id = "identity_proc_root",
+        long = "identity-proc-root",
+        env = "RETRY_AGENT_IDENTITY_PROC_ROOT",
+        default_value = "/proc"
+    )]
     pub proc_root: PathBuf,
 }
 
@@ -147,8 +165,18 @@ impl Default for IdentityConfig {
 impl Settings for IdentityConfig {
     fn check(&self, p: &mut InvalidConfig) {
         // Zero would name nothing while still paying for the runtime calls.
-        p.check(self.max_containers > 0, "identity-max-containers", self.max_containers, "at least 1");
-        p.check(self.max_objects > 0, "identity-max-objects", self.max_objects, "at least 1");
+        p.check(
+            self.max_containers > 0,
+            "identity-max-containers",
+            self.max_containers,
+            "at least 1",
+        );
+        p.check(
+            self.max_objects > 0,
+            "identity-max-objects",
+            self.max_objects,
+            "at least 1",
+        );
     }
 }
 
@@ -161,7 +189,10 @@ impl Failures {
         self.0[r.index()].fetch_add(1, Ordering::Relaxed);
     }
     fn snapshot(&self) -> Vec<(FailureReason, u64)> {
-        FailureReason::ALL.iter().map(|r| (*r, self.0[r.index()].load(Ordering::Relaxed))).collect()
+        FailureReason::ALL
+            .iter()
+            .map(|r| (*r, self.0[r.index()].load(Ordering::Relaxed)))
+            .collect()
     }
 }
 
@@ -196,7 +227,14 @@ impl Identity {
         if cfg.kube == KubeMode::Auto {
             cluster::spawn_if_in_cluster(cluster.clone(), shared.clone());
         }
-        (Identity { shared, cluster, queue: Some(queue) }, resolved)
+        (
+            Identity {
+                shared,
+                cluster,
+                queue: Some(queue),
+            },
+            resolved,
+        )
     }
 
     /// A process was described (new pid, or its metadata changed): resolve its container if

@@ -44,8 +44,14 @@ pub struct Owner {
 
 /// The workload of a pod owned by `owner`; a ReplicaSet is followed to its Deployment through
 /// `rs_owner` (the ReplicaSet's own owner, from the index) and a Job to its CronJob by name.
-pub fn workload_of(pod: &str, owner: Option<&Owner>, rs_owner: Option<&Owner>) -> (String, WorkloadKind) {
-    let Some(owner) = owner else { return (pod.to_string(), WorkloadKind::Pod) };
+pub fn workload_of(
+    pod: &str,
+    owner: Option<&Owner>,
+    rs_owner: Option<&Owner>,
+) -> (String, WorkloadKind) {
+    let Some(owner) = owner else {
+        return (pod.to_string(), WorkloadKind::Pod);
+    };
     match owner.kind.as_str() {
         "ReplicaSet" => match rs_owner {
             Some(o) if o.kind == "Deployment" => (o.name.clone(), WorkloadKind::Deployment),
@@ -104,13 +110,15 @@ fn strip_random(name: &str) -> Option<&str> {
 /// `<base>-<pod-template-hash>` (a ReplicaSet name) → base. The hash is 6 to 10 safe characters.
 fn strip_hash(name: &str) -> Option<&str> {
     let (base, hash) = name.rsplit_once('-')?;
-    (!base.is_empty() && (6..=10).contains(&hash.len()) && hash.bytes().all(is_safe_char)).then_some(base)
+    (!base.is_empty() && (6..=10).contains(&hash.len()) && hash.bytes().all(is_safe_char))
+        .then_some(base)
 }
 
 /// `<cronjob>-<scheduled minutes since the epoch>` → the CronJob.
 fn cronjob_of_job(job: &str) -> Option<&str> {
     let (base, ts) = job.rsplit_once('-')?;
-    (!base.is_empty() && (8..=10).contains(&ts.len()) && ts.bytes().all(|b| b.is_ascii_digit())).then_some(base)
+    (!base.is_empty() && (8..=10).contains(&ts.len()) && ts.bytes().all(|b| b.is_ascii_digit()))
+        .then_some(base)
 }
 
 /// The name of a container from its labels, with the workload from `owner_lookup` (the API

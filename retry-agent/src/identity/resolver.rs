@@ -99,8 +99,14 @@ impl Shared {
     }
 
     fn pids_in(&self, id: &ContainerId) -> Vec<u32> {
-        let Ok(m) = self.pids.read() else { return Vec::new() };
-        let mut v: Vec<u32> = m.iter().filter(|(_, e)| matches!(e, PidEntry::Container(c) if c == id)).map(|(p, _)| *p).collect();
+        let Ok(m) = self.pids.read() else {
+            return Vec::new();
+        };
+        let mut v: Vec<u32> = m
+            .iter()
+            .filter(|(_, e)| matches!(e, PidEntry::Container(c) if c == id))
+            .map(|(p, _)| *p)
+            .collect();
         v.sort_unstable();
         v
     }
@@ -116,7 +122,9 @@ impl Shared {
 
     /// Stores the outcome; `false` when the cache is full (the name is then not kept).
     fn set_container(&self, id: ContainerId, e: Entry) -> bool {
-        let Ok(mut m) = self.containers.write() else { return false };
+        let Ok(mut m) = self.containers.write() else {
+            return false;
+        };
         if m.len() >= self.cfg.max_containers && !m.contains_key(&id) {
             // Make room from failures first; named containers stay (they are the useful ones).
             m.retain(|_, e| matches!(e, Entry::Named(_)));
@@ -129,28 +137,41 @@ impl Shared {
     }
 }
 
-pub(super) fn spawn(shared: Arc<Shared>, cluster: Arc<RwLock<ClusterIndex>>) -> (mpsc::Sender<u32>, mpsc::Receiver<Resolved>) {
+pub(super) fn spawn(
+    shared: Arc<Shared>,
+    cluster: Arc<RwLock<ClusterIndex>>,
+) -> (mpsc::Sender<u32>, mpsc::Receiver<Resolved>) {
     let (tx, rx) = mpsc::channel::<u32>(QUEUE);
     let (resolved_tx, resolved_rx) = mpsc::channel::<Resolved>(QUEUE);
     tokio::spawn(run(shared, cluster, rx, resolved_tx));
     (tx, resolved_rx)
 }
 
-async fn run(shared: Arc<Shared>, cluster: Arc<RwLock<ClusterIndex>>, mut rx: mpsc::Receiver<u32>, out: mpsc::Sender<Resolved>) {
-    let clients: Vec<containerd::Client> =
-        shared.cfg.runtime_sockets.iter().filter_map(|s| containerd::Client::new(s.clone()).ok()).collect();
+async fn run(
+    shared: Arc<Shared>,
+    cluster: Arc<RwLock<ClusterIndex>>,
+    mut rx: mpsc::Receiver<u32>,
+    out: mpsc::Sender<Resolved>,
+) {
+    let clients: Vec<containerd::Client> = shared
+        .cfg
+        .runtime_sockets
+        .iter()
+        .filter_map(|s| containerd::Client::new(s.clone()).ok())
+        .collect();
     let mut warned = false;
     while let Some(pid) = rx.recv().await {
         if shared.knows_pid(pid) {
             continue;
         }
-        let text = match fs::read_to_string(shared.cfg.proc_root.join(pid.to_string()).join("cgroup")) {
-            Ok(t) => t,
-            Err(_) => {
-                shared.failures.count(FailureReason::ProcessGone);
-                continue;
-            }
-        };
+        let text =
+            match fs::read_to_string(shared.cfg.proc_root.join(pid.to_string()).join("cgroup")) {
+                Ok(t) => t,
+                Err(_) => {
+                    shared.failures.count(FailureReason::ProcessGone);
+                    continue;
+                }
+            };
         let Some(cref) = cgroup::parse(&text) else {
             shared.set_pid(pid, PidEntry::Host);
             continue;
@@ -160,7 +181,13 @@ async fn run(shared: Arc<Shared>, cluster: Arc<RwLock<ClusterIndex>>, mut rx: mp
             // A new process of a container already named: announce it too, or the caller never
             // learns its name (only the container's first lookup announces otherwise).
             if let Some(name) = shared.name_of_pid(pid)
-                && out.try_send(Resolved { container: cref.id, name, pids: vec![pid] }).is_err()
+                && out
+                    .try_send(Resolved {
+                        container: cref.id,
+                        name,
+                        pids: vec![pid],
+                    })
+                    .is_err()
             {
                 shared.failures.count(FailureReason::QueueFull);
             }
@@ -186,7 +213,14 @@ async fn run(shared: Arc<Shared>, cluster: Arc<RwLock<ClusterIndex>>, mut rx: mp
         {
             debug!(container = %cref.id, %name, "container named");
             let pids = shared.pids_in(&cref.id);
-            if out.try_send(Resolved { container: cref.id, name, pids }).is_err() {
+            if out
+                .try_send(Resolved {
+                    container: cref.id,
+                    name,
+                    pids,
+                })
+                .is_err()
+            {
                 // The consumer is behind: the names are still in the cache for lookups.
                 shared.failures.count(FailureReason::QueueFull);
             }
@@ -205,18 +239,33 @@ async fn resolve(
     cref: &ContainerRef,
 ) -> Result<WorkloadName, FailureReason> {
     let mut namespaces: Vec<String> = cref.namespace_hint.iter().cloned().collect();
-    namespaces.extend(shared.cfg.containerd_namespaces.iter().filter(|n| Some(*n) != cref.namespace_hint.as_ref()).cloned());
+    namespaces.extend(
+        shared
+            .cfg
+            .containerd_namespaces
+            .iter()
+            .filter(|n| Some(*n) != cref.namespace_hint.as_ref())
+            .cloned(),
+    );
     let mut failure = FailureReason::RuntimeUnreachable;
     for client in clients {
         match client.labels(&cref.id, &namespaces).await {
             Ok(labels) => {
-                let Some(p) = pod::pod_labels(&labels) else { return Err(FailureReason::LabelsMissing) };
-                let owner = cluster.read().ok().and_then(|c| c.workload_of_pod(&p.namespace, &p.pod));
+                let Some(p) = pod::pod_labels(&labels) else {
+                    return Err(FailureReason::LabelsMissing);
+                };
+                let owner = cluster
+                    .read()
+                    .ok()
+                    .and_then(|c| c.workload_of_pod(&p.namespace, &p.pod));
                 return Ok(pod::name_container(&p, owner));
             }
             Err(RuntimeError::NotFound { .. }) => failure = FailureReason::ContainerNotFound,
             Err(RuntimeError::Unreachable { .. }) => {}
-            Err(RuntimeError::Call { code: tonic::Code::Unavailable | tonic::Code::DeadlineExceeded, .. }) => {}
+            Err(RuntimeError::Call {
+                code: tonic::Code::Unavailable | tonic::Code::DeadlineExceeded,
+                ..
+            }) => {}
             Err(e) => {
                 debug!(error = %e, socket = %client.socket().display(), "runtime lookup failed");
                 failure = FailureReason::RuntimeError;

@@ -74,15 +74,15 @@ pub(crate) fn classify(failure: Option<Failure>, s: &Signals) -> OutcomeClass {
 
 pub(crate) fn classify_failure(f: Failure) -> OutcomeClass {
     match f {
-        Failure::ConnectRefused | Failure::ConnectTimeout | Failure::Reset | Failure::ResetMidResponse => {
-            OutcomeClass::Transient
-        }
+        Failure::ConnectRefused
+        | Failure::ConnectTimeout
+        | Failure::Reset
+        | Failure::ResetMidResponse => OutcomeClass::Transient,
         Failure::ClosedNoResponse | Failure::Abandoned => OutcomeClass::Unknown,
         // REFUSED_STREAM guarantees the request was not processed: retryable.
         Failure::RstStream(h2_error::REFUSED_STREAM) => OutcomeClass::Transient,
-        Failure::RstStream(h2_error::ENHANCE_YOUR_CALM) | Failure::GoAway(h2_error::ENHANCE_YOUR_CALM) => {
-            OutcomeClass::Overload
-        }
+        Failure::RstStream(h2_error::ENHANCE_YOUR_CALM)
+        | Failure::GoAway(h2_error::ENHANCE_YOUR_CALM) => OutcomeClass::Overload,
         // A cancelled stream was given up by the caller: the result is unknown.
         Failure::RstStream(h2_error::CANCEL) => OutcomeClass::Unknown,
         Failure::RstStream(_) => OutcomeClass::Transient,
@@ -125,7 +125,10 @@ mod tests {
     use super::*;
 
     fn http(status: u16) -> Signals {
-        Signals { status: Some(status), ..Default::default() }
+        Signals {
+            status: Some(status),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -146,9 +149,27 @@ mod tests {
             (http(502), Transient),
             (http(503), Transient),
             (http(504), Transient),
-            (Signals { retry_after: true, ..http(503) }, Overload),
-            (Signals { ratelimited: true, ..http(200) }, Overload),
-            (Signals { pushback: true, ..http(503) }, Overload),
+            (
+                Signals {
+                    retry_after: true,
+                    ..http(503)
+                },
+                Overload,
+            ),
+            (
+                Signals {
+                    ratelimited: true,
+                    ..http(200)
+                },
+                Overload,
+            ),
+            (
+                Signals {
+                    pushback: true,
+                    ..http(503)
+                },
+                Overload,
+            ),
             (Signals::default(), Unknown),
         ];
         for (s, want) in cases {
@@ -159,25 +180,65 @@ mod tests {
     #[test]
     fn grpc_status_dominates_http_200() {
         use OutcomeClass::*;
-        let g = |c| Signals { status: Some(200), grpc_status: Some(c), ..Default::default() };
+        let g = |c| Signals {
+            status: Some(200),
+            grpc_status: Some(c),
+            ..Default::default()
+        };
         assert_eq!(classify(None, &g(grpc::OK)), Success);
         assert_eq!(classify(None, &g(grpc::UNAVAILABLE)), Transient);
         assert_eq!(classify(None, &g(grpc::RESOURCE_EXHAUSTED)), Overload);
         assert_eq!(classify(None, &g(grpc::INVALID_ARGUMENT)), Semantic);
         assert_eq!(classify(None, &g(grpc::NOT_FOUND)), Semantic);
         assert_eq!(classify(None, &g(grpc::DEADLINE_EXCEEDED)), Unknown);
-        assert_eq!(classify(None, &Signals { pushback: true, ..g(grpc::UNAVAILABLE) }), Overload);
+        assert_eq!(
+            classify(
+                None,
+                &Signals {
+                    pushback: true,
+                    ..g(grpc::UNAVAILABLE)
+                }
+            ),
+            Overload
+        );
     }
 
     #[test]
     fn failures_decide_before_status() {
         use OutcomeClass::*;
-        assert_eq!(classify(Some(Failure::ConnectRefused), &http(200)), Transient);
-        assert_eq!(classify(Some(Failure::ResetMidResponse), &http(200)), Transient);
-        assert_eq!(classify(Some(Failure::Abandoned), &Signals::default()), Unknown);
-        assert_eq!(classify(Some(Failure::ClosedNoResponse), &Signals::default()), Unknown);
-        assert_eq!(classify(Some(Failure::RstStream(h2_error::REFUSED_STREAM)), &http(200)), Transient);
-        assert_eq!(classify(Some(Failure::RstStream(h2_error::CANCEL)), &Signals::default()), Unknown);
-        assert_eq!(classify(Some(Failure::GoAway(0)), &Signals::default()), Transient);
+        assert_eq!(
+            classify(Some(Failure::ConnectRefused), &http(200)),
+            Transient
+        );
+        assert_eq!(
+            classify(Some(Failure::ResetMidResponse), &http(200)),
+            Transient
+        );
+        assert_eq!(
+            classify(Some(Failure::Abandoned), &Signals::default()),
+            Unknown
+        );
+        assert_eq!(
+            classify(Some(Failure::ClosedNoResponse), &Signals::default()),
+            Unknown
+        );
+        assert_eq!(
+            classify(
+                Some(Failure::RstStream(h2_error::REFUSED_STREAM)),
+                &http(200)
+            ),
+            Transient
+        );
+        assert_eq!(
+            classify(
+                Some(Failure::RstStream(h2_error::CANCEL)),
+                &Signals::default()
+            ),
+            Unknown
+        );
+        assert_eq!(
+            classify(Some(Failure::GoAway(0)), &Signals::default()),
+            Transient
+        );
     }
 }

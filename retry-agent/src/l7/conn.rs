@@ -147,9 +147,23 @@ fn guess(b: &[u8], fresh: bool) -> Guess {
 }
 
 impl Conn {
-    pub(crate) fn new(id: ConnId, pid: u32, role: Role, tuple: Option<Tuple>, fresh: bool, cap: usize, max_inflight: usize) -> Self {
+    pub(crate) fn new(
+        id: ConnId,
+        pid: u32,
+        role: Role,
+        tuple: Option<Tuple>,
+        fresh: bool,
+        cap: usize,
+        max_inflight: usize,
+    ) -> Self {
         Conn {
-            info: ConnInfo { id, pid, role, tuple, protocol: Protocol::Opaque },
+            info: ConnInfo {
+                id,
+                pid,
+                role,
+                tuple,
+                protocol: Protocol::Opaque,
+            },
             req_dir: req_dir_of(role),
             fresh,
             probes: 0,
@@ -205,7 +219,14 @@ impl Conn {
             tid: d.tid,
             goid: d.goid,
         };
-        let payload = d.payload.get(..d.payload.len().min(usize::try_from(d.len).unwrap_or(usize::MAX))).unwrap_or_default();
+        let payload = d
+            .payload
+            .get(
+                ..d.payload
+                    .len()
+                    .min(usize::try_from(d.len).unwrap_or(usize::MAX)),
+            )
+            .unwrap_or_default();
         let gap = d.len.saturating_sub(payload.len() as u64);
         if let Proto::Undetected(_) = self.proto {
             self.detect(d.direction, payload, gap, &ctx, em);
@@ -214,17 +235,36 @@ impl Conn {
         self.feed(d.direction, payload, gap, &ctx, true, em);
     }
 
-    fn feed(&mut self, dir: Direction, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, em: &mut Emitter<'_>) {
+    fn feed(
+        &mut self,
+        dir: Direction,
+        payload: &[u8],
+        gap: u64,
+        ctx: &Ctx,
+        event_start: bool,
+        em: &mut Emitter<'_>,
+    ) {
         let is_req = self.req_dir == Some(dir);
         let info = self.info;
         match &mut self.proto {
             Proto::Undetected(_) => {}
             Proto::Opaque => em.stats.opaque_bytes += payload.len() as u64 + gap,
             Proto::Http1(h) => {
-                if let Some((stream1, left)) = h.feed(is_req, payload, gap, ctx, event_start, &info, self.max_inflight, em) {
+                if let Some((stream1, left)) = h.feed(
+                    is_req,
+                    payload,
+                    gap,
+                    ctx,
+                    event_start,
+                    &info,
+                    self.max_inflight,
+                    em,
+                ) {
                     self.switch_to_h2c(stream1);
                     // The server's first frames may share the write of its 101.
-                    let tail = payload.get(payload.len().saturating_sub(left)..).unwrap_or_default();
+                    let tail = payload
+                        .get(payload.len().saturating_sub(left)..)
+                        .unwrap_or_default();
                     if !tail.is_empty() {
                         self.feed(dir, tail, 0, ctx, true, em);
                     }
@@ -236,16 +276,33 @@ impl Conn {
 
     /// Undetected: hold or guess from the direction's first bytes; once a protocol is decided,
     /// start its parsers and replay what both directions held.
-    fn detect(&mut self, dir: Direction, payload: &[u8], gap: u64, ctx: &Ctx, em: &mut Emitter<'_>) {
-        let Some((g, held)) = self.sniff(dir, payload, gap, ctx, em) else { return };
-        let Some((proto, req_dir)) = self.protocol_of(g, dir) else { return };
+    fn detect(
+        &mut self,
+        dir: Direction,
+        payload: &[u8],
+        gap: u64,
+        ctx: &Ctx,
+        em: &mut Emitter<'_>,
+    ) {
+        let Some((g, held)) = self.sniff(dir, payload, gap, ctx, em) else {
+            return;
+        };
+        let Some((proto, req_dir)) = self.protocol_of(g, dir) else {
+            return;
+        };
         if self.req_dir.is_some_and(|r| r != req_dir) {
             // The bytes contradict the role the kernel reported: do not parse them as HTTP.
             self.proto = Proto::Opaque;
             return;
         }
-        let Proto::Undetected(dirs) = std::mem::replace(&mut self.proto, Proto::Opaque) else { return };
-        let first = if held.is_empty() { *ctx } else { dirs[dir_index(dir)].first };
+        let Proto::Undetected(dirs) = std::mem::replace(&mut self.proto, Proto::Opaque) else {
+            return;
+        };
+        let first = if held.is_empty() {
+            *ctx
+        } else {
+            dirs[dir_index(dir)].first
+        };
         self.start(proto, req_dir, g, dir);
         self.replay(dir, dirs, &held, &first, payload, gap, ctx, em);
     }
@@ -254,15 +311,33 @@ impl Conn {
     /// undecided (the bytes are held for the next event) or when this direction gave no message
     /// start (a probe used up; opaque once they run out). Otherwise the guess and the bytes held
     /// before this event.
-    fn sniff(&mut self, dir: Direction, payload: &[u8], gap: u64, ctx: &Ctx, em: &mut Emitter<'_>) -> Option<(Guess, Vec<u8>)> {
-        let Proto::Undetected(dirs) = &mut self.proto else { return None };
+    fn sniff(
+        &mut self,
+        dir: Direction,
+        payload: &[u8],
+        gap: u64,
+        ctx: &Ctx,
+        em: &mut Emitter<'_>,
+    ) -> Option<(Guess, Vec<u8>)> {
+        let Proto::Undetected(dirs) = &mut self.proto else {
+            return None;
+        };
         let det = &mut dirs[dir_index(dir)];
         let at_event_start = det.buf.is_empty();
         let mut cand = std::mem::take(&mut det.buf);
         let prior = cand.len();
-        cand.extend_from_slice(payload.get(..payload.len().min(DETECT_BYTES)).unwrap_or_default());
+        cand.extend_from_slice(
+            payload
+                .get(..payload.len().min(DETECT_BYTES))
+                .unwrap_or_default(),
+        );
         let mut g = guess(&cand, self.fresh);
-        if g == Guess::No && at_event_start && gap == 0 && !self.fresh && http2::is_frame_run(payload) {
+        if g == Guess::No
+            && at_event_start
+            && gap == 0
+            && !self.fresh
+            && http2::is_frame_run(payload)
+        {
             g = Guess::Http2Mid;
         }
         match g {
@@ -329,27 +404,60 @@ impl Conn {
                 let hpack_ok = g != Guess::Http2Mid;
                 let preface = g == Guess::Http2Client || (self.fresh && g == Guess::Http2Server);
                 let (req, resp) = if g == Guess::Http2Mid {
-                    (H2Dir::new(Side::Request, false, false, self.cap), H2Dir::new(Side::Response, false, false, self.cap))
+                    (
+                        H2Dir::new(Side::Request, false, false, self.cap),
+                        H2Dir::new(Side::Response, false, false, self.cap),
+                    )
                 } else if mid {
-                    (H2Dir::new_lost(Side::Request, self.cap), H2Dir::new(Side::Response, false, hpack_ok, self.cap))
+                    (
+                        H2Dir::new_lost(Side::Request, self.cap),
+                        H2Dir::new(Side::Response, false, hpack_ok, self.cap),
+                    )
                 } else {
-                    (H2Dir::new(Side::Request, preface, hpack_ok, self.cap), H2Dir::new(Side::Response, false, hpack_ok, self.cap))
+                    (
+                        H2Dir::new(Side::Request, preface, hpack_ok, self.cap),
+                        H2Dir::new(Side::Response, false, hpack_ok, self.cap),
+                    )
                 };
-                Proto::Http2(Box::new(H2Conn { dirs: [req, resp], streams: HashMap::new(), max_inflight: self.max_inflight }))
+                Proto::Http2(Box::new(H2Conn {
+                    dirs: [req, resp],
+                    streams: HashMap::new(),
+                    max_inflight: self.max_inflight,
+                }))
             }
             _ => {
-                let mk = |side| if mid { H1Parser::new_lost(side, self.cap) } else { H1Parser::new(side, self.cap) };
+                let mk = |side| {
+                    if mid {
+                        H1Parser::new_lost(side, self.cap)
+                    } else {
+                        H1Parser::new(side, self.cap)
+                    }
+                };
                 let mut h = H1Conn::new(mk(Side::Request), mk(Side::Response));
                 // The direction that decided starts at a message start.
-                let decided = if dir == req_dir { &mut h.req } else { &mut h.resp };
-                *decided = H1Parser::new(if dir == req_dir { Side::Request } else { Side::Response }, self.cap);
+                let decided = if dir == req_dir {
+                    &mut h.req
+                } else {
+                    &mut h.resp
+                };
+                *decided = H1Parser::new(
+                    if dir == req_dir {
+                        Side::Request
+                    } else {
+                        Side::Response
+                    },
+                    self.cap,
+                );
                 Proto::Http1(Box::new(h))
             }
         };
     }
 
     /// Replays what the other direction held, then this direction's held bytes and event.
-    #[expect(clippy::too_many_arguments, reason = "one call site; the event and what detection held")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site; the event and what detection held"
+    )]
     fn replay(
         &mut self,
         dir: Direction,
@@ -380,8 +488,18 @@ impl Conn {
         let req = H2Dir::new(Side::Request, true, true, self.cap);
         let resp = H2Dir::new(Side::Response, false, true, self.cap);
         let mut streams = HashMap::new();
-        streams.insert(1, H2Stream { p: stream1, hasher: BodyHasher::default() });
-        self.proto = Proto::Http2(Box::new(H2Conn { dirs: [req, resp], streams, max_inflight: self.max_inflight }));
+        streams.insert(
+            1,
+            H2Stream {
+                p: stream1,
+                hasher: BodyHasher::default(),
+            },
+        );
+        self.proto = Proto::Http2(Box::new(H2Conn {
+            dirs: [req, resp],
+            streams,
+            max_inflight: self.max_inflight,
+        }));
     }
 
     /// The connection ended: finish what a close finishes, fail what is still in flight.
@@ -417,8 +535,20 @@ mod close_tests {
     fn client_close_after_error_head_keeps_the_status_outcome() {
         let (xs, _) = run(&[
             conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
-            data(3, Role::Client, Direction::Egress, 10, b"GET /b HTTP/1.1\r\nHost: b\r\n\r\n"),
-            data(3, Role::Client, Direction::Ingress, 20, b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 1\r\n\r\n"),
+            data(
+                3,
+                Role::Client,
+                Direction::Egress,
+                10,
+                b"GET /b HTTP/1.1\r\nHost: b\r\n\r\n",
+            ),
+            data(
+                3,
+                Role::Client,
+                Direction::Ingress,
+                20,
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 1\r\n\r\n",
+            ),
             conn_ev(3, Role::Client, 30, ConnEventKind::Close),
         ]);
         assert_eq!(xs.len(), 1);
@@ -432,7 +562,13 @@ mod close_tests {
     fn client_close_before_any_head_is_abandoned() {
         let (xs, _) = run(&[
             conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
-            data(3, Role::Client, Direction::Egress, 10, b"GET /b HTTP/1.1\r\nHost: b\r\n\r\n"),
+            data(
+                3,
+                Role::Client,
+                Direction::Egress,
+                10,
+                b"GET /b HTTP/1.1\r\nHost: b\r\n\r\n",
+            ),
             conn_ev(3, Role::Client, 30, ConnEventKind::Close),
         ]);
         assert_eq!(xs.len(), 1);

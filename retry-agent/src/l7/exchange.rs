@@ -43,7 +43,15 @@ pub enum Method {
 impl Method {
     /// RFC 9110 §9.2.2: GET, HEAD, PUT, DELETE, OPTIONS, TRACE are idempotent.
     pub fn is_idempotent(&self) -> bool {
-        matches!(self, Method::Get | Method::Head | Method::Put | Method::Delete | Method::Options | Method::Trace)
+        matches!(
+            self,
+            Method::Get
+                | Method::Head
+                | Method::Put
+                | Method::Delete
+                | Method::Options
+                | Method::Trace
+        )
     }
 }
 
@@ -67,8 +75,13 @@ impl OutcomeClass {
     pub fn is_failure(self) -> bool {
         self != OutcomeClass::Success
     }
-    pub const ALL: [OutcomeClass; 5] =
-        [Self::Success, Self::Transient, Self::Semantic, Self::Overload, Self::Unknown];
+    pub const ALL: [OutcomeClass; 5] = [
+        Self::Success,
+        Self::Transient,
+        Self::Semantic,
+        Self::Overload,
+        Self::Unknown,
+    ];
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Success => "success",

@@ -4,8 +4,14 @@
 //! until a later syscall starts with a message start.
 use super::{
     exchange::Method,
-    msg::{Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method, path_string},
-    util::{BodyHasher, authority_of_target, bounded_string, has_token, parse_u64, path_of_target, query_hash_of_target},
+    msg::{
+        Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method,
+        path_string,
+    },
+    util::{
+        BodyHasher, authority_of_target, bounded_string, has_token, parse_u64, path_of_target,
+        query_hash_of_target,
+    },
 };
 
 /// Which messages a parser reads.
@@ -47,10 +53,14 @@ enum State {
     /// Reading a head (bytes in `buf`).
     Head,
     /// Counting a Content-Length body.
-    Body { remaining: u64 },
+    Body {
+        remaining: u64,
+    },
     /// Reading a chunk-size line (in `buf`).
     ChunkSize,
-    ChunkData { remaining: u64 },
+    ChunkData {
+        remaining: u64,
+    },
     /// The CRLF after chunk data.
     ChunkEnd,
     /// Trailer lines after the last chunk, up to an empty line.
@@ -135,7 +145,9 @@ impl H1Parser {
             State::Lost if looks_like_start(self.side, payload) => {
                 self.state = State::Idle;
             }
-            State::Body { .. } if self.expect_waiting && looks_like_start(Side::Request, payload) => {
+            State::Body { .. }
+                if self.expect_waiting && looks_like_start(Side::Request, payload) =>
+            {
                 self.expect_waiting = false;
                 self.end_message(ctx, sink, true);
             }
@@ -151,7 +163,10 @@ impl H1Parser {
             match self.state {
                 State::Idle => {
                     // Stray CRLFs between messages are allowed (RFC 9112 §2.2).
-                    let skip = data.iter().take_while(|&&c| c == b'\r' || c == b'\n').count();
+                    let skip = data
+                        .iter()
+                        .take_while(|&&c| c == b'\r' || c == b'\n')
+                        .count();
                     data = data.get(skip..).unwrap_or_default();
                     if data.is_empty() {
                         break;
@@ -164,7 +179,9 @@ impl H1Parser {
                 }
                 State::Head => data = self.feed_head(data, ctx, sink),
                 State::Body { remaining } => {
-                    let take = usize::try_from(remaining).unwrap_or(usize::MAX).min(data.len());
+                    let take = usize::try_from(remaining)
+                        .unwrap_or(usize::MAX)
+                        .min(data.len());
                     let (body, rest) = data.split_at(take);
                     self.body_bytes(body);
                     data = rest;
@@ -175,13 +192,18 @@ impl H1Parser {
                     }
                 }
                 State::ChunkData { remaining } => {
-                    let take = usize::try_from(remaining).unwrap_or(usize::MAX).min(data.len());
+                    let take = usize::try_from(remaining)
+                        .unwrap_or(usize::MAX)
+                        .min(data.len());
                     let (body, rest) = data.split_at(take);
                     self.body_bytes(body);
                     data = rest;
                     let remaining = remaining - take as u64;
-                    self.state =
-                        if remaining == 0 { State::ChunkEnd } else { State::ChunkData { remaining } };
+                    self.state = if remaining == 0 {
+                        State::ChunkEnd
+                    } else {
+                        State::ChunkData { remaining }
+                    };
                 }
                 State::ChunkEnd => {
                     let (&c, rest) = match data.split_first() {
@@ -251,8 +273,11 @@ impl H1Parser {
                             self.end_message(ctx, sink, true);
                         }
                     } else {
-                        self.state =
-                            if remaining == 0 { State::ChunkEnd } else { State::ChunkData { remaining } };
+                        self.state = if remaining == 0 {
+                            State::ChunkEnd
+                        } else {
+                            State::ChunkData { remaining }
+                        };
                     }
                 }
                 State::ChunkEnd | State::ChunkSize | State::Trailers => {
@@ -299,7 +324,8 @@ impl H1Parser {
         let old = self.buf.len();
         let room = self.cap.saturating_sub(old);
         let take = data.len().min(room);
-        self.buf.extend_from_slice(data.get(..take).unwrap_or_default());
+        self.buf
+            .extend_from_slice(data.get(..take).unwrap_or_default());
         match find_head_end(&self.buf, old.saturating_sub(3)) {
             Some(end) => {
                 let used = end - old;
@@ -363,7 +389,8 @@ impl H1Parser {
                         self.lose_mid_message(ctx, sink, true);
                         return;
                     }
-                    let framing = if status == 101 || (ans.connect && (200..300).contains(&status)) {
+                    let framing = if status == 101 || (ans.connect && (200..300).contains(&status))
+                    {
                         Framing::Upgrade
                     } else if ans.head || status == 204 || status == 304 {
                         Framing::Length(0)
@@ -438,7 +465,11 @@ impl H1Parser {
             }
             return;
         }
-        let size = line.split(|&c| c == b';').next().unwrap_or_default().trim_ascii();
+        let size = line
+            .split(|&c| c == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
         match parse_hex(size) {
             Some(0) => self.state = State::Trailers,
             Some(n) => self.state = State::ChunkData { remaining: n },
@@ -451,7 +482,11 @@ impl H1Parser {
 /// do not each hold their high-water mark.
 pub(crate) fn recycle(mut b: Vec<u8>) -> Vec<u8> {
     b.clear();
-    if b.capacity() > KEEP_BUFFER { Vec::new() } else { b }
+    if b.capacity() > KEEP_BUFFER {
+        Vec::new()
+    } else {
+        b
+    }
 }
 
 /// Buffer capacity a connection keeps between messages.
@@ -488,10 +523,14 @@ pub(crate) fn looks_like_start(side: Side, b: &[u8]) -> bool {
     match side {
         Side::Response => b.starts_with(b"HTTP/1."),
         Side::Request => {
-            let m = b.iter().take_while(|c| c.is_ascii_uppercase() || **c == b'-' || **c == b'_').count();
+            let m = b
+                .iter()
+                .take_while(|c| c.is_ascii_uppercase() || **c == b'-' || **c == b'_')
+                .count();
             (1..=16).contains(&m)
                 && b.get(m) == Some(&b' ')
-                && b.get(m + 1).is_some_and(|&c| c == b'/' || c == b'*' || c.is_ascii_alphanumeric())
+                && b.get(m + 1)
+                    .is_some_and(|&c| c == b'/' || c == b'*' || c.is_ascii_alphanumeric())
         }
     }
 }
@@ -499,7 +538,10 @@ pub(crate) fn looks_like_start(side: Side, b: &[u8]) -> bool {
 /// Whether `b` could still grow into a request line (all method-token characters so far).
 pub(crate) fn could_start_request(b: &[u8]) -> bool {
     let token = b.strip_suffix(b" ").unwrap_or(b);
-    token.len() <= 16 && token.iter().all(|c| c.is_ascii_uppercase() || *c == b'-' || *c == b'_')
+    token.len() <= 16
+        && token
+            .iter()
+            .all(|c| c.is_ascii_uppercase() || *c == b'-' || *c == b'_')
 }
 
 /// Lines of a head without line ends; with `complete` false the last, unterminated line is
@@ -526,7 +568,10 @@ fn split_header(line: &[u8]) -> Option<(&[u8], &[u8])> {
     }
     let colon = line.iter().position(|&c| c == b':')?;
     let (name, value) = line.split_at(colon);
-    Some((name.trim_ascii(), value.get(1..).unwrap_or_default().trim_ascii()))
+    Some((
+        name.trim_ascii(),
+        value.get(1..).unwrap_or_default().trim_ascii(),
+    ))
 }
 
 #[derive(Default)]
@@ -547,7 +592,11 @@ impl BodyHeaders {
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             // Chunked is framing only when it is the final coding.
-            let last = value.rsplit(|&c| c == b',').next().unwrap_or_default().trim_ascii();
+            let last = value
+                .rsplit(|&c| c == b',')
+                .next()
+                .unwrap_or_default()
+                .trim_ascii();
             self.chunked = last.eq_ignore_ascii_case(b"chunked");
         } else if name.eq_ignore_ascii_case(b"connection") && has_token(value, b"upgrade") {
             self.upgrade = true;
@@ -575,7 +624,10 @@ impl BodyHeaders {
 fn parse_request_head(head: &[u8], complete: bool) -> Option<(ReqInfo, Framing, bool)> {
     let mut lines = head_lines(head, complete);
     let first = lines.next();
-    let mut req = ReqInfo { unknown: !complete, ..Default::default() };
+    let mut req = ReqInfo {
+        unknown: !complete,
+        ..Default::default()
+    };
     let Some(first) = first else {
         // Not even the request line was captured: a request, fields unknown.
         if !complete && looks_like_start(Side::Request, head) {
@@ -598,7 +650,9 @@ fn parse_request_head(head: &[u8], complete: bool) -> Option<(ReqInfo, Framing, 
     let mut body = BodyHeaders::default();
     let mut expect = false;
     for line in lines {
-        let Some((name, value)) = split_header(line) else { continue };
+        let Some((name, value)) = split_header(line) else {
+            continue;
+        };
         body.apply(name, value);
         if name.eq_ignore_ascii_case(b"expect") && value.eq_ignore_ascii_case(b"100-continue") {
             expect = true;
@@ -621,12 +675,19 @@ fn parse_response_head(head: &[u8], complete: bool) -> Option<(RespInfo, u16, Fr
     if rest.get(1) != Some(&b' ') || !code.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    let status = code.iter().fold(0u16, |acc, &c| acc * 10 + u16::from(c - b'0'));
-    let mut resp = RespInfo { unknown: !complete, ..Default::default() };
+    let status = code
+        .iter()
+        .fold(0u16, |acc, &c| acc * 10 + u16::from(c - b'0'));
+    let mut resp = RespInfo {
+        unknown: !complete,
+        ..Default::default()
+    };
     resp.signals.status = Some(status);
     let mut body = BodyHeaders::default();
     for line in lines {
-        let Some((name, value)) = split_header(line) else { continue };
+        let Some((name, value)) = split_header(line) else {
+            continue;
+        };
         body.apply(name, value);
         apply_response_header(&mut resp, name, value);
     }

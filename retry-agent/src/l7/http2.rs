@@ -9,7 +9,10 @@ use std::borrow::Cow;
 
 use super::{
     http1::{Side, recycle},
-    msg::{Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method, path_string},
+    msg::{
+        Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method,
+        path_string,
+    },
     util::{MAX_AUTHORITY, bounded_string, path_of_target, query_hash_of_target},
 };
 
@@ -55,9 +58,14 @@ impl FrameHeader {
     /// to, within the default maximum frame size (16 KiB) or a common larger setting.
     fn plausible(&self) -> bool {
         let on_zero = matches!(self.kind, SETTINGS | 0x6 | GOAWAY);
-        let on_stream = matches!(self.kind, DATA | HEADERS | 0x2 | RST_STREAM | PUSH_PROMISE | CONTINUATION);
+        let on_stream = matches!(
+            self.kind,
+            DATA | HEADERS | 0x2 | RST_STREAM | PUSH_PROMISE | CONTINUATION
+        );
         self.len <= 1 << 20
-            && ((on_zero && self.stream == 0) || (on_stream && self.stream != 0) || self.kind == 0x8)
+            && ((on_zero && self.stream == 0)
+                || (on_stream && self.stream != 0)
+                || self.kind == 0x8)
             && match self.kind {
                 RST_STREAM => self.len == 4,
                 0x2 => self.len == 5,
@@ -71,8 +79,13 @@ impl FrameHeader {
 
 /// Whether `b` starts with an HTTP/2 server preface (a SETTINGS frame on stream 0).
 pub(crate) fn is_server_preface(b: &[u8]) -> bool {
-    FrameHeader::parse(b)
-        .is_some_and(|h| h.kind == SETTINGS && h.stream == 0 && h.flags & 0x1 == 0 && h.len.is_multiple_of(6) && h.len <= 6 * 16)
+    FrameHeader::parse(b).is_some_and(|h| {
+        h.kind == SETTINGS
+            && h.stream == 0
+            && h.flags & 0x1 == 0
+            && h.len.is_multiple_of(6)
+            && h.len <= 6 * 16
+    })
 }
 
 /// Whether a whole syscall's bytes are a run of plausible frames ending exactly at its end
@@ -81,7 +94,9 @@ pub(crate) fn is_frame_run(b: &[u8]) -> bool {
     let mut off = 0usize;
     let mut frames = 0;
     while off < b.len() {
-        let Some(h) = b.get(off..).and_then(FrameHeader::parse) else { return false };
+        let Some(h) = b.get(off..).and_then(FrameHeader::parse) else {
+            return false;
+        };
         if !h.plausible() {
             return false;
         }
@@ -178,7 +193,11 @@ impl H2Dir {
         decoder.set_max_allowed_table_size(MAX_HPACK_TABLE);
         H2Dir {
             side,
-            state: if preface { State::Preface { got: 0 } } else { State::Header },
+            state: if preface {
+                State::Preface { got: 0 }
+            } else {
+                State::Header
+            },
             hdr: [0; 9],
             hdr_got: 0,
             frame: FrameHeader::default(),
@@ -215,7 +234,8 @@ impl H2Dir {
     /// bytes the observed process wrote, on plausible frame headers (HTTP/2 writers write whole
     /// frames, so a write starts at a frame; reads may start anywhere).
     pub(crate) fn event_start(&mut self, payload: &[u8], complete: bool, written: bool) {
-        let aligned = (complete && is_frame_run(payload)) || (written && starts_with_frames(payload));
+        let aligned =
+            (complete && is_frame_run(payload)) || (written && starts_with_frames(payload));
         if self.state == State::Lost && aligned {
             self.state = State::Header;
             self.hdr_got = 0;
@@ -236,7 +256,11 @@ impl H2Dir {
                         return;
                     }
                     data = rest;
-                    self.state = if got + n == PREFACE.len() { State::Header } else { State::Preface { got: got + n } };
+                    self.state = if got + n == PREFACE.len() {
+                        State::Header
+                    } else {
+                        State::Preface { got: got + n }
+                    };
                 }
                 State::Header => {
                     if self.hdr_got == 0 {
@@ -255,7 +279,9 @@ impl H2Dir {
                     }
                 }
                 State::Payload => {
-                    let take = usize::try_from(self.remaining).unwrap_or(usize::MAX).min(data.len());
+                    let take = usize::try_from(self.remaining)
+                        .unwrap_or(usize::MAX)
+                        .min(data.len());
                     let (chunk, rest) = data.split_at(take);
                     data = rest;
                     self.payload_bytes(chunk, sink);
@@ -308,7 +334,9 @@ impl H2Dir {
     }
 
     fn begin_frame(&mut self, ctx: &Ctx, sink: &mut impl H2Sink) {
-        let Some(h) = FrameHeader::parse(&self.hdr) else { return };
+        let Some(h) = FrameHeader::parse(&self.hdr) else {
+            return;
+        };
         self.frame = h;
         // A header block must continue with CONTINUATION frames on its stream only.
         if self.in_block && (h.kind != CONTINUATION || h.stream != self.block_stream) {
@@ -316,10 +344,17 @@ impl H2Dir {
             self.lose(ctx, sink);
             return;
         }
-        self.keep = matches!(h.kind, HEADERS | CONTINUATION | PUSH_PROMISE | RST_STREAM | GOAWAY);
+        self.keep = matches!(
+            h.kind,
+            HEADERS | CONTINUATION | PUSH_PROMISE | RST_STREAM | GOAWAY
+        );
         self.payload.clear();
         self.payload_cut = false;
-        self.data_skip = if h.kind == DATA && h.flags & FLAG_PADDED != 0 { 1 } else { 0 };
+        self.data_skip = if h.kind == DATA && h.flags & FLAG_PADDED != 0 {
+            1
+        } else {
+            0
+        };
         self.remaining = u64::from(h.len);
         self.state = State::Payload;
         if self.remaining == 0 {
@@ -342,7 +377,11 @@ impl H2Dir {
             return;
         }
         // GOAWAY debug data is not needed: keep its first 8 bytes.
-        let limit = if self.frame.kind == GOAWAY { 8 } else { self.cap };
+        let limit = if self.frame.kind == GOAWAY {
+            8
+        } else {
+            self.cap
+        };
         let room = limit.saturating_sub(self.payload.len());
         if chunk.len() > room {
             if self.frame.kind != GOAWAY {
@@ -365,7 +404,12 @@ impl H2Dir {
 
     fn end_frame_kind(&mut self, h: FrameHeader, ctx: &Ctx, sink: &mut impl H2Sink) {
         match h.kind {
-            DATA => sink.data_end(h.stream, u64::from(h.len), h.flags & FLAG_END_STREAM != 0, ctx),
+            DATA => sink.data_end(
+                h.stream,
+                u64::from(h.len),
+                h.flags & FLAG_END_STREAM != 0,
+                ctx,
+            ),
             HEADERS | PUSH_PROMISE => {
                 let payload = std::mem::take(&mut self.payload);
                 let fragment = header_fragment(&payload, h);
@@ -458,13 +502,21 @@ impl H2Dir {
     /// Decode the held block; `partial`: it is only the captured prefix of the block, so an
     /// error at its end is expected and what decoded is reported as unknown (incomplete).
     fn decode(&mut self, partial: bool) -> Block {
-        let side = if self.block_push { Side::Request } else { self.side };
+        let side = if self.block_push {
+            Side::Request
+        } else {
+            self.side
+        };
         let mut req = ReqInfo::default();
         let mut resp = RespInfo::default();
-        let res = self.decoder.decode_with_cb(&self.block, |n: Cow<'_, [u8]>, v: Cow<'_, [u8]>| match side {
-            Side::Request => apply_h2_request_header(&mut req, &n, &v),
-            Side::Response => apply_response_header(&mut resp, &n, &v),
-        });
+        let res =
+            self.decoder.decode_with_cb(
+                &self.block,
+                |n: Cow<'_, [u8]>, v: Cow<'_, [u8]>| match side {
+                    Side::Request => apply_h2_request_header(&mut req, &n, &v),
+                    Side::Response => apply_response_header(&mut resp, &n, &v),
+                },
+            );
         if partial {
             req.unknown = true;
             resp.unknown = true;

@@ -29,7 +29,7 @@ use crate::{
     capture::{ConnEvent, ConnEventKind, ConnId, Event, Role},
     settings::{InvalidConfig, Settings},
 };
-use conn::{Conn, EndKind, Emitter};
+use conn::{Conn, Emitter, EndKind};
 use msg::Ctx;
 
 /// Settings of the L7 stage (`--l7-*`). Flattened into the commands that reassemble (`run`, `trace
@@ -43,15 +43,27 @@ pub struct L7Config {
     #[arg(long = "l7-conn-buffer-bytes", env = "RETRY_AGENT_L7_CONN_BUFFER_BYTES", default_value_t = 64 * 1024)]
     pub conn_buffer_bytes: usize,
     /// Connections tracked at once; beyond this the least recently used one is evicted.
-    #[arg(long = "l7-max-connections", env = "RETRY_AGENT_L7_MAX_CONNECTIONS", default_value_t = 65_536)]
+    #[arg(
+        long = "l7-max-connections",
+        env = "RETRY_AGENT_L7_MAX_CONNECTIONS",
+        default_value_t = 65_536
+    )]
     pub max_connections: usize,
     /// Requests in flight per connection (HTTP/1 pipelining depth, HTTP/2 streams) at most; the
     /// oldest is given up (emitted as unknown) beyond this.
-    #[arg(long = "l7-max-inflight", env = "RETRY_AGENT_L7_MAX_INFLIGHT", default_value_t = 256)]
+    #[arg(
+        long = "l7-max-inflight",
+        env = "RETRY_AGENT_L7_MAX_INFLIGHT",
+        default_value_t = 256
+    )]
     pub max_inflight: usize,
     /// A connection with no event for this long is evicted; its unanswered requests are emitted
     /// as failures.
-    #[arg(long = "l7-idle-timeout-secs", env = "RETRY_AGENT_L7_IDLE_TIMEOUT_SECS", default_value_t = 300)]
+    #[arg(
+        long = "l7-idle-timeout-secs",
+        env = "RETRY_AGENT_L7_IDLE_TIMEOUT_SECS",
+        default_value_t = 300
+    )]
     pub idle_timeout_secs: u64,
 }
 
@@ -64,10 +76,30 @@ impl Default for L7Config {
 impl Settings for L7Config {
     fn check(&self, p: &mut InvalidConfig) {
         // A buffer smaller than a request line would mark every exchange unknown.
-        p.check(self.conn_buffer_bytes >= 1024, "l7-conn-buffer-bytes", self.conn_buffer_bytes, "at least 1024");
-        p.check(self.max_connections > 0, "l7-max-connections", self.max_connections, "at least 1");
-        p.check(self.max_inflight > 0, "l7-max-inflight", self.max_inflight, "at least 1");
-        p.check(self.idle_timeout_secs > 0, "l7-idle-timeout-secs", self.idle_timeout_secs, "at least 1");
+        p.check(
+            self.conn_buffer_bytes >= 1024,
+            "l7-conn-buffer-bytes",
+            self.conn_buffer_bytes,
+            "at least 1024",
+        );
+        p.check(
+            self.max_connections > 0,
+            "l7-max-connections",
+            self.max_connections,
+            "at least 1",
+        );
+        p.check(
+            self.max_inflight > 0,
+            "l7-max-inflight",
+            self.max_inflight,
+            "at least 1",
+        );
+        p.check(
+            self.idle_timeout_secs > 0,
+            "l7-idle-timeout-secs",
+            self.idle_timeout_secs,
+            "at least 1",
+        );
     }
 }
 
@@ -118,7 +150,12 @@ pub struct Reassembler {
 impl Reassembler {
     pub fn new(cfg: L7Config) -> Self {
         let cap = NonZeroUsize::new(cfg.max_connections).unwrap_or(NonZeroUsize::MIN);
-        Reassembler { cfg, stats: L7Stats::default(), next_id: 0, conns: LruCache::new(cap) }
+        Reassembler {
+            cfg,
+            stats: L7Stats::default(),
+            next_id: 0,
+            conns: LruCache::new(cap),
+        }
     }
 
     pub fn config(&self) -> &L7Config {
@@ -130,10 +167,22 @@ impl Reassembler {
     pub fn push(&mut self, ev: &Event, out: &mut Vec<Exchange>) {
         match ev {
             Event::Data(d) => {
-                let mut em = Emitter { out, stats: &mut self.stats, next_id: &mut self.next_id };
+                let mut em = Emitter {
+                    out,
+                    stats: &mut self.stats,
+                    next_id: &mut self.next_id,
+                };
                 if !self.conns.contains(&d.conn) {
                     // First sight of a connection mid-life: its bytes may start mid-message.
-                    let c = Conn::new(d.conn, d.pid, d.role, d.tuple, false, self.cfg.conn_buffer_bytes, self.cfg.max_inflight);
+                    let c = Conn::new(
+                        d.conn,
+                        d.pid,
+                        d.role,
+                        d.tuple,
+                        false,
+                        self.cfg.conn_buffer_bytes,
+                        self.cfg.max_inflight,
+                    );
                     insert(&mut self.conns, d.conn, c, &mut em);
                 }
                 if let Some(c) = self.conns.get_mut(&d.conn) {
@@ -142,9 +191,23 @@ impl Reassembler {
             }
             Event::Conn(c) => self.conn_event(c, out),
             Event::ProcessExit { pid, ts_ns } => {
-                let dead: Vec<ConnId> = self.conns.iter().filter(|(_, c)| c.pid() == *pid).map(|(k, _)| *k).collect();
-                let ctx = Ctx { ts_start: *ts_ns, ts_end: *ts_ns, tid: *pid, goid: None };
-                let mut em = Emitter { out, stats: &mut self.stats, next_id: &mut self.next_id };
+                let dead: Vec<ConnId> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| c.pid() == *pid)
+                    .map(|(k, _)| *k)
+                    .collect();
+                let ctx = Ctx {
+                    ts_start: *ts_ns,
+                    ts_end: *ts_ns,
+                    tid: *pid,
+                    goid: None,
+                };
+                let mut em = Emitter {
+                    out,
+                    stats: &mut self.stats,
+                    next_id: &mut self.next_id,
+                };
                 for id in dead {
                     if let Some(mut c) = self.conns.pop(&id) {
                         c.end(EndKind::Close, &ctx, &mut em);
@@ -158,35 +221,55 @@ impl Reassembler {
     }
 
     fn conn_event(&mut self, ev: &ConnEvent, out: &mut Vec<Exchange>) {
-        let mut em = Emitter { out, stats: &mut self.stats, next_id: &mut self.next_id };
-        let ctx = Ctx { ts_start: ev.ts_ns, ts_end: ev.ts_ns, tid: ev.tid, goid: None };
-        let (cap, inflight) = (self.cfg.conn_buffer_bytes, self.cfg.max_inflight);
-        let open = |conns: &mut LruCache<ConnId, Conn>, role: Role, fresh: bool, em: &mut Emitter<'_>| {
-            if let Some(c) = conns.get_mut(&ev.conn) {
-                c.set_tuple(ev.tuple);
-                return;
-            }
-            let mut c = Conn::new(ev.conn, ev.pid, role, ev.tuple, fresh, cap, inflight);
-            c.last_ts = ev.ts_ns;
-            insert(conns, ev.conn, c, em);
+        let mut em = Emitter {
+            out,
+            stats: &mut self.stats,
+            next_id: &mut self.next_id,
         };
-        match ev.kind {
-            ConnEventKind::Connect { errno } | ConnEventKind::Failed { errno } => match connect_failure(errno) {
-                Some(f) => {
-                    if let Some(mut c) = self.conns.pop(&ev.conn) {
-                        c.end(EndKind::Close, &ctx, &mut em);
-                    }
-                    em.emit(conn::connect_failure(ev.conn, ev.pid, ev.tid, ev.tuple, ev.ts_ns, f));
+        let ctx = Ctx {
+            ts_start: ev.ts_ns,
+            ts_end: ev.ts_ns,
+            tid: ev.tid,
+            goid: None,
+        };
+        let (cap, inflight) = (self.cfg.conn_buffer_bytes, self.cfg.max_inflight);
+        let open =
+            |conns: &mut LruCache<ConnId, Conn>, role: Role, fresh: bool, em: &mut Emitter<'_>| {
+                if let Some(c) = conns.get_mut(&ev.conn) {
+                    c.set_tuple(ev.tuple);
+                    return;
                 }
-                None if matches!(ev.kind, ConnEventKind::Connect { .. }) => open(&mut self.conns, Role::Client, true, &mut em),
-                None => {}
-            },
+                let mut c = Conn::new(ev.conn, ev.pid, role, ev.tuple, fresh, cap, inflight);
+                c.last_ts = ev.ts_ns;
+                insert(conns, ev.conn, c, em);
+            };
+        match ev.kind {
+            ConnEventKind::Connect { errno } | ConnEventKind::Failed { errno } => {
+                match connect_failure(errno) {
+                    Some(f) => {
+                        if let Some(mut c) = self.conns.pop(&ev.conn) {
+                            c.end(EndKind::Close, &ctx, &mut em);
+                        }
+                        em.emit(conn::connect_failure(
+                            ev.conn, ev.pid, ev.tid, ev.tuple, ev.ts_ns, f,
+                        ));
+                    }
+                    None if matches!(ev.kind, ConnEventKind::Connect { .. }) => {
+                        open(&mut self.conns, Role::Client, true, &mut em)
+                    }
+                    None => {}
+                }
+            }
             ConnEventKind::Established => open(&mut self.conns, Role::Client, true, &mut em),
             ConnEventKind::Accept => open(&mut self.conns, Role::Server, true, &mut em),
             ConnEventKind::Existing => open(&mut self.conns, ev.role, false, &mut em),
             ConnEventKind::Close | ConnEventKind::Reset { .. } => {
                 if let Some(mut c) = self.conns.pop(&ev.conn) {
-                    let kind = if ev.kind == ConnEventKind::Close { EndKind::Close } else { EndKind::Reset };
+                    let kind = if ev.kind == ConnEventKind::Close {
+                        EndKind::Close
+                    } else {
+                        EndKind::Reset
+                    };
                     c.end(kind, &ctx, &mut em);
                     em.stats.closed += 1;
                 }
@@ -199,14 +282,23 @@ impl Reassembler {
     /// then are emitted as failures.
     pub fn tick(&mut self, now_ns: u64, out: &mut Vec<Exchange>) {
         let timeout = self.cfg.idle_timeout_secs.saturating_mul(1_000_000_000);
-        let mut em = Emitter { out, stats: &mut self.stats, next_id: &mut self.next_id };
+        let mut em = Emitter {
+            out,
+            stats: &mut self.stats,
+            next_id: &mut self.next_id,
+        };
         // Least recently used first; events arrive roughly by time, so the idle ones are there.
         while let Some((_, c)) = self.conns.peek_lru() {
             if c.last_ts.saturating_add(timeout) > now_ns {
                 break;
             }
             if let Some((_, mut c)) = self.conns.pop_lru() {
-                let ctx = Ctx { ts_start: now_ns, ts_end: now_ns, tid: 0, goid: None };
+                let ctx = Ctx {
+                    ts_start: now_ns,
+                    ts_end: now_ns,
+                    tid: 0,
+                    goid: None,
+                };
                 c.end(EndKind::Idle, &ctx, &mut em);
                 em.stats.evictions_idle += 1;
             }
@@ -229,7 +321,12 @@ fn insert(conns: &mut LruCache<ConnId, Conn>, id: ConnId, c: Conn, em: &mut Emit
     if let Some((old_id, mut old)) = conns.push(id, c)
         && old_id != id
     {
-        let ctx = Ctx { ts_start: old.last_ts, ts_end: old.last_ts, tid: 0, goid: None };
+        let ctx = Ctx {
+            ts_start: old.last_ts,
+            ts_end: old.last_ts,
+            tid: 0,
+            goid: None,
+        };
         old.end(EndKind::Evicted, &ctx, em);
         em.stats.evictions_lru += 1;
     }

@@ -69,7 +69,9 @@ pub(crate) fn apply_request_header(req: &mut ReqInfo, name: &[u8], value: &[u8])
         if req.authority.is_none() {
             req.authority = Some(bounded_string(value.trim_ascii(), MAX_AUTHORITY));
         }
-    } else if n.eq_ignore_ascii_case(b"idempotency-key") || n.eq_ignore_ascii_case(b"x-idempotency-key") {
+    } else if n.eq_ignore_ascii_case(b"idempotency-key")
+        || n.eq_ignore_ascii_case(b"x-idempotency-key")
+    {
         req.idempotency_key = !value.trim_ascii().is_empty();
     } else if n.eq_ignore_ascii_case(b"x-envoy-attempt-count") {
         req.markers.envoy_attempt_count = parse_u32(value);
@@ -88,8 +90,14 @@ pub(crate) fn apply_request_header(req: &mut ReqInfo, name: &[u8], value: &[u8])
 
 /// The retry-attempt headers clients and libraries send ("as sent": the number is kept).
 fn is_retry_attempt_header(n: &[u8]) -> bool {
-    const NAMES: [&[u8]; 6] =
-        [b"x-retry-attempt", b"x-retry-count", b"x-retry-attempts", b"retry-attempt", b"x-attempt", b"x-request-attempt"];
+    const NAMES: [&[u8]; 6] = [
+        b"x-retry-attempt",
+        b"x-retry-count",
+        b"x-retry-attempts",
+        b"retry-attempt",
+        b"x-attempt",
+        b"x-request-attempt",
+    ];
     NAMES.iter().any(|h| n.eq_ignore_ascii_case(h))
 }
 
@@ -107,7 +115,9 @@ pub(crate) fn apply_response_header(resp: &mut RespInfo, name: &[u8], value: &[u
     } else if n.eq_ignore_ascii_case(b"x-envoy-ratelimited") {
         resp.signals.ratelimited = true;
     } else if n.eq_ignore_ascii_case(b"upgrade") {
-        resp.upgrade_h2c = value.split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"h2c"));
+        resp.upgrade_h2c = value
+            .split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"h2c"));
     } else if n.eq_ignore_ascii_case(ERROR_CLAIM_HEADER.as_bytes()) {
         resp.claim = Claim::parse(value);
     }

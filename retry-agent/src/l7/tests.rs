@@ -7,12 +7,18 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 
 use super::*;
-use crate::capture::{ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, Role, Syscall, Tuple};
+use crate::capture::{
+    ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, Role, Syscall, Tuple,
+};
 
 pub(super) const PID: u32 = 100;
 
 pub(super) fn cid(fd: u32) -> ConnId {
-    ConnId { pid: PID, fd, generation: 1 }
+    ConnId {
+        pid: PID,
+        fd,
+        generation: 1,
+    }
 }
 
 pub(super) fn tuple() -> Tuple {
@@ -23,11 +29,27 @@ pub(super) fn tuple() -> Tuple {
 }
 
 pub(super) fn conn_ev(fd: u32, role: Role, ts: u64, kind: ConnEventKind) -> Event {
-    Event::Conn(ConnEvent { conn: cid(fd), role, tuple: Some(tuple()), pid: PID, tid: 7, ts_ns: ts, kind })
+    Event::Conn(ConnEvent {
+        conn: cid(fd),
+        role,
+        tuple: Some(tuple()),
+        pid: PID,
+        tid: 7,
+        ts_ns: ts,
+        kind,
+    })
 }
 
 /// A syscall that moved `len` bytes of which `captured` is the prefix.
-pub(super) fn data_trunc(fd: u32, role: Role, dir: Direction, ts: u64, tid: u32, captured: &[u8], len: u64) -> Event {
+pub(super) fn data_trunc(
+    fd: u32,
+    role: Role,
+    dir: Direction,
+    ts: u64,
+    tid: u32,
+    captured: &[u8],
+    len: u64,
+) -> Event {
     Event::Data(DataEvent {
         conn: cid(fd),
         role,
@@ -51,7 +73,14 @@ pub(super) fn data(fd: u32, role: Role, dir: Direction, ts: u64, bytes: &[u8]) -
     data_trunc(fd, role, dir, ts, 7, bytes, bytes.len() as u64)
 }
 
-pub(super) fn data_tid(fd: u32, role: Role, dir: Direction, ts: u64, tid: u32, bytes: &[u8]) -> Event {
+pub(super) fn data_tid(
+    fd: u32,
+    role: Role,
+    dir: Direction,
+    ts: u64,
+    tid: u32,
+    bytes: &[u8],
+) -> Event {
     data_trunc(fd, role, dir, ts, tid, bytes, bytes.len() as u64)
 }
 
@@ -94,15 +123,20 @@ pub(super) fn run_split_invariant(events: &[Event]) -> Vec<Exchange> {
     let (want, _) = run(events);
     for n in [1, 2, 3, 7, 64] {
         let (got, _) = run(&split(events, n));
-        assert_eq!(got, want, "split into {n}-byte syscalls changed the exchanges");
+        assert_eq!(
+            got, want,
+            "split into {n}-byte syscalls changed the exchanges"
+        );
     }
     want
 }
 
 use Direction::{Egress as OUT, Ingress as IN};
 
-pub(super) const GET: &[u8] = b"GET /users/42/orders?page=2 HTTP/1.1\r\nHost: api.local\r\nUser-Agent: t\r\n\r\n";
-pub(super) const OK_HELLO: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: text/plain\r\n\r\nhello";
+pub(super) const GET: &[u8] =
+    b"GET /users/42/orders?page=2 HTTP/1.1\r\nHost: api.local\r\nUser-Agent: t\r\n\r\n";
+pub(super) const OK_HELLO: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: text/plain\r\n\r\nhello";
 
 #[test]
 fn client_keep_alive_pairs_requests_and_responses() {
@@ -127,7 +161,10 @@ fn client_keep_alive_pairs_requests_and_responses() {
     assert_eq!(a.outcome, OutcomeClass::Success);
     assert!(a.idempotent && !a.idempotency_key && !a.unknown);
     assert_eq!((a.request_start_ns, a.request_end_ns), (10, 15));
-    assert_eq!((a.response_start_ns, a.response_end_ns), (Some(25), Some(25)));
+    assert_eq!(
+        (a.response_start_ns, a.response_end_ns),
+        (Some(25), Some(25))
+    );
     assert_eq!(a.request_bytes, GET.len() as u64);
     assert_eq!(a.response_bytes, OK_HELLO.len() as u64);
     assert_eq!((a.pid, a.tid, a.response_tid), (PID, 7, None));
@@ -143,13 +180,28 @@ fn client_keep_alive_pairs_requests_and_responses() {
 #[test]
 fn server_reads_requests_and_hashes_bodies() {
     let post = b"POST /charge HTTP/1.1\r\nHost: pay\r\nContent-Length: 11\r\nIdempotency-Key: abc\r\n\r\n{\"amt\":100}";
-    let post_nokey = b"POST /charge HTTP/1.1\r\nHost: pay\r\nContent-Length: 11\r\n\r\n{\"amt\":100}";
+    let post_nokey =
+        b"POST /charge HTTP/1.1\r\nHost: pay\r\nContent-Length: 11\r\n\r\n{\"amt\":100}";
     let ev = vec![
         conn_ev(4, Role::Server, 1, ConnEventKind::Accept),
         data(4, Role::Server, IN, 10, post),
-        data_tid(4, Role::Server, OUT, 20, 9, b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}"),
+        data_tid(
+            4,
+            Role::Server,
+            OUT,
+            20,
+            9,
+            b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}",
+        ),
         data(4, Role::Server, IN, 30, post_nokey),
-        data_tid(4, Role::Server, OUT, 40, 9, b"HTTP/1.1 422 Unprocessable\r\nContent-Length: 0\r\n\r\n"),
+        data_tid(
+            4,
+            Role::Server,
+            OUT,
+            40,
+            9,
+            b"HTTP/1.1 422 Unprocessable\r\nContent-Length: 0\r\n\r\n",
+        ),
     ];
     let ex = run_split_invariant(&ev);
     assert_eq!(ex.len(), 2);
@@ -159,7 +211,11 @@ fn server_reads_requests_and_hashes_bodies() {
     assert!(!ex[1].idempotency_key && !ex[1].idempotent);
     assert!(ex[0].body_hash.is_some());
     assert_eq!(ex[0].body_hash, ex[1].body_hash, "same body, same hash");
-    assert_eq!(ex[0].response_tid, Some(9), "a different thread wrote the response");
+    assert_eq!(
+        ex[0].response_tid,
+        Some(9),
+        "a different thread wrote the response"
+    );
     assert_eq!(ex[1].outcome, OutcomeClass::Semantic);
     assert_eq!(ex[0].outcome, OutcomeClass::Success);
 }
@@ -187,7 +243,10 @@ fn pipelined_requests_pair_fifo() {
         data(3, Role::Client, IN, 20, &resps),
     ];
     let ex = run_split_invariant(&ev);
-    let got: Vec<_> = ex.iter().map(|e| (e.path.clone().unwrap(), e.status.unwrap(), e.outcome)).collect();
+    let got: Vec<_> = ex
+        .iter()
+        .map(|e| (e.path.clone().unwrap(), e.status.unwrap(), e.outcome))
+        .collect();
     assert_eq!(
         got,
         vec![
@@ -255,16 +314,33 @@ fn large_bodies_are_skipped_by_counting_through_the_capture_gap() {
     // The same body delivered in many reads of which each is captured only in part.
     let mut ev2 = vec![conn_ev(5, Role::Server, 1, ConnEventKind::Accept)];
     for (i, piece) in req.chunks(8192).enumerate() {
-        ev2.push(data_trunc(5, Role::Server, IN, 10 + i as u64, 7, &piece[..piece.len().min(256)], piece.len() as u64));
+        ev2.push(data_trunc(
+            5,
+            Role::Server,
+            IN,
+            10 + i as u64,
+            7,
+            &piece[..piece.len().min(256)],
+            piece.len() as u64,
+        ));
     }
-    ev2.push(data(5, Role::Server, OUT, 100, b"HTTP/1.1 204 No Content\r\n\r\n"));
+    ev2.push(data(
+        5,
+        Role::Server,
+        OUT,
+        100,
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+    ));
     ev2.push(data(5, Role::Server, IN, 110, GET));
     ev2.push(data(5, Role::Server, OUT, 120, OK_HELLO));
     let (ex2, _) = run(&ev2);
     assert_eq!(ex2.len(), 2);
     assert_eq!((ex2[0].status, ex2[1].status), (Some(204), Some(200)));
     assert_eq!(ex2[0].request_end_ns, 10 + (req.len() / 8192) as u64 + 5);
-    assert_eq!(ex2[0].body_hash, ex[0].body_hash, "hash stops at the first gap");
+    assert_eq!(
+        ex2[0].body_hash, ex[0].body_hash,
+        "hash stops at the first gap"
+    );
 }
 
 #[test]
@@ -281,7 +357,10 @@ fn bodyless_statuses_and_interim_responses() {
         data(3, Role::Client, IN, 80, OK_HELLO),
     ];
     let ex = run_split_invariant(&ev);
-    let got: Vec<_> = ex.iter().map(|e| (e.status, e.outcome, e.unknown)).collect();
+    let got: Vec<_> = ex
+        .iter()
+        .map(|e| (e.status, e.outcome, e.unknown))
+        .collect();
     assert_eq!(
         got,
         vec![
@@ -306,7 +385,10 @@ fn expect_continue_rejected_without_body() {
     ];
     let (ex, _) = run(&ev);
     assert_eq!(ex.len(), 2, "{ex:#?}");
-    assert_eq!((ex[0].status, ex[0].outcome), (Some(413), OutcomeClass::Semantic));
+    assert_eq!(
+        (ex[0].status, ex[0].outcome),
+        (Some(413), OutcomeClass::Semantic)
+    );
     assert_eq!(ex[1].path.as_deref(), Some("/users/42/orders"));
     assert_eq!(ex[1].status, Some(200));
 }
@@ -316,7 +398,13 @@ fn response_delimited_by_close() {
     let ev = vec![
         conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
         data(3, Role::Client, OUT, 10, b"GET /old HTTP/1.0\r\n\r\n"),
-        data(3, Role::Client, IN, 20, b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nsome"),
+        data(
+            3,
+            Role::Client,
+            IN,
+            20,
+            b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nsome",
+        ),
         data(3, Role::Client, IN, 30, b" more bytes"),
         conn_ev(3, Role::Client, 50, ConnEventKind::Close),
     ];
@@ -341,7 +429,10 @@ fn upgrade_stops_parsing_but_not_counting() {
     let (ex, stats) = run(&ev);
     assert_eq!(run_split_invariant(&ev), ex);
     assert_eq!(ex.len(), 1, "{ex:#?}");
-    assert_eq!((ex[0].status, ex[0].outcome), (Some(101), OutcomeClass::Success));
+    assert_eq!(
+        (ex[0].status, ex[0].outcome),
+        (Some(101), OutcomeClass::Success)
+    );
     assert_eq!(stats.parse_errors, 0);
 }
 
@@ -355,13 +446,26 @@ fn headers_that_matter_are_read() {
     let ev = vec![
         conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
         data(3, Role::Client, OUT, 10, req.as_bytes()),
-        data(3, Role::Client, OUT, 11, b"POST /y HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+        data(
+            3,
+            Role::Client,
+            OUT,
+            11,
+            b"POST /y HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+        ),
         data(3, Role::Client, IN, 20, resp.as_bytes()),
     ];
     let ex = run_split_invariant(&ev);
     assert_eq!(ex.len(), 2);
     let m = &ex[0].retry_markers;
-    assert_eq!((m.envoy_attempt_count, m.retry_attempt, m.grpc_previous_attempts), (Some(3), Some(2), None));
+    assert_eq!(
+        (
+            m.envoy_attempt_count,
+            m.retry_attempt,
+            m.grpc_previous_attempts
+        ),
+        (Some(3), Some(2), None)
+    );
     assert!(m.says_retry());
     assert!(ex[0].idempotency_key);
     assert_eq!(ex[0].claim_header, Some(Claim::Unclaimed));
@@ -374,16 +478,46 @@ fn headers_that_matter_are_read() {
 #[test]
 fn connect_failures_are_client_exchanges() {
     let ev = vec![
-        conn_ev(3, Role::Client, 10, ConnEventKind::Connect { errno: -libc::ECONNREFUSED }),
-        conn_ev(4, Role::Client, 20, ConnEventKind::Connect { errno: -libc::EINPROGRESS }),
-        conn_ev(4, Role::Client, 30, ConnEventKind::Failed { errno: libc::ETIMEDOUT }),
+        conn_ev(
+            3,
+            Role::Client,
+            10,
+            ConnEventKind::Connect {
+                errno: -libc::ECONNREFUSED,
+            },
+        ),
+        conn_ev(
+            4,
+            Role::Client,
+            20,
+            ConnEventKind::Connect {
+                errno: -libc::EINPROGRESS,
+            },
+        ),
+        conn_ev(
+            4,
+            Role::Client,
+            30,
+            ConnEventKind::Failed {
+                errno: libc::ETIMEDOUT,
+            },
+        ),
         conn_ev(5, Role::Client, 40, ConnEventKind::Connect { errno: 0 }),
     ];
     let (ex, stats) = run(&ev);
     assert_eq!(ex.len(), 2);
-    assert_eq!((ex[0].failure, ex[0].outcome), (Some(Failure::ConnectRefused), OutcomeClass::Transient));
-    assert_eq!((ex[1].failure, ex[1].outcome), (Some(Failure::ConnectTimeout), OutcomeClass::Transient));
-    assert_eq!((ex[1].request_start_ns, ex[1].role, ex[1].method.clone()), (30, Role::Client, None));
+    assert_eq!(
+        (ex[0].failure, ex[0].outcome),
+        (Some(Failure::ConnectRefused), OutcomeClass::Transient)
+    );
+    assert_eq!(
+        (ex[1].failure, ex[1].outcome),
+        (Some(Failure::ConnectTimeout), OutcomeClass::Transient)
+    );
+    assert_eq!(
+        (ex[1].request_start_ns, ex[1].role, ex[1].method.clone()),
+        (30, Role::Client, None)
+    );
     assert_eq!(stats.connections, 1);
 }
 
@@ -392,22 +526,82 @@ fn connection_ends_fail_what_is_in_flight() {
     use Failure::*;
     let req = GET;
     let partial = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc";
-    type Case = (Role, Option<&'static [u8]>, ConnEventKind, Failure, OutcomeClass);
+    type Case = (
+        Role,
+        Option<&'static [u8]>,
+        ConnEventKind,
+        Failure,
+        OutcomeClass,
+    );
     let cases: Vec<Case> = vec![
-        (Role::Client, None, ConnEventKind::Reset { errno: -libc::ECONNRESET }, Reset, OutcomeClass::Transient),
-        (Role::Client, Some(partial), ConnEventKind::Reset { errno: -libc::ECONNRESET }, ResetMidResponse, OutcomeClass::Transient),
-        (Role::Client, None, ConnEventKind::Close, Abandoned, OutcomeClass::Unknown),
-        (Role::Client, Some(partial), ConnEventKind::Close, Abandoned, OutcomeClass::Unknown),
-        (Role::Server, None, ConnEventKind::Close, ClosedNoResponse, OutcomeClass::Unknown),
-        (Role::Server, None, ConnEventKind::Reset { errno: -libc::EPIPE }, Abandoned, OutcomeClass::Unknown),
-        (Role::Server, Some(partial), ConnEventKind::Reset { errno: -libc::EPIPE }, ResetMidResponse, OutcomeClass::Transient),
+        (
+            Role::Client,
+            None,
+            ConnEventKind::Reset {
+                errno: -libc::ECONNRESET,
+            },
+            Reset,
+            OutcomeClass::Transient,
+        ),
+        (
+            Role::Client,
+            Some(partial),
+            ConnEventKind::Reset {
+                errno: -libc::ECONNRESET,
+            },
+            ResetMidResponse,
+            OutcomeClass::Transient,
+        ),
+        (
+            Role::Client,
+            None,
+            ConnEventKind::Close,
+            Abandoned,
+            OutcomeClass::Unknown,
+        ),
+        (
+            Role::Client,
+            Some(partial),
+            ConnEventKind::Close,
+            Abandoned,
+            OutcomeClass::Unknown,
+        ),
+        (
+            Role::Server,
+            None,
+            ConnEventKind::Close,
+            ClosedNoResponse,
+            OutcomeClass::Unknown,
+        ),
+        (
+            Role::Server,
+            None,
+            ConnEventKind::Reset {
+                errno: -libc::EPIPE,
+            },
+            Abandoned,
+            OutcomeClass::Unknown,
+        ),
+        (
+            Role::Server,
+            Some(partial),
+            ConnEventKind::Reset {
+                errno: -libc::EPIPE,
+            },
+            ResetMidResponse,
+            OutcomeClass::Transient,
+        ),
     ];
     for (role, resp, end, failure, outcome) in cases {
         let (rq, rs) = match role {
             Role::Server => (IN, OUT),
             _ => (OUT, IN),
         };
-        let start = if role == Role::Server { ConnEventKind::Accept } else { ConnEventKind::Connect { errno: 0 } };
+        let start = if role == Role::Server {
+            ConnEventKind::Accept
+        } else {
+            ConnEventKind::Connect { errno: 0 }
+        };
         let mut ev = vec![conn_ev(3, role, 1, start), data(3, role, rq, 10, req)];
         if let Some(r) = resp {
             ev.push(data(3, role, rs, 20, r));
@@ -415,7 +609,11 @@ fn connection_ends_fail_what_is_in_flight() {
         ev.push(conn_ev(3, role, 30, end.clone()));
         let (ex, stats) = run(&ev);
         assert_eq!(ex.len(), 1, "{role:?} {end:?}");
-        assert_eq!((ex[0].failure, ex[0].outcome), (Some(failure), outcome), "{role:?} {resp:?} {end:?}");
+        assert_eq!(
+            (ex[0].failure, ex[0].outcome),
+            (Some(failure), outcome),
+            "{role:?} {resp:?} {end:?}"
+        );
         assert_eq!(ex[0].path.as_deref(), Some("/users/42/orders"));
         assert_eq!((stats.connections, stats.closed), (0, 1));
         if resp.is_some() {
@@ -470,7 +668,11 @@ fn mid_connection_start_recovers_at_the_next_message() {
     assert_eq!((ex[0].status, ex[0].unknown), (Some(200), false));
     assert_eq!(ex[0].path.as_deref(), Some("/users/42/orders"));
     // A response whose request predates the capture is reported, honestly unknown.
-    let ev = vec![data(3, Role::Client, IN, 30, OK_HELLO), data(3, Role::Client, OUT, 40, GET), data(3, Role::Client, IN, 50, OK_HELLO)];
+    let ev = vec![
+        data(3, Role::Client, IN, 30, OK_HELLO),
+        data(3, Role::Client, OUT, 40, GET),
+        data(3, Role::Client, IN, 50, OK_HELLO),
+    ];
     let (ex, _) = run(&ev);
     assert_eq!(ex.len(), 2);
     assert!(ex[0].unknown && ex[0].method.is_none());
@@ -503,16 +705,26 @@ fn truncated_head_is_unknown_and_sync_recovers() {
 
 #[test]
 fn idle_and_lru_eviction() {
-    let cfg = L7Config { max_connections: 2, idle_timeout_secs: 1, ..L7Config::default() };
+    let cfg = L7Config {
+        max_connections: 2,
+        idle_timeout_secs: 1,
+        ..L7Config::default()
+    };
     let mut r = Reassembler::new(cfg);
     let mut out = Vec::new();
     for fd in [3, 4] {
-        r.push(&conn_ev(fd, Role::Client, 1, ConnEventKind::Connect { errno: 0 }), &mut out);
+        r.push(
+            &conn_ev(fd, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
+            &mut out,
+        );
         r.push(&data(fd, Role::Client, OUT, 10, GET), &mut out);
     }
     assert!(out.is_empty());
     // A third connection evicts the least recently used (fd 3): its request becomes unknown.
-    r.push(&conn_ev(5, Role::Client, 20, ConnEventKind::Connect { errno: 0 }), &mut out);
+    r.push(
+        &conn_ev(5, Role::Client, 20, ConnEventKind::Connect { errno: 0 }),
+        &mut out,
+    );
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].conn, cid(3));
     assert!(out[0].unknown);
@@ -522,7 +734,10 @@ fn idle_and_lru_eviction() {
     assert_eq!(out.len(), 1, "not idle yet");
     r.tick(2_000_000_000, &mut out);
     assert_eq!(out.len(), 2, "fd 4's unanswered request");
-    assert_eq!((out[1].failure, out[1].outcome), (Some(Failure::ClosedNoResponse), OutcomeClass::Unknown));
+    assert_eq!(
+        (out[1].failure, out[1].outcome),
+        (Some(Failure::ClosedNoResponse), OutcomeClass::Unknown)
+    );
     let s = r.stats();
     assert_eq!((s.evictions_idle, s.connections), (2, 0));
     assert_eq!(s.exchanges, 2);
@@ -532,7 +747,10 @@ fn idle_and_lru_eviction() {
 
 #[test]
 fn garbage_never_panics_and_memory_stays_bounded() {
-    let cfg = L7Config { conn_buffer_bytes: 1024, ..L7Config::default() };
+    let cfg = L7Config {
+        conn_buffer_bytes: 1024,
+        ..L7Config::default()
+    };
     let mut r = Reassembler::new(cfg);
     let mut out = Vec::new();
     let mut seed = 0x1234_5678_u64;
@@ -542,7 +760,12 @@ fn garbage_never_panics_and_memory_stays_bounded() {
         seed ^= seed << 17;
         seed
     };
-    let prefixes: [&[u8]; 4] = [b"GET / HTTP/1.1\r\n", b"HTTP/1.1 200 OK\r\n", super::http2::PREFACE, b""];
+    let prefixes: [&[u8]; 4] = [
+        b"GET / HTTP/1.1\r\n",
+        b"HTTP/1.1 200 OK\r\n",
+        super::http2::PREFACE,
+        b"",
+    ];
     for i in 0..3000u64 {
         let fd = (rnd() % 5) as u32;
         let mut b = prefixes[(rnd() % 4) as usize].to_vec();
@@ -555,7 +778,11 @@ fn garbage_never_panics_and_memory_stays_bounded() {
             r.push(&conn_ev(fd, role, i, ConnEventKind::Accept), &mut out);
         }
         r.push(&data_trunc(fd, role, dir, i, 1, &b, len), &mut out);
-        assert!(r.buffered_bytes() <= 5 * 4 * (1024 + 128), "{}", r.buffered_bytes());
+        assert!(
+            r.buffered_bytes() <= 5 * 4 * (1024 + 128),
+            "{}",
+            r.buffered_bytes()
+        );
     }
     r.tick(u64::MAX, &mut out);
     assert_eq!(r.stats().connections, 0);
@@ -563,19 +790,38 @@ fn garbage_never_panics_and_memory_stays_bounded() {
 
 #[test]
 fn pipelining_depth_is_bounded() {
-    let cfg = L7Config { max_inflight: 4, ..L7Config::default() };
+    let cfg = L7Config {
+        max_inflight: 4,
+        ..L7Config::default()
+    };
     let mut r = Reassembler::new(cfg);
     let mut out = Vec::new();
-    r.push(&conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }), &mut out);
+    r.push(
+        &conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
+        &mut out,
+    );
     for i in 0..10 {
         r.push(&data(3, Role::Client, OUT, 10 + i, GET), &mut out);
     }
     assert_eq!(out.len(), 6, "the oldest beyond the depth are given up");
-    assert!(out.iter().all(|e| e.unknown && e.outcome == OutcomeClass::Unknown));
-    assert_eq!((r.stats().evictions_inflight, r.stats().evictions()), (6, 6));
-    r.push(&conn_ev(3, Role::Client, 100, ConnEventKind::Close), &mut out);
+    assert!(
+        out.iter()
+            .all(|e| e.unknown && e.outcome == OutcomeClass::Unknown)
+    );
+    assert_eq!(
+        (r.stats().evictions_inflight, r.stats().evictions()),
+        (6, 6)
+    );
+    r.push(
+        &conn_ev(3, Role::Client, 100, ConnEventKind::Close),
+        &mut out,
+    );
     assert_eq!(out.len(), 10);
-    assert!(out[6..].iter().all(|e| e.failure == Some(Failure::Abandoned)));
+    assert!(
+        out[6..]
+            .iter()
+            .all(|e| e.failure == Some(Failure::Abandoned))
+    );
     // The close finished the rest: not evictions.
     assert_eq!((r.stats().closed, r.stats().evictions()), (1, 6));
 }
@@ -587,12 +833,22 @@ fn ordinary_closes_are_not_evictions() {
     let mut ev = Vec::new();
     for i in 0..80u32 {
         let (fd, t) = (3 + i, u64::from(i) * 100);
-        let role = if i % 2 == 0 { Role::Client } else { Role::Server };
+        let role = if i % 2 == 0 {
+            Role::Client
+        } else {
+            Role::Server
+        };
         let (start, rq, rs) = match role {
             Role::Server => (ConnEventKind::Accept, IN, OUT),
             _ => (ConnEventKind::Connect { errno: 0 }, OUT, IN),
         };
-        let end = if i % 4 == 1 { ConnEventKind::Reset { errno: -libc::ECONNRESET } } else { ConnEventKind::Close };
+        let end = if i % 4 == 1 {
+            ConnEventKind::Reset {
+                errno: -libc::ECONNRESET,
+            }
+        } else {
+            ConnEventKind::Close
+        };
         ev.push(conn_ev(fd, role, t + 1, start));
         ev.push(data(fd, role, rq, t + 10, GET));
         ev.push(data(fd, role, rs, t + 20, OK_HELLO));
@@ -600,7 +856,10 @@ fn ordinary_closes_are_not_evictions() {
     }
     let (ex, stats) = run(&ev);
     assert_eq!(ex.len(), 80);
-    assert!(ex.iter().all(|e| e.outcome == OutcomeClass::Success), "{ex:#?}");
+    assert!(
+        ex.iter().all(|e| e.outcome == OutcomeClass::Success),
+        "{ex:#?}"
+    );
     assert_eq!((stats.closed, stats.connections), (80, 0));
     assert_eq!(stats.evictions(), 0, "{stats:?}");
 }
@@ -609,11 +868,41 @@ fn ordinary_closes_are_not_evictions() {
 fn absolute_form_and_connect_targets() {
     let ev = vec![
         conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
-        data(3, Role::Client, OUT, 10, b"GET http://proxy.example:8080/a/1?b=2 HTTP/1.1\r\n\r\n"),
-        data(3, Role::Client, IN, 20, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
-        data(3, Role::Client, OUT, 30, b"CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1:443\r\n\r\n"),
-        data(3, Role::Client, IN, 40, b"HTTP/1.1 200 Connection established\r\n\r\n\x16\x03\x01"),
-        data(3, Role::Client, OUT, 50, b"\x16\x03\x01\x00\x10GET / HTTP/1.1\r\n\r\n"),
+        data(
+            3,
+            Role::Client,
+            OUT,
+            10,
+            b"GET http://proxy.example:8080/a/1?b=2 HTTP/1.1\r\n\r\n",
+        ),
+        data(
+            3,
+            Role::Client,
+            IN,
+            20,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        ),
+        data(
+            3,
+            Role::Client,
+            OUT,
+            30,
+            b"CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1:443\r\n\r\n",
+        ),
+        data(
+            3,
+            Role::Client,
+            IN,
+            40,
+            b"HTTP/1.1 200 Connection established\r\n\r\n\x16\x03\x01",
+        ),
+        data(
+            3,
+            Role::Client,
+            OUT,
+            50,
+            b"\x16\x03\x01\x00\x10GET / HTTP/1.1\r\n\r\n",
+        ),
     ];
     let ex = run_split_invariant(&ev);
     assert_eq!(ex.len(), 2, "{ex:#?}");
@@ -631,12 +920,18 @@ fn process_exit_ends_its_connections() {
         conn_ev(4, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
         data(4, Role::Client, OUT, 10, GET),
         data(4, Role::Client, IN, 20, OK_HELLO),
-        Event::ProcessExit { pid: PID, ts_ns: 50 },
+        Event::ProcessExit {
+            pid: PID,
+            ts_ns: 50,
+        },
     ];
     let (ex, stats) = run(&ev);
     assert_eq!(ex.len(), 2);
     assert_eq!((ex[0].conn, ex[0].status), (cid(4), Some(200)));
-    assert_eq!((ex[1].conn, ex[1].failure), (cid(3), Some(Failure::Abandoned)));
+    assert_eq!(
+        (ex[1].conn, ex[1].failure),
+        (cid(3), Some(Failure::Abandoned))
+    );
     assert_eq!(stats.connections, 0);
 }
 
@@ -644,7 +939,10 @@ fn process_exit_ends_its_connections() {
 fn buffers_shrink_after_a_large_head() {
     let mut r = Reassembler::new(L7Config::default());
     let mut out = Vec::new();
-    r.push(&conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }), &mut out);
+    r.push(
+        &conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
+        &mut out,
+    );
     let mut big = b"GET /a HTTP/1.1\r\nCookie: ".to_vec();
     big.extend(std::iter::repeat_n(b'c', 30_000));
     big.extend_from_slice(b"\r\n\r\n");
@@ -664,13 +962,26 @@ fn query_is_hashed_not_kept() {
         let req = format!("GET {target} HTTP/1.1\r\nHost: a\r\n\r\n");
         let (ex, _) = run(&[
             data(3, Role::Client, Direction::Egress, 10, req.as_bytes()),
-            data(3, Role::Client, Direction::Ingress, 20, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+            data(
+                3,
+                Role::Client,
+                Direction::Ingress,
+                20,
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            ),
         ]);
         ex.into_iter().next().expect("one exchange")
     };
-    let (p1, p2, none) = (ex("/items?page=1&token=s3cret"), ex("/items?page=2&token=s3cret"), ex("/items"));
+    let (p1, p2, none) = (
+        ex("/items?page=1&token=s3cret"),
+        ex("/items?page=2&token=s3cret"),
+        ex("/items"),
+    );
     assert_eq!(p1.path.as_deref(), Some("/items"));
-    assert!(!format!("{p1:?}").contains("s3cret"), "the query itself is not kept");
+    assert!(
+        !format!("{p1:?}").contains("s3cret"),
+        "the query itself is not kept"
+    );
     assert!(p1.query_hash.is_some() && p1.query_hash != p2.query_hash);
     assert_eq!(none.query_hash, None);
 }
@@ -682,16 +993,56 @@ fn zero_copy_body_is_counted_and_the_connection_parses_on() {
     let body_len = 100_000u64;
     let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {body_len}\r\n\r\n");
     let (ex, stats) = run(&[
-        data(3, Role::Server, Direction::Ingress, 10, b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n"),
+        data(
+            3,
+            Role::Server,
+            Direction::Ingress,
+            10,
+            b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n",
+        ),
         data(3, Role::Server, Direction::Egress, 20, head.as_bytes()),
         data_trunc(3, Role::Server, Direction::Egress, 30, 7, b"", 60_000),
-        data_trunc(3, Role::Server, Direction::Egress, 40, 7, b"", body_len - 60_000),
-        data(3, Role::Server, Direction::Ingress, 50, b"GET /missing HTTP/1.1\r\nHost: a\r\n\r\n"),
-        data(3, Role::Server, Direction::Egress, 60, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"),
+        data_trunc(
+            3,
+            Role::Server,
+            Direction::Egress,
+            40,
+            7,
+            b"",
+            body_len - 60_000,
+        ),
+        data(
+            3,
+            Role::Server,
+            Direction::Ingress,
+            50,
+            b"GET /missing HTTP/1.1\r\nHost: a\r\n\r\n",
+        ),
+        data(
+            3,
+            Role::Server,
+            Direction::Egress,
+            60,
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+        ),
     ]);
-    let lines: Vec<_> = ex.iter().map(|e| (e.path.clone().unwrap_or_default(), e.status, e.unknown)).collect();
-    assert_eq!(lines, vec![("/big".into(), Some(200), false), ("/missing".into(), Some(404), false)], "{stats:?}");
-    assert_eq!(ex[0].response_end_ns, Some(45), "the response ends with its last zero-copy piece");
+    let lines: Vec<_> = ex
+        .iter()
+        .map(|e| (e.path.clone().unwrap_or_default(), e.status, e.unknown))
+        .collect();
+    assert_eq!(
+        lines,
+        vec![
+            ("/big".into(), Some(200), false),
+            ("/missing".into(), Some(404), false)
+        ],
+        "{stats:?}"
+    );
+    assert_eq!(
+        ex[0].response_end_ns,
+        Some(45),
+        "the response ends with its last zero-copy piece"
+    );
 }
 
 /// TLS: the connection's syscall bytes are ciphertext (handshake, records); the plaintext comes
@@ -700,22 +1051,44 @@ fn zero_copy_body_is_counted_and_the_connection_parses_on() {
 #[test]
 fn tls_plaintext_is_parsed_and_ciphertext_ignored() {
     let ev = |dir: Direction, ts: u64, sc: Syscall, bytes: &[u8]| {
-        let Event::Data(mut d) = data(3, Role::Client, dir, ts, bytes) else { unreachable!() };
+        let Event::Data(mut d) = data(3, Role::Client, dir, ts, bytes) else {
+            unreachable!()
+        };
         d.syscall = sc;
         Event::Data(d)
     };
-    let hello = [0x16u8, 0x03, 0x01, 0x00, 0x40, 0x01, 0x00, 0x00, 0x3c, 0x03, 0x03, 0xaa, 0xbb];
+    let hello = [
+        0x16u8, 0x03, 0x01, 0x00, 0x40, 0x01, 0x00, 0x00, 0x3c, 0x03, 0x03, 0xaa, 0xbb,
+    ];
     let record = [0x17u8, 0x03, 0x03, 0x00, 0x20, 0xde, 0xad, 0xbe, 0xef];
     let (ex, _) = run(&[
-        conn_ev(3, Role::Client, 1, crate::capture::ConnEventKind::Connect { errno: 0 }),
+        conn_ev(
+            3,
+            Role::Client,
+            1,
+            crate::capture::ConnEventKind::Connect { errno: 0 },
+        ),
         ev(Direction::Egress, 10, Syscall::Write, &hello),
         ev(Direction::Ingress, 20, Syscall::Read, &hello),
-        ev(Direction::Egress, 30, Syscall::SslWrite, b"GET /secure HTTP/1.1\r\nHost: a\r\n\r\n"),
+        ev(
+            Direction::Egress,
+            30,
+            Syscall::SslWrite,
+            b"GET /secure HTTP/1.1\r\nHost: a\r\n\r\n",
+        ),
         ev(Direction::Egress, 31, Syscall::Write, &record),
         ev(Direction::Ingress, 40, Syscall::Read, &record),
-        ev(Direction::Ingress, 41, Syscall::SslRead, b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"),
+        ev(
+            Direction::Ingress,
+            41,
+            Syscall::SslRead,
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
+        ),
     ]);
-    let got: Vec<_> = ex.iter().map(|e| (e.path.clone(), e.status, e.unknown)).collect();
+    let got: Vec<_> = ex
+        .iter()
+        .map(|e| (e.path.clone(), e.status, e.unknown))
+        .collect();
     assert_eq!(got, vec![(Some("/secure".into()), Some(503), false)]);
 }
 
@@ -723,12 +1096,18 @@ fn tls_plaintext_is_parsed_and_ciphertext_ignored() {
 fn propagated_trace_id_is_read_best_source_first() {
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     // x-request-id first, traceparent later: traceparent wins whatever the order.
-    let r1 = format!("GET /a HTTP/1.1\r\nHost: h\r\nX-Request-Id: req-1\r\ntraceparent: {tp}\r\n\r\n");
+    let r1 =
+        format!("GET /a HTTP/1.1\r\nHost: h\r\nX-Request-Id: req-1\r\ntraceparent: {tp}\r\n\r\n");
     let r2 = "GET /b HTTP/1.1\r\nHost: h\r\nX-B3-TraceId: 4bf92f3577b34da6a3ce929d0e0e4736\r\n\r\n";
     let r3 = "GET /c HTTP/1.1\r\nHost: h\r\ntraceparent: 00-bogus\r\n\r\n";
     let r4 = "GET /d HTTP/1.1\r\nHost: h\r\nx-request-id: req-1\r\n\r\n";
     let ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
-    let mut ev = vec![conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 })];
+    let mut ev = vec![conn_ev(
+        3,
+        Role::Client,
+        1,
+        ConnEventKind::Connect { errno: 0 },
+    )];
     for (i, r) in [r1.as_str(), r2, r3, r4].iter().enumerate() {
         let t = 10 + 10 * i as u64;
         ev.push(data(3, Role::Client, OUT, t, r.as_bytes()));
@@ -737,7 +1116,10 @@ fn propagated_trace_id_is_read_best_source_first() {
     let ex = run_split_invariant(&ev);
     assert_eq!(ex.len(), 4);
     assert!(ex[0].trace_id.is_some());
-    assert_eq!(ex[1].trace_id, ex[0].trace_id, "same trace id, other header");
+    assert_eq!(
+        ex[1].trace_id, ex[0].trace_id,
+        "same trace id, other header"
+    );
     assert_eq!(ex[2].trace_id, None, "malformed traceparent ignored");
     assert!(ex[3].trace_id.is_some() && ex[3].trace_id != ex[0].trace_id);
 }

@@ -32,8 +32,15 @@ impl Peer {
         Peer(loona_hpack::Encoder::new())
     }
     fn headers(&mut self, stream: u32, end_stream: bool, hs: &[(&str, &str)]) -> Vec<u8> {
-        let block = self.0.encode(hs.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
-        frame(H, END_HEADERS | if end_stream { END_STREAM } else { 0 }, stream, &block)
+        let block = self
+            .0
+            .encode(hs.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
+        frame(
+            H,
+            END_HEADERS | if end_stream { END_STREAM } else { 0 },
+            stream,
+            &block,
+        )
     }
 }
 
@@ -61,7 +68,12 @@ fn hs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
 
 /// A gRPC client connection: preface, SETTINGS, then the given client and server writes.
 fn client_conn(fd: u32, writes: Vec<(Direction, Vec<u8>)>) -> Vec<Event> {
-    let mut ev = vec![conn_ev(fd, Role::Client, 1, ConnEventKind::Connect { errno: 0 })];
+    let mut ev = vec![conn_ev(
+        fd,
+        Role::Client,
+        1,
+        ConnEventKind::Connect { errno: 0 },
+    )];
     let mut first = http2::PREFACE.to_vec();
     first.extend(frame(SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 100]));
     ev.push(data(fd, Role::Client, OUT, 5, &first));
@@ -72,10 +84,20 @@ fn client_conn(fd: u32, writes: Vec<(Direction, Vec<u8>)>) -> Vec<Event> {
     ev
 }
 
-fn unary(client: &mut Peer, server: &mut Peer, stream: u32, path: &str, trailers: &[(&str, &str)]) -> Vec<(Direction, Vec<u8>)> {
+fn unary(
+    client: &mut Peer,
+    server: &mut Peer,
+    stream: u32,
+    path: &str,
+    trailers: &[(&str, &str)],
+) -> Vec<(Direction, Vec<u8>)> {
     let mut req = client.headers(stream, false, &hs(&req_headers(path)));
     req.extend(frame(D, END_STREAM, stream, &grpc_msg(b"\x0a\x03abc")));
-    let mut resp = server.headers(stream, false, &[(":status", "200"), ("content-type", "application/grpc")]);
+    let mut resp = server.headers(
+        stream,
+        false,
+        &[(":status", "200"), ("content-type", "application/grpc")],
+    );
     resp.extend(frame(D, 0, stream, &grpc_msg(b"\x08\x01")));
     resp.extend(server.headers(stream, true, trailers));
     vec![(OUT, req), (IN, resp)]
@@ -84,13 +106,40 @@ fn unary(client: &mut Peer, server: &mut Peer, stream: u32, path: &str, trailers
 #[test]
 fn grpc_unary_calls_and_trailer_statuses() {
     let (mut c, mut s) = (Peer::new(), Peer::new());
-    let mut w = unary(&mut c, &mut s, 1, "/shop.Orders/Get", &[("grpc-status", "0")]);
-    w.extend(unary(&mut c, &mut s, 3, "/shop.Orders/Get", &[("grpc-status", "14"), ("grpc-message", "backend down")]));
-    w.extend(unary(&mut c, &mut s, 5, "/shop.Orders/Put", &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "-1")]));
-    w.extend(unary(&mut c, &mut s, 7, "/shop.Orders/Put", &[("grpc-status", "3")]));
+    let mut w = unary(
+        &mut c,
+        &mut s,
+        1,
+        "/shop.Orders/Get",
+        &[("grpc-status", "0")],
+    );
+    w.extend(unary(
+        &mut c,
+        &mut s,
+        3,
+        "/shop.Orders/Get",
+        &[("grpc-status", "14"), ("grpc-message", "backend down")],
+    ));
+    w.extend(unary(
+        &mut c,
+        &mut s,
+        5,
+        "/shop.Orders/Put",
+        &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "-1")],
+    ));
+    w.extend(unary(
+        &mut c,
+        &mut s,
+        7,
+        "/shop.Orders/Put",
+        &[("grpc-status", "3")],
+    ));
     let ev = client_conn(3, w);
     let ex = run_split_invariant(&ev);
-    let got: Vec<_> = ex.iter().map(|e| (e.stream_id, e.grpc_status, e.outcome)).collect();
+    let got: Vec<_> = ex
+        .iter()
+        .map(|e| (e.stream_id, e.grpc_status, e.outcome))
+        .collect();
     assert_eq!(
         got,
         vec![
@@ -120,12 +169,23 @@ fn trailers_only_response_and_retry_marker() {
     h.push(("grpc-previous-rpc-attempts", "2".into()));
     let mut req = c.headers(1, false, &hs(&h));
     req.extend(frame(D, END_STREAM, 1, &grpc_msg(b"x")));
-    let resp = s.headers(1, true, &[(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "14")]);
+    let resp = s.headers(
+        1,
+        true,
+        &[
+            (":status", "200"),
+            ("content-type", "application/grpc"),
+            ("grpc-status", "14"),
+        ],
+    );
     let ex = run_split_invariant(&client_conn(3, vec![(OUT, req), (IN, resp)]));
     assert_eq!(ex.len(), 1);
     assert_eq!(ex[0].retry_markers.grpc_previous_attempts, Some(2));
     assert!(ex[0].retry_markers.says_retry());
-    assert_eq!((ex[0].grpc_status, ex[0].outcome), (Some(14), OutcomeClass::Transient));
+    assert_eq!(
+        (ex[0].grpc_status, ex[0].outcome),
+        (Some(14), OutcomeClass::Transient)
+    );
 }
 
 #[test]
@@ -135,7 +195,16 @@ fn many_concurrent_streams_pair_by_stream_id() {
     let ids: Vec<u32> = (0..n).map(|i| 2 * i + 1).collect();
     let mut reqs = Vec::new();
     for &id in &ids {
-        reqs.extend(c.headers(id, true, &hs(&[(":method", "GET".into()), (":scheme", "http".into()), (":path", format!("/items/{id}")), (":authority", "a".into())])));
+        reqs.extend(c.headers(
+            id,
+            true,
+            &hs(&[
+                (":method", "GET".into()),
+                (":scheme", "http".into()),
+                (":path", format!("/items/{id}")),
+                (":authority", "a".into()),
+            ]),
+        ));
     }
     // Answered in reverse order, interleaved: all heads first, then bodies.
     let mut resps = Vec::new();
@@ -156,7 +225,11 @@ fn many_concurrent_streams_pair_by_stream_id() {
         assert_eq!(e.method, Some(Method::Get));
         assert!(e.idempotent && !e.unknown);
     }
-    assert_eq!(ex[0].stream_id, Some(ids[n as usize - 1]), "emitted as streams complete");
+    assert_eq!(
+        ex[0].stream_id,
+        Some(ids[n as usize - 1]),
+        "emitted as streams complete"
+    );
 }
 
 #[test]
@@ -177,7 +250,10 @@ fn rst_stream_and_goaway_fail_the_affected_streams() {
     let client_cancel = frame(RST, 0, 9, &8u32.to_be_bytes());
     let ev = client_conn(3, vec![(OUT, reqs), (IN, resps), (OUT, client_cancel)]);
     let ex = run_split_invariant(&ev);
-    let got: Vec<_> = ex.iter().map(|e| (e.stream_id.unwrap(), e.failure, e.outcome)).collect();
+    let got: Vec<_> = ex
+        .iter()
+        .map(|e| (e.stream_id.unwrap(), e.failure, e.outcome))
+        .collect();
     assert_eq!(
         got,
         vec![
@@ -194,7 +270,10 @@ fn rst_stream_and_goaway_fail_the_affected_streams() {
 #[test]
 fn continuation_frames_and_huffman_blocks() {
     // RFC 7541 C.4.1: Huffman-coded GET http://www.example.com/ .
-    let huff = [0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab, 0x90, 0xf4, 0xff];
+    let huff = [
+        0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab, 0x90,
+        0xf4, 0xff,
+    ];
     let mut req = frame(H, END_STREAM, 1, &huff[..5]);
     req.extend(frame(CONT, 0, 1, &huff[5..9]));
     req.extend(frame(CONT, END_HEADERS, 1, &huff[9..]));
@@ -205,7 +284,10 @@ fn continuation_frames_and_huffman_blocks() {
     assert_eq!(ex[0].method, Some(Method::Get));
     assert_eq!(ex[0].path.as_deref(), Some("/"));
     assert_eq!(ex[0].authority.as_deref(), Some("www.example.com"));
-    assert_eq!((ex[0].status, ex[0].outcome), (Some(404), OutcomeClass::Semantic));
+    assert_eq!(
+        (ex[0].status, ex[0].outcome),
+        (Some(404), OutcomeClass::Semantic)
+    );
 }
 
 #[test]
@@ -213,7 +295,13 @@ fn server_side_grpc_with_server_preface_first() {
     let (mut c, mut s) = (Peer::new(), Peer::new());
     let mut ev = vec![conn_ev(4, Role::Server, 1, ConnEventKind::Accept)];
     // The server writes its SETTINGS before it reads the client preface.
-    ev.push(data(4, Role::Server, OUT, 2, &frame(SETTINGS, 0, 0, &[0, 4, 0, 1, 0, 0])));
+    ev.push(data(
+        4,
+        Role::Server,
+        OUT,
+        2,
+        &frame(SETTINGS, 0, 0, &[0, 4, 0, 1, 0, 0]),
+    ));
     let mut first = http2::PREFACE.to_vec();
     first.extend(frame(SETTINGS, 0, 0, &[]));
     first.extend(c.headers(1, false, &hs(&req_headers("/svc/A"))));
@@ -222,12 +310,23 @@ fn server_side_grpc_with_server_preface_first() {
     let mut resp = s.headers(1, false, &[(":status", "200")]);
     resp.extend(frame(D, 0, 1, &grpc_msg(b"r")));
     resp.extend(s.headers(1, true, &[("grpc-status", "5")]));
-    ev.push(data_trunc(4, Role::Server, OUT, 4, 9, &resp, resp.len() as u64));
+    ev.push(data_trunc(
+        4,
+        Role::Server,
+        OUT,
+        4,
+        9,
+        &resp,
+        resp.len() as u64,
+    ));
     let ex = run_split_invariant(&ev);
     assert_eq!(ex.len(), 1, "{ex:#?}");
     assert_eq!(ex[0].role, Role::Server);
     assert_eq!(ex[0].path.as_deref(), Some("/svc/A"));
-    assert_eq!((ex[0].grpc_status, ex[0].outcome), (Some(5), OutcomeClass::Semantic));
+    assert_eq!(
+        (ex[0].grpc_status, ex[0].outcome),
+        (Some(5), OutcomeClass::Semantic)
+    );
     assert_eq!(ex[0].response_tid, Some(9));
 }
 
@@ -251,7 +350,10 @@ fn mid_connection_start_is_unknown_and_the_next_connection_recovers() {
     // A fresh connection decodes again.
     let (mut c, mut s) = (Peer::new(), Peer::new());
     let mut all = ev.clone();
-    all.extend(client_conn(4, unary(&mut c, &mut s, 1, "/svc/Fresh", &[("grpc-status", "0")])));
+    all.extend(client_conn(
+        4,
+        unary(&mut c, &mut s, 1, "/svc/Fresh", &[("grpc-status", "0")]),
+    ));
     let (ex, _) = run(&all);
     assert_eq!(ex.len(), 2);
     assert!(!ex[1].unknown);
@@ -269,7 +371,15 @@ fn truncated_header_block_makes_later_streams_unknown() {
     let resp1 = s.headers(1, true, &[(":status", "200"), ("grpc-status", "0")]);
     let resp3 = s.headers(3, true, &[(":status", "200"), ("grpc-status", "0")]);
     let mut ev = client_conn(3, vec![]);
-    ev.push(data_trunc(3, Role::Client, OUT, 10, 7, &req1[..200], req1.len() as u64));
+    ev.push(data_trunc(
+        3,
+        Role::Client,
+        OUT,
+        10,
+        7,
+        &req1[..200],
+        req1.len() as u64,
+    ));
     ev.push(data(3, Role::Client, IN, 20, &resp1));
     ev.push(data(3, Role::Client, OUT, 30, &req3));
     ev.push(data(3, Role::Client, IN, 40, &resp3));
@@ -279,8 +389,15 @@ fn truncated_header_block_makes_later_streams_unknown() {
     assert!(ex[0].unknown);
     assert_eq!(ex[0].path.as_deref(), Some("/svc/Big"));
     assert_eq!(ex[0].method, Some(Method::Post));
-    assert!(ex[1].unknown && ex[1].path.is_none(), "the request decoder lost its table");
-    assert_eq!(ex[1].status, Some(200), "the response decoder is still in sync");
+    assert!(
+        ex[1].unknown && ex[1].path.is_none(),
+        "the request decoder lost its table"
+    );
+    assert_eq!(
+        ex[1].status,
+        Some(200),
+        "the response decoder is still in sync"
+    );
     assert_eq!(ex[1].outcome, OutcomeClass::Success);
     assert_eq!(stats.truncations, 1);
 }
@@ -293,14 +410,21 @@ fn close_with_open_streams() {
     ev.push(conn_ev(3, Role::Client, 100, ConnEventKind::Close));
     let (ex, _) = run(&ev);
     assert_eq!(ex.len(), 1);
-    assert_eq!((ex[0].failure, ex[0].outcome), (Some(Failure::Abandoned), OutcomeClass::Unknown));
+    assert_eq!(
+        (ex[0].failure, ex[0].outcome),
+        (Some(Failure::Abandoned), OutcomeClass::Unknown)
+    );
     assert_eq!(ex[0].pid, PID);
 }
 
 #[test]
 fn padding_and_priority_are_stripped() {
     let mut c = Peer::new();
-    let block = c.0.encode(hs(&req_headers("/svc/Padded")).iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
+    let block = c.0.encode(
+        hs(&req_headers("/svc/Padded"))
+            .iter()
+            .map(|(n, v)| (n.as_bytes(), v.as_bytes())),
+    );
     // PADDED | PRIORITY | END_HEADERS: pad length, 5 priority bytes, block, padding.
     let mut p = vec![3u8, 0, 0, 0, 0, 16];
     p.extend_from_slice(&block);
@@ -329,15 +453,30 @@ fn writes_resync_after_a_gap_over_frame_headers() {
         let mut w = c.headers(id, false, &hs(&req_headers("/svc/M")));
         w.extend(frame(D, END_STREAM, id, &grpc_msg(b"x")));
         let ts = 100 * (i as u64 + 1);
-        ev.push(data_trunc(3, Role::Client, OUT, ts, 7, &w[..11], w.len() as u64));
+        ev.push(data_trunc(
+            3,
+            Role::Client,
+            OUT,
+            ts,
+            7,
+            &w[..11],
+            w.len() as u64,
+        ));
         let resp = s.headers(id, true, &[(":status", "200"), ("grpc-status", "14")]);
         ev.push(data(3, Role::Client, IN, ts + 10, &resp));
     }
     let (ex, stats) = run(&ev);
     assert_eq!(ex.len(), 3, "{ex:#?}");
     for e in &ex {
-        assert!(e.unknown && e.path.is_none(), "request blocks were cut: {e:#?}");
-        assert_eq!((e.grpc_status, e.outcome), (Some(14), OutcomeClass::Transient), "responses were whole");
+        assert!(
+            e.unknown && e.path.is_none(),
+            "request blocks were cut: {e:#?}"
+        );
+        assert_eq!(
+            (e.grpc_status, e.outcome),
+            (Some(14), OutcomeClass::Transient),
+            "responses were whole"
+        );
         assert_eq!(e.failure, None);
     }
     assert!(stats.truncations >= 3, "{stats:?}");
@@ -350,13 +489,23 @@ fn writes_resync_after_a_gap_over_frame_headers() {
 fn h2c_upgrade_continues_as_http2() {
     let (mut c, mut s) = (Peer::new(), Peer::new());
     let up = b"GET /up HTTP/1.1\r\nHost: a:80\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n";
-    let mut switch = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n".to_vec();
+    let mut switch =
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n".to_vec();
     switch.extend(frame(SETTINGS, 0, 0, &[]));
     let mut preface = http2::PREFACE.to_vec();
     preface.extend(frame(SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 100]));
     let mut resp1 = s.headers(1, false, &[(":status", "200")]);
     resp1.extend(frame(D, END_STREAM, 1, b"hello"));
-    let req3 = c.headers(3, true, &[(":method", "GET"), (":scheme", "http"), (":path", "/next"), (":authority", "a:80")]);
+    let req3 = c.headers(
+        3,
+        true,
+        &[
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/next"),
+            (":authority", "a:80"),
+        ],
+    );
     let resp3 = s.headers(3, true, &[(":status", "503")]);
     let ev = vec![
         conn_ev(3, Role::Client, 1, ConnEventKind::Connect { errno: 0 }),
@@ -368,8 +517,17 @@ fn h2c_upgrade_continues_as_http2() {
         data(3, Role::Client, IN, 60, &resp3),
     ];
     let ex = run_split_invariant(&ev);
-    let got: Vec<_> = ex.iter().map(|e| (e.path.clone(), e.status, e.stream_id, e.unknown)).collect();
-    assert_eq!(got, vec![(Some("/up".into()), Some(200), Some(1), false), (Some("/next".into()), Some(503), Some(3), false)]);
+    let got: Vec<_> = ex
+        .iter()
+        .map(|e| (e.path.clone(), e.status, e.stream_id, e.unknown))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (Some("/up".into()), Some(200), Some(1), false),
+            (Some("/next".into()), Some(503), Some(3), false)
+        ]
+    );
     assert_eq!(ex[0].method, Some(Method::Get));
     assert_eq!(ex[0].protocol, Protocol::Http2);
     // A 101 to another protocol (WebSocket) still stops parsing.
@@ -380,7 +538,10 @@ fn h2c_upgrade_continues_as_http2() {
         data(4, Role::Client, OUT, 30, b"\x81\x05hello"),
     ];
     let (ex, _) = run(&ws);
-    assert_eq!(ex.iter().map(|e| e.status).collect::<Vec<_>>(), vec![Some(101)]);
+    assert_eq!(
+        ex.iter().map(|e| e.status).collect::<Vec<_>>(),
+        vec![Some(101)]
+    );
 }
 
 /// Streams in flight on one connection are bounded: beyond `max_inflight` the oldest is given
@@ -388,9 +549,19 @@ fn h2c_upgrade_continues_as_http2() {
 #[test]
 fn concurrent_streams_are_bounded_and_counted_as_evictions() {
     let mut c = Peer::new();
-    let writes: Vec<(Direction, Vec<u8>)> =
-        [1u32, 3, 5, 7].iter().map(|&id| (OUT, c.headers(id, true, &hs(&req_headers("/shop.Orders/Get"))))).collect();
-    let cfg = L7Config { max_inflight: 2, ..L7Config::default() };
+    let writes: Vec<(Direction, Vec<u8>)> = [1u32, 3, 5, 7]
+        .iter()
+        .map(|&id| {
+            (
+                OUT,
+                c.headers(id, true, &hs(&req_headers("/shop.Orders/Get"))),
+            )
+        })
+        .collect();
+    let cfg = L7Config {
+        max_inflight: 2,
+        ..L7Config::default()
+    };
     let mut r = Reassembler::new(cfg);
     let mut out = Vec::new();
     for e in client_conn(3, writes) {
@@ -398,16 +569,25 @@ fn concurrent_streams_are_bounded_and_counted_as_evictions() {
     }
     let given_up: Vec<_> = out.iter().map(|e| (e.stream_id, e.unknown)).collect();
     assert_eq!(given_up, vec![(Some(1), true), (Some(3), true)]);
-    assert_eq!((r.stats().evictions_inflight, r.stats().evictions()), (2, 2));
+    assert_eq!(
+        (r.stats().evictions_inflight, r.stats().evictions()),
+        (2, 2)
+    );
 }
 
 #[test]
 fn propagated_trace_id_is_read_from_hpack_headers() {
     let (mut c, mut s) = (Peer::new(), Peer::new());
     let mut h1 = req_headers("/svc/A");
-    h1.push(("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()));
+    h1.push((
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+    ));
     let mut h3 = req_headers("/svc/A");
-    h3.push(("b3", "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1".into()));
+    h3.push((
+        "b3",
+        "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1".into(),
+    ));
     let mut h5 = req_headers("/svc/A");
     h5.push(("uber-trace-id", "not-an-id".into()));
     let mut out = Vec::new();
@@ -420,7 +600,11 @@ fn propagated_trace_id_is_read_from_hpack_headers() {
     }
     let ex = run_split_invariant(&client_conn(3, vec![(OUT, out), (IN, inb)]));
     assert_eq!(ex.len(), 3);
-    let by = |sid| ex.iter().find(|e| e.stream_id == Some(sid)).and_then(|e| e.trace_id);
+    let by = |sid| {
+        ex.iter()
+            .find(|e| e.stream_id == Some(sid))
+            .and_then(|e| e.trace_id)
+    };
     assert!(by(1).is_some());
     assert_eq!(by(3), by(1));
     assert_eq!(by(5), None);

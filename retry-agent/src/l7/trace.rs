@@ -54,7 +54,8 @@ fn traceparent(v: &[u8]) -> Option<u64> {
     let mut f = v.split(|&b| b == b'-');
     let (version, trace, parent, flags) = (f.next()?, f.next()?, f.next()?, f.next()?);
     let hex = |s: &[u8], n: usize| s.len() == n && s.iter().all(u8::is_ascii_hexdigit);
-    if !hex(version, 2) || version.eq_ignore_ascii_case(b"ff") || !hex(parent, 16) || !hex(flags, 2) {
+    if !hex(version, 2) || version.eq_ignore_ascii_case(b"ff") || !hex(parent, 16) || !hex(flags, 2)
+    {
         return None;
     }
     if (version == b"00" && f.next().is_some()) || trace.len() != 32 {
@@ -67,7 +68,11 @@ fn traceparent(v: &[u8]) -> Option<u64> {
 /// case, left-padded to 128 bits (how OpenTelemetry widens a 64-bit B3 or Jaeger id), so a
 /// service that receives `b3` and sends `traceparent` still matches.
 fn hex_trace_id(s: &[u8]) -> Option<u64> {
-    if s.is_empty() || s.len() > 32 || !s.iter().all(u8::is_ascii_hexdigit) || s.iter().all(|&b| b == b'0') {
+    if s.is_empty()
+        || s.len() > 32
+        || !s.iter().all(u8::is_ascii_hexdigit)
+        || s.iter().all(|&b| b == b'0')
+    {
         return None;
     }
     let mut h = digest_key().hasher(DOMAIN_TRACE);
@@ -97,16 +102,46 @@ mod tests {
         assert_eq!(tp.map(|t| t.0), Some(TraceSource::TraceParent));
         let tp = tp.map(|t| t.1);
         assert!(tp.is_some());
-        assert_eq!(id("TraceParent", " 00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01 "), tp);
-        assert_eq!(id("b3", "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1"), tp);
-        assert_eq!(id("b3", "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"), tp);
+        assert_eq!(
+            id(
+                "TraceParent",
+                " 00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01 "
+            ),
+            tp
+        );
+        assert_eq!(
+            id("b3", "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1"),
+            tp
+        );
+        assert_eq!(
+            id("b3", "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"),
+            tp
+        );
         assert_eq!(id("X-B3-TraceId", "4bf92f3577b34da6a3ce929d0e0e4736"), tp);
-        assert_eq!(id("uber-trace-id", "4bf92f3577b34da6a3ce929d0e0e4736:00f067aa0ba902b7:0:1"), tp);
-        assert_eq!(id("uber-trace-id", "4bf92f3577b34da6a3ce929d0e0e4736%3A00f067aa0ba902b7%3A0%3A1"), tp);
+        assert_eq!(
+            id(
+                "uber-trace-id",
+                "4bf92f3577b34da6a3ce929d0e0e4736:00f067aa0ba902b7:0:1"
+            ),
+            tp
+        );
+        assert_eq!(
+            id(
+                "uber-trace-id",
+                "4bf92f3577b34da6a3ce929d0e0e4736%3A00f067aa0ba902b7%3A0%3A1"
+            ),
+            tp
+        );
         // 64-bit ids widen like OpenTelemetry widens them; Jaeger drops leading zeros.
         let short = id("x-b3-traceid", "a3ce929d0e0e4736");
         assert!(short.is_some());
-        assert_eq!(id("traceparent", "00-0000000000000000a3ce929d0e0e4736-00f067aa0ba902b7-01"), short);
+        assert_eq!(
+            id(
+                "traceparent",
+                "00-0000000000000000a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            ),
+            short
+        );
         assert_eq!(id("uber-trace-id", "a3ce929d0e0e4736:1:0:1"), short);
         assert_eq!(id("uber-trace-id", "00a3ce929d0e0e4736:1:0:1"), short);
         assert_ne!(short, tp);
@@ -114,27 +149,54 @@ mod tests {
 
     #[test]
     fn different_traces_and_request_ids_differ() {
-        let other = id("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b7-01");
+        let other = id(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b7-01",
+        );
         assert!(other.is_some());
         assert_ne!(other, id("traceparent", TP));
         let r1 = trace_of_header(b"x-request-id", b"f81d4fae-7dec-11d0-a765-00a0c91e6bf6");
         assert_eq!(r1.map(|t| t.0), Some(TraceSource::RequestId));
         assert!(r1.is_some());
-        assert_ne!(r1.map(|t| t.1), id("x-request-id", "f81d4fae-7dec-11d0-a765-00a0c91e6bf7"));
+        assert_ne!(
+            r1.map(|t| t.1),
+            id("x-request-id", "f81d4fae-7dec-11d0-a765-00a0c91e6bf7")
+        );
         // The same digits as a request id and as a trace id are different ids.
-        assert_ne!(id("x-request-id", "a3ce929d0e0e4736"), id("x-b3-traceid", "a3ce929d0e0e4736"));
+        assert_ne!(
+            id("x-request-id", "a3ce929d0e0e4736"),
+            id("x-b3-traceid", "a3ce929d0e0e4736")
+        );
     }
 
     #[test]
     fn malformed_values_are_ignored() {
         for (n, v) in [
             ("traceparent", ""),
-            ("traceparent", "00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
-            ("traceparent", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
-            ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01"),
-            ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"),
-            ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"),
-            ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e47zz-00f067aa0ba902b7-01"),
+            (
+                "traceparent",
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            ),
+            (
+                "traceparent",
+                "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            ),
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            ),
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            ),
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e47zz-00f067aa0ba902b7-01",
+            ),
             ("b3", "1"),
             ("b3", "d"),
             ("b3", "0000000000000000-00f067aa0ba902b7-1"),
@@ -146,10 +208,23 @@ mod tests {
             ("x-request-id", "has space"),
             ("x-forwarded-for", "10.0.0.1"),
         ] {
-            assert_eq!(trace_of_header(n.as_bytes(), v.as_bytes()), None, "{n}: {v}");
+            assert_eq!(
+                trace_of_header(n.as_bytes(), v.as_bytes()),
+                None,
+                "{n}: {v}"
+            );
         }
-        assert_eq!(trace_of_header(b"x-request-id", &[b'a'; MAX_REQUEST_ID + 1]), None);
+        assert_eq!(
+            trace_of_header(b"x-request-id", &[b'a'; MAX_REQUEST_ID + 1]),
+            None
+        );
         // A later version may append fields.
-        assert!(id("traceparent", "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-abc").is_some());
+        assert!(
+            id(
+                "traceparent",
+                "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-abc"
+            )
+            .is_some()
+        );
     }
 }

@@ -26,7 +26,10 @@ impl DigestKey {
     pub fn random() -> Self {
         let mut b = [0u8; 16];
         if getrandom::fill(&mut b).is_err() {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
             let seed = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), t);
             b[..8].copy_from_slice(&seed.to_le_bytes());
             b[8..].copy_from_slice(&(t as u64).to_le_bytes());
@@ -93,7 +96,11 @@ pub(crate) struct BodyHasher {
 
 impl Default for BodyHasher {
     fn default() -> Self {
-        BodyHasher { h: digest_key().hasher(DOMAIN_BODY), n: 0, stopped: false }
+        BodyHasher {
+            h: digest_key().hasher(DOMAIN_BODY),
+            n: 0,
+            stopped: false,
+        }
     }
 }
 
@@ -132,13 +139,19 @@ pub(crate) fn bounded_string(b: &[u8], max: usize) -> String {
 /// (`http://host/path`, proxies) yields its path.
 pub(crate) fn path_of_target(target: &[u8]) -> &[u8] {
     let mut t = target;
-    if let Some(rest) = t.strip_prefix(b"http://").or_else(|| t.strip_prefix(b"https://")) {
+    if let Some(rest) = t
+        .strip_prefix(b"http://")
+        .or_else(|| t.strip_prefix(b"https://"))
+    {
         t = match rest.iter().position(|&c| c == b'/') {
             Some(i) => rest.get(i..).unwrap_or(b"/"),
             None => b"/",
         };
     }
-    let end = t.iter().position(|&c| c == b'?' || c == b'#').unwrap_or(t.len());
+    let end = t
+        .iter()
+        .position(|&c| c == b'?' || c == b'#')
+        .unwrap_or(t.len());
     t.get(..end).unwrap_or(t)
 }
 
@@ -155,8 +168,13 @@ pub(crate) fn query_hash_of_target(target: &[u8]) -> Option<u64> {
 
 /// The authority of an absolute-form target, if it is one.
 pub(crate) fn authority_of_target(target: &[u8]) -> Option<&[u8]> {
-    let rest = target.strip_prefix(b"http://").or_else(|| target.strip_prefix(b"https://"))?;
-    let end = rest.iter().position(|&c| c == b'/' || c == b'?').unwrap_or(rest.len());
+    let rest = target
+        .strip_prefix(b"http://")
+        .or_else(|| target.strip_prefix(b"https://"))?;
+    let end = rest
+        .iter()
+        .position(|&c| c == b'/' || c == b'?')
+        .unwrap_or(rest.len());
     rest.get(..end)
 }
 
@@ -195,7 +213,8 @@ fn is_id_segment(seg: &str) -> bool {
     let digits = b.iter().filter(|c| c.is_ascii_digit()).count();
     b.len() >= 20
         && digits >= 4
-        && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'=')
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'=')
 }
 
 fn is_uuid(b: &[u8]) -> bool {
@@ -212,7 +231,9 @@ pub(crate) fn parse_u64(v: &[u8]) -> Option<u64> {
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    v.iter().try_fold(0u64, |acc, &c| acc.checked_mul(10)?.checked_add(u64::from(c - b'0')))
+    v.iter().try_fold(0u64, |acc, &c| {
+        acc.checked_mul(10)?.checked_add(u64::from(c - b'0'))
+    })
 }
 
 pub(crate) fn parse_u32(v: &[u8]) -> Option<u32> {
@@ -221,7 +242,8 @@ pub(crate) fn parse_u32(v: &[u8]) -> Option<u32> {
 
 /// Whether a comma-separated header value lists `token` (case-insensitive).
 pub(crate) fn has_token(v: &[u8], token: &[u8]) -> bool {
-    v.split(|&c| c == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+    v.split(|&c| c == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 #[cfg(test)]
@@ -232,11 +254,17 @@ mod tests {
     fn route_templates_collapse_ids_only() {
         let cases = [
             ("/users/123/orders/9", "/users/{id}/orders/{id}"),
-            ("/v1/items/550e8400-e29b-41d4-a716-446655440000", "/v1/items/{id}"),
+            (
+                "/v1/items/550e8400-e29b-41d4-a716-446655440000",
+                "/v1/items/{id}",
+            ),
             ("/blobs/deadbeefcafebabe0011", "/blobs/{id}"),
             ("/tokens/aB3dE5fG7hJ9kL1mN3pQ5", "/tokens/{id}"),
             ("/v1/health", "/v1/health"),
-            ("/helloworld.Greeter/SayHello", "/helloworld.Greeter/SayHello"),
+            (
+                "/helloworld.Greeter/SayHello",
+                "/helloworld.Greeter/SayHello",
+            ),
             ("/", "/"),
             ("/api/v2/", "/api/v2/"),
             ("/cafe", "/cafe"),
@@ -255,8 +283,14 @@ mod tests {
         assert_eq!(authority_of_target(b"/p"), None);
         assert_eq!(path_of_target(b"*"), b"*");
         assert_eq!(query_hash_of_target(b"/a/b"), None);
-        assert_eq!(query_hash_of_target(b"/a?x=1#f"), query_hash_of_target(b"/b?x=1"));
-        assert_ne!(query_hash_of_target(b"/a?x=1"), query_hash_of_target(b"/a?x=2"));
+        assert_eq!(
+            query_hash_of_target(b"/a?x=1#f"),
+            query_hash_of_target(b"/b?x=1")
+        );
+        assert_ne!(
+            query_hash_of_target(b"/a?x=1"),
+            query_hash_of_target(b"/a?x=2")
+        );
     }
 
     #[test]
@@ -292,6 +326,10 @@ mod tests {
         assert_ne!(d.finish(), query_hash_of_target(b"/?a"));
         let mut other = DigestKey::from_bytes([7; 16]).hasher(DOMAIN_BODY);
         other.write(b"a");
-        assert_ne!(d.finish(), Some(other.finish()), "another key, another digest");
+        assert_ne!(
+            d.finish(),
+            Some(other.finish()),
+            "another key, another digest"
+        );
     }
 }

@@ -131,7 +131,11 @@ impl Metrics {
             l7_evictions: Counter::default(),
             registry: Registry::default(),
         };
-        registry.register("retry_ratio", "Retries / requests per edge over the sliding window", m.retry_ratio.clone());
+        registry.register(
+            "retry_ratio",
+            "Retries / requests per edge over the sliding window",
+            m.retry_ratio.clone(),
+        );
         registry.register(
             "amplification_factor",
             "Request rate on an edge over its baseline (frozen while a fault is active)",
@@ -153,10 +157,26 @@ impl Metrics {
             "Arrival rate over baseline at the services at each depth of the node's call graph",
             m.depth_amplification.clone(),
         );
-        registry.register("storm_radius", "Longest chain of edges retrying during a fault", m.storm_radius.clone());
-        registry.register("verdicts", "Ownership verdicts for failed inbound exchanges", m.verdicts.clone());
-        registry.register("retries", "Retry attempts detected on outbound exchanges", m.retries.clone());
-        registry.register("hedged_retries", "Retries started while the previous attempt was in flight", m.hedged_retries.clone());
+        registry.register(
+            "storm_radius",
+            "Longest chain of edges retrying during a fault",
+            m.storm_radius.clone(),
+        );
+        registry.register(
+            "verdicts",
+            "Ownership verdicts for failed inbound exchanges",
+            m.verdicts.clone(),
+        );
+        registry.register(
+            "retries",
+            "Retry attempts detected on outbound exchanges",
+            m.retries.clone(),
+        );
+        registry.register(
+            "hedged_retries",
+            "Retries started while the previous attempt was in flight",
+            m.hedged_retries.clone(),
+        );
         registry.register(
             "non_idempotent_retries",
             "Retries of non-idempotent requests without an idempotency key",
@@ -177,23 +197,51 @@ impl Metrics {
             "Failed inbound requests thread context could not link, linked another way (timing: the call just before the response; sole_inbound: the only request the process served)",
             m.links.clone(),
         );
-        registry.register("tls_libraries", "libssl files instrumented for TLS plaintext", m.tls_libraries.clone());
-        registry.register("go_programs", "Go executables instrumented for request context", m.go_programs.clone());
+        registry.register(
+            "tls_libraries",
+            "libssl files instrumented for TLS plaintext",
+            m.tls_libraries.clone(),
+        );
+        registry.register(
+            "go_programs",
+            "Go executables instrumented for request context",
+            m.go_programs.clone(),
+        );
         registry.register(
             "go_programs_failed",
             "Go executables that could not be instrumented (their calls are linked from syscalls only)",
             m.go_programs_failed.clone(),
         );
-        registry.register("decisions", "Decisions issued (suppressions, renewals, lifts)", m.decisions.clone());
-        registry.register("suppressed_edges", "Edges with retries suppressed now", m.suppressed_edges.clone());
+        registry.register(
+            "decisions",
+            "Decisions issued (suppressions, renewals, lifts)",
+            m.decisions.clone(),
+        );
+        registry.register(
+            "suppressed_edges",
+            "Edges with retries suppressed now",
+            m.suppressed_edges.clone(),
+        );
         registry.register(
             "identity_failures",
             "Processes or containers left unnamed (named comm:port), by reason",
             m.identity_failures.clone(),
         );
-        registry.register("capture_events", "Kernel events decoded", m.capture_events.clone());
-        registry.register("capture_drops", "Kernel events lost (ring buffer full or channel full)", m.capture_drops.clone());
-        registry.register("l7_exchanges", "HTTP exchanges reassembled", m.l7_exchanges.clone());
+        registry.register(
+            "capture_events",
+            "Kernel events decoded",
+            m.capture_events.clone(),
+        );
+        registry.register(
+            "capture_drops",
+            "Kernel events lost (ring buffer full or channel full)",
+            m.capture_drops.clone(),
+        );
+        registry.register(
+            "l7_exchanges",
+            "HTTP exchanges reassembled",
+            m.l7_exchanges.clone(),
+        );
         registry.register(
             "l7_evictions",
             "State dropped by l7's bounds: connections (table full, idle timeout), requests or streams (in-flight cap); not closes",
@@ -219,22 +267,34 @@ impl Metrics {
         self.request_rate.clear();
         let mut sorted: Vec<&EdgeStats> = edges.iter().collect();
         // Busiest edges keep their own label; stable order so labels do not hop between scrapes.
-        sorted.sort_by(|a, b| b.requests.cmp(&a.requests).then_with(|| a.edge.cmp(&b.edge)));
+        sorted.sort_by(|a, b| {
+            b.requests
+                .cmp(&a.requests)
+                .then_with(|| a.edge.cmp(&b.edge))
+        });
         let (named, rest) = sorted.split_at(sorted.len().min(self.max_edge_labels));
         for e in named {
-            let l = EdgeLabels { edge: e.edge.to_string() };
+            let l = EdgeLabels {
+                edge: e.edge.to_string(),
+            };
             self.retry_ratio.get_or_create(&l).set(e.retry_ratio);
             self.amplification.get_or_create(&l).set(e.amplification);
             self.request_rate.get_or_create(&l).set(e.request_rate);
         }
         if !rest.is_empty() {
-            let l = EdgeLabels { edge: OTHER.to_string() };
+            let l = EdgeLabels {
+                edge: OTHER.to_string(),
+            };
             let requests: u64 = rest.iter().map(|e| e.requests).sum();
             let retries: u64 = rest.iter().map(|e| e.retries).sum();
             let rate: f64 = rest.iter().map(|e| e.request_rate).sum();
             let base: f64 = rest.iter().filter_map(|e| e.baseline_rate).sum();
-            self.retry_ratio.get_or_create(&l).set(ratio(retries, requests));
-            self.amplification.get_or_create(&l).set(if base > 0.0 { rate / base } else { 1.0 });
+            self.retry_ratio
+                .get_or_create(&l)
+                .set(ratio(retries, requests));
+            self.amplification
+                .get_or_create(&l)
+                .set(if base > 0.0 { rate / base } else { 1.0 });
             self.request_rate.get_or_create(&l).set(rate);
         }
         for class in OutcomeClass::ALL.into_iter().filter(|c| c.is_failure()) {
@@ -243,7 +303,11 @@ impl Metrics {
                 .flat_map(|e| e.retry_success.iter())
                 .filter(|r| r.outcome_class == class)
                 .fold((0, 0), |(n, ok), r| (n + r.retries, ok + r.succeeded));
-            self.retry_success_ratio.get_or_create(&ClassLabels { outcome_class: class.as_str() }).set(ratio(ok, n));
+            self.retry_success_ratio
+                .get_or_create(&ClassLabels {
+                    outcome_class: class.as_str(),
+                })
+                .set(ratio(ok, n));
         }
     }
 
@@ -251,51 +315,93 @@ impl Metrics {
         self.depth_amplification.clear();
         for d in &paths.depths {
             let depth = d.depth.min(MAX_DEPTH_LABELS);
-            let label = if d.depth >= MAX_DEPTH_LABELS { format!("{depth}+") } else { depth.to_string() };
-            self.depth_amplification.get_or_create(&DepthLabels { depth: label }).set(d.amplification);
+            let label = if d.depth >= MAX_DEPTH_LABELS {
+                format!("{depth}+")
+            } else {
+                depth.to_string()
+            };
+            self.depth_amplification
+                .get_or_create(&DepthLabels { depth: label })
+                .set(d.amplification);
         }
         self.storm_radius.set(i64::from(paths.storm_radius));
     }
 
     /// Engine totals since start (monotonic): counters follow them.
     pub fn observe_engine(&self, s: &EngineStats) {
-        for claim in [crate::l7::Claim::Claimed, crate::l7::Claim::Unclaimed, crate::l7::Claim::Missing] {
-            set_counter(&self.verdicts.get_or_create(&ClaimLabels { claim: claim.as_str() }), s.verdicts.get(claim));
+        for claim in [
+            crate::l7::Claim::Claimed,
+            crate::l7::Claim::Unclaimed,
+            crate::l7::Claim::Missing,
+        ] {
+            set_counter(
+                &self.verdicts.get_or_create(&ClaimLabels {
+                    claim: claim.as_str(),
+                }),
+                s.verdicts.get(claim),
+            );
         }
         set_counter(&self.retries, s.retries);
         set_counter(&self.hedged_retries, s.hedged_retries);
         set_counter(&self.non_idempotent_retries, s.non_idempotent_retries);
         set_counter(&self.timeout_mismatches, s.timeout_mismatches);
         set_counter(&self.correlate_evictions, s.evictions);
-        set_counter(&self.links.get_or_create(&LinkLabels { method: "timing" }), s.timing_links);
-        set_counter(&self.links.get_or_create(&LinkLabels { method: "sole_inbound" }), s.sole_links);
-        set_counter(&self.links.get_or_create(&LinkLabels { method: "trace_header" }), s.trace_links);
+        set_counter(
+            &self.links.get_or_create(&LinkLabels { method: "timing" }),
+            s.timing_links,
+        );
+        set_counter(
+            &self.links.get_or_create(&LinkLabels {
+                method: "sole_inbound",
+            }),
+            s.sole_links,
+        );
+        set_counter(
+            &self.links.get_or_create(&LinkLabels {
+                method: "trace_header",
+            }),
+            s.trace_links,
+        );
     }
 
     /// Decisions as they are issued, and the number in force.
     pub fn observe_decisions(&self, issued: &[Decision], active: usize) {
         for d in issued {
-            self.decisions.get_or_create(&DecisionLabels { action: d.action.as_str(), reason: d.reason.as_str() }).inc();
+            self.decisions
+                .get_or_create(&DecisionLabels {
+                    action: d.action.as_str(),
+                    reason: d.reason.as_str(),
+                })
+                .inc();
         }
-        self.suppressed_edges.set(i64::try_from(active).unwrap_or(i64::MAX));
+        self.suppressed_edges
+            .set(i64::try_from(active).unwrap_or(i64::MAX));
     }
 
     /// What identity could not name, as its totals by reason.
     pub fn observe_identity(&self, failures: &[(crate::identity::FailureReason, u64)]) {
         for (r, n) in failures {
-            set_counter(&self.identity_failures.get_or_create(&ReasonLabels { reason: r.as_str() }), *n);
+            set_counter(
+                &self
+                    .identity_failures
+                    .get_or_create(&ReasonLabels { reason: r.as_str() }),
+                *n,
+            );
         }
     }
 
     /// libssl files instrumented so far.
     pub fn observe_tls(&self, libraries: usize) {
-        self.tls_libraries.set(i64::try_from(libraries).unwrap_or(i64::MAX));
+        self.tls_libraries
+            .set(i64::try_from(libraries).unwrap_or(i64::MAX));
     }
 
     /// Go executables instrumented so far, and those that could not be.
     pub fn observe_go(&self, (instrumented, failed): (usize, usize)) {
-        self.go_programs.set(i64::try_from(instrumented).unwrap_or(i64::MAX));
-        self.go_programs_failed.set(i64::try_from(failed).unwrap_or(i64::MAX));
+        self.go_programs
+            .set(i64::try_from(instrumented).unwrap_or(i64::MAX));
+        self.go_programs_failed
+            .set(i64::try_from(failed).unwrap_or(i64::MAX));
     }
 
     /// Capture totals since start (events decoded, events lost).

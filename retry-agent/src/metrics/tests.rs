@@ -4,7 +4,10 @@ use crate::correlate::{ClaimCounts, DependencyKind, Edge, RetrySuccess, ServiceI
 
 fn edge_stats(caller: &str, callee: &str, requests: u64, retries: u64) -> EdgeStats {
     EdgeStats {
-        edge: Edge { caller: ServiceId::new(caller), callee: ServiceId::new(callee) },
+        edge: Edge {
+            caller: ServiceId::new(caller),
+            callee: ServiceId::new(callee),
+        },
         callee_addrs: vec![],
         window_seconds: 10.0,
         request_rate: requests as f64 / 10.0,
@@ -15,7 +18,12 @@ fn edge_stats(caller: &str, callee: &str, requests: u64, retries: u64) -> EdgeSt
         attempts_per_request: 1.0,
         retry_ratio: retries as f64 / requests as f64,
         failure_ratio: 0.0,
-        retry_success: vec![RetrySuccess { outcome_class: OutcomeClass::Transient, retries, succeeded: retries / 2, ratio: 0.5 }],
+        retry_success: vec![RetrySuccess {
+            outcome_class: OutcomeClass::Transient,
+            retries,
+            succeeded: retries / 2,
+            ratio: 0.5,
+        }],
         callee_claims: ClaimCounts::default(),
         amplification: 2.0,
         baseline_rate: Some(requests as f64 / 20.0),
@@ -51,19 +59,40 @@ fn names_units_and_overflow_label() {
     m.observe_tls(2);
     m.observe_go((3, 1));
     let text = m.encode();
-    assert!(text.contains(r#"retry_agent_retry_ratio{edge="a->b"} 0.5"#), "{text}");
+    assert!(
+        text.contains(r#"retry_agent_retry_ratio{edge="a->b"} 0.5"#),
+        "{text}"
+    );
     // The two smallest edges share "other": 6 retries of 20 requests.
-    assert!(text.contains(r#"retry_agent_retry_ratio{edge="other"} 0.3"#), "{text}");
+    assert!(
+        text.contains(r#"retry_agent_retry_ratio{edge="other"} 0.3"#),
+        "{text}"
+    );
     assert!(!text.contains("c->d"), "{text}");
-    assert!(text.contains(r#"retry_agent_verdicts_total{claim="unclaimed"} 1"#), "{text}");
-    assert!(text.contains("retry_agent_timeout_mismatch_total 3"), "{text}");
+    assert!(
+        text.contains(r#"retry_agent_verdicts_total{claim="unclaimed"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("retry_agent_timeout_mismatch_total 3"),
+        "{text}"
+    );
     assert!(text.contains("retry_agent_capture_drops_total 7"), "{text}");
-    assert!(text.contains(r#"retry_agent_correlate_links_total{method="sole_inbound"} 4"#), "{text}");
-    assert!(text.contains(r#"retry_agent_correlate_links_total{method="trace_header"} 5"#), "{text}");
+    assert!(
+        text.contains(r#"retry_agent_correlate_links_total{method="sole_inbound"} 4"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"retry_agent_correlate_links_total{method="trace_header"} 5"#),
+        "{text}"
+    );
     assert!(text.contains("retry_agent_tls_libraries 2"), "{text}");
     assert!(text.contains("retry_agent_go_programs 3"), "{text}");
     assert!(text.contains("retry_agent_go_programs_failed 1"), "{text}");
-    assert!(text.contains(r#"retry_agent_retry_success_ratio{outcome_class="transient"} 0.5"#), "{text}");
+    assert!(
+        text.contains(r#"retry_agent_retry_success_ratio{outcome_class="transient"} 0.5"#),
+        "{text}"
+    );
     // Gauges never carry _total.
     assert!(!text.contains("retry_ratio_total"), "{text}");
 }
@@ -74,6 +103,9 @@ fn counters_never_go_backwards() {
     m.observe_capture(10, 5);
     m.observe_capture(3, 1);
     let text = m.encode();
-    assert!(text.contains("retry_agent_capture_events_total 10"), "{text}");
+    assert!(
+        text.contains("retry_agent_capture_events_total 10"),
+        "{text}"
+    );
     assert!(text.contains("retry_agent_capture_drops_total 5"), "{text}");
 }

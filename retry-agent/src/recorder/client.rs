@@ -38,7 +38,10 @@ pub async fn dump_api_response(rec: &SharedRecorder, body: &[u8]) -> (u16, Strin
     };
     match rec.dump(reason).await {
         Ok(path) => (200, json(Some(path.display().to_string()), None)),
-        Err(super::RecorderError::Disabled) => (409, json(None, Some("the flight recorder is turned off".into()))),
+        Err(super::RecorderError::Disabled) => (
+            409,
+            json(None, Some("the flight recorder is turned off".into())),
+        ),
         Err(e) => {
             tracing::warn!(error = %e, "recorder: on-demand dump failed");
             (500, json(None, Some(error_chain(&e))))
@@ -67,7 +70,9 @@ pub fn spawn_sigusr1_dumps(rec: SharedRecorder) -> std::io::Result<tokio::task::
     Ok(tokio::spawn(async move {
         while sig.recv().await.is_some() {
             match rec.dump(DumpReason::Signal).await {
-                Ok(path) => tracing::info!(path = %path.display(), "recorder: dump written on SIGUSR1"),
+                Ok(path) => {
+                    tracing::info!(path = %path.display(), "recorder: dump written on SIGUSR1")
+                }
                 Err(e) => tracing::warn!(error = %e, "recorder: SIGUSR1 dump failed"),
             }
         }
@@ -101,9 +106,15 @@ enum Endpoint<'a> {
 
 fn endpoint(api: &str) -> Result<Endpoint<'_>, ClientError> {
     if let Some(path) = api.strip_prefix("unix:") {
-        return if path.is_empty() { Err(ClientError::Url(api.to_string())) } else { Ok(Endpoint::Unix(path)) };
+        return if path.is_empty() {
+            Err(ClientError::Url(api.to_string()))
+        } else {
+            Ok(Endpoint::Unix(path))
+        };
     }
-    let rest = api.strip_prefix("http://").ok_or_else(|| ClientError::Url(api.to_string()))?;
+    let rest = api
+        .strip_prefix("http://")
+        .ok_or_else(|| ClientError::Url(api.to_string()))?;
     let (hostport, prefix) = match rest.find('/') {
         Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
         None => (rest, ""),
@@ -114,7 +125,10 @@ fn endpoint(api: &str) -> Result<Endpoint<'_>, ClientError> {
     Ok(Endpoint::Tcp { hostport, prefix })
 }
 
-async fn exchange<S: AsyncReadExt + AsyncWriteExt + Unpin>(mut s: S, req: &[u8]) -> std::io::Result<Vec<u8>> {
+async fn exchange<S: AsyncReadExt + AsyncWriteExt + Unpin>(
+    mut s: S,
+    req: &[u8],
+) -> std::io::Result<Vec<u8>> {
     s.write_all(req).await?;
     let mut resp = Vec::new();
     s.take(1 << 20).read_to_end(&mut resp).await?;
@@ -123,29 +137,49 @@ async fn exchange<S: AsyncReadExt + AsyncWriteExt + Unpin>(mut s: S, req: &[u8])
 
 /// `POST /v1/dump` to `api` (`unix:/path` or `http://host:port`); returns the dump path the
 /// agent wrote.
-pub async fn request_dump(api: &str, reason: Option<String>, timeout: Duration) -> Result<String, ClientError> {
+pub async fn request_dump(
+    api: &str,
+    reason: Option<String>,
+    timeout: Duration,
+) -> Result<String, ClientError> {
     let ep = endpoint(api)?;
     let (host, prefix, addr) = match &ep {
         Endpoint::Unix(path) => ("localhost", "", *path),
         Endpoint::Tcp { hostport, prefix } => (*hostport, *prefix, *hostport),
     };
-    let body = serde_json::to_string(&DumpRequest { reason }).map_err(|_| ClientError::Malformed)?;
+    let body =
+        serde_json::to_string(&DumpRequest { reason }).map_err(|_| ClientError::Malformed)?;
     let req = format!(
         "POST {prefix}/v1/dump HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    let io = |source| ClientError::Connect { addr: addr.to_string(), source };
+    let io = |source| ClientError::Connect {
+        addr: addr.to_string(),
+        source,
+    };
     let talk = async {
         match ep {
-            Endpoint::Unix(path) => exchange(tokio::net::UnixStream::connect(path).await.map_err(io)?, req.as_bytes()).await,
+            Endpoint::Unix(path) => {
+                exchange(
+                    tokio::net::UnixStream::connect(path).await.map_err(io)?,
+                    req.as_bytes(),
+                )
+                .await
+            }
             Endpoint::Tcp { hostport, .. } => {
-                exchange(tokio::net::TcpStream::connect(hostport).await.map_err(io)?, req.as_bytes()).await
+                exchange(
+                    tokio::net::TcpStream::connect(hostport).await.map_err(io)?,
+                    req.as_bytes(),
+                )
+                .await
             }
         }
         .map_err(io)
     };
-    let resp = tokio::time::timeout(timeout, talk).await.map_err(|_| ClientError::Timeout(timeout))??;
+    let resp = tokio::time::timeout(timeout, talk)
+        .await
+        .map_err(|_| ClientError::Timeout(timeout))??;
     let text = String::from_utf8_lossy(&resp);
     let status: u16 = text
         .strip_prefix("HTTP/1.")
@@ -156,7 +190,16 @@ pub async fn request_dump(api: &str, reason: Option<String>, timeout: Duration) 
     let parsed: Option<DumpResponse> = serde_json::from_str(body.trim()).ok();
     match (status, parsed) {
         (200, Some(DumpResponse { path: Some(p), .. })) => Ok(p),
-        (status, Some(DumpResponse { error: Some(message), .. })) => Err(ClientError::Agent { status, message }),
-        (status, _) => Err(ClientError::Agent { status, message: body.trim().chars().take(500).collect() }),
+        (
+            status,
+            Some(DumpResponse {
+                error: Some(message),
+                ..
+            }),
+        ) => Err(ClientError::Agent { status, message }),
+        (status, _) => Err(ClientError::Agent {
+            status,
+            message: body.trim().chars().take(500).collect(),
+        }),
     }
 }

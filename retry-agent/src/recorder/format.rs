@@ -103,13 +103,24 @@ impl DumpHeader {
 }
 
 fn read_trim(p: &str) -> String {
-    std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string(p)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 pub(crate) fn node_name() -> String {
     let n = read_trim("/proc/sys/kernel/hostname");
     // The node goes into file names: keep it to a safe alphabet.
-    let n: String = n.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+    let n: String = n
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     if n.is_empty() { "node".into() } else { n }
 }
 
@@ -122,19 +133,28 @@ pub(crate) fn unix_ms() -> u64 {
 
 /// CLOCK_MONOTONIC, the clock event timestamps use.
 pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     if rc != 0 {
         return 0;
     }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Create a new file readable by its owner only (dumps hold traffic metadata).
 pub fn create_private(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// Byte range and record count of one written block (tests use it to know what is intact).
@@ -196,7 +216,8 @@ impl<W: Write> DumpWriter<W> {
         }
         let z = zstd::bulk::compress(&self.buf, 3)?;
         let clen = u32::try_from(z.len()).map_err(|_| io::Error::other("block too large"))?;
-        let ulen = u32::try_from(self.buf.len()).map_err(|_| io::Error::other("block too large"))?;
+        let ulen =
+            u32::try_from(self.buf.len()).map_err(|_| io::Error::other("block too large"))?;
         let mut hdr = Vec::with_capacity(BLOCK_HDR);
         hdr.extend_from_slice(BLOCK_MAGIC);
         for v in [self.seq, self.count, clen, ulen] {
@@ -207,7 +228,11 @@ impl<W: Write> DumpWriter<W> {
         self.out.write_all(&hdr)?;
         self.out.write_all(&z)?;
         let end = self.pos + (hdr.len() + z.len()) as u64;
-        self.spans.push(BlockSpan { start: self.pos, end, records: self.count });
+        self.spans.push(BlockSpan {
+            start: self.pos,
+            end,
+            records: self.count,
+        });
         self.pos = end;
         self.total_records += u64::from(self.count);
         self.seq += 1;
@@ -263,7 +288,14 @@ pub struct Loss {
 impl Loss {
     pub fn is_clean(&self) -> bool {
         let records_lost = self.records_lost.filter(|&n| n > 0);
-        Loss { blocks_ok: self.blocks_ok, records_lost, ..self.clone() } == Loss { blocks_ok: self.blocks_ok, ..Loss::default() }
+        Loss {
+            blocks_ok: self.blocks_ok,
+            records_lost,
+            ..self.clone()
+        } == Loss {
+            blocks_ok: self.blocks_ok,
+            ..Loss::default()
+        }
     }
 }
 
@@ -272,7 +304,11 @@ impl std::fmt::Display for Loss {
         if self.is_clean() {
             return write!(f, "intact ({} blocks)", self.blocks_ok);
         }
-        write!(f, "{} blocks intact, {} lost", self.blocks_ok, self.blocks_lost)?;
+        write!(
+            f,
+            "{} blocks intact, {} lost",
+            self.blocks_ok, self.blocks_lost
+        )?;
         if let Some(r) = self.records_lost {
             write!(f, " ({r} records)")?;
         }
@@ -283,7 +319,10 @@ impl std::fmt::Display for Loss {
             write!(f, ", header damaged")?;
         }
         if self.truncated {
-            write!(f, ", file truncated (end record missing: later blocks may be lost)")?;
+            write!(
+                f,
+                ", file truncated (end record missing: later blocks may be lost)"
+            )?;
         }
         if self.bad_records > 0 {
             write!(f, ", {} unparseable records", self.bad_records)?;
@@ -302,24 +341,39 @@ pub struct ReadOutcome {
 pub struct DumpReader;
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at.checked_add(4)?)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at.checked_add(2)?)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        b.get(at..at.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at.checked_add(8)?)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 enum Item {
-    Block { seq: u32, records: Vec<Record>, bad: u64 },
-    End { blocks: u32, records: u64 },
+    Block {
+        seq: u32,
+        records: Vec<Record>,
+        bad: u64,
+    },
+    End {
+        blocks: u32,
+        records: u64,
+    },
 }
 
 impl DumpReader {
     pub fn open(path: &Path) -> Result<ReadOutcome, FormatError> {
-        let bytes = std::fs::read(path)
-            .map_err(|source| FormatError::Read { path: path.display().to_string(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| FormatError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
         Self::read(&bytes)
     }
 
@@ -344,7 +398,12 @@ impl DumpReader {
                         loss.bytes_skipped += (pos - s) as u64;
                     }
                     match item {
-                        Item::Block { seq, records: mut r, bad, .. } => {
+                        Item::Block {
+                            seq,
+                            records: mut r,
+                            bad,
+                            ..
+                        } => {
                             seqs.push(seq);
                             loss.bad_records += bad;
                             records.append(&mut r);
@@ -362,7 +421,11 @@ impl DumpReader {
         if let Some(s) = skip_start {
             loss.bytes_skipped += (b.len() - s) as u64;
         }
-        if header.is_none() && seqs.is_empty() && end.is_none() && b.get(..8) != Some(MAGIC.as_slice()) {
+        if header.is_none()
+            && seqs.is_empty()
+            && end.is_none()
+            && b.get(..8) != Some(MAGIC.as_slice())
+        {
             return Err(FormatError::NotADump);
         }
         loss.blocks_ok = seqs.len() as u64;
@@ -374,14 +437,19 @@ impl DumpReader {
             Some((blocks, total)) => {
                 let expected = u64::from(blocks).max(highest);
                 loss.blocks_lost = expected - seen;
-                loss.records_lost = Some(total.saturating_sub(records.len() as u64 + loss.bad_records));
+                loss.records_lost =
+                    Some(total.saturating_sub(records.len() as u64 + loss.bad_records));
             }
             None => {
                 loss.truncated = true;
                 loss.blocks_lost = highest - seen;
             }
         }
-        Ok(ReadOutcome { header, records, loss })
+        Ok(ReadOutcome {
+            header,
+            records,
+            loss,
+        })
     }
 
     /// Parse the header; `Ok(None)` when it is damaged (the blocks may still be fine).
@@ -389,21 +457,29 @@ impl DumpReader {
         if b.get(..8) != Some(MAGIC.as_slice()) {
             return Ok(None);
         }
-        let (Some(version), Some(len), Some(crc)) = (u16_at(b, 8), u32_at(b, 12), u32_at(b, 16)) else {
+        let (Some(version), Some(len), Some(crc)) = (u16_at(b, 8), u32_at(b, 12), u32_at(b, 16))
+        else {
             return Ok(None);
         };
         let len = len as usize;
         if len > HEADER_MAX_BYTES {
             return Ok(None);
         }
-        let Some(json) = b.get(HEADER_FIXED..HEADER_FIXED + len) else { return Ok(None) };
-        let Some(fixed) = b.get(8..16) else { return Ok(None) };
+        let Some(json) = b.get(HEADER_FIXED..HEADER_FIXED + len) else {
+            return Ok(None);
+        };
+        let Some(fixed) = b.get(8..16) else {
+            return Ok(None);
+        };
         if crc32c::crc32c_append(crc32c::crc32c(fixed), json) != crc {
             return Ok(None);
         }
         // Only a header that checks out can refuse the file: a flipped bit must not.
         if version > FORMAT_VERSION {
-            return Err(FormatError::FutureVersion { found: version, supported: FORMAT_VERSION });
+            return Err(FormatError::FutureVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
         }
         match serde_json::from_slice::<DumpHeader>(json) {
             Ok(h) => Ok(Some((h, HEADER_FIXED + len))),
@@ -432,7 +508,13 @@ impl DumpReader {
             if crc32c::crc32c(body) != crc {
                 return None;
             }
-            return Some((Item::End { blocks: u32_at(b, pos + 4)?, records: u64_at(b, pos + 8)? }, END_LEN));
+            return Some((
+                Item::End {
+                    blocks: u32_at(b, pos + 4)?,
+                    records: u64_at(b, pos + 8)?,
+                },
+                END_LEN,
+            ));
         }
         if magic != BLOCK_MAGIC {
             return None;

@@ -17,13 +17,22 @@ pub enum KeyError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the digest key {path} is not {len} bytes, or is readable by others (mode {mode:o}); remove it to make a new one")]
-    Bad { path: PathBuf, len: usize, mode: u32 },
+    #[error(
+        "the digest key {path} is not {len} bytes, or is readable by others (mode {mode:o}); remove it to make a new one"
+    )]
+    Bad {
+        path: PathBuf,
+        len: usize,
+        mode: u32,
+    },
 }
 
 /// Read the key at `path`, or create it (0600, parent 0700) if it does not exist.
 pub fn load_or_create(path: &Path) -> Result<DigestKey, KeyError> {
-    let io = |source| KeyError::Io { path: path.to_path_buf(), source };
+    let io = |source| KeyError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     match std::fs::File::open(path) {
         Ok(mut f) => {
             let mode = f.metadata().map_err(io)?.permissions().mode() & 0o777;
@@ -32,17 +41,30 @@ pub fn load_or_create(path: &Path) -> Result<DigestKey, KeyError> {
             let key: Option<[u8; DigestKey::LEN]> = b.as_slice().try_into().ok();
             match key {
                 Some(k) if mode & 0o077 == 0 => Ok(DigestKey::from_bytes(k)),
-                _ => Err(KeyError::Bad { path: path.to_path_buf(), len: DigestKey::LEN, mode }),
+                _ => Err(KeyError::Bad {
+                    path: path.to_path_buf(),
+                    len: DigestKey::LEN,
+                    mode,
+                }),
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if let Some(dir) = path.parent() {
                 use std::os::unix::fs::DirBuilderExt;
-                std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(io)?;
             }
             let key = DigestKey::random();
             // create_new: two agents starting at once never overwrite each other's key.
-            match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+            {
                 Ok(mut f) => {
                     f.write_all(key.as_bytes()).map_err(io)?;
                     f.sync_all().map_err(io)?;
@@ -62,7 +84,10 @@ pub fn install(path: &Path) {
     match load_or_create(path) {
         Ok(k) => {
             if !crate::l7::set_digest_key(k) {
-                tracing::warn!("digest key already in use; the node key at {} was not installed", path.display());
+                tracing::warn!(
+                    "digest key already in use; the node key at {} was not installed",
+                    path.display()
+                );
             }
         }
         Err(e) => tracing::warn!(error = %e, "digests keyed by a process-random key instead"),
@@ -78,10 +103,20 @@ mod tests {
         let dir = crate::testkit::temp_dir("key");
         let path = dir.join("state/digest.key");
         let a = load_or_create(&path).expect("create");
-        assert_eq!(std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777, 0o600);
-        assert_eq!(load_or_create(&path).expect("read"), a, "the same key at the next start");
+        assert_eq!(
+            std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            load_or_create(&path).expect("read"),
+            a,
+            "the same key at the next start"
+        );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-        assert!(matches!(load_or_create(&path), Err(KeyError::Bad { .. })), "a key others can read is refused");
+        assert!(
+            matches!(load_or_create(&path), Err(KeyError::Bad { .. })),
+            "a key others can read is refused"
+        );
         std::fs::write(&path, b"short").expect("write");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         assert!(matches!(load_or_create(&path), Err(KeyError::Bad { .. })));

@@ -45,26 +45,51 @@ pub struct RecorderConfig {
     #[arg(long = "recorder", env = "RETRY_AGENT_RECORDER", default_value_t = true, action = ArgAction::Set)]
     pub enabled: bool,
     /// How much history the ring keeps, in seconds.
-    #[arg(long = "recorder-window-secs", env = "RETRY_AGENT_RECORDER_WINDOW_SECS", default_value_t = 300)]
+    #[arg(
+        long = "recorder-window-secs",
+        env = "RETRY_AGENT_RECORDER_WINDOW_SECS",
+        default_value_t = 300
+    )]
     pub window_secs: u64,
     /// Memory bound of the ring, in MiB (whichever of window and size is hit first evicts).
-    #[arg(long = "recorder-max-mib", env = "RETRY_AGENT_RECORDER_MAX_MIB", default_value_t = 64)]
+    #[arg(
+        long = "recorder-max-mib",
+        env = "RETRY_AGENT_RECORDER_MAX_MIB",
+        default_value_t = 64
+    )]
     pub max_mib: u64,
     /// Where dump files are written (created 0700 if missing; files are 0600).
-    #[arg(long = "recorder-dump-dir", env = "RETRY_AGENT_RECORDER_DUMP_DIR", default_value = "/var/lib/retry-agent/dumps")]
+    #[arg(
+        long = "recorder-dump-dir",
+        env = "RETRY_AGENT_RECORDER_DUMP_DIR",
+        default_value = "/var/lib/retry-agent/dumps"
+    )]
     pub dump_dir: PathBuf,
     /// Write a dump automatically when a storm is detected (a suppression decision).
     #[arg(long = "recorder-auto-dump", env = "RETRY_AGENT_RECORDER_AUTO_DUMP", default_value_t = true, action = ArgAction::Set)]
     pub auto_dump: bool,
     /// Seconds of history before the storm trigger an auto-dump covers.
-    #[arg(long = "recorder-auto-before-secs", env = "RETRY_AGENT_RECORDER_AUTO_BEFORE_SECS", default_value_t = 120)]
+    #[arg(
+        long = "recorder-auto-before-secs",
+        env = "RETRY_AGENT_RECORDER_AUTO_BEFORE_SECS",
+        default_value_t = 120
+    )]
     pub auto_before_secs: u64,
     /// Seconds after the trigger an auto-dump waits for (and covers) before writing.
-    #[arg(long = "recorder-auto-after-secs", env = "RETRY_AGENT_RECORDER_AUTO_AFTER_SECS", default_value_t = 60)]
+    #[arg(
+        long = "recorder-auto-after-secs",
+        env = "RETRY_AGENT_RECORDER_AUTO_AFTER_SECS",
+        default_value_t = 60
+    )]
     pub auto_after_secs: u64,
     /// The node's secret key for the query and body digests in exchanges and dumps (created
     /// 0600 at first start): without it, a dump's digests of short secrets cannot be brute-forced.
-    #[arg(long = "recorder-digest-key-file", alias = "digest-key-file", env = "RETRY_AGENT_RECORDER_DIGEST_KEY_FILE", default_value = "/var/lib/retry-agent/digest.key")]
+    #[arg(
+        long = "recorder-digest-key-file",
+        alias = "digest-key-file",
+        env = "RETRY_AGENT_RECORDER_DIGEST_KEY_FILE",
+        default_value = "/var/lib/retry-agent/digest.key"
+    )]
     #[serde(default = "default_key_file")]
     pub digest_key_file: PathBuf,
 }
@@ -84,14 +109,34 @@ impl Settings for RecorderConfig {
         if !self.enabled {
             return;
         }
-        p.check(self.window_secs > 0, "recorder-window-secs", self.window_secs, "at least 1");
-        p.check(self.max_mib > 0, "recorder-max-mib", self.max_mib, "at least 1");
+        p.check(
+            self.window_secs > 0,
+            "recorder-window-secs",
+            self.window_secs,
+            "at least 1",
+        );
+        p.check(
+            self.max_mib > 0,
+            "recorder-max-mib",
+            self.max_mib,
+            "at least 1",
+        );
         let dir = &self.dump_dir;
-        p.check(!dir.as_os_str().is_empty(), "recorder-dump-dir", dir.display(), "a directory");
+        p.check(
+            !dir.as_os_str().is_empty(),
+            "recorder-dump-dir",
+            dir.display(),
+            "a directory",
+        );
         if self.auto_dump {
             // The ring cannot give an auto-dump more history than it keeps.
             let before = self.auto_before_secs;
-            p.check(before <= self.window_secs, "recorder-auto-before-secs", before, "at most --recorder-window-secs");
+            p.check(
+                before <= self.window_secs,
+                "recorder-auto-before-secs",
+                before,
+                "at most --recorder-window-secs",
+            );
         }
     }
 }
@@ -169,7 +214,10 @@ pub enum DumpReason {
     OnDemand,
     Signal,
     /// A storm was detected at `trigger_ns` (first suppression decision).
-    Storm { trigger_ns: u64, edge: String },
+    Storm {
+        trigger_ns: u64,
+        edge: String,
+    },
     /// Tests, benchmarks, tools.
     Other(String),
 }
@@ -179,7 +227,9 @@ impl std::fmt::Display for DumpReason {
         match self {
             DumpReason::OnDemand => f.write_str("on demand"),
             DumpReason::Signal => f.write_str("SIGUSR1"),
-            DumpReason::Storm { trigger_ns, edge } => write!(f, "storm on {edge} at {trigger_ns} ns"),
+            DumpReason::Storm { trigger_ns, edge } => {
+                write!(f, "storm on {edge} at {trigger_ns} ns")
+            }
             DumpReason::Other(why) => f.write_str(why),
         }
     }
@@ -226,7 +276,11 @@ impl Snapshot {
         let written = self.write_file(&tmp);
         let result = written.and_then(|()| {
             for n in 0..100u32 {
-                let suffix = if n == 0 { String::new() } else { format!("-{n}") };
+                let suffix = if n == 0 {
+                    String::new()
+                } else {
+                    format!("-{n}")
+                };
                 let path = dir.join(format!("{base}{suffix}.radump"));
                 match std::fs::hard_link(&tmp, &path) {
                     Ok(()) => return Ok(path),
@@ -234,7 +288,10 @@ impl Snapshot {
                     Err(source) => return Err(RecorderError::Write { path, source }),
                 }
             }
-            Err(RecorderError::Write { path: tmp.clone(), source: std::io::ErrorKind::AlreadyExists.into() })
+            Err(RecorderError::Write {
+                path: tmp.clone(),
+                source: std::io::ErrorKind::AlreadyExists.into(),
+            })
         });
         let _ = std::fs::remove_file(&tmp);
         result
@@ -242,9 +299,17 @@ impl Snapshot {
 
     /// Write to exactly `path` (must not exist), mode 0600.
     pub fn write_file(&self, path: &Path) -> Result<(), RecorderError> {
-        let werr = |source| RecorderError::Write { path: path.to_path_buf(), source };
+        let werr = |source| RecorderError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = format::create_private(path).map_err(werr)?;
-        let mut header = DumpHeader::new(self.reason.clone(), self.config.clone(), self.from_ns, self.to_ns);
+        let mut header = DumpHeader::new(
+            self.reason.clone(),
+            self.config.clone(),
+            self.from_ns,
+            self.to_ns,
+        );
         header.missing_before = self.missing_before;
         if let Some(p) = &self.pipeline {
             header.pipeline = serde_json::to_value(p).unwrap_or(serde_json::Value::Null);
@@ -266,7 +331,10 @@ fn ensure_dir(dir: &Path) -> Result<(), RecorderError> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|source| RecorderError::DumpDir { path: dir.to_path_buf(), source })
+        .map_err(|source| RecorderError::DumpDir {
+            path: dir.to_path_buf(),
+            source,
+        })
 }
 
 struct Stored {
@@ -408,7 +476,10 @@ impl Recorder {
             }
             Event::ProcessExit { pid, ts_ns } => {
                 self.redactor.forget_pid(*pid);
-                Record::Event(Event::ProcessExit { pid: *pid, ts_ns: *ts_ns })
+                Record::Event(Event::ProcessExit {
+                    pid: *pid,
+                    ts_ns: *ts_ns,
+                })
             }
             Event::Conn(c) => Record::Event(Event::Conn(c.clone())),
         };
@@ -455,7 +526,10 @@ impl Recorder {
         }
         if self.pending.is_none() && d.issued_at_ns >= self.auto_quiet_until_ns {
             tracing::info!(edge = %d.edge, "recorder: storm detected, dump follows after the after-window");
-            self.pending = Some(PendingAuto { trigger_ns: d.issued_at_ns, edge: d.edge.to_string() });
+            self.pending = Some(PendingAuto {
+                trigger_ns: d.issued_at_ns,
+                edge: d.edge.to_string(),
+            });
         }
     }
 
@@ -465,22 +539,31 @@ impl Recorder {
         if self.stats.newest_ns < p.trigger_ns.saturating_add(after_ns) {
             return;
         }
-        let from = p.trigger_ns.saturating_sub(self.cfg.auto_before_secs.saturating_mul(1_000_000_000));
+        let from = p
+            .trigger_ns
+            .saturating_sub(self.cfg.auto_before_secs.saturating_mul(1_000_000_000));
         let to = p.trigger_ns.saturating_add(after_ns);
-        let reason = DumpReason::Storm { trigger_ns: p.trigger_ns, edge: p.edge.clone() };
+        let reason = DumpReason::Storm {
+            trigger_ns: p.trigger_ns,
+            edge: p.edge.clone(),
+        };
         self.pending = None;
         self.auto_quiet_until_ns = to;
         let snap = self.snapshot_range(reason, from, to);
         let dir = self.cfg.dump_dir.clone();
         self.stats.dumps_total += 1;
-        let spawned = std::thread::Builder::new().name("recorder-dump".into()).spawn(move || {
-            let r = snap.write_to_dir(&dir);
-            match &r {
-                Ok(path) => tracing::info!(path = %path.display(), "recorder: storm dump written"),
-                Err(e) => tracing::warn!(error = %e, "recorder: storm dump failed"),
-            }
-            r
-        });
+        let spawned = std::thread::Builder::new()
+            .name("recorder-dump".into())
+            .spawn(move || {
+                let r = snap.write_to_dir(&dir);
+                match &r {
+                    Ok(path) => {
+                        tracing::info!(path = %path.display(), "recorder: storm dump written")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "recorder: storm dump failed"),
+                }
+                r
+            });
         match spawned {
             Ok(h) => self.auto_threads.push(h),
             Err(e) => {
@@ -508,7 +591,10 @@ impl Recorder {
     pub fn snapshot_range(&self, reason: DumpReason, from_ns: u64, to_ns: u64) -> Snapshot {
         let mut pids: Vec<&ProcessInfo> = self.processes.values().collect();
         pids.sort_by_key(|p| p.pid);
-        let mut records: Vec<Record> = pids.into_iter().map(|p| Record::Event(Event::Process(p.clone()))).collect();
+        let mut records: Vec<Record> = pids
+            .into_iter()
+            .map(|p| Record::Event(Event::Process(p.clone())))
+            .collect();
         let mut lo = u64::MAX;
         let mut hi = 0;
         let mut missing_before = self.stats.evicted_age_total + self.stats.evicted_size_total;
@@ -525,7 +611,15 @@ impl Recorder {
         if lo > hi {
             lo = 0;
         }
-        Snapshot { reason, config: self.cfg.clone(), records, from_ns: lo, to_ns: hi, missing_before, pipeline: self.pipeline.clone() }
+        Snapshot {
+            reason,
+            config: self.cfg.clone(),
+            records,
+            from_ns: lo,
+            to_ns: hi,
+            missing_before,
+            pipeline: self.pipeline.clone(),
+        }
     }
 
     /// Write the whole ring into the dump directory now (synchronous; prefer

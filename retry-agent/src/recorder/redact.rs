@@ -66,7 +66,12 @@ pub const KEEP_HEADERS: &[&str] = &[
 ];
 
 /// Never kept, whatever the allowlist says.
-pub const SECRET_HEADERS: &[&str] = &["authorization", "proxy-authorization", "cookie", "set-cookie"];
+pub const SECRET_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+];
 
 /// HTTP/2 pseudo-headers kept (`:path` keeps its path, not its query).
 const KEEP_PSEUDO: &[&str] = &[":method", ":scheme", ":authority", ":status", ":protocol"];
@@ -75,7 +80,15 @@ const KEEP_PSEUDO: &[&str] = &[":method", ":scheme", ":authority", ":status", ":
 const PRESENCE_ONLY: &[&str] = &["idempotency-key", "x-idempotency-key"];
 
 const METHODS: &[&[u8]] = &[
-    b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"PATCH ", b"OPTIONS ", b"CONNECT ", b"TRACE ",
+    b"GET ",
+    b"HEAD ",
+    b"POST ",
+    b"PUT ",
+    b"DELETE ",
+    b"PATCH ",
+    b"OPTIONS ",
+    b"CONNECT ",
+    b"TRACE ",
 ];
 const HEX: &[u8; 16] = b"0123456789abcdef";
 /// Per-process bound on tracked streams (the state is small; the cap guards against fd churn).
@@ -96,7 +109,10 @@ enum Line {
     /// At the start of a line: decide when the name is seen.
     Start,
     /// The request line or status line; `spaces` seen so far, inside the query or not.
-    First { spaces: u8, query: bool },
+    First {
+        spaces: u8,
+        query: bool,
+    },
     Keep,
     Mask,
 }
@@ -106,12 +122,22 @@ enum Stream {
     /// state after a loss of framing.
     Start,
     /// Inside an HTTP/1 head (or trailers).
-    Head { line: Line, info: HeadInfo, trailers: bool },
-    Body { remaining: u64 },
+    Head {
+        line: Line,
+        info: HeadInfo,
+        trailers: bool,
+    },
+    Body {
+        remaining: u64,
+    },
     ChunkSize,
-    ChunkData { remaining: u64 },
+    ChunkData {
+        remaining: u64,
+    },
     /// CRLF after chunk data.
-    ChunkEnd { remaining: u8 },
+    ChunkEnd {
+        remaining: u8,
+    },
     H2(Box<H2>),
 }
 
@@ -151,7 +177,11 @@ impl Default for Redactor {
 
 impl Redactor {
     pub fn new() -> Self {
-        Redactor { streams: HashMap::default(), arena: BytesMut::new(), runs: Vec::new() }
+        Redactor {
+            streams: HashMap::default(),
+            arena: BytesMut::new(),
+            runs: Vec::new(),
+        }
     }
 
     pub fn forget_pid(&mut self, pid: u32) {
@@ -192,7 +222,13 @@ impl Redactor {
         if self.streams.len() >= MAX_STREAMS && !self.streams.contains_key(&(d.conn, d.direction)) {
             self.streams.clear();
         }
-        let t = self.streams.entry((d.conn, d.direction)).or_insert(Tracked { st: Stream::Start, next: offset.unwrap_or(0) });
+        let t = self
+            .streams
+            .entry((d.conn, d.direction))
+            .or_insert(Tracked {
+                st: Stream::Start,
+                next: offset.unwrap_or(0),
+            });
         if let Some(off) = offset
             && off != t.next
         {
@@ -221,7 +257,11 @@ impl Redactor {
                 h.write(run);
                 let digest = h.finish();
                 for (i, c) in run.iter_mut().enumerate() {
-                    *c = if i < 16 { HEX[((digest >> (60 - 4 * i)) & 0xf) as usize] } else { b'.' };
+                    *c = if i < 16 {
+                        HEX[((digest >> (60 - 4 * i)) & 0xf) as usize]
+                    } else {
+                        b'.'
+                    };
                 }
             }
         }
@@ -236,15 +276,28 @@ pub fn redact_for_display(r: &mut Redactor, d: &DataEvent) -> Bytes {
 }
 
 fn starts_message(b: &[u8]) -> bool {
-    b.starts_with(b"HTTP/1.") || METHODS.iter().any(|m| b.starts_with(m)) || b.starts_with(H2_PREFACE)
+    b.starts_with(b"HTTP/1.")
+        || METHODS.iter().any(|m| b.starts_with(m))
+        || b.starts_with(H2_PREFACE)
 }
 
 fn head_start() -> Stream {
-    Stream::Head { line: Line::First { spaces: 0, query: false }, info: HeadInfo::default(), trailers: false }
+    Stream::Head {
+        line: Line::First {
+            spaces: 0,
+            query: false,
+        },
+        info: HeadInfo::default(),
+        trailers: false,
+    }
 }
 
 fn message_start(b: &[u8]) -> Stream {
-    if b.starts_with(H2_PREFACE) { Stream::H2(Box::new(H2::new(true, true))) } else { head_start() }
+    if b.starts_with(H2_PREFACE) {
+        Stream::H2(Box::new(H2::new(true, true)))
+    } else {
+        head_start()
+    }
 }
 
 /// Advance the framing over bytes that were not captured.
@@ -338,11 +391,16 @@ fn walk(st: &mut Stream, b: &mut [u8], red: &mut Redacted, body: &mut Vec<(usize
 /// A chunk-size line: hex digits kept, extensions masked.
 fn chunk_size(st: &mut Stream, b: &mut [u8], i: usize) -> usize {
     let n = b.len();
-    let line_end = b.get(i..).and_then(|r| memchr::memchr(b'\n', r)).map(|p| i + p);
+    let line_end = b
+        .get(i..)
+        .and_then(|r| memchr::memchr(b'\n', r))
+        .map(|p| i + p);
     let end = line_end.unwrap_or(n);
     let line = b.get(i..end).unwrap_or_default();
     let digits = line.iter().take_while(|c| c.is_ascii_hexdigit()).count();
-    let size = std::str::from_utf8(line.get(..digits).unwrap_or_default()).ok().and_then(|s| u64::from_str_radix(s, 16).ok());
+    let size = std::str::from_utf8(line.get(..digits).unwrap_or_default())
+        .ok()
+        .and_then(|s| u64::from_str_radix(s, 16).ok());
     if let Some(ext) = b.get_mut(i + digits..end) {
         for c in ext.iter_mut().filter(|c| **c != b'\r') {
             *c = b'*';
@@ -354,7 +412,11 @@ fn chunk_size(st: &mut Stream, b: &mut [u8], i: usize) -> usize {
         return n;
     };
     *st = match size {
-        Some(0) => Stream::Head { line: Line::Start, info: HeadInfo::default(), trailers: true },
+        Some(0) => Stream::Head {
+            line: Line::Start,
+            info: HeadInfo::default(),
+            trailers: true,
+        },
         Some(s) => Stream::ChunkData { remaining: s },
         None => Stream::Start,
     };
@@ -369,7 +431,9 @@ fn is_tchar(c: u8) -> bool {
 /// Mask the query of a request target (or request-line piece) in place: everything after the
 /// first `?` up to a space. Returns whether anything was masked.
 pub(crate) fn mask_query(v: &mut [u8]) -> bool {
-    let Some(q) = v.iter().position(|&c| c == b'?') else { return false };
+    let Some(q) = v.iter().position(|&c| c == b'?') else {
+        return false;
+    };
     let mut any = false;
     for c in v.iter_mut().skip(q + 1).take_while(|c| **c != b' ') {
         *c = b'*';
@@ -380,10 +444,20 @@ pub(crate) fn mask_query(v: &mut [u8]) -> bool {
 
 /// Process head bytes from `i`; returns the next index.
 fn head_bytes(st: &mut Stream, b: &mut [u8], mut i: usize, red: &mut Redacted) -> usize {
-    let Stream::Head { line, info, trailers } = st else { return i };
+    let Stream::Head {
+        line,
+        info,
+        trailers,
+    } = st
+    else {
+        return i;
+    };
     let n = b.len();
     while i < n {
-        let line_end = b.get(i..).and_then(|r| memchr::memchr(b'\n', r)).map(|p| i + p);
+        let line_end = b
+            .get(i..)
+            .and_then(|r| memchr::memchr(b'\n', r))
+            .map(|p| i + p);
         let end = line_end.unwrap_or(n);
         match *line {
             Line::First { spaces, query } => {
@@ -430,9 +504,12 @@ fn head_bytes(st: &mut Stream, b: &mut [u8], mut i: usize, red: &mut Redacted) -
                         let value_at = i + colon + 1;
                         let value = b.get(value_at..end).unwrap_or_default();
                         if name.eq_ignore_ascii_case(b"content-length") {
-                            info.content_length = std::str::from_utf8(value).ok().and_then(|v| v.trim().parse().ok());
+                            info.content_length = std::str::from_utf8(value)
+                                .ok()
+                                .and_then(|v| v.trim().parse().ok());
                         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-                            info.chunked = value.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked"));
+                            info.chunked =
+                                value.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked"));
                         }
                         let keep = keep_value(name);
                         if !keep {
@@ -469,10 +546,25 @@ fn head_bytes(st: &mut Stream, b: &mut [u8], mut i: usize, red: &mut Redacted) -
 }
 
 /// The request line or status line, possibly in pieces: the query is masked wherever the cut.
-#[expect(clippy::too_many_arguments, reason = "one line's state, passed apart to satisfy the borrow checker")]
-fn first_line(b: &mut [u8], from: usize, to: usize, mut spaces: u8, mut query: bool, info: &mut HeadInfo, line: &mut Line, red: &mut Redacted) {
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one line's state, passed apart to satisfy the borrow checker"
+)]
+fn first_line(
+    b: &mut [u8],
+    from: usize,
+    to: usize,
+    mut spaces: u8,
+    mut query: bool,
+    info: &mut HeadInfo,
+    line: &mut Line,
+    red: &mut Redacted,
+) {
     if spaces == 0 && !query && b.get(from..to).is_some_and(|l| l.starts_with(b"HTTP/1.")) {
-        let code = b.get(from + 9..from + 12).and_then(|c| std::str::from_utf8(c).ok()).and_then(|c| c.parse::<u16>().ok());
+        let code = b
+            .get(from + 9..from + 12)
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .and_then(|c| c.parse::<u16>().ok());
         info.no_body = code.is_some_and(|c| (100..200).contains(&c) || c == 204 || c == 304);
         info.h2_upgrade = code == Some(101);
         // A status line has no query: the `?` rule below never fires past the reason phrase's
@@ -508,7 +600,10 @@ fn keep_value(name: &[u8]) -> bool {
 
 fn mask_value(b: &mut [u8], from: usize, to: usize) {
     if let Some(v) = b.get_mut(from..to) {
-        for c in v.iter_mut().filter(|c| !matches!(**c, b'\r' | b' ' | b'\t')) {
+        for c in v
+            .iter_mut()
+            .filter(|c| !matches!(**c, b'\r' | b' ' | b'\t'))
+        {
             *c = b'*';
         }
     }

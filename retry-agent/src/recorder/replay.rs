@@ -51,9 +51,14 @@ impl RecordedDigests {
         let mut m = HashMap::new();
         for r in records {
             if let Record::Exchange(x) = r {
-                m.entry(key(x)).or_insert_with(VecDeque::new).push_back(
-                    Live { path: x.path.clone(), route: x.route.clone(), query_hash: x.query_hash, body_hash: x.body_hash },
-                );
+                m.entry(key(x))
+                    .or_insert_with(VecDeque::new)
+                    .push_back(Live {
+                        path: x.path.clone(),
+                        route: x.route.clone(),
+                        query_hash: x.query_hash,
+                        body_hash: x.body_hash,
+                    });
             }
         }
         RecordedDigests(m)
@@ -62,7 +67,9 @@ impl RecordedDigests {
     /// Restore what the live run saw on `x`; false if it recorded no such exchange (then the
     /// digests of the masked bytes stay: equal masks may then look like retries).
     pub fn restore(&mut self, x: &mut Exchange) -> bool {
-        let Some(l) = self.0.get_mut(&key(x)).and_then(VecDeque::pop_front) else { return false };
+        let Some(l) = self.0.get_mut(&key(x)).and_then(VecDeque::pop_front) else {
+            return false;
+        };
         x.query_hash = l.query_hash;
         x.body_hash = l.body_hash;
         if l.path.is_some() {
@@ -87,7 +94,10 @@ fn key(x: &Exchange) -> ExchangeKey {
 
 /// Replay recorded events (and recorded live ticks) through a fresh pipeline, with the live
 /// run's digests restored on every exchange it recorded.
-pub fn replay<'a>(pipeline: &mut Pipeline, records: impl IntoIterator<Item = &'a Record> + Clone) -> Replayed {
+pub fn replay<'a>(
+    pipeline: &mut Pipeline,
+    records: impl IntoIterator<Item = &'a Record> + Clone,
+) -> Replayed {
     let mut digests = RecordedDigests::from_records(records.clone());
     let restored = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let counter = restored.clone();

@@ -31,12 +31,19 @@ impl Rng {
 }
 
 fn cfg(dir: PathBuf) -> RecorderConfig {
-    RecorderConfig { dump_dir: dir, ..RecorderConfig::default() }
+    RecorderConfig {
+        dump_dir: dir,
+        ..RecorderConfig::default()
+    }
 }
 
 fn data(fd: u32, dir: Direction, ts: u64, payload: &[u8]) -> Event {
     Event::Data(DataEvent {
-        conn: ConnId { pid: 10, fd, generation: 1 },
+        conn: ConnId {
+            pid: 10,
+            fd,
+            generation: 1,
+        },
         role: Role::Client,
         direction: dir,
         syscall: Syscall::Write,
@@ -53,13 +60,19 @@ fn data(fd: u32, dir: Direction, ts: u64, payload: &[u8]) -> Event {
 
 fn marker(i: u64) -> Record {
     // Unique, cheap, and its identity survives the round trip.
-    Record::Event(Event::ProcessExit { pid: i as u32, ts_ns: i })
+    Record::Event(Event::ProcessExit {
+        pid: i as u32,
+        ts_ns: i,
+    })
 }
 
 fn decision(ts: u64) -> Record {
     Record::Decision(Decision {
         id: 1,
-        edge: Edge { caller: ServiceId::new("a"), callee: ServiceId::new("b") },
+        edge: Edge {
+            caller: ServiceId::new("a"),
+            callee: ServiceId::new("b"),
+        },
         callee_addrs: vec![],
         action: Action::SuppressRetries,
         reason: Reason::CalleeUnclaimed,
@@ -70,7 +83,12 @@ fn decision(ts: u64) -> Record {
 
 /// A dump of `n` marker records, with the byte span of each block.
 fn build_dump(n: u64) -> (Vec<u8>, Vec<BlockSpan>) {
-    let header = DumpHeader::new(DumpReason::Other("test".into()), RecorderConfig::default(), 0, n);
+    let header = DumpHeader::new(
+        DumpReason::Other("test".into()),
+        RecorderConfig::default(),
+        0,
+        n,
+    );
     let mut w = DumpWriter::new(Vec::new(), &header).unwrap();
     for i in 0..n {
         w.push(&marker(i)).unwrap();
@@ -123,7 +141,10 @@ fn truncation_keeps_every_whole_block_and_reports_the_cut() {
             Ok(o) => o,
             // Only a cut inside the 8-byte magic leaves nothing to call a dump.
             Err(FormatError::NotADump) => {
-                assert!(cut < 8 || spans.first().is_some_and(|s| (cut as u64) < s.end), "cut {cut}");
+                assert!(
+                    cut < 8 || spans.first().is_some_and(|s| (cut as u64) < s.end),
+                    "cut {cut}"
+                );
                 continue;
             }
             Err(e) => panic!("cut {cut}: {e}"),
@@ -146,14 +167,29 @@ fn flipped_bytes_lose_only_the_blocks_they_hit() {
         for &f in &flips {
             b[f] ^= 1 << rng.below(8);
         }
-        let out = DumpReader::read(&b).unwrap_or_else(|e| panic!("round {round}, flips {flips:?}: {e}"));
+        let out =
+            DumpReader::read(&b).unwrap_or_else(|e| panic!("round {round}, flips {flips:?}: {e}"));
         let got = ids(&out);
-        let intact = ids_of_blocks(&spans, |s| !flips.iter().any(|&f| (s.start..s.end).contains(&(f as u64))));
-        assert!(got.is_superset(&intact), "round {round}: lost an intact block (flips {flips:?})");
+        let intact = ids_of_blocks(&spans, |s| {
+            !flips
+                .iter()
+                .any(|&f| (s.start..s.end).contains(&(f as u64)))
+        });
+        assert!(
+            got.is_superset(&intact),
+            "round {round}: lost an intact block (flips {flips:?})"
+        );
         assert!(got.is_subset(&all), "round {round}: invented records");
-        assert!(!out.loss.is_clean(), "round {round}: damage not reported (flips {flips:?})");
+        assert!(
+            !out.loss.is_clean(),
+            "round {round}: damage not reported (flips {flips:?})"
+        );
         if got.len() < all.len() {
-            assert!(out.loss.blocks_lost > 0 || out.loss.truncated, "round {round}: {}", out.loss);
+            assert!(
+                out.loss.blocks_lost > 0 || out.loss.truncated,
+                "round {round}: {}",
+                out.loss
+            );
         }
     }
 }
@@ -184,7 +220,16 @@ fn future_version_is_refused_with_a_clear_message() {
     let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..16]), &bytes[20..20 + len]);
     bytes[16..20].copy_from_slice(&crc.to_le_bytes());
     let err = DumpReader::read(&bytes).unwrap_err();
-    assert!(matches!(err, FormatError::FutureVersion { found: 2, supported: 1 }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            FormatError::FutureVersion {
+                found: 2,
+                supported: 1
+            }
+        ),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("newer"), "{err}");
 }
 
@@ -200,9 +245,17 @@ fn a_bit_flip_in_the_version_does_not_refuse_the_file() {
 #[test]
 fn ring_is_bounded_by_window() {
     let dir = temp_dir("window");
-    let mut r = Recorder::new(RecorderConfig { window_secs: 10, auto_dump: false, ..cfg(dir) }).unwrap();
+    let mut r = Recorder::new(RecorderConfig {
+        window_secs: 10,
+        auto_dump: false,
+        ..cfg(dir)
+    })
+    .unwrap();
     for s in 0..100u64 {
-        r.record(Record::Event(Event::ProcessExit { pid: 1, ts_ns: s * 1_000_000_000 }));
+        r.record(Record::Event(Event::ProcessExit {
+            pid: 1,
+            ts_ns: s * 1_000_000_000,
+        }));
     }
     let st = r.stats();
     assert_eq!(st.records_total, 100);
@@ -214,7 +267,12 @@ fn ring_is_bounded_by_window() {
 #[test]
 fn ring_is_bounded_by_bytes() {
     let dir = temp_dir("bytes");
-    let mut r = Recorder::new(RecorderConfig { max_mib: 1, auto_dump: false, ..cfg(dir) }).unwrap();
+    let mut r = Recorder::new(RecorderConfig {
+        max_mib: 1,
+        auto_dump: false,
+        ..cfg(dir)
+    })
+    .unwrap();
     let body = vec![b'x'; 4000];
     for i in 0..1000u64 {
         r.record(Record::Event(data(3, Direction::Egress, i, &body)));
@@ -228,23 +286,35 @@ fn ring_is_bounded_by_bytes() {
 #[test]
 fn disabled_recorder_keeps_nothing_and_refuses_dumps() {
     let dir = temp_dir("off");
-    let mut r = Recorder::new(RecorderConfig { enabled: false, ..cfg(dir.clone()) }).unwrap();
+    let mut r = Recorder::new(RecorderConfig {
+        enabled: false,
+        ..cfg(dir.clone())
+    })
+    .unwrap();
     r.record(marker(1));
     assert_eq!(r.stats().records_total, 0);
-    assert!(matches!(r.dump(DumpReason::OnDemand), Err(RecorderError::Disabled)));
+    assert!(matches!(
+        r.dump(DumpReason::OnDemand),
+        Err(RecorderError::Disabled)
+    ));
     assert!(!dir.exists());
 }
 
 const SECRET_REQ: &[u8] = b"POST /pay?token=SECRETQUERY HTTP/1.1\r\nHost: shop\r\nAuthorization: Bearer SECRETAUTH\r\n\
 Cookie: session=SECRETCOOKIE\r\nX-Error-Claim: claimed\r\nProxy-Authorization: Basic SECRETPROXY\r\n\
 Content-Length: 18\r\n\r\ncard=SECRETBODY123";
-const SECRET_RESP: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nSet-Cookie: id=SECRETSETCOOKIE\r\nRetry-After: 1\r\n\
+const SECRET_RESP: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nSet-Cookie: id=SECRETSETCOOKIE\r\nRetry-After: 1\r\n\
 Content-Length: 0\r\n\r\n";
 
 #[test]
 fn secrets_never_reach_a_dump_file() {
     let dir = temp_dir("secrets");
-    let mut r = Recorder::new(RecorderConfig { auto_dump: false, ..cfg(dir.clone()) }).unwrap();
+    let mut r = Recorder::new(RecorderConfig {
+        auto_dump: false,
+        ..cfg(dir.clone())
+    })
+    .unwrap();
     // Whole, and split mid-header across two syscalls.
     r.record(Record::Event(data(3, Direction::Egress, 1, SECRET_REQ)));
     r.record(Record::Event(data(3, Direction::Ingress, 2, SECRET_RESP)));
@@ -270,7 +340,15 @@ fn secrets_never_reach_a_dump_file() {
     }
     let text = String::from_utf8_lossy(&decoded);
     // What the product needs is still there.
-    for kept in ["POST /pay?", "Host: shop", "X-Error-Claim: claimed", "Content-Length: 18", "HTTP/1.1 503", "Retry-After: 1", "Authorization: "] {
+    for kept in [
+        "POST /pay?",
+        "Host: shop",
+        "X-Error-Claim: claimed",
+        "Content-Length: 18",
+        "HTTP/1.1 503",
+        "Retry-After: 1",
+        "Authorization: ",
+    ] {
         assert!(text.contains(kept), "{kept:?} missing: {text}");
     }
     let _ = std::fs::remove_dir_all(dir);
@@ -279,10 +357,18 @@ fn secrets_never_reach_a_dump_file() {
 #[test]
 fn storm_writes_a_dump_covering_before_and_after() {
     let dir = temp_dir("storm");
-    let mut r = Recorder::new(RecorderConfig { auto_before_secs: 5, auto_after_secs: 5, ..cfg(dir.clone()) }).unwrap();
+    let mut r = Recorder::new(RecorderConfig {
+        auto_before_secs: 5,
+        auto_after_secs: 5,
+        ..cfg(dir.clone())
+    })
+    .unwrap();
     let s = 1_000_000_000u64;
     for t in 0..30 {
-        r.record(Record::Event(Event::ProcessExit { pid: 1, ts_ns: t * s }));
+        r.record(Record::Event(Event::ProcessExit {
+            pid: 1,
+            ts_ns: t * s,
+        }));
         if t == 20 {
             r.record(decision(20 * s));
             r.record(decision(20 * s + 1)); // a second decision of the same storm: no second dump
@@ -307,9 +393,19 @@ fn storm_writes_a_dump_covering_before_and_after() {
 fn replay_of_a_dump_reproduces_the_live_pipeline() {
     use crate::{correlate::CorrelateConfig, decide::DecideConfig, l7::L7Config};
     let dir = temp_dir("replay");
-    let rec = SharedRecorder::new(Recorder::new(RecorderConfig { auto_dump: false, ..cfg(dir.clone()) }).unwrap());
-    let mut live = Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default())
-        .with_tap(rec.clone());
+    let rec = SharedRecorder::new(
+        Recorder::new(RecorderConfig {
+            auto_dump: false,
+            ..cfg(dir.clone())
+        })
+        .unwrap(),
+    );
+    let mut live = Pipeline::new(
+        L7Config::default(),
+        CorrelateConfig::default(),
+        DecideConfig::default(),
+    )
+    .with_tap(rec.clone());
     let mut out = StageOutput::default();
     let events = synth::StormScenario::default().events();
     let last = events.last().map(Event::ts_ns).unwrap();
@@ -324,21 +420,42 @@ fn replay_of_a_dump_reproduces_the_live_pipeline() {
     let dump = DumpReader::read(&raw).unwrap();
     assert!(dump.loss.is_clean(), "{}", dump.loss);
 
-    let mut fresh = Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default());
+    let mut fresh = Pipeline::new(
+        L7Config::default(),
+        CorrelateConfig::default(),
+        DecideConfig::default(),
+    );
     let rep = replay(&mut fresh, &dump.records);
     assert_eq!(rep.events, events.len() as u64);
     // Exactly: the replay restores the keyed digests the live run recorded.
     assert_eq!(rep.exchanges, out.exchanges);
-    assert_eq!(rep.digests_restored, out.exchanges.len() as u64, "every exchange's digests restored");
+    assert_eq!(
+        rep.digests_restored,
+        out.exchanges.len() as u64,
+        "every exchange's digests restored"
+    );
     assert_eq!(rep.verdicts, out.verdicts);
     assert_eq!(rep.snapshots, out.snapshots);
     assert_eq!(rep.decisions, out.decisions);
     // The derived records the live run recorded are the live ones.
-    let recorded_decisions: Vec<&Decision> =
-        dump.records.iter().filter_map(|r| if let Record::Decision(d) = r { Some(d) } else { None }).collect();
+    let recorded_decisions: Vec<&Decision> = dump
+        .records
+        .iter()
+        .filter_map(|r| {
+            if let Record::Decision(d) = r {
+                Some(d)
+            } else {
+                None
+            }
+        })
+        .collect();
     assert_eq!(recorded_decisions, out.decisions.iter().collect::<Vec<_>>());
     assert_eq!(rep.snapshots.len(), out.snapshots.len());
-    assert!(rep.snapshots.len() >= 30, "evaluations on event time: {}", rep.snapshots.len());
+    assert!(
+        rep.snapshots.len() >= 30,
+        "evaluations on event time: {}",
+        rep.snapshots.len()
+    );
     // Secrets on every request of the scenario: none in the dump.
     let mut all = raw.clone();
     all.extend(serde_json::to_vec(&dump.records).unwrap());
@@ -357,9 +474,19 @@ fn replay_keeps_workload_names() {
         l7::L7Config,
     };
     let dir = temp_dir("replay-names");
-    let rec = SharedRecorder::new(Recorder::new(RecorderConfig { auto_dump: false, ..cfg(dir.clone()) }).unwrap());
-    let mut live = Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default())
-        .with_tap(rec.clone());
+    let rec = SharedRecorder::new(
+        Recorder::new(RecorderConfig {
+            auto_dump: false,
+            ..cfg(dir.clone())
+        })
+        .unwrap(),
+    );
+    let mut live = Pipeline::new(
+        L7Config::default(),
+        CorrelateConfig::default(),
+        DecideConfig::default(),
+    )
+    .with_tap(rec.clone());
     let mut out = StageOutput::default();
     let mut events = synth::StormScenario::default().events();
     // What `run` pushes when the resolver names pid 200's container: the same process, named.
@@ -376,23 +503,47 @@ fn replay_keeps_workload_names() {
         }),
         _ => None,
     });
-    let at = events.iter().rposition(|e| matches!(e, Event::Process(_))).unwrap() + 1;
+    let at = events
+        .iter()
+        .rposition(|e| matches!(e, Event::Process(_)))
+        .unwrap()
+        + 1;
     events.insert(at, Event::Process(named.unwrap()));
     let last = events.last().map(Event::ts_ns).unwrap();
     for ev in &events {
         live.push(ev, &mut out);
     }
     live.tick(last + 3_000_000_000, &mut out);
-    let live_edges: Vec<String> = live.engine.edges().iter().map(|e| e.edge.to_string()).collect();
-    assert!(live_edges.iter().any(|e| e.contains("shop/api")), "{live_edges:?}");
-    assert!(!live_edges.iter().any(|e| e.contains("api:8080")), "{live_edges:?}");
+    let live_edges: Vec<String> = live
+        .engine
+        .edges()
+        .iter()
+        .map(|e| e.edge.to_string())
+        .collect();
+    assert!(
+        live_edges.iter().any(|e| e.contains("shop/api")),
+        "{live_edges:?}"
+    );
+    assert!(
+        !live_edges.iter().any(|e| e.contains("api:8080")),
+        "{live_edges:?}"
+    );
 
     let path = rec.with(|r| r.dump(DumpReason::OnDemand)).unwrap().unwrap();
     let dump = DumpReader::read(&std::fs::read(&path).unwrap()).unwrap();
-    let mut fresh = Pipeline::new(L7Config::default(), CorrelateConfig::default(), DecideConfig::default());
+    let mut fresh = Pipeline::new(
+        L7Config::default(),
+        CorrelateConfig::default(),
+        DecideConfig::default(),
+    );
     let rep = replay(&mut fresh, &dump.records);
     assert_eq!(rep.verdicts, out.verdicts);
-    let replayed: Vec<String> = fresh.engine.edges().iter().map(|e| e.edge.to_string()).collect();
+    let replayed: Vec<String> = fresh
+        .engine
+        .edges()
+        .iter()
+        .map(|e| e.edge.to_string())
+        .collect();
     assert_eq!(replayed, live_edges);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -404,7 +555,9 @@ mod redaction {
     fn redact_all(r: &mut Redactor, chunks: &[&[u8]], dir: Direction) -> Vec<u8> {
         let mut out = Vec::new();
         for (i, c) in chunks.iter().enumerate() {
-            let Event::Data(d) = data(7, dir, i as u64, c) else { unreachable!() };
+            let Event::Data(d) = data(7, dir, i as u64, c) else {
+                unreachable!()
+            };
             let (d, _) = r.redact(d);
             assert_eq!(d.payload.len(), c.len(), "lengths are kept");
             out.extend_from_slice(&d.payload);
@@ -419,12 +572,20 @@ mod redaction {
 
     #[test]
     fn http1_keeps_framing_and_heads_of_pipelined_messages() {
-        let two = [SECRET_REQ, b"GET /next HTTP/1.1\r\nHost: shop\r\nCookie: SECRETC2\r\n\r\n".as_slice()].concat();
+        let two = [
+            SECRET_REQ,
+            b"GET /next HTTP/1.1\r\nHost: shop\r\nCookie: SECRETC2\r\n\r\n".as_slice(),
+        ]
+        .concat();
         let mut r = Redactor::new();
         let out = redact_all(&mut r, &[&two], Direction::Egress);
         no_secret(&out);
         let t = String::from_utf8_lossy(&out);
-        assert!(t.contains("\r\n\r\n") && t.contains("GET /next HTTP/1.1\r\nHost: shop\r\nCookie: ********\r\n\r\n"), "{t}");
+        assert!(
+            t.contains("\r\n\r\n")
+                && t.contains("GET /next HTTP/1.1\r\nHost: shop\r\nCookie: ********\r\n\r\n"),
+            "{t}"
+        );
         // The body became a digest of the same length; the same body gives the same digest.
         let body_at = SECRET_REQ.len() - 18;
         let digest = out[body_at..body_at + 16].to_vec();
@@ -437,9 +598,19 @@ mod redaction {
     fn body_split_across_syscalls_stays_masked_and_the_next_head_is_kept() {
         let mut r = Redactor::new();
         let head = b"POST /x HTTP/1.1\r\nContent-Length: 20\r\n\r\nSECRET-PA".as_slice();
-        let out = redact_all(&mut r, &[head, b"RT2-0123", b"456GET /y HTTP/1.1\r\nAuthorization: SECRETX\r\n\r\n"], Direction::Egress);
+        let out = redact_all(
+            &mut r,
+            &[
+                head,
+                b"RT2-0123",
+                b"456GET /y HTTP/1.1\r\nAuthorization: SECRETX\r\n\r\n",
+            ],
+            Direction::Egress,
+        );
         no_secret(&out);
-        assert!(String::from_utf8_lossy(&out).contains("GET /y HTTP/1.1\r\nAuthorization: *******\r\n"));
+        assert!(
+            String::from_utf8_lossy(&out).contains("GET /y HTTP/1.1\r\nAuthorization: *******\r\n")
+        );
     }
 
     #[test]
@@ -449,13 +620,25 @@ mod redaction {
         let out = redact_all(&mut r, &[msg], Direction::Ingress);
         no_secret(&out);
         let t = String::from_utf8_lossy(&out);
-        assert!(t.contains("\r\n\r\n6\r\n") && t.contains("\r\n0\r\n") && t.contains("HTTP/1.1 204 No Content"), "{t}");
+        assert!(
+            t.contains("\r\n\r\n6\r\n")
+                && t.contains("\r\n0\r\n")
+                && t.contains("HTTP/1.1 204 No Content"),
+            "{t}"
+        );
     }
 
     #[test]
     fn split_header_line_is_masked_across_the_cut() {
         let mut r = Redactor::new();
-        let out = redact_all(&mut r, &[b"GET / HTTP/1.1\r\nAuthorization: Bearer SEC", b"RET-TAIL\r\nHost: a\r\n\r\n"], Direction::Egress);
+        let out = redact_all(
+            &mut r,
+            &[
+                b"GET / HTTP/1.1\r\nAuthorization: Bearer SEC",
+                b"RET-TAIL\r\nHost: a\r\n\r\n",
+            ],
+            Direction::Egress,
+        );
         no_secret(&out);
         assert!(!String::from_utf8_lossy(&out).contains("RET-TAIL"));
         assert!(String::from_utf8_lossy(&out).contains("Host: a"));
@@ -491,7 +674,10 @@ mod redaction {
         let mut r = Redactor::new();
         let out = redact_all(&mut r, &[&wire], Direction::Egress);
         no_secret(&out);
-        assert!(String::from_utf8_lossy(&out).contains("api"), ":authority kept");
+        assert!(
+            String::from_utf8_lossy(&out).contains("api"),
+            ":authority kept"
+        );
         // Frame headers untouched: every 9-byte header is where it was.
         assert_eq!(out[..24 + 9], wire[..24 + 9]);
         let hdr2 = 24 + 9 + 9 + hpack_block().len();
@@ -507,7 +693,11 @@ mod redaction {
     fn random_payloads_never_panic_and_keep_lengths() {
         let mut rng = Rng::new(5);
         let mut r = Redactor::new();
-        let seeds: [&[u8]; 3] = [SECRET_REQ, SECRET_RESP, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x05\x01\x04\x00\x00\x00\x01\x0f\x08\x03abc"];
+        let seeds: [&[u8]; 3] = [
+            SECRET_REQ,
+            SECRET_RESP,
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x05\x01\x04\x00\x00\x00\x01\x0f\x08\x03abc",
+        ];
         for i in 0..3000 {
             let mut p = seeds[i % 3].to_vec();
             for _ in 0..rng.below(6) {
@@ -516,7 +706,9 @@ mod redaction {
             }
             p.truncate(rng.below(p.len() + 1));
             let fd = rng.below(4) as u32;
-            let Event::Data(mut d) = data(fd, Direction::Egress, i as u64, &p) else { unreachable!() };
+            let Event::Data(mut d) = data(fd, Direction::Egress, i as u64, &p) else {
+                unreachable!()
+            };
             d.len += rng.below(3) as u64 * 100; // sometimes more moved than captured
             let (d2, _) = r.redact(d);
             assert_eq!(d2.payload.len(), p.len());

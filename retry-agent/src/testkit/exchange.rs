@@ -22,11 +22,27 @@ pub fn class_of_status(status: u16) -> OutcomeClass {
 }
 
 impl ExchangeBuilder {
-    #[expect(clippy::too_many_arguments, reason = "private; `server` and `client` name the roles")]
-    fn new(role: Role, id: u64, pid: u32, tid: u32, local: SocketAddr, remote: SocketAddr, start: u64, end: u64) -> Self {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "private; `server` and `client` name the roles"
+    )]
+    fn new(
+        role: Role,
+        id: u64,
+        pid: u32,
+        tid: u32,
+        local: SocketAddr,
+        remote: SocketAddr,
+        start: u64,
+        end: u64,
+    ) -> Self {
         ExchangeBuilder(Exchange {
             id: ExchangeId(id),
-            conn: ConnId { pid, fd: 3, generation: id },
+            conn: ConnId {
+                pid,
+                fd: 3,
+                generation: id,
+            },
             role,
             protocol: Protocol::Http1,
             stream_id: None,
@@ -63,12 +79,28 @@ impl ExchangeBuilder {
     }
 
     /// An inbound exchange: `pid` read a request on `tid` at `local` from `remote`.
-    pub fn server(id: u64, pid: u32, tid: u32, local: SocketAddr, remote: SocketAddr, start: u64, end: u64) -> Self {
+    pub fn server(
+        id: u64,
+        pid: u32,
+        tid: u32,
+        local: SocketAddr,
+        remote: SocketAddr,
+        start: u64,
+        end: u64,
+    ) -> Self {
         Self::new(Role::Server, id, pid, tid, local, remote, start, end)
     }
 
     /// An outbound exchange: `pid` wrote a request on `tid` from `local` to `remote`.
-    pub fn client(id: u64, pid: u32, tid: u32, local: SocketAddr, remote: SocketAddr, start: u64, end: u64) -> Self {
+    pub fn client(
+        id: u64,
+        pid: u32,
+        tid: u32,
+        local: SocketAddr,
+        remote: SocketAddr,
+        start: u64,
+        end: u64,
+    ) -> Self {
         Self::new(Role::Client, id, pid, tid, local, remote, start, end)
     }
 
@@ -85,7 +117,9 @@ impl ExchangeBuilder {
         self.0.response_start_ns = None;
         self.0.response_end_ns = None;
         self.0.outcome = match f {
-            Failure::ConnectRefused | Failure::ConnectTimeout | Failure::Reset => OutcomeClass::Transient,
+            Failure::ConnectRefused | Failure::ConnectTimeout | Failure::Reset => {
+                OutcomeClass::Transient
+            }
             _ => OutcomeClass::Unknown,
         };
         self
@@ -167,4 +201,3 @@ impl ExchangeBuilder {
         self.0
     }
 }
-

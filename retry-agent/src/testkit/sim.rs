@@ -34,7 +34,15 @@ pub struct Node {
 
 impl Node {
     pub fn new(name: &str, calls: Vec<usize>, attempts: u32) -> Self {
-        Node { name: name.into(), calls, attempts, own_fault: 0.0, fail_open: Vec::new(), context_break: false, captured: true }
+        Node {
+            name: name.into(),
+            calls,
+            attempts,
+            own_fault: 0.0,
+            fail_open: Vec::new(),
+            context_break: false,
+            captured: true,
+        }
     }
 }
 
@@ -83,14 +91,20 @@ fn pid_of(i: usize) -> u32 {
 }
 
 fn addr_of(i: usize) -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, (i / 250) as u8, (i % 250) as u8 + 1)), 8080)
+    SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(10, 0, (i / 250) as u8, (i % 250) as u8 + 1)),
+        8080,
+    )
 }
 
 impl Sim {
     /// `cfg`'s service names get one `pid:N=name` per node.
     pub fn new(nodes: Vec<Node>, mut cfg: CorrelateConfig, dcfg: DecideConfig) -> Self {
         for (i, n) in nodes.iter().enumerate() {
-            cfg.service_names.push(ServiceOverride { matcher: ServiceMatch::Pid(pid_of(i)), name: n.name.clone() });
+            cfg.service_names.push(ServiceOverride {
+                matcher: ServiceMatch::Pid(pid_of(i)),
+                name: n.name.clone(),
+            });
         }
         let fault = vec![0.0; nodes.len()];
         Sim {
@@ -118,7 +132,17 @@ impl Sim {
         let nodes = names
             .iter()
             .enumerate()
-            .map(|(i, n)| Node::new(n, if i + 1 < names.len() { vec![i + 1] } else { vec![] }, attempts))
+            .map(|(i, n)| {
+                Node::new(
+                    n,
+                    if i + 1 < names.len() {
+                        vec![i + 1]
+                    } else {
+                        vec![]
+                    },
+                    attempts,
+                )
+            })
             .collect();
         Sim::new(nodes, cfg, dcfg)
     }
@@ -153,7 +177,8 @@ impl Sim {
             for _ in 0..rate {
                 let start = self.t;
                 self.req += 1;
-                let client = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 168, 0, 1)), self.port());
+                let client =
+                    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 168, 0, 1)), self.port());
                 let (_, end) = self.serve(0, client, start);
                 // Requests never overlap on a thread: the sim has one thread per service.
                 self.t = (start + gap).max(end + US);
@@ -174,7 +199,10 @@ impl Sim {
 
     fn apply(&mut self, issued: &[Decision]) {
         for d in issued {
-            let (Some(a), Some(b)) = (self.index(d.edge.caller.as_str()), self.index(d.edge.callee.as_str())) else {
+            let (Some(a), Some(b)) = (
+                self.index(d.edge.caller.as_str()),
+                self.index(d.edge.callee.as_str()),
+            ) else {
                 continue;
             };
             match (d.action, d.reason) {
@@ -185,7 +213,8 @@ impl Sim {
                     self.limits.insert((a, b), Limit::None);
                 }
                 (Action::SuppressRetries, Reason::OverBudget | Reason::Amplification) => {
-                    self.limits.insert((a, b), Limit::Budget(self.decider.config().retry_budget));
+                    self.limits
+                        .insert((a, b), Limit::Budget(self.decider.config().retry_budget));
                 }
             }
         }
@@ -196,7 +225,11 @@ impl Sim {
     }
 
     fn port(&mut self) -> u16 {
-        self.next_port = if self.next_port >= 60_000 { 20_000 } else { self.next_port + 1 };
+        self.next_port = if self.next_port >= 60_000 {
+            20_000
+        } else {
+            self.next_port + 1
+        };
         self.next_port
     }
 
@@ -216,7 +249,9 @@ impl Sim {
         if let Some(s) = self.served.get_mut(i) {
             *s += 1;
         }
-        let Some(node) = self.nodes.get(i).cloned() else { return (false, t0) };
+        let Some(node) = self.nodes.get(i).cloned() else {
+            return (false, t0);
+        };
         let pid = pid_of(i);
         let mut t = t0 + 10 * US;
         let mut ok = true;
@@ -227,13 +262,19 @@ impl Sim {
                 ok = false;
             }
         }
-        let fault = self.fault.get(i).copied().unwrap_or(0.0).max(node.own_fault);
+        let fault = self
+            .fault
+            .get(i)
+            .copied()
+            .unwrap_or(0.0)
+            .max(node.own_fault);
         if fault > 0.0 && self.rand() < fault {
             ok = false;
         }
         t += 10 * US;
         let id = self.id();
-        let ex = ExchangeBuilder::server(id, pid, pid * 10, addr_of(i), from, t0, t).status(if ok { 200 } else { 503 });
+        let ex = ExchangeBuilder::server(id, pid, pid * 10, addr_of(i), from, t0, t)
+            .status(if ok { 200 } else { 503 });
         if node.captured {
             self.push(ex.build());
         }
@@ -243,14 +284,22 @@ impl Sim {
     /// Node `i` calls node `c` with its retry policy and the limits in force.
     fn call(&mut self, i: usize, c: usize, t0: u64, node: &Node) -> (bool, u64) {
         let pid = pid_of(i);
-        let tid = if node.context_break { pid * 10 + 1 } else { pid * 10 };
+        let tid = if node.context_break {
+            pid * 10 + 1
+        } else {
+            pid * 10
+        };
         let mut t = t0;
         for k in 1..=node.attempts.max(1) {
             let usage = self.usage.entry((i, c)).or_default();
             if k == 1 {
                 usage.first += 1;
             } else {
-                let limit = if self.apply_decisions { self.limits.get(&(i, c)).copied() } else { None };
+                let limit = if self.apply_decisions {
+                    self.limits.get(&(i, c)).copied()
+                } else {
+                    None
+                };
                 let budget = match (limit, self.client_budget) {
                     (Some(Limit::None), _) => break,
                     (Some(Limit::Budget(b)), Some(cb)) => Some(b.min(cb)),

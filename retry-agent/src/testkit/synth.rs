@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 
 use crate::capture::{
-    ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, ProcessInfo, Role, Syscall, Tuple,
+    ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, ProcessInfo, Role, Syscall,
+    Tuple,
 };
 
 #[derive(Clone, Debug)]
@@ -51,7 +52,11 @@ impl Side {
             conn: self.conn,
             role: self.role,
             direction: dir,
-            syscall: if dir == Direction::Egress { Syscall::Write } else { Syscall::Read },
+            syscall: if dir == Direction::Egress {
+                Syscall::Write
+            } else {
+                Syscall::Read
+            },
             tuple: Some(self.tuple),
             pid: self.conn.pid,
             tid: self.tid,
@@ -78,15 +83,29 @@ impl Side {
 /// A client/server pair of one loopback connection.
 fn link(client: (u32, u32, u32), cport: u16, server: (u32, u32, u32), sport: u16) -> (Side, Side) {
     let c = Side {
-        conn: ConnId { pid: client.0, fd: client.1, generation: 1 },
+        conn: ConnId {
+            pid: client.0,
+            fd: client.1,
+            generation: 1,
+        },
         role: Role::Client,
-        tuple: Tuple { local: addr(cport), remote: addr(sport) },
+        tuple: Tuple {
+            local: addr(cport),
+            remote: addr(sport),
+        },
         tid: client.2,
     };
     let s = Side {
-        conn: ConnId { pid: server.0, fd: server.1, generation: 1 },
+        conn: ConnId {
+            pid: server.0,
+            fd: server.1,
+            generation: 1,
+        },
         role: Role::Server,
-        tuple: Tuple { local: addr(sport), remote: addr(cport) },
+        tuple: Tuple {
+            local: addr(sport),
+            remote: addr(cport),
+        },
         tid: server.2,
     };
     (c, s)
@@ -105,9 +124,21 @@ fn request(host: &str, path: &str, attempt: u32, secrets: bool) -> Vec<u8> {
 }
 
 fn response(ok: bool, secrets: bool) -> Vec<u8> {
-    let (status, body) = if ok { ("200 OK", "ok") } else { ("503 Service Unavailable", "down") };
-    let cookie = if secrets { "Set-Cookie: sid=SECRET-SETCOOKIE-42\r\n" } else { "" };
-    format!("HTTP/1.1 {status}\r\n{cookie}Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+    let (status, body) = if ok {
+        ("200 OK", "ok")
+    } else {
+        ("503 Service Unavailable", "down")
+    };
+    let cookie = if secrets {
+        "Set-Cookie: sid=SECRET-SETCOOKIE-42\r\n"
+    } else {
+        ""
+    };
+    format!(
+        "HTTP/1.1 {status}\r\n{cookie}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
 }
 
 impl StormScenario {

@@ -70,7 +70,10 @@ struct Replayed {
 impl Body for Replayed {
     type Data = Bytes;
     type Error = hyper::Error;
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         if let Some(f) = self.frames.pop_front() {
             return Poll::Ready(Some(f));
         }
@@ -83,8 +86,15 @@ impl Body for Replayed {
         self.frames.is_empty() && self.rest.as_ref().is_none_or(Body::is_end_stream)
     }
     fn size_hint(&self) -> SizeHint {
-        let buffered: u64 = self.frames.iter().filter_map(|f| f.as_ref().ok()?.data_ref().map(|d| d.len() as u64)).sum();
-        let rest = self.rest.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        let buffered: u64 = self
+            .frames
+            .iter()
+            .filter_map(|f| f.as_ref().ok()?.data_ref().map(|d| d.len() as u64))
+            .sum();
+        let rest = self
+            .rest
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
         // Upper first: SizeHint asserts lower <= upper at every step.
         let mut h = SizeHint::new();
         if let Some(u) = rest.upper() {
@@ -104,12 +114,19 @@ pub enum Local {
 /// The local answer to a suppressed retry: the status (or grpc-status) the last attempt got,
 /// or 503 / UNAVAILABLE when only a marker made it a retry; always with `x-retry-suppressed`,
 /// and nothing else from the failure (its headers and body were another caller's).
-pub fn local_reply(reason: SuppressReason, reply: Option<FailureReply>, grpc: bool) -> Result<Local, http::Error> {
+pub fn local_reply(
+    reason: SuppressReason,
+    reply: Option<FailureReply>,
+    grpc: bool,
+) -> Result<Local, http::Error> {
     let why = HeaderValue::from_static(reason.as_str());
     let (status, gstatus) = match reply {
         Some(FailureReply::Reset) if !grpc => return Ok(Local::Reset),
         Some(FailureReply::Reset) | None => (StatusCode::SERVICE_UNAVAILABLE, None),
-        Some(FailureReply::Response { status, grpc_status }) => (status, grpc_status),
+        Some(FailureReply::Response {
+            status,
+            grpc_status,
+        }) => (status, grpc_status),
     };
     if grpc {
         let b = Response::builder()
@@ -119,16 +136,25 @@ pub fn local_reply(reason: SuppressReason, reply: Option<FailureReply>, grpc: bo
         let mut trailers = HeaderMap::new();
         let code = gstatus.filter(|s| *s != 0).unwrap_or(14);
         trailers.insert("grpc-status", HeaderValue::from(code));
-        trailers.insert("grpc-message", HeaderValue::from_static("retry suppressed by retry-agent"));
+        trailers.insert(
+            "grpc-message",
+            HeaderValue::from_static("retry suppressed by retry-agent"),
+        );
         trailers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("-1"));
         trailers.insert(RETRY_SUPPRESSED_HEADER, why);
-        return Ok(Local::Reply(b.body(TrailersOnly(Some(trailers)).boxed_unsync())?));
+        return Ok(Local::Reply(
+            b.body(TrailersOnly(Some(trailers)).boxed_unsync())?,
+        ));
     }
     let resp = Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "text/plain")
         .header(RETRY_SUPPRESSED_HEADER, why)
-        .body(Full::new(Bytes::from_static(b"retry suppressed by retry-agent\n")).map_err(|never| match never {}).boxed_unsync())?;
+        .body(
+            Full::new(Bytes::from_static(b"retry suppressed by retry-agent\n"))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )?;
     Ok(Local::Reply(resp))
 }
 
@@ -138,7 +164,10 @@ struct TrailersOnly(Option<HeaderMap>);
 impl Body for TrailersOnly {
     type Data = Bytes;
     type Error = hyper::Error;
-    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         Poll::Ready(self.0.take().map(|t| Ok(Frame::trailers(t))))
     }
     fn is_end_stream(&self) -> bool {
@@ -153,7 +182,13 @@ mod tests {
     #[test]
     fn replayed_size_hint_adds_the_buffered_bytes() {
         let hint = |frames: Vec<&'static [u8]>| {
-            let b = Replayed { frames: frames.into_iter().map(|d| Ok(Frame::data(Bytes::from_static(d)))).collect(), rest: None };
+            let b = Replayed {
+                frames: frames
+                    .into_iter()
+                    .map(|d| Ok(Frame::data(Bytes::from_static(d))))
+                    .collect(),
+                rest: None,
+            };
             (b.size_hint().lower(), b.size_hint().upper())
         };
         assert_eq!(hint(vec![b"abc", b"de"]), (5, Some(5)));
@@ -162,26 +197,57 @@ mod tests {
 
     #[test]
     fn local_http_reply_is_synthetic() {
-        let reply = FailureReply::Response { status: StatusCode::BAD_GATEWAY, grpc_status: None };
-        let Ok(Local::Reply(r)) = local_reply(SuppressReason::CalleeUnclaimed, Some(reply), false) else { panic!("a reply") };
+        let reply = FailureReply::Response {
+            status: StatusCode::BAD_GATEWAY,
+            grpc_status: None,
+        };
+        let Ok(Local::Reply(r)) = local_reply(SuppressReason::CalleeUnclaimed, Some(reply), false)
+        else {
+            panic!("a reply")
+        };
         assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(r.headers().get(RETRY_SUPPRESSED_HEADER).map(|v| v.as_bytes()), Some(&b"callee_unclaimed"[..]));
+        assert_eq!(
+            r.headers()
+                .get(RETRY_SUPPRESSED_HEADER)
+                .map(|v| v.as_bytes()),
+            Some(&b"callee_unclaimed"[..])
+        );
         assert!(r.headers().get("set-cookie").is_none());
         assert_eq!(r.headers().len(), 2, "{:?}", r.headers());
-        assert!(matches!(local_reply(SuppressReason::RetryBudget, Some(FailureReply::Reset), false), Ok(Local::Reset)));
+        assert!(matches!(
+            local_reply(
+                SuppressReason::RetryBudget,
+                Some(FailureReply::Reset),
+                false
+            ),
+            Ok(Local::Reset)
+        ));
     }
 
     #[tokio::test]
     async fn local_grpc_reply_has_pushback_trailers() {
-        let reply = FailureReply::Response { status: StatusCode::OK, grpc_status: Some(13) };
-        let Ok(Local::Reply(r)) = local_reply(SuppressReason::Decision(crate::decide::Reason::OverBudget), Some(reply), true) else {
+        let reply = FailureReply::Response {
+            status: StatusCode::OK,
+            grpc_status: Some(13),
+        };
+        let Ok(Local::Reply(r)) = local_reply(
+            SuppressReason::Decision(crate::decide::Reason::OverBudget),
+            Some(reply),
+            true,
+        ) else {
             panic!("a reply")
         };
         assert_eq!(r.status(), StatusCode::OK);
         let body = r.into_body().collect().await.expect("body");
         let t = body.trailers().cloned().expect("trailers");
         assert_eq!(t.get("grpc-status").map(|v| v.as_bytes()), Some(&b"13"[..]));
-        assert_eq!(t.get("grpc-message").map(|v| v.as_bytes()), Some(&b"retry suppressed by retry-agent"[..]));
-        assert_eq!(t.get("grpc-retry-pushback-ms").map(|v| v.as_bytes()), Some(&b"-1"[..]));
+        assert_eq!(
+            t.get("grpc-message").map(|v| v.as_bytes()),
+            Some(&b"retry suppressed by retry-agent"[..])
+        );
+        assert_eq!(
+            t.get("grpc-retry-pushback-ms").map(|v| v.as_bytes()),
+            Some(&b"-1"[..])
+        );
     }
 }

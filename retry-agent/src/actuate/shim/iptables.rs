@@ -22,10 +22,16 @@ pub enum SteerError {
         source: std::io::Error,
     },
     #[error("`{bin} {args}` failed: {stderr}")]
-    Failed { bin: &'static str, args: String, stderr: String },
+    Failed {
+        bin: &'static str,
+        args: String,
+        stderr: String,
+    },
     #[error("chain name {0:?} must be 1-24 characters of [A-Za-z0-9_-]")]
     BadChain(String),
-    #[error("no selector: give at least one --shim-uid, --shim-cgroup, --shim-dport or --shim-inbound-port")]
+    #[error(
+        "no selector: give at least one --shim-uid, --shim-cgroup, --shim-dport or --shim-inbound-port"
+    )]
     NoSelector,
 }
 
@@ -45,7 +51,10 @@ impl Family {
 
     /// Whether this family's nat table can be used here.
     pub fn available(self) -> bool {
-        Command::new(self.bin()).args(["-w", "-t", "nat", "-S", "OUTPUT"]).output().is_ok_and(|o| o.status.success())
+        Command::new(self.bin())
+            .args(["-w", "-t", "nat", "-S", "OUTPUT"])
+            .output()
+            .is_ok_and(|o| o.status.success())
     }
 }
 
@@ -62,7 +71,9 @@ pub struct Steering {
 
 pub fn valid_chain(c: &str) -> bool {
     // 28 is the kernel limit; `_IN` is appended for the inbound chain.
-    (1..=24).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    (1..=24).contains(&c.len())
+        && c.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 pub fn inbound_chain(chain: &str) -> String {
@@ -74,7 +85,10 @@ fn run(fam: Family, args: &[String]) -> Result<(), SteerError> {
         .arg("-w")
         .args(args)
         .output()
-        .map_err(|source| SteerError::Spawn { bin: fam.bin(), source })?;
+        .map_err(|source| SteerError::Spawn {
+            bin: fam.bin(),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
@@ -95,7 +109,11 @@ impl Steering {
         if !valid_chain(&self.chain) {
             return Err(SteerError::BadChain(self.chain.clone()));
         }
-        if self.uids.is_empty() && self.cgroups.is_empty() && self.dports.is_empty() && self.inbound_ports.is_empty() {
+        if self.uids.is_empty()
+            && self.cgroups.is_empty()
+            && self.dports.is_empty()
+            && self.inbound_ports.is_empty()
+        {
             return Err(SteerError::NoSelector);
         }
         Ok(())
@@ -105,16 +123,34 @@ impl Steering {
     pub fn outbound_rules(&self) -> Vec<Vec<String>> {
         let port = self.listen_port.to_string();
         let mut rules = vec![
-            s(&["-m", "mark", "--mark", &format!("{:#x}", self.mark), "-j", "RETURN"]),
+            s(&[
+                "-m",
+                "mark",
+                "--mark",
+                &format!("{:#x}", self.mark),
+                "-j",
+                "RETURN",
+            ]),
             s(&["-p", "tcp", "--dport", &port, "-j", "RETURN"]),
         ];
         if self.uids.is_empty() && self.cgroups.is_empty() && self.dports.is_empty() {
             return rules; // inbound-only steering
         }
-        let uids: Vec<Option<u32>> = if self.uids.is_empty() { vec![None] } else { self.uids.iter().copied().map(Some).collect() };
-        let cgs: Vec<Option<&str>> =
-            if self.cgroups.is_empty() { vec![None] } else { self.cgroups.iter().map(|c| Some(c.as_str())).collect() };
-        let dps: Vec<Option<u16>> = if self.dports.is_empty() { vec![None] } else { self.dports.iter().copied().map(Some).collect() };
+        let uids: Vec<Option<u32>> = if self.uids.is_empty() {
+            vec![None]
+        } else {
+            self.uids.iter().copied().map(Some).collect()
+        };
+        let cgs: Vec<Option<&str>> = if self.cgroups.is_empty() {
+            vec![None]
+        } else {
+            self.cgroups.iter().map(|c| Some(c.as_str())).collect()
+        };
+        let dps: Vec<Option<u16>> = if self.dports.is_empty() {
+            vec![None]
+        } else {
+            self.dports.iter().copied().map(Some).collect()
+        };
         for u in &uids {
             for c in &cgs {
                 for d in &dps {
@@ -140,7 +176,18 @@ impl Steering {
         let port = self.listen_port.to_string();
         self.inbound_ports
             .iter()
-            .map(|p| s(&["-p", "tcp", "--dport", &p.to_string(), "-j", "REDIRECT", "--to-ports", &port]))
+            .map(|p| {
+                s(&[
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    &p.to_string(),
+                    "-j",
+                    "REDIRECT",
+                    "--to-ports",
+                    &port,
+                ])
+            })
             .collect()
     }
 
@@ -224,13 +271,25 @@ pub fn cleanup(chain: &str) -> Result<bool, SteerError> {
 
 /// The current rules of `chain` (`iptables -S`), for tests and diagnostics.
 pub fn list(fam: Family, chain: &str) -> Option<Vec<String>> {
-    let out = Command::new(fam.bin()).args(["-w", "-t", "nat", "-S", chain]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect())
+    let out = Command::new(fam.bin())
+        .args(["-w", "-t", "nat", "-S", chain])
+        .output()
+        .ok()?;
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    })
 }
 
 /// How many jump rules to `chain` `hook` holds (duplicates show up here).
 pub fn count_jumps(fam: Family, hook: &str, chain: &str) -> usize {
-    list(fam, hook).map_or(0, |l| l.iter().filter(|r| r.ends_with(&format!("-j {chain}"))).count())
+    list(fam, hook).map_or(0, |l| {
+        l.iter()
+            .filter(|r| r.ends_with(&format!("-j {chain}")))
+            .count()
+    })
 }
 
 #[cfg(test)]
@@ -251,8 +310,14 @@ mod tests {
         assert_eq!(r.len(), 4);
         assert_eq!(r[0].join(" "), "-m mark --mark 0x52a0 -j RETURN");
         assert_eq!(r[1].join(" "), "-p tcp --dport 15001 -j RETURN");
-        assert_eq!(r[2].join(" "), "-p tcp -m owner --uid-owner 1000 --dport 80 -j REDIRECT --to-ports 15001");
-        assert_eq!(r[3].join(" "), "-p tcp -m owner --uid-owner 1001 --dport 80 -j REDIRECT --to-ports 15001");
+        assert_eq!(
+            r[2].join(" "),
+            "-p tcp -m owner --uid-owner 1000 --dport 80 -j REDIRECT --to-ports 15001"
+        );
+        assert_eq!(
+            r[3].join(" "),
+            "-p tcp -m owner --uid-owner 1001 --dport 80 -j REDIRECT --to-ports 15001"
+        );
         assert!(st.validate().is_ok());
     }
 
@@ -261,10 +326,21 @@ mod tests {
         assert!(!valid_chain("A_VERY_LONG_CHAIN_NAME_OVER_24"));
         assert!(!valid_chain("bad chain"));
         assert!(valid_chain("RASHIM_1"));
-        let st = Steering { chain: "X".into(), ..Default::default() };
+        let st = Steering {
+            chain: "X".into(),
+            ..Default::default()
+        };
         assert!(matches!(st.validate(), Err(SteerError::NoSelector)));
-        let st = Steering { chain: "X".into(), inbound_ports: vec![8080], listen_port: 1, ..Default::default() };
+        let st = Steering {
+            chain: "X".into(),
+            inbound_ports: vec![8080],
+            listen_port: 1,
+            ..Default::default()
+        };
         assert_eq!(st.outbound_rules().len(), 2);
-        assert_eq!(st.inbound_rules()[0].join(" "), "-p tcp --dport 8080 -j REDIRECT --to-ports 1");
+        assert_eq!(
+            st.inbound_rules()[0].join(" "),
+            "-p tcp --dport 8080 -j REDIRECT --to-ports 1"
+        );
     }
 }

@@ -14,14 +14,24 @@ pub mod proxy;
 
 /// One io thread on `listeners` (bound with [`bind_reuseport`]): its own current-thread runtime,
 /// so a connection and its upstream live on one thread (no work-stealing hops), as in HAProxy.
-pub fn spawn_io_thread(i: usize, listeners: Vec<std::net::TcpListener>, ctx: Arc<proxy::Ctx>) -> std::io::Result<()> {
-    std::thread::Builder::new().name(format!("shim-io-{i}")).spawn(move || serve_thread(listeners, ctx))?;
+pub fn spawn_io_thread(
+    i: usize,
+    listeners: Vec<std::net::TcpListener>,
+    ctx: Arc<proxy::Ctx>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("shim-io-{i}"))
+        .spawn(move || serve_thread(listeners, ctx))?;
     Ok(())
 }
 
 /// A listening socket every io thread binds on the same address (SO_REUSEPORT spreads accepts).
 pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let dom = if addr.is_ipv4() { socket2::Domain::IPV4 } else { socket2::Domain::IPV6 };
+    let dom = if addr.is_ipv4() {
+        socket2::Domain::IPV4
+    } else {
+        socket2::Domain::IPV6
+    };
     let s = socket2::Socket::new(dom, socket2::Type::STREAM, None)?;
     if addr.is_ipv6() {
         s.set_only_v6(true)?;
@@ -36,7 +46,10 @@ pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 
 /// One io thread: its listeners, its connections, until the process exits.
 fn serve_thread(listeners: Vec<std::net::TcpListener>, ctx: Arc<proxy::Ctx>) {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "io thread has no runtime; its share of connections will queue");
@@ -71,4 +84,3 @@ async fn accept_loop(l: TcpListener, ctx: Arc<proxy::Ctx>) {
         }
     }
 }
-

@@ -25,33 +25,64 @@ pub fn original_dst(s: &TcpStream) -> io::Result<SocketAddr> {
             let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
             let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
             // SAFETY: valid fd, pointer and length to an owned sockaddr_in.
-            let r = unsafe { libc::getsockopt(fd, libc::SOL_IP, SO_ORIGINAL_DST, (&raw mut sa).cast(), &mut len) };
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_IP,
+                    SO_ORIGINAL_DST,
+                    (&raw mut sa).cast(),
+                    &mut len,
+                )
+            };
             if r != 0 {
                 return Err(io::Error::last_os_error());
             }
             let ip = Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr));
-            Ok(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sa.sin_port))))
+            Ok(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sa.sin_port),
+            )))
         }
         SocketAddr::V6(_) => {
             // SAFETY: as above, for sockaddr_in6.
             let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
             let mut len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
             // SAFETY: valid fd, pointer and length to an owned sockaddr_in6.
-            let r =
-                unsafe { libc::getsockopt(fd, libc::SOL_IPV6, IP6T_SO_ORIGINAL_DST, (&raw mut sa).cast(), &mut len) };
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_IPV6,
+                    IP6T_SO_ORIGINAL_DST,
+                    (&raw mut sa).cast(),
+                    &mut len,
+                )
+            };
             if r != 0 {
                 return Err(io::Error::last_os_error());
             }
             let ip = Ipv6Addr::from(sa.sin6_addr.s6_addr);
-            Ok(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(sa.sin6_port), sa.sin6_flowinfo, sa.sin6_scope_id)))
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(sa.sin6_port),
+                sa.sin6_flowinfo,
+                sa.sin6_scope_id,
+            )))
         }
     }
 }
 
 /// Connects to `dst` with `SO_MARK = mark`, so the steering chain lets the shim's own upstream
 /// connection through instead of redirecting it back to the shim.
-pub async fn connect_marked(dst: SocketAddr, mark: u32, timeout: Duration) -> io::Result<TcpStream> {
-    let sock = if dst.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+pub async fn connect_marked(
+    dst: SocketAddr,
+    mark: u32,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let sock = if dst.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
     if mark != 0 {
         let v: libc::c_int = mark as libc::c_int;
         // SAFETY: valid fd; value is a c_int of the given size.
@@ -88,7 +119,11 @@ pub fn caller_of(peer: SocketAddr) -> CallerId {
     if !peer.ip().to_canonical().is_loopback() {
         return CallerId::Addr(peer.ip().to_canonical());
     }
-    let files: &[&str] = if peer.is_ipv4() { &["/proc/net/tcp"] } else { &["/proc/net/tcp6", "/proc/net/tcp"] };
+    let files: &[&str] = if peer.is_ipv4() {
+        &["/proc/net/tcp"]
+    } else {
+        &["/proc/net/tcp6", "/proc/net/tcp"]
+    };
     for f in files {
         if let Ok(text) = std::fs::read_to_string(f)
             && let Some(uid) = uid_in_proc_net_tcp(&text, peer)
@@ -155,7 +190,10 @@ mod tests {
         if cfg!(target_endian = "little") {
             assert_eq!(uid_in_proc_net_tcp(text, a), Some(1000));
             // The listener on 8080 is skipped.
-            assert_eq!(uid_in_proc_net_tcp(text, "127.0.0.1:8080".parse().expect("addr")), None);
+            assert_eq!(
+                uid_in_proc_net_tcp(text, "127.0.0.1:8080".parse().expect("addr")),
+                None
+            );
         }
         assert_eq!(uid_in_proc_net_tcp("garbage\nx y", a), None);
         assert_eq!(parse_proc_addr("zz:1"), None);

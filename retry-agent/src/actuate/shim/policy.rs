@@ -56,9 +56,19 @@ pub const BODY_DIGEST_LIMIT: usize = 4096;
 pub fn is_credential(name: &HeaderName) -> bool {
     let n = name.as_str();
     matches!(n, "authorization" | "proxy-authorization" | "cookie")
-        || ["auth", "token", "key", "session", "secret", "password", "credential", "signature", "jwt"]
-            .iter()
-            .any(|w| n.contains(w))
+        || [
+            "auth",
+            "token",
+            "key",
+            "session",
+            "secret",
+            "password",
+            "credential",
+            "signature",
+            "jwt",
+        ]
+        .iter()
+        .any(|w| n.contains(w))
 }
 
 /// Digests under the shim's own process key (never stored, never shown).
@@ -89,7 +99,10 @@ pub struct BodyDigest {
 
 impl Default for BodyDigest {
     fn default() -> Self {
-        BodyDigest { h: crate::l7::digest_key().hasher(DOMAIN_BODY), n: 0 }
+        BodyDigest {
+            h: crate::l7::digest_key().hasher(DOMAIN_BODY),
+            n: 0,
+        }
     }
 }
 
@@ -158,8 +171,13 @@ impl SuppressReason {
 /// Outcome for one request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
-    Forward { retry: bool },
-    Answer { reason: SuppressReason, reply: Option<FailureReply> },
+    Forward {
+        retry: bool,
+    },
+    Answer {
+        reason: SuppressReason,
+        reply: Option<FailureReply>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -242,7 +260,12 @@ impl Tracker {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0x9e37_79b9_7f4a_7c15);
-        Tracker { cfg, failures: HashMap::new(), clients: HashMap::new(), rng: seed | 1 }
+        Tracker {
+            cfg,
+            failures: HashMap::new(),
+            clients: HashMap::new(),
+            rng: seed | 1,
+        }
     }
 
     pub fn config(&self) -> &PolicyConfig {
@@ -281,7 +304,11 @@ impl Tracker {
         suppressed: Option<Reason>,
         now: Instant,
     ) -> Verdict {
-        let last = self.failures.get(key).filter(|f| now.saturating_duration_since(f.at) <= self.cfg.window).cloned();
+        let last = self
+            .failures
+            .get(key)
+            .filter(|f| now.saturating_duration_since(f.at) <= self.cfg.window)
+            .cloned();
         let retry = marked_retry || last.is_some();
         let (tau, btau) = (self.cfg.counter_tau, self.cfg.budget_tau);
         // Over budget / amplification: the callee may own its errors, so a budget, not a stop.
@@ -295,8 +322,12 @@ impl Tracker {
         let mut reason = None;
         if retry {
             reason = match (suppressed, &last) {
-                (Some(Reason::CalleeUnclaimed), _) => Some(SuppressReason::Decision(Reason::CalleeUnclaimed)),
-                (_, Some(f)) if f.claim == Claim::Unclaimed => Some(SuppressReason::CalleeUnclaimed),
+                (Some(Reason::CalleeUnclaimed), _) => {
+                    Some(SuppressReason::Decision(Reason::CalleeUnclaimed))
+                }
+                (_, Some(f)) if f.claim == Claim::Unclaimed => {
+                    Some(SuppressReason::CalleeUnclaimed)
+                }
                 _ => None,
             };
         }
@@ -305,8 +336,13 @@ impl Tracker {
                 let reqs = cl.requests.get(now, tau);
                 if let Some(ratio) = budget {
                     // Counting this retry, retries must stay within ratio × requests.
-                    if cl.budget_retries.get(now, btau) + 1.0 > ratio * (cl.budget_requests.get(now, btau) + 1.0) {
-                        reason = Some(budget_decision.map_or(SuppressReason::RetryBudget, SuppressReason::Decision));
+                    if cl.budget_retries.get(now, btau) + 1.0
+                        > ratio * (cl.budget_requests.get(now, btau) + 1.0)
+                    {
+                        reason = Some(
+                            budget_decision
+                                .map_or(SuppressReason::RetryBudget, SuppressReason::Decision),
+                        );
                     }
                 }
                 if let (None, Some(k)) = (reason, k) {
@@ -327,13 +363,21 @@ impl Tracker {
             }
         }
         match reason {
-            Some(reason) => Verdict::Answer { reason, reply: last.map(|f| f.reply) },
+            Some(reason) => Verdict::Answer {
+                reason,
+                reply: last.map(|f| f.reply),
+            },
             None => Verdict::Forward { retry },
         }
     }
 
     /// The upstream answered `key`: remember a failure, forget it on success.
-    pub fn on_outcome(&mut self, key: &RequestKey, failure: Option<(FailureReply, Claim)>, now: Instant) {
+    pub fn on_outcome(
+        &mut self,
+        key: &RequestKey,
+        failure: Option<(FailureReply, Claim)>,
+        now: Instant,
+    ) {
         let tau = self.cfg.counter_tau;
         match failure {
             None => {
@@ -345,12 +389,20 @@ impl Tracker {
             Some((reply, claim)) => {
                 if !self.failures.contains_key(key) && self.failures.len() >= self.cfg.max_entries {
                     let w = self.cfg.window;
-                    self.failures.retain(|_, f| now.saturating_duration_since(f.at) <= w);
+                    self.failures
+                        .retain(|_, f| now.saturating_duration_since(f.at) <= w);
                     if self.failures.len() >= self.cfg.max_entries {
                         return;
                     }
                 }
-                self.failures.insert(key.clone(), RecordedFailure { reply, claim, at: now });
+                self.failures.insert(
+                    key.clone(),
+                    RecordedFailure {
+                        reply,
+                        claim,
+                        at: now,
+                    },
+                );
             }
         }
     }
@@ -374,7 +426,11 @@ pub struct SharedTracker {
 impl SharedTracker {
     pub fn new(cfg: PolicyConfig) -> SharedTracker {
         let policies = cfg.budget_ratio.is_some() || cfg.throttle_k.is_some();
-        SharedTracker { inner: std::sync::Mutex::new(Tracker::new(cfg)), failures: Default::default(), policies }
+        SharedTracker {
+            inner: std::sync::Mutex::new(Tracker::new(cfg)),
+            failures: Default::default(),
+            policies,
+        }
     }
 
     fn idle(&self) -> bool {
@@ -384,11 +440,18 @@ impl SharedTracker {
     fn with<R>(&self, f: impl FnOnce(&mut Tracker) -> R) -> R {
         let mut t = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let r = f(&mut t);
-        self.failures.store(t.failures.len(), std::sync::atomic::Ordering::Relaxed);
+        self.failures
+            .store(t.failures.len(), std::sync::atomic::Ordering::Relaxed);
         r
     }
 
-    pub fn on_request(&self, key: &RequestKey, marked_retry: bool, suppressed: Option<Reason>, now: Instant) -> Verdict {
+    pub fn on_request(
+        &self,
+        key: &RequestKey,
+        marked_retry: bool,
+        suppressed: Option<Reason>,
+        now: Instant,
+    ) -> Verdict {
         // A budget decision needs the client's requests counted, so it takes the slow path.
         if !marked_retry && suppressed.is_none() && self.idle() {
             return Verdict::Forward { retry: false };
@@ -396,7 +459,12 @@ impl SharedTracker {
         self.with(|t| t.on_request(key, marked_retry, suppressed, now))
     }
 
-    pub fn on_outcome(&self, key: &RequestKey, failure: Option<(FailureReply, Claim)>, now: Instant) {
+    pub fn on_outcome(
+        &self,
+        key: &RequestKey,
+        failure: Option<(FailureReply, Claim)>,
+        now: Instant,
+    ) {
         if failure.is_none() && self.idle() {
             return;
         }
@@ -406,12 +474,18 @@ impl SharedTracker {
 
 /// Whether an HTTP status is a failure worth remembering (what retry policies retry on).
 pub fn status_is_failure(s: http::StatusCode) -> bool {
-    s.is_server_error() || s == http::StatusCode::TOO_MANY_REQUESTS || s == http::StatusCode::REQUEST_TIMEOUT
+    s.is_server_error()
+        || s == http::StatusCode::TOO_MANY_REQUESTS
+        || s == http::StatusCode::REQUEST_TIMEOUT
 }
 
 /// Retry markers on a request (the same ones l7 reads from the wire).
 pub fn retry_markers(h: &HeaderMap) -> crate::l7::RetryMarkers {
-    let num = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse::<u32>().ok());
+    let num = |n: &str| {
+        h.get(n)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.trim().parse::<u32>().ok())
+    };
     crate::l7::RetryMarkers {
         envoy_attempt_count: num("x-envoy-attempt-count"),
         retry_attempt: num("x-retry-attempt").or_else(|| num("x-retry-count")),
@@ -421,19 +495,29 @@ pub fn retry_markers(h: &HeaderMap) -> crate::l7::RetryMarkers {
 
 /// gRPC status from a header map (trailers, or headers of a trailers-only response).
 pub fn grpc_status(h: &HeaderMap) -> Option<u32> {
-    h.get("grpc-status").and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok())
+    h.get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse().ok())
 }
 
 /// The error claim a response carries.
 pub fn claim_of(h: &HeaderMap) -> Option<Claim> {
-    h.get(crate::l7::ERROR_CLAIM_HEADER).and_then(|v| Claim::parse(v.as_bytes()))
+    h.get(crate::l7::ERROR_CLAIM_HEADER)
+        .and_then(|v| Claim::parse(v.as_bytes()))
 }
 
 /// Headers that must not be copied into a locally built reply (framing is recomputed).
 pub fn is_hop_or_framing(n: &HeaderName) -> bool {
     matches!(
         n.as_str(),
-        "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "te" | "trailer" | "upgrade" | "content-length"
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "content-length"
     )
 }
 

@@ -38,7 +38,16 @@ use crate::{
 };
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const METHODS: [&[u8]; 8] = [b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"TRACE "];
+const METHODS: [&[u8]; 8] = [
+    b"GET ",
+    b"HEAD ",
+    b"POST ",
+    b"PUT ",
+    b"DELETE ",
+    b"OPTIONS ",
+    b"PATCH ",
+    b"TRACE ",
+];
 
 /// Shared by every connection of one shim.
 pub struct Ctx {
@@ -107,7 +116,11 @@ pub fn classify(buf: &[u8]) -> Option<Detected> {
     for m in METHODS {
         if buf.starts_with(m) {
             // Upgrades (WebSocket) switch protocols mid-connection: splice them whole.
-            return Some(if has_upgrade(buf) { Detected::Opaque } else { Detected::Http1 });
+            return Some(if has_upgrade(buf) {
+                Detected::Opaque
+            } else {
+                Detected::Http1
+            });
         }
         if m.starts_with(buf) {
             return None;
@@ -117,7 +130,8 @@ pub fn classify(buf: &[u8]) -> Option<Detected> {
 }
 
 fn has_upgrade(head: &[u8]) -> bool {
-    head.windows(10).any(|w| w.eq_ignore_ascii_case(b"\nupgrade: ") || w.eq_ignore_ascii_case(b"\nupgrade:\t"))
+    head.windows(10)
+        .any(|w| w.eq_ignore_ascii_case(b"\nupgrade: ") || w.eq_ignore_ascii_case(b"\nupgrade:\t"))
 }
 
 /// A stream with bytes already read from it put back in front.
@@ -133,7 +147,11 @@ impl<S> Prefixed<S> {
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         if !self.prefix.is_empty() {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
@@ -145,7 +163,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -188,7 +210,12 @@ async fn detect(client: &mut TcpStream, timeout: Duration) -> (Bytes, Detected) 
 pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
     bump(&ctx.stats.connections);
     let orig = match net::original_dst(&client) {
-        Ok(o) if !(o.port() == ctx.listen_port && client.local_addr().is_ok_and(|l| l.ip() == o.ip())) => o,
+        Ok(o)
+            if !(o.port() == ctx.listen_port
+                && client.local_addr().is_ok_and(|l| l.ip() == o.ip())) =>
+        {
+            o
+        }
         _ => {
             // Not redirected: proxying it would loop back to ourselves.
             bump(&ctx.stats.not_redirected);
@@ -229,7 +256,9 @@ pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
 }
 
 async fn splice(mut client: Prefixed<TcpStream>, mut upstream: TcpStream) -> io::Result<()> {
-    tokio::io::copy_bidirectional(&mut client, &mut upstream).await.map(|_| ())
+    tokio::io::copy_bidirectional(&mut client, &mut upstream)
+        .await
+        .map(|_| ())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -243,7 +272,6 @@ pub enum ProxyError {
     #[error("bad request target: {0}")]
     Uri(#[from] http::Error),
 }
-
 
 struct ConnInfo {
     peer: SocketAddr,
@@ -260,8 +288,13 @@ struct H1Upstream {
 
 type H1Conn = cconn::http1::Connection<TokioIo<TcpStream>, ReqBody>;
 
-async fn h1_handshake(s: TcpStream) -> Result<(cconn::http1::SendRequest<ReqBody>, H1Conn), ProxyError> {
-    Ok(cconn::http1::Builder::new().preserve_header_case(true).handshake(TokioIo::new(s)).await?)
+async fn h1_handshake(
+    s: TcpStream,
+) -> Result<(cconn::http1::SendRequest<ReqBody>, H1Conn), ProxyError> {
+    Ok(cconn::http1::Builder::new()
+        .preserve_header_case(true)
+        .handshake(TokioIo::new(s))
+        .await?)
 }
 
 /// Drives the client-facing and the upstream connection in one task: every wake-up of a proxied
@@ -297,8 +330,15 @@ async fn serve_http1(
     ctx: Arc<Ctx>,
 ) -> Result<(), ProxyError> {
     let (sender, upconn) = h1_handshake(upstream).await?;
-    let up = Arc::new(H1Upstream { orig, sender: tokio::sync::Mutex::new(Some(sender)) });
-    let info = Arc::new(ConnInfo { peer, orig, caller: net::caller_of(peer) });
+    let up = Arc::new(H1Upstream {
+        orig,
+        sender: tokio::sync::Mutex::new(Some(sender)),
+    });
+    let info = Arc::new(ConnInfo {
+        peer,
+        orig,
+        caller: net::caller_of(peer),
+    });
     let svc = service_fn(move |req: Request<Incoming>| {
         let (up, info, ctx) = (up.clone(), info.clone(), ctx.clone());
         async move {
@@ -318,7 +358,9 @@ async fn serve_http1(
                         });
                         *g = Some(sender);
                     }
-                    let Some(s) = g.as_mut() else { return Err(ProxyError::SuppressedReset) };
+                    let Some(s) = g.as_mut() else {
+                        return Err(ProxyError::SuppressedReset);
+                    };
                     s.ready().await?;
                     Ok(s.send_request(req).await?)
                 }
@@ -326,8 +368,10 @@ async fn serve_http1(
             .await
         }
     });
-    let server =
-        sconn::http1::Builder::new().timer(TokioTimer::new()).preserve_header_case(true).serve_connection(TokioIo::new(io), svc);
+    let server = sconn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .preserve_header_case(true)
+        .serve_connection(TokioIo::new(io), svc);
     drive(server, upconn).await
 }
 
@@ -338,9 +382,15 @@ async fn serve_h2(
     orig: SocketAddr,
     ctx: Arc<Ctx>,
 ) -> Result<(), ProxyError> {
-    let (sender, upconn) =
-        cconn::http2::Builder::new(TokioExecutor::new()).timer(TokioTimer::new()).handshake(TokioIo::new(upstream)).await?;
-    let info = Arc::new(ConnInfo { peer, orig, caller: net::caller_of(peer) });
+    let (sender, upconn) = cconn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .handshake(TokioIo::new(upstream))
+        .await?;
+    let info = Arc::new(ConnInfo {
+        peer,
+        orig,
+        caller: net::caller_of(peer),
+    });
     let svc = service_fn(move |req: Request<Incoming>| {
         let (sender, info, ctx) = (sender.clone(), info.clone(), ctx.clone());
         async move {
@@ -354,12 +404,15 @@ async fn serve_h2(
             .await
         }
     });
-    let server = sconn::http2::Builder::new(TokioExecutor::new()).timer(TokioTimer::new()).serve_connection(TokioIo::new(io), svc);
+    let server = sconn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .serve_connection(TokioIo::new(io), svc);
     drive(server, upconn).await
 }
 
 fn is_grpc(h: &HeaderMap) -> bool {
-    h.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    h.get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// The request's key; `body` is its body digest (see [`answer::digest_body`]).
@@ -368,15 +421,28 @@ fn key_of_parts<B>(req: &Request<B>, info: &ConnInfo, body: Option<u64>) -> Requ
         .uri()
         .authority()
         .map(|a| a.as_str().to_string())
-        .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string))
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        })
         .unwrap_or_default();
     RequestKey {
         caller: info.caller,
         method: req.method().clone(),
         dst: info.orig,
         authority,
-        target: req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default(),
-        request_id: req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string),
+        target: req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_default(),
+        request_id: req
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
         body,
         credential: policy::credential_digest(req.headers()),
     }
@@ -423,15 +489,32 @@ where
     }
     if h2 && req.uri().scheme().is_none() {
         // The h2 client needs :scheme and :authority; h2c is plain http to the original dst.
-        let auth = if key.authority.is_empty() { info.orig.to_string() } else { key.authority.clone() };
-        let pq = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string();
-        *req.uri_mut() = http::Uri::builder().scheme("http").authority(auth).path_and_query(pq).build()?;
+        let auth = if key.authority.is_empty() {
+            info.orig.to_string()
+        } else {
+            key.authority.clone()
+        };
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .to_string();
+        *req.uri_mut() = http::Uri::builder()
+            .scheme("http")
+            .authority(auth)
+            .path_and_query(pq)
+            .build()?;
     }
     let resp = match send(req).await {
         Ok(r) => r,
         Err(e) => {
             bump(&ctx.stats.upstream_errors);
-            ctx.tracker.on_outcome(&key, Some((FailureReply::Reset, Claim::Missing)), Instant::now());
+            ctx.tracker.on_outcome(
+                &key,
+                Some((FailureReply::Reset, Claim::Missing)),
+                Instant::now(),
+            );
             return Err(e);
         }
     };
@@ -440,7 +523,11 @@ where
     // Tell a gRPC client not to retry only where retries must stop; an over-budget or
     // amplifying edge keeps its budgeted retries (the pushback would make grpcio stop them all).
     let pushback = grpc && suppressed == Some(crate::decide::Reason::CalleeUnclaimed);
-    let mut grpc_status = if grpc { policy::grpc_status(&parts.headers) } else { None };
+    let mut grpc_status = if grpc {
+        policy::grpc_status(&parts.headers)
+    } else {
+        None
+    };
     let http_failed = policy::status_is_failure(parts.status);
     // Trailers-only gRPC responses carry the status in the headers.
     if grpc_status.is_some_and(|s| s != 0) || (!grpc && http_failed) {
@@ -497,13 +584,23 @@ struct Watch {
 
 impl Watch {
     fn commit(self, reset: bool) {
-        let failed = if self.grpc { self.grpc_status.is_none_or(|s| s != 0) } else { policy::status_is_failure(self.status) };
+        let failed = if self.grpc {
+            self.grpc_status.is_none_or(|s| s != 0)
+        } else {
+            policy::status_is_failure(self.status)
+        };
         let now = Instant::now();
         let outcome = if reset {
             Some((FailureReply::Reset, self.claim))
         } else if failed {
             // Only the status: a suppressed retry gets a synthetic answer, never this body.
-            Some((FailureReply::Response { status: self.status, grpc_status: self.grpc_status }, self.claim))
+            Some((
+                FailureReply::Response {
+                    status: self.status,
+                    grpc_status: self.grpc_status,
+                },
+                self.claim,
+            ))
         } else {
             None
         };
@@ -523,7 +620,10 @@ impl Body for Tee {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
         let r = match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => return Poll::Pending,
@@ -601,7 +701,10 @@ mod tests {
         assert_eq!(classify(H2_PREFACE), Some(Detected::H2));
         assert_eq!(classify(b"\x16\x03\x01\x02\x00"), Some(Detected::Opaque));
         assert_eq!(classify(b"hello"), Some(Detected::Opaque));
-        assert_eq!(classify(b"CONNECT host:443 HTTP/1.1\r\n"), Some(Detected::Opaque));
+        assert_eq!(
+            classify(b"CONNECT host:443 HTTP/1.1\r\n"),
+            Some(Detected::Opaque)
+        );
         assert_eq!(
             classify(b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n"),
             Some(Detected::Opaque)
@@ -612,9 +715,18 @@ mod tests {
     fn annotate_keeps_an_existing_claim() {
         let mut h = HeaderMap::new();
         annotate_failure(&mut h, Some(Claim::Unclaimed), false);
-        assert_eq!(h.get(ERROR_CLAIM_HEADER).map(|v| v.as_bytes()), Some(&b"unclaimed"[..]));
+        assert_eq!(
+            h.get(ERROR_CLAIM_HEADER).map(|v| v.as_bytes()),
+            Some(&b"unclaimed"[..])
+        );
         annotate_failure(&mut h, Some(Claim::Claimed), true);
-        assert_eq!(h.get(ERROR_CLAIM_HEADER).map(|v| v.as_bytes()), Some(&b"unclaimed"[..]));
-        assert_eq!(h.get("grpc-retry-pushback-ms").map(|v| v.as_bytes()), Some(&b"-1"[..]));
+        assert_eq!(
+            h.get(ERROR_CLAIM_HEADER).map(|v| v.as_bytes()),
+            Some(&b"unclaimed"[..])
+        );
+        assert_eq!(
+            h.get("grpc-retry-pushback-ms").map(|v| v.as_bytes()),
+            Some(&b"-1"[..])
+        );
     }
 }

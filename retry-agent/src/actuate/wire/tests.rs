@@ -10,7 +10,10 @@ use crate::{
 fn decision() -> Decision {
     Decision {
         id: 9,
-        edge: Edge { caller: ServiceId::new("frontend"), callee: ServiceId::new("orders") },
+        edge: Edge {
+            caller: ServiceId::new("frontend"),
+            callee: ServiceId::new("orders"),
+        },
         callee_addrs: vec!["10.0.0.7:8080".parse().expect("addr")],
         action: Action::SuppressRetries,
         reason: decide::Reason::OverBudget,
@@ -24,7 +27,11 @@ fn claim(c: Claim) -> ServiceClaim {
         service: ServiceId::new("orders"),
         addrs: vec!["0.0.0.0:8080".parse().expect("addr")],
         claim: c,
-        counts: ClaimCounts { claimed: 1, unclaimed: 7, missing: 0 },
+        counts: ClaimCounts {
+            claimed: 1,
+            unclaimed: 7,
+            missing: 0,
+        },
     }
 }
 
@@ -34,7 +41,9 @@ fn snapshot() -> Snapshot {
         seq: 3,
         sent_unix_ms: 1_764_430_000_000,
         suppress: vec![Suppression::new(&decision(), Duration::from_millis(29_875))],
-        claims: ClaimEntry::new(&claim(Claim::Unclaimed), Duration::from_millis(9_990)).into_iter().collect(),
+        claims: ClaimEntry::new(&claim(Claim::Unclaimed), Duration::from_millis(9_990))
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -45,24 +54,40 @@ fn a_snapshot_round_trips_as_one_line() {
     assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1);
     assert_eq!(line.last(), Some(&b'\n'));
     assert_eq!(decode(&line).expect("decode"), snap);
-    assert_eq!(decode(line.trim_ascii_end()).expect("without its newline"), snap);
+    assert_eq!(
+        decode(line.trim_ascii_end()).expect("without its newline"),
+        snap
+    );
 }
 
 #[test]
 fn conversions_keep_what_the_shim_acts_on() {
     let s = &snapshot().suppress[0];
-    assert_eq!((s.decision_id, s.caller.as_str(), s.callee.as_str()), (9, "frontend", "orders"));
+    assert_eq!(
+        (s.decision_id, s.caller.as_str(), s.callee.as_str()),
+        (9, "frontend", "orders")
+    );
     assert_eq!(s.callee_addrs, decision().callee_addrs);
     assert_eq!(s.reason.known(), Some(decide::Reason::OverBudget));
     assert_eq!(s.remaining_ms, 29_875);
     let c = &snapshot().claims[0];
-    assert_eq!((c.service.as_str(), c.claim.known(), c.remaining_ms), ("orders", Some(Claim::Unclaimed), 9_990));
+    assert_eq!(
+        (c.service.as_str(), c.claim.known(), c.remaining_ms),
+        ("orders", Some(Claim::Unclaimed), 9_990)
+    );
     // No claim is no entry; a lapsing entry never reads as zero.
     assert!(ClaimEntry::new(&claim(Claim::Missing), Duration::from_secs(1)).is_none());
     assert_eq!(ms(Duration::from_micros(10)), 1);
     // The wire spells reasons as the suppressed-retry header does.
-    for r in [decide::Reason::CalleeUnclaimed, decide::Reason::OverBudget, decide::Reason::Amplification] {
-        assert_eq!(serde_json::to_value(Reason::from(r)).expect("json"), r.as_str());
+    for r in [
+        decide::Reason::CalleeUnclaimed,
+        decide::Reason::OverBudget,
+        decide::Reason::Amplification,
+    ] {
+        assert_eq!(
+            serde_json::to_value(Reason::from(r)).expect("json"),
+            r.as_str()
+        );
         assert_eq!(Reason::from(r).known(), Some(r));
     }
 }
@@ -85,10 +110,17 @@ fn the_wire_format_is_pinned() {
 #[test]
 fn another_major_version_is_a_clear_error() {
     for v in [1, 3] {
-        let line = format!(r#"{{"v":{v},"seq":1,"sent_unix_ms":0,"suppress":[{{"decision":{{}}}}]}}"#);
+        let line =
+            format!(r#"{{"v":{v},"seq":1,"sent_unix_ms":0,"suppress":[{{"decision":{{}}}}]}}"#);
         let e = decode(line.as_bytes()).expect_err("another version");
-        assert!(matches!(e, WireError::UnsupportedVersion { got } if got == v), "{e:?}");
-        assert!(e.to_string().contains(&format!("v{v}")) && e.to_string().contains("v2"), "{e}");
+        assert!(
+            matches!(e, WireError::UnsupportedVersion { got } if got == v),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains(&format!("v{v}")) && e.to_string().contains("v2"),
+            "{e}"
+        );
     }
     assert!(matches!(decode(br#"{"seq":1}"#), Err(WireError::NoVersion)));
 }
@@ -106,13 +138,30 @@ fn newer_minor_additions_are_ignored() {
     assert_eq!(snap.claims[0].claim.known(), None);
     assert_eq!(snap.claims[1].claim.known(), Some(Claim::Claimed));
     // Lists a newer agent leaves out read as empty.
-    assert!(decode(br#"{"v":2,"seq":1,"sent_unix_ms":0}"#).expect("minimal").suppress.is_empty());
+    assert!(
+        decode(br#"{"v":2,"seq":1,"sent_unix_ms":0}"#)
+            .expect("minimal")
+            .suppress
+            .is_empty()
+    );
 }
 
 #[test]
 fn garbage_is_an_error_not_a_panic() {
-    for line in [&b""[..], b"\n", b"not json\n", b"[1,2]\n", b"{\"v\":2,\"seq\":\"x\"}\n", b"{\"v\":2", b"\xff\xfe\n", b"{\"v\":-1}\n"] {
+    for line in [
+        &b""[..],
+        b"\n",
+        b"not json\n",
+        b"[1,2]\n",
+        b"{\"v\":2,\"seq\":\"x\"}\n",
+        b"{\"v\":2",
+        b"\xff\xfe\n",
+        b"{\"v\":-1}\n",
+    ] {
         assert!(decode(line).is_err(), "{:?}", String::from_utf8_lossy(line));
     }
-    assert!(matches!(decode(br#"{"v":2,"seq":1}"#), Err(WireError::Malformed(_))));
+    assert!(matches!(
+        decode(br#"{"v":2,"seq":1}"#),
+        Err(WireError::Malformed(_))
+    ));
 }

@@ -1,6 +1,6 @@
 use retry_common::{
-    AF_INET, AF_INET6, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT, ProcessExitRecord, SockTuple,
-    conn_kind, direction, role, syscall,
+    AF_INET, AF_INET6, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT,
+    ProcessExitRecord, SockTuple, conn_kind, direction, role, syscall,
 };
 
 use super::*;
@@ -11,7 +11,12 @@ fn as_bytes<T: aya::Pod>(v: &T) -> Vec<u8> {
 }
 
 fn v4_tuple() -> SockTuple {
-    let mut t = SockTuple { family: AF_INET, lport: 40000, rport: 8080, ..Default::default() };
+    let mut t = SockTuple {
+        family: AF_INET,
+        lport: 40000,
+        rport: 8080,
+        ..Default::default()
+    };
     t.laddr[..4].copy_from_slice(&[127, 0, 0, 1]);
     t.raddr[..4].copy_from_slice(&[127, 0, 0, 2]);
     t
@@ -43,8 +48,17 @@ fn data_record(payload: &[u8], captured: u32) -> Vec<u8> {
 #[test]
 fn data_record_decodes_every_field() {
     let raw = data_record(b"GET / HTTP/1.1\r\n", 16);
-    let Ok(Event::Data(d)) = decode(&raw) else { panic!("not data: {:?}", decode(&raw)) };
-    assert_eq!(d.conn, ConnId { pid: 10, fd: 5, generation: 77 });
+    let Ok(Event::Data(d)) = decode(&raw) else {
+        panic!("not data: {:?}", decode(&raw))
+    };
+    assert_eq!(
+        d.conn,
+        ConnId {
+            pid: 10,
+            fd: 5,
+            generation: 77
+        }
+    );
     assert_eq!((d.pid, d.tid), (10, 11));
     assert_eq!(d.role, Role::Client);
     assert_eq!(d.direction, Direction::Egress);
@@ -62,14 +76,22 @@ fn data_record_decodes_every_field() {
 fn a_go_programs_goroutine_context_is_kept() {
     let mut raw = data_record(b"GET / HTTP/1.1\r\n", 16);
     raw[112..120].copy_from_slice(&0xc000_1234_u64.to_le_bytes());
-    let Ok(Event::Data(d)) = decode(&raw) else { panic!("not data") };
+    let Ok(Event::Data(d)) = decode(&raw) else {
+        panic!("not data")
+    };
     assert_eq!(d.goid, Some(0xc000_1234));
 }
 
 #[test]
 fn payload_shorter_than_captured_is_an_error_not_a_panic() {
     let raw = data_record(b"GET", 16);
-    assert!(matches!(decode(&raw), Err(DecodeError::Short { what: "payload", .. })));
+    assert!(matches!(
+        decode(&raw),
+        Err(DecodeError::Short {
+            what: "payload",
+            ..
+        })
+    ));
     let raw = data_record(b"", u32::MAX);
     assert!(decode(&raw).is_err());
 }
@@ -80,13 +102,25 @@ fn truncated_and_garbage_records_are_errors() {
     for cut in 0..raw.len() - 1 {
         assert!(decode(&raw[..cut]).is_err(), "cut at {cut}");
     }
-    assert_eq!(decode(&[9, 0, 0, 0, 0, 0, 0, 0]), Err(DecodeError::UnknownKind(9)));
+    assert_eq!(
+        decode(&[9, 0, 0, 0, 0, 0, 0, 0]),
+        Err(DecodeError::UnknownKind(9))
+    );
     let mut bad_dir = data_record(b"", 0);
     bad_dir[24] = 7; // direction field
-    assert!(matches!(decode(&bad_dir), Err(DecodeError::UnknownValue { what: "direction", value: 7 })));
+    assert!(matches!(
+        decode(&bad_dir),
+        Err(DecodeError::UnknownValue {
+            what: "direction",
+            value: 7
+        })
+    ));
     let mut bad_role = data_record(b"", 0);
     bad_role[20] = 9;
-    assert!(matches!(decode(&bad_role), Err(DecodeError::UnknownValue { what: "role", .. })));
+    assert!(matches!(
+        decode(&bad_role),
+        Err(DecodeError::UnknownValue { what: "role", .. })
+    ));
 }
 
 #[test]
@@ -114,7 +148,11 @@ fn arbitrary_bytes_never_panic() {
 #[test]
 fn conn_records_map_to_kinds_with_errno() {
     let cases = [
-        (conn_kind::CONNECT, 111, ConnEventKind::Connect { errno: 111 }),
+        (
+            conn_kind::CONNECT,
+            111,
+            ConnEventKind::Connect { errno: 111 },
+        ),
         (conn_kind::ESTABLISHED, 0, ConnEventKind::Established),
         (conn_kind::FAILED, 110, ConnEventKind::Failed { errno: 110 }),
         (conn_kind::ACCEPT, 0, ConnEventKind::Accept),
@@ -135,19 +173,43 @@ fn conn_records_map_to_kinds_with_errno() {
             tuple: v4_tuple(),
             ..Default::default()
         };
-        let Ok(Event::Conn(c)) = decode(&as_bytes(&r)) else { panic!("kind {k}") };
+        let Ok(Event::Conn(c)) = decode(&as_bytes(&r)) else {
+            panic!("kind {k}")
+        };
         assert_eq!(c.kind, want);
-        assert_eq!(c.conn, ConnId { pid: 3, fd: 9, generation: 5 });
+        assert_eq!(
+            c.conn,
+            ConnId {
+                pid: 3,
+                fd: 9,
+                generation: 5
+            }
+        );
         assert_eq!((c.pid, c.tid, c.ts_ns, c.role), (3, 4, 6, Role::Server));
     }
-    let r = ConnRecord { kind: KIND_CONN, conn_kind: 42, ..Default::default() };
+    let r = ConnRecord {
+        kind: KIND_CONN,
+        conn_kind: 42,
+        ..Default::default()
+    };
     assert!(decode(&as_bytes(&r)).is_err());
 }
 
 #[test]
 fn process_exit_decodes() {
-    let r = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: 1234, ts_ns: 99, ..Default::default() };
-    assert_eq!(decode(&as_bytes(&r)), Ok(Event::ProcessExit { pid: 1234, ts_ns: 99 }));
+    let r = ProcessExitRecord {
+        kind: KIND_PROCESS_EXIT,
+        pid: 1234,
+        ts_ns: 99,
+        ..Default::default()
+    };
+    assert_eq!(
+        decode(&as_bytes(&r)),
+        Ok(Event::ProcessExit {
+            pid: 1234,
+            ts_ns: 99
+        })
+    );
 }
 
 /// A process gone before /proc was read (a short-lived curl) is named by its exit record.
@@ -155,33 +217,70 @@ fn process_exit_decodes() {
 fn exit_records_carry_the_comm() {
     let mut comm = [0u8; 16];
     comm[..4].copy_from_slice(b"curl");
-    let r = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: 5, ts_ns: 1, comm };
+    let r = ProcessExitRecord {
+        kind: KIND_PROCESS_EXIT,
+        pid: 5,
+        ts_ns: 1,
+        comm,
+    };
     assert_eq!(exit_comm(&as_bytes(&r)).as_deref(), Some("curl"));
     // All 16 bytes used (the kernel keeps 15 and a NUL, but never trust the record).
-    let r = ProcessExitRecord { comm: *b"abcdefghijklmnop", ..r };
-    assert_eq!(exit_comm(&as_bytes(&r)).as_deref(), Some("abcdefghijklmnop"));
+    let r = ProcessExitRecord {
+        comm: *b"abcdefghijklmnop",
+        ..r
+    };
+    assert_eq!(
+        exit_comm(&as_bytes(&r)).as_deref(),
+        Some("abcdefghijklmnop")
+    );
     let nameless = ProcessExitRecord { comm: [0; 16], ..r };
-    assert_eq!(exit_comm(&as_bytes(&nameless)), None, "an empty comm names nothing");
-    let exec = ProcessExitRecord { kind: retry_common::KIND_PROCESS_EXEC, comm, ..r };
+    assert_eq!(
+        exit_comm(&as_bytes(&nameless)),
+        None,
+        "an empty comm names nothing"
+    );
+    let exec = ProcessExitRecord {
+        kind: retry_common::KIND_PROCESS_EXEC,
+        comm,
+        ..r
+    };
     assert_eq!(exit_comm(&as_bytes(&exec)), None, "only exits");
     assert_eq!(exit_comm(&as_bytes(&r)[..16]), None, "truncated");
 }
 
 #[test]
 fn exec_records_are_recognised_not_decoded() {
-    let r = ProcessExitRecord { kind: retry_common::KIND_PROCESS_EXEC, pid: 77, ts_ns: 1, ..Default::default() };
+    let r = ProcessExitRecord {
+        kind: retry_common::KIND_PROCESS_EXEC,
+        pid: 77,
+        ts_ns: 1,
+        ..Default::default()
+    };
     assert_eq!(exec_pid(&as_bytes(&r)), Some(77));
     assert_eq!(decode(&as_bytes(&r)), Err(DecodeError::UnknownKind(4)));
-    let exit = ProcessExitRecord { kind: KIND_PROCESS_EXIT, pid: 77, ts_ns: 1, ..Default::default() };
+    let exit = ProcessExitRecord {
+        kind: KIND_PROCESS_EXIT,
+        pid: 77,
+        ts_ns: 1,
+        ..Default::default()
+    };
     assert_eq!(exec_pid(&as_bytes(&exit)), None);
     assert_eq!(exec_pid(&[4, 0, 0]), None);
 }
 
 #[test]
 fn v6_tuples_and_mapped_v4() {
-    let mut t = SockTuple { family: AF_INET6, lport: 1, rport: 2, ..Default::default() };
+    let mut t = SockTuple {
+        family: AF_INET6,
+        lport: 1,
+        rport: 2,
+        ..Default::default()
+    };
     t.laddr = "::1".parse::<std::net::Ipv6Addr>().unwrap().octets();
-    t.raddr = "::ffff:10.1.2.3".parse::<std::net::Ipv6Addr>().unwrap().octets();
+    t.raddr = "::ffff:10.1.2.3"
+        .parse::<std::net::Ipv6Addr>()
+        .unwrap()
+        .octets();
     let got = tuple_of(&t).unwrap();
     assert_eq!(got.local, "[::1]:1".parse().unwrap());
     assert_eq!(got.remote, "10.1.2.3:2".parse().unwrap());
@@ -190,8 +289,14 @@ fn v6_tuples_and_mapped_v4() {
 
 #[test]
 fn sock_tuple_round_trips() {
-    for (l, r) in [("127.0.0.1:5", "127.0.0.9:80"), ("[fe80::1]:7", "[::1]:443")] {
-        let t = Tuple { local: l.parse().unwrap(), remote: r.parse().unwrap() };
+    for (l, r) in [
+        ("127.0.0.1:5", "127.0.0.9:80"),
+        ("[fe80::1]:7", "[::1]:443"),
+    ] {
+        let t = Tuple {
+            local: l.parse().unwrap(),
+            remote: r.parse().unwrap(),
+        };
         assert_eq!(tuple_of(&sock_tuple(&t)), Some(t));
     }
 }

@@ -23,7 +23,11 @@ pub struct GoVersion {
 
 impl GoVersion {
     pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
-        Self { major, minor, patch }
+        Self {
+            major,
+            minor,
+            patch,
+        }
     }
 
     /// Parses `go1.19.8`, `go1.21rc2`, `devel go1.22-abcdef …`.
@@ -38,7 +42,11 @@ impl GoVersion {
         let major = nums.next()??;
         let minor = nums.next().flatten().unwrap_or(0);
         let patch = nums.next().flatten().unwrap_or(0);
-        Some(Self { major, minor, patch })
+        Some(Self {
+            major,
+            minor,
+            patch,
+        })
     }
 }
 
@@ -49,29 +57,42 @@ impl fmt::Display for GoVersion {
 }
 
 /// The version recorded in `data` (the bytes of `.go.buildinfo`).
-pub fn version<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, data: &[u8]) -> Result<GoVersion, GoError> {
+pub fn version<'d, R: object::ReadRef<'d>>(
+    file: &object::File<'d, R>,
+    data: &[u8],
+) -> Result<GoVersion, GoError> {
     if !data.starts_with(MAGIC) {
         return Err(GoError::BuildInfo("bad magic"));
     }
     let ptr_size = usize::from(*data.get(14).ok_or(GoError::BuildInfo("truncated header"))?);
     let flags = *data.get(15).ok_or(GoError::BuildInfo("truncated header"))?;
     let text = if flags & FLAG_VERSION_INLINE != 0 {
-        inline_string(data.get(32..).ok_or(GoError::BuildInfo("truncated header"))?)?
+        inline_string(
+            data.get(32..)
+                .ok_or(GoError::BuildInfo("truncated header"))?,
+        )?
     } else {
         if ptr_size != 8 && ptr_size != 4 {
             return Err(GoError::BuildInfo("unknown pointer size"));
         }
         let big = flags & FLAG_BIG_ENDIAN != 0;
-        let ptr = read_uint(data.get(16..16 + ptr_size).ok_or(GoError::BuildInfo("truncated header"))?, big);
-        let header = read_at(file, ptr, 2 * ptr_size).ok_or(GoError::BuildInfo("version pointer outside the file"))?;
+        let ptr = read_uint(
+            data.get(16..16 + ptr_size)
+                .ok_or(GoError::BuildInfo("truncated header"))?,
+            big,
+        );
+        let header = read_at(file, ptr, 2 * ptr_size)
+            .ok_or(GoError::BuildInfo("version pointer outside the file"))?;
         let str_ptr = read_uint(&header[..ptr_size], big);
-        let len = usize::try_from(read_uint(&header[ptr_size..], big)).map_err(|_| GoError::BuildInfo("bad length"))?;
+        let len = usize::try_from(read_uint(&header[ptr_size..], big))
+            .map_err(|_| GoError::BuildInfo("bad length"))?;
         if len > 4096 {
             return Err(GoError::BuildInfo("version string too long"));
         }
         read_at(file, str_ptr, len).ok_or(GoError::BuildInfo("version string outside the file"))?
     };
-    let text = std::str::from_utf8(&text).map_err(|_| GoError::BuildInfo("version is not UTF-8"))?;
+    let text =
+        std::str::from_utf8(&text).map_err(|_| GoError::BuildInfo("version is not UTF-8"))?;
     GoVersion::parse(text).ok_or(GoError::BuildInfo("version is not goX.Y"))
 }
 
@@ -82,8 +103,14 @@ fn inline_string(data: &[u8]) -> Result<Vec<u8>, GoError> {
         len |= u64::from(b & 0x7f) << (7 * i);
         if b & 0x80 == 0 {
             let start = i + 1;
-            let end = usize::try_from(len).ok().and_then(|l| start.checked_add(l)).ok_or(GoError::BuildInfo("bad length"))?;
-            return data.get(start..end).map(<[u8]>::to_vec).ok_or(GoError::BuildInfo("version string truncated"));
+            let end = usize::try_from(len)
+                .ok()
+                .and_then(|l| start.checked_add(l))
+                .ok_or(GoError::BuildInfo("bad length"))?;
+            return data
+                .get(start..end)
+                .map(<[u8]>::to_vec)
+                .ok_or(GoError::BuildInfo("version string truncated"));
         }
     }
     Err(GoError::BuildInfo("bad uvarint"))
@@ -104,10 +131,17 @@ fn read_uint(bytes: &[u8], big_endian: bool) -> u64 {
 }
 
 /// `len` bytes at virtual address `addr`, from whichever section holds them.
-fn read_at<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, addr: u64, len: usize) -> Option<Vec<u8>> {
+fn read_at<'d, R: object::ReadRef<'d>>(
+    file: &object::File<'d, R>,
+    addr: u64,
+    len: usize,
+) -> Option<Vec<u8>> {
     file.sections().find_map(|s| {
         let rel = addr.checked_sub(s.address())?;
         let start = usize::try_from(rel).ok()?;
-        s.data().ok()?.get(start..start.checked_add(len)?).map(<[u8]>::to_vec)
+        s.data()
+            .ok()?
+            .get(start..start.checked_add(len)?)
+            .map(<[u8]>::to_vec)
     })
 }

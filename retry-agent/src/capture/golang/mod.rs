@@ -18,8 +18,8 @@ use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 
 pub use buildinfo::GoVersion;
-pub use probes::{GoProbes, Probe};
 pub(crate) use probes::plan;
+pub use probes::{GoProbes, Probe};
 
 /// Why a file cannot be instrumented as a Go program.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +67,16 @@ pub struct GoBinary {
 
 impl fmt::Display for GoBinary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.version, if self.has_symbols { "symbols" } else { "stripped: pclntab" })
+        write!(
+            f,
+            "{} ({})",
+            self.version,
+            if self.has_symbols {
+                "symbols"
+            } else {
+                "stripped: pclntab"
+            }
+        )
     }
 }
 
@@ -81,9 +90,14 @@ impl GoBinary {
         Self::parse(&cache, wanted)
     }
 
-    pub fn parse<'d, R: object::ReadRef<'d>>(data: R, wanted: &[&'static str]) -> Result<Self, GoError> {
+    pub fn parse<'d, R: object::ReadRef<'d>>(
+        data: R,
+        wanted: &[&'static str],
+    ) -> Result<Self, GoError> {
         let file = object::File::parse(data)?;
-        let info = file.section_by_name(".go.buildinfo").ok_or(GoError::NotGo)?;
+        let info = file
+            .section_by_name(".go.buildinfo")
+            .ok_or(GoError::NotGo)?;
         let version = buildinfo::version(&file, info.data()?)?;
         if file.architecture() != object::Architecture::X86_64 {
             return Err(GoError::Architecture(file.architecture()));
@@ -91,17 +105,30 @@ impl GoBinary {
         if version < GoVersion::new(1, 17, 0) {
             return Err(GoError::TooOld(version));
         }
-        let text = file.section_by_name(".text").ok_or(GoError::Pclntab("no .text section"))?;
-        let (text_offset, _) = text.file_range().ok_or(GoError::Pclntab(".text has no file range"))?;
+        let text = file
+            .section_by_name(".text")
+            .ok_or(GoError::Pclntab("no .text section"))?;
+        let (text_offset, _) = text
+            .file_range()
+            .ok_or(GoError::Pclntab(".text has no file range"))?;
         let mut functions = from_symbols(&file, wanted);
         let has_symbols = file.symbols().next().is_some();
         if !has_symbols || functions.len() < wanted.len() {
-            let tab = file.section_by_name(".gopclntab").ok_or(GoError::Pclntab("no .gopclntab section"))?;
+            let tab = file
+                .section_by_name(".gopclntab")
+                .ok_or(GoError::Pclntab("no .gopclntab section"))?;
             for (name, range) in pclntab::lookup(tab.data()?, wanted)? {
                 functions.entry(name).or_insert(range);
             }
         }
-        Ok(Self { version, has_symbols, functions, text_addr: text.address(), text_offset, text: text.data()?.to_vec() })
+        Ok(Self {
+            version,
+            has_symbols,
+            functions,
+            text_addr: text.address(),
+            text_offset,
+            text: text.data()?.to_vec(),
+        })
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -110,15 +137,28 @@ impl GoBinary {
 
     /// The file offset of `name`'s first instruction (where an entry uprobe goes).
     pub fn entry_offset(&self, name: &'static str) -> Result<u64, GoError> {
-        let f = self.functions.get(name).ok_or(GoError::MissingFunction(name))?;
-        self.file_offset(f.entry).ok_or(GoError::Pclntab("function outside .text"))
+        let f = self
+            .functions
+            .get(name)
+            .ok_or(GoError::MissingFunction(name))?;
+        self.file_offset(f.entry)
+            .ok_or(GoError::Pclntab("function outside .text"))
     }
 
     /// The file offsets of every RET instruction in `name` (where its "return" uprobes go).
     pub fn return_offsets(&self, name: &'static str) -> Result<Vec<u64>, GoError> {
-        let f = *self.functions.get(name).ok_or(GoError::MissingFunction(name))?;
-        let start = f.entry.checked_sub(self.text_addr).ok_or(GoError::Pclntab("function before .text"))?;
-        let end = f.end.checked_sub(self.text_addr).ok_or(GoError::Pclntab("function end before .text"))?;
+        let f = *self
+            .functions
+            .get(name)
+            .ok_or(GoError::MissingFunction(name))?;
+        let start = f
+            .entry
+            .checked_sub(self.text_addr)
+            .ok_or(GoError::Pclntab("function before .text"))?;
+        let end = f
+            .end
+            .checked_sub(self.text_addr)
+            .ok_or(GoError::Pclntab("function end before .text"))?;
         let body = usize::try_from(start)
             .ok()
             .zip(usize::try_from(end).ok())
@@ -128,7 +168,12 @@ impl GoBinary {
         if rets.is_empty() {
             return Err(GoError::Pclntab("function has no RET instruction"));
         }
-        rets.into_iter().map(|a| self.file_offset(a).ok_or(GoError::Pclntab("RET outside .text"))).collect()
+        rets.into_iter()
+            .map(|a| {
+                self.file_offset(a)
+                    .ok_or(GoError::Pclntab("RET outside .text"))
+            })
+            .collect()
     }
 
     fn file_offset(&self, addr: u64) -> Option<u64> {
@@ -138,14 +183,23 @@ impl GoBinary {
 }
 
 /// Function ranges from the ELF symbol table (sizes included), for the wanted names.
-fn from_symbols<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, wanted: &[&'static str]) -> HashMap<&'static str, FuncRange> {
+fn from_symbols<'d, R: object::ReadRef<'d>>(
+    file: &object::File<'d, R>,
+    wanted: &[&'static str],
+) -> HashMap<&'static str, FuncRange> {
     let mut out = HashMap::new();
     for sym in file.symbols() {
         let Ok(name) = sym.name() else { continue };
         if let Some(w) = wanted.iter().find(|w| **w == name)
             && sym.size() > 0
         {
-            out.insert(*w, FuncRange { entry: sym.address(), end: sym.address() + sym.size() });
+            out.insert(
+                *w,
+                FuncRange {
+                    entry: sym.address(),
+                    end: sym.address() + sym.size(),
+                },
+            );
         }
     }
     out

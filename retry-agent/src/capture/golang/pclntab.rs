@@ -19,13 +19,17 @@ const MAGIC_118: u32 = 0xffff_fff0;
 const MAGIC_120: u32 = 0xffff_fff1;
 
 /// Ranges of the `wanted` functions found in `tab`.
-pub fn lookup(tab: &[u8], wanted: &[&'static str]) -> Result<HashMap<&'static str, FuncRange>, GoError> {
+pub fn lookup(
+    tab: &[u8],
+    wanted: &[&'static str],
+) -> Result<HashMap<&'static str, FuncRange>, GoError> {
     let magic = u32::from_le_bytes(bytes::<4>(tab, 0)?);
     let ptr = usize::from(*tab.get(7).ok_or(GoError::Pclntab("truncated header"))?);
     if ptr != 8 {
         return Err(GoError::Pclntab("only 64-bit tables are read"));
     }
-    let word = |i: usize| -> Result<u64, GoError> { Ok(u64::from_le_bytes(bytes::<8>(tab, 8 + i * 8)?)) };
+    let word =
+        |i: usize| -> Result<u64, GoError> { Ok(u64::from_le_bytes(bytes::<8>(tab, 8 + i * 8)?)) };
     let (nfunc, text_start, funcname_off, pcln_off, new) = match magic {
         MAGIC_118 | MAGIC_120 => (word(0)?, word(2)?, word(3)?, word(7)?, true),
         MAGIC_116 => (word(0)?, 0, word(2)?, word(6)?, false),
@@ -46,7 +50,8 @@ pub fn lookup(tab: &[u8], wanted: &[&'static str]) -> Result<HashMap<&'static st
             Ok((entry, func))
         } else {
             let entry = u64::from_le_bytes(bytes::<8>(tab, at)?);
-            let func = usize::try_from(u64::from_le_bytes(bytes::<8>(tab, at + 8)?)).map_err(|_| GoError::Pclntab("bad offset"))?;
+            let func = usize::try_from(u64::from_le_bytes(bytes::<8>(tab, at + 8)?))
+                .map_err(|_| GoError::Pclntab("bad offset"))?;
             Ok((entry, func))
         }
     };
@@ -56,7 +61,9 @@ pub fn lookup(tab: &[u8], wanted: &[&'static str]) -> Result<HashMap<&'static st
         // _func: entry (u32 offset since go1.18, a pointer before), then nameOff int32.
         let name_field = pcln + func + if new { 4 } else { 8 };
         let name_off = i32::from_le_bytes(bytes::<4>(tab, name_field)?);
-        let Ok(name_off) = usize::try_from(name_off) else { continue };
+        let Ok(name_off) = usize::try_from(name_off) else {
+            continue;
+        };
         let name = c_str(tab, funcnames + name_off)?;
         if let Some(w) = wanted.iter().find(|w| w.as_bytes() == name) {
             // The next entry (or the table's end PC) closes the function.
@@ -80,13 +87,22 @@ pub fn lookup(tab: &[u8], wanted: &[&'static str]) -> Result<HashMap<&'static st
 }
 
 fn bytes<const N: usize>(tab: &[u8], at: usize) -> Result<[u8; N], GoError> {
-    tab.get(at..at.checked_add(N).ok_or(GoError::Pclntab("offset overflow"))?)
-        .and_then(|s| s.try_into().ok())
-        .ok_or(GoError::Pclntab("offset past the table"))
+    tab.get(
+        at..at
+            .checked_add(N)
+            .ok_or(GoError::Pclntab("offset overflow"))?,
+    )
+    .and_then(|s| s.try_into().ok())
+    .ok_or(GoError::Pclntab("offset past the table"))
 }
 
 fn c_str(tab: &[u8], at: usize) -> Result<&[u8], GoError> {
-    let rest = tab.get(at..).ok_or(GoError::Pclntab("name past the table"))?;
-    let end = rest.iter().position(|b| *b == 0).ok_or(GoError::Pclntab("unterminated name"))?;
+    let rest = tab
+        .get(at..)
+        .ok_or(GoError::Pclntab("name past the table"))?;
+    let end = rest
+        .iter()
+        .position(|b| *b == 0)
+        .ok_or(GoError::Pclntab("unterminated name"))?;
     Ok(&rest[..end])
 }

@@ -31,7 +31,13 @@ const SERVER: &str = "net/http.serverHandler.ServeHTTP";
 const CLIENT: &str = "net/http.(*persistConn).roundTrip";
 /// Every function the object's Go programs may name; a program naming another one is refused
 /// (its function must be looked up in binaries, and names are the only key).
-const KNOWN: &[&str] = &[SERVER, CLIENT, "net/http.(*Request).write", "runtime.newproc1", "runtime.goexit1"];
+const KNOWN: &[&str] = &[
+    SERVER,
+    CLIENT,
+    "net/http.(*Request).write",
+    "runtime.newproc1",
+    "runtime.goexit1",
+];
 
 /// The object's `go` / `go-ret` programs (their sections name the functions).
 pub(crate) fn plan(specs: &[ProgramSpec]) -> Vec<Probe> {
@@ -45,8 +51,14 @@ pub(crate) fn plan(specs: &[ProgramSpec]) -> Vec<Probe> {
         };
         for f in &u.symbols {
             match KNOWN.iter().find(|k| **k == f.as_str()) {
-                Some(function) => out.push(Probe { program: s.name.clone(), function, returns }),
-                None => tracing::warn!(program = %s.name, function = %f, "Go probe on a function the agent does not know: not attached"),
+                Some(function) => out.push(Probe {
+                    program: s.name.clone(),
+                    function,
+                    returns,
+                }),
+                None => {
+                    tracing::warn!(program = %s.name, function = %f, "Go probe on a function the agent does not know: not attached")
+                }
             }
         }
     }
@@ -77,7 +89,10 @@ pub struct GoProbes {
 
 impl GoProbes {
     pub fn new(plan: Vec<Probe>) -> Self {
-        Self { plan, ..Self::default() }
+        Self {
+            plan,
+            ..Self::default()
+        }
     }
 
     fn wanted(&self) -> Vec<&'static str> {
@@ -90,11 +105,15 @@ impl GoProbes {
     /// Instruments the executables of processes not seen before; returns how many were added.
     /// Blocking /proc and file reads: call it off the hot path.
     pub fn scan(&mut self, ebpf: &mut Ebpf, proc_root: &Path, skip_pid: u32) -> usize {
-        let Ok(dir) = std::fs::read_dir(proc_root) else { return 0 };
+        let Ok(dir) = std::fs::read_dir(proc_root) else {
+            return 0;
+        };
         let mut live = HashSet::new();
         let mut added = 0;
         for e in dir.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
             live.insert(pid);
             if pid == skip_pid || !self.pids.insert(pid) {
                 continue;
@@ -177,13 +196,18 @@ fn attach(ebpf: &mut Ebpf, exe: &Path, bin: &GoBinary, probes: &[Probe]) -> Resu
         if !bin.has(p.function) {
             continue; // a server without a client (or the reverse): those probes have nothing to do
         }
-        let offsets = if p.returns { bin.return_offsets(p.function)? } else { vec![bin.entry_offset(p.function)?] };
+        let offsets = if p.returns {
+            bin.return_offsets(p.function)?
+        } else {
+            vec![bin.entry_offset(p.function)?]
+        };
         plan.push((p.program.as_str(), offsets));
     }
     let target: PathBuf = exe.to_path_buf();
     let mut links = Vec::new();
     for (prog, offsets) in &plan {
-        let result = program(ebpf, prog).and_then(|p| p.attach(offsets.iter().copied(), &target, UProbeScope::AllProcesses));
+        let result = program(ebpf, prog)
+            .and_then(|p| p.attach(offsets.iter().copied(), &target, UProbeScope::AllProcesses));
         match result {
             Ok(id) => links.push((*prog, id)),
             Err(e) => {
@@ -200,5 +224,7 @@ fn attach(ebpf: &mut Ebpf, exe: &Path, bin: &GoBinary, probes: &[Probe]) -> Resu
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, ProgramError> {
-    ebpf.program_mut(name).ok_or(ProgramError::NotLoaded)?.try_into()
+    ebpf.program_mut(name)
+        .ok_or(ProgramError::NotLoaded)?
+        .try_into()
 }

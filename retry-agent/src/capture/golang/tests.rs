@@ -3,9 +3,15 @@ use super::{buildinfo::GoVersion, pclntab, ret_addresses};
 #[test]
 fn versions_parse_and_order() {
     assert_eq!(GoVersion::parse("go1.19.8"), Some(GoVersion::new(1, 19, 8)));
-    assert_eq!(GoVersion::parse("go1.21rc2"), Some(GoVersion::new(1, 21, 0)));
+    assert_eq!(
+        GoVersion::parse("go1.21rc2"),
+        Some(GoVersion::new(1, 21, 0))
+    );
     assert_eq!(GoVersion::parse("go1.22"), Some(GoVersion::new(1, 22, 0)));
-    assert_eq!(GoVersion::parse("devel go1.23-abc123 Tue"), Some(GoVersion::new(1, 23, 0)));
+    assert_eq!(
+        GoVersion::parse("devel go1.23-abc123 Tue"),
+        Some(GoVersion::new(1, 23, 0))
+    );
     assert_eq!(GoVersion::parse("1.19"), None);
     assert_eq!(GoVersion::parse("go"), None);
     assert!(GoVersion::new(1, 16, 15) < GoVersion::new(1, 17, 0));
@@ -39,7 +45,16 @@ fn table_118() -> Vec<u8> {
     functab.extend_from_slice(&0u32.to_le_bytes());
     t.extend_from_slice(&functab);
     t.extend_from_slice(&func_structs);
-    let words = [funcs.len() as u64, 0, text_start, funcnames as u64, 0, 0, 0, pcln as u64];
+    let words = [
+        funcs.len() as u64,
+        0,
+        text_start,
+        funcnames as u64,
+        0,
+        0,
+        0,
+        pcln as u64,
+    ];
     for (i, w) in words.iter().enumerate() {
         t[8 + i * 8..16 + i * 8].copy_from_slice(&w.to_le_bytes());
     }
@@ -50,8 +65,20 @@ fn table_118() -> Vec<u8> {
 fn pclntab_finds_functions_by_name_with_their_end() {
     let t = table_118();
     let found = pclntab::lookup(&t, &["net/http.x", "b", "absent"]).unwrap();
-    assert_eq!(found["net/http.x"], super::FuncRange { entry: 0x40_1040, end: 0x40_1090 });
-    assert_eq!(found["b"], super::FuncRange { entry: 0x40_1090, end: 0x40_10a0 });
+    assert_eq!(
+        found["net/http.x"],
+        super::FuncRange {
+            entry: 0x40_1040,
+            end: 0x40_1090
+        }
+    );
+    assert_eq!(
+        found["b"],
+        super::FuncRange {
+            entry: 0x40_1090,
+            end: 0x40_10a0
+        }
+    );
     assert!(!found.contains_key("absent"));
 }
 

@@ -32,7 +32,10 @@ fn parses_v6_rows() {
     assert_eq!(rows[1].local, "[::ffff:127.0.0.1]:8080".parse().unwrap());
     assert_eq!(rows[1].remote, "[::ffff:127.0.0.2]:50000".parse().unwrap());
     assert_eq!(rows[1].state, TCP_CLOSE_WAIT);
-    assert_eq!(canonical(rows[1].remote), "127.0.0.2:50000".parse().unwrap());
+    assert_eq!(
+        canonical(rows[1].remote),
+        "127.0.0.2:50000".parse().unwrap()
+    );
 }
 
 #[test]
@@ -41,23 +44,51 @@ fn links_and_cgroups() {
     assert_eq!(socket_inode("pipe:[12345]"), None);
     assert_eq!(socket_inode("/etc/passwd"), None);
     assert_eq!(ns_inode("net:[4026531840]"), Some(4026531840));
-    assert_eq!(parse_cgroup("0::/system.slice/x.service\n"), Some("/system.slice/x.service".into()));
+    assert_eq!(
+        parse_cgroup("0::/system.slice/x.service\n"),
+        Some("/system.slice/x.service".into())
+    );
     assert_eq!(parse_cgroup("12:cpu:/a\n11:memory:/b\n"), Some("/a".into()));
     let id = "a".repeat(64);
-    assert_eq!(container_id(&format!("/system.slice/docker-{id}.scope")), Some(id.clone()));
-    assert_eq!(container_id(&format!("/kubepods/besteffort/pod1/{id}")), Some(id.clone()));
+    assert_eq!(
+        container_id(&format!("/system.slice/docker-{id}.scope")),
+        Some(id.clone())
+    );
+    assert_eq!(
+        container_id(&format!("/kubepods/besteffort/pod1/{id}")),
+        Some(id.clone())
+    );
     assert_eq!(container_id("/user.slice/user-0.slice"), None);
 }
 
 #[test]
 fn role_from_listening_ports() {
-    let listening: HashSet<SocketAddr> =
-        ["0.0.0.0:8080".parse().unwrap(), "127.0.0.1:9000".parse().unwrap(), "[::]:443".parse().unwrap()].into();
-    assert_eq!(role_for("127.0.0.1:8080".parse().unwrap(), &listening), Role::Server);
-    assert_eq!(role_for("127.0.0.1:9000".parse().unwrap(), &listening), Role::Server);
-    assert_eq!(role_for("[::1]:443".parse().unwrap(), &listening), Role::Server);
-    assert_eq!(role_for("127.0.0.2:9000".parse().unwrap(), &listening), Role::Client);
-    assert_eq!(role_for("127.0.0.1:40000".parse().unwrap(), &listening), Role::Client);
+    let listening: HashSet<SocketAddr> = [
+        "0.0.0.0:8080".parse().unwrap(),
+        "127.0.0.1:9000".parse().unwrap(),
+        "[::]:443".parse().unwrap(),
+    ]
+    .into();
+    assert_eq!(
+        role_for("127.0.0.1:8080".parse().unwrap(), &listening),
+        Role::Server
+    );
+    assert_eq!(
+        role_for("127.0.0.1:9000".parse().unwrap(), &listening),
+        Role::Server
+    );
+    assert_eq!(
+        role_for("[::1]:443".parse().unwrap(), &listening),
+        Role::Server
+    );
+    assert_eq!(
+        role_for("127.0.0.2:9000".parse().unwrap(), &listening),
+        Role::Client
+    );
+    assert_eq!(
+        role_for("127.0.0.1:40000".parse().unwrap(), &listening),
+        Role::Client
+    );
 }
 
 #[test]

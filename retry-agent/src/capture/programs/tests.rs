@@ -4,20 +4,36 @@ use std::collections::BTreeSet;
 use super::*;
 
 fn tp(category: &str, name: &str) -> Option<Hook> {
-    Some(Hook::Tracepoint { category: category.into(), name: name.into() })
+    Some(Hook::Tracepoint {
+        category: category.into(),
+        name: name.into(),
+    })
 }
 
 fn up(symbols: &[&str], ret: bool) -> Option<Hook> {
-    Some(Hook::Uprobe(Uprobe { target: UprobeTarget::Libssl, symbols: symbols.iter().map(|s| s.to_string()).collect(), ret }))
+    Some(Hook::Uprobe(Uprobe {
+        target: UprobeTarget::Libssl,
+        symbols: symbols.iter().map(|s| s.to_string()).collect(),
+        ret,
+    }))
 }
 
 #[test]
 fn sections_name_their_hook() {
     let cases: &[(&str, Option<Hook>)] = &[
-        ("tracepoint/syscalls/sys_enter_read", tp("syscalls", "sys_enter_read")),
-        ("tracepoint/sock/inet_sock_set_state", tp("sock", "inet_sock_set_state")),
+        (
+            "tracepoint/syscalls/sys_enter_read",
+            tp("syscalls", "sys_enter_read"),
+        ),
+        (
+            "tracepoint/sock/inet_sock_set_state",
+            tp("sock", "inet_sock_set_state"),
+        ),
         ("uprobe/libssl:SSL_write", up(&["SSL_write"], false)),
-        ("uprobe/libssl:SSL_do_handshake,SSL_connect", up(&["SSL_do_handshake", "SSL_connect"], false)),
+        (
+            "uprobe/libssl:SSL_do_handshake,SSL_connect",
+            up(&["SSL_do_handshake", "SSL_connect"], false),
+        ),
         ("uretprobe/libssl:SSL_read", up(&["SSL_read"], true)),
         // Where the capture would not know what to do: refused, never silently skipped.
         ("tracepoint", None),
@@ -36,7 +52,10 @@ fn sections_name_their_hook() {
 
 #[test]
 fn not_an_elf_is_an_error() {
-    assert!(matches!(programs(b"not an object"), Err(ProgramsError::Elf(_))));
+    assert!(matches!(
+        programs(b"not an object"),
+        Err(ProgramsError::Elf(_))
+    ));
 }
 
 /// The embedded object (built by `cargo xtask test`; empty in a bare `cargo test`, where there
@@ -48,7 +67,8 @@ fn every_program_in_the_object_is_attached() {
         eprintln!("no embedded eBPF object (run through `cargo xtask test`): nothing to check");
         return;
     }
-    let specs = programs(super::super::EBPF_OBJECT).expect("every program has a hook the capture attaches");
+    let specs =
+        programs(super::super::EBPF_OBJECT).expect("every program has a hook the capture attaches");
     let ours: BTreeSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
     let obj = aya_obj::Object::parse(super::super::EBPF_OBJECT).expect("aya parses the object");
     let ayas: BTreeSet<&str> = obj.programs.keys().map(String::as_str).collect();
@@ -63,12 +83,30 @@ fn every_program_in_the_object_is_attached() {
         ("sock", "inet_sock_set_state"),
         ("sched", "sched_process_exit"),
     ] {
-        let want = Hook::Tracepoint { category: category.into(), name: name.into() };
-        assert!(specs.iter().any(|s| s.hook == want), "{category}:{name} is not attached");
+        let want = Hook::Tracepoint {
+            category: category.into(),
+            name: name.into(),
+        };
+        assert!(
+            specs.iter().any(|s| s.hook == want),
+            "{category}:{name} is not attached"
+        );
     }
     let plan = super::super::tls::plan(&specs);
-    for sym in ["SSL_write", "SSL_read", "SSL_write_ex", "SSL_read_ex", "SSL_do_handshake"] {
-        assert!(plan.entries.iter().any(|(_, s)| s == sym), "no entry probe on {sym}");
+    for sym in [
+        "SSL_write",
+        "SSL_read",
+        "SSL_write_ex",
+        "SSL_read_ex",
+        "SSL_do_handshake",
+    ] {
+        assert!(
+            plan.entries.iter().any(|(_, s)| s == sym),
+            "no entry probe on {sym}"
+        );
     }
-    assert!(plan.is_complete(), "an entry probe without a return probe: {plan:?}");
+    assert!(
+        plan.is_complete(),
+        "an entry probe without a return probe: {plan:?}"
+    );
 }

@@ -113,7 +113,12 @@ pub(super) fn decide(e: &Evidence<'_>) -> Decision {
         } else {
             (Claim::Claimed, Reason::FailOpenOnly)
         }
-    } else if e.at_least_once && e.failed.iter().filter(|c| c.is_cause()).all(FailedCall::owes_retry) {
+    } else if e.at_least_once
+        && e.failed
+            .iter()
+            .filter(|c| c.is_cause())
+            .all(FailedCall::owes_retry)
+    {
         (Claim::Claimed, Reason::AtLeastOnce)
     } else {
         (Claim::Unclaimed, Reason::Dependency)

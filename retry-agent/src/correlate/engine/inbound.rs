@@ -1,6 +1,9 @@
 //! Inbound (server-role) exchanges: served figures, thread windows (event-loop detection),
 //! timeout mismatches, and failed requests queued for their verdict.
-use super::{Child, Engine, FAILURES_PER_PROCESS, INBOUND_PER_THREAD, OVERFLOW_EDGE, Peer, Pending, ThreadCtx, Window, thread_key, tuple_key};
+use super::{
+    Child, Engine, FAILURES_PER_PROCESS, INBOUND_PER_THREAD, OVERFLOW_EDGE, Peer, Pending,
+    ThreadCtx, Window, thread_key, tuple_key,
+};
 use crate::{
     correlate::{table::hash_one, types::Verdict},
     l7::{Exchange, Failure},
@@ -32,12 +35,26 @@ impl Engine {
         self.timeout_mismatch(ex, tuple);
 
         let thread = thread_key(ex.tid, ex.goid);
-        let window = Window { id: ex.id, start: ex.request_start_ns, end: last_ns(ex) };
+        let window = Window {
+            id: ex.id,
+            start: ex.request_start_ns,
+            end: last_ns(ex),
+        };
         self.record_process_history(ex, window);
         self.record_thread_window(ex.pid, thread, window);
         let cross_thread = ex.goid.is_none() && ex.response_tid.is_some_and(|t| t != ex.tid);
         if failed {
-            self.queue_verdict(ex, Queued { svc, tuple, thread, window, cross_thread }, out);
+            self.queue_verdict(
+                ex,
+                Queued {
+                    svc,
+                    tuple,
+                    thread,
+                    window,
+                    cross_thread,
+                },
+                out,
+            );
         } else if self.cfg.failure_memory && !cross_thread {
             self.learn_from_success(ex.pid, thread, window);
         }
@@ -49,7 +66,8 @@ impl Engine {
             let k = self.ns_key(ex.pid, local);
             self.listeners.insert(k, (ex.pid, port));
             // Also by bare address, for late resolution of remote-keyed edges.
-            self.listeners.insert(hash_one((0u64, local)), (ex.pid, port));
+            self.listeners
+                .insert(hash_one((0u64, local)), (ex.pid, port));
         }
     }
 
@@ -73,13 +91,20 @@ impl Engine {
         if p.inbound.len() >= FAILURES_PER_PROCESS {
             p.inbound.pop_front();
         }
-        p.inbound.push_back((window.start, window.end, ex.id, ex.trace_id));
+        p.inbound
+            .push_back((window.start, window.end, ex.id, ex.trace_id));
     }
 
     /// The request's window on its thread; one overlapping another marks an event loop.
     fn record_thread_window(&mut self, pid: u32, thread: u64, window: Window) {
-        let ctx = self.threads.get_or_insert_with((pid, thread), ThreadCtx::default);
-        if ctx.inbound.iter().any(|w| w.id != window.id && w.start < window.end && window.start < w.end) {
+        let ctx = self
+            .threads
+            .get_or_insert_with((pid, thread), ThreadCtx::default);
+        if ctx
+            .inbound
+            .iter()
+            .any(|w| w.id != window.id && w.start < window.end && window.start < w.end)
+        {
             ctx.event_loop = true;
         }
         if ctx.inbound.len() >= INBOUND_PER_THREAD {
@@ -90,10 +115,17 @@ impl Engine {
 
     /// A failed request waits `context_grace_ms` for late children before it is judged.
     fn queue_verdict(&mut self, ex: &Exchange, q: Queued, out: &mut Vec<Verdict>) {
-        let Queued { svc, tuple, thread, window, cross_thread } = q;
+        let Queued {
+            svc,
+            tuple,
+            thread,
+            window,
+            cross_thread,
+        } = q;
         // A failed response whose timing was lost (l7 saw the connection end before the
         // response completed): the span of the request is unknown, so is its context.
-        let span_unknown = ex.response_start_ns.is_none() && ex.response_end_ns.is_none() && ex.status.is_some();
+        let span_unknown =
+            ex.response_start_ns.is_none() && ex.response_end_ns.is_none() && ex.status.is_some();
         let (ambiguous, children) = self.children_of(ex.pid, thread, window.start, window.end);
         let ambiguous = ambiguous || span_unknown;
         let process_failed = self.process_failed_during(ex.pid, window.start, window.end);
@@ -141,10 +173,12 @@ impl Engine {
                     .filter(in_window)
                     .filter(|c| c.outcome.is_failure())
                     .filter(|c| {
-                        !ctx.children
-                            .iter()
-                            .filter(in_window)
-                            .any(|r| r.retry && r.edge == c.edge && r.start > c.start && !r.outcome.is_failure())
+                        !ctx.children.iter().filter(in_window).any(|r| {
+                            r.retry
+                                && r.edge == c.edge
+                                && r.start > c.start
+                                && !r.outcome.is_failure()
+                        })
                     })
                     .map(|c| c.edge)
                     .collect()
@@ -166,11 +200,20 @@ impl Engine {
             _ if caller_gone(ex) => {
                 // The peer closed or reset while we were still working (caller not on this node,
                 // or not captured): attribute to its edge if we know it.
-                let caller = ex.remote.and_then(|r| self.client_socks.get(&self.ns_key(ex.pid, r)).copied());
+                let caller = ex
+                    .remote
+                    .and_then(|r| self.client_socks.get(&self.ns_key(ex.pid, r)).copied());
                 Some(match caller {
                     Some(c) => {
                         let svc_port = ex.local.map_or(0, |a| a.port());
-                        self.edge_key(c, Peer::Local { pid: ex.pid, port: svc_port }, ex.local)
+                        self.edge_key(
+                            c,
+                            Peer::Local {
+                                pid: ex.pid,
+                                port: svc_port,
+                            },
+                            ex.local,
+                        )
                     }
                     None => OVERFLOW_EDGE,
                 })
@@ -196,12 +239,23 @@ impl Engine {
 
     /// Children of a context on (pid, thread) spanning [start, end]; `true` if the context is
     /// ambiguous (event loop, lost children, unknown thread).
-    pub(super) fn children_of(&mut self, pid: u32, thread: u64, start: u64, end: u64) -> (bool, Vec<Child>) {
+    pub(super) fn children_of(
+        &mut self,
+        pid: u32,
+        thread: u64,
+        start: u64,
+        end: u64,
+    ) -> (bool, Vec<Child>) {
         let Some(ctx) = self.threads.get(&(pid, thread)) else {
             return (true, Vec::new());
         };
         let ambiguous = ctx.event_loop || ctx.children_lost_until >= start;
-        let children = ctx.children.iter().filter(|c| c.start >= start && c.start <= end).copied().collect();
+        let children = ctx
+            .children
+            .iter()
+            .filter(|c| c.start >= start && c.start <= end)
+            .copied()
+            .collect();
         (ambiguous, children)
     }
 }
@@ -209,7 +263,10 @@ impl Engine {
 /// The latest instant an exchange is known to span: l7 may lose the response end (a close
 /// racing the last write) and keep only its start.
 pub(super) fn last_ns(ex: &Exchange) -> u64 {
-    ex.response_end_ns.unwrap_or(0).max(ex.response_start_ns.unwrap_or(0)).max(ex.request_end_ns)
+    ex.response_end_ns
+        .unwrap_or(0)
+        .max(ex.response_start_ns.unwrap_or(0))
+        .max(ex.request_end_ns)
 }
 
 /// A server-side exchange the caller ended before it got its answer: it gave up (or reset).

@@ -15,7 +15,11 @@ impl Engine {
         // Loopback and wildcard addresses repeat in every network namespace; others are unique.
         let ip = addr.ip();
         let ns = if ip.is_loopback() || ip.is_unspecified() {
-            self.procs.get(&pid).and_then(|p| p.info.as_ref()).and_then(|i| i.netns).unwrap_or(0)
+            self.procs
+                .get(&pid)
+                .and_then(|p| p.info.as_ref())
+                .and_then(|i| i.netns)
+                .unwrap_or(0)
         } else {
             0
         };
@@ -49,8 +53,15 @@ impl Engine {
     pub(super) fn resolve_name(&self, pid: u32, port: u16) -> ServiceId {
         let p = self.procs.get(&pid);
         // An empty comm is no name (the process was gone before it was read).
-        let comm = p.and_then(|p| p.info.as_ref()).map(|i| i.comm.as_str()).filter(|c| !c.is_empty());
-        let ports: Vec<u16> = if port != 0 { vec![port] } else { p.map(|p| p.ports.clone()).unwrap_or_default() };
+        let comm = p
+            .and_then(|p| p.info.as_ref())
+            .map(|i| i.comm.as_str())
+            .filter(|c| !c.is_empty());
+        let ports: Vec<u16> = if port != 0 {
+            vec![port]
+        } else {
+            p.map(|p| p.ports.clone()).unwrap_or_default()
+        };
         for o in &self.cfg.service_names {
             if let ServiceMatch::Pid(x) = o.matcher
                 && x == pid

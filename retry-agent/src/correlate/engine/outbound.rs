@@ -1,6 +1,9 @@
 //! Outbound (client-role) exchanges: per-edge figures, retry / hedge detection, the children a
 //! thread's inbound request may have caused, and the process-wide failure history.
-use super::{CHILDREN_PER_THREAD, Child, Engine, FAILURES_PER_PROCESS, Peer, RetryState, ThreadCtx, class_index, claim_index, rooted, thread_key, tuple_key};
+use super::{
+    CHILDREN_PER_THREAD, Child, Engine, FAILURES_PER_PROCESS, Peer, RetryState, ThreadCtx,
+    claim_index, class_index, rooted, thread_key, tuple_key,
+};
 use crate::{
     correlate::table::hash_one,
     l7::{Claim, Exchange, Failure, OutcomeClass, Protocol},
@@ -63,9 +66,21 @@ impl Engine {
     }
 
     /// The callee's claim, when it cannot come from our own verdict on its inbound side.
-    fn header_claim(&mut self, ex: &Exchange, edge: u32, tuple: u64, failed: bool) -> Option<Claim> {
-        let local_callee = matches!(self.edges.get(edge as usize).map(|e| e.peer), Some(Peer::Local { .. }));
-        let no_server_side = matches!(ex.failure, Some(Failure::ConnectRefused | Failure::ConnectTimeout));
+    fn header_claim(
+        &mut self,
+        ex: &Exchange,
+        edge: u32,
+        tuple: u64,
+        failed: bool,
+    ) -> Option<Claim> {
+        let local_callee = matches!(
+            self.edges.get(edge as usize).map(|e| e.peer),
+            Some(Peer::Local { .. })
+        );
+        let no_server_side = matches!(
+            ex.failure,
+            Some(Failure::ConnectRefused | Failure::ConnectTimeout)
+        );
         // A loopback callee not seen serving yet is on this node: its verdict will say.
         let loopback = ex.remote.is_some_and(|r| r.ip().is_loopback());
         if failed && ((!local_callee && !loopback) || no_server_side) {
@@ -106,7 +121,9 @@ impl Engine {
             e.requests_total += 1;
             e.retries_total += u64::from(c.retry);
         }
-        let Some(b) = self.edge_bucket(c.edge, ex.request_start_ns) else { return };
+        let Some(b) = self.edge_bucket(c.edge, ex.request_start_ns) else {
+            return;
+        };
         b.requests += 1;
         if c.retry {
             b.retries += 1;
@@ -120,7 +137,9 @@ impl Engine {
             if let Some(n) = b.retry_n.get_mut(i) {
                 *n += 1;
             }
-            if !c.failed && let Some(n) = b.retry_ok.get_mut(i) {
+            if !c.failed
+                && let Some(n) = b.retry_ok.get_mut(i)
+            {
                 *n += 1;
             }
         }
@@ -145,9 +164,12 @@ impl Engine {
             {
                 p.failures_lost_until = p.failures_lost_until.max(old.end);
             }
-            p.failures.push_back((child, thread_key(ex.tid, ex.goid) | rooted(ex.goid)));
+            p.failures
+                .push_back((child, thread_key(ex.tid, ex.goid) | rooted(ex.goid)));
         }
-        let ctx = self.threads.get_or_insert_with((ex.pid, thread_key(ex.tid, ex.goid)), ThreadCtx::default);
+        let ctx = self
+            .threads
+            .get_or_insert_with((ex.pid, thread_key(ex.tid, ex.goid)), ThreadCtx::default);
         if ctx.children.len() >= CHILDREN_PER_THREAD
             && let Some(old) = ctx.children.pop_front()
         {
@@ -158,7 +180,11 @@ impl Engine {
 
     /// Attempt k+1 of the same request on the same edge: returns (retry, hedged, class of the
     /// failure retried, gap since the previous attempt ended in seconds).
-    pub(super) fn detect_retry(&mut self, ex: &Exchange, edge: u32) -> (bool, bool, Option<OutcomeClass>, Option<f64>) {
+    pub(super) fn detect_retry(
+        &mut self,
+        ex: &Exchange,
+        edge: u32,
+    ) -> (bool, bool, Option<OutcomeClass>, Option<f64>) {
         let marker = ex.retry_markers.says_retry();
         // Without a method there is nothing to call "the same request" (opaque bytes).
         if ex.protocol == Protocol::Opaque || ex.method.is_none() {
@@ -186,7 +212,10 @@ impl Engine {
                     // The previous attempt was still in flight: a hedge (or a per-try timeout).
                     out = (true, true, Some(OutcomeClass::Unknown), None);
                     attempt = p.attempt + 1;
-                } else if p.outcome.is_failure() && start - p.end <= window && !self.context_ended(ex.pid, p, start) {
+                } else if p.outcome.is_failure()
+                    && start - p.end <= window
+                    && !self.context_ended(ex.pid, p, start)
+                {
                     let gap = (start - p.end) as f64 / 1e9;
                     out = (true, false, Some(p.outcome), Some(gap));
                     attempt = p.attempt + 1;
@@ -197,7 +226,11 @@ impl Engine {
                 // the recorded one started, so the recorded one was its hedge. Fix the books.
                 if end > p.start && p.start - start <= window && p.attempt == 1 {
                     let ep = self.epoch(p.start);
-                    if let Some(b) = self.edges.get_mut(edge as usize).and_then(|e| e.ring.at(ep)) {
+                    if let Some(b) = self
+                        .edges
+                        .get_mut(edge as usize)
+                        .and_then(|e| e.ring.at(ep))
+                    {
                         b.first = b.first.saturating_sub(1);
                         b.retries += 1;
                         b.hedged += 1;
@@ -208,16 +241,34 @@ impl Engine {
                         r.attempt = 2;
                     }
                 }
-                return if marker { (true, false, Some(OutcomeClass::Unknown), None) } else { (false, false, None, None) };
+                return if marker {
+                    (true, false, Some(OutcomeClass::Unknown), None)
+                } else {
+                    (false, false, None, None)
+                };
             }
             None => {}
         }
         if marker && !out.0 {
-            out = (true, false, Some(prev.map_or(OutcomeClass::Unknown, |p| p.outcome)), None);
+            out = (
+                true,
+                false,
+                Some(prev.map_or(OutcomeClass::Unknown, |p| p.outcome)),
+                None,
+            );
             attempt = 2;
         }
         let thread = thread_key(ex.tid, ex.goid);
-        self.retry_keys.insert(key, RetryState { start, end, outcome: ex.outcome, attempt, thread });
+        self.retry_keys.insert(
+            key,
+            RetryState {
+                start,
+                end,
+                outcome: ex.outcome,
+                attempt,
+                thread,
+            },
+        );
         out
     }
 
@@ -226,7 +277,11 @@ impl Engine {
     /// Only known for threads that serve one request at a time.
     pub(super) fn context_ended(&self, pid: u32, p: RetryState, start: u64) -> bool {
         self.threads.get(&(pid, p.thread)).is_some_and(|ctx| {
-            !ctx.event_loop && ctx.inbound.iter().any(|w| w.start <= p.start && w.end >= p.end && w.end <= start)
+            !ctx.event_loop
+                && ctx
+                    .inbound
+                    .iter()
+                    .any(|w| w.start <= p.start && w.end >= p.end && w.end <= start)
         })
     }
 }

@@ -2,9 +2,15 @@
 //! amplification per depth and storm radius, and the claim each service's errors carry.
 use std::collections::BTreeMap;
 
-use super::{ADDRS_PER_ENTRY, EdgeBucket, Engine, FAILURE_CLASSES, JITTER_MAX_CV, JITTER_MIN_SAMPLES, OVERFLOW_EDGE, counts, push_bounded, ratio};
+use super::{
+    ADDRS_PER_ENTRY, EdgeBucket, Engine, FAILURE_CLASSES, JITTER_MAX_CV, JITTER_MIN_SAMPLES,
+    OVERFLOW_EDGE, counts, push_bounded, ratio,
+};
 use crate::{
-    correlate::types::{ClaimCounts, DependencyKind, DepthStats, Edge, EdgeStats, PathStats, RetrySuccess, ServiceClaim, ServiceId},
+    correlate::types::{
+        ClaimCounts, DependencyKind, DepthStats, Edge, EdgeStats, PathStats, RetrySuccess,
+        ServiceClaim, ServiceId,
+    },
     l7::Claim,
 };
 
@@ -25,14 +31,20 @@ impl Engine {
                 continue;
             }
             let edge = if i as u32 == OVERFLOW_EDGE {
-                Edge { caller: self.other.clone(), callee: self.other.clone() }
+                Edge {
+                    caller: self.other.clone(),
+                    callee: self.other.clone(),
+                }
             } else {
-                Edge { caller: self.lookup_name(e.caller, 0), callee: self.lookup_peer(e.peer) }
+                Edge {
+                    caller: self.lookup_name(e.caller, 0),
+                    callee: self.lookup_peer(e.peer),
+                }
             };
             let fresh = !merged.contains_key(&edge);
-            let entry = merged.entry(edge.clone()).or_insert_with(|| {
-                (EdgeBucket::default(), empty_stats(edge, secs, fault))
-            });
+            let entry = merged
+                .entry(edge.clone())
+                .or_insert_with(|| (EdgeBucket::default(), empty_stats(edge, secs, fault)));
             add_bucket(&mut entry.0, &sum);
             let s = &mut entry.1;
             for a in &e.addrs {
@@ -46,13 +58,24 @@ impl Engine {
             s.retries_total += e.retries_total;
             // Merged edges: the most cautious learned kind wins (fail-close > unknown > open).
             let kind = self.dependency(i as u32);
-            s.dependency = if fresh { kind } else { match (s.dependency, kind) {
-                (DependencyKind::FailClose, _) | (_, DependencyKind::FailClose) => DependencyKind::FailClose,
-                (DependencyKind::Unknown, _) | (_, DependencyKind::Unknown) => DependencyKind::Unknown,
-                _ => DependencyKind::FailOpen,
-            } };
+            s.dependency = if fresh {
+                kind
+            } else {
+                match (s.dependency, kind) {
+                    (DependencyKind::FailClose, _) | (_, DependencyKind::FailClose) => {
+                        DependencyKind::FailClose
+                    }
+                    (DependencyKind::Unknown, _) | (_, DependencyKind::Unknown) => {
+                        DependencyKind::Unknown
+                    }
+                    _ => DependencyKind::FailOpen,
+                }
+            };
         }
-        merged.into_values().map(|(b, s)| finish_stats(b, s)).collect()
+        merged
+            .into_values()
+            .map(|(b, s)| finish_stats(b, s))
+            .collect()
     }
 
     /// Amplification per depth of the node's call graph and the storm radius.
@@ -67,14 +90,20 @@ impl Engine {
             if served == 0 && s.baseline.rate().is_none() {
                 continue;
             }
-            let e = svc.entry(self.lookup_name(s.pid, s.port)).or_insert((0.0, None));
+            let e = svc
+                .entry(self.lookup_name(s.pid, s.port))
+                .or_insert((0.0, None));
             e.0 += served as f64 / secs;
             if let Some(b) = s.baseline.rate() {
                 e.1 = Some(e.1.unwrap_or(0.0) + b);
             }
         }
         let active: Vec<&EdgeStats> = edges.iter().filter(|e| e.requests > 0).collect();
-        let has_caller = |s: &ServiceId| active.iter().any(|e| &e.edge.callee == s && svc.contains_key(&e.edge.caller) && &e.edge.caller != s);
+        let has_caller = |s: &ServiceId| {
+            active.iter().any(|e| {
+                &e.edge.callee == s && svc.contains_key(&e.edge.caller) && &e.edge.caller != s
+            })
+        };
         let mut depth_of: BTreeMap<ServiceId, u32> = BTreeMap::new();
         let mut frontier: Vec<ServiceId> = svc.keys().filter(|s| !has_caller(s)).cloned().collect();
         let mut d = 0u32;
@@ -96,7 +125,9 @@ impl Engine {
         }
         let mut depths: BTreeMap<u32, DepthStats> = BTreeMap::new();
         for (s, depth) in &depth_of {
-            let Some(&(rate, base)) = svc.get(s) else { continue };
+            let Some(&(rate, base)) = svc.get(s) else {
+                continue;
+            };
             let ds = depths.entry(*depth).or_insert_with(|| DepthStats {
                 depth: *depth,
                 services: Vec::new(),
@@ -117,8 +148,17 @@ impl Engine {
             };
         }
         let fault = self.fault_active();
-        let (storm_radius, storm_path) = if fault { storm(&edges) } else { (0, Vec::new()) };
-        PathStats { depths: depths.into_values().collect(), storm_radius, storm_path, fault_active: fault }
+        let (storm_radius, storm_path) = if fault {
+            storm(&edges)
+        } else {
+            (0, Vec::new())
+        };
+        PathStats {
+            depths: depths.into_values().collect(),
+            storm_radius,
+            storm_path,
+            fault_active: fault,
+        }
     }
 
     /// Per service: the claim its error responses should carry now (majority of the window).
@@ -216,8 +256,16 @@ fn finish_stats(b: EdgeBucket, mut s: EdgeStats) -> EdgeStats {
     s.first_attempts = u64::from(b.first);
     s.retries = u64::from(b.retries);
     s.failures = u64::from(b.failures);
-    s.request_rate = if s.window_seconds > 0.0 { s.requests as f64 / s.window_seconds } else { 0.0 };
-    s.attempts_per_request = if b.first > 0 { s.requests as f64 / s.first_attempts as f64 } else { 1.0 };
+    s.request_rate = if s.window_seconds > 0.0 {
+        s.requests as f64 / s.window_seconds
+    } else {
+        0.0
+    };
+    s.attempts_per_request = if b.first > 0 {
+        s.requests as f64 / s.first_attempts as f64
+    } else {
+        1.0
+    };
     s.retry_ratio = ratio(s.retries, s.requests);
     s.failure_ratio = ratio(s.failures, s.requests);
     s.retry_success = FAILURE_CLASSES
@@ -251,7 +299,11 @@ fn finish_stats(b: EdgeBucket, mut s: EdgeStats) -> EdgeStats {
 /// Longest chain of edges with retries in the window. Memoised depth-first search; a node on
 /// the current path is not re-entered, so cycles end the chain instead of looping.
 fn storm(edges: &[EdgeStats]) -> (u32, Vec<ServiceId>) {
-    let retrying: Vec<&Edge> = edges.iter().filter(|e| e.retries > 0).map(|e| &e.edge).collect();
+    let retrying: Vec<&Edge> = edges
+        .iter()
+        .filter(|e| e.retries > 0)
+        .map(|e| &e.edge)
+        .collect();
     fn longest(
         from: &ServiceId,
         edges: &[&Edge],
@@ -264,8 +316,11 @@ fn storm(edges: &[EdgeStats]) -> (u32, Vec<ServiceId>) {
         let mut best: Vec<ServiceId> = Vec::new();
         if stack.len() <= 64 {
             stack.push(from.clone());
-            let next: Vec<ServiceId> =
-                edges.iter().filter(|e| &e.caller == from && !stack.contains(&e.callee)).map(|e| e.callee.clone()).collect();
+            let next: Vec<ServiceId> = edges
+                .iter()
+                .filter(|e| &e.caller == from && !stack.contains(&e.callee))
+                .map(|e| e.callee.clone())
+                .collect();
             for callee in next {
                 let tail = longest(&callee, edges, stack, memo);
                 if tail.len() + 1 > best.len() {

@@ -2,7 +2,10 @@
 //! (idle slots reused, then overflow), and the process table swept of exited processes.
 use std::net::SocketAddr;
 
-use super::{ADDRS_PER_ENTRY, Baseline, EdgeBucket, EdgeState, Engine, OVERFLOW_EDGE, PORTS_PER_PROCESS, Peer, SvcState, push_bounded};
+use super::{
+    ADDRS_PER_ENTRY, Baseline, EdgeBucket, EdgeState, Engine, OVERFLOW_EDGE, PORTS_PER_PROCESS,
+    Peer, SvcState, push_bounded,
+};
 use crate::correlate::table::{Map, Ring, map};
 
 impl Engine {
@@ -19,7 +22,8 @@ impl Engine {
             referenced.insert(s.pid, ());
         }
         let before = self.procs.len();
-        self.procs.retain(|pid, p| !p.exited || referenced.contains_key(pid));
+        self.procs
+            .retain(|pid, p| !p.exited || referenced.contains_key(pid));
         self.stats.evictions += (before - self.procs.len()) as u64;
     }
 
@@ -42,7 +46,9 @@ impl Engine {
     /// How long an edge or service slot must be idle before it can be reused at the cap:
     /// well past every window that could still read it.
     pub(super) fn idle_ns(&self) -> u64 {
-        (2 * self.window * self.bucket_ns).max(self.retry_window_ns).saturating_add(self.grace_ns)
+        (2 * self.window * self.bucket_ns)
+            .max(self.retry_window_ns)
+            .saturating_add(self.grace_ns)
     }
 
     /// An idle edge slot to reuse (never the overflow edge), forgetting its old key.

@@ -6,9 +6,9 @@ use super::*;
 use crate::correlate::types::{DependencyKind, EdgeStats};
 use crate::l7::Failure;
 use crate::{
-    testkit::ExchangeBuilder as X,
     decide::{DecideConfig, Decider, Reason},
     l7::{Method, RetryMarkers},
+    testkit::ExchangeBuilder as X,
 };
 
 const MS: u64 = 1_000_000;
@@ -18,7 +18,8 @@ const C: u32 = 30;
 const D: u32 = 40;
 
 fn addr(s: &str) -> SocketAddr {
-    s.parse().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+    s.parse()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
 }
 fn svc(pid: u32) -> SocketAddr {
     addr(&format!("10.0.0.{}:80", pid / 10))
@@ -30,7 +31,8 @@ fn eph(pid: u32, port: u16) -> SocketAddr {
 fn cfg() -> CorrelateConfig {
     let mut c = CorrelateConfig::default();
     for (pid, name) in [(A, "a"), (B, "b"), (C, "c"), (D, "d")] {
-        c.service_names.push(format!("pid:{pid}={name}").parse().unwrap());
+        c.service_names
+            .push(format!("pid:{pid}={name}").parse().unwrap());
     }
     c
 }
@@ -50,7 +52,13 @@ impl World {
         Self::with(cfg())
     }
     fn with(c: CorrelateConfig) -> Self {
-        World { e: Engine::new(c), v: Vec::new(), id: 0, port: 30_000, req: 0 }
+        World {
+            e: Engine::new(c),
+            v: Vec::new(),
+            id: 0,
+            port: 30_000,
+            req: 0,
+        }
     }
     fn id(&mut self) -> u64 {
         self.id += 1;
@@ -71,18 +79,46 @@ impl World {
     fn call(&mut self, caller: u32, tid: u32, callee: u32, t: u64, dur: u64, status: u16) -> u64 {
         let local = eph(caller, self.port());
         let sid = self.id();
-        self.push(X::server(sid, callee, callee * 10, svc(callee), local, t + MS / 10, t + dur - MS / 10).status(status).build());
+        self.push(
+            X::server(
+                sid,
+                callee,
+                callee * 10,
+                svc(callee),
+                local,
+                t + MS / 10,
+                t + dur - MS / 10,
+            )
+            .status(status)
+            .build(),
+        );
         let cid = self.id();
         let route = format!("/r/{}", self.req);
-        self.push(X::client(cid, caller, tid, local, svc(callee), t, t + dur).route(&route).status(status).build());
+        self.push(
+            X::client(cid, caller, tid, local, svc(callee), t, t + dur)
+                .route(&route)
+                .status(status)
+                .build(),
+        );
         sid
     }
     /// `caller` calls a callee that is not on this node.
-    fn call_remote(&mut self, caller: u32, tid: u32, remote: &str, t: u64, dur: u64, status: u16, header: Option<Claim>) {
+    fn call_remote(
+        &mut self,
+        caller: u32,
+        tid: u32,
+        remote: &str,
+        t: u64,
+        dur: u64,
+        status: u16,
+        header: Option<Claim>,
+    ) {
         let local = eph(caller, self.port());
         let id = self.id();
         let route = format!("/r/{}", self.req);
-        let mut x = X::client(id, caller, tid, local, addr(remote), t, t + dur).route(&route).status(status);
+        let mut x = X::client(id, caller, tid, local, addr(remote), t, t + dur)
+            .route(&route)
+            .status(status);
         if let Some(h) = header {
             x = x.claim_header(h);
         }
@@ -92,7 +128,11 @@ impl World {
     fn inbound(&mut self, pid: u32, tid: u32, t: u64, dur: u64, status: u16) -> u64 {
         let id = self.id();
         let from = addr(&format!("192.168.1.1:{}", self.port()));
-        self.push(X::server(id, pid, tid, svc(pid), from, t, t + dur).status(status).build());
+        self.push(
+            X::server(id, pid, tid, svc(pid), from, t, t + dur)
+                .status(status)
+                .build(),
+        );
         id
     }
     fn finish(&mut self) -> &[Verdict] {
@@ -101,7 +141,11 @@ impl World {
     }
     fn verdict(&mut self, id: u64) -> Verdict {
         self.e.flush(&mut self.v);
-        self.v.iter().find(|v| v.exchange == ExchangeId(id)).cloned().unwrap_or_else(|| panic!("no verdict for {id}: {:?}", self.v))
+        self.v
+            .iter()
+            .find(|v| v.exchange == ExchangeId(id))
+            .cloned()
+            .unwrap_or_else(|| panic!("no verdict for {id}: {:?}", self.v))
     }
     fn edge(&self, caller: &str, callee: &str) -> EdgeStats {
         self.e
@@ -149,11 +193,26 @@ fn row2_callee_missing_caller_retries_and_unclaims() {
         assert_eq!(v.caused_by[0].callee.as_str(), "203.0.113.9:443");
     }
     let e = w.edge("b", "203.0.113.9:443");
-    assert_eq!(e.callee_claims, ClaimCounts { claimed: 0, unclaimed: 0, missing: 20 });
+    assert_eq!(
+        e.callee_claims,
+        ClaimCounts {
+            claimed: 0,
+            unclaimed: 0,
+            missing: 20
+        }
+    );
     assert_eq!(e.retries, 10);
-    let mut d = Decider::new(DecideConfig { retry_budget: 1.0, ..DecideConfig::default() });
+    let mut d = Decider::new(DecideConfig {
+        retry_budget: 1.0,
+        ..DecideConfig::default()
+    });
     let decisions = d.evaluate(&w.e, w.e.now_ns());
-    assert!(decisions.iter().all(|d| d.reason != Reason::CalleeUnclaimed), "{decisions:?}");
+    assert!(
+        decisions
+            .iter()
+            .all(|d| d.reason != Reason::CalleeUnclaimed),
+        "{decisions:?}"
+    );
 }
 
 /// Row 3: the callee erred and claimed it → the caller retries; its own failure is unclaimed.
@@ -187,8 +246,16 @@ fn row3_callee_claimed_caller_retries_and_unclaims() {
     // Retries into the owner stay allowed for ownership; only the budget can meter them.
     let mut d = Decider::new(DecideConfig::default());
     let decisions = d.evaluate(&w.e, w.e.now_ns());
-    assert!(decisions.iter().all(|d| d.reason != Reason::CalleeUnclaimed), "{decisions:?}");
-    assert!(decisions.iter().any(|d| d.reason == Reason::OverBudget), "50% retries: {decisions:?}");
+    assert!(
+        decisions
+            .iter()
+            .all(|d| d.reason != Reason::CalleeUnclaimed),
+        "{decisions:?}"
+    );
+    assert!(
+        decisions.iter().any(|d| d.reason == Reason::OverBudget),
+        "50% retries: {decisions:?}"
+    );
 }
 
 /// Row 4: the callee erred unclaimed → the caller must not retry (suppress the edge) and passes
@@ -206,9 +273,17 @@ fn row4_callee_unclaimed_no_retry_and_unclaims() {
         w.call(C, C * 10, D, t + 2 * MS, MS, 503);
         w.call(C, C * 10, D, t + 3 * MS + MS / 2, MS, 503);
         let cid = w.id();
-        w.push(X::server(cid, C, C * 10, svc(C), local, t + MS, t + 6 * MS).status(502).build());
+        w.push(
+            X::server(cid, C, C * 10, svc(C), local, t + MS, t + 6 * MS)
+                .status(502)
+                .build(),
+        );
         let id = w.id();
-        w.push(X::client(id, B, 200, local, svc(C), t + MS / 2, t + 6 * MS + MS / 2).status(502).build());
+        w.push(
+            X::client(id, B, 200, local, svc(C), t + MS / 2, t + 6 * MS + MS / 2)
+                .status(502)
+                .build(),
+        );
         c_ids.push(cid);
         b_ids.push(w.inbound(B, 200, t, 10 * MS, 502));
         t += 100 * MS;
@@ -225,13 +300,19 @@ fn row4_callee_unclaimed_no_retry_and_unclaims() {
     assert_eq!(w.edge("b", "c").callee_claims.unclaimed, 10);
     let mut d = Decider::new(DecideConfig::default());
     let decisions = d.evaluate(&w.e, w.e.now_ns());
-    let bc: Vec<_> = decisions.iter().filter(|d| d.edge.caller.as_str() == "b" && d.edge.callee.as_str() == "c").collect();
+    let bc: Vec<_> = decisions
+        .iter()
+        .filter(|d| d.edge.caller.as_str() == "b" && d.edge.callee.as_str() == "c")
+        .collect();
     assert_eq!(bc.len(), 1, "{decisions:?}");
     assert_eq!(bc[0].reason, Reason::CalleeUnclaimed);
     assert_eq!(bc[0].callee_addrs, vec![svc(C)]);
     // C -> D: D claimed its errors: never suppressed for ownership (only metered by budget).
     assert!(
-        decisions.iter().filter(|d| d.edge.caller.as_str() == "c").all(|d| d.reason == Reason::OverBudget),
+        decisions
+            .iter()
+            .filter(|d| d.edge.caller.as_str() == "c")
+            .all(|d| d.reason == Reason::OverBudget),
         "{decisions:?}"
     );
 }
@@ -242,7 +323,15 @@ fn header_claims_count_for_remote_callees() {
     let mut w = World::new();
     let mut t = 1_000 * MS;
     for _ in 0..6 {
-        w.call_remote(B, 200, "203.0.113.9:443", t, 2 * MS, 503, Some(Claim::Unclaimed));
+        w.call_remote(
+            B,
+            200,
+            "203.0.113.9:443",
+            t,
+            2 * MS,
+            503,
+            Some(Claim::Unclaimed),
+        );
         t += 10 * MS;
     }
     w.e.tick(t + 2_000 * MS, &mut w.v);
@@ -295,7 +384,11 @@ fn event_loop_overlap_is_missing_unless_no_failure_anywhere() {
     w.call_remote(B, 200, "203.0.113.9:443", t + 2 * MS, 2 * MS, 200, None);
     let r1 = w.inbound(B, 200, t, 10 * MS, 500);
     let r2 = w.inbound(B, 200, t + MS, 10 * MS, 500);
-    assert_eq!(w.verdict(r1).claim, Claim::Claimed, "no outbound call failed at all");
+    assert_eq!(
+        w.verdict(r1).claim,
+        Claim::Claimed,
+        "no outbound call failed at all"
+    );
     assert_eq!(w.verdict(r2).claim, Claim::Claimed);
 }
 
@@ -310,7 +403,12 @@ fn cross_thread_response_is_missing() {
     let other = w.inbound(B, 300, t + MS, 12 * MS, 200);
     let id = w.id();
     let from = addr("192.168.1.1:5555");
-    w.push(X::server(id, B, 200, svc(B), from, t, t + 10 * MS).response_tid(201).status(502).build());
+    w.push(
+        X::server(id, B, 200, svc(B), from, t, t + 10 * MS)
+            .response_tid(201)
+            .status(502)
+            .build(),
+    );
     assert_eq!(w.verdict(id).claim, Claim::Missing);
     assert_ne!(other, id);
 }
@@ -320,14 +418,22 @@ fn cross_thread_response_is_missing() {
 #[test]
 fn sole_inbound_request_links_its_process_wide_children() {
     // Isolate the linking: at-least-once would own these never-retried errors.
-    let mut w = World::with(CorrelateConfig { at_least_once: false, ..cfg() });
+    let mut w = World::with(CorrelateConfig {
+        at_least_once: false,
+        ..cfg()
+    });
     let t = 1_000 * MS;
     // The failed call is made and read on other threads (a Go transport's read/write loops),
     // long before the response (no timing link).
     w.call_remote(B, 201, "203.0.113.9:443", t + 2 * MS, 2 * MS, 503, None);
     let id = w.id();
     let from = addr("192.168.1.1:5555");
-    w.push(X::server(id, B, 200, svc(B), from, t, t + 50 * MS).response_tid(202).status(502).build());
+    w.push(
+        X::server(id, B, 200, svc(B), from, t, t + 50 * MS)
+            .response_tid(202)
+            .status(502)
+            .build(),
+    );
     let v = w.verdict(id);
     assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
     assert_eq!(w.e.stats().sole_links, 1);
@@ -336,7 +442,12 @@ fn sole_inbound_request_links_its_process_wide_children() {
     w.call_remote(B, 201, "203.0.113.9:443", t + 2 * MS, 2 * MS, 503, None);
     w.inbound(B, 300, t + 30 * MS, 40 * MS, 200);
     let id = w.id();
-    w.push(X::server(id, B, 200, svc(B), from, t, t + 50 * MS).response_tid(202).status(502).build());
+    w.push(
+        X::server(id, B, 200, svc(B), from, t, t + 50 * MS)
+            .response_tid(202)
+            .status(502)
+            .build(),
+    );
     assert_eq!(w.verdict(id).claim, Claim::Missing);
 }
 
@@ -357,11 +468,42 @@ fn goroutines_are_contexts() {
     let mut w = no_alo();
     let t = 1_000 * MS;
     let id1 = w.id();
-    w.push(X::client(id1, B, 200, eph(B, 1), addr("203.0.113.9:443"), t + 2 * MS, t + 3 * MS).goid(7).status(503).build());
+    w.push(
+        X::client(
+            id1,
+            B,
+            200,
+            eph(B, 1),
+            addr("203.0.113.9:443"),
+            t + 2 * MS,
+            t + 3 * MS,
+        )
+        .goid(7)
+        .status(503)
+        .build(),
+    );
     let r1 = w.id();
-    w.push(X::server(r1, B, 200, svc(B), addr("192.168.1.1:1"), t, t + 10 * MS).goid(7).status(502).build());
+    w.push(
+        X::server(r1, B, 200, svc(B), addr("192.168.1.1:1"), t, t + 10 * MS)
+            .goid(7)
+            .status(502)
+            .build(),
+    );
     let r2 = w.id();
-    w.push(X::server(r2, B, 200, svc(B), addr("192.168.1.1:2"), t + MS, t + 11 * MS).goid(8).status(500).build());
+    w.push(
+        X::server(
+            r2,
+            B,
+            200,
+            svc(B),
+            addr("192.168.1.1:2"),
+            t + MS,
+            t + 11 * MS,
+        )
+        .goid(8)
+        .status(500)
+        .build(),
+    );
     assert_eq!(w.verdict(r1).claim, Claim::Unclaimed);
     // Goroutine 8 made no call, but goroutine 7's failed call overlapped it on a context that
     // served a request, so it is accounted for: claimed.
@@ -373,13 +515,42 @@ fn goroutines_are_contexts() {
 /// failure is claimed; the same call on a bare goroutine is an orphan and makes ours missing.
 #[test]
 fn traced_go_calls_of_requests_still_in_flight_are_no_orphans() {
-    for (goid, want) in [(7 | retry_common::GOROUTINE_ROOTED, Claim::Claimed), (7, Claim::Missing)] {
+    for (goid, want) in [
+        (7 | retry_common::GOROUTINE_ROOTED, Claim::Claimed),
+        (7, Claim::Missing),
+    ] {
         let mut w = no_alo();
         let t = 1_000 * MS;
         let id1 = w.id();
-        w.push(X::client(id1, B, 200, eph(B, 1), addr("203.0.113.9:443"), t + 2 * MS, t + 3 * MS).goid(goid).status(503).build());
+        w.push(
+            X::client(
+                id1,
+                B,
+                200,
+                eph(B, 1),
+                addr("203.0.113.9:443"),
+                t + 2 * MS,
+                t + 3 * MS,
+            )
+            .goid(goid)
+            .status(503)
+            .build(),
+        );
         let r2 = w.id();
-        w.push(X::server(r2, B, 200, svc(B), addr("192.168.1.1:2"), t + MS, t + 11 * MS).goid(8 | retry_common::GOROUTINE_ROOTED).status(500).build());
+        w.push(
+            X::server(
+                r2,
+                B,
+                200,
+                svc(B),
+                addr("192.168.1.1:2"),
+                t + MS,
+                t + 11 * MS,
+            )
+            .goid(8 | retry_common::GOROUTINE_ROOTED)
+            .status(500)
+            .build(),
+        );
         assert_eq!(w.verdict(r2).claim, want, "call context {goid:#x}");
     }
 }
@@ -420,14 +591,24 @@ fn fail_open_dependency_does_not_unclaim() {
         let (mut own, mut unclaimed) = (0, 0);
         let mut rng = 12345u64;
         let mut draw = || {
-            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (rng >> 33) as f64 / (1u64 << 31) as f64
         };
         for _ in 0..3000 {
             w.next_request();
             let cache_fails = draw() < 0.1;
             let own_fails = draw() < 0.1;
-            w.call_remote(B, 200, "10.9.9.9:6379", t + MS, MS, if cache_fails { 503 } else { 200 }, None);
+            w.call_remote(
+                B,
+                200,
+                "10.9.9.9:6379",
+                t + MS,
+                MS,
+                if cache_fails { 503 } else { 200 },
+                None,
+            );
             let id = w.inbound(B, 200, t, 5 * MS, if own_fails { 500 } else { 200 });
             if own_fails {
                 own += 1;
@@ -441,19 +622,36 @@ fn fail_open_dependency_does_not_unclaim() {
     };
     let without = run(false);
     let with = run(true);
-    assert!(without > 0.05, "coincidence unclaims ~10% without memory: {without}");
+    assert!(
+        without > 0.05,
+        "coincidence unclaims ~10% without memory: {without}"
+    );
     // Only the first coincidences, before the pattern is learned, unclaim.
-    assert!(with < 0.02 && with < without / 4.0, "memory keeps them claimed: {with} vs {without}");
+    assert!(
+        with < 0.02 && with < without / 4.0,
+        "memory keeps them claimed: {with} vs {without}"
+    );
     let mut w = World::new();
     let mut t = 1_000 * MS;
     for i in 0..50 {
         w.next_request();
-        w.call_remote(B, 200, "10.9.9.9:6379", t + MS, MS, if i % 2 == 0 { 503 } else { 200 }, None);
+        w.call_remote(
+            B,
+            200,
+            "10.9.9.9:6379",
+            t + MS,
+            MS,
+            if i % 2 == 0 { 503 } else { 200 },
+            None,
+        );
         w.inbound(B, 200, t, 5 * MS, 200);
         t += 10 * MS;
     }
     w.e.tick(t + 2_000 * MS, &mut w.v);
-    assert_eq!(w.edge("b", "10.9.9.9:6379").dependency, DependencyKind::FailOpen);
+    assert_eq!(
+        w.edge("b", "10.9.9.9:6379").dependency,
+        DependencyKind::FailOpen
+    );
 }
 
 /// A fail-close dependency under a transient fault: most failures are recovered by the
@@ -467,11 +665,27 @@ fn failures_recovered_by_a_retry_do_not_teach_fail_open() {
     for i in 0..200 {
         w.next_request();
         let fails = i % 10 == 0;
-        w.call_remote(B, 200, "10.9.9.9:8080", t + MS, MS, if fails { 503 } else { 200 }, None);
+        w.call_remote(
+            B,
+            200,
+            "10.9.9.9:8080",
+            t + MS,
+            MS,
+            if fails { 503 } else { 200 },
+            None,
+        );
         let both = i == 199;
         if fails || both {
             // The retry of the same call (same path).
-            w.call_remote(B, 200, "10.9.9.9:8080", t + 3 * MS, MS, if both { 503 } else { 200 }, None);
+            w.call_remote(
+                B,
+                200,
+                "10.9.9.9:8080",
+                t + 3 * MS,
+                MS,
+                if both { 503 } else { 200 },
+                None,
+            );
         }
         let id = w.inbound(B, 200, t, 5 * MS, if both { 502 } else { 200 });
         if both {
@@ -482,14 +696,28 @@ fn failures_recovered_by_a_retry_do_not_teach_fail_open() {
     let v = w.verdict(last.expect("the last request failed"));
     assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
     assert!(!v.caused_by.is_empty(), "{v:?}");
-    assert_ne!(w.edge("b", "10.9.9.9:8080").dependency, DependencyKind::FailOpen);
+    assert_ne!(
+        w.edge("b", "10.9.9.9:8080").dependency,
+        DependencyKind::FailOpen
+    );
 }
 
 // ---- retries --------------------------------------------------------------------------------
 
 fn get(w: &mut World, t: u64, dur: u64, status: u16, route: &str) -> Exchange {
     let id = w.id();
-    X::client(id, A, 100, eph(A, 1000 + (id % 50) as u16), addr("203.0.113.9:443"), t, t + dur).route(route).status(status).build()
+    X::client(
+        id,
+        A,
+        100,
+        eph(A, 1000 + (id % 50) as u16),
+        addr("203.0.113.9:443"),
+        t,
+        t + dur,
+    )
+    .route(route)
+    .status(status)
+    .build()
 }
 
 #[test]
@@ -511,7 +739,11 @@ fn retry_after_failure_and_new_request_after_success() {
     w.e.tick(t + 25_000 * MS, &mut w.v);
     let s = w.e.stats();
     assert_eq!(s.retries, 1);
-    assert_eq!(s.retry_outcomes[1], (1, 1), "one retry after a transient failure, succeeded");
+    assert_eq!(
+        s.retry_outcomes[1],
+        (1, 1),
+        "one retry after a transient failure, succeeded"
+    );
 }
 
 #[test]
@@ -520,7 +752,11 @@ fn another_query_on_the_same_path_is_another_request() {
     let t = 1_000 * MS;
     let page = |w: &mut World, t: u64, status: u16, q: u64| {
         let id = w.id();
-        X::client(id, A, 100, eph(A, 1000), addr("203.0.113.9:443"), t, t + MS).route("/items").query_hash(q).status(status).build()
+        X::client(id, A, 100, eph(A, 1000), addr("203.0.113.9:443"), t, t + MS)
+            .route("/items")
+            .query_hash(q)
+            .status(status)
+            .build()
     };
     let x = page(&mut w, t, 503, 1);
     w.push(x);
@@ -538,28 +774,117 @@ fn hedged_non_idempotent_and_marker_retries() {
     let t = 1_000 * MS;
     // Attempt 2 starts at 1 s while attempt 1 (2.5 s) still runs: per-try timeout hedging.
     let id = w.id();
-    let a2 = X::client(id, A, 100, eph(A, 2), addr("203.0.113.9:443"), t + 1_000 * MS, t + 1_100 * MS).status(200).build();
+    let a2 = X::client(
+        id,
+        A,
+        100,
+        eph(A, 2),
+        addr("203.0.113.9:443"),
+        t + 1_000 * MS,
+        t + 1_100 * MS,
+    )
+    .status(200)
+    .build();
     let id = w.id();
-    let a1 = X::client(id, A, 100, eph(A, 1), addr("203.0.113.9:443"), t, t + 2_500 * MS).status(200).build();
+    let a1 = X::client(
+        id,
+        A,
+        100,
+        eph(A, 1),
+        addr("203.0.113.9:443"),
+        t,
+        t + 2_500 * MS,
+    )
+    .status(200)
+    .build();
     w.push(a2);
     w.push(a1); // reported later: it finished later
     // A POST retried without an idempotency key.
     let id = w.id();
-    w.push(X::client(id, A, 100, eph(A, 3), addr("203.0.113.9:443"), t + 3_000 * MS, t + 3_001 * MS).method(Method::Post).route("/pay").status(503).build());
+    w.push(
+        X::client(
+            id,
+            A,
+            100,
+            eph(A, 3),
+            addr("203.0.113.9:443"),
+            t + 3_000 * MS,
+            t + 3_001 * MS,
+        )
+        .method(Method::Post)
+        .route("/pay")
+        .status(503)
+        .build(),
+    );
     let id = w.id();
-    w.push(X::client(id, A, 100, eph(A, 4), addr("203.0.113.9:443"), t + 3_100 * MS, t + 3_101 * MS).method(Method::Post).route("/pay").status(200).build());
+    w.push(
+        X::client(
+            id,
+            A,
+            100,
+            eph(A, 4),
+            addr("203.0.113.9:443"),
+            t + 3_100 * MS,
+            t + 3_101 * MS,
+        )
+        .method(Method::Post)
+        .route("/pay")
+        .status(200)
+        .build(),
+    );
     // The same with a key: a retry, but a safe one.
     let id = w.id();
-    w.push(X::client(id, A, 100, eph(A, 5), addr("203.0.113.9:443"), t + 3_200 * MS, t + 3_201 * MS).method(Method::Post).route("/pay2").idempotency_key().status(503).build());
+    w.push(
+        X::client(
+            id,
+            A,
+            100,
+            eph(A, 5),
+            addr("203.0.113.9:443"),
+            t + 3_200 * MS,
+            t + 3_201 * MS,
+        )
+        .method(Method::Post)
+        .route("/pay2")
+        .idempotency_key()
+        .status(503)
+        .build(),
+    );
     let id = w.id();
-    w.push(X::client(id, A, 100, eph(A, 6), addr("203.0.113.9:443"), t + 3_300 * MS, t + 3_301 * MS).method(Method::Post).route("/pay2").idempotency_key().status(200).build());
+    w.push(
+        X::client(
+            id,
+            A,
+            100,
+            eph(A, 6),
+            addr("203.0.113.9:443"),
+            t + 3_300 * MS,
+            t + 3_301 * MS,
+        )
+        .method(Method::Post)
+        .route("/pay2")
+        .idempotency_key()
+        .status(200)
+        .build(),
+    );
     // A wire marker alone.
     let id = w.id();
     w.push(
-        X::client(id, A, 100, eph(A, 7), addr("203.0.113.9:443"), t + 3_400 * MS, t + 3_401 * MS)
-            .route("/m")
-            .markers(RetryMarkers { envoy_attempt_count: Some(2), ..Default::default() })
-            .build(),
+        X::client(
+            id,
+            A,
+            100,
+            eph(A, 7),
+            addr("203.0.113.9:443"),
+            t + 3_400 * MS,
+            t + 3_401 * MS,
+        )
+        .route("/m")
+        .markers(RetryMarkers {
+            envoy_attempt_count: Some(2),
+            ..Default::default()
+        })
+        .build(),
     );
     let s = w.e.stats();
     assert_eq!(s.hedged_retries, 1);
@@ -567,7 +892,10 @@ fn hedged_non_idempotent_and_marker_retries() {
     assert_eq!(s.retries, 4);
     w.e.tick(t + 5_000 * MS, &mut w.v);
     let e = w.edge("a", "203.0.113.9:443");
-    assert_eq!((e.requests, e.retries, e.first_attempts, e.hedged_retries), (7, 4, 3, 1));
+    assert_eq!(
+        (e.requests, e.retries, e.first_attempts, e.hedged_retries),
+        (7, 4, 3, 1)
+    );
 }
 
 #[test]
@@ -609,13 +937,26 @@ fn timeout_mismatch_when_callee_finishes_after_caller_abandons() {
             .build(),
     );
     let id = w.id();
-    w.push(X::server(id, C, C * 10, svc(C), local, t + MS, t + 2_500 * MS).status(200).build());
+    w.push(
+        X::server(id, C, C * 10, svc(C), local, t + MS, t + 2_500 * MS)
+            .status(200)
+            .build(),
+    );
     // A callee finishing before the caller's close is no mismatch.
     let local = eph(B, 4243);
     let id = w.id();
-    w.push(X::client(id, B, 200, local, svc(C), t + 3_000 * MS, t + 4_000 * MS).failure(Failure::Abandoned).request_end(t + 4_000 * MS).build());
+    w.push(
+        X::client(id, B, 200, local, svc(C), t + 3_000 * MS, t + 4_000 * MS)
+            .failure(Failure::Abandoned)
+            .request_end(t + 4_000 * MS)
+            .build(),
+    );
     let id = w.id();
-    w.push(X::server(id, C, C * 10, svc(C), local, t + 3_001 * MS, t + 3_500 * MS).status(200).build());
+    w.push(
+        X::server(id, C, C * 10, svc(C), local, t + 3_001 * MS, t + 3_500 * MS)
+            .status(200)
+            .build(),
+    );
     assert_eq!(w.e.stats().timeout_mismatches, 1);
     w.e.tick(t + 10_000 * MS, &mut w.v);
     assert_eq!(w.edge("b", "c").timeout_mismatches_total, 1);
@@ -641,14 +982,24 @@ fn rates_and_amplification_with_frozen_baseline() {
     let e = w.edge("b", "c");
     assert!(e.fault_active);
     let base = e.baseline_rate.unwrap_or(0.0);
-    assert!((base - 10.0).abs() < 0.5, "baseline stays at the pre-fault rate: {base}");
+    assert!(
+        (base - 10.0).abs() < 0.5,
+        "baseline stays at the pre-fault rate: {base}"
+    );
     assert!((e.amplification - 4.0).abs() < 0.3, "{}", e.amplification);
     assert!((e.request_rate - 40.0).abs() < 2.0, "{}", e.request_rate);
     let p = w.e.paths();
     assert!(p.fault_active);
-    let c_depth = p.depths.iter().find(|d| d.services.iter().any(|s| s.as_str() == "c")).map(|d| (d.depth, d.amplification));
+    let c_depth = p
+        .depths
+        .iter()
+        .find(|d| d.services.iter().any(|s| s.as_str() == "c"))
+        .map(|d| (d.depth, d.amplification));
     // B never served, so C is the root of the node's graph.
-    assert!(c_depth.is_some_and(|(d, a)| d == 0 && (a - 4.0).abs() < 0.3), "{p:?}");
+    assert!(
+        c_depth.is_some_and(|(d, a)| d == 0 && (a - 4.0).abs() < 0.3),
+        "{p:?}"
+    );
     assert_eq!(p.storm_radius, 0, "no retries: no storm");
 }
 
@@ -659,7 +1010,16 @@ fn names_default_to_comm_and_port_and_overflow_to_other() {
     c.service_names.push("api:80=frontend".parse().unwrap());
     let mut w = World::with(c);
     for (pid, comm) in [(B, "api"), (C, "python3"), (D, "java")] {
-        w.e.on_process(&ProcessInfo { pid, comm: comm.into(), exe: None, cgroup: None, container_id: None, netns: Some(1), host_netns: None, workload: None });
+        w.e.on_process(&ProcessInfo {
+            pid,
+            comm: comm.into(),
+            exe: None,
+            cgroup: None,
+            container_id: None,
+            netns: Some(1),
+            host_netns: None,
+            workload: None,
+        });
     }
     let t = 1_000 * MS;
     w.inbound(B, 200, t, 20 * MS, 200);
@@ -667,8 +1027,14 @@ fn names_default_to_comm_and_port_and_overflow_to_other() {
     w.call(C, 300, D, t + 10 * MS, MS, 200);
     w.e.tick(t + 3_000 * MS, &mut w.v);
     let names: Vec<String> = w.e.edges().iter().map(|e| e.edge.to_string()).collect();
-    assert!(names.contains(&"frontend->python3:80".to_string()), "{names:?}");
-    assert!(names.contains(&"python3:80->other".to_string()), "cap of 2 names: {names:?}");
+    assert!(
+        names.contains(&"frontend->python3:80".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"python3:80->other".to_string()),
+        "cap of 2 names: {names:?}"
+    );
 }
 
 /// Short-lived clients (a `curl` per request) exit before /proc is read: capture describes them
@@ -679,7 +1045,16 @@ fn processes_gone_before_they_were_read_are_named_by_their_exit() {
     let mut w = World::with(CorrelateConfig::default());
     let server = 500;
     let local = addr("127.0.0.1:8080");
-    w.e.on_process(&ProcessInfo { pid: server, comm: "python3".into(), exe: None, cgroup: None, container_id: None, netns: Some(1), host_netns: None, workload: None });
+    w.e.on_process(&ProcessInfo {
+        pid: server,
+        comm: "python3".into(),
+        exe: None,
+        cgroup: None,
+        container_id: None,
+        netns: Some(1),
+        host_netns: None,
+        workload: None,
+    });
     let mut t = 1_000 * MS;
     for i in 0..40u32 {
         let pid = 9_000 + i;
@@ -699,23 +1074,55 @@ fn processes_gone_before_they_were_read_are_named_by_their_exit() {
     }
     w.e.tick(t + 3_000 * MS, &mut w.v);
     let edges = w.e.edges();
-    assert!(edges.iter().all(|e| !e.edge.caller.as_str().is_empty()), "{edges:?}");
+    assert!(
+        edges.iter().all(|e| !e.edge.caller.as_str().is_empty()),
+        "{edges:?}"
+    );
     assert_eq!(w.edge("curl", "python3:8080").requests, 30);
-    assert_eq!(w.edge("pid:9000", "python3:8080").requests, 1, "unnamed: the pid, as for any process never described");
+    assert_eq!(
+        w.edge("pid:9000", "python3:8080").requests,
+        1,
+        "unnamed: the pid, as for any process never described"
+    );
 }
 
 /// A late name is the same process: what it served (its caller-side name `comm:port`) stays,
 /// and its provisional `pid:N` names give their places under the service cap back.
 #[test]
 fn a_late_name_keeps_the_process_and_frees_its_provisional_names() {
-    let mut w = World::with(CorrelateConfig { max_services: 4, ..CorrelateConfig::default() });
+    let mut w = World::with(CorrelateConfig {
+        max_services: 4,
+        ..CorrelateConfig::default()
+    });
     let (s, other_port) = (600, addr("203.0.113.9:443"));
     w.e.on_process(&ProcessInfo::named_at_exit(s, String::new()));
     let t = 1_000 * MS;
     let sid = w.id();
-    w.push(X::server(sid, s, s, addr("10.0.0.60:8080"), addr("192.168.1.1:5000"), t, t + 5 * MS).build());
+    w.push(
+        X::server(
+            sid,
+            s,
+            s,
+            addr("10.0.0.60:8080"),
+            addr("192.168.1.1:5000"),
+            t,
+            t + 5 * MS,
+        )
+        .build(),
+    );
     let cid = w.id();
-    w.push(X::client(cid, s, s, addr("10.0.0.60:41000"), other_port, t + MS, t + 2 * MS).build());
+    w.push(
+        X::client(
+            cid,
+            s,
+            s,
+            addr("10.0.0.60:41000"),
+            other_port,
+            t + MS,
+            t + 2 * MS,
+        )
+        .build(),
+    );
     w.e.on_process(&ProcessInfo::named_at_exit(s, "python3".into()));
     // Many more nameless processes named late: each took a provisional name for a while.
     let mut t2 = t + 10 * MS;
@@ -723,14 +1130,35 @@ fn a_late_name_keeps_the_process_and_frees_its_provisional_names() {
         let pid = 7_000 + i;
         w.e.on_process(&ProcessInfo::named_at_exit(pid, String::new()));
         let id = w.id();
-        w.push(X::client(id, pid, pid, addr(&format!("10.0.0.70:{}", 42_000 + i)), other_port, t2, t2 + MS).build());
+        w.push(
+            X::client(
+                id,
+                pid,
+                pid,
+                addr(&format!("10.0.0.70:{}", 42_000 + i)),
+                other_port,
+                t2,
+                t2 + MS,
+            )
+            .build(),
+        );
         w.e.on_process(&ProcessInfo::named_at_exit(pid, "curl".into()));
         w.e.on_process_exit(pid);
         t2 += MS;
     }
     w.e.tick(t2 + 3_000 * MS, &mut w.v);
-    assert_eq!(w.edge("python3:8080", "203.0.113.9:443").requests, 1, "served port kept: {:?}", w.e.edges());
-    assert_eq!(w.edge("curl", "203.0.113.9:443").requests, 20, "not folded into other: {:?}", w.e.edges());
+    assert_eq!(
+        w.edge("python3:8080", "203.0.113.9:443").requests,
+        1,
+        "served port kept: {:?}",
+        w.e.edges()
+    );
+    assert_eq!(
+        w.edge("curl", "203.0.113.9:443").requests,
+        20,
+        "not folded into other: {:?}",
+        w.e.edges()
+    );
 }
 
 #[test]
@@ -742,7 +1170,19 @@ fn memory_is_bounded() {
     let mut t = 1_000 * MS;
     for i in 0..20_000u32 {
         let id = w.id();
-        w.push(X::client(id, B, 1_000 + i, eph(B, (i % 60_000) as u16), addr("203.0.113.9:443"), t, t + MS).route(&format!("/{i}")).build());
+        w.push(
+            X::client(
+                id,
+                B,
+                1_000 + i,
+                eph(B, (i % 60_000) as u16),
+                addr("203.0.113.9:443"),
+                t,
+                t + MS,
+            )
+            .route(&format!("/{i}"))
+            .build(),
+        );
         t += MS / 10;
     }
     assert!(w.e.threads.len() <= 1_000);
@@ -766,12 +1206,27 @@ fn idle_edge_slots_are_reused_at_the_cap() {
         t += 60_000 * MS;
     }
     w.e.tick(t, &mut w.v);
-    assert_eq!(w.e.stats().overflowed, 0, "idle slots were reused instead of overflowing");
+    assert_eq!(
+        w.e.stats().overflowed,
+        0,
+        "idle slots were reused instead of overflowing"
+    );
     assert!(w.e.edges.len() <= 5);
     // All busy at once: the cap holds and the rest is folded into "other".
     for i in 0..10u32 {
         let id = w.id();
-        w.push(X::client(id, 9_000 + i, 1, eph(B, 2), addr("203.0.113.9:443"), t, t + MS).build());
+        w.push(
+            X::client(
+                id,
+                9_000 + i,
+                1,
+                eph(B, 2),
+                addr("203.0.113.9:443"),
+                t,
+                t + MS,
+            )
+            .build(),
+        );
     }
     assert!(w.e.stats().overflowed > 0);
     assert!(w.e.edges.len() <= 5);
@@ -783,15 +1238,34 @@ fn idle_edge_slots_are_reused_at_the_cap() {
 fn timing_link_on_event_loops() {
     let t = 1_000 * MS;
     let call = |id: u64, port: u16, from: u64, to: u64| {
-        X::client(id, B, 200, eph(B, port), addr("203.0.113.9:443"), t + from * MS, t + to * MS).route(&format!("/{id}")).status(503).build()
+        X::client(
+            id,
+            B,
+            200,
+            eph(B, port),
+            addr("203.0.113.9:443"),
+            t + from * MS,
+            t + to * MS,
+        )
+        .route(&format!("/{id}"))
+        .status(503)
+        .build()
     };
     // Request read [t+10, t+11 ms], response written from t+51 ms.
     let resp = |id: u64, port: u16, shift: u64| {
-        X::server(id, B, 200, svc(B), addr(&format!("192.168.1.1:{port}")), t + 10 * MS, t + (78 + shift) * MS)
-            .request_done(t + 11 * MS)
-            .response_from(t + (51 + shift) * MS)
-            .status(502)
-            .build()
+        X::server(
+            id,
+            B,
+            200,
+            svc(B),
+            addr(&format!("192.168.1.1:{port}")),
+            t + 10 * MS,
+            t + (78 + shift) * MS,
+        )
+        .request_done(t + 11 * MS)
+        .response_from(t + (51 + shift) * MS)
+        .status(502)
+        .build()
     };
     let mut w = no_alo();
     // A long request overlapping on the same thread makes it an event loop.
@@ -844,7 +1318,20 @@ fn timing_link_on_event_loops() {
 fn timing_link_for_handed_off_calls() {
     let mut w = no_alo();
     let t = 1_000 * MS;
-    w.push(X::client(1, B, 299, eph(B, 7), addr("203.0.113.9:443"), t + 2 * MS, t + 6 * MS).route("/x").status(503).build());
+    w.push(
+        X::client(
+            1,
+            B,
+            299,
+            eph(B, 7),
+            addr("203.0.113.9:443"),
+            t + 2 * MS,
+            t + 6 * MS,
+        )
+        .route("/x")
+        .status(503)
+        .build(),
+    );
     w.push(
         X::server(2, B, 200, svc(B), addr("192.168.1.1:1"), t, t + 8 * MS)
             .request_done(t + MS)
@@ -876,11 +1363,19 @@ fn answered_error_cut_by_a_close_is_still_judged() {
     w.push(x);
     let v = w.verdict(9);
     assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
-    assert_eq!(w.e.stats().timeout_mismatches, 0, "an answered error is no timeout mismatch");
+    assert_eq!(
+        w.e.stats().timeout_mismatches,
+        0,
+        "an answered error is no timeout mismatch"
+    );
 
     // The caller went away before any answer: no verdict, one mismatch.
     let mut w = World::new();
-    w.push(X::server(10, B, 200, svc(B), addr("192.168.1.1:2"), t, t + 8 * MS).failure(Failure::Abandoned).build());
+    w.push(
+        X::server(10, B, 200, svc(B), addr("192.168.1.1:2"), t, t + 8 * MS)
+            .failure(Failure::Abandoned)
+            .build(),
+    );
     assert!(w.finish().is_empty());
     assert_eq!(w.e.stats().timeout_mismatches, 1);
 }
@@ -900,12 +1395,18 @@ fn baseline_skips_the_partial_first_bucket_and_needs_a_few_buckets() {
     send(&mut w, &mut t, 25);
     w.e.tick(t, &mut w.v);
     let e = w.edge("b", "c");
-    assert_eq!(e.baseline_rate, None, "two whole buckets are no baseline yet");
+    assert_eq!(
+        e.baseline_rate, None,
+        "two whole buckets are no baseline yet"
+    );
     assert_eq!(e.amplification, 1.0);
     send(&mut w, &mut t, 40);
     w.e.tick(t, &mut w.v);
     let base = w.edge("b", "c").baseline_rate;
-    assert!(base.is_some_and(|b| (b - 10.0).abs() < 0.5), "the half-empty first bucket must not drag it down: {base:?}");
+    assert!(
+        base.is_some_and(|b| (b - 10.0).abs() < 0.5),
+        "the half-empty first bucket must not drag it down: {base:?}"
+    );
 }
 
 /// Through a proxy (our shim) the callee's inbound peer is the proxy, so its verdict cannot
@@ -919,21 +1420,45 @@ fn claims_reach_the_edge_through_a_proxy_and_count_once() {
         let local = eph(B, w.port());
         let proxy_side = addr(&format!("10.0.0.1:{}", 40_000 + i));
         let sid = w.id();
-        w.push(X::server(sid, C, C * 10, svc(C), proxy_side, t + MS, t + 4 * MS).status(502).build());
+        w.push(
+            X::server(sid, C, C * 10, svc(C), proxy_side, t + MS, t + 4 * MS)
+                .status(502)
+                .build(),
+        );
         let cid = w.id();
-        w.push(X::client(cid, B, 200, local, svc(C), t, t + 5 * MS).route("/x").status(502).claim_header(Claim::Unclaimed).build());
+        w.push(
+            X::client(cid, B, 200, local, svc(C), t, t + 5 * MS)
+                .route("/x")
+                .status(502)
+                .claim_header(Claim::Unclaimed)
+                .build(),
+        );
     }
     // A direct call whose callee also sends the header: counted once, not twice.
     let t = t + 100 * MS;
     let local = eph(B, w.port());
     let sid = w.id();
-    w.push(X::server(sid, C, C * 10, svc(C), local, t + MS, t + 4 * MS).status(502).build());
+    w.push(
+        X::server(sid, C, C * 10, svc(C), local, t + MS, t + 4 * MS)
+            .status(502)
+            .build(),
+    );
     let cid = w.id();
-    w.push(X::client(cid, B, 201, local, svc(C), t, t + 5 * MS).route("/y").status(502).claim_header(Claim::Unclaimed).build());
+    w.push(
+        X::client(cid, B, 201, local, svc(C), t, t + 5 * MS)
+            .route("/y")
+            .status(502)
+            .claim_header(Claim::Unclaimed)
+            .build(),
+    );
     w.finish();
     w.e.tick(t + 3_000 * MS, &mut w.v);
     let claims = w.edge("b", "c").callee_claims;
-    assert_eq!((claims.unclaimed, claims.claimed, claims.missing), (7, 0, 0), "{claims:?}");
+    assert_eq!(
+        (claims.unclaimed, claims.claimed, claims.missing),
+        (7, 0, 0),
+        "{claims:?}"
+    );
 }
 
 // ---- propagated trace context -------------------------------------------------------------
@@ -952,15 +1477,37 @@ fn trace_id_links_calls_on_an_event_loop() {
         // r1 [t, t+10 ms] trace 1 calls a failing dependency; r2 [t+1, t+11 ms] trace 2 calls
         // it successfully and fails on its own; both on thread 200.
         let call = |id: u64, from: u64, status: u16, trace: u64| {
-            tr(X::client(id, B, 200, eph(B, 7000 + id as u16), addr("203.0.113.9:443"), t + from * MS, t + (from + 2) * MS), trace)
-                .route(&format!("/{id}"))
-                .status(status)
-                .build()
+            tr(
+                X::client(
+                    id,
+                    B,
+                    200,
+                    eph(B, 7000 + id as u16),
+                    addr("203.0.113.9:443"),
+                    t + from * MS,
+                    t + (from + 2) * MS,
+                ),
+                trace,
+            )
+            .route(&format!("/{id}"))
+            .status(status)
+            .build()
         };
         let req = |id: u64, from: u64, trace: u64| {
-            tr(X::server(id, B, 200, svc(B), addr(&format!("192.168.1.1:{}", 100 + id)), t + from * MS, t + (from + 10) * MS), trace)
-                .status(502)
-                .build()
+            tr(
+                X::server(
+                    id,
+                    B,
+                    200,
+                    svc(B),
+                    addr(&format!("192.168.1.1:{}", 100 + id)),
+                    t + from * MS,
+                    t + (from + 10) * MS,
+                ),
+                trace,
+            )
+            .status(502)
+            .build()
         };
         w.push(call(1, 2, 503, 1));
         w.push(call(2, 3, 200, 2));
@@ -971,12 +1518,18 @@ fn trace_id_links_calls_on_an_event_loop() {
     };
     let (v1, v2, links) = run(true);
     assert_eq!(v1.claim, Claim::Unclaimed, "{v1:?}");
-    assert_eq!(v1.caused_by.iter().map(|c| c.exchange).collect::<Vec<_>>(), vec![ExchangeId(1)]);
+    assert_eq!(
+        v1.caused_by.iter().map(|c| c.exchange).collect::<Vec<_>>(),
+        vec![ExchangeId(1)]
+    );
     assert_eq!(v2.claim, Claim::Claimed, "{v2:?}");
     assert_eq!(links, 2);
     // Without the header the same traffic cannot be placed.
     let (v1, v2, links) = run(false);
-    assert_eq!((v1.claim, v2.claim, links), (Claim::Missing, Claim::Missing, 0));
+    assert_eq!(
+        (v1.claim, v2.claim, links),
+        (Claim::Missing, Claim::Missing, 0)
+    );
 }
 
 /// A call carrying another trace id is never the request's; a failed call the trace id cannot
@@ -991,9 +1544,17 @@ fn trace_id_links_only_its_own_calls() {
         World::with(c)
     };
     let call = |id: u64, trace: Option<u64>| {
-        let x = X::client(id, B, 200, eph(B, 7000 + id as u16), addr("203.0.113.9:443"), t + 2 * MS, t + 4 * MS)
-            .route(&format!("/{id}"))
-            .status(503);
+        let x = X::client(
+            id,
+            B,
+            200,
+            eph(B, 7000 + id as u16),
+            addr("203.0.113.9:443"),
+            t + 2 * MS,
+            t + 4 * MS,
+        )
+        .route(&format!("/{id}"))
+        .status(503);
         match trace {
             Some(tr) => x.trace_id(tr),
             None => x,
@@ -1001,10 +1562,18 @@ fn trace_id_links_only_its_own_calls() {
         .build()
     };
     let req = |id: u64, from: u64, trace: u64, status: u16| {
-        X::server(id, B, 200, svc(B), addr(&format!("192.168.1.1:{}", 100 + id)), t + from * MS, t + (from + 10) * MS)
-            .trace_id(trace)
-            .status(status)
-            .build()
+        X::server(
+            id,
+            B,
+            200,
+            svc(B),
+            addr(&format!("192.168.1.1:{}", 100 + id)),
+            t + from * MS,
+            t + (from + 10) * MS,
+        )
+        .trace_id(trace)
+        .status(status)
+        .build()
     };
 
     // The failed call is request 2's (trace 2): request 1 (trace 1) failed on its own.
@@ -1082,7 +1651,10 @@ mod names {
         w.call(B, 200, C, t, MS, 200);
         w.e.tick(t + 3_000 * MS, &mut w.v);
         let names = edge_names(&w);
-        assert!(names.contains(&"shop/checkout->python3:80".to_string()), "{names:?}");
+        assert!(
+            names.contains(&"shop/checkout->python3:80".to_string()),
+            "{names:?}"
+        );
     }
 
     /// Two containers listening on one port in two network namespaces (every pod on 8080) never
@@ -1098,11 +1670,25 @@ mod names {
         w.call(B, 200, D, t + 10 * MS, MS, 200);
         w.e.tick(t + 3_000 * MS, &mut w.v);
         let names = edge_names(&w);
-        assert!(names.contains(&"curl->httpd:80@netns:4026532001".to_string()), "{names:?}");
-        assert!(names.contains(&"curl->httpd:80@netns:4026532002".to_string()), "{names:?}");
-        assert_eq!(w.e.resolve_name(A, 80).as_str(), "pid:10:80", "undescribed: its pid");
+        assert!(
+            names.contains(&"curl->httpd:80@netns:4026532001".to_string()),
+            "{names:?}"
+        );
+        assert!(
+            names.contains(&"curl->httpd:80@netns:4026532002".to_string()),
+            "{names:?}"
+        );
+        assert_eq!(
+            w.e.resolve_name(A, 80).as_str(),
+            "pid:10:80",
+            "undescribed: its pid"
+        );
         w.e.on_process(&proc(A, "httpd", HOST_NS, None));
-        assert_eq!(w.e.resolve_name(A, 80).as_str(), "httpd:80", "host namespace: no suffix");
+        assert_eq!(
+            w.e.resolve_name(A, 80).as_str(),
+            "httpd:80",
+            "host namespace: no suffix"
+        );
         // Without the host's namespace (a recording from before it was carried): as before.
         let mut old = proc(A, "httpd", 4026532001, None);
         old.host_netns = None;
@@ -1114,7 +1700,8 @@ mod names {
     #[test]
     fn overrides_win_over_the_workload() {
         let mut c = CorrelateConfig::default();
-        c.service_names.push(format!("pid:{B}=pinned").parse().unwrap());
+        c.service_names
+            .push(format!("pid:{B}=pinned").parse().unwrap());
         c.service_names.push("python3:80=by-port".parse().unwrap());
         c.service_names.push("java=by-comm".parse().unwrap());
         let mut w = World::with(c);

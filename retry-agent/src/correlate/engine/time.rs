@@ -33,8 +33,14 @@ impl Engine {
             failures >= FAULT_MIN_FAILURES && f64::from(failures) >= ratio * f64::from(total)
         };
         for ep in from..now_epoch {
-            let fault = self.edges.iter().any(|e| e.ring.get(ep).is_some_and(|b| faulty(b.failures, b.requests)))
-                || self.svcs.iter().any(|s| s.ring.get(ep).is_some_and(|b| faulty(b.failures, b.served)));
+            let fault = self.edges.iter().any(|e| {
+                e.ring
+                    .get(ep)
+                    .is_some_and(|b| faulty(b.failures, b.requests))
+            }) || self
+                .svcs
+                .iter()
+                .any(|s| s.ring.get(ep).is_some_and(|b| faulty(b.failures, b.served)));
             if fault {
                 self.fault_epoch = Some(ep);
             }
@@ -60,7 +66,8 @@ impl Engine {
 
     pub(super) fn fault_active(&self) -> bool {
         let now_epoch = self.epoch(self.now);
-        self.fault_epoch.is_some_and(|f| now_epoch < f + 1 + self.window)
+        self.fault_epoch
+            .is_some_and(|f| now_epoch < f + 1 + self.window)
     }
 
     /// Complete buckets of the current window: [from, to).

@@ -1,7 +1,8 @@
 //! Verdicts: a failed inbound request's children (thread context, then timing and sole-request
 //! links), failure-pattern memory, and the claim it gets.
 use super::{
-    Child, Engine, MEMORY_DECAY_AT, MEMORY_FAIL_CLOSE, MEMORY_MIN_SAMPLES, NS_PER_MS, Peer, Pending, RecentVerdict,
+    Child, Engine, MEMORY_DECAY_AT, MEMORY_FAIL_CLOSE, MEMORY_MIN_SAMPLES, NS_PER_MS, Peer,
+    Pending, RecentVerdict,
     claim::{self, Context, Evidence, FailedCall, Reason},
     claim_index,
 };
@@ -26,13 +27,19 @@ impl Found {
         if self.context == Context::Lost {
             return Vec::new();
         }
-        self.children.iter().filter(|c| c.outcome.is_failure() && c.end <= answered).copied().collect()
+        self.children
+            .iter()
+            .filter(|c| c.outcome.is_failure() && c.end <= answered)
+            .copied()
+            .collect()
     }
 }
 
 impl Engine {
     pub(super) fn dependency(&self, edge: u32) -> DependencyKind {
-        let Some(e) = self.edges.get(edge as usize) else { return DependencyKind::Unknown };
+        let Some(e) = self.edges.get(edge as usize) else {
+            return DependencyKind::Unknown;
+        };
         if e.mem_child_fail < MEMORY_MIN_SAMPLES {
             return DependencyKind::Unknown;
         }
@@ -88,7 +95,11 @@ impl Engine {
             orphan_failed: found.orphan_failed,
             at_least_once: self.cfg.at_least_once,
         });
-        let caused_by = if decision.reason == Reason::Dependency { self.caused_by(&failed, &calls) } else { Vec::new() };
+        let caused_by = if decision.reason == Reason::Dependency {
+            self.caused_by(&failed, &calls)
+        } else {
+            Vec::new()
+        };
         let (service, caller) = self.book(&p, decision.claim);
         out.push(Verdict {
             exchange: p.id,
@@ -109,13 +120,20 @@ impl Engine {
         let mut ambiguous = p.ambiguous || p.cross_thread;
         if let Some(ctx) = self.threads.get(&(p.pid, p.thread)) {
             ambiguous |= ctx.event_loop;
-            for c in ctx.children.iter().filter(|c| c.start >= p.start && c.start <= p.end) {
+            for c in ctx
+                .children
+                .iter()
+                .filter(|c| c.start >= p.start && c.start <= p.end)
+            {
                 if !children.iter().any(|k| k.id == c.id) {
                     children.push(*c);
                 }
             }
         }
-        let covered = self.procs.get(&p.pid).is_none_or(|x| x.failures_lost_until < p.start);
+        let covered = self
+            .procs
+            .get(&p.pid)
+            .is_none_or(|x| x.failures_lost_until < p.start);
         let (process_failed, orphan_failed) = if covered {
             (
                 self.process_failed_during(p.pid, p.start, p.end),
@@ -124,15 +142,25 @@ impl Engine {
         } else {
             (p.process_failed, p.orphan_failed)
         };
-        let context = if ambiguous { Context::Lost } else { Context::Followed };
-        Found { children, context, process_failed, orphan_failed }
+        let context = if ambiguous {
+            Context::Lost
+        } else {
+            Context::Followed
+        };
+        Found {
+            children,
+            context,
+            process_failed,
+            orphan_failed,
+        }
     }
 
     /// Thread context cannot tell (or saw a failure it cannot place): try the timing link,
     /// then, for a lost context, the sole-request link.
     fn link(&mut self, p: &Pending, found: &mut Found) {
         let lost = found.context == Context::Lost;
-        let unplaced = !lost && found.orphan_failed && found.children.iter().all(|c| !c.outcome.is_failure());
+        let unplaced =
+            !lost && found.orphan_failed && found.children.iter().all(|c| !c.outcome.is_failure());
         if !(lost && found.process_failed) && !unplaced {
             return;
         }
@@ -174,7 +202,10 @@ impl Engine {
                     OutcomeClass::Unknown => c.idempotent,
                     _ => false,
                 },
-                retried: self.edges.get(c.edge as usize).is_some_and(|e| e.retries_total > 0)
+                retried: self
+                    .edges
+                    .get(c.edge as usize)
+                    .is_some_and(|e| e.retries_total > 0)
                     || failed.iter().any(|o| o.edge == c.edge && o.retry),
             })
             .collect()
@@ -184,9 +215,18 @@ impl Engine {
     fn caused_by(&mut self, failed: &[Child], calls: &[FailedCall]) -> Vec<ChildFailure> {
         let mut caused_by = Vec::new();
         for (c, _) in failed.iter().zip(calls).filter(|(_, f)| f.is_cause()) {
-            let callee = self.edges.get(c.edge as usize).map(|e| e.peer).unwrap_or(Peer::Overflow);
+            let callee = self
+                .edges
+                .get(c.edge as usize)
+                .map(|e| e.peer)
+                .unwrap_or(Peer::Overflow);
             let callee = self.peer_name(callee);
-            caused_by.push(ChildFailure { exchange: c.id, callee, outcome: c.outcome, status: c.status });
+            caused_by.push(ChildFailure {
+                exchange: c.id,
+                callee,
+                outcome: c.outcome,
+                status: c.status,
+            });
         }
         caused_by
     }
@@ -195,19 +235,41 @@ impl Engine {
     /// caller's own verdict. Returns the names of the service and of its caller, if known.
     fn book(&mut self, p: &Pending, claim: Claim) -> (ServiceId, Option<ServiceId>) {
         self.stats.verdicts.add(claim);
-        self.recent_verdicts.insert(p.tuple, RecentVerdict { claim, start: p.start, end: p.end });
+        self.recent_verdicts.insert(
+            p.tuple,
+            RecentVerdict {
+                claim,
+                start: p.start,
+                end: p.end,
+            },
+        );
         let ep = self.epoch(p.start);
-        if let Some(b) = self.svcs.get_mut(p.svc as usize).and_then(|s| s.ring.at(ep))
+        if let Some(b) = self
+            .svcs
+            .get_mut(p.svc as usize)
+            .and_then(|s| s.ring.at(ep))
             && let Some(n) = b.claims.get_mut(claim_index(claim))
         {
             *n += 1;
         }
         // The caller's edge learns the claim its callee (us) gave.
-        let caller = p.remote.and_then(|r| self.client_socks.get(&self.ns_key(p.pid, r)).copied());
-        let (svc_pid, svc_port) = self.svcs.get(p.svc as usize).map_or((p.pid, 0), |s| (s.pid, s.port));
+        let caller = p
+            .remote
+            .and_then(|r| self.client_socks.get(&self.ns_key(p.pid, r)).copied());
+        let (svc_pid, svc_port) = self
+            .svcs
+            .get(p.svc as usize)
+            .map_or((p.pid, 0), |s| (s.pid, s.port));
         let caller_name = match caller {
             Some(c) => {
-                let edge = self.edge_key(c, Peer::Local { pid: svc_pid, port: svc_port }, None);
+                let edge = self.edge_key(
+                    c,
+                    Peer::Local {
+                        pid: svc_pid,
+                        port: svc_port,
+                    },
+                    None,
+                );
                 let counted = self.header_claimed.get(&p.tuple).is_some();
                 if !counted
                     && let Some(b) = self.edge_bucket(edge, p.start)
@@ -233,12 +295,19 @@ impl Engine {
         if proc_.failures_lost_until >= p.start || !proc_.inbound.iter().any(|x| x.2 == p.id) {
             return None;
         }
-        let overlapped = proc_.inbound.iter().any(|&(s, e, id, _)| id != p.id && s < p.end && p.start < e);
+        let overlapped = proc_
+            .inbound
+            .iter()
+            .any(|&(s, e, id, _)| id != p.id && s < p.end && p.start < e);
         if overlapped {
             return None;
         }
-        let children: Vec<Child> =
-            proc_.failures.iter().map(|(c, _)| *c).filter(|c| c.start >= p.start && c.end <= p.end).collect();
+        let children: Vec<Child> = proc_
+            .failures
+            .iter()
+            .map(|(c, _)| *c)
+            .filter(|c| c.start >= p.start && c.end <= p.end)
+            .collect();
         (!children.is_empty()).then_some(children)
     }
 
@@ -257,16 +326,26 @@ impl Engine {
         if proc_.failures_lost_until >= p.start || !proc_.inbound.iter().any(|x| x.2 == p.id) {
             return None;
         }
-        let same_trace_overlaps =
-            proc_.inbound.iter().any(|&(s, e, id, t)| id != p.id && t == Some(trace) && s < p.end && p.start < e);
+        let same_trace_overlaps = proc_
+            .inbound
+            .iter()
+            .any(|&(s, e, id, t)| id != p.id && t == Some(trace) && s < p.end && p.start < e);
         if same_trace_overlaps {
             return None;
         }
         let during = |c: &Child| c.start <= p.end && c.end >= p.start;
         let placed = |c: &Child| {
-            c.trace.is_some_and(|t| proc_.inbound.iter().any(|&(s, e, _, it)| it == Some(t) && s <= c.start && c.start <= e))
+            c.trace.is_some_and(|t| {
+                proc_
+                    .inbound
+                    .iter()
+                    .any(|&(s, e, _, it)| it == Some(t) && s <= c.start && c.start <= e)
+            })
         };
-        let unplaced_failure = proc_.failures.iter().any(|(c, _)| during(c) && self.fail_close(c.edge) && !placed(c));
+        let unplaced_failure = proc_
+            .failures
+            .iter()
+            .any(|(c, _)| during(c) && self.fail_close(c.edge) && !placed(c));
         if unplaced_failure {
             return None;
         }
@@ -315,11 +394,15 @@ impl Engine {
     }
 
     pub(super) fn process_failed_during(&self, pid: u32, start: u64, end: u64) -> bool {
-        let Some(p) = self.procs.get(&pid) else { return false };
+        let Some(p) = self.procs.get(&pid) else {
+            return false;
+        };
         if p.failures_lost_until >= start {
             return true; // cannot prove otherwise
         }
-        p.failures.iter().any(|(c, _)| c.start <= end && c.end >= start && self.fail_close(c.edge))
+        p.failures
+            .iter()
+            .any(|(c, _)| c.start <= end && c.end >= start && self.fail_close(c.edge))
     }
 
     /// A fail-close outbound failure of the process during [start, end] on another thread that
@@ -328,7 +411,9 @@ impl Engine {
     /// uprobes traced to another request goroutine: that request may still be in flight (its
     /// window not known yet), but the call is its, not ours.
     pub(super) fn orphan_failed_during(&self, pid: u32, thread: u64, start: u64, end: u64) -> bool {
-        let Some(p) = self.procs.get(&pid) else { return false };
+        let Some(p) = self.procs.get(&pid) else {
+            return false;
+        };
         p.failures.iter().any(|&(c, t)| {
             let (s, e, edge) = (c.start, c.end, c.edge);
             let traced = t & GOROUTINE_ROOTED != 0;

@@ -14,13 +14,20 @@ fn container_forms_table() {
     let cases: Vec<(String, RuntimeKind, Option<&str>, Option<&str>)> = vec![
         // cgroup v2, kubelet with the systemd driver, containerd
         (
-            format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_us}.slice/cri-containerd-{ID}.scope\n"),
+            format!(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_us}.slice/cri-containerd-{ID}.scope\n"
+            ),
             RuntimeKind::Containerd,
             Some(UID),
             None,
         ),
         // cgroup v2, kubelet with the cgroupfs driver (containerd or CRI-O: a bare id)
-        (format!("0::/kubepods/besteffort/pod{UID}/{ID}\n"), RuntimeKind::Unknown, Some(UID), None),
+        (
+            format!("0::/kubepods/besteffort/pod{UID}/{ID}\n"),
+            RuntimeKind::Unknown,
+            Some(UID),
+            None,
+        ),
         // CRI-O, systemd driver
         (
             format!("0::/kubepods.slice/kubepods-pod{uid_us}.slice/crio-{ID}.scope\n"),
@@ -29,17 +36,26 @@ fn container_forms_table() {
             None,
         ),
         // Docker, systemd driver (v2)
-        (format!("0::/system.slice/docker-{ID}.scope\n"), RuntimeKind::Docker, None, None),
+        (
+            format!("0::/system.slice/docker-{ID}.scope\n"),
+            RuntimeKind::Docker,
+            None,
+            None,
+        ),
         // Docker, cgroup v1 cgroupfs
         (
-            format!("12:memory:/docker/{ID}\n11:cpu,cpuacct:/docker/{ID}\n1:name=systemd:/docker/{ID}\n"),
+            format!(
+                "12:memory:/docker/{ID}\n11:cpu,cpuacct:/docker/{ID}\n1:name=systemd:/docker/{ID}\n"
+            ),
             RuntimeKind::Docker,
             None,
             None,
         ),
         // Podman
         (
-            format!("0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope/container\n"),
+            format!(
+                "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope/container\n"
+            ),
             RuntimeKind::Podman,
             None,
             None,
@@ -94,7 +110,10 @@ fn host_processes_and_monitors_are_not_containers() {
 #[test]
 fn the_deepest_id_wins_and_case_is_normalised() {
     let outer = "a".repeat(64);
-    let text = format!("0::/docker/{outer}/kubepods/pod{UID}/{}\n", ID.to_ascii_uppercase());
+    let text = format!(
+        "0::/docker/{outer}/kubepods/pod{UID}/{}\n",
+        ID.to_ascii_uppercase()
+    );
     let got = parse(&text).unwrap();
     assert_eq!(got.id, id());
     assert_eq!(got.pod_uid.as_deref(), Some(UID));

@@ -4,7 +4,9 @@
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
-use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod, core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    apps::v1::ReplicaSet, core::v1::Pod, core::v1::Service, discovery::v1::EndpointSlice,
+};
 use kube::{
     Api, Client,
     runtime::{WatchStreamExt, watcher},
@@ -26,7 +28,14 @@ pub(super) async fn run(index: Arc<RwLock<ClusterIndex>>, shared: Arc<Shared>) {
     };
     info!("watching pods, services, endpointslices and replicasets for names");
     tokio::join!(
-        watch::<Pod>(client.clone(), index.clone(), shared.clone(), ObjectKind::Pod, ClusterIndex::apply_pod, ClusterIndex::delete_pod),
+        watch::<Pod>(
+            client.clone(),
+            index.clone(),
+            shared.clone(),
+            ObjectKind::Pod,
+            ClusterIndex::apply_pod,
+            ClusterIndex::delete_pod
+        ),
         watch::<ReplicaSet>(
             client.clone(),
             index.clone(),
@@ -35,8 +44,22 @@ pub(super) async fn run(index: Arc<RwLock<ClusterIndex>>, shared: Arc<Shared>) {
             ClusterIndex::apply_replicaset,
             ClusterIndex::delete_replicaset,
         ),
-        watch::<Service>(client.clone(), index.clone(), shared.clone(), ObjectKind::Service, ClusterIndex::apply_service, ClusterIndex::delete_service),
-        watch::<EndpointSlice>(client, index, shared, ObjectKind::EndpointSlice, ClusterIndex::apply_slice, ClusterIndex::delete_slice),
+        watch::<Service>(
+            client.clone(),
+            index.clone(),
+            shared.clone(),
+            ObjectKind::Service,
+            ClusterIndex::apply_service,
+            ClusterIndex::delete_service
+        ),
+        watch::<EndpointSlice>(
+            client,
+            index,
+            shared,
+            ObjectKind::EndpointSlice,
+            ClusterIndex::apply_slice,
+            ClusterIndex::delete_slice
+        ),
     );
 }
 
@@ -48,10 +71,17 @@ async fn watch<K>(
     apply: fn(&mut ClusterIndex, &K),
     delete: fn(&mut ClusterIndex, &K),
 ) where
-    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
 {
     let api: Api<K> = Api::all(client);
-    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
     while let Some(ev) = stream.next().await {
         let ev = match ev {
             Ok(ev) => ev,

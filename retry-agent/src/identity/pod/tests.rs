@@ -1,7 +1,10 @@
 use super::*;
 
 fn owner(kind: &str, name: &str) -> Owner {
-    Owner { kind: kind.into(), name: name.into() }
+    Owner {
+        kind: kind.into(),
+        name: name.into(),
+    }
 }
 
 #[test]
@@ -17,7 +20,15 @@ fn labels_name_the_pod_and_container() {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     let p = pod_labels(&labels).unwrap();
-    assert_eq!(p, PodLabels { namespace: "shop".into(), pod: "orders-7d9f8c6b5-x2k4p".into(), uid: Some("1b2c".into()), container: Some("app".into()) });
+    assert_eq!(
+        p,
+        PodLabels {
+            namespace: "shop".into(),
+            pod: "orders-7d9f8c6b5-x2k4p".into(),
+            uid: Some("1b2c".into()),
+            container: Some("app".into())
+        }
+    );
     let n = name_container(&p, None);
     assert_eq!(n.to_string(), "shop/orders/app");
     assert_eq!(n.service_name(), "shop/orders");
@@ -40,19 +51,63 @@ fn missing_or_empty_labels_name_nothing() {
 fn owners_map_to_workloads() {
     let cases: Vec<(Option<Owner>, Option<Owner>, &str, WorkloadKind)> = vec![
         (None, None, "the-pod", WorkloadKind::Pod),
-        (Some(owner("ReplicaSet", "web-5f6b7c8d9")), Some(owner("Deployment", "web")), "web", WorkloadKind::Deployment),
+        (
+            Some(owner("ReplicaSet", "web-5f6b7c8d9")),
+            Some(owner("Deployment", "web")),
+            "web",
+            WorkloadKind::Deployment,
+        ),
         // ReplicaSet not in the index yet: its name's hash is stripped.
-        (Some(owner("ReplicaSet", "web-5f6b7c8d9")), None, "web", WorkloadKind::Deployment),
+        (
+            Some(owner("ReplicaSet", "web-5f6b7c8d9")),
+            None,
+            "web",
+            WorkloadKind::Deployment,
+        ),
         // A ReplicaSet owned by something else stays the workload.
-        (Some(owner("ReplicaSet", "rs-x")), Some(owner("Rollout", "r")), "rs-x", WorkloadKind::ReplicaSet),
-        (Some(owner("StatefulSet", "db")), None, "db", WorkloadKind::StatefulSet),
-        (Some(owner("DaemonSet", "fluentd")), None, "fluentd", WorkloadKind::DaemonSet),
-        (Some(owner("Job", "migrate")), None, "migrate", WorkloadKind::Job),
-        (Some(owner("Job", "backup-29012345")), None, "backup", WorkloadKind::CronJob),
-        (Some(owner("Node", "node-1")), None, "node-1", WorkloadKind::Pod),
+        (
+            Some(owner("ReplicaSet", "rs-x")),
+            Some(owner("Rollout", "r")),
+            "rs-x",
+            WorkloadKind::ReplicaSet,
+        ),
+        (
+            Some(owner("StatefulSet", "db")),
+            None,
+            "db",
+            WorkloadKind::StatefulSet,
+        ),
+        (
+            Some(owner("DaemonSet", "fluentd")),
+            None,
+            "fluentd",
+            WorkloadKind::DaemonSet,
+        ),
+        (
+            Some(owner("Job", "migrate")),
+            None,
+            "migrate",
+            WorkloadKind::Job,
+        ),
+        (
+            Some(owner("Job", "backup-29012345")),
+            None,
+            "backup",
+            WorkloadKind::CronJob,
+        ),
+        (
+            Some(owner("Node", "node-1")),
+            None,
+            "node-1",
+            WorkloadKind::Pod,
+        ),
     ];
     for (o, rs, want, kind) in cases {
-        assert_eq!(workload_of("the-pod", o.as_ref(), rs.as_ref()), (want.to_string(), kind), "{o:?}");
+        assert_eq!(
+            workload_of("the-pod", o.as_ref(), rs.as_ref()),
+            (want.to_string(), kind),
+            "{o:?}"
+        );
     }
 }
 
@@ -60,7 +115,11 @@ fn owners_map_to_workloads() {
 fn workloads_guessed_from_pod_names() {
     for (pod, want, kind) in [
         ("orders-7d9f8c6b5-x2k4p", "orders", WorkloadKind::Deployment),
-        ("my-api-v2-56bd8f6c4d-qk5lz", "my-api-v2", WorkloadKind::Deployment),
+        (
+            "my-api-v2-56bd8f6c4d-qk5lz",
+            "my-api-v2",
+            WorkloadKind::Deployment,
+        ),
         ("fluentd-x7k2p", "fluentd", WorkloadKind::Unknown),
         ("db-0", "db", WorkloadKind::Unknown),
         ("db-12", "db", WorkloadKind::Unknown),

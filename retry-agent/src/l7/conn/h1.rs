@@ -23,16 +23,54 @@ pub(super) struct H1Conn {
 
 impl H1Conn {
     pub(super) fn new(req: H1Parser, resp: H1Parser) -> Self {
-        H1Conn { req, resp, pending: VecDeque::new(), next_seq: 0, cur_req: None }
+        H1Conn {
+            req,
+            resp,
+            pending: VecDeque::new(),
+            next_seq: 0,
+            cur_req: None,
+        }
     }
 
-    #[expect(clippy::too_many_arguments, reason = "one call site; the parts are split borrows of the connection")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site; the parts are split borrows of the connection"
+    )]
     /// Returns the upgraded request when the connection switched to HTTP/2 (h2c), whose response
     /// comes on stream 1, and how many bytes at the end of `payload` are already HTTP/2.
-    pub(super) fn feed(&mut self, is_req: bool, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, info: &ConnInfo, max_inflight: usize, em: &mut Emitter<'_>) -> Option<(Pending, usize)> {
-        let H1Conn { req, resp, pending, next_seq, cur_req } = self;
+    pub(super) fn feed(
+        &mut self,
+        is_req: bool,
+        payload: &[u8],
+        gap: u64,
+        ctx: &Ctx,
+        event_start: bool,
+        info: &ConnInfo,
+        max_inflight: usize,
+        em: &mut Emitter<'_>,
+    ) -> Option<(Pending, usize)> {
+        let H1Conn {
+            req,
+            resp,
+            pending,
+            next_seq,
+            cur_req,
+        } = self;
         let mut upgraded = Upgraded::No;
-        let mut sink = H1Pairing { side: if is_req { Side::Request } else { Side::Response }, pending, next_seq, cur_req, info, max_inflight, em, upgraded: &mut upgraded };
+        let mut sink = H1Pairing {
+            side: if is_req {
+                Side::Request
+            } else {
+                Side::Response
+            },
+            pending,
+            next_seq,
+            cur_req,
+            info,
+            max_inflight,
+            em,
+            upgraded: &mut upgraded,
+        };
         let parser = if is_req { &mut *req } else { &mut *resp };
         if event_start {
             parser.event_start(payload, ctx, &mut sink);
@@ -53,10 +91,25 @@ impl H1Conn {
     }
 
     pub(super) fn end(&mut self, kind: EndKind, ctx: &Ctx, info: &ConnInfo, em: &mut Emitter<'_>) {
-        let H1Conn { req: _, resp, pending, next_seq, cur_req } = self;
+        let H1Conn {
+            req: _,
+            resp,
+            pending,
+            next_seq,
+            cur_req,
+        } = self;
         if kind == EndKind::Close {
             let mut upgraded = Upgraded::No;
-            let mut sink = H1Pairing { side: Side::Response, pending, next_seq, cur_req, info, max_inflight: usize::MAX, em, upgraded: &mut upgraded };
+            let mut sink = H1Pairing {
+                side: Side::Response,
+                pending,
+                next_seq,
+                cur_req,
+                info,
+                max_inflight: usize::MAX,
+                em,
+                upgraded: &mut upgraded,
+            };
             resp.close(ctx, &mut sink);
         }
         let in_message = resp.in_message();
@@ -123,7 +176,9 @@ impl H1Sink for H1Pairing<'_, '_> {
     }
 
     fn request_end(&mut self, ctx: &Ctx, body_hash: Option<u64>, bytes: u64, complete: bool) {
-        let Some(seq) = self.cur_req.take() else { return };
+        let Some(seq) = self.cur_req.take() else {
+            return;
+        };
         // Usually the newest; it may already be gone if the response finished first.
         if let Some(p) = self.pending.iter_mut().rev().find(|p| p.seq == seq) {
             p.req_end_ts = ctx.ts_end;
@@ -139,7 +194,9 @@ impl H1Sink for H1Pairing<'_, '_> {
             let seq = self.seq();
             self.pending.push_front(Pending::unseen(seq, start));
         }
-        let Some(p) = self.pending.front_mut() else { return Answering::default() };
+        let Some(p) = self.pending.front_mut() else {
+            return Answering::default();
+        };
         p.resp = Some(resp);
         p.resp_start = Some(*start);
         Answering {
@@ -149,8 +206,13 @@ impl H1Sink for H1Pairing<'_, '_> {
     }
 
     fn response_end(&mut self, ctx: &Ctx, bytes: u64, complete: bool) {
-        let Some(mut p) = self.pending.pop_front() else { return };
-        let h2c = p.resp.as_ref().is_some_and(|r| r.upgrade_h2c && r.signals.status == Some(101));
+        let Some(mut p) = self.pending.pop_front() else {
+            return;
+        };
+        let h2c = p
+            .resp
+            .as_ref()
+            .is_some_and(|r| r.upgrade_h2c && r.signals.status == Some(101));
         if h2c && complete {
             // Not answered yet: the answer comes as HTTP/2 on stream 1.
             p.resp = None;
@@ -199,4 +261,3 @@ impl H1Sink for H1Pairing<'_, '_> {
         self.em.stats.parse_errors += 1;
     }
 }
-

@@ -29,14 +29,40 @@ pub(super) struct H2Conn {
 }
 
 impl H2Conn {
-    #[expect(clippy::too_many_arguments, reason = "one call site; the parts are split borrows of the connection")]
-    pub(super) fn feed(&mut self, is_req: bool, payload: &[u8], gap: u64, ctx: &Ctx, event_start: bool, info: &ConnInfo, em: &mut Emitter<'_>) {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site; the parts are split borrows of the connection"
+    )]
+    pub(super) fn feed(
+        &mut self,
+        is_req: bool,
+        payload: &[u8],
+        gap: u64,
+        ctx: &Ctx,
+        event_start: bool,
+        info: &ConnInfo,
+        em: &mut Emitter<'_>,
+    ) {
         // The observed process wrote this direction: the client writes requests.
         let written = (info.role == Role::Client) == is_req;
-        let H2Conn { dirs, streams, max_inflight } = self;
+        let H2Conn {
+            dirs,
+            streams,
+            max_inflight,
+        } = self;
         let [req, resp] = dirs;
         let dir = if is_req { req } else { resp };
-        let mut sink = H2Pairing { side: if is_req { Side::Request } else { Side::Response }, streams, info, max_inflight: *max_inflight, em };
+        let mut sink = H2Pairing {
+            side: if is_req {
+                Side::Request
+            } else {
+                Side::Response
+            },
+            streams,
+            info,
+            max_inflight: *max_inflight,
+            em,
+        };
         if event_start {
             dir.event_start(payload, gap == 0, written);
         }
@@ -88,15 +114,32 @@ impl H2Pairing<'_, '_> {
             }
         }
         self.streams.entry(id).or_insert_with(|| {
-            let mut p = Pending::new(u64::from(id), ReqInfo { unknown, ..Default::default() }, start);
+            let mut p = Pending::new(
+                u64::from(id),
+                ReqInfo {
+                    unknown,
+                    ..Default::default()
+                },
+                start,
+            );
             p.no_request = unknown;
             p.stream_id = Some(id);
-            H2Stream { p, hasher: BodyHasher::default() }
+            H2Stream {
+                p,
+                hasher: BodyHasher::default(),
+            }
         })
     }
 
     /// A request's HEADERS (or its trailers): the request itself on a new stream.
-    fn request_headers(&mut self, stream: u32, block: Block, end_stream: bool, start: &Ctx, ctx: &Ctx) {
+    fn request_headers(
+        &mut self,
+        stream: u32,
+        block: Block,
+        end_stream: bool,
+        start: &Ctx,
+        ctx: &Ctx,
+    ) {
         let fresh = !self.streams.contains_key(&stream);
         let s = self.stream(stream, start, false);
         if fresh {
@@ -117,7 +160,14 @@ impl H2Pairing<'_, '_> {
     }
 
     /// A response's HEADERS: the head (interim 1xx skipped), or trailers merged into it.
-    fn response_headers(&mut self, stream: u32, block: Block, end_stream: bool, start: &Ctx, ctx: &Ctx) {
+    fn response_headers(
+        &mut self,
+        stream: u32,
+        block: Block,
+        end_stream: bool,
+        start: &Ctx,
+        ctx: &Ctx,
+    ) {
         let seen = self.streams.contains_key(&stream);
         let s = self.stream(stream, start, !seen);
         if !seen {
@@ -148,7 +198,10 @@ impl H2Pairing<'_, '_> {
                 if s.p.resp_start.is_none() {
                     s.p.resp_start = Some(*start);
                 }
-                s.p.resp.get_or_insert_with(|| RespInfo { unknown: true, ..Default::default() });
+                s.p.resp.get_or_insert_with(|| RespInfo {
+                    unknown: true,
+                    ..Default::default()
+                });
             }
         }
         s.p.resp_bytes += 9;
@@ -182,7 +235,9 @@ impl H2Sink for H2Pairing<'_, '_> {
     }
 
     fn data_end(&mut self, stream: u32, len: u64, end_stream: bool, ctx: &Ctx) {
-        let Some(s) = self.streams.get_mut(&stream) else { return };
+        let Some(s) = self.streams.get_mut(&stream) else {
+            return;
+        };
         match self.side {
             Side::Request => {
                 s.p.req_bytes += 9 + len;
@@ -218,7 +273,12 @@ impl H2Sink for H2Pairing<'_, '_> {
             return;
         }
         // Client streams above last-stream-id were not (and will not be) processed.
-        let mut ids: Vec<u32> = self.streams.keys().copied().filter(|&id| id > last_stream && id % 2 == 1).collect();
+        let mut ids: Vec<u32> = self
+            .streams
+            .keys()
+            .copied()
+            .filter(|&id| id > last_stream && id % 2 == 1)
+            .collect();
         ids.sort_unstable();
         for id in ids {
             self.finish(id, Some(Failure::GoAway(code)));
@@ -240,4 +300,3 @@ impl H2Sink for H2Pairing<'_, '_> {
         self.em.stats.parse_errors += 1;
     }
 }
-

@@ -45,7 +45,11 @@ impl Pending {
 
     /// A placeholder for a request we know exists but could not read.
     pub(super) fn unseen(seq: u64, ctx: &Ctx) -> Self {
-        Pending { no_request: true, unknown: true, ..Pending::new(seq, ReqInfo::default(), ctx) }
+        Pending {
+            no_request: true,
+            unknown: true,
+            ..Pending::new(seq, ReqInfo::default(), ctx)
+        }
     }
 
     pub(super) fn response_started(&self) -> bool {
@@ -59,15 +63,21 @@ impl Pending {
         // A client that closes after reading an error status line chose not to read the body
         // (urllib raises on a 5xx head and closes): the status is the outcome, not an abandonment.
         // A success head cut off mid-body stays abandoned (the client may have timed out).
-        let error_head = signals.status.is_some_and(|st| classify_http(st, signals.retry_after).is_failure());
+        let error_head = signals
+            .status
+            .is_some_and(|st| classify_http(st, signals.retry_after).is_failure());
         let failure = match failure {
             Some(Failure::Abandoned) if info.role == Role::Client && error_head => None,
             f => f,
         };
         let outcome = classify(failure, &signals);
         let method = self.req.method;
-        let idempotent = method.as_ref().is_some_and(Method::is_idempotent) || self.req.idempotency_key;
-        let resp_tid = self.resp_start.map(|c| c.tid).filter(|&t| t != self.req_start.tid);
+        let idempotent =
+            method.as_ref().is_some_and(Method::is_idempotent) || self.req.idempotency_key;
+        let resp_tid = self
+            .resp_start
+            .map(|c| c.tid)
+            .filter(|&t| t != self.req_start.tid);
         Exchange {
             id: ExchangeId(0),
             conn: info.id,
@@ -138,11 +148,28 @@ pub(super) fn end_failure(role: Role, kind: EndKind, started: bool) -> Option<Fa
 }
 
 /// A connect that failed: a client exchange with no request (no bytes were exchanged).
-pub(crate) fn connect_failure(id: ConnId, pid: u32, tid: u32, tuple: Option<Tuple>, ts: u64, failure: Failure) -> Exchange {
-    let ctx = Ctx { ts_start: ts, ts_end: ts, tid, goid: None };
-    let info = ConnInfo { id, pid, role: Role::Client, tuple, protocol: Protocol::Opaque };
+pub(crate) fn connect_failure(
+    id: ConnId,
+    pid: u32,
+    tid: u32,
+    tuple: Option<Tuple>,
+    ts: u64,
+    failure: Failure,
+) -> Exchange {
+    let ctx = Ctx {
+        ts_start: ts,
+        ts_end: ts,
+        tid,
+        goid: None,
+    };
+    let info = ConnInfo {
+        id,
+        pid,
+        role: Role::Client,
+        tuple,
+        protocol: Protocol::Opaque,
+    };
     let mut p = Pending::new(0, ReqInfo::default(), &ctx);
     p.req.markers = RetryMarkers::default();
     p.into_exchange(&info, Some(failure))
 }
-

@@ -106,7 +106,13 @@ impl H2 {
     }
 
     /// Redact `b[i..]`; returns `None` when the bytes are not HTTP/2 framing (out of sync).
-    pub(super) fn bytes(&mut self, b: &mut [u8], mut i: usize, red: &mut Redacted, body: &mut Vec<(usize, usize)>) -> Option<usize> {
+    pub(super) fn bytes(
+        &mut self,
+        b: &mut [u8],
+        mut i: usize,
+        red: &mut Redacted,
+        body: &mut Vec<(usize, usize)>,
+    ) -> Option<usize> {
         let n = b.len();
         if i == 0 {
             self.fresh = false;
@@ -193,7 +199,9 @@ impl H2 {
         self.left = self.len;
         self.fresh = true;
         let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
-        if !frame_plausible(self.kind, self.flags, self.len, stream) || (self.continuing && self.kind != CONTINUATION) {
+        if !frame_plausible(self.kind, self.flags, self.len, stream)
+            || (self.continuing && self.kind != CONTINUATION)
+        {
             return FrameCheck::Bad;
         }
         if matches!(self.kind, HEADERS | PUSH_PROMISE) {
@@ -242,10 +250,16 @@ impl H2 {
                 return;
             }
         };
-        let Some(block) = payload.get_mut(from..to) else { return };
+        let Some(block) = payload.get_mut(from..to) else {
+            return;
+        };
         let decoded = if self.hpack_ok {
             let mut names: Vec<Vec<u8>> = Vec::new();
-            match self.decoder.decode_with_cb(block, |n: Cow<'_, [u8]>, _v: Cow<'_, [u8]>| names.push(n.into_owned())) {
+            match self
+                .decoder
+                .decode_with_cb(block, |n: Cow<'_, [u8]>, _v: Cow<'_, [u8]>| {
+                    names.push(n.into_owned())
+                }) {
                 Ok(()) => Some(names),
                 Err(_) => {
                     self.hpack_ok = false;
@@ -369,7 +383,9 @@ fn static_name(idx: u64) -> Option<&'static [u8]> {
             .map(|i| {
                 let mut d = Decoder::new();
                 let mut name = Vec::new();
-                let _ = d.decode_with_cb(&[0x80 | i], |n: Cow<'_, [u8]>, _v: Cow<'_, [u8]>| name = n.into_owned());
+                let _ = d.decode_with_cb(&[0x80 | i], |n: Cow<'_, [u8]>, _v: Cow<'_, [u8]>| {
+                    name = n.into_owned()
+                });
                 name
             })
             .collect()
@@ -382,7 +398,11 @@ fn static_name(idx: u64) -> Option<&'static [u8]> {
 /// a literal string (Huffman-decoded).
 fn literal_name(b: &[u8], huff: bool, from: usize, to: usize) -> Option<Vec<u8>> {
     let raw = b.get(from..to)?;
-    if huff { huffman_decode(raw) } else { Some(raw.to_vec()) }
+    if huff {
+        huffman_decode(raw)
+    } else {
+        Some(raw.to_vec())
+    }
 }
 
 /// Huffman-decode with one decoder per thread (building one builds its code map).
@@ -419,12 +439,16 @@ fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
             continue;
         }
         let prefix = if c & 0x40 != 0 { 6 } else { 4 };
-        let Some((idx, np)) = hpack_int(b, p, prefix) else { return mask_rest(b, p, red) };
+        let Some((idx, np)) = hpack_int(b, p, prefix) else {
+            return mask_rest(b, p, red);
+        };
         p = np;
         let from_decoder = decoded.and_then(|d| d.get(field));
         let mut literal = None;
         if idx == 0 {
-            let Some((huff, s, e)) = hpack_str(b, p) else { return mask_rest(b, p, red) };
+            let Some((huff, s, e)) = hpack_str(b, p) else {
+                return mask_rest(b, p, red);
+            };
             p = e;
             literal = Some((huff, s, e));
         }
@@ -433,7 +457,9 @@ fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
             (None, Some((huff, s, e))) => literal_name(b, huff, s, e),
             (None, None) => static_name(idx).map(<[u8]>::to_vec),
         };
-        let Some((huff, s, e)) = hpack_str(b, p) else { return mask_rest(b, p, red) };
+        let Some((huff, s, e)) = hpack_str(b, p) else {
+            return mask_rest(b, p, red);
+        };
         let lead = p;
         p = e;
         field += 1;
@@ -475,13 +501,18 @@ fn mask_path(b: &mut [u8], lead: usize, huff: bool, s: usize, e: usize, red: &mu
         }
         return;
     };
-    let Some(q) = decoded.iter().position(|&c| c == b'?') else { return };
+    let Some(q) = decoded.iter().position(|&c| c == b'?') else {
+        return;
+    };
     red.headers += 1;
     if let Some(l) = b.get_mut(lead) {
         *l &= 0x7f;
     }
     if let Some(v) = b.get_mut(s..e) {
-        let keep = decoded.get(..=q).filter(|k| k.len() <= v.len()).unwrap_or_default();
+        let keep = decoded
+            .get(..=q)
+            .filter(|k| k.len() <= v.len())
+            .unwrap_or_default();
         v.fill(b'*');
         if let Some(dst) = v.get_mut(..keep.len()) {
             dst.copy_from_slice(keep);

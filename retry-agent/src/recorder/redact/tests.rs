@@ -15,7 +15,11 @@ fn ev(payload: &[u8], len: u64) -> DataEvent {
 
 fn ev_on(generation: u64, payload: &[u8], len: u64) -> DataEvent {
     DataEvent {
-        conn: ConnId { pid: 1, fd: 3, generation },
+        conn: ConnId {
+            pid: 1,
+            fd: 3,
+            generation,
+        },
         role: Role::Client,
         direction: Direction::Egress,
         syscall: Syscall::Write,
@@ -53,9 +57,16 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 /// No secret in `out`: not as text, not as any of the Huffman literals that carried one.
 fn assert_clean(out: &[u8], huffman: &[Vec<u8>], what: &str) {
-    assert!(!contains(out, b"SECRET"), "{what}: leak: {}", String::from_utf8_lossy(out));
+    assert!(
+        !contains(out, b"SECRET"),
+        "{what}: leak: {}",
+        String::from_utf8_lossy(out)
+    );
     for h in huffman {
-        assert!(!contains(out, h), "{what}: a Huffman-coded secret survived: {h:02x?}");
+        assert!(
+            !contains(out, h),
+            "{what}: a Huffman-coded secret survived: {h:02x?}"
+        );
     }
 }
 
@@ -80,7 +91,11 @@ fn every_split(wire: &[u8], huffman: &[Vec<u8>], stride: usize) {
             let out = redact_on(&mut r, next(), &[(0, x), (a as u64, y), (b as u64, z)]);
             assert_clean(&out.concat(), huffman, &format!("split at {a}, {b}"));
             let out = redact_on(&mut r, next(), &[(0, x), (b as u64, z)]);
-            assert_clean(&out.concat(), huffman, &format!("split at {a}, {b}, middle dropped"));
+            assert_clean(
+                &out.concat(),
+                huffman,
+                &format!("split at {a}, {b}, middle dropped"),
+            );
         }
     }
 }
@@ -91,7 +106,14 @@ fn http1_every_split_and_drop_keeps_no_secret() {
     // Whole, the product's fields are kept.
     let out = redact_pieces(&[(0, H1)]).concat();
     let t = String::from_utf8_lossy(&out);
-    for kept in ["POST /pay?", " HTTP/1.1\r\n", "Host: shop", "Content-Length: 19", "X-Api-Key: ", "x-auth-token: "] {
+    for kept in [
+        "POST /pay?",
+        " HTTP/1.1\r\n",
+        "Host: shop",
+        "Content-Length: 19",
+        "X-Api-Key: ",
+        "x-auth-token: ",
+    ] {
         assert!(t.contains(kept), "{kept:?} missing: {t}");
     }
 }
@@ -100,14 +122,22 @@ fn http1_every_split_and_drop_keeps_no_secret() {
 fn a_request_line_split_in_its_query_masks_the_rest() {
     let cut = H1.iter().position(|&c| c == b'&').unwrap_or(20);
     let out = redact_pieces(&[(0, &H1[..cut]), (cut as u64, &H1[cut..])]).concat();
-    assert!(!contains(&out, b"pin="), "{}", String::from_utf8_lossy(&out));
+    assert!(
+        !contains(&out, b"pin="),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
     assert!(contains(&out, b" HTTP/1.1\r\nHost: shop\r\n"));
 }
 
 #[test]
 fn lines_that_are_not_headers_are_masked() {
     // Body bytes read as a head (after a loss the redactor was not told about).
-    let out = redact_pieces(&[(0, b"GET / HTTP/1.1\r\nHost: a\r\nSECRETLINE\r\n{\"pw\": \"SECRETJSON\"}\r\n\r\n")]).concat();
+    let out = redact_pieces(&[(
+        0,
+        b"GET / HTTP/1.1\r\nHost: a\r\nSECRETLINE\r\n{\"pw\": \"SECRETJSON\"}\r\n\r\n",
+    )])
+    .concat();
     assert_clean(&out, &[], "garbage head lines");
     assert!(contains(&out, b"Host: a"));
 }
@@ -120,7 +150,10 @@ fn a_loss_masks_until_a_message_starts() {
     let (out, _) = r.redact_payload(&ev(b"SECRETCONTINUED\r\n\r\n", 19));
     assert!(!contains(&out, b"SECRET"));
     let (out, _) = r.redact_payload(&ev(b"GET /b HTTP/1.1\r\nHost: b\r\n\r\n", 28));
-    assert!(contains(&out, b"Host: b"), "resynchronised at the next message");
+    assert!(
+        contains(&out, b"Host: b"),
+        "resynchronised at the next message"
+    );
 }
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -183,8 +216,18 @@ fn http2_whole_masks_by_decoded_name() {
     let out = redact_pieces(&[(0, &wire)]).concat();
     assert_clean(&out, &[HUFF_CUSTOM_VALUE.to_vec()], "whole");
     // What the product reads is kept: the path without its query, authority, content-type.
-    for kept in [&b"/pkg.Svc/Call?"[..], b"svc", b"application/grpc", b"x-auth-token", b"x-api-key"] {
-        assert!(contains(&out, kept), "{:?} missing", String::from_utf8_lossy(kept));
+    for kept in [
+        &b"/pkg.Svc/Call?"[..],
+        b"svc",
+        b"application/grpc",
+        b"x-auth-token",
+        b"x-api-key",
+    ] {
+        assert!(
+            contains(&out, kept),
+            "{:?} missing",
+            String::from_utf8_lossy(kept)
+        );
     }
     // The masked blocks still decode, in step (a replay reads them).
     let mut d = loona_hpack::Decoder::new();
@@ -195,14 +238,21 @@ fn http2_whole_masks_by_decoded_name() {
         if h[3] == 0x1 {
             let block = &out[at + 9..at + 9 + len];
             d.decode_with_cb(block, |n, v| {
-                assert!(!contains(&v, b"SECRET"), "{:?}", String::from_utf8_lossy(&v));
+                assert!(
+                    !contains(&v, b"SECRET"),
+                    "{:?}",
+                    String::from_utf8_lossy(&v)
+                );
                 names.push(n.into_owned());
             })
             .expect("masked block decodes");
         }
         at += 9 + len;
     }
-    assert!(names.iter().any(|n| n == b"custom-key"), "the Huffman name decodes");
+    assert!(
+        names.iter().any(|n| n == b"custom-key"),
+        "the Huffman name decodes"
+    );
 }
 
 #[test]
@@ -216,7 +266,9 @@ fn http2_huffman_path_keeps_its_path_not_its_query() {
     let mut block = vec![0x82, 0x86];
     block.push(0x04);
     block.push(0x80 | 12);
-    block.extend_from_slice(&[0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab, 0x90, 0xf4, 0xff]);
+    block.extend_from_slice(&[
+        0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab, 0x90, 0xf4, 0xff,
+    ]);
     let mut w = h2::PREFACE.to_vec();
     w.extend(frame(0x1, 0x5, 1, &block));
     let out = redact_pieces(&[(0, &w)]).concat();
@@ -232,5 +284,8 @@ fn body_bytes_after_a_loss_do_not_pass_for_frames() {
     let _ = r.redact_payload_at(&ev(&wire[..40], 40), Some(0));
     let body = b"\x00\x00\x00\x00\x0bSECRETBODY";
     let (out, _) = r.redact_payload_at(&ev(body, body.len() as u64), Some(1000));
-    assert!(!contains(&out, b"SECR") && !contains(&out, b"BODY"), "{out:02x?}");
+    assert!(
+        !contains(&out, b"SECR") && !contains(&out, b"BODY"),
+        "{out:02x?}"
+    );
 }

@@ -1,5 +1,5 @@
-use std::net::Ipv4Addr;
 use http::HeaderValue;
+use std::net::Ipv4Addr;
 
 use super::*;
 
@@ -17,7 +17,10 @@ fn key(target: &str) -> RequestKey {
 }
 
 fn bad_gateway() -> FailureReply {
-    FailureReply::Response { status: http::StatusCode::BAD_GATEWAY, grpc_status: None }
+    FailureReply::Response {
+        status: http::StatusCode::BAD_GATEWAY,
+        grpc_status: None,
+    }
 }
 
 #[test]
@@ -34,18 +37,35 @@ fn retry_after_failure_is_answered_with_that_failure_on_a_suppressed_edge() {
     let now = Instant::now();
     t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now);
     t.on_outcome(&key("/a"), Some((bad_gateway(), Claim::Missing)), now);
-    let v = t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now + Duration::from_millis(5));
+    let v = t.on_request(
+        &key("/a"),
+        false,
+        Some(Reason::CalleeUnclaimed),
+        now + Duration::from_millis(5),
+    );
     assert_eq!(
         v,
-        Verdict::Answer { reason: SuppressReason::Decision(Reason::CalleeUnclaimed), reply: Some(bad_gateway()) }
+        Verdict::Answer {
+            reason: SuppressReason::Decision(Reason::CalleeUnclaimed),
+            reply: Some(bad_gateway())
+        }
     );
     // Another logical request (different target) is a first attempt.
-    assert_eq!(t.on_request(&key("/b"), false, Some(Reason::CalleeUnclaimed), now), Verdict::Forward { retry: false });
+    assert_eq!(
+        t.on_request(&key("/b"), false, Some(Reason::CalleeUnclaimed), now),
+        Verdict::Forward { retry: false }
+    );
     // Not suppressed: the retry is recognised but forwarded.
-    assert_eq!(t.on_request(&key("/a"), false, None, now), Verdict::Forward { retry: true });
+    assert_eq!(
+        t.on_request(&key("/a"), false, None, now),
+        Verdict::Forward { retry: true }
+    );
     // Outside the window the failure is forgotten.
     let late = now + PolicyConfig::default().window + Duration::from_millis(1);
-    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), late), Verdict::Forward { retry: false });
+    assert_eq!(
+        t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), late),
+        Verdict::Forward { retry: false }
+    );
 }
 
 #[test]
@@ -54,14 +74,20 @@ fn success_clears_the_failure() {
     let now = Instant::now();
     t.on_outcome(&key("/a"), Some((bad_gateway(), Claim::Missing)), now);
     t.on_outcome(&key("/a"), None, now);
-    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
+    assert_eq!(
+        t.on_request(&key("/a"), false, Some(Reason::OverBudget), now),
+        Verdict::Forward { retry: false }
+    );
 }
 
 #[test]
 fn over_budget_and_amplification_decisions_let_retries_through_up_to_the_budget() {
     for reason in [Reason::OverBudget, Reason::Amplification] {
         // No budget of the shim's own: the agent's default applies on the flagged edge.
-        let mut t = Tracker::new(PolicyConfig { budget_tau: Duration::from_secs(3600), ..Default::default() });
+        let mut t = Tracker::new(PolicyConfig {
+            budget_tau: Duration::from_secs(3600),
+            ..Default::default()
+        });
         let now = Instant::now();
         let (mut forwarded, mut answered) = (0, 0);
         for i in 0..200 {
@@ -75,12 +101,18 @@ fn over_budget_and_amplification_decisions_let_retries_through_up_to_the_budget(
             t.on_outcome(&k, Some((bad_gateway(), Claim::Claimed)), now);
             match t.on_request(&k, false, Some(reason), now) {
                 Verdict::Forward { retry: true } => forwarded += 1,
-                Verdict::Answer { reason: SuppressReason::Decision(r), .. } if r == reason => answered += 1,
+                Verdict::Answer {
+                    reason: SuppressReason::Decision(r),
+                    ..
+                } if r == reason => answered += 1,
                 v => panic!("{reason:?}: unexpected {v:?}"),
             }
         }
         // 40 retries wanted against 200 first attempts: about 10% of all requests pass.
-        assert!((15..=25).contains(&forwarded), "{reason:?}: {forwarded} retries forwarded");
+        assert!(
+            (15..=25).contains(&forwarded),
+            "{reason:?}: {forwarded} retries forwarded"
+        );
         assert_eq!(forwarded + answered, 40, "{reason:?}");
     }
 }
@@ -88,28 +120,56 @@ fn over_budget_and_amplification_decisions_let_retries_through_up_to_the_budget(
 #[test]
 fn marker_makes_a_retry_without_history() {
     let mut t = Tracker::new(PolicyConfig::default());
-    let v = t.on_request(&key("/a"), true, Some(Reason::Amplification), Instant::now());
-    assert_eq!(v, Verdict::Answer { reason: SuppressReason::Decision(Reason::Amplification), reply: None });
+    let v = t.on_request(
+        &key("/a"),
+        true,
+        Some(Reason::Amplification),
+        Instant::now(),
+    );
+    assert_eq!(
+        v,
+        Verdict::Answer {
+            reason: SuppressReason::Decision(Reason::Amplification),
+            reply: None
+        }
+    );
 }
 
 #[test]
 fn decision_matrix_unclaimed_stops_claimed_and_missing_allow() {
     let mut t = Tracker::new(PolicyConfig::default());
     let now = Instant::now();
-    for (target, claim) in [("/u", Claim::Unclaimed), ("/c", Claim::Claimed), ("/m", Claim::Missing)] {
+    for (target, claim) in [
+        ("/u", Claim::Unclaimed),
+        ("/c", Claim::Claimed),
+        ("/m", Claim::Missing),
+    ] {
         t.on_outcome(&key(target), Some((bad_gateway(), claim)), now);
     }
     assert!(matches!(
         t.on_request(&key("/u"), false, None, now),
-        Verdict::Answer { reason: SuppressReason::CalleeUnclaimed, .. }
+        Verdict::Answer {
+            reason: SuppressReason::CalleeUnclaimed,
+            ..
+        }
     ));
-    assert_eq!(t.on_request(&key("/c"), false, None, now), Verdict::Forward { retry: true });
-    assert_eq!(t.on_request(&key("/m"), false, None, now), Verdict::Forward { retry: true });
+    assert_eq!(
+        t.on_request(&key("/c"), false, None, now),
+        Verdict::Forward { retry: true }
+    );
+    assert_eq!(
+        t.on_request(&key("/m"), false, None, now),
+        Verdict::Forward { retry: true }
+    );
 }
 
 #[test]
 fn retry_budget_caps_retries_at_the_ratio() {
-    let cfg = PolicyConfig { budget_ratio: Some(0.1), budget_tau: Duration::from_secs(3600), ..Default::default() };
+    let cfg = PolicyConfig {
+        budget_ratio: Some(0.1),
+        budget_tau: Duration::from_secs(3600),
+        ..Default::default()
+    };
     let mut t = Tracker::new(cfg);
     let now = Instant::now();
     let mut forwarded_retries = 0;
@@ -123,12 +183,19 @@ fn retry_budget_caps_retries_at_the_ratio() {
     }
     // Retries stay within 10% of what reaches the callee: 200 first attempts + about 22 retries.
     // (Retries answered here do not count: they never reach it.)
-    assert!((18..=26).contains(&forwarded_retries), "{forwarded_retries}");
+    assert!(
+        (18..=26).contains(&forwarded_retries),
+        "{forwarded_retries}"
+    );
 }
 
 #[test]
 fn adaptive_throttle_rejects_when_accepts_are_few() {
-    let cfg = PolicyConfig { throttle_k: Some(2.0), counter_tau: Duration::from_secs(3600), ..Default::default() };
+    let cfg = PolicyConfig {
+        throttle_k: Some(2.0),
+        counter_tau: Duration::from_secs(3600),
+        ..Default::default()
+    };
     let mut t = Tracker::new(cfg);
     let now = Instant::now();
     let mut rejected = 0;
@@ -136,31 +203,56 @@ fn adaptive_throttle_rejects_when_accepts_are_few() {
         let k = key(&format!("/{i}"));
         t.on_request(&k, false, None, now);
         t.on_outcome(&k, Some((bad_gateway(), Claim::Missing)), now);
-        if matches!(t.on_request(&k, false, None, now), Verdict::Answer { reason: SuppressReason::AdaptiveThrottle, .. }) {
+        if matches!(
+            t.on_request(&k, false, None, now),
+            Verdict::Answer {
+                reason: SuppressReason::AdaptiveThrottle,
+                ..
+            }
+        ) {
             rejected += 1;
         }
     }
     // No accepts: p → (requests)/(requests+1) ≈ 1 once warmed up.
     assert!(rejected > 450, "{rejected}");
     // Healthy client: all accepted, p = max(0, (n − 2n)/(n+1)) = 0.
-    let mut t = Tracker::new(PolicyConfig { throttle_k: Some(2.0), ..Default::default() });
-    let other = RequestKey { caller: CallerId::Addr(Ipv4Addr::LOCALHOST.into()), ..key("/x") };
+    let mut t = Tracker::new(PolicyConfig {
+        throttle_k: Some(2.0),
+        ..Default::default()
+    });
+    let other = RequestKey {
+        caller: CallerId::Addr(Ipv4Addr::LOCALHOST.into()),
+        ..key("/x")
+    };
     for _ in 0..100 {
         t.on_request(&other, false, None, now);
         t.on_outcome(&other, None, now);
     }
-    assert_eq!(t.on_request(&other, true, None, now), Verdict::Forward { retry: true });
+    assert_eq!(
+        t.on_request(&other, true, None, now),
+        Verdict::Forward { retry: true }
+    );
 }
 
 #[test]
 fn memory_is_bounded_and_fails_open() {
-    let mut t = Tracker::new(PolicyConfig { max_entries: 4, ..Default::default() });
+    let mut t = Tracker::new(PolicyConfig {
+        max_entries: 4,
+        ..Default::default()
+    });
     let now = Instant::now();
     for i in 0..10 {
-        t.on_outcome(&key(&format!("/{i}")), Some((bad_gateway(), Claim::Missing)), now);
+        t.on_outcome(
+            &key(&format!("/{i}")),
+            Some((bad_gateway(), Claim::Missing)),
+            now,
+        );
     }
     assert_eq!(t.remembered_failures(), 4);
-    assert_eq!(t.on_request(&key("/9"), false, Some(Reason::OverBudget), now), Verdict::Forward { retry: false });
+    assert_eq!(
+        t.on_request(&key("/9"), false, Some(Reason::OverBudget), now),
+        Verdict::Forward { retry: false }
+    );
 }
 
 #[test]
@@ -168,7 +260,10 @@ fn markers_and_grpc_fields_parse() {
     let mut h = HeaderMap::new();
     h.insert("grpc-previous-rpc-attempts", HeaderValue::from_static("1"));
     h.insert("grpc-status", HeaderValue::from_static("14"));
-    h.insert(crate::l7::ERROR_CLAIM_HEADER, HeaderValue::from_static("unclaimed"));
+    h.insert(
+        crate::l7::ERROR_CLAIM_HEADER,
+        HeaderValue::from_static("unclaimed"),
+    );
     assert!(retry_markers(&h).says_retry());
     assert_eq!(grpc_status(&h), Some(14));
     assert_eq!(claim_of(&h), Some(Claim::Unclaimed));
@@ -182,19 +277,34 @@ fn markers_and_grpc_fields_parse() {
 fn shared_tracker_fast_path_still_sees_failures() {
     let t = SharedTracker::new(PolicyConfig::default());
     let now = Instant::now();
-    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now), Verdict::Forward { retry: false });
+    assert_eq!(
+        t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now),
+        Verdict::Forward { retry: false }
+    );
     t.on_outcome(&key("/a"), None, now);
     t.on_outcome(&key("/a"), Some((bad_gateway(), Claim::Missing)), now);
-    assert!(matches!(t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now), Verdict::Answer { .. }));
+    assert!(matches!(
+        t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now),
+        Verdict::Answer { .. }
+    ));
     t.on_outcome(&key("/a"), None, now);
     // Forgotten on success: back to the lock-free path, and a marker still counts.
-    assert_eq!(t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now), Verdict::Forward { retry: false });
-    assert!(matches!(t.on_request(&key("/a"), true, Some(Reason::CalleeUnclaimed), now), Verdict::Answer { .. }));
+    assert_eq!(
+        t.on_request(&key("/a"), false, Some(Reason::CalleeUnclaimed), now),
+        Verdict::Forward { retry: false }
+    );
+    assert!(matches!(
+        t.on_request(&key("/a"), true, Some(Reason::CalleeUnclaimed), now),
+        Verdict::Answer { .. }
+    ));
 }
 
 #[test]
 fn quiet_traffic_before_a_fault_does_not_bank_the_budget() {
-    let mut t = Tracker::new(PolicyConfig { budget_ratio: Some(0.1), ..Default::default() });
+    let mut t = Tracker::new(PolicyConfig {
+        budget_ratio: Some(0.1),
+        ..Default::default()
+    });
     let start = Instant::now();
     let mut now = start;
     let tick = Duration::from_millis(100);
@@ -217,7 +327,10 @@ fn quiet_traffic_before_a_fault_does_not_bank_the_budget() {
         now += tick;
     }
     // About 10% of the fault's requests plus what the last ~10 s deposited, not a minute's worth.
-    assert!((10..=30).contains(&forwarded), "{forwarded} of 100 retries forwarded");
+    assert!(
+        (10..=30).contains(&forwarded),
+        "{forwarded} of 100 retries forwarded"
+    );
 }
 
 /// Another message to a gRPC method whose last call failed, or the same one from another
@@ -229,42 +342,91 @@ fn a_different_body_or_caller_credential_is_not_a_retry() {
     let mut body = BodyDigest::default();
     body.feed(b"\x00\x00\x00\x00\x05hello");
     let mut h = HeaderMap::new();
-    h.insert("authorization", http::HeaderValue::from_static("Bearer alice"));
-    let alice = RequestKey { method: http::Method::POST, body: body.finish(), credential: credential_digest(&h), ..key("/pkg.Svc/Call") };
+    h.insert(
+        "authorization",
+        http::HeaderValue::from_static("Bearer alice"),
+    );
+    let alice = RequestKey {
+        method: http::Method::POST,
+        body: body.finish(),
+        credential: credential_digest(&h),
+        ..key("/pkg.Svc/Call")
+    };
     t.on_request(&alice, false, Some(Reason::CalleeUnclaimed), now);
     t.on_outcome(&alice, Some((bad_gateway(), Claim::Missing)), now);
     let later = now + Duration::from_millis(5);
     // Alice again, same message: a retry, answered.
-    assert!(matches!(t.on_request(&alice, false, Some(Reason::CalleeUnclaimed), later), Verdict::Answer { .. }));
+    assert!(matches!(
+        t.on_request(&alice, false, Some(Reason::CalleeUnclaimed), later),
+        Verdict::Answer { .. }
+    ));
     // Another message to the same method.
     let mut other_body = BodyDigest::default();
     other_body.feed(b"\x00\x00\x00\x00\x05world");
-    let other = RequestKey { body: other_body.finish(), ..alice.clone() };
-    assert_eq!(t.on_request(&other, false, Some(Reason::CalleeUnclaimed), later), Verdict::Forward { retry: false });
+    let other = RequestKey {
+        body: other_body.finish(),
+        ..alice.clone()
+    };
+    assert_eq!(
+        t.on_request(&other, false, Some(Reason::CalleeUnclaimed), later),
+        Verdict::Forward { retry: false }
+    );
     // Bob, same message, his own token (and metadata the shim has never heard of).
     let mut hb = HeaderMap::new();
-    hb.insert("authorization", http::HeaderValue::from_static("Bearer bob"));
-    let bob = RequestKey { credential: credential_digest(&hb), ..alice.clone() };
-    assert_eq!(t.on_request(&bob, false, Some(Reason::CalleeUnclaimed), later), Verdict::Forward { retry: false });
+    hb.insert(
+        "authorization",
+        http::HeaderValue::from_static("Bearer bob"),
+    );
+    let bob = RequestKey {
+        credential: credential_digest(&hb),
+        ..alice.clone()
+    };
+    assert_eq!(
+        t.on_request(&bob, false, Some(Reason::CalleeUnclaimed), later),
+        Verdict::Forward { retry: false }
+    );
     let mut hm = HeaderMap::new();
     hm.insert("x-auth-token", http::HeaderValue::from_static("t1"));
-    let meta = RequestKey { credential: credential_digest(&hm), ..alice.clone() };
+    let meta = RequestKey {
+        credential: credential_digest(&hm),
+        ..alice.clone()
+    };
     assert_ne!(meta.credential, alice.credential);
-    assert_eq!(t.on_request(&meta, false, Some(Reason::CalleeUnclaimed), later), Verdict::Forward { retry: false });
+    assert_eq!(
+        t.on_request(&meta, false, Some(Reason::CalleeUnclaimed), later),
+        Verdict::Forward { retry: false }
+    );
 }
 
 #[test]
 fn credentials_are_recognised_and_digested_not_kept() {
-    for n in ["authorization", "cookie", "x-api-key", "x-auth-token", "x-session-id", "proxy-authorization"] {
+    for n in [
+        "authorization",
+        "cookie",
+        "x-api-key",
+        "x-auth-token",
+        "x-session-id",
+        "proxy-authorization",
+    ] {
         assert!(is_credential(&HeaderName::from_static(n)), "{n}");
     }
-    for n in ["content-type", "grpc-timeout", "traceparent", "x-envoy-attempt-count", "user-agent"] {
+    for n in [
+        "content-type",
+        "grpc-timeout",
+        "traceparent",
+        "x-envoy-attempt-count",
+        "user-agent",
+    ] {
         assert!(!is_credential(&HeaderName::from_static(n)), "{n}");
     }
     assert_eq!(credential_digest(&HeaderMap::new()), 0);
     let mut h = HeaderMap::new();
     h.insert("grpc-timeout", http::HeaderValue::from_static("99m"));
-    assert_eq!(credential_digest(&h), 0, "per-attempt headers do not change the key");
+    assert_eq!(
+        credential_digest(&h),
+        0,
+        "per-attempt headers do not change the key"
+    );
     let mut d = BodyDigest::default();
     assert!(d.feed(&[1; 100]));
     assert!(!d.feed(&vec![2; BODY_DIGEST_LIMIT]), "stops at the limit");
