@@ -46,12 +46,23 @@ impl StageOutput {
 
 /// The settings of every stage: what a replay needs to reproduce a live run (the flight
 /// recorder writes them into each dump's header).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+/// Flattened into every command that runs the pipeline (`run`, `forensics`), so each stage's
+/// flags are declared once.
+#[derive(clap::Args, Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PipelineConfig {
+    #[command(flatten)]
     pub l7: L7Config,
+    #[command(flatten)]
     pub correlate: CorrelateConfig,
+    #[command(flatten)]
     pub decide: DecideConfig,
+}
+
+impl crate::settings::Settings for PipelineConfig {
+    fn check(&self, p: &mut crate::settings::InvalidConfig) {
+        p.add(&self.l7).add(&self.correlate).add(&self.decide);
+    }
 }
 
 /// Evaluation period (capture time): decisions follow edge figures once a second.

@@ -4,10 +4,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::{
-    correlate::CorrelateConfig,
-    decide::DecideConfig,
     forensics::{Options, analyse, render_diff, render_html, render_text},
-    l7::L7Config,
     pipeline::PipelineConfig,
 };
 
@@ -33,21 +30,13 @@ pub struct ForensicsArgs {
     #[arg(long)]
     pub replay_flags: bool,
     #[command(flatten)]
-    pub l7: L7Config,
-    #[command(flatten)]
-    pub correlate: CorrelateConfig,
-    #[command(flatten)]
-    pub decide: DecideConfig,
+    pub pipeline: PipelineConfig,
 }
 
 impl ForensicsArgs {
     fn options(&self) -> Options {
         Options {
-            settings: PipelineConfig {
-                l7: self.l7.clone(),
-                correlate: self.correlate.clone(),
-                decide: self.decide.clone(),
-            },
+            settings: self.pipeline.clone(),
             override_settings: self.replay_flags,
             recorded: self.recorded,
         }

@@ -19,12 +19,11 @@ use crate::{
     actuate::{ActuateConfig, Dispatcher},
     api::{self, ApiConfig, DumpGate, DumpService, Retention, SharedState},
     capture::{Capture, CaptureConfig, Event, monotonic_ns, procfs},
-    correlate::{self, CorrelateConfig},
-    decide::{DecideConfig, Decision},
+    correlate,
+    decide::Decision,
     identity::{Identity, IdentityConfig, Resolved},
-    l7::L7Config,
     metrics::Metrics,
-    pipeline::{Pipeline, StageOutput},
+    pipeline::{Pipeline, PipelineConfig, StageOutput},
     recorder::{self, Recorder, RecorderConfig, SharedRecorder},
     settings::InvalidConfig,
 };
@@ -36,11 +35,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub identity: IdentityConfig,
     #[command(flatten)]
-    pub l7: L7Config,
-    #[command(flatten)]
-    pub correlate: CorrelateConfig,
-    #[command(flatten)]
-    pub decide: DecideConfig,
+    pub pipeline: PipelineConfig,
     #[command(flatten)]
     pub actuate: ActuateConfig,
     #[command(flatten)]
@@ -121,7 +116,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (to_actuators, actuator_rx) = mpsc::channel(ACTUATOR_QUEUE);
     let actuators = tokio::spawn(drive_actuators(dispatcher, actuator_rx));
 
-    let mut pipeline = Pipeline::new(args.l7.clone(), args.correlate.clone(), args.decide.clone());
+    let mut pipeline = Pipeline::from_config(&args.pipeline);
     if let Some(rec) = &recorder {
         pipeline = pipeline.with_tap(rec.clone());
     }
@@ -227,11 +222,7 @@ const ACTUATOR_SHUTDOWN: Duration = Duration::from_secs(5);
 /// Every configuration problem at once, before anything is loaded or bound.
 fn validate(args: &RunArgs) -> Result<(), InvalidConfig> {
     let mut p = InvalidConfig::default();
-    p.add(&args.capture)
-        .add(&args.identity)
-        .add(&args.l7)
-        .add(&args.correlate)
-        .add(&args.decide);
+    p.add(&args.capture).add(&args.identity).add(&args.pipeline);
     p.add(&args.actuate).add(&args.recorder).add(&args.api);
     p.into_result()
 }

@@ -188,14 +188,12 @@ fn recorded(records: &[Record]) -> Derived {
     d
 }
 
-/// Analyse one dump.
 /// Every problem with the stage settings a replay runs with, at once.
 pub fn validate(c: &PipelineConfig) -> Result<(), crate::settings::InvalidConfig> {
-    let mut p = crate::settings::InvalidConfig::default();
-    p.add(&c.l7).add(&c.correlate).add(&c.decide);
-    p.into_result()
+    crate::settings::Settings::validate(c)
 }
 
+/// Analyse one dump.
 pub fn analyse(path: &Path, opts: &Options) -> Result<IncidentReport, FormatError> {
     let dump = DumpReader::open(path)?;
     let mut notes = Vec::new();
