@@ -3,19 +3,19 @@
 //! Modules in data-flow order ([`LAYERS`]); each depends only on the ones before it, and the
 //! unit suite fails when one imports a later one (`tests.rs`). The commands (`cmd`) sit above
 //! every stage; the test kit (`testkit`) is compiled for tests and the `testkit` feature only.
-pub mod actuate;
-pub mod api;
+pub mod settings;
 pub mod capture;
-pub mod cmd;
-pub mod correlate;
-pub mod decide;
-pub mod forensics;
 pub mod identity;
 pub mod l7;
-pub mod metrics;
+pub mod correlate;
+pub mod decide;
 pub mod pipeline;
+pub mod actuate;
 pub mod recorder;
-pub mod settings;
+pub mod forensics;
+pub mod metrics;
+pub mod api;
+pub mod cmd;
 
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
