@@ -3,8 +3,10 @@
 //! `POST /v1/dump` calls), and SIGUSR1.
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{DumpReason, SharedRecorder};
 
@@ -125,14 +127,25 @@ fn endpoint(api: &str) -> Result<Endpoint<'_>, ClientError> {
     Ok(Endpoint::Tcp { hostport, prefix })
 }
 
-async fn exchange<S: AsyncReadExt + AsyncWriteExt + Unpin>(
-    mut s: S,
-    req: &[u8],
-) -> std::io::Result<Vec<u8>> {
-    s.write_all(req).await?;
-    let mut resp = Vec::new();
-    s.take(1 << 20).read_to_end(&mut resp).await?;
-    Ok(resp)
+/// One request over `io` (hyper's HTTP/1 client; the connection ends with the answer).
+async fn send<I>(io: I, req: hyper::Request<Full<Bytes>>) -> Result<(u16, Bytes), ClientError>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|_| ClientError::Malformed)?;
+    tokio::spawn(conn);
+    let resp = tx
+        .send_request(req)
+        .await
+        .map_err(|_| ClientError::Malformed)?;
+    let status = resp.status().as_u16();
+    let body = Limited::new(resp.into_body(), 1 << 20)
+        .collect()
+        .await
+        .map_err(|_| ClientError::Malformed)?;
+    Ok((status, body.to_bytes()))
 }
 
 /// `POST /v1/dump` to `api` (`unix:/path` or `http://host:port`); returns the dump path the
@@ -149,11 +162,11 @@ pub async fn request_dump(
     };
     let body =
         serde_json::to_string(&DumpRequest { reason }).map_err(|_| ClientError::Malformed)?;
-    let req = format!(
-        "POST {prefix}/v1/dump HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let req = hyper::Request::post(format!("{prefix}/v1/dump"))
+        .header(hyper::header::HOST, host)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|_| ClientError::Url(api.to_string()))?;
     let io = |source| ClientError::Connect {
         addr: addr.to_string(),
         source,
@@ -161,33 +174,25 @@ pub async fn request_dump(
     let talk = async {
         match ep {
             Endpoint::Unix(path) => {
-                exchange(
+                send(
                     tokio::net::UnixStream::connect(path).await.map_err(io)?,
-                    req.as_bytes(),
+                    req,
                 )
                 .await
             }
             Endpoint::Tcp { hostport, .. } => {
-                exchange(
+                send(
                     tokio::net::TcpStream::connect(hostport).await.map_err(io)?,
-                    req.as_bytes(),
+                    req,
                 )
                 .await
             }
         }
-        .map_err(io)
     };
-    let resp = tokio::time::timeout(timeout, talk)
+    let (status, body) = tokio::time::timeout(timeout, talk)
         .await
         .map_err(|_| ClientError::Timeout(timeout))??;
-    let text = String::from_utf8_lossy(&resp);
-    let status: u16 = text
-        .strip_prefix("HTTP/1.")
-        .and_then(|r| r.get(2..5))
-        .and_then(|c| c.parse().ok())
-        .ok_or(ClientError::Malformed)?;
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let parsed: Option<DumpResponse> = serde_json::from_str(body.trim()).ok();
+    let parsed: Option<DumpResponse> = serde_json::from_slice(&body).ok();
     match (status, parsed) {
         (200, Some(DumpResponse { path: Some(p), .. })) => Ok(p),
         (
@@ -197,9 +202,13 @@ pub async fn request_dump(
                 ..
             }),
         ) => Err(ClientError::Agent { status, message }),
-        (status, _) => Err(ClientError::Agent {
-            status,
-            message: body.trim().chars().take(500).collect(),
-        }),
+        (status, _) => {
+            let message = String::from_utf8_lossy(&body)
+                .trim()
+                .chars()
+                .take(500)
+                .collect();
+            Err(ClientError::Agent { status, message })
+        }
     }
 }
