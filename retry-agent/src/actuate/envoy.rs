@@ -24,7 +24,7 @@
 //! the keys of any marker whose time has passed — so a killed agent's overrides end when the next
 //! agent with this actuator starts, or when Envoy restarts, not before.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    fmt,
     net::SocketAddr,
     time::{Duration, Instant},
 };
@@ -37,8 +37,12 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Deserialize;
 use tokio::net::TcpStream;
 
-use super::{ActiveSet, ActuateError, ActuateFuture, Actuator, control::unix_ms};
-use crate::{correlate::Edge, decide::Decision};
+use super::{
+    ActuateError, ActuateFuture, Actuator, addr_list,
+    control::unix_ms,
+    targets::{FirstError, Held, TargetProxy},
+};
+use crate::decide::Decision;
 
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
 /// `/clusters` of a large mesh is megabytes; it is read whole, but within this.
@@ -71,6 +75,15 @@ pub enum Target {
     AllRoutes,
     /// Retries into one cluster.
     Cluster(String),
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::AllRoutes => f.write_str("every route"),
+            Target::Cluster(c) => write!(f, "cluster {c}"),
+        }
+    }
 }
 
 impl Target {
@@ -204,24 +217,18 @@ pub fn lapsed_markers(runtime: &serde_json::Value, now_s: u64) -> Vec<Target> {
         .collect()
 }
 
+/// Envoy's admin API: the calls the actuator makes.
+pub struct EnvoyAdmin {
+    addr: SocketAddr,
+}
+
+/// The Envoy actuator: per-cluster overrides held per edge, plus the sweep of lapsed markers.
 pub struct EnvoyActuator {
-    admin: SocketAddr,
-    active: ActiveSet,
-    /// What each edge's suppression overrode, so lifting removes exactly that.
-    held: BTreeMap<Edge, Vec<Target>>,
+    held: Held<EnvoyAdmin>,
     last_sweep: Option<Instant>,
 }
 
-impl EnvoyActuator {
-    pub fn new(admin: SocketAddr) -> EnvoyActuator {
-        EnvoyActuator {
-            admin,
-            active: ActiveSet::default(),
-            held: BTreeMap::new(),
-            last_sweep: None,
-        }
-    }
-
+impl EnvoyAdmin {
     /// One admin request on its own connection; returns the status and (bounded) body.
     pub async fn admin(
         &self,
@@ -229,7 +236,7 @@ impl EnvoyActuator {
         path: &str,
         form: Option<String>,
     ) -> Result<(StatusCode, Bytes), ActuateError> {
-        let addr = self.admin;
+        let addr = self.addr;
         let http = |e: Box<dyn std::error::Error + Send + Sync>| ActuateError::EnvoyHttp {
             addr,
             source: e,
@@ -281,7 +288,7 @@ impl EnvoyActuator {
         }
         let body = String::from_utf8_lossy(&body).chars().take(200).collect();
         Err(ActuateError::EnvoyStatus {
-            addr: self.admin,
+            addr: self.addr,
             status: status.to_string(),
             body,
         })
@@ -304,81 +311,78 @@ impl EnvoyActuator {
             source,
         })
     }
+}
+
+impl TargetProxy for EnvoyAdmin {
+    type Target = Target;
+    type Listing = Clusters;
+
+    async fn resolve(
+        &self,
+        d: &Decision,
+        clusters: &mut Option<Clusters>,
+    ) -> Result<Vec<Target>, ActuateError> {
+        if d.edge.callee.as_str() == "*" {
+            return Ok(vec![Target::AllRoutes]);
+        }
+        if clusters.is_none() {
+            *clusters = Some(self.clusters().await?);
+        }
+        let names = clusters
+            .as_ref()
+            .map(|c| c.holding(&d.callee_addrs))
+            .unwrap_or_default();
+        if names.is_empty() {
+            return Err(ActuateError::Invalid(format!(
+                "no Envoy cluster has an endpoint at {} (callee {})",
+                addr_list(&d.callee_addrs),
+                d.edge.callee
+            )));
+        }
+        Ok(names.into_iter().map(Target::Cluster).collect())
+    }
+
+    async fn set(&self, t: &Target, until_s: u64) -> Result<(), ActuateError> {
+        self.runtime_modify(&runtime_keys(t, Some(until_s))).await
+    }
+
+    async fn clear(&self, t: &Target) -> Result<(), ActuateError> {
+        self.runtime_modify(&runtime_keys(t, None)).await
+    }
+}
+
+impl EnvoyActuator {
+    pub fn new(admin: SocketAddr) -> EnvoyActuator {
+        EnvoyActuator {
+            held: Held::new(EnvoyAdmin { addr: admin }),
+            last_sweep: None,
+        }
+    }
+
+    /// The admin API this actuator drives.
+    pub fn admin(&self) -> &EnvoyAdmin {
+        &self.held.proxy
+    }
 
     /// Removes the overrides of lapsed markers, except targets this agent holds right now.
     pub async fn sweep(&mut self) -> Result<(), ActuateError> {
-        let body = self.admin_ok(Method::GET, "/runtime", None).await?;
+        let admin = &self.held.proxy;
+        let body = admin.admin_ok(Method::GET, "/runtime", None).await?;
         let runtime: serde_json::Value =
             serde_json::from_slice(&body).map_err(|source| ActuateError::Serialize {
                 what: "envoy /runtime",
                 source,
             })?;
-        let held: BTreeSet<&Target> = self.held.values().flatten().collect();
+        let held = self.held.held();
         let lapsed: Vec<Target> = lapsed_markers(&runtime, unix_ms() / 1000)
             .into_iter()
             .filter(|t| !held.contains(t))
             .collect();
         for t in &lapsed {
-            tracing::info!(target = ?t, "envoy: removing a lapsed retry override");
-            self.runtime_modify(&runtime_keys(t, None)).await?;
+            tracing::info!(target = %t, "envoy: removing a lapsed retry override");
+            admin.clear(t).await?;
         }
         self.last_sweep = Some(Instant::now());
-        Ok(())
-    }
-
-    /// Lifts what `edge` held, except targets another edge still holds.
-    async fn lift(&mut self, edge: &Edge) -> Result<(), ActuateError> {
-        let Some(targets) = self.held.remove(edge) else {
-            return Ok(());
-        };
-        let still: BTreeSet<&Target> = self.held.values().flatten().collect();
-        let mut first_err = None;
-        for t in targets.iter().filter(|t| !still.contains(t)) {
-            if let Err(e) = self.runtime_modify(&runtime_keys(t, None)).await {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
-    }
-
-    async fn enforce(
-        &mut self,
-        d: &Decision,
-        clusters: &mut Option<Clusters>,
-    ) -> Result<(), ActuateError> {
-        let targets = if d.edge.callee.as_str() == "*" {
-            vec![Target::AllRoutes]
-        } else {
-            if clusters.is_none() {
-                *clusters = Some(self.clusters().await?);
-            }
-            let names = clusters
-                .as_ref()
-                .map(|c| c.holding(&d.callee_addrs))
-                .unwrap_or_default();
-            if names.is_empty() {
-                return Err(ActuateError::Invalid(format!(
-                    "no Envoy cluster has an endpoint at {:?} (callee {})",
-                    d.callee_addrs, d.edge.callee
-                )));
-            }
-            names.into_iter().map(Target::Cluster).collect()
-        };
-        // Held before it is set, so a half-done change is still lifted later.
-        let old = self
-            .held
-            .insert(d.edge.clone(), targets.clone())
-            .unwrap_or_default();
-        // Round up so a sub-second TTL still covers the current second.
-        let until_s = (unix_ms() + d.ttl_ms).div_ceil(1000);
-        for t in &targets {
-            self.runtime_modify(&runtime_keys(t, Some(until_s))).await?;
-        }
-        // Clusters this edge no longer resolves to (endpoints moved) are lifted.
-        let still: BTreeSet<&Target> = self.held.values().flatten().collect();
-        for t in old.iter().filter(|t| !still.contains(t)) {
-            self.runtime_modify(&runtime_keys(t, None)).await?;
-        }
         Ok(())
     }
 }
@@ -391,19 +395,8 @@ impl Actuator for EnvoyActuator {
     fn apply<'a>(&'a mut self, decisions: &'a [Decision]) -> ActuateFuture<'a> {
         Box::pin(async move {
             let now = Instant::now();
-            let ch = self.active.update(decisions, now);
-            let mut first_err = None;
-            for d in &ch.removed {
-                if let Err(e) = self.lift(&d.edge).await {
-                    first_err.get_or_insert(e);
-                }
-            }
-            let mut clusters = None;
-            for d in &ch.upserted {
-                if let Err(e) = self.enforce(d, &mut clusters).await {
-                    first_err.get_or_insert(e);
-                }
-            }
+            let mut err = FirstError::default();
+            err.note(self.held.apply(decisions, now).await);
             if self
                 .last_sweep
                 .is_none_or(|t| now.duration_since(t) >= SWEEP_EVERY)
@@ -412,24 +405,15 @@ impl Actuator for EnvoyActuator {
                 // every SWEEP_EVERY, not every tick.
                 if let Err(e) = self.sweep().await {
                     self.last_sweep = Some(now);
-                    first_err.get_or_insert(e);
+                    err.note(Err(e));
                 }
             }
-            first_err.map_or(Ok(()), Err)
+            err.into_result()
         })
     }
 
     fn shutdown(&mut self) -> ActuateFuture<'_> {
-        Box::pin(async move {
-            let edges: Vec<Edge> = self.held.keys().cloned().collect();
-            let mut first_err = None;
-            for e in &edges {
-                if let Err(err) = self.lift(e).await {
-                    first_err.get_or_insert(err);
-                }
-            }
-            self.active = ActiveSet::default();
-            first_err.map_or(Ok(()), Err)
-        })
+        Box::pin(self.held.lift_all())
     }
 }
+

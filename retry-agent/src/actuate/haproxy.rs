@@ -10,7 +10,7 @@
 //! (operators name backends, not us); a backend named like the callee service is the fallback for
 //! servers the listing cannot match (e.g. addresses still being resolved).
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeSet,
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     time::Duration,
@@ -22,10 +22,11 @@ use tokio::{
 };
 
 use super::{
-    ActiveSet, ActuateError, ActuateFuture, Actuator,
-    control::{addr_matches, unix_ms},
+    ActuateError, ActuateFuture, Actuator, addr_list,
+    control::addr_matches,
+    targets::{Held, TargetProxy},
 };
-use crate::{correlate::Edge, decide::Decision};
+use crate::decide::Decision;
 
 pub const DEFAULT_SOCKET: &str = "/run/haproxy/admin.sock";
 pub const DEFAULT_MAP: &str = "/etc/haproxy/retry-suppress.map";
@@ -33,12 +34,15 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 /// Runtime API answers are short; anything longer is cut here.
 const MAX_REPLY: u64 = 64 << 10;
 
-pub struct HaproxyActuator {
+/// HAProxy's runtime API on one stats socket, and the suppression map it keeps.
+pub struct HaproxyRuntime {
     socket: PathBuf,
     map: String,
-    active: ActiveSet,
-    /// Map keys (backend names) each edge's suppression set, so lifting removes exactly those.
-    held: BTreeMap<Edge, Vec<String>>,
+}
+
+/// The HAProxy actuator: map keys (backend names) held per edge.
+pub struct HaproxyActuator {
+    held: Held<HaproxyRuntime>,
 }
 
 /// Backends of a `show servers state` listing with a server at one of `addrs` (an unspecified IP
@@ -83,15 +87,22 @@ pub fn backends_serving(state: &str, addrs: &[SocketAddr], fallback: &str) -> Ve
 impl HaproxyActuator {
     pub fn new(socket: PathBuf, map: String) -> HaproxyActuator {
         HaproxyActuator {
-            socket,
-            map,
-            active: ActiveSet::default(),
-            held: BTreeMap::new(),
+            held: Held::new(HaproxyRuntime { socket, map }),
         }
     }
 
-    /// The backends (map keys) serving `d`'s callee.
-    async fn backends_for(
+    /// Sends one runtime API command (see [`HaproxyRuntime::command`]).
+    pub async fn command(&self, cmd: &str) -> Result<String, ActuateError> {
+        self.held.proxy.command(cmd).await
+    }
+}
+
+impl TargetProxy for HaproxyRuntime {
+    type Target = String;
+    type Listing = String;
+
+    /// The backends (map keys) serving `d`'s callee, from one `show servers state` per batch.
+    async fn resolve(
         &self,
         d: &Decision,
         state: &mut Option<String>,
@@ -106,8 +117,9 @@ impl HaproxyActuator {
         );
         if found.is_empty() {
             return Err(ActuateError::Invalid(format!(
-                "no HAProxy backend has a server at {:?} (callee {})",
-                d.callee_addrs, d.edge.callee
+                "no HAProxy backend has a server at {} (callee {})",
+                addr_list(&d.callee_addrs),
+                d.edge.callee
             )));
         }
         match found.iter().find(|k| !valid_key(k)) {
@@ -118,44 +130,16 @@ impl HaproxyActuator {
         }
     }
 
-    async fn enforce(
-        &mut self,
-        d: &Decision,
-        state: &mut Option<String>,
-    ) -> Result<(), ActuateError> {
-        let keys = self.backends_for(d, state).await?;
-        // Held before it is set, so a half-done change is still removed later.
-        let old = self
-            .held
-            .insert(d.edge.clone(), keys.clone())
-            .unwrap_or_default();
-        // Round up so a sub-second TTL still suppresses for the current second.
-        let until_s = (unix_ms() + d.ttl_ms).div_ceil(1000);
-        for k in &keys {
-            self.upsert(k, &until_s.to_string()).await?;
-        }
-        let still: BTreeSet<&String> = self.held.values().flatten().collect();
-        for k in old.iter().filter(|k| !still.contains(k)) {
-            self.remove(k).await?;
-        }
-        Ok(())
+    async fn set(&self, key: &String, until_s: u64) -> Result<(), ActuateError> {
+        self.upsert(key, &until_s.to_string()).await
     }
 
-    /// Removes what `edge` set, except keys another edge still holds.
-    async fn lift(&mut self, edge: &Edge) -> Result<(), ActuateError> {
-        let Some(keys) = self.held.remove(edge) else {
-            return Ok(());
-        };
-        let still: BTreeSet<&String> = self.held.values().flatten().collect();
-        let mut first_err = None;
-        for k in keys.iter().filter(|k| !still.contains(k)) {
-            if let Err(e) = self.remove(k).await {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+    async fn clear(&self, key: &String) -> Result<(), ActuateError> {
+        self.remove(key).await
     }
+}
 
+impl HaproxyRuntime {
     /// Sends one command (non-interactive mode: HAProxy answers and closes).
     pub async fn command(&self, cmd: &str) -> Result<String, ActuateError> {
         let io = |source| ActuateError::HaproxyIo {
@@ -234,37 +218,11 @@ impl Actuator for HaproxyActuator {
     }
 
     fn apply<'a>(&'a mut self, decisions: &'a [Decision]) -> ActuateFuture<'a> {
-        Box::pin(async move {
-            let ch = self.active.update(decisions, std::time::Instant::now());
-            let mut first_err = None;
-            for d in &ch.removed {
-                if let Err(e) = self.lift(&d.edge).await {
-                    first_err.get_or_insert(e);
-                }
-            }
-            // One `show servers state` per batch, only when something is to be set.
-            let mut state = None;
-            for d in &ch.upserted {
-                if let Err(e) = self.enforce(d, &mut state).await {
-                    first_err.get_or_insert(e);
-                }
-            }
-            first_err.map_or(Ok(()), Err)
-        })
+        Box::pin(self.held.apply(decisions, std::time::Instant::now()))
     }
 
     /// Entries would lapse by their own time; removing them ends the suppression now.
     fn shutdown(&mut self) -> ActuateFuture<'_> {
-        Box::pin(async move {
-            let edges: Vec<Edge> = self.held.keys().cloned().collect();
-            let mut first_err = None;
-            for e in &edges {
-                if let Err(err) = self.lift(e).await {
-                    first_err.get_or_insert(err);
-                }
-            }
-            self.active = ActiveSet::default();
-            first_err.map_or(Ok(()), Err)
-        })
+        Box::pin(self.held.lift_all())
     }
 }

@@ -31,6 +31,7 @@ pub mod decision_log;
 pub mod envoy;
 pub mod haproxy;
 pub mod shim;
+pub mod targets;
 pub mod wire;
 
 /// Default path of the agent ↔ shim control socket.
@@ -332,6 +333,18 @@ impl Dispatcher {
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
+}
+
+/// `a, b, c`: addresses as users read them (not `[a, b]` Debug output).
+pub(crate) fn addr_list(addrs: &[SocketAddr]) -> String {
+    if addrs.is_empty() {
+        return "no address".into();
+    }
+    addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Suppressions an actuator holds, keyed by edge, with local expiry. Shared by actuators that

@@ -23,15 +23,8 @@ pub(crate) fn decision(
 ) -> Decision {
     Decision {
         id,
-        edge: Edge {
-            caller: ServiceId::new(caller),
-            callee: ServiceId::new(callee),
-        },
         callee_addrs: addr.parse::<SocketAddr>().into_iter().collect(),
-        action,
-        reason: Reason::CalleeUnclaimed,
-        issued_at_ns: 0,
-        ttl_ms,
+        ..crate::testkit::decision(caller, callee, action, Reason::CalleeUnclaimed, ttl_ms)
     }
 }
 

@@ -10,15 +10,15 @@ use crate::{
 fn decision() -> Decision {
     Decision {
         id: 9,
-        edge: Edge {
-            caller: ServiceId::new("frontend"),
-            callee: ServiceId::new("orders"),
-        },
         callee_addrs: vec!["10.0.0.7:8080".parse().expect("addr")],
-        action: Action::SuppressRetries,
-        reason: decide::Reason::OverBudget,
         issued_at_ns: 5,
-        ttl_ms: 30_000,
+        ..crate::testkit::decision(
+            "frontend",
+            "orders",
+            Action::SuppressRetries,
+            decide::Reason::OverBudget,
+            30_000,
+        )
     }
 }
 
