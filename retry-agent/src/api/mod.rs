@@ -327,8 +327,10 @@ pub async fn serve_private(
     if let Some(d) = dumps {
         app = app.merge(Router::new().route("/v1/dump", post(dump)).with_state(d));
     }
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(socket = ?addr.as_pathname(), "API listening");
+    if let Ok(addr) = listener.local_addr()
+        && let Some(path) = addr.as_pathname()
+    {
+        tracing::info!(socket = %path.display(), "API listening");
     }
     axum::serve(listener, app).await.map_err(ApiError::Serve)
 }
