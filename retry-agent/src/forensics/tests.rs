@@ -27,16 +27,8 @@ fn cfg(dir: PathBuf) -> RecorderConfig {
 
 fn decision(ts: u64) -> Decision {
     Decision {
-        id: 1,
-        edge: Edge {
-            caller: ServiceId::new("a"),
-            callee: ServiceId::new("b"),
-        },
-        callee_addrs: vec![],
-        action: Action::SuppressRetries,
-        reason: Reason::CalleeUnclaimed,
         issued_at_ns: ts,
-        ttl_ms: 1000,
+        ..crate::testkit::decision("a", "b", Action::SuppressRetries, Reason::CalleeUnclaimed, 1000)
     }
 }
 

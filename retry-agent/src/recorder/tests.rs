@@ -68,16 +68,8 @@ fn marker(i: u64) -> Record {
 
 fn decision(ts: u64) -> Record {
     Record::Decision(Decision {
-        id: 1,
-        edge: Edge {
-            caller: ServiceId::new("a"),
-            callee: ServiceId::new("b"),
-        },
-        callee_addrs: vec![],
-        action: Action::SuppressRetries,
-        reason: Reason::CalleeUnclaimed,
         issued_at_ns: ts,
-        ttl_ms: 1000,
+        ..crate::testkit::decision("a", "b", Action::SuppressRetries, Reason::CalleeUnclaimed, 1000)
     })
 }
 

@@ -2,10 +2,12 @@
 //! ([`sim`]), a synthetic wire-faithful storm ([`synth`]) and small shared helpers. Compiled for
 //! the unit tests and with the `testkit` feature (integration tests, benchmarks), never into the
 //! release binary; only test code uses it.
+pub mod decision;
 pub mod exchange;
 pub mod sim;
 pub mod synth;
 
+pub use decision::decision;
 pub use exchange::{ExchangeBuilder, class_of_status};
 pub use sim::{Node, Sim};
 pub use synth::StormScenario;
