@@ -7,7 +7,7 @@ mod h1;
 mod h2;
 mod pending;
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use crate::capture::{ConnId, DataEvent, Direction, Role, Syscall, Tuple};
 
@@ -421,7 +421,7 @@ impl Conn {
                 };
                 Proto::Http2(Box::new(H2Conn {
                     dirs: [req, resp],
-                    streams: HashMap::new(),
+                    streams: HashMap::default(),
                     max_inflight: self.max_inflight,
                 }))
             }
@@ -487,7 +487,7 @@ impl Conn {
         self.info.protocol = Protocol::Http2;
         let req = H2Dir::new(Side::Request, true, true, self.cap);
         let resp = H2Dir::new(Side::Response, false, true, self.cap);
-        let mut streams = HashMap::new();
+        let mut streams = HashMap::default();
         streams.insert(
             1,
             H2Stream {

@@ -181,6 +181,10 @@ pub(crate) fn authority_of_target(target: &[u8]) -> Option<&[u8]> {
 /// `path` with high-cardinality segments collapsed to `{id}`: all-digit segments, UUIDs, long
 /// hex strings, and long tokens mixing letters and digits (opaque ids, base64).
 pub fn route_template(path: &str) -> String {
+    // Most paths have no id segment: one copy, no per-segment pushes.
+    if !path.split('/').any(is_id_segment) {
+        return path.to_owned();
+    }
     let mut out = String::with_capacity(path.len());
     for (i, seg) in path.split('/').enumerate() {
         if i > 0 {

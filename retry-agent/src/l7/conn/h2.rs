@@ -1,6 +1,6 @@
 //! HTTP/2 on one connection: the two directions' frame readers and pairing by stream (streams
 //! bounded by `max_inflight`), trailers, RST_STREAM and GOAWAY.
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use crate::capture::Role;
 
