@@ -181,8 +181,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 state.publish(&pipeline.engine, &pipeline.decider);
                 let c = capture_stats.snapshot();
                 metrics.observe_capture(c.events, c.kernel_drops + c.channel_drops);
+                metrics.observe_arg_insert_failures(&c.arg_insert_failures);
                 if let Some(rec) = &recorder {
-                    let _ = rec.with(|r| r.note_capture_loss(c.kernel_drops + c.channel_drops));
+                    let _ = rec.with(|r| {
+                        r.note_capture_loss(c.kernel_drops + c.channel_drops);
+                        let s = r.stats();
+                        metrics.observe_recorder(s.evicted_age_total + s.evicted_size_total);
+                    });
                 }
                 state.health().observe(c.events.wrapping_add(c.polls), capture.programs_attached());
                 metrics.observe_tls(capture.tls_libraries());
