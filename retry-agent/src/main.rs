@@ -1,9 +1,8 @@
 //! Thin main: parse config, init logs, dispatch; errors print once and exit non-zero.
 use std::process::ExitCode;
 
-use clap::Parser;
 use retry_agent::{
-    cmd::{Cli, Command},
+    cmd::Command,
     settings::{InvalidConfig, legacy_env},
 };
 
@@ -17,7 +16,7 @@ fn main() -> ExitCode {
         // environment concurrently.
         unsafe { std::env::set_var(new, value) };
     }
-    let cli = match Cli::try_parse() {
+    let cli = match retry_agent::cmd::parse_from(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) => {
             let usage = e.use_stderr();

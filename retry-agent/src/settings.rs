@@ -102,6 +102,49 @@ impl InvalidConfig {
     }
 }
 
+/// The one memory setting every bound derives from (`--memory-budget-mib`): the kernel ring, the
+/// reader's channel, the recorder's ring, the l7 and correlate tables, the shim's caches. A bound
+/// given on its own flag wins over its derived value (`cmd::budget` does the arithmetic).
+#[derive(clap::Args, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// Memory the process may use, in MiB: every bound not given on its own flag is derived from
+    /// it, and the resulting ceiling is logged at start. The default keeps the agent's RSS under
+    /// 64 MiB with the recorder on.
+    #[arg(
+        long = "memory-budget-mib",
+        env = "RETRY_AGENT_MEMORY_BUDGET_MIB",
+        default_value_t = MemoryBudget::DEFAULT_MIB
+    )]
+    pub mib: u64,
+}
+
+impl MemoryBudget {
+    pub const DEFAULT_MIB: u64 = 64;
+    /// Below this the fixed costs (binary, runtime, BTF) leave nothing for the bounds.
+    pub const MIN_MIB: u64 = 32;
+
+    pub fn bytes(&self) -> u64 {
+        self.mib.saturating_mul(1 << 20)
+    }
+}
+
+impl Default for MemoryBudget {
+    fn default() -> Self {
+        defaults()
+    }
+}
+
+impl Settings for MemoryBudget {
+    fn check(&self, p: &mut InvalidConfig) {
+        p.check(
+            (Self::MIN_MIB..=1 << 20).contains(&self.mib),
+            "memory-budget-mib",
+            self.mib,
+            "in 32..=1048576",
+        );
+    }
+}
+
 /// Env vars from before the stage prefixes, and the ones that replaced them. Read only when the
 /// new one is not set, so a deployment can move over one variable at a time.
 pub const LEGACY_ENV: &[(&str, &[&str])] = &[

@@ -387,6 +387,24 @@ pub mod names {
     /// Processes running the agent's own executable (shims, CLI calls), found by userspace by
     /// the file's identity: their sockets are left untracked from connect/accept on.
     pub const AGENT_TGIDS: &str = "AGENT_TGIDS";
+    /// Per-CPU counts of failed inserts into the per-thread argument maps, by [`super::arg_map`].
+    pub const ARG_FAILURES: &str = "ARG_FAILURES";
+    /// The per-thread argument maps, by `arg_map` slot (their size is a capture setting).
+    pub const ARG_MAPS: [&str; super::arg_map::COUNT as usize] =
+        ["IO_ARGS", "CONNECT_ARGS", "ACCEPT_ARGS", "SSL_ARGS"];
+}
+
+/// Slots of `ARG_FAILURES`: one per per-thread argument map. A failed insert (the map is full:
+/// more threads inside traced syscalls at once than it holds) loses that syscall's record.
+pub mod arg_map {
+    pub const IO: u32 = 0;
+    pub const CONNECT: u32 = 1;
+    pub const ACCEPT: u32 = 2;
+    pub const SSL: u32 = 3;
+    /// Slots in the map.
+    pub const COUNT: u32 = 4;
+    /// Metric label of each slot, by index.
+    pub const LABELS: [&str; COUNT as usize] = ["io", "connect", "accept", "ssl"];
 }
 
 #[cfg(feature = "user")]

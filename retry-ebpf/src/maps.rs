@@ -6,6 +6,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use retry_common::{
+    arg_map,
     AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, IoArgs, MAX_PAYLOAD, PeerKey, ServerEst, SockOwner,
 };
 
@@ -15,6 +16,20 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 /// Records that did not fit in `EVENTS`.
 #[map]
 pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// Failed inserts into the per-thread argument maps below, by `retry_common::arg_map` slot.
+#[map]
+pub static ARG_FAILURES: PerCpuArray<u64> = PerCpuArray::with_max_entries(arg_map::COUNT, 0);
+
+/// Counts a failed argument-map insert (the record of that syscall is lost) and passes the error on.
+#[inline(always)]
+pub fn arg_insert_failed(slot: u32, e: i32) -> i32 {
+    if let Some(p) = ARG_FAILURES.get_ptr_mut(slot) {
+        // SAFETY: per-CPU slot, only this CPU writes it while this program runs.
+        unsafe { *p += 1 };
+    }
+    e
+}
+
 #[map]
 pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 /// Tracked TCP fds. LRU so a process that dies without close cannot fill it; userspace also
@@ -36,7 +51,8 @@ pub static SERVER_EST: LruHashMap<PeerKey, ServerEst> = LruHashMap::with_max_ent
 pub static SERVER_EST_SK: LruHashMap<u64, ServerEst> = LruHashMap::with_max_entries(16384, 0);
 /// Syscall arguments by thread, between entry and exit. Plain (preallocated) hashes: an LRU
 /// insert on every traced syscall cost more; a thread that dies inside a syscall has its entry
-/// removed by `ra_process_exit`, which fires for every thread.
+/// removed by `ra_process_exit`, which fires for every thread. Sizes are overridden by userspace
+/// (`CaptureConfig::arg_map_entries`); a full map's failed inserts are counted in `ARG_FAILURES`.
 #[map]
 pub static IO_ARGS: HashMap<u64, IoArgs> = HashMap::with_max_entries(16384, 0);
 #[map]

@@ -181,37 +181,34 @@ fn memory_limit_and_bounds_follow_the_values() {
     let c = agent(&ds);
     let v = values();
     let (b, m) = (&v["bounds"], &v["memory"]);
-    let channel = int(&b["channelCapacity"])
-        * (int(&b["payloadBytes"]) + int(&m["eventOverheadBytes"]))
-        / (1 << 20);
-    let sum = int(&m["baseMiB"]) + int(&b["ringMiB"]) + int(&b["recorderMaxMiB"]) + channel;
-    let limit = sum * (100 + int(&m["headroomPercent"])) / 100;
+    let budget = int(&v["memoryBudgetMiB"]);
+    let limit = (budget + int(&m["kernelMiB"])) * (100 + int(&m["headroomPercent"])) / 100;
     let res = c.resources.as_ref().unwrap();
     assert_eq!(
         res.limits.as_ref().unwrap()["memory"].0,
         format!("{limit}Mi")
     );
-    // Above the measured RSS (150–170 MiB under load with these bounds).
-    assert!(limit >= 256, "limit {limit} MiB");
+    // The agent keeps its RSS within the budget; the limit has room for the maps beyond it.
+    assert!(limit > budget, "limit {limit} MiB");
     assert_eq!(
         res.requests.as_ref().unwrap()["memory"].0,
         format!("{}Mi", int(&m["requestMiB"]))
     );
     assert_eq!(
-        env(&c, "RETRY_AGENT_RING_BYTES"),
-        Some((int(&b["ringMiB"]) << 20).to_string())
+        env(&c, "RETRY_AGENT_MEMORY_BUDGET_MIB"),
+        Some(budget.to_string())
     );
+    // The bounds derive from the budget: none is set on its own (it would win over the budget).
+    for flag in retry_agent::cmd::budget::DERIVED_FLAGS {
+        let var = format!("RETRY_AGENT_{}", flag.to_uppercase().replace('-', "_"));
+        assert_eq!(env(&c, &var), None, "{var} overrides the budget");
+    }
+    for legacy in ["RETRY_AGENT_RING_BYTES", "RETRY_AGENT_CHANNEL_CAPACITY"] {
+        assert_eq!(env(&c, legacy), None, "{legacy} overrides the budget");
+    }
     assert_eq!(
-        env(&c, "RETRY_AGENT_CHANNEL_CAPACITY"),
-        Some(int(&b["channelCapacity"]).to_string())
-    );
-    assert_eq!(
-        env(&c, "RETRY_AGENT_PAYLOAD_BYTES"),
+        env(&c, "RETRY_AGENT_CAPTURE_PAYLOAD_BYTES"),
         Some(int(&b["payloadBytes"]).to_string())
-    );
-    assert_eq!(
-        env(&c, "RETRY_AGENT_RECORDER_MAX_MIB"),
-        Some(int(&b["recorderMaxMiB"]).to_string())
     );
     let image = format!(
         "{}:{}",

@@ -52,18 +52,29 @@ pub static EBPF_OBJECT: &[u8] =
 /// Capture settings (`--capture-*`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct CaptureConfig {
-    /// Kernel ring buffer size in bytes (a power of two, at least one page).
-    #[arg(long = "capture-ring-bytes", alias = "ring-bytes", env = "RETRY_AGENT_CAPTURE_RING_BYTES", default_value_t = 16 << 20)]
+    /// Kernel ring buffer size in bytes (a power of two, at least one page; default: derived
+    /// from --memory-budget-mib).
+    #[arg(long = "capture-ring-bytes", alias = "ring-bytes", env = "RETRY_AGENT_CAPTURE_RING_BYTES", default_value_t = 8 << 20)]
     pub ring_bytes: u32,
     /// Payload prefix captured per syscall, in bytes (at most 4096).
     #[arg(long = "capture-payload-bytes", alias = "payload-bytes", env = "RETRY_AGENT_CAPTURE_PAYLOAD_BYTES", default_value_t = retry_common::DEFAULT_PAYLOAD)]
     pub payload_bytes: u32,
-    /// Capacity of the channel between the ring reader and the pipeline, in events.
+    /// Threads that can be inside a traced syscall at once, per kind (data, connect, accept, SSL
+    /// call): the size of the kernel's per-thread argument maps. A thread beyond it goes
+    /// unrecorded for that call and is counted (`retry_agent_capture_arg_insert_failures_total`).
+    #[arg(
+        long = "capture-arg-map-entries",
+        env = "RETRY_AGENT_CAPTURE_ARG_MAP_ENTRIES",
+        default_value_t = 16384
+    )]
+    pub arg_map_entries: u32,
+    /// Capacity of the channel between the ring reader and the pipeline, in events (default:
+    /// derived from --memory-budget-mib).
     #[arg(
         long = "capture-channel-capacity",
         alias = "channel-capacity",
         env = "RETRY_AGENT_CAPTURE_CHANNEL_CAPACITY",
-        default_value_t = 65536
+        default_value_t = 2457
     )]
     pub channel_capacity: usize,
     /// Where to read process metadata and pre-existing connections.
@@ -151,6 +162,12 @@ impl Settings for CaptureConfig {
             "capture-ring-poll-ms",
             self.poll_ms,
             "in 1..=1000",
+        );
+        p.check(
+            self.arg_map_entries > 0,
+            "capture-arg-map-entries",
+            self.arg_map_entries,
+            "at least 1",
         );
         p.check(
             self.channel_capacity > 0,
@@ -264,10 +281,12 @@ impl Capture {
         }
         let specs = programs::programs(EBPF_OBJECT).map_err(CaptureError::Programs)?;
         load::raise_memlock();
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(names::EVENTS, cfg.ring_bytes)
-            .load(EBPF_OBJECT)
-            .map_err(CaptureError::Load)?;
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(names::EVENTS, cfg.ring_bytes);
+        for map in names::ARG_MAPS {
+            loader.map_max_entries(map, cfg.arg_map_entries);
+        }
+        let mut ebpf = loader.load(EBPF_OBJECT).map_err(CaptureError::Load)?;
         load::check_accounted(&ebpf, &specs)?;
 
         let agent_tgid = std::process::id();
@@ -305,6 +324,12 @@ impl Capture {
                 map: names::DROPS,
                 source,
             })?;
+        let arg_failures = load::take_map(&mut ebpf, names::ARG_FAILURES)?;
+        let arg_failures: PerCpuArray<MapData, u64> =
+            PerCpuArray::try_from(arg_failures).map_err(|source| CaptureError::Map {
+                map: names::ARG_FAILURES,
+                source,
+            })?;
         let conns = load::take_map(&mut ebpf, names::CONNS)?;
         let mut conns: BpfHashMap<MapData, ConnKey, ConnInfo> = BpfHashMap::try_from(conns)
             .map_err(|source| CaptureError::Map {
@@ -335,6 +360,7 @@ impl Capture {
                 tx,
                 stats: stats.clone(),
                 drops,
+                arg_failures,
                 conns,
                 proc_root: cfg.proc_root.clone(),
                 poll_interval: Duration::from_millis(cfg.poll_ms.max(1)),

@@ -19,6 +19,7 @@ pub(super) struct Reader {
     pub(super) tx: mpsc::Sender<Event>,
     pub(super) stats: StatsHandle,
     pub(super) drops: PerCpuArray<MapData, u64>,
+    pub(super) arg_failures: PerCpuArray<MapData, u64>,
     pub(super) conns: BpfHashMap<MapData, ConnKey, ConnInfo>,
     pub(super) proc_root: PathBuf,
     pub(super) poll_interval: Duration,
@@ -104,6 +105,11 @@ impl Reader {
         if let Ok(v) = self.drops.get(&0, 0) {
             let total: u64 = v.iter().sum();
             self.stats.0.kernel_drops.store(total, Ordering::Relaxed);
+        }
+        for (slot, counter) in (0u32..).zip(&self.stats.0.arg_insert_failures) {
+            if let Ok(v) = self.arg_failures.get(&slot, 0) {
+                counter.store(v.iter().sum(), Ordering::Relaxed);
+            }
         }
     }
 

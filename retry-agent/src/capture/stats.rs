@@ -1,5 +1,6 @@
 //! Counters: the capture's own (readable from any thread), and the kernel's run-time figures of
 //! this project's loaded programs (for benchmarks and leak checks).
+use retry_common::arg_map;
 use std::sync::{
     Arc,
     atomic::{AtomicU64, Ordering},
@@ -13,6 +14,7 @@ pub struct StatsInner {
     pub(super) channel_drops: AtomicU64,
     pub(super) decode_errors: AtomicU64,
     pub(super) polls: AtomicU64,
+    pub(super) arg_insert_failures: [AtomicU64; arg_map::COUNT as usize],
 }
 
 /// A snapshot of the capture counters.
@@ -29,6 +31,9 @@ pub struct CaptureStats {
     /// Poll rounds of the ring reader: it moves on a quiet node too, so `/healthz` can tell a
     /// live reader from a dead one.
     pub polls: u64,
+    /// Failed inserts into the kernel's per-thread argument maps (their syscalls went
+    /// unrecorded), by `retry_common::arg_map` slot (refreshed about once a second).
+    pub arg_insert_failures: [u64; arg_map::COUNT as usize],
 }
 
 /// Shared handle to the counters (clone it into metrics).
@@ -44,6 +49,9 @@ impl StatsHandle {
             channel_drops: s.channel_drops.load(Ordering::Relaxed),
             decode_errors: s.decode_errors.load(Ordering::Relaxed),
             polls: s.polls.load(Ordering::Relaxed),
+            arg_insert_failures: std::array::from_fn(|i| {
+                s.arg_insert_failures[i].load(Ordering::Relaxed)
+            }),
         }
     }
 }

@@ -1,7 +1,10 @@
 //! The commands, above every stage: each subcommand's arguments (every setting once, as a flag
 //! with an env var and a default) and the code that wires the stages together for it.
-use clap::{Parser, Subcommand};
+use std::ffi::OsString;
 
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+pub mod budget;
 pub mod dump;
 pub mod forensics;
 pub mod run;
@@ -50,6 +53,32 @@ impl Command {
             Command::Forensics(args) => forensics::run(args),
         }
     }
+}
+
+/// Parses a command line (and the environment), then derives every bound it did not give from
+/// the memory budget (`budget`). `main` calls this rather than `Cli::parse`.
+pub fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cmd = Cli::command();
+    let m = cmd.clone().try_get_matches_from(args)?;
+    let mut cli = Cli::from_arg_matches(&m)?;
+    let given = |name: &str| {
+        let flags = cmd
+            .find_subcommand(name)
+            .zip(m.subcommand_matches(name))
+            .map(|(c, sub)| budget::given_flags(c, sub))
+            .unwrap_or_default();
+        move |f: &str| flags.iter().any(|g| g == f)
+    };
+    match cli.command.as_mut() {
+        Some(Command::Run(args)) => budget::apply(args, given("run")),
+        Some(Command::Shim(args)) => shim::apply_budget(args, given("shim")),
+        _ => {}
+    }
+    Ok(cli)
 }
 
 /// Every command line's settings: one default each, one prefix per stage, validation.

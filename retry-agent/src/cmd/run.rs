@@ -25,11 +25,15 @@ use crate::{
     metrics::Metrics,
     pipeline::{Pipeline, PipelineConfig, StageOutput},
     recorder::{self, Recorder, RecorderConfig, SharedRecorder},
-    settings::InvalidConfig,
+    settings::{InvalidConfig, MemoryBudget},
 };
+
+use super::budget::Ceiling;
 
 #[derive(Debug, Default, Args)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub budget: MemoryBudget,
     #[command(flatten)]
     pub capture: CaptureConfig,
     #[command(flatten)]
@@ -58,6 +62,14 @@ enum ToActuators {
 
 pub async fn run(args: RunArgs) -> Result<()> {
     validate(&args)?;
+    let ceiling = Ceiling::of(&args);
+    info!(budget_mib = args.budget.mib, "memory ceiling {ceiling}");
+    if ceiling.total() > args.budget.bytes() {
+        warn!(
+            budget_mib = args.budget.mib,
+            "bounds given on their own flags exceed the memory budget: {ceiling}"
+        );
+    }
 
     // Load programs first: a node that cannot run the capture (privileges, tracefs, verifier)
     // should fail fast with that reason, not with a secondary one or while serving empty metrics.
@@ -169,8 +181,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 state.publish(&pipeline.engine, &pipeline.decider);
                 let c = capture_stats.snapshot();
                 metrics.observe_capture(c.events, c.kernel_drops + c.channel_drops);
+                metrics.observe_arg_insert_failures(&c.arg_insert_failures);
                 if let Some(rec) = &recorder {
-                    let _ = rec.with(|r| r.note_capture_loss(c.kernel_drops + c.channel_drops));
+                    let _ = rec.with(|r| {
+                        r.note_capture_loss(c.kernel_drops + c.channel_drops);
+                        let s = r.stats();
+                        metrics.observe_recorder(s.evicted_age_total + s.evicted_size_total);
+                    });
                 }
                 state.health().observe(c.events.wrapping_add(c.polls), capture.programs_attached());
                 metrics.observe_tls(capture.tls_libraries());
@@ -222,7 +239,10 @@ const ACTUATOR_SHUTDOWN: Duration = Duration::from_secs(5);
 /// Every configuration problem at once, before anything is loaded or bound.
 fn validate(args: &RunArgs) -> Result<(), InvalidConfig> {
     let mut p = InvalidConfig::default();
-    p.add(&args.capture).add(&args.identity).add(&args.pipeline);
+    p.add(&args.budget)
+        .add(&args.capture)
+        .add(&args.identity)
+        .add(&args.pipeline);
     p.add(&args.actuate).add(&args.recorder).add(&args.api);
     p.into_result()
 }

@@ -53,8 +53,11 @@ fn written_once<T: Settings + Default + Debug>(prefix: &str, valid: T, invalid: 
         if NOT_SETTINGS.contains(&long) {
             continue;
         }
+        // The memory budget is every stage's: each command that has bounds takes it.
         assert!(
-            long == prefix || long.starts_with(&format!("{prefix}-")),
+            long == prefix
+                || long.starts_with(&format!("{prefix}-"))
+                || long == "memory-budget-mib",
             "{name}: --{long} lacks the --{prefix}- prefix"
         );
         let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
@@ -79,6 +82,7 @@ fn written_once<T: Settings + Default + Debug>(prefix: &str, valid: T, invalid: 
 
 #[test]
 fn every_config_is_written_once_with_one_prefix() {
+    written_once("memory", MemoryBudget::default(), MemoryBudget { mib: 1 });
     written_once(
         "capture",
         CaptureConfig::default(),
@@ -186,6 +190,7 @@ fn run_flags_carry_their_stage_prefix() {
         "actuate",
         "recorder",
         "api",
+        "memory",
     ];
     for arg in run
         .get_arguments()

@@ -28,7 +28,7 @@ use crate::actuate::{
     control::{self, ControlView},
     shim::{bind_reuseport, iptables, policy, proxy, spawn_io_thread},
 };
-use crate::settings::{InvalidConfig, Settings};
+use crate::settings::{InvalidConfig, MemoryBudget, Settings};
 
 fn parse_mark(s: &str) -> Result<u32, String> {
     let r = match s.strip_prefix("0x") {
@@ -175,6 +175,23 @@ pub struct ShimArgs {
         default_value = "/run/retry-agent"
     )]
     pub run_dir: PathBuf,
+    /// Memory for remembered failures and per-client counters, in MiB (half each; beyond it the
+    /// shim forgets, failing open, and counts it). Default: derived from --memory-budget-mib.
+    #[arg(
+        long = "shim-cache-mib",
+        env = "RETRY_AGENT_SHIM_CACHE_MIB",
+        default_value_t = 16
+    )]
+    pub cache_mib: u64,
+    #[command(flatten)]
+    pub budget: MemoryBudget,
+}
+
+/// Derives `--shim-cache-mib` from the budget unless `given` says it was set.
+pub fn apply_budget(args: &mut ShimArgs, given: impl Fn(&str) -> bool) {
+    if !given("shim-cache-mib") {
+        args.cache_mib = (super::budget::shim_cache_bytes(args.budget) >> 20).max(1);
+    }
 }
 
 impl ShimArgs {
@@ -258,6 +275,13 @@ impl Settings for ShimArgs {
         if let Some(t) = self.threads {
             p.check(t > 0, "shim-threads", t, "at least 1");
         }
+        p.check(
+            self.cache_mib > 0,
+            "shim-cache-mib",
+            self.cache_mib,
+            "at least 1",
+        );
+        p.add(&self.budget);
     }
 }
 
@@ -275,7 +299,7 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
             window: Duration::from_millis(args.retry_window_ms),
             budget_ratio: args.retry_budget,
             throttle_k: args.throttle_k,
-            ..Default::default()
+            ..policy::PolicyConfig::within(args.cache_mib << 20)
         }),
         mark: args.mark,
         listen_port: args.port,
@@ -348,7 +372,11 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         }
         let _ = std::fs::remove_file(&pid_file);
     }
-    tracing::info!(stats = %ctx.stats.summary(), "shim stopped");
+    tracing::info!(
+        stats = %ctx.stats.summary(),
+        cache_evictions = ctx.tracker.evictions(),
+        "shim stopped"
+    );
     Ok(())
 }
 

@@ -167,28 +167,31 @@ pub struct CorrelateConfig {
         default_value_t = 1024
     )]
     pub max_edges: usize,
-    /// Threads (or goroutines) with context kept; the least recently seen are evicted.
+    /// Threads (or goroutines) with context kept; the least recently seen are evicted (default:
+    /// derived from --memory-budget-mib).
     #[arg(
         long = "correlate-max-threads",
         alias = "max-threads",
         env = "RETRY_AGENT_CORRELATE_MAX_THREADS",
-        default_value_t = 32_768
+        default_value_t = 4608
     )]
     pub max_threads: usize,
-    /// Inbound exchanges waiting for their verdict; beyond this they are judged at once.
+    /// Inbound exchanges waiting for their verdict; beyond this they are judged at once (default:
+    /// derived from --memory-budget-mib).
     #[arg(
         long = "correlate-max-pending",
         alias = "max-pending",
         env = "RETRY_AGENT_CORRELATE_MAX_PENDING",
-        default_value_t = 65_536
+        default_value_t = 2304
     )]
     pub max_pending: usize,
-    /// Distinct requests remembered for retry matching.
+    /// Distinct requests remembered for retry matching (default: derived from
+    /// --memory-budget-mib).
     #[arg(
         long = "correlate-max-retry-keys",
         alias = "max-retry-keys",
         env = "RETRY_AGENT_CORRELATE_MAX_RETRY_KEYS",
-        default_value_t = 131_072
+        default_value_t = 12_288
     )]
     pub max_retry_keys: usize,
 }

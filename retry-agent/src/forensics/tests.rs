@@ -21,6 +21,8 @@ const S: u64 = 1_000_000_000;
 fn cfg(dir: PathBuf) -> RecorderConfig {
     RecorderConfig {
         dump_dir: dir,
+        // The whole synthetic storm fits (the default budget's ring evicts its start).
+        max_mib: 64,
         ..RecorderConfig::default()
     }
 }

@@ -42,11 +42,12 @@ pub struct L7Config {
     /// marked unknown.
     #[arg(long = "l7-conn-buffer-bytes", env = "RETRY_AGENT_L7_CONN_BUFFER_BYTES", default_value_t = 64 * 1024)]
     pub conn_buffer_bytes: usize,
-    /// Connections tracked at once; beyond this the least recently used one is evicted.
+    /// Connections tracked at once; beyond this the least recently used one is evicted
+    /// (default: derived from --memory-budget-mib).
     #[arg(
         long = "l7-max-connections",
         env = "RETRY_AGENT_L7_MAX_CONNECTIONS",
-        default_value_t = 65_536
+        default_value_t = 3072
     )]
     pub max_connections: usize,
     /// Requests in flight per connection (HTTP/1 pipelining depth, HTTP/2 streams) at most; the

@@ -56,6 +56,11 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MapLabels {
+    map: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DepthLabels {
     depth: String,
 }
@@ -87,6 +92,8 @@ pub struct Metrics {
     identity_failures: Family<ReasonLabels, Counter>,
     capture_events: Counter,
     capture_drops: Counter,
+    capture_arg_insert_failures: Family<MapLabels, Counter>,
+    recorder_evictions: Counter,
     l7_exchanges: Counter,
     l7_evictions: Counter,
 }
@@ -127,6 +134,8 @@ impl Metrics {
             suppressed_edges: Gauge::default(),
             capture_events: Counter::default(),
             capture_drops: Counter::default(),
+            capture_arg_insert_failures: Family::default(),
+            recorder_evictions: Counter::default(),
             l7_exchanges: Counter::default(),
             l7_evictions: Counter::default(),
             registry: Registry::default(),
@@ -236,6 +245,16 @@ impl Metrics {
             "capture_drops",
             "Kernel events lost (ring buffer full or channel full)",
             m.capture_drops.clone(),
+        );
+        registry.register(
+            "capture_arg_insert_failures",
+            "Traced syscalls lost because the kernel's per-thread argument map was full, by map",
+            m.capture_arg_insert_failures.clone(),
+        );
+        registry.register(
+            "recorder_evictions",
+            "Records the flight recorder's ring let go, by age or by its memory bound",
+            m.recorder_evictions.clone(),
         );
         registry.register(
             "l7_exchanges",
@@ -408,6 +427,23 @@ impl Metrics {
     pub fn observe_capture(&self, events: u64, drops: u64) {
         set_counter(&self.capture_events, events);
         set_counter(&self.capture_drops, drops);
+    }
+
+    /// Failed inserts into the kernel's per-thread argument maps, by `retry_common::arg_map` slot.
+    pub fn observe_arg_insert_failures(&self, by_slot: &[u64]) {
+        for (map, n) in retry_common::arg_map::LABELS.iter().zip(by_slot) {
+            set_counter(
+                &self
+                    .capture_arg_insert_failures
+                    .get_or_create(&MapLabels { map }),
+                *n,
+            );
+        }
+    }
+
+    /// Records the recorder's ring evicted since start (by age and by size).
+    pub fn observe_recorder(&self, evicted: u64) {
+        set_counter(&self.recorder_evictions, evicted);
     }
 
     /// l7 totals since start (exchanges emitted, connections/streams evicted).

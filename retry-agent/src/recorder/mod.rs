@@ -51,11 +51,12 @@ pub struct RecorderConfig {
         default_value_t = 300
     )]
     pub window_secs: u64,
-    /// Memory bound of the ring, in MiB (whichever of window and size is hit first evicts).
+    /// Memory bound of the ring, in MiB (whichever of window and size is hit first evicts;
+    /// default: derived from --memory-budget-mib).
     #[arg(
         long = "recorder-max-mib",
         env = "RETRY_AGENT_RECORDER_MAX_MIB",
-        default_value_t = 64
+        default_value_t = 15
     )]
     pub max_mib: u64,
     /// Where dump files are written (created 0700 if missing; files are 0600).

@@ -33,6 +33,8 @@ impl Rng {
 fn cfg(dir: PathBuf) -> RecorderConfig {
     RecorderConfig {
         dump_dir: dir,
+        // The whole synthetic storm fits (the default budget's ring evicts its start).
+        max_mib: 64,
         ..RecorderConfig::default()
     }
 }

@@ -5,7 +5,7 @@
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
 use retry_common::{
     AF_INET, AF_INET6, AcceptArgs, ConnInfo, ConnKey, ConnectArgs, OWNER_ESTABLISHED, OWNER_FAILED, OWNER_IN_CONNECT,
-    PeerKey, ServerEst, SockOwner, SockTuple, conn_kind, role, tcp_state,
+    PeerKey, ServerEst, SockOwner, SockTuple, arg_map, conn_kind, role, tcp_state,
 };
 
 use crate::{
@@ -13,7 +13,7 @@ use crate::{
     ctx::{arg, exit_ret, now, read_user, sock_of_fd},
     emit::emit_conn,
     errno::EINPROGRESS,
-    maps::{ACCEPT_ARGS, CONNECT_ARGS, CONNS, SERVER_EST, SERVER_EST_SK, SOCKS},
+    maps::{ACCEPT_ARGS, CONNECT_ARGS, CONNS, SERVER_EST, SERVER_EST_SK, SOCKS, arg_insert_failed},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -27,7 +27,7 @@ fn try_enter_connect(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let fd = arg(ctx, 0)? as u32;
     let args = ConnectArgs { ts_enter_ns: now(), skaddr: 0, fd, is_tcp: 0 };
-    CONNECT_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
+    CONNECT_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| arg_insert_failed(arg_map::CONNECT, e))
 }
 
 #[inline(always)]
@@ -102,7 +102,7 @@ fn try_enter_accept(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let args = AcceptArgs { addr: arg(ctx, 1)?, ts_enter_ns: now(), fd: arg(ctx, 0)? as u32, _pad: 0 };
-    ACCEPT_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
+    ACCEPT_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| arg_insert_failed(arg_map::ACCEPT, e))
 }
 
 #[repr(C)]

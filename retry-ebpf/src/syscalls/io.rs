@@ -2,13 +2,13 @@
 //! zero-copy bytes are never captured). Entry saves the arguments of tracked fds; exit emits the
 //! data record (or a reset on ECONNRESET/EPIPE).
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
-use retry_common::{ConnKey, IoArgs, conn_kind, syscall};
+use retry_common::{ConnKey, IoArgs, arg_map, conn_kind, syscall};
 
 use crate::{
     ctx::{arg, exit_ret, now, read_user},
     emit::{Src, emit_conn, emit_data},
     errno::{ECONNRESET, EPIPE},
-    maps::{CONNS, IO_ARGS},
+    maps::{CONNS, IO_ARGS, arg_insert_failed},
     uprobes::libssl,
 };
 
@@ -24,7 +24,7 @@ fn try_enter_io(ctx: &TracePointContext, sc: u32) -> Result<(), i32> {
         return Ok(());
     }
     let args = IoArgs { buf: arg(ctx, 1)?, ts_enter_ns: now(), fd, syscall: sc };
-    IO_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
+    IO_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| arg_insert_failed(arg_map::IO, e))
 }
 
 /// Where the bytes are and how many the syscall moved in total.
@@ -119,7 +119,7 @@ fn try_enter_splice(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     };
     let args = IoArgs { buf: 0, ts_enter_ns: now(), fd, syscall: sc };
-    IO_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
+    IO_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| arg_insert_failed(arg_map::IO, e))
 }
 
 #[tracepoint(category = "syscalls", name = "sys_enter_splice")]

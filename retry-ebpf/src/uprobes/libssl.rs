@@ -9,13 +9,13 @@ use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use retry_common::{ConnKey, config_flags, syscall};
+use retry_common::{ConnKey, arg_map, config_flags, syscall};
 
 use crate::{
     config::config,
     ctx::{now, read_user},
     emit::{Src, emit_data},
-    maps::{CONNS, SSL_ARGS, SSL_FDS, SslArgs, SslKey},
+    maps::{CONNS, SSL_ARGS, SSL_FDS, SslArgs, SslKey, arg_insert_failed},
 };
 
 const SSL_WRITE: u32 = 1;
@@ -65,7 +65,7 @@ fn try_ssl_enter(ctx: &ProbeContext, kind: u32) -> Result<(), i32> {
     // SAFETY: plain value copied out of the map.
     let fd = unsafe { SSL_FDS.get(&SslKey { tgid, _pad: 0, ssl }) }.copied().unwrap_or(u32::MAX);
     let args = SslArgs { ssl, buf, len_ptr, ts_enter_ns: now(), fd, kind };
-    SSL_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| e as i32)
+    SSL_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| arg_insert_failed(arg_map::SSL, e))
 }
 
 #[inline(always)]

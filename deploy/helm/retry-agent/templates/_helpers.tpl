@@ -13,11 +13,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ .Values.image.repository }}:{{ .Values.image.tag }}
 {{- end -}}
 
-{{/* Memory limit (MiB) = (base + ring + recorder + channel × (payload + overhead)) × (1 + headroom). */}}
+{{/* Memory limit (MiB) = (budget + kernel maps) × (1 + headroom). */}}
 {{- define "retry-agent.memoryLimitMiB" -}}
-{{- $b := .Values.bounds -}}
 {{- $m := .Values.memory -}}
-{{- $channel := div (mul $b.channelCapacity (add $b.payloadBytes $m.eventOverheadBytes)) 1048576 -}}
-{{- $sum := add $m.baseMiB $b.ringMiB $b.recorderMaxMiB $channel -}}
-{{- div (mul $sum (add 100 $m.headroomPercent)) 100 -}}
+{{- div (mul (add .Values.memoryBudgetMiB $m.kernelMiB) (add 100 $m.headroomPercent)) 100 -}}
 {{- end -}}

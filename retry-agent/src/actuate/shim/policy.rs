@@ -193,8 +193,36 @@ pub struct PolicyConfig {
     /// Decay time constant of the retry-budget counters: short, so requests from before a
     /// fault do not bank retries for it (Finagle's budget deposits live 10 s).
     pub budget_tau: Duration,
-    /// Bound on remembered failures and clients (memory); beyond it the shim forgets (fails open).
+    /// Bound on per-client counters; beyond it new clients go uncounted (fail open).
     pub max_entries: usize,
+    /// Bound on the bytes remembered failures take, keys' strings included ([`failure_cost`]);
+    /// beyond it a new failure is not remembered (its retry is forwarded: fail open).
+    pub max_failure_bytes: usize,
+}
+
+/// What one per-client entry costs in the tracker's table (key, counters, hash overhead).
+pub const CLIENT_ENTRY_BYTES: usize = 128;
+
+/// What remembering one failure costs: the entry, hash overhead, and the key's strings (a
+/// target can be as long as a request line may be, so a count alone bounds nothing).
+pub fn failure_cost(key: &RequestKey) -> usize {
+    std::mem::size_of::<(RequestKey, RecordedFailure)>()
+        + 16
+        + key.authority.len()
+        + key.target.len()
+        + key.request_id.as_ref().map_or(0, String::len)
+}
+
+impl PolicyConfig {
+    /// The defaults, with tables bounded to `bytes` (half failures, half clients).
+    pub fn within(bytes: u64) -> PolicyConfig {
+        let half = usize::try_from(bytes / 2).unwrap_or(usize::MAX);
+        PolicyConfig {
+            max_entries: (half / CLIENT_ENTRY_BYTES).max(1),
+            max_failure_bytes: half,
+            ..PolicyConfig::default()
+        }
+    }
 }
 
 /// Budget enforced on an edge the agent flags over budget or amplifying when the shim has no
@@ -210,6 +238,7 @@ impl Default for PolicyConfig {
             counter_tau: Duration::from_secs(60),
             budget_tau: Duration::from_secs(10),
             max_entries: 65_536,
+            max_failure_bytes: 8 << 20,
         }
     }
 }
@@ -250,7 +279,11 @@ struct Client {
 pub struct Tracker {
     cfg: PolicyConfig,
     failures: HashMap<RequestKey, RecordedFailure>,
+    /// What `failures` holds, by [`failure_cost`].
+    failure_bytes: usize,
     clients: HashMap<CallerId, Client>,
+    /// Failures not remembered and clients not counted because their table was full.
+    pub evictions: u64,
     rng: u64,
 }
 
@@ -263,7 +296,9 @@ impl Tracker {
         Tracker {
             cfg,
             failures: HashMap::new(),
+            failure_bytes: 0,
             clients: HashMap::new(),
+            evictions: 0,
             rng: seed | 1,
         }
     }
@@ -285,6 +320,7 @@ impl Tracker {
             let tau = self.cfg.counter_tau;
             self.clients.retain(|_, v| v.requests.get(now, tau) > 0.01);
             if self.clients.len() >= self.cfg.max_entries {
+                self.evictions += 1;
                 return None;
             }
         }
@@ -381,19 +417,28 @@ impl Tracker {
         let tau = self.cfg.counter_tau;
         match failure {
             None => {
-                self.failures.remove(key);
+                if self.failures.remove(key).is_some() {
+                    self.failure_bytes = self.failure_bytes.saturating_sub(failure_cost(key));
+                }
                 if let Some(c) = self.client(key.caller, now) {
                     c.accepts.add(now, tau, 1.0);
                 }
             }
             Some((reply, claim)) => {
-                if !self.failures.contains_key(key) && self.failures.len() >= self.cfg.max_entries {
+                let cost = failure_cost(key);
+                let fresh = !self.failures.contains_key(key);
+                if fresh && self.failure_bytes + cost > self.cfg.max_failure_bytes {
                     let w = self.cfg.window;
                     self.failures
                         .retain(|_, f| now.saturating_duration_since(f.at) <= w);
-                    if self.failures.len() >= self.cfg.max_entries {
+                    self.failure_bytes = self.failures.keys().map(failure_cost).sum();
+                    if self.failure_bytes + cost > self.cfg.max_failure_bytes {
+                        self.evictions += 1;
                         return;
                     }
+                }
+                if fresh {
+                    self.failure_bytes += cost;
                 }
                 self.failures.insert(
                     key.clone(),
@@ -409,6 +454,11 @@ impl Tracker {
 
     pub fn remembered_failures(&self) -> usize {
         self.failures.len()
+    }
+
+    /// Bytes the remembered failures take (by [`failure_cost`]).
+    pub fn failure_bytes(&self) -> usize {
+        self.failure_bytes
     }
 }
 
@@ -469,6 +519,11 @@ impl SharedTracker {
             return;
         }
         self.with(|t| t.on_outcome(key, failure, now))
+    }
+
+    /// Failures not remembered and clients not counted for want of room.
+    pub fn evictions(&self) -> u64 {
+        self.with(|t| t.evictions)
     }
 }
 

@@ -237,7 +237,7 @@ fn adaptive_throttle_rejects_when_accepts_are_few() {
 #[test]
 fn memory_is_bounded_and_fails_open() {
     let mut t = Tracker::new(PolicyConfig {
-        max_entries: 4,
+        max_failure_bytes: 4 * failure_cost(&key("/0")),
         ..Default::default()
     });
     let now = Instant::now();
@@ -253,6 +253,31 @@ fn memory_is_bounded_and_fails_open() {
         t.on_request(&key("/9"), false, Some(Reason::OverBudget), now),
         Verdict::Forward { retry: false }
     );
+}
+
+/// Long targets cannot grow the cache past its bytes: the bound is on what the keys hold, not
+/// on their count (64 KiB targets, a 1 MiB cache), and what it refuses is counted.
+#[test]
+fn failure_cache_is_bounded_in_bytes() {
+    let mut t = Tracker::new(PolicyConfig::within(2 << 20));
+    let now = Instant::now();
+    let long = "/".to_string() + &"a".repeat(64 << 10);
+    for i in 0..100 {
+        t.on_outcome(
+            &key(&format!("{long}{i}")),
+            Some((bad_gateway(), Claim::Missing)),
+            now,
+        );
+    }
+    assert!(t.failure_bytes() <= 1 << 20, "{} bytes", t.failure_bytes());
+    assert_eq!(t.remembered_failures(), 15);
+    assert_eq!(t.evictions, 85);
+    // A success forgets its failure and gives its bytes back.
+    let first = key(&format!("{long}0"));
+    t.on_outcome(&first, None, now);
+    assert_eq!(t.remembered_failures(), 14);
+    t.on_outcome(&key("/short"), Some((bad_gateway(), Claim::Missing)), now);
+    assert_eq!(t.remembered_failures(), 15);
 }
 
 #[test]
