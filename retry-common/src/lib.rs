@@ -242,7 +242,9 @@ pub struct ConnInfo {
     pub skaddr: u64,
     /// `role::*`.
     pub role: u32,
-    pub _pad: u32,
+    /// The fd the connection was opened as. A `dup2` alias keeps it, so records made through
+    /// any alias (an inetd-style child reading fd 0 and writing fd 1) name one connection.
+    pub fd: u32,
     pub tuple: SockTuple,
 }
 

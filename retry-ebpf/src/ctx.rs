@@ -43,6 +43,13 @@ pub fn read_kernel_u64(addr: u64) -> u64 {
     unsafe { bpf_probe_read_kernel(addr as *const u64) }.unwrap_or(0)
 }
 
+/// Whether BTF gave the offsets [`sock_of_fd`] walks (without them it always says 0).
+#[inline(always)]
+pub fn fd_walk_known() -> bool {
+    let c = config();
+    c.offsets.task_files != 0 && c.offsets.files_fdt != 0 && c.offsets.fdt_fd != 0 && c.offsets.file_private_data != 0
+}
+
 /// `struct sock *` behind `fd` of the current task, via BTF offsets from userspace (0 if unknown).
 #[inline(always)]
 pub fn sock_of_fd(fd: u32) -> u64 {

@@ -24,6 +24,8 @@
 //! - `syscalls::io`: read/write and friends, sendfile/splice: the data records.
 //! - `syscalls::conn`: connect, accept/accept4, close: which fds are tracked TCP connections.
 //! - `syscalls::fd`: fd-reuse hygiene (openat/socket/dup*): a reused fd number is forgotten.
+//! - `syscalls::fork`: sockets inherited across fork (accept in a parent, serve in the child):
+//!   handed over at `sched_process_fork`, adopted at the child's first return from the fork.
 //! - `sock`: `sock:inet_sock_set_state`: tuples, established, failed and reset connections.
 //! - `sched`: process exit and exec.
 //! - `uprobes::libssl`: OpenSSL SSL_read/SSL_write plaintext.

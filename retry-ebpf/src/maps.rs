@@ -60,6 +60,25 @@ pub static CONNECT_ARGS: HashMap<u64, ConnectArgs> = HashMap::with_max_entries(8
 #[map]
 pub static ACCEPT_ARGS: HashMap<u64, AcceptArgs> = HashMap::with_max_entries(8192, 0);
 
+/// The connection a process accepted last (its fd and generation), by tgid: what a child it
+/// forks next serves (accept-then-fork servers: busybox httpd, inetd, socketserver's
+/// ForkingMixIn). Written at accept and adoption, removed at exit.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LastAccept {
+    pub generation: u64,
+    pub fd: u32,
+    pub _pad: u32,
+}
+
+#[map]
+pub static LAST_ACCEPT: LruHashMap<u32, LastAccept> = LruHashMap::with_max_entries(16384, 0);
+/// The connection a fork handed down, by the new task's pid, from `sched_process_fork` (in the
+/// parent, before the child can run) until the child's first return from the fork adopts it.
+/// New threads get entries too (the tracepoint cannot tell them apart); they drop theirs there.
+#[map]
+pub static INHERITED: LruHashMap<u32, ConnInfo> = LruHashMap::with_max_entries(4096, 0);
+
 /// Kernel-only scratch: twice the payload so that "offset < MAX_PAYLOAD, length ≤ MAX_PAYLOAD"
 /// (what the verifier can prove for each iovec copy) always stays inside the value.
 #[repr(C)]

@@ -22,6 +22,7 @@ fn try_process_exit(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let _ = AGENT_TGIDS.remove(&((tid_key >> 32) as u32));
+    crate::syscalls::fork::at_exit((tid_key >> 32) as u32);
     emit_process(KIND_PROCESS_EXIT, bpf_get_current_pid_tgid());
     Ok(())
 }
@@ -38,6 +39,7 @@ pub fn ra_process_exec(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     // A new image is judged anew by userspace.
     let _ = AGENT_TGIDS.remove(&((pid_tgid >> 32) as u32));
+    crate::syscalls::fork::after_exec(pid_tgid);
     emit_process(KIND_PROCESS_EXEC, pid_tgid);
     0
 }

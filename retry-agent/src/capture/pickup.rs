@@ -33,7 +33,7 @@ pub(super) fn pick_up_existing(
             generation: now,
             skaddr: 0,
             role,
-            _pad: 0,
+            fd: c.fd,
             tuple: decode::sock_tuple(&c.tuple),
         };
         if let Err(e) = conns.insert(&key, &info, 0) {

@@ -60,7 +60,7 @@ fn try_exit_connect(ctx: &TracePointContext) -> Result<(), i32> {
     }
     if errno == 0 || errno == EINPROGRESS {
         let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: c.fd };
-        let info = ConnInfo { generation: c.ts_enter_ns, skaddr: c.skaddr, role: role::CLIENT, _pad: 0, tuple };
+        let info = ConnInfo { generation: c.ts_enter_ns, skaddr: c.skaddr, role: role::CLIENT, fd: c.fd, tuple };
         let _ = CONNS.insert(&key, &info, 0);
     }
     if failed != 0 || (errno != 0 && errno != EINPROGRESS) {
@@ -181,8 +181,9 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let generation = now();
     let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: newfd };
-    let info = ConnInfo { generation, skaddr, role: role::SERVER, _pad: 0, tuple };
+    let info = ConnInfo { generation, skaddr, role: role::SERVER, fd: newfd, tuple };
     let _ = CONNS.insert(&key, &info, 0);
+    super::fork::remember_accept(key.tgid, newfd, generation);
     if skaddr != 0 {
         let owner = SockOwner { pid_tgid, generation, fd: newfd, role: role::SERVER, flags: 0, errno: 0, tuple };
         let _ = SOCKS.insert(&skaddr, &owner, 0);
@@ -220,7 +221,7 @@ pub fn ra_exit_accept4(ctx: TracePointContext) -> u32 {
 
 /// Untracks `fd` of the current process, reporting the close if it was a tracked connection.
 #[inline(always)]
-pub(super) fn forget_fd(pid_tgid: u64, fd: u32) {
+pub(crate) fn forget_fd(pid_tgid: u64, fd: u32) {
     let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd };
     let info = match CONNS.get_ptr(&key) {
         // SAFETY: copied out before removal.
@@ -228,6 +229,10 @@ pub(super) fn forget_fd(pid_tgid: u64, fd: u32) {
         None => return,
     };
     let _ = CONNS.remove(&key);
+    // An alias going (dup2's copy) ends nothing while the fd the connection was opened as lives.
+    if info.fd != fd {
+        return;
+    }
     emit_conn(conn_kind::CLOSE, pid_tgid, fd, info.role, 0, (0, 0), info.generation, &info.tuple);
 }
 

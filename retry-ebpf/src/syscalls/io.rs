@@ -64,12 +64,12 @@ fn try_exit_io(ctx: &TracePointContext) -> Result<(), i32> {
     if ret <= 0 {
         if ret == -ECONNRESET || ret == -EPIPE {
             let states = (0, 0);
-            emit_conn(conn_kind::RESET, pid_tgid, a.fd, info.role, (-ret) as i32, states, info.generation, &info.tuple);
+            emit_conn(conn_kind::RESET, pid_tgid, info.fd, info.role, (-ret) as i32, states, info.generation, &info.tuple);
         }
         return Ok(());
     }
     let (src, total) = payload_source(&a, ret)?;
-    emit_data(pid_tgid, a.fd, &info, a.syscall, src, (ret, total), a.ts_enter_ns);
+    emit_data(pid_tgid, info.fd, &info, a.syscall, src, (ret, total), a.ts_enter_ns);
     Ok(())
 }
 
