@@ -221,6 +221,7 @@ pub fn suppress(callee: &str, addr: SocketAddr, ttl_ms: u64) -> Decision {
         reason: Reason::CalleeUnclaimed,
         issued_at_ns: 0,
         ttl_ms,
+        evidence: None,
     }
 }
 

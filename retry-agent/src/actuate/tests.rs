@@ -32,6 +32,7 @@ pub(crate) fn decision(
         reason: Reason::CalleeUnclaimed,
         issued_at_ns: 0,
         ttl_ms,
+        evidence: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn decision(ts: u64) -> Decision {
         reason: Reason::CalleeUnclaimed,
         issued_at_ns: ts,
         ttl_ms: 1000,
+        evidence: None,
     }
 }
 
@@ -107,6 +108,7 @@ mod report {
             failure_ratio: if fault { 0.9 } else { 0.0 },
             retry_success: vec![],
             callee_claims: ClaimCounts::default(),
+            claim_sources: Default::default(),
             amplification: amp,
             baseline_rate: Some(100.0),
             fault_active: fault,
@@ -131,6 +133,7 @@ mod report {
             status: Some(503),
             caused_by: vec![],
             ts_ns: ts,
+            link: Default::default(),
         })
     }
 

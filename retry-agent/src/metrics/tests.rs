@@ -25,6 +25,7 @@ fn edge_stats(caller: &str, callee: &str, requests: u64, retries: u64) -> EdgeSt
             ratio: 0.5,
         }],
         callee_claims: ClaimCounts::default(),
+        claim_sources: Default::default(),
         amplification: 2.0,
         baseline_rate: Some(requests as f64 / 20.0),
         fault_active: true,

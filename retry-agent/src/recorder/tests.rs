@@ -78,6 +78,7 @@ fn decision(ts: u64) -> Record {
         reason: Reason::CalleeUnclaimed,
         issued_at_ns: ts,
         ttl_ms: 1000,
+        evidence: None,
     })
 }
 

@@ -19,6 +19,7 @@ fn decision() -> Decision {
         reason: decide::Reason::OverBudget,
         issued_at_ns: 5,
         ttl_ms: 30_000,
+        evidence: None,
     }
 }
 

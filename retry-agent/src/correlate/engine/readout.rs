@@ -8,8 +8,8 @@ use super::{
 };
 use crate::{
     correlate::types::{
-        ClaimCounts, DependencyKind, DepthStats, Edge, EdgeStats, PathStats, RetrySuccess,
-        ServiceClaim, ServiceId,
+        ClaimCounts, ClaimSources, DependencyKind, DepthStats, Edge, EdgeStats, LinkCounts,
+        PathStats, RetrySuccess, ServiceClaim, ServiceId,
     },
     l7::Claim,
 };
@@ -204,10 +204,14 @@ fn add_bucket(a: &mut EdgeBucket, b: &EdgeBucket) {
     a.hedged += b.hedged;
     a.non_idempotent += b.non_idempotent;
     a.mismatches += b.mismatches;
-    for i in 0..3 {
-        if let (Some(x), Some(y)) = (a.claims.get_mut(i), b.claims.get(i)) {
-            *x += y;
-        }
+    for (x, y) in a.claims.iter_mut().zip(b.claims) {
+        *x += y;
+    }
+    for (x, y) in a.header.iter_mut().zip(b.header) {
+        *x += y;
+    }
+    for (x, y) in a.links.iter_mut().zip(b.links) {
+        *x += y;
     }
     for i in 0..4 {
         if let (Some(x), Some(y)) = (a.retry_n.get_mut(i), b.retry_n.get(i)) {
@@ -237,6 +241,7 @@ fn empty_stats(edge: Edge, secs: f64, fault: bool) -> EdgeStats {
         failure_ratio: 0.0,
         retry_success: Vec::new(),
         callee_claims: ClaimCounts::default(),
+        claim_sources: ClaimSources::default(),
         amplification: 1.0,
         baseline_rate: None,
         fault_active: fault,
@@ -280,6 +285,16 @@ fn finish_stats(b: EdgeBucket, mut s: EdgeStats) -> EdgeStats {
         })
         .collect();
     s.callee_claims = counts(b.claims);
+    let header = counts(b.header);
+    s.claim_sources = ClaimSources {
+        verdicts: ClaimCounts {
+            claimed: s.callee_claims.claimed.saturating_sub(header.claimed),
+            unclaimed: s.callee_claims.unclaimed.saturating_sub(header.unclaimed),
+            missing: s.callee_claims.missing.saturating_sub(header.missing),
+        },
+        links: LinkCounts::from_array(b.links),
+        header,
+    };
     s.amplification = match s.baseline_rate {
         Some(base) if base > 0.0 => s.request_rate / base,
         _ => 1.0,
