@@ -110,3 +110,21 @@ fn counters_never_go_backwards() {
     );
     assert!(text.contains("retry_agent_capture_drops_total 5"), "{text}");
 }
+
+/// Decisions count by what they rest on, so budget capping and ownership read apart.
+#[test]
+fn decisions_are_labelled_by_their_basis() {
+    let m = Metrics::new();
+    let mut d = crate::decide::Decider::new(crate::decide::DecideConfig::default());
+    let mut capped = edge_stats("a", "b", 100, 50);
+    capped.callee_claims.missing = 30;
+    let issued = d.evaluate_edges(&[capped], 1_000_000_000);
+    m.observe_decisions(&issued, 1);
+    let text = m.encode();
+    assert!(
+        text.contains(
+            r#"retry_agent_decisions_total{action="suppress_retries",reason="over_budget",basis="budget"} 1"#
+        ),
+        "{text}"
+    );
+}
