@@ -18,6 +18,19 @@ impl Engine {
     /// Figures per edge over the window, internal edges merged by service name.
     pub fn edges(&self) -> Vec<EdgeStats> {
         let (from, to) = self.window_epochs();
+        self.edges_over(from, to)
+    }
+
+    /// The same, over a window that ends with the current, partial bucket: what a burst
+    /// evaluation reads, so claims from the last instants count before their bucket completes.
+    /// Rates are then a little low (the partial bucket counts as whole): only the claims are
+    /// meant to be read from it.
+    pub fn edges_through_now(&self) -> Vec<EdgeStats> {
+        let to = self.epoch(self.now) + 1;
+        self.edges_over(to.saturating_sub(self.window), to)
+    }
+
+    fn edges_over(&self, from: u64, to: u64) -> Vec<EdgeStats> {
         let secs = (to - from) as f64 * self.bucket_ns as f64 / 1e9;
         let fault = self.fault_active();
         let mut merged: BTreeMap<Edge, (EdgeBucket, EdgeStats)> = BTreeMap::new();

@@ -147,6 +147,13 @@ impl World {
             .cloned()
             .unwrap_or_else(|| panic!("no verdict for {id}: {:?}", self.v))
     }
+    fn edges_now(&self, caller: &str, callee: &str) -> Option<EdgeStats> {
+        self.e
+            .edges_through_now()
+            .into_iter()
+            .find(|e| e.edge.caller.as_str() == caller && e.edge.callee.as_str() == callee)
+    }
+
     fn edge(&self, caller: &str, callee: &str) -> EdgeStats {
         self.e
             .edges()
@@ -1761,4 +1768,28 @@ mod names {
         w.e.on_process(&proc(C, "httpd", 4026532001, Some(("web", "static"))));
         assert_eq!(w.e.name(C, 80).as_str(), "web/static");
     }
+}
+
+/// The burst read-out counts the current, partial bucket; the tick's waits for it to complete.
+#[test]
+fn edges_through_now_include_the_current_bucket() {
+    let mut w = World::new();
+    let t = 5_000 * MS + 100 * MS;
+    for i in 0..5 {
+        w.call_remote(
+            B,
+            200,
+            "203.0.113.9:443",
+            t + i * 10 * MS,
+            2 * MS,
+            503,
+            Some(Claim::Unclaimed),
+        );
+    }
+    let now = w.edges_now("b", "203.0.113.9:443");
+    assert_eq!(now.map(|e| e.callee_claims.unclaimed), Some(5));
+    assert!(
+        w.e.edges().iter().all(|e| e.callee_claims.unclaimed == 0),
+        "not a complete bucket yet"
+    );
 }

@@ -362,3 +362,39 @@ fn a_change_of_basis_is_sent_at_once_and_a_lift_repeats_the_evidence() {
         "the lift says what it lifts"
     );
 }
+
+/// A burst evaluation only starts ownership decisions: never a budget cap, never on the edge
+/// into an owner, never a renewal or a lift (the tick keeps those).
+#[test]
+fn a_burst_only_starts_ownership_decisions() {
+    let mut d = Decider::new(DecideConfig::default());
+    let owner = ClaimCounts {
+        claimed: 30,
+        ..ClaimCounts::default()
+    };
+    let edges = [
+        stats(100, 90, owner),
+        stats(100, 90, ClaimCounts::default()),
+    ];
+    assert!(
+        d.evaluate_burst(&edges, S).is_empty(),
+        "budget waits for the tick"
+    );
+    let mut disowned = stats(100, 50, unclaimed(5));
+    disowned.edge.caller = ServiceId::new("z");
+    let got = d.evaluate_burst(&[disowned.clone()], S);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].reason, evidence(&got[0]).basis),
+        (Reason::CalleeUnclaimed, Basis::Verdicts)
+    );
+    assert!(
+        d.evaluate_burst(&[disowned], 2 * S).is_empty(),
+        "no renewal in a burst"
+    );
+    assert!(
+        d.evaluate_burst(&[stats(100, 50, unclaimed(4))], S)
+            .is_empty(),
+        "the minimum of failures holds"
+    );
+}
