@@ -15,7 +15,7 @@ use crate::{
     capture::Event,
     correlate::{CorrelateConfig, EdgeStats, Engine, PathStats, Verdict},
     decide::{DecideConfig, Decider, Decision},
-    l7::{Exchange, L7Config, Reassembler},
+    l7::{Claim, Exchange, L7Config, Reassembler},
 };
 
 /// Edge figures and call-path figures at one evaluation.
@@ -67,6 +67,12 @@ impl crate::settings::Settings for PipelineConfig {
 
 /// Evaluation period (capture time): decisions follow edge figures once a second.
 pub const EVAL_EVERY_NS: u64 = 1_000_000_000;
+
+/// Between evaluations, a push that produced evidence of disowned errors (an unclaimed verdict,
+/// or a failed call whose callee's header disowned it) triggers a burst evaluation, at most
+/// this often (capture time): ownership decisions within tens of ms of their evidence instead
+/// of after the bucket completes and the next tick.
+pub const BURST_EVERY_NS: u64 = 20_000_000;
 
 /// What the pipeline hands its tap at each stage (and what a dump file holds).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -127,6 +133,8 @@ pub struct Pipeline {
     pub engine: Engine,
     pub decider: Decider,
     next_eval_ns: u64,
+    /// Earliest capture time of the next burst evaluation.
+    next_burst_ns: u64,
     tap: Option<Box<dyn Tap>>,
     /// Adjusts each exchange before correlation (a replay restores the digests the live run
     /// computed from bytes the recorder masked).
@@ -145,6 +153,7 @@ impl Pipeline {
             engine: Engine::new(correlate),
             decider: Decider::new(decide),
             next_eval_ns: 0,
+            next_burst_ns: 0,
             tap: None,
             exchange_hook: None,
             xs: Vec::new(),
@@ -200,6 +209,12 @@ impl Pipeline {
         let due = ts >= self.next_eval_ns && ts != 0;
         if due {
             self.evaluate(ts, out);
+        } else if self.decider.config().burst
+            && ts >= self.next_burst_ns
+            && ts != 0
+            && disowned(out, self.mark)
+        {
+            self.burst(ts, out);
         }
         if let Some(tap) = &mut self.tap {
             tap.tap(Input::Event(ev), &mut derived(out, self.mark));
@@ -241,6 +256,16 @@ impl Pipeline {
         out.verdicts.append(&mut self.vs);
     }
 
+    /// Ownership decisions from figures that include the current bucket (see
+    /// [`BURST_EVERY_NS`]). Deterministic on the event stream like the tick, so a replay makes
+    /// the same ones; it records no edge snapshot (each decision carries its evidence).
+    fn burst(&mut self, now_ns: u64, out: &mut StageOutput) {
+        let edges = self.engine.edges_through_now();
+        out.decisions
+            .extend(self.decider.evaluate_burst(&edges, now_ns));
+        self.next_burst_ns = now_ns.saturating_add(BURST_EVERY_NS);
+    }
+
     /// One evaluation at `now_ns`: l7 and correlate timers, edge figures, decisions.
     fn evaluate(&mut self, now_ns: u64, out: &mut StageOutput) {
         self.reassembler.tick(now_ns, &mut self.xs);
@@ -257,6 +282,16 @@ impl Pipeline {
         out.decisions.extend(decisions);
         self.next_eval_ns = (now_ns / EVAL_EVERY_NS + 1).saturating_mul(EVAL_EVERY_NS);
     }
+}
+
+/// Whether this push produced evidence that a callee disowns its errors.
+fn disowned(out: &StageOutput, mark: (usize, usize, usize, usize)) -> bool {
+    let vs = out.verdicts.get(mark.1..).unwrap_or_default();
+    let xs = out.exchanges.get(mark.0..).unwrap_or_default();
+    vs.iter().any(|v| v.claim == Claim::Unclaimed)
+        || xs
+            .iter()
+            .any(|x| x.failed() && x.claim_header == Some(Claim::Unclaimed))
 }
 
 /// The records `out` gained since `mark`, in stage order (what the tap is handed).

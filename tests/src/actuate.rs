@@ -211,16 +211,14 @@ impl Drop for Shim {
 
 pub fn suppress(callee: &str, addr: SocketAddr, ttl_ms: u64) -> Decision {
     Decision {
-        id: 1,
-        edge: Edge {
-            caller: ServiceId::new("rashim-caller"),
-            callee: ServiceId::new(callee),
-        },
         callee_addrs: vec![addr],
-        action: Action::SuppressRetries,
-        reason: Reason::CalleeUnclaimed,
-        issued_at_ns: 0,
-        ttl_ms,
+        ..retry_agent::testkit::decision(
+            "rashim-caller",
+            callee,
+            Action::SuppressRetries,
+            Reason::CalleeUnclaimed,
+            ttl_ms,
+        )
     }
 }
 

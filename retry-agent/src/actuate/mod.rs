@@ -355,7 +355,7 @@ pub struct ActiveSet {
 }
 
 /// What changed in an [`ActiveSet`] after an update.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Changes {
     pub upserted: Vec<Decision>,
     pub removed: Vec<Decision>,

@@ -12,7 +12,8 @@
 //! ```json
 //! {"v":2,"seq":7,"sent_unix_ms":1764430000000,
 //!  "suppress":[{"decision_id":3,"caller":"frontend","callee":"orders",
-//!               "callee_addrs":["10.0.0.7:8080"],"reason":"callee_unclaimed","remaining_ms":29875}],
+//!               "callee_addrs":["10.0.0.7:8080"],"reason":"callee_unclaimed","basis":"verdicts",
+//!               "remaining_ms":29875}],
 //!  "claims":[{"service":"orders","addrs":["0.0.0.0:8080"],"claim":"unclaimed","remaining_ms":9990}]}
 //! ```
 //!
@@ -27,6 +28,11 @@
 //! - Minor revisions only add: new fields (ignored by older readers), new `reason` values (an
 //!   older reader skips that suppression rather than guess). Anything else bumps `v`.
 //! - A line is at most [`MAX_LINE`] bytes (bounds the shim's memory).
+//!
+//! Revision 2.1 added `basis` to a suppression (what the decision rests on: `verdicts`,
+//! `claim_header`, `owner_budget`, `budget`, `amplification`), for the shim's logs; a 2.0 line
+//! has none, and a value from a newer revision reads as `unknown`. The shim acts on `reason`
+//! alone.
 //!
 //! Version 1 sent the agent's internal `Decision` and a claim with its TTL next to the time it
 //! had left; version 2 sends only what the shim acts on.
@@ -75,7 +81,36 @@ pub struct Suppression {
     /// An unspecified IP matches any IP on that port.
     pub callee_addrs: Vec<SocketAddr>,
     pub reason: Reason,
+    /// What the decision rests on (revision 2.1; none from a 2.0 agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basis: Option<WireBasis>,
     pub remaining_ms: u64,
+}
+
+/// [`decide::Basis`] on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WireBasis {
+    Verdicts,
+    ClaimHeader,
+    OwnerBudget,
+    Budget,
+    Amplification,
+    /// A value from a newer minor revision.
+    #[serde(other)]
+    Unknown,
+}
+
+impl From<decide::Basis> for WireBasis {
+    fn from(b: decide::Basis) -> Self {
+        match b {
+            decide::Basis::Verdicts => WireBasis::Verdicts,
+            decide::Basis::ClaimHeader => WireBasis::ClaimHeader,
+            decide::Basis::OwnerBudget => WireBasis::OwnerBudget,
+            decide::Basis::Budget => WireBasis::Budget,
+            decide::Basis::Amplification => WireBasis::Amplification,
+        }
+    }
 }
 
 /// Why retries stop, as [`RETRY_SUPPRESSED_HEADER`] and the control protocol spell it.
@@ -173,6 +208,7 @@ impl Suppression {
             callee: d.edge.callee.to_string(),
             callee_addrs: d.callee_addrs.clone(),
             reason: d.reason.into(),
+            basis: d.evidence.as_ref().map(|e| e.basis.into()),
             remaining_ms: ms(remaining),
         }
     }

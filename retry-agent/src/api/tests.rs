@@ -49,6 +49,7 @@ fn verdict(id: u64) -> Verdict {
         status: Some(503),
         caused_by: vec![],
         ts_ns: id,
+        link: Default::default(),
     }
 }
 

@@ -296,7 +296,7 @@ fn drain(
             .metrics()
             .observe_decisions(&out.decisions, pipeline.decider.active().len());
         for d in &out.decisions {
-            info!(edge = %d.edge, action = %d.action, reason = %d.reason, ttl_ms = d.ttl_ms, "decision");
+            info!(edge = %d.edge, action = %d.action, reason = %d.reason, ttl_ms = d.ttl_ms, evidence = d.evidence.as_ref().map(crate::decide::Evidence::summary).unwrap_or_default(), "decision");
         }
         send(
             to_actuators,

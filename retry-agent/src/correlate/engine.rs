@@ -138,6 +138,10 @@ struct EdgeBucket {
     non_idempotent: u32,
     mismatches: u32,
     claims: [u32; 3],
+    /// Of `claims`, those read off claim headers (the rest are our verdicts on the callee).
+    header: [u32; 3],
+    /// Our verdicts on the callee, by how they were linked (indexed like `Link::ALL`).
+    links: [u32; 7],
     /// Indexed by failure class (transient, semantic, overload, unknown): retries, successes.
     retry_n: [u32; 4],
     retry_ok: [u32; 4],
@@ -325,9 +329,12 @@ fn counts(c: [u32; 3]) -> ClaimCounts {
     }
 }
 
+/// Tags a thread key that is a goroutine (see [`thread_key`]).
+const GOROUTINE_KEY: u64 = 1 << 63;
+
 fn thread_key(tid: u32, goid: Option<u64>) -> u64 {
     // Goroutines are the unit of context in Go; tag them so they never collide with a tid.
-    goid.map_or(u64::from(tid), |g| (g & !GOROUTINE_ROOTED) | (1 << 63))
+    goid.map_or(u64::from(tid), |g| (g & !GOROUTINE_ROOTED) | GOROUTINE_KEY)
 }
 
 /// A Go call the uprobes traced to a request goroutine: it belongs to that request, wherever it

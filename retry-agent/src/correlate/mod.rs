@@ -8,6 +8,6 @@ pub mod types;
 pub use config::{ConfigError, CorrelateConfig, ServiceMatch, ServiceOverride};
 pub use engine::Engine;
 pub use types::{
-    ChildFailure, ClaimCounts, DependencyKind, DepthStats, Edge, EdgeStats, EngineStats, PathStats,
-    RetrySuccess, ServiceClaim, ServiceId, Verdict,
+    ChildFailure, ClaimCounts, ClaimSources, DependencyKind, DepthStats, Edge, EdgeStats,
+    EngineStats, Link, LinkCounts, PathStats, RetrySuccess, ServiceClaim, ServiceId, Verdict,
 };

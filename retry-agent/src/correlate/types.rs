@@ -62,6 +62,145 @@ pub struct Verdict {
     /// The child failures behind an unclaimed verdict.
     pub caused_by: Vec<ChildFailure>,
     pub ts_ns: u64,
+    /// How the request's outbound calls were tied to it (absent in dumps of older agents).
+    #[serde(default)]
+    pub link: Link,
+}
+
+/// How a verdict's outbound calls were tied to its request: what the claim rests on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Link {
+    /// The thread that read the request made its calls.
+    Thread,
+    /// The Go uprobes traced its calls to the request's goroutine (or ones it spawned).
+    GoUprobes,
+    /// Its calls carried the trace id the request brought in.
+    TraceHeader,
+    /// The one failed call that completed just before the response (an event loop).
+    Timing,
+    /// The only request its process served meanwhile.
+    SoleInbound,
+    /// Context lost, but no call of the process to a fail-close dependency failed meanwhile.
+    ProcessQuiet,
+    /// Nothing tied its calls to it (a `missing` verdict).
+    #[default]
+    Unlinked,
+}
+
+impl Link {
+    pub const ALL: [Link; 7] = [
+        Link::Thread,
+        Link::GoUprobes,
+        Link::TraceHeader,
+        Link::Timing,
+        Link::SoleInbound,
+        Link::ProcessQuiet,
+        Link::Unlinked,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Link::Thread => "thread",
+            Link::GoUprobes => "go_uprobes",
+            Link::TraceHeader => "trace_header",
+            Link::Timing => "timing",
+            Link::SoleInbound => "sole_inbound",
+            Link::ProcessQuiet => "process_quiet",
+            Link::Unlinked => "unlinked",
+        }
+    }
+
+    /// Index into [`Link::ALL`] (and into per-link counters).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Verdicts by how they were linked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LinkCounts {
+    pub thread: u64,
+    pub go_uprobes: u64,
+    pub trace_header: u64,
+    pub timing: u64,
+    pub sole_inbound: u64,
+    pub process_quiet: u64,
+    pub unlinked: u64,
+}
+
+impl LinkCounts {
+    pub fn from_array(n: [u32; 7]) -> Self {
+        let [
+            thread,
+            go_uprobes,
+            trace_header,
+            timing,
+            sole_inbound,
+            process_quiet,
+            unlinked,
+        ] = n.map(u64::from);
+        LinkCounts {
+            thread,
+            go_uprobes,
+            trace_header,
+            timing,
+            sole_inbound,
+            process_quiet,
+            unlinked,
+        }
+    }
+
+    pub fn get(&self, l: Link) -> u64 {
+        match l {
+            Link::Thread => self.thread,
+            Link::GoUprobes => self.go_uprobes,
+            Link::TraceHeader => self.trace_header,
+            Link::Timing => self.timing,
+            Link::SoleInbound => self.sole_inbound,
+            Link::ProcessQuiet => self.process_quiet,
+            Link::Unlinked => self.unlinked,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        Link::ALL.iter().map(|l| self.get(*l)).sum()
+    }
+
+    /// `thread 3, go_uprobes 40` (links with none left out; `-` for none at all).
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = Link::ALL
+            .iter()
+            .filter(|l| self.get(**l) > 0)
+            .map(|l| format!("{l} {}", self.get(*l)))
+            .collect();
+        if parts.is_empty() {
+            "-".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// Where an edge's callee claims came from: our own verdicts on the callee (and how they were
+/// linked) or the claim header on its responses. `EdgeStats::callee_claims` is their sum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClaimSources {
+    /// Verdicts this agent gave the callee's failed inbound exchanges from this caller.
+    pub verdicts: ClaimCounts,
+    /// Those verdicts by how they were linked.
+    pub links: LinkCounts,
+    /// Claims read off the callee's error responses (`x-error-claim`; `missing`: a callee off
+    /// this node that sent none).
+    pub header: ClaimCounts,
 }
 
 /// Counts of the claims a callee's errors carried (from our own verdicts on the callee's inbound
@@ -137,6 +276,9 @@ pub struct EdgeStats {
     pub retry_success: Vec<RetrySuccess>,
     /// Claims the callee's errors carried in the window.
     pub callee_claims: ClaimCounts,
+    /// Where those claims came from (absent in dumps of older agents).
+    #[serde(default)]
+    pub claim_sources: ClaimSources,
     /// Request rate / baseline rate (1 without a baseline yet).
     pub amplification: f64,
     pub baseline_rate: Option<f64>,

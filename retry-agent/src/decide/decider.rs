@@ -6,7 +6,7 @@ use clap::Args;
 #[cfg(test)]
 mod tests;
 
-use super::{Action, Decision, Reason};
+use super::{Action, Basis, Decision, Evidence, Ownership, Reason};
 use crate::{
     correlate::{Edge, EdgeStats, Engine},
     l7::Claim,
@@ -74,6 +74,16 @@ pub struct DecideConfig {
         default_value_t = 5
     )]
     pub min_failures: u64,
+    /// Between the once-a-second evaluations, evaluate ownership as soon as evidence of
+    /// disowned errors arrives (at most every 20 ms of capture time), counting the current
+    /// bucket: suppression within tens of ms of the evidence instead of one to two seconds.
+    #[arg(
+        long = "decide-burst",
+        env = "RETRY_AGENT_DECIDE_BURST",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub burst: bool,
 }
 
 impl Default for DecideConfig {
@@ -159,15 +169,21 @@ impl Decider {
                     );
                     out.push(d);
                 }
-                (Some(reason), Some(a)) => {
-                    a.last_true_ns = now_ns;
+                (Some(reason), Some(_)) => {
+                    let evidence = self.evidence(e, reason);
                     let half_life = self.cfg.decision_ttl_ms.saturating_mul(1_000_000) / 2;
+                    let Some(a) = self.active.get_mut(&e.edge) else {
+                        continue;
+                    };
+                    a.last_true_ns = now_ns;
                     let stale = now_ns.saturating_sub(a.decision.issued_at_ns) >= half_life;
-                    if stale || a.decision.reason != reason {
+                    let basis = a.decision.evidence.as_ref().map(|x| x.basis);
+                    if stale || a.decision.reason != reason || basis != Some(evidence.basis) {
                         // Renewal keeps the id: actuators treat it as the same decision, refreshed.
                         a.decision.reason = reason;
                         a.decision.issued_at_ns = now_ns;
                         a.decision.callee_addrs = e.callee_addrs.clone();
+                        a.decision.evidence = Some(evidence);
                         out.push(a.decision.clone());
                     }
                 }
@@ -211,6 +227,31 @@ impl Decider {
         out
     }
 
+    /// A burst evaluation between ticks: only new ownership decisions (`callee_unclaimed`) on
+    /// edges without one. Nothing is renewed, lifted or capped here (the tick does that), so
+    /// an edge into an owner, whose claims are mostly `claimed`, is never touched, and budget
+    /// decisions keep their minimum of requests over complete buckets.
+    pub fn evaluate_burst(&mut self, edges: &[EdgeStats], now_ns: u64) -> Vec<Decision> {
+        let mut out = Vec::new();
+        for e in edges {
+            if self.active.contains_key(&e.edge)
+                || self.condition(e, false) != Some(Reason::CalleeUnclaimed)
+            {
+                continue;
+            }
+            let d = self.issue(e, Reason::CalleeUnclaimed, now_ns);
+            self.active.insert(
+                e.edge.clone(),
+                Active {
+                    decision: d.clone(),
+                    last_true_ns: now_ns,
+                },
+            );
+            out.push(d);
+        }
+        out
+    }
+
     /// Decisions currently in force.
     pub fn active(&self) -> Vec<Decision> {
         self.active.values().map(|a| a.decision.clone()).collect()
@@ -227,6 +268,51 @@ impl Decider {
             reason,
             issued_at_ns: now_ns,
             ttl_ms: self.cfg.decision_ttl_ms,
+            evidence: Some(self.evidence(e, reason)),
+        }
+    }
+
+    /// The callee's standing on the edge: owner or not only on enough claims, by majority.
+    fn ownership(&self, e: &EdgeStats) -> Ownership {
+        let claims = e.callee_claims;
+        if claims.total() < self.cfg.min_failures.max(1) {
+            return Ownership::Unknown;
+        }
+        match claims.majority() {
+            Some(Claim::Claimed) => Ownership::Owner,
+            Some(Claim::Unclaimed) => Ownership::NotOwner,
+            _ => Ownership::Unknown,
+        }
+    }
+
+    /// What a decision for `reason` on this edge rests on.
+    fn evidence(&self, e: &EdgeStats, reason: Reason) -> Evidence {
+        let callee = self.ownership(e);
+        let src = e.claim_sources;
+        let basis = match reason {
+            // Where most of the unclaimed evidence came from.
+            Reason::CalleeUnclaimed if src.header.unclaimed > src.verdicts.unclaimed => {
+                Basis::ClaimHeader
+            }
+            Reason::CalleeUnclaimed => Basis::Verdicts,
+            Reason::OverBudget if callee == Ownership::Owner => Basis::OwnerBudget,
+            Reason::OverBudget => Basis::Budget,
+            Reason::Amplification => Basis::Amplification,
+        };
+        Evidence {
+            basis,
+            callee,
+            claims: e.callee_claims,
+            sources: src,
+            dependency: e.dependency,
+            requests: e.requests,
+            retries: e.retries,
+            retry_ratio: e.retry_ratio,
+            retry_budget: self.cfg.retry_budget,
+            amplification: e.amplification,
+            amplification_threshold: self.cfg.amplification_threshold,
+            fault_active: e.fault_active,
+            retries_within_budget: reason != Reason::CalleeUnclaimed,
         }
     }
 

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{
-    Derived, DumpSummary, EdgeRow, IncidentReport, OwnerRow, Source, TimelineEntry, TimelineKind,
+    DecisionRow, Derived, DumpSummary, EdgeRow, IncidentReport, OwnerRow, Source, TimelineEntry,
+    TimelineKind,
 };
 use crate::{
     capture::{Direction, Event, Role},
@@ -71,9 +72,11 @@ pub(super) fn build(
         replay_check: None,
         exchanges: d.exchanges.len() as u64,
         failed_exchanges: d.exchanges.iter().filter(|x| x.failed()).count() as u64,
+        verdict_links: verdict_links(&d.verdicts),
         verdicts,
         timeline,
         owners,
+        decisions: decision_rows(&d.decisions, &clock),
         edges,
         storm_radius_max: figures.radius.0,
         storm_path: figures.radius.1,
@@ -241,8 +244,12 @@ fn decisions(ds: &[Decision], clock: &Clock<'_>) -> Vec<TimelineEntry> {
                         format!("on {} ({})", dec.edge, dec.reason),
                     ));
                 }
+                let basis = dec
+                    .evidence
+                    .as_ref()
+                    .map_or_else(String::new, |e| format!(", basis {}", e.basis));
                 let detail = format!(
-                    "suppress retries on {} ({}, ttl {} ms)",
+                    "suppress retries on {} ({}{basis}, ttl {} ms)",
                     dec.edge, dec.reason, dec.ttl_ms
                 );
                 t.push(clock.entry(dec.issued_at_ns, TimelineKind::Suppress, detail));
@@ -255,6 +262,56 @@ fn decisions(ds: &[Decision], clock: &Clock<'_>) -> Vec<TimelineEntry> {
         }
     }
     t
+}
+
+/// Each suppression once, with the evidence of its last issue or renewal and when it was lifted.
+fn decision_rows(ds: &[Decision], clock: &Clock<'_>) -> Vec<DecisionRow> {
+    let mut rows: Vec<DecisionRow> = Vec::new();
+    for dec in ds {
+        match dec.action {
+            Action::SuppressRetries => {
+                let row = DecisionRow {
+                    id: dec.id,
+                    edge: dec.edge.to_string(),
+                    issued_s: clock.t_s(dec.issued_at_ns),
+                    reason: dec.reason,
+                    basis: dec.evidence.as_ref().map(|e| e.basis),
+                    retries_within_budget: dec.reason != crate::decide::Reason::CalleeUnclaimed,
+                    evidence: dec.evidence.clone(),
+                    lifted_s: None,
+                };
+                match rows.iter_mut().find(|r| r.id == dec.id) {
+                    Some(r) => {
+                        *r = DecisionRow {
+                            issued_s: r.issued_s,
+                            ..row
+                        }
+                    }
+                    None => rows.push(row),
+                }
+            }
+            // A lift has its own id; it lifts the edge's open suppression.
+            Action::Allow => {
+                let edge = dec.edge.to_string();
+                if let Some(r) = rows
+                    .iter_mut()
+                    .rev()
+                    .find(|r| r.edge == edge && r.lifted_s.is_none())
+                {
+                    r.lifted_s = Some(clock.t_s(dec.issued_at_ns));
+                }
+            }
+        }
+    }
+    rows
+}
+
+fn verdict_links(vs: &[Verdict]) -> BTreeMap<String, u64> {
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    for v in vs {
+        *by.entry(v.link.as_str().to_string()).or_default() += 1;
+    }
+    by
 }
 
 /// Verdict counts by claim, and the services that owned errors, most errors first.

@@ -101,6 +101,23 @@ pub struct OwnerRow {
     pub first_claimed_ns: u64,
 }
 
+/// One suppression decision (by id) and what it last rested on.
+#[derive(Clone, Debug, Serialize)]
+pub struct DecisionRow {
+    pub id: u64,
+    pub edge: String,
+    /// When it was first issued (seconds since the start of the dump).
+    pub issued_s: f64,
+    /// Its reason and basis at its last issue or renewal.
+    pub reason: crate::decide::Reason,
+    /// `None` for a decision recorded by an agent that did not name its evidence.
+    pub basis: Option<crate::decide::Basis>,
+    /// Retries still passed up to the budget (budget capping) rather than stopped (ownership).
+    pub retries_within_budget: bool,
+    pub evidence: Option<crate::decide::Evidence>,
+    pub lifted_s: Option<f64>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct EdgeRow {
     pub edge: String,
@@ -124,8 +141,12 @@ pub struct IncidentReport {
     pub exchanges: u64,
     pub failed_exchanges: u64,
     pub verdicts: BTreeMap<String, u64>,
+    /// Verdicts by how their calls were tied to their request.
+    pub verdict_links: BTreeMap<String, u64>,
     pub timeline: Vec<TimelineEntry>,
     pub owners: Vec<OwnerRow>,
+    /// Each suppression and what it rests on: ownership or budget capping.
+    pub decisions: Vec<DecisionRow>,
     pub edges: Vec<EdgeRow>,
     pub storm_radius_max: u32,
     pub storm_path: Vec<ServiceId>,

@@ -95,6 +95,35 @@ pub fn render_text(r: &IncidentReport) -> String {
     }
     let _ = writeln!(
         s,
+        "\nDECISIONS (what each rests on: ownership stops retries, budget capping meters them)"
+    );
+    if r.decisions.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    for d in &r.decisions {
+        let lifted = d
+            .lifted_s
+            .map_or_else(|| "in force".to_string(), |t| format!("lifted {t:.3}s"));
+        let effect = if d.retries_within_budget {
+            "retries pass up to the budget"
+        } else {
+            "retries stop"
+        };
+        let _ = writeln!(
+            s,
+            "  #{:<4} {:>9.3}s  {:<28} {:<17} {:<14} {effect}, {lifted}",
+            d.id,
+            d.issued_s,
+            d.edge,
+            d.reason.as_str(),
+            d.basis.map_or("(not recorded)", |b| b.as_str()),
+        );
+        if let Some(e) = &d.evidence {
+            let _ = writeln!(s, "         {}", e.summary());
+        }
+    }
+    let _ = writeln!(
+        s,
         "\nEDGES (amplification = arrival rate / baseline, per evaluation)"
     );
     let _ = writeln!(
@@ -130,6 +159,12 @@ pub fn render_text(r: &IncidentReport) -> String {
         r.failed_exchanges,
         verdicts.join(", ")
     );
+    let links: Vec<String> = r
+        .verdict_links
+        .iter()
+        .map(|(link, n)| format!("{link} {n}"))
+        .collect();
+    let _ = writeln!(s, "  verdicts linked by: {}", links.join(", "));
     let path: Vec<&str> = r.storm_path.iter().map(ServiceId::as_str).collect();
     let _ = writeln!(
         s,

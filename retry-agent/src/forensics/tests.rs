@@ -8,8 +8,8 @@ use bytes::Bytes;
 use super::*;
 use crate::{
     capture::{Direction, Event, Role},
-    correlate::{CorrelateConfig, Edge, ServiceId},
-    decide::{Action, DecideConfig, Decision, Reason},
+    correlate::{ClaimCounts, CorrelateConfig, Edge, ServiceId},
+    decide::{Action, Basis, DecideConfig, Decision, Evidence, Ownership, Reason},
     l7::L7Config,
     pipeline::{Pipeline, StageOutput},
     recorder::{DumpReason, Recorder, RecorderConfig, SharedRecorder, Snapshot},
@@ -101,6 +101,7 @@ mod report {
             failure_ratio: if fault { 0.9 } else { 0.0 },
             retry_success: vec![],
             callee_claims: ClaimCounts::default(),
+            claim_sources: Default::default(),
             amplification: amp,
             baseline_rate: Some(100.0),
             fault_active: fault,
@@ -125,6 +126,7 @@ mod report {
             status: Some(503),
             caused_by: vec![],
             ts_ns: ts,
+            link: Default::default(),
         })
     }
 
@@ -197,7 +199,20 @@ mod report {
             caller: ServiceId::new("frontend"),
             callee: ServiceId::new("api"),
         };
+        d.evidence = Some(evidence(Basis::Verdicts, Ownership::NotOwner, false));
         records.push(Record::Decision(d.clone()));
+        // The edge into the owner: capped by the budget, not stopped.
+        records.push(Record::Decision(Decision {
+            id: 3,
+            edge: Edge {
+                caller: ServiceId::new("api"),
+                callee: ServiceId::new("db"),
+            },
+            reason: Reason::OverBudget,
+            issued_at_ns: 26 * S,
+            evidence: Some(evidence(Basis::OwnerBudget, Ownership::Owner, true)),
+            ..d.clone()
+        }));
         records.push(Record::Decision(Decision {
             issued_at_ns: 30 * S,
             ..d.clone()
@@ -241,6 +256,7 @@ mod report {
                 (TimelineKind::FirstUnclaimedError, 22),
                 (TimelineKind::StormDetected, 25),
                 (TimelineKind::Suppress, 25),
+                (TimelineKind::Suppress, 26),
                 (TimelineKind::Recovery, 40),
                 (TimelineKind::Allow, 55),
             ]
@@ -264,6 +280,47 @@ mod report {
             text.contains("storm detected") && text.contains("api->db"),
             "{text}"
         );
+        // Ownership and budget capping read apart, each with what it rests on.
+        let rows: Vec<_> = r
+            .decisions
+            .iter()
+            .map(|d| {
+                (
+                    d.id,
+                    d.edge.as_str(),
+                    d.basis,
+                    d.retries_within_budget,
+                    d.lifted_s,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (1, "frontend->api", Some(Basis::Verdicts), false, Some(54.0)),
+                (3, "api->db", Some(Basis::OwnerBudget), true, None),
+            ]
+        );
+        assert_eq!(
+            r.decisions[0].issued_s, 24.0,
+            "first issue, not the renewal"
+        );
+        let row = |id: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(id))
+                .unwrap_or_default()
+        };
+        assert!(
+            row("#1").contains("verdicts") && row("#1").contains("retries stop"),
+            "{text}"
+        );
+        assert!(
+            row("#3").contains("owner_budget")
+                && row("#3").contains("retries pass up to the budget"),
+            "{text}"
+        );
+        assert!(text.contains("callee owner (claimed 9"), "{text}");
+        assert!(text.contains("verdicts linked by: unlinked 3"), "{text}");
         let html = render_html(&r);
         assert!(
             html.starts_with("<!doctype html>")
@@ -271,5 +328,28 @@ mod report {
                 && !html.contains("<script")
         );
         let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+fn evidence(basis: Basis, callee: Ownership, within_budget: bool) -> Evidence {
+    let claimed = if callee == Ownership::Owner { 9 } else { 0 };
+    Evidence {
+        basis,
+        callee,
+        claims: ClaimCounts {
+            claimed,
+            unclaimed: 9 - claimed,
+            missing: 0,
+        },
+        sources: Default::default(),
+        dependency: crate::correlate::DependencyKind::FailClose,
+        requests: 100,
+        retries: 40,
+        retry_ratio: 0.4,
+        retry_budget: 0.1,
+        amplification: 2.0,
+        amplification_threshold: 1.5,
+        fault_active: true,
+        retries_within_budget: within_budget,
     }
 }

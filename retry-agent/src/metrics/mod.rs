@@ -48,6 +48,8 @@ struct LinkLabels {
 struct DecisionLabels {
     action: &'static str,
     reason: &'static str,
+    /// What the decision rests on (`decide::Basis`, or `none` for one without evidence).
+    basis: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -390,6 +392,7 @@ impl Metrics {
                 .get_or_create(&DecisionLabels {
                     action: d.action.as_str(),
                     reason: d.reason.as_str(),
+                    basis: d.evidence.as_ref().map_or("none", |e| e.basis.as_str()),
                 })
                 .inc();
         }

@@ -25,6 +25,7 @@ fn edge_stats(caller: &str, callee: &str, requests: u64, retries: u64) -> EdgeSt
             ratio: 0.5,
         }],
         callee_claims: ClaimCounts::default(),
+        claim_sources: Default::default(),
         amplification: 2.0,
         baseline_rate: Some(requests as f64 / 20.0),
         fault_active: true,
@@ -108,4 +109,22 @@ fn counters_never_go_backwards() {
         "{text}"
     );
     assert!(text.contains("retry_agent_capture_drops_total 5"), "{text}");
+}
+
+/// Decisions count by what they rest on, so budget capping and ownership read apart.
+#[test]
+fn decisions_are_labelled_by_their_basis() {
+    let m = Metrics::new();
+    let mut d = crate::decide::Decider::new(crate::decide::DecideConfig::default());
+    let mut capped = edge_stats("a", "b", 100, 50);
+    capped.callee_claims.missing = 30;
+    let issued = d.evaluate_edges(&[capped], 1_000_000_000);
+    m.observe_decisions(&issued, 1);
+    let text = m.encode();
+    assert!(
+        text.contains(
+            r#"retry_agent_decisions_total{action="suppress_retries",reason="over_budget",basis="budget"} 1"#
+        ),
+        "{text}"
+    );
 }

@@ -17,5 +17,6 @@ pub fn decision(caller: &str, callee: &str, action: Action, reason: Reason, ttl_
         reason,
         issued_at_ns: 0,
         ttl_ms,
+        evidence: None,
     }
 }

@@ -165,3 +165,58 @@ fn garbage_is_an_error_not_a_panic() {
         Err(WireError::Malformed(_))
     ));
 }
+
+/// Revision 2.1: a suppression says what its decision rests on; a 2.0 line (no `basis`) and a
+/// newer value both still read, and the shim acts on the reason alone.
+#[test]
+fn the_basis_is_an_additive_field() {
+    let mut d = decision();
+    let mut ev = crate::decide::Evidence {
+        basis: decide::Basis::OwnerBudget,
+        callee: decide::Ownership::Owner,
+        claims: ClaimCounts::default(),
+        sources: Default::default(),
+        dependency: crate::correlate::DependencyKind::Unknown,
+        requests: 100,
+        retries: 50,
+        retry_ratio: 0.5,
+        retry_budget: 0.1,
+        amplification: 1.0,
+        amplification_threshold: 1.5,
+        fault_active: false,
+        retries_within_budget: true,
+    };
+    for b in decide::Basis::ALL {
+        ev.basis = b;
+        d.evidence = Some(ev.clone());
+        let s = Suppression::new(&d, Duration::from_millis(5));
+        assert_eq!(
+            serde_json::to_value(s.basis).expect("json"),
+            b.as_str(),
+            "spelled as the metrics label"
+        );
+    }
+    d.evidence = Some(ev);
+    let line = encode(&Snapshot {
+        suppress: vec![Suppression::new(&d, Duration::from_millis(5))],
+        ..snapshot()
+    })
+    .expect("encode");
+    let text = String::from_utf8(line.clone()).expect("utf8");
+    assert!(
+        text.contains(r#""reason":"over_budget","basis":"amplification","remaining_ms":5"#),
+        "{text}"
+    );
+    assert_eq!(
+        decode(&line).expect("decode").suppress[0].basis,
+        Some(WireBasis::Amplification)
+    );
+    let old = br#"{"v":2,"seq":1,"sent_unix_ms":0,"suppress":[{"decision_id":1,"caller":"a","callee":"b","callee_addrs":["127.0.0.1:1"],"reason":"over_budget","remaining_ms":5}]}"#;
+    assert_eq!(decode(old).expect("a 2.0 line").suppress[0].basis, None);
+    let newer = br#"{"v":2,"seq":1,"sent_unix_ms":0,"suppress":[{"decision_id":1,"caller":"a","callee":"b","callee_addrs":["127.0.0.1:1"],"reason":"over_budget","basis":"oracle","remaining_ms":5}]}"#;
+    let s = &decode(newer).expect("a newer basis").suppress[0];
+    assert_eq!(
+        (s.basis, s.reason.known()),
+        (Some(WireBasis::Unknown), Some(decide::Reason::OverBudget))
+    );
+}

@@ -148,10 +148,14 @@ impl Engine {
             b.gap_sum += g;
             b.gap_sq += g * g;
         }
-        if let Some(claim) = c.header_claim
-            && let Some(n) = b.claims.get_mut(claim_index(claim))
-        {
-            *n += 1;
+        if let Some(claim) = c.header_claim {
+            let i = claim_index(claim);
+            for n in [b.claims.get_mut(i), b.header.get_mut(i)]
+                .into_iter()
+                .flatten()
+            {
+                *n += 1;
+            }
         }
     }
 

@@ -8,8 +8,8 @@ use super::{
 };
 use crate::{
     correlate::types::{
-        ClaimCounts, DependencyKind, DepthStats, Edge, EdgeStats, PathStats, RetrySuccess,
-        ServiceClaim, ServiceId,
+        ClaimCounts, ClaimSources, DependencyKind, DepthStats, Edge, EdgeStats, LinkCounts,
+        PathStats, RetrySuccess, ServiceClaim, ServiceId,
     },
     l7::Claim,
 };
@@ -18,6 +18,19 @@ impl Engine {
     /// Figures per edge over the window, internal edges merged by service name.
     pub fn edges(&self) -> Vec<EdgeStats> {
         let (from, to) = self.window_epochs();
+        self.edges_over(from, to)
+    }
+
+    /// The same, over a window that ends with the current, partial bucket: what a burst
+    /// evaluation reads, so claims from the last instants count before their bucket completes.
+    /// Rates are then a little low (the partial bucket counts as whole): only the claims are
+    /// meant to be read from it.
+    pub fn edges_through_now(&self) -> Vec<EdgeStats> {
+        let to = self.epoch(self.now) + 1;
+        self.edges_over(to.saturating_sub(self.window), to)
+    }
+
+    fn edges_over(&self, from: u64, to: u64) -> Vec<EdgeStats> {
         let secs = (to - from) as f64 * self.bucket_ns as f64 / 1e9;
         let fault = self.fault_active();
         let mut merged: BTreeMap<Edge, (EdgeBucket, EdgeStats)> = BTreeMap::new();
@@ -204,10 +217,14 @@ fn add_bucket(a: &mut EdgeBucket, b: &EdgeBucket) {
     a.hedged += b.hedged;
     a.non_idempotent += b.non_idempotent;
     a.mismatches += b.mismatches;
-    for i in 0..3 {
-        if let (Some(x), Some(y)) = (a.claims.get_mut(i), b.claims.get(i)) {
-            *x += y;
-        }
+    for (x, y) in a.claims.iter_mut().zip(b.claims) {
+        *x += y;
+    }
+    for (x, y) in a.header.iter_mut().zip(b.header) {
+        *x += y;
+    }
+    for (x, y) in a.links.iter_mut().zip(b.links) {
+        *x += y;
     }
     for i in 0..4 {
         if let (Some(x), Some(y)) = (a.retry_n.get_mut(i), b.retry_n.get(i)) {
@@ -237,6 +254,7 @@ fn empty_stats(edge: Edge, secs: f64, fault: bool) -> EdgeStats {
         failure_ratio: 0.0,
         retry_success: Vec::new(),
         callee_claims: ClaimCounts::default(),
+        claim_sources: ClaimSources::default(),
         amplification: 1.0,
         baseline_rate: None,
         fault_active: fault,
@@ -280,6 +298,16 @@ fn finish_stats(b: EdgeBucket, mut s: EdgeStats) -> EdgeStats {
         })
         .collect();
     s.callee_claims = counts(b.claims);
+    let header = counts(b.header);
+    s.claim_sources = ClaimSources {
+        verdicts: ClaimCounts {
+            claimed: s.callee_claims.claimed.saturating_sub(header.claimed),
+            unclaimed: s.callee_claims.unclaimed.saturating_sub(header.unclaimed),
+            missing: s.callee_claims.missing.saturating_sub(header.missing),
+        },
+        links: LinkCounts::from_array(b.links),
+        header,
+    };
     s.amplification = match s.baseline_rate {
         Some(base) if base > 0.0 => s.request_rate / base,
         _ => 1.0,

@@ -3,10 +3,10 @@
 use std::net::SocketAddr;
 
 use super::*;
-use crate::correlate::types::{DependencyKind, EdgeStats};
+use crate::correlate::types::{DependencyKind, EdgeStats, Link};
 use crate::l7::Failure;
 use crate::{
-    decide::{DecideConfig, Decider, Reason},
+    decide::{Basis, DecideConfig, Decider, Ownership, Reason},
     l7::{Method, RetryMarkers},
     testkit::ExchangeBuilder as X,
 };
@@ -147,6 +147,13 @@ impl World {
             .cloned()
             .unwrap_or_else(|| panic!("no verdict for {id}: {:?}", self.v))
     }
+    fn edges_now(&self, caller: &str, callee: &str) -> Option<EdgeStats> {
+        self.e
+            .edges_through_now()
+            .into_iter()
+            .find(|e| e.edge.caller.as_str() == caller && e.edge.callee.as_str() == callee)
+    }
+
     fn edge(&self, caller: &str, callee: &str) -> EdgeStats {
         self.e
             .edges()
@@ -232,7 +239,8 @@ fn row3_callee_claimed_caller_retries_and_unclaims() {
     }
     w.e.tick(t + 2_000 * MS, &mut w.v);
     for id in c_ids {
-        assert_eq!(w.verdict(id).claim, Claim::Claimed);
+        let v = w.verdict(id);
+        assert_eq!((v.claim, v.link), (Claim::Claimed, Link::Thread));
     }
     for id in b_ids {
         let v = w.verdict(id);
@@ -242,6 +250,10 @@ fn row3_callee_claimed_caller_retries_and_unclaims() {
     }
     let e = w.edge("b", "c");
     assert_eq!(e.callee_claims.claimed, 20);
+    // Our verdicts on C, each tied by thread context; no header said anything.
+    assert_eq!(e.claim_sources.verdicts.claimed, 20);
+    assert_eq!(e.claim_sources.links.thread, 20);
+    assert_eq!(e.claim_sources.header, ClaimCounts::default());
     assert_eq!(e.retries, 10);
     // Retries into the owner stay allowed for ownership; only the budget can meter them.
     let mut d = Decider::new(DecideConfig::default());
@@ -252,10 +264,18 @@ fn row3_callee_claimed_caller_retries_and_unclaims() {
             .all(|d| d.reason != Reason::CalleeUnclaimed),
         "{decisions:?}"
     );
-    assert!(
-        decisions.iter().any(|d| d.reason == Reason::OverBudget),
-        "50% retries: {decisions:?}"
+    let bc = decisions
+        .iter()
+        .find(|d| d.reason == Reason::OverBudget)
+        .expect("50% retries: over budget");
+    // The decision says it caps retries into a known owner, not that it stops them.
+    let ev = bc.evidence.as_ref().expect("evidence");
+    assert_eq!(
+        (ev.basis, ev.callee, ev.retries_within_budget),
+        (Basis::OwnerBudget, Ownership::Owner, true),
+        "{ev:?}"
     );
+    assert_eq!(ev.sources.links.thread, 20);
 }
 
 /// Row 4: the callee erred unclaimed → the caller must not retry (suppress the edge) and passes
@@ -307,6 +327,15 @@ fn row4_callee_unclaimed_no_retry_and_unclaims() {
     assert_eq!(bc.len(), 1, "{decisions:?}");
     assert_eq!(bc[0].reason, Reason::CalleeUnclaimed);
     assert_eq!(bc[0].callee_addrs, vec![svc(C)]);
+    let ev = bc[0].evidence.as_ref().expect("evidence");
+    assert_eq!(
+        (ev.basis, ev.callee, ev.retries_within_budget),
+        (Basis::Verdicts, Ownership::NotOwner, false)
+    );
+    assert_eq!(
+        (ev.sources.verdicts.unclaimed, ev.sources.links.thread),
+        (10, 10)
+    );
     // C -> D: D claimed its errors: never suppressed for ownership (only metered by budget).
     assert!(
         decisions
@@ -335,7 +364,12 @@ fn header_claims_count_for_remote_callees() {
         t += 10 * MS;
     }
     w.e.tick(t + 2_000 * MS, &mut w.v);
-    assert_eq!(w.edge("b", "203.0.113.9:443").callee_claims.unclaimed, 6);
+    let e = w.edge("b", "203.0.113.9:443");
+    assert_eq!(e.callee_claims.unclaimed, 6);
+    assert_eq!(
+        (e.claim_sources.header.unclaimed, e.claim_sources.verdicts),
+        (6, ClaimCounts::default())
+    );
 }
 
 /// At-least-once: the callee claimed a retryable error, the caller's edge never retries: the
@@ -378,7 +412,8 @@ fn event_loop_overlap_is_missing_unless_no_failure_anywhere() {
     let r1 = w.inbound(B, 200, t, 10 * MS, 502);
     let r2 = w.inbound(B, 200, t + MS, 10 * MS, 502);
     assert_eq!(w.verdict(r1).claim, Claim::Missing);
-    assert_eq!(w.verdict(r2).claim, Claim::Missing);
+    let v = w.verdict(r2);
+    assert_eq!((v.claim, v.link), (Claim::Missing, Link::Unlinked));
 
     let mut w = World::new();
     w.call_remote(B, 200, "203.0.113.9:443", t + 2 * MS, 2 * MS, 200, None);
@@ -389,7 +424,8 @@ fn event_loop_overlap_is_missing_unless_no_failure_anywhere() {
         Claim::Claimed,
         "no outbound call failed at all"
     );
-    assert_eq!(w.verdict(r2).claim, Claim::Claimed);
+    let v = w.verdict(r2);
+    assert_eq!((v.claim, v.link), (Claim::Claimed, Link::ProcessQuiet));
 }
 
 /// A response written by another thread than the one that read the request: the context
@@ -436,6 +472,7 @@ fn sole_inbound_request_links_its_process_wide_children() {
     );
     let v = w.verdict(id);
     assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
+    assert_eq!(v.link, Link::SoleInbound);
     assert_eq!(w.e.stats().sole_links, 1);
     // A request that overlapped another one is not linked this way.
     let t = t + 1_000 * MS;
@@ -504,7 +541,8 @@ fn goroutines_are_contexts() {
         .status(500)
         .build(),
     );
-    assert_eq!(w.verdict(r1).claim, Claim::Unclaimed);
+    let v = w.verdict(r1);
+    assert_eq!((v.claim, v.link), (Claim::Unclaimed, Link::GoUprobes));
     // Goroutine 8 made no call, but goroutine 7's failed call overlapped it on a context that
     // served a request, so it is accounted for: claimed.
     assert_eq!(w.verdict(r2).claim, Claim::Claimed);
@@ -1276,6 +1314,7 @@ fn timing_link_on_event_loops() {
     assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
     assert_eq!(v.caused_by.len(), 1);
     assert_eq!(v.caused_by[0].exchange, ExchangeId(1));
+    assert_eq!(v.link, Link::Timing);
     assert_eq!(w.e.stats().timing_links, 1);
 
     // Off: the same is missing.
@@ -1459,6 +1498,9 @@ fn claims_reach_the_edge_through_a_proxy_and_count_once() {
         (7, 0, 0),
         "{claims:?}"
     );
+    // All seven from the header: the verdicts behind the proxy never reach this edge.
+    let sources = w.edge("b", "c").claim_sources;
+    assert_eq!((sources.header.unclaimed, sources.links.total()), (7, 0));
 }
 
 // ---- propagated trace context -------------------------------------------------------------
@@ -1523,6 +1565,7 @@ fn trace_id_links_calls_on_an_event_loop() {
         vec![ExchangeId(1)]
     );
     assert_eq!(v2.claim, Claim::Claimed, "{v2:?}");
+    assert_eq!((v1.link, v2.link), (Link::TraceHeader, Link::TraceHeader));
     assert_eq!(links, 2);
     // Without the header the same traffic cannot be placed.
     let (v1, v2, links) = run(false);
@@ -1725,4 +1768,28 @@ mod names {
         w.e.on_process(&proc(C, "httpd", 4026532001, Some(("web", "static"))));
         assert_eq!(w.e.name(C, 80).as_str(), "web/static");
     }
+}
+
+/// The burst read-out counts the current, partial bucket; the tick's waits for it to complete.
+#[test]
+fn edges_through_now_include_the_current_bucket() {
+    let mut w = World::new();
+    let t = 5_000 * MS + 100 * MS;
+    for i in 0..5 {
+        w.call_remote(
+            B,
+            200,
+            "203.0.113.9:443",
+            t + i * 10 * MS,
+            2 * MS,
+            503,
+            Some(Claim::Unclaimed),
+        );
+    }
+    let now = w.edges_now("b", "203.0.113.9:443");
+    assert_eq!(now.map(|e| e.callee_claims.unclaimed), Some(5));
+    assert!(
+        w.e.edges().iter().all(|e| e.callee_claims.unclaimed == 0),
+        "not a complete bucket yet"
+    );
 }

@@ -1,15 +1,15 @@
 //! Verdicts: a failed inbound request's children (thread context, then timing and sole-request
 //! links), failure-pattern memory, and the claim it gets.
 use super::{
-    Child, Engine, MEMORY_DECAY_AT, MEMORY_FAIL_CLOSE, MEMORY_MIN_SAMPLES, NS_PER_MS, Peer,
-    Pending, RecentVerdict,
+    Child, Engine, GOROUTINE_KEY, MEMORY_DECAY_AT, MEMORY_FAIL_CLOSE, MEMORY_MIN_SAMPLES,
+    NS_PER_MS, Peer, Pending, RecentVerdict,
     claim::{self, Context, Evidence, FailedCall, Reason},
     claim_index,
 };
 use retry_common::GOROUTINE_ROOTED;
 
 use crate::{
-    correlate::types::{ChildFailure, DependencyKind, ServiceId, Verdict},
+    correlate::types::{ChildFailure, DependencyKind, Link, ServiceId, Verdict},
     l7::{Claim, OutcomeClass},
 };
 
@@ -19,6 +19,8 @@ struct Found {
     context: Context,
     process_failed: bool,
     orphan_failed: bool,
+    /// The link that found the children when thread context could not (`Context::Linked`).
+    linked_by: Option<Link>,
 }
 
 impl Found {
@@ -100,7 +102,8 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let (service, caller) = self.book(&p, decision.claim);
+        let link = verdict_link(&p, &found, decision.claim);
+        let (service, caller) = self.book(&p, decision.claim, link);
         out.push(Verdict {
             exchange: p.id,
             service,
@@ -110,6 +113,7 @@ impl Engine {
             status: p.status,
             caused_by,
             ts_ns: p.end,
+            link,
         });
     }
 
@@ -152,6 +156,7 @@ impl Engine {
             context,
             process_failed,
             orphan_failed,
+            linked_by: None,
         }
     }
 
@@ -167,14 +172,17 @@ impl Engine {
         if let Some(cs) = self.link_by_trace(p) {
             found.children = cs;
             found.context = Context::Linked;
+            found.linked_by = Some(Link::TraceHeader);
             self.stats.trace_links += 1;
         } else if let Some(c) = self.link_by_timing(p) {
             found.children = vec![c];
             found.context = Context::Linked;
+            found.linked_by = Some(Link::Timing);
             self.stats.timing_links += 1;
         } else if lost && let Some(cs) = self.link_sole_inbound(p) {
             found.children = cs;
             found.context = Context::Linked;
+            found.linked_by = Some(Link::SoleInbound);
             self.stats.sole_links += 1;
         }
     }
@@ -233,7 +241,7 @@ impl Engine {
 
     /// Counts the claim (engine, service figures, the caller's edge) and remembers it for the
     /// caller's own verdict. Returns the names of the service and of its caller, if known.
-    fn book(&mut self, p: &Pending, claim: Claim) -> (ServiceId, Option<ServiceId>) {
+    fn book(&mut self, p: &Pending, claim: Claim, link: Link) -> (ServiceId, Option<ServiceId>) {
         self.stats.verdicts.add(claim);
         self.recent_verdicts.insert(
             p.tuple,
@@ -271,11 +279,14 @@ impl Engine {
                     None,
                 );
                 let counted = self.header_claimed.get(&p.tuple).is_some();
-                if !counted
-                    && let Some(b) = self.edge_bucket(edge, p.start)
-                    && let Some(n) = b.claims.get_mut(claim_index(claim))
-                {
-                    *n += 1;
+                if !counted && let Some(b) = self.edge_bucket(edge, p.start) {
+                    let slots = [
+                        b.claims.get_mut(claim_index(claim)),
+                        b.links.get_mut(link.index()),
+                    ];
+                    for n in slots.into_iter().flatten() {
+                        *n += 1;
+                    }
                 }
                 Some(self.name(c, 0))
             }
@@ -428,5 +439,19 @@ impl Engine {
                     .get(&(pid, t))
                     .is_some_and(|ctx| ctx.inbound.iter().any(|w| w.start <= s && s <= w.end))
         })
+    }
+}
+
+/// What a verdict rests on: how its calls were tied to it. A `missing` verdict rests on
+/// nothing; a followed context on its thread or, for Go, its goroutine (`thread_key` tags those).
+fn verdict_link(p: &Pending, found: &Found, claim: Claim) -> Link {
+    if claim == Claim::Missing {
+        return Link::Unlinked;
+    }
+    match found.context {
+        Context::Followed if p.thread & GOROUTINE_KEY != 0 => Link::GoUprobes,
+        Context::Followed => Link::Thread,
+        Context::Linked => found.linked_by.unwrap_or(Link::Unlinked),
+        Context::Lost => Link::ProcessQuiet,
     }
 }

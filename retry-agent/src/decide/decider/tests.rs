@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
 use crate::correlate::{ClaimCounts, DependencyKind, ServiceId};
+use crate::decide::{Basis, Evidence, Ownership};
 
 const S: u64 = 1_000_000_000;
 
@@ -26,6 +27,7 @@ fn stats(requests: u64, retries: u64, claims: ClaimCounts) -> EdgeStats {
         failure_ratio: 0.0,
         retry_success: vec![],
         callee_claims: claims,
+        claim_sources: Default::default(),
         amplification: 1.0,
         baseline_rate: None,
         fault_active: false,
@@ -195,3 +197,204 @@ fn config_validation_reports_every_error() {
 }
 
 // That the defaults are the flag defaults is checked for every config in `settings::tests`.
+
+fn with_sources(mut s: EdgeStats, verdicts: ClaimCounts, header: ClaimCounts) -> EdgeStats {
+    s.callee_claims = ClaimCounts {
+        claimed: verdicts.claimed + header.claimed,
+        unclaimed: verdicts.unclaimed + header.unclaimed,
+        missing: verdicts.missing + header.missing,
+    };
+    s.claim_sources = crate::correlate::ClaimSources {
+        verdicts,
+        links: crate::correlate::LinkCounts {
+            go_uprobes: verdicts.total(),
+            ..Default::default()
+        },
+        header,
+    };
+    s
+}
+
+fn evidence(d: &Decision) -> &Evidence {
+    d.evidence
+        .as_ref()
+        .expect("every decision the decider makes names its evidence")
+}
+
+#[test]
+fn decisions_name_what_they_rest_on() {
+    let mut d = Decider::new(DecideConfig::default());
+    let none = ClaimCounts::default();
+    // Ownership from our verdicts (linked by the Go uprobes) vs from the callee's header.
+    let by_verdicts = with_sources(stats(100, 50, none), unclaimed(8), unclaimed(2));
+    let got = d.evaluate_edges(&[by_verdicts], S);
+    let ev = evidence(&got[0]);
+    assert_eq!(
+        (got[0].reason, ev.basis),
+        (Reason::CalleeUnclaimed, Basis::Verdicts)
+    );
+    assert_eq!(
+        (ev.callee, ev.retries_within_budget),
+        (Ownership::NotOwner, false)
+    );
+    assert_eq!(
+        (ev.sources.links.go_uprobes, ev.sources.header.unclaimed),
+        (8, 2)
+    );
+    assert_eq!((ev.retries, ev.requests, ev.retry_budget), (50, 100, 0.10));
+    let mut d = Decider::new(DecideConfig::default());
+    let by_header = with_sources(stats(100, 50, none), unclaimed(1), unclaimed(9));
+    assert_eq!(
+        evidence(&d.evaluate_edges(&[by_header], S)[0]).basis,
+        Basis::ClaimHeader
+    );
+    // Budget capping with no ownership known (every verdict missing) says so.
+    let mut d = Decider::new(DecideConfig::default());
+    let missing = ClaimCounts {
+        missing: 30,
+        ..none
+    };
+    let capped = with_sources(stats(100, 50, none), missing, none);
+    let got = d.evaluate_edges(&[capped], S);
+    let ev = evidence(&got[0]);
+    assert_eq!(
+        (got[0].reason, ev.basis, ev.callee),
+        (Reason::OverBudget, Basis::Budget, Ownership::Unknown)
+    );
+    assert!(ev.retries_within_budget);
+    assert!(
+        ev.summary()
+            .starts_with("budget: retries pass up to the budget"),
+        "{}",
+        ev.summary()
+    );
+    // Amplification.
+    let mut d = Decider::new(DecideConfig::default());
+    let mut amp = stats(100, 5, none);
+    amp.amplification = 3.0;
+    amp.fault_active = true;
+    let got = d.evaluate_edges(&[amp], S);
+    assert_eq!(evidence(&got[0]).basis, Basis::Amplification);
+}
+
+/// The edge into a service known to own its errors keeps its retry (metered by the budget, never
+/// stopped), however many of them there are; a tie between claimed and unclaimed is no disowning.
+#[test]
+fn the_edge_into_a_known_owner_keeps_its_retries_within_budget() {
+    let claimed = |n| ClaimCounts {
+        claimed: n,
+        ..ClaimCounts::default()
+    };
+    let d = Decider::new(DecideConfig::default());
+    for (verdicts, header) in [
+        (claimed(40), ClaimCounts::default()),
+        (claimed(5), unclaimed(5)),
+        (ClaimCounts::default(), claimed(12)),
+    ] {
+        let e = with_sources(stats(100, 90, ClaimCounts::default()), verdicts, header);
+        assert_eq!(
+            d.condition(&e, false),
+            Some(Reason::OverBudget),
+            "{verdicts:?} {header:?}"
+        );
+        assert_eq!(d.condition(&e, true), Some(Reason::OverBudget), "held, too");
+        assert_eq!(d.ownership(&e), Ownership::Owner);
+        let ev = d.evidence(&e, Reason::OverBudget);
+        assert_eq!(
+            (ev.basis, ev.retries_within_budget),
+            (Basis::OwnerBudget, true)
+        );
+    }
+    // Under budget: nothing to decide at all.
+    let e = with_sources(
+        stats(100, 5, ClaimCounts::default()),
+        claimed(40),
+        ClaimCounts::default(),
+    );
+    assert_eq!(d.condition(&e, false), None);
+}
+
+/// Once the callee turns out to own its errors, a decision that stopped retries turns into one
+/// that caps them, at once (same id, new reason and basis); a change of basis alone is news too.
+#[test]
+fn a_change_of_basis_is_sent_at_once_and_a_lift_repeats_the_evidence() {
+    let cfg = DecideConfig {
+        hysteresis_ms: 1_000,
+        ..DecideConfig::default()
+    };
+    let mut d = Decider::new(cfg);
+    let none = ClaimCounts::default();
+    let first = d.evaluate_edges(
+        &[with_sources(stats(100, 50, none), unclaimed(10), none)],
+        S,
+    );
+    let owner = ClaimCounts {
+        claimed: 30,
+        ..none
+    };
+    let turned = d.evaluate_edges(&[with_sources(stats(100, 50, none), owner, none)], 2 * S);
+    assert_eq!(turned.len(), 1);
+    assert_eq!(turned[0].id, first[0].id);
+    assert_eq!(
+        (turned[0].reason, evidence(&turned[0]).basis),
+        (Reason::OverBudget, Basis::OwnerBudget)
+    );
+    // Same reason, ownership lost (all missing now): budget alone.
+    let missing = ClaimCounts {
+        missing: 30,
+        ..none
+    };
+    let lost = d.evaluate_edges(&[with_sources(stats(100, 50, none), missing, none)], 3 * S);
+    assert_eq!(lost.len(), 1);
+    assert_eq!(
+        (lost[0].reason, evidence(&lost[0]).basis),
+        (Reason::OverBudget, Basis::Budget)
+    );
+    assert!(
+        d.evaluate_edges(&[with_sources(stats(100, 50, none), missing, none)], 4 * S)
+            .is_empty()
+    );
+    let lifted = d.evaluate_edges(&[stats(100, 0, none)], 6 * S);
+    assert_eq!(lifted[0].action, Action::Allow);
+    assert_eq!(
+        evidence(&lifted[0]).basis,
+        Basis::Budget,
+        "the lift says what it lifts"
+    );
+}
+
+/// A burst evaluation only starts ownership decisions: never a budget cap, never on the edge
+/// into an owner, never a renewal or a lift (the tick keeps those).
+#[test]
+fn a_burst_only_starts_ownership_decisions() {
+    let mut d = Decider::new(DecideConfig::default());
+    let owner = ClaimCounts {
+        claimed: 30,
+        ..ClaimCounts::default()
+    };
+    let edges = [
+        stats(100, 90, owner),
+        stats(100, 90, ClaimCounts::default()),
+    ];
+    assert!(
+        d.evaluate_burst(&edges, S).is_empty(),
+        "budget waits for the tick"
+    );
+    let mut disowned = stats(100, 50, unclaimed(5));
+    disowned.edge.caller = ServiceId::new("z");
+    let got = d.evaluate_burst(&[disowned.clone()], S);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].reason, evidence(&got[0]).basis),
+        (Reason::CalleeUnclaimed, Basis::Verdicts)
+    );
+    assert!(
+        d.evaluate_burst(&[disowned], 2 * S).is_empty(),
+        "no renewal in a burst"
+    );
+    assert!(
+        d.evaluate_burst(&[stats(100, 50, unclaimed(4))], S)
+            .is_empty(),
+        "the minimum of failures holds"
+    );
+}
