@@ -9,7 +9,7 @@ use std::{
 
 use super::*;
 use crate::{
-    correlate::{Edge, ServiceId},
+    correlate::ServiceId,
     decide::{Action, Reason},
 };
 

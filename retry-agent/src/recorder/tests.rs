@@ -7,7 +7,6 @@ use bytes::Bytes;
 use super::{format::BlockSpan, *};
 use crate::{
     capture::{ConnId, DataEvent, Direction, Role, Syscall},
-    correlate::{Edge, ServiceId},
     decide::Reason,
     pipeline::{Pipeline, Record, StageOutput},
     testkit::{synth, temp_dir},

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::{
-    correlate::{ClaimCounts, Edge, ServiceId},
+    correlate::{ClaimCounts, ServiceId},
     decide::Action,
 };
 
