@@ -96,7 +96,7 @@ pub fn container_id(cgroup: &str) -> Option<String> {
     cgroup
         .split(['/', '-', '.', ':'])
         .filter(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))
-        .last()
+        .next_back()
         .map(str::to_string)
 }
 

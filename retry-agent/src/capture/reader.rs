@@ -149,7 +149,7 @@ impl Reader {
             Err(e) => {
                 let n = self.stats.0.decode_errors.fetch_add(1, Ordering::Relaxed);
                 // Rate-limited: the first few and then every 1000th.
-                if n < 5 || n % 1000 == 0 {
+                if n < 5 || n.is_multiple_of(1000) {
                     tracing::warn!(error = %e, total = n + 1, "malformed capture record");
                 }
                 true
