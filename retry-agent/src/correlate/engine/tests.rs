@@ -1019,6 +1019,7 @@ fn names_default_to_comm_and_port_and_overflow_to_other() {
             netns: Some(1),
             host_netns: None,
             workload: None,
+            parent: None,
         });
     }
     let t = 1_000 * MS;
@@ -1054,6 +1055,7 @@ fn processes_gone_before_they_were_read_are_named_by_their_exit() {
         netns: Some(1),
         host_netns: None,
         workload: None,
+        parent: None,
     });
     let mut t = 1_000 * MS;
     for i in 0..40u32 {
@@ -1632,6 +1634,7 @@ mod names {
             netns: Some(netns),
             host_netns: Some(HOST_NS),
             workload,
+            parent: None,
         }
     }
 
