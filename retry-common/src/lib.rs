@@ -205,7 +205,9 @@ pub struct ConnRecord {
     /// TCP states for events derived from `inet_sock_set_state` (0 otherwise).
     pub oldstate: u32,
     pub newstate: u32,
-    pub _pad: u32,
+    /// For an accept adopted across fork (retry-ebpf's `syscalls::fork`): the tgid that accepted
+    /// it, whose process this one was forked from. 0 otherwise.
+    pub parent: u32,
     pub generation: u64,
     pub ts_ns: u64,
     pub tuple: SockTuple,

@@ -43,7 +43,7 @@ fn data_record_layout() {
 fn conn_record_layout() {
     layout!(ConnRecord, size 96, {
         kind @ 0, 4; conn_kind @ 4, 4; pid @ 8, 4; tid @ 12, 4; fd @ 16, 4; role @ 20, 4;
-        errno @ 24, 4; oldstate @ 28, 4; newstate @ 32, 4; _pad @ 36, 4; generation @ 40, 8;
+        errno @ 24, 4; oldstate @ 28, 4; newstate @ 32, 4; parent @ 36, 4; generation @ 40, 8;
         ts_ns @ 48, 8; tuple @ 56, 40;
     });
 }

@@ -52,6 +52,23 @@ pub fn emit_conn(
     generation: u64,
     tuple: &SockTuple,
 ) {
+    emit_conn_from(kind, pid_tgid, fd, role, errno, states, generation, tuple, 0);
+}
+
+/// [`emit_conn`] for a connection handed down by process `parent` (0: none).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn emit_conn_from(
+    kind: u32,
+    pid_tgid: u64,
+    fd: u32,
+    role: u32,
+    errno: i32,
+    states: (u32, u32),
+    generation: u64,
+    tuple: &SockTuple,
+    parent: u32,
+) {
     let rec = ConnRecord {
         kind: KIND_CONN,
         conn_kind: kind,
@@ -62,7 +79,7 @@ pub fn emit_conn(
         errno,
         oldstate: states.0,
         newstate: states.1,
-        _pad: 0,
+        parent,
         generation,
         ts_ns: now(),
         tuple: *tuple,

@@ -77,7 +77,16 @@ pub static LAST_ACCEPT: LruHashMap<u32, LastAccept> = LruHashMap::with_max_entri
 /// parent, before the child can run) until the child's first return from the fork adopts it.
 /// New threads get entries too (the tracepoint cannot tell them apart); they drop theirs there.
 #[map]
-pub static INHERITED: LruHashMap<u32, ConnInfo> = LruHashMap::with_max_entries(4096, 0);
+pub static INHERITED: LruHashMap<u32, Inherited> = LruHashMap::with_max_entries(4096, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Inherited {
+    pub info: ConnInfo,
+    /// The tgid that forked (and accepted the connection).
+    pub parent: u32,
+    pub _pad: u32,
+}
 
 /// Kernel-only scratch: twice the payload so that "offset < MAX_PAYLOAD, length ≤ MAX_PAYLOAD"
 /// (what the verifier can prove for each iovec copy) always stays inside the value.

@@ -24,8 +24,12 @@ const PATHS: [&str; 3] = ["/a.html", "/b.html", "/c.html"];
 /// test cannot know in advance), or describes a process (for names).
 fn about_port(port: u16) -> impl FnMut(&Event) -> bool {
     move |e| match e {
-        Event::Data(d) => d.tuple.is_some_and(|t| t.local.port() == port || t.remote.port() == port),
-        Event::Conn(c) => c.tuple.is_some_and(|t| t.local.port() == port || t.remote.port() == port),
+        Event::Data(d) => d
+            .tuple
+            .is_some_and(|t| t.local.port() == port || t.remote.port() == port),
+        Event::Conn(c) => c
+            .tuple
+            .is_some_and(|t| t.local.port() == port || t.remote.port() == port),
         Event::Process(_) | Event::ProcessExit { .. } => true,
     }
 }
@@ -66,14 +70,15 @@ async fn serve_and_check(cap: &mut Capture, server: &Proc, port: u16, comm: &str
         dump(&events)
     );
     assert_eq!(served.len(), PATHS.len(), "{served:?}");
-    assert!(
-        served.iter().all(|x| x.status == Some(200)),
-        "{served:?}"
-    );
+    assert!(served.iter().all(|x| x.status == Some(200)), "{served:?}");
     // Served by children: the parent only accepted.
     let pids: BTreeSet<u32> = served.iter().map(|x| x.pid).collect();
     assert!(!pids.contains(&server.pid()), "the parent served: {pids:?}");
-    assert_eq!(pids.len(), PATHS.len(), "one child per connection: {pids:?}");
+    assert_eq!(
+        pids.len(),
+        PATHS.len(),
+        "one child per connection: {pids:?}"
+    );
 
     // The client's edge ends at the service the children are, by its name.
     let edges = d.engine.edges();
@@ -86,7 +91,10 @@ async fn serve_and_check(cap: &mut Capture, server: &Proc, port: u16, comm: &str
             panic!("no edge {want} in {names:?}")
         });
     assert_eq!(edge.requests, PATHS.len() as u64, "{edge:?}");
-    eprintln!("{want}: {} requests, served by children {pids:?}", edge.requests);
+    eprintln!(
+        "{want}: {} requests, served by children {pids:?}",
+        edge.requests
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,6 +48,15 @@ pub fn exec_pid(raw: &[u8]) -> Option<u32> {
     (r.kind == retry_common::KIND_PROCESS_EXEC).then_some(r.pid)
 }
 
+/// For a connection record that adopts a connection across fork, (child pid, parent pid): the
+/// reader describes a child gone before /proc was read as its parent (same image, cgroup and
+/// network namespace until an exec).
+pub fn inherited_from(raw: &[u8]) -> Option<(u32, u32)> {
+    let r: ConnRecord = read(raw, "connection record").ok()?;
+    (r.kind == retry_common::KIND_CONN && r.conn_kind == conn_kind::ACCEPT && r.parent != 0)
+        .then_some((r.pid, r.parent))
+}
+
 /// The comm a process-exit record carries (`None` for any other record, or an empty name): the
 /// reader names a process by it when the process was gone before /proc could describe it.
 pub fn exit_comm(raw: &[u8]) -> Option<String> {

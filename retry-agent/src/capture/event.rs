@@ -161,6 +161,10 @@ pub struct ProcessInfo {
     /// again then). Recorded, so a replay names services as the live run did.
     #[serde(default)]
     pub workload: Option<WorkloadName>,
+    /// The process it was forked from, when it was first seen serving a connection that one
+    /// accepted (a pre-forking server's child): it is in its parent's container.
+    #[serde(default)]
+    pub parent: Option<u32>,
 }
 
 impl ProcessInfo {
@@ -175,6 +179,7 @@ impl ProcessInfo {
             netns: None,
             host_netns: None,
             workload: None,
+            parent: None,
         }
     }
 }

@@ -367,6 +367,7 @@ impl Capture {
                 seen: HashMap::new(),
                 ignored: HashSet::new(),
                 nameless: HashSet::new(),
+                forked_from: HashMap::new(),
                 own_exe: own_exe::OwnExe::current(),
                 agent_tgids,
             };

@@ -129,6 +129,7 @@ pub fn process_info(proc_root: &Path, pid: u32) -> ProcessInfo {
         netns,
         host_netns,
         workload: None,
+        parent: None,
     }
 }
 

@@ -14,6 +14,9 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use super::{ConnEventKind, Event, ProcessInfo, StatsHandle, decode, own_exe::OwnExe, procfs};
 
+/// Bound on `Reader::forked_from` (entries normally live one record long).
+const FORKED_FROM_MAX: usize = 4096;
+
 /// The ring reader task's state.
 pub(super) struct Reader {
     pub(super) tx: mpsc::Sender<Event>,
@@ -36,6 +39,9 @@ pub(super) struct Reader {
     /// Pids described with no name (gone from /proc before they were read): their exit record
     /// names them. Entries go with the exit, like `seen`'s.
     pub(super) nameless: HashSet<u32>,
+    /// Children whose first record adopted a connection across fork, by pid, until described:
+    /// their parent's pid.
+    pub(super) forked_from: HashMap<u32, u32>,
 }
 
 impl Reader {
@@ -134,6 +140,12 @@ impl Reader {
             }
             return true;
         }
+        if let Some((child, parent)) = decode::inherited_from(raw)
+            && !self.seen.contains_key(&child)
+            && self.forked_from.len() < FORKED_FROM_MAX
+        {
+            self.forked_from.insert(child, parent);
+        }
         match decode::decode(raw) {
             Ok(ev) => {
                 self.stats.0.events.fetch_add(1, Ordering::Relaxed);
@@ -228,9 +240,18 @@ impl Reader {
         self.send(ev)
     }
 
-    /// Reads a process's metadata; one already gone (no name) is named by its exit record.
+    /// Reads a process's metadata; one already gone (no name) is described as the parent it was
+    /// forked from, if known (short-lived pre-forked children), else named by its exit record.
     fn describe(&mut self, pid: u32) -> ProcessInfo {
-        let info = procfs::process_info(&self.proc_root, pid);
+        let parent = self.forked_from.remove(&pid);
+        let mut info = procfs::process_info(&self.proc_root, pid);
+        if let Some(parent) = parent {
+            if info.comm.is_empty() {
+                info = procfs::process_info(&self.proc_root, parent);
+                info.pid = pid;
+            }
+            info.parent = Some(parent);
+        }
         if info.comm.is_empty() {
             self.nameless.insert(pid);
         } else {

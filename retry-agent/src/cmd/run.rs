@@ -252,6 +252,9 @@ fn validate(args: &RunArgs) -> Result<(), InvalidConfig> {
 fn with_identity(ev: Event, identity: &Identity) -> Event {
     match ev {
         Event::Process(mut p) => {
+            if let Some(parent) = p.parent {
+                identity.inherit(p.pid, parent);
+            }
             identity.observe(p.pid);
             if p.workload.is_none() {
                 p.workload = identity.pid(p.pid);

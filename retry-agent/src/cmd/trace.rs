@@ -233,6 +233,7 @@ mod tests {
             netns: None,
             host_netns: None,
             workload: None,
+            parent: None,
         })
     }
 

@@ -249,6 +249,14 @@ impl Identity {
         }
     }
 
+    /// `pid` was forked from `parent` (and has not exec'd: capture saw it serve what the parent
+    /// accepted): it is in the parent's container, so it takes the parent's entry without a
+    /// /proc read a short-lived child would often lose. Nothing happens while the parent is
+    /// unknown (`observe` then resolves the child itself).
+    pub fn inherit(&self, pid: u32, parent: u32) {
+        self.shared.inherit(pid, parent);
+    }
+
     /// The process exited.
     pub fn forget(&self, pid: u32) {
         self.shared.forget(pid);

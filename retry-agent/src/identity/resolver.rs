@@ -77,6 +77,13 @@ impl Shared {
         }
     }
 
+    pub(crate) fn inherit(&self, pid: u32, parent: u32) {
+        let entry = self.pids.read().ok().and_then(|m| m.get(&parent).cloned());
+        if let Some(e) = entry {
+            self.set_pid(pid, e);
+        }
+    }
+
     pub(crate) fn name_of_pid(&self, pid: u32) -> Option<WorkloadName> {
         let id = match self.pids.read().ok()?.get(&pid)? {
             PidEntry::Host => return None,

@@ -155,6 +155,7 @@ impl StormScenario {
                 netns: Some(4026531840),
                 host_netns: Some(4026531840),
                 workload: None,
+                parent: None,
             }));
         }
         let (fe, api_in) = link((100, 10, 101), 40000, (200, 20, 201), 8080);

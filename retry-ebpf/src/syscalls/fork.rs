@@ -23,8 +23,8 @@ use retry_common::{ConnInfo, ConnKey, SockOwner, conn_kind};
 use super::conn::forget_fd;
 use crate::{
     ctx::{exit_ret, fd_walk_known, now, sock_of_fd},
-    emit::emit_conn,
-    maps::{CONNS, INHERITED, LAST_ACCEPT, LastAccept, SOCKS},
+    emit::emit_conn_from,
+    maps::{CONNS, INHERITED, Inherited, LAST_ACCEPT, LastAccept, SOCKS},
 };
 
 /// Called by accept's exit for every tracked connection it accepted.
@@ -60,7 +60,7 @@ fn try_process_fork(ctx: &TracePointContext) -> Result<(), i32> {
     };
     // SAFETY: `pid_t child_pid` at 20 in sched_process_fork's format.
     let child: i32 = unsafe { ctx.read_at(20)? };
-    INHERITED.insert(&(child as u32), &info, 0).map_err(|e| e as i32)
+    INHERITED.insert(&(child as u32), &Inherited { info, parent: tgid, _pad: 0 }, 0).map_err(|e| e as i32)
 }
 
 #[tracepoint(category = "sched", name = "sched_process_fork")]
@@ -77,9 +77,9 @@ fn try_exit_fork(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
-    let info = match INHERITED.get_ptr(&tid) {
+    let (info, parent) = match INHERITED.get_ptr(&tid) {
         // SAFETY: copied out before removal.
-        Some(p) => unsafe { *p },
+        Some(p) => unsafe { ((*p).info, (*p).parent) },
         None => return Ok(()),
     };
     let _ = INHERITED.remove(&tid);
@@ -96,8 +96,9 @@ fn try_exit_fork(ctx: &TracePointContext) -> Result<(), i32> {
         let _ = SOCKS.insert(&info.skaddr, &owner, 0);
     }
     // To userspace an adopted connection is one the child accepted (a server connection seen
-    // from its start: the parent passes it on before reading).
-    emit_conn(conn_kind::ACCEPT, pid_tgid, info.fd, info.role, 0, (0, 0), generation, &info.tuple);
+    // from its start: the parent passes it on before reading), forked from `parent` (userspace
+    // describes a child gone before /proc was read by its parent).
+    emit_conn_from(conn_kind::ACCEPT, pid_tgid, info.fd, info.role, 0, (0, 0), generation, &info.tuple, parent);
     Ok(())
 }
 

@@ -1057,6 +1057,7 @@ fn names_default_to_comm_and_port_and_overflow_to_other() {
             netns: Some(1),
             host_netns: None,
             workload: None,
+            parent: None,
         });
     }
     let t = 1_000 * MS;
@@ -1092,6 +1093,7 @@ fn processes_gone_before_they_were_read_are_named_by_their_exit() {
         netns: Some(1),
         host_netns: None,
         workload: None,
+        parent: None,
     });
     let mut t = 1_000 * MS;
     for i in 0..40u32 {
@@ -1675,6 +1677,7 @@ mod names {
             netns: Some(netns),
             host_netns: Some(HOST_NS),
             workload,
+            parent: None,
         }
     }
 
