@@ -284,6 +284,9 @@ impl Pipeline {
     }
 }
 
+#[cfg(test)]
+mod tests;
+
 /// Whether this push produced evidence that a callee disowns its errors.
 fn disowned(out: &StageOutput, mark: (usize, usize, usize, usize)) -> bool {
     let vs = out.verdicts.get(mark.1..).unwrap_or_default();

@@ -227,16 +227,28 @@ impl Decider {
         out
     }
 
-    /// A burst evaluation between ticks: only new ownership decisions (`callee_unclaimed`) on
-    /// edges without one. Nothing is renewed, lifted or capped here (the tick does that), so
-    /// an edge into an owner, whose claims are mostly `claimed`, is never touched, and budget
-    /// decisions keep their minimum of requests over complete buckets.
+    /// A burst evaluation between ticks: only ownership decisions (`callee_unclaimed`), new or
+    /// turning a budget cap already in force into a stop (same id). Nothing is renewed, lifted
+    /// or capped here (the tick does that), so an edge into an owner, whose claims are mostly
+    /// `claimed`, is never touched, and budget decisions keep their minimum of requests over
+    /// complete buckets.
     pub fn evaluate_burst(&mut self, edges: &[EdgeStats], now_ns: u64) -> Vec<Decision> {
         let mut out = Vec::new();
         for e in edges {
-            if self.active.contains_key(&e.edge)
+            let reason = self.active.get(&e.edge).map(|a| a.decision.reason);
+            if reason == Some(Reason::CalleeUnclaimed)
                 || self.condition(e, false) != Some(Reason::CalleeUnclaimed)
             {
+                continue;
+            }
+            let evidence = self.evidence(e, Reason::CalleeUnclaimed);
+            if let Some(a) = self.active.get_mut(&e.edge) {
+                a.last_true_ns = now_ns;
+                a.decision.reason = Reason::CalleeUnclaimed;
+                a.decision.issued_at_ns = now_ns;
+                a.decision.callee_addrs = e.callee_addrs.clone();
+                a.decision.evidence = Some(evidence);
+                out.push(a.decision.clone());
                 continue;
             }
             let d = self.issue(e, Reason::CalleeUnclaimed, now_ns);

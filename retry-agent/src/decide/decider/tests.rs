@@ -392,6 +392,19 @@ fn a_burst_only_starts_ownership_decisions() {
         d.evaluate_burst(&[disowned], 2 * S).is_empty(),
         "no renewal in a burst"
     );
+    // A budget cap in force turns into a stop as soon as the callee disowns its errors.
+    let mut capped = stats(100, 50, ClaimCounts::default());
+    capped.edge.caller = ServiceId::new("y");
+    let cap = d.evaluate_edges(&[capped.clone()], 3 * S);
+    assert_eq!(cap.len(), 1);
+    assert_eq!(cap[0].reason, Reason::OverBudget);
+    capped.callee_claims = unclaimed(6);
+    let stop = d.evaluate_burst(&[capped], 3 * S + S / 10);
+    assert_eq!(stop.len(), 1);
+    assert_eq!(
+        (stop[0].id, stop[0].reason),
+        (cap[0].id, Reason::CalleeUnclaimed)
+    );
     assert!(
         d.evaluate_burst(&[stats(100, 50, unclaimed(4))], S)
             .is_empty(),

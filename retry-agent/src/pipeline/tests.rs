@@ -1,0 +1,60 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use super::*;
+use crate::{decide::Reason, testkit::StormScenario};
+
+/// First ownership decision on the synthetic storm (db fails from 11 s on), with and without
+/// the burst path, and every decision the run made.
+fn run(burst: bool) -> (u64, Vec<Decision>) {
+    let decide = DecideConfig {
+        burst,
+        ..DecideConfig::default()
+    };
+    let mut p = Pipeline::new(L7Config::default(), CorrelateConfig::default(), decide);
+    let mut out = StageOutput::default();
+    for ev in &StormScenario::default().events() {
+        p.push(ev, &mut out);
+    }
+    let first = out
+        .decisions
+        .iter()
+        .filter(|d| d.reason == Reason::CalleeUnclaimed)
+        .map(|d| d.issued_at_ns)
+        .min()
+        .expect("the storm is suppressed above the owner");
+    (first, out.decisions)
+}
+
+#[test]
+fn a_burst_decides_ownership_before_the_bucket_completes() {
+    const ONSET: u64 = 11_000_000_000;
+    let (tick, tick_all) = run(false);
+    let (burst, burst_all) = run(true);
+    assert!(burst < tick, "burst {burst} vs tick {tick}");
+    assert!(
+        burst.saturating_sub(ONSET) < 500_000_000,
+        "onset → decision {} ms",
+        burst.saturating_sub(ONSET) / 1_000_000
+    );
+    // The same edges end up decided with the same reasons; the edge into the owner (api → db)
+    // is only ever capped, never stopped.
+    let edges = |ds: &[Decision]| {
+        let mut v: Vec<(String, Reason)> =
+            ds.iter().map(|d| (d.edge.to_string(), d.reason)).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.as_str().cmp(b.1.as_str())));
+        v.dedup();
+        v
+    };
+    assert_eq!(edges(&burst_all), edges(&tick_all));
+    let into_owner: Vec<_> = burst_all
+        .iter()
+        .filter(|d| d.edge.callee.as_str().starts_with("db"))
+        .collect();
+    assert!(!into_owner.is_empty(), "{burst_all:?}");
+    for d in into_owner {
+        let basis = d.evidence.as_ref().map(|e| e.basis);
+        assert_eq!(
+            (d.reason, basis),
+            (Reason::OverBudget, Some(crate::decide::Basis::OwnerBudget))
+        );
+    }
+}
