@@ -37,7 +37,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Deserialize;
 use tokio::net::TcpStream;
 
-use super::{ActiveSet, ActuateError, ActuateFuture, Actuator, control::unix_ms};
+use super::{ActiveSet, ActuateError, ActuateFuture, Actuator, control::unix_ms, wire};
 use crate::{correlate::Edge, decide::Decision};
 
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
@@ -370,7 +370,7 @@ impl EnvoyActuator {
             .insert(d.edge.clone(), targets.clone())
             .unwrap_or_default();
         // Round up so a sub-second TTL still covers the current second.
-        let until_s = (unix_ms() + d.ttl_ms).div_ceil(1000);
+        let until_s = unix_ms().saturating_add(wire::ms(d.ttl())).div_ceil(1000);
         for t in &targets {
             self.runtime_modify(&runtime_keys(t, Some(until_s))).await?;
         }

@@ -24,6 +24,7 @@ use tokio::{
 use super::{
     ActiveSet, ActuateError, ActuateFuture, Actuator,
     control::{addr_matches, unix_ms},
+    wire,
 };
 use crate::{correlate::Edge, decide::Decision};
 
@@ -130,7 +131,7 @@ impl HaproxyActuator {
             .insert(d.edge.clone(), keys.clone())
             .unwrap_or_default();
         // Round up so a sub-second TTL still suppresses for the current second.
-        let until_s = (unix_ms() + d.ttl_ms).div_ceil(1000);
+        let until_s = unix_ms().saturating_add(wire::ms(d.ttl())).div_ceil(1000);
         for k in &keys {
             self.upsert(k, &until_s.to_string()).await?;
         }

@@ -355,7 +355,11 @@ impl ActiveSet {
         for d in decisions {
             match d.action {
                 crate::decide::Action::SuppressRetries => {
-                    let until = now + std::time::Duration::from_millis(d.ttl_ms);
+                    // Capped TTL, checked addition: a deadline the clock cannot represent is
+                    // not enforced (fail open) rather than a panic.
+                    let Some(until) = now.checked_add(d.ttl()) else {
+                        continue;
+                    };
                     self.entries.insert(d.edge.clone(), (d.clone(), until));
                     ch.upserted.push(d.clone());
                 }

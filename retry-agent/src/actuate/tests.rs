@@ -1,3 +1,4 @@
+#![allow(clippy::expect_used)]
 use std::{
     net::SocketAddr,
     sync::{
@@ -153,6 +154,86 @@ fn active_set_expires_and_allow_lifts() {
     let ch = s.update(&[decision(3, "a", "b", "", Action::Allow, 0)], t0);
     assert_eq!(ch.removed.first().map(|d| d.id), Some(2));
     assert!(s.is_empty());
+}
+
+#[test]
+fn active_set_caps_a_huge_ttl() {
+    let mut s = ActiveSet::default();
+    let t0 = Instant::now();
+    let huge = decision(
+        1,
+        "a",
+        "b",
+        "127.0.0.1:80",
+        Action::SuppressRetries,
+        u64::MAX,
+    );
+    assert_eq!(s.update(&[huge], t0).upserted.len(), 1);
+    let cap = Duration::from_millis(crate::decide::MAX_TTL_MS);
+    assert_eq!(s.remaining(t0).map(|(_, left)| left).max(), Some(cap));
+    assert!(s.update(&[], t0 + cap).removed.len() == 1 && s.is_empty());
+}
+
+/// A hostile or broken agent sends `remaining_ms = u64::MAX`: the shim's follow task keeps
+/// following (it reads the next line on the same connection) and caps the entry's life.
+#[tokio::test]
+async fn a_control_line_with_u64_max_remaining_does_not_stop_the_follower() {
+    let path = tmp("huge.sock");
+    let _ = std::fs::remove_file(&path);
+    let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+    let view = control::ControlView::new();
+    let follower = tokio::spawn(control::follow(path.clone(), view.clone()));
+    let (mut agent, _) = listener.accept().await.expect("accept");
+    let line = |seq: u64, ms: u64| {
+        format!(
+            "{{\"v\":2,\"seq\":{seq},\"sent_unix_ms\":0,\
+             \"suppress\":[{{\"decision_id\":1,\"caller\":\"a\",\"callee\":\"b\",\
+             \"callee_addrs\":[\"127.0.0.1:8080\"],\"reason\":\"over_budget\",\"remaining_ms\":{ms}}}],\
+             \"claims\":[{{\"service\":\"b\",\"addrs\":[\"0.0.0.0:8080\"],\"claim\":\"claimed\",\"remaining_ms\":{ms}}}]}}\n"
+        )
+    };
+    let wait_seq = |want: u64| {
+        let view = view.clone();
+        async move {
+            let t0 = Instant::now();
+            while view.seq() != want {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(3),
+                    "shim never read seq {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let dst: SocketAddr = "127.0.0.1:8080".parse().expect("addr");
+    use tokio::io::AsyncWriteExt;
+    agent
+        .write_all(line(1, u64::MAX).as_bytes())
+        .await
+        .expect("write");
+    wait_seq(1).await;
+    let now = Instant::now();
+    let cap = Duration::from_millis(wire::MAX_REMAINING_MS);
+    assert_eq!(view.suppression(&dst, now), Some(Reason::OverBudget));
+    assert_eq!(view.claim(&dst, now), Some(crate::l7::Claim::Claimed));
+    assert_eq!(
+        view.suppression(&dst, now + cap + Duration::from_secs(1)),
+        None
+    );
+    assert_eq!(view.claim(&dst, now + cap + Duration::from_secs(1)), None);
+    // Still following, on the same connection.
+    agent
+        .write_all(line(2, 50).as_bytes())
+        .await
+        .expect("write");
+    wait_seq(2).await;
+    assert!(!follower.is_finished());
+    assert_eq!(
+        view.suppression(&dst, Instant::now() + Duration::from_millis(100)),
+        None
+    );
+    follower.abort();
+    let _ = std::fs::remove_file(&path);
 }
 
 // That the defaults are the flag defaults is checked for every config in `settings::tests`.

@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::correlate::Edge;
 
+/// Longest time to live a decision may carry (one hour). Everything that turns a TTL into a
+/// deadline caps it here first, so a TTL from a setting or a socket can neither overflow time
+/// arithmetic nor suppress for longer than an operator would notice.
+pub const MAX_TTL_MS: u64 = 3_600_000;
+
 /// Why retries on an edge must stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -75,4 +80,11 @@ pub struct Decision {
     pub reason: Reason,
     pub issued_at_ns: u64,
     pub ttl_ms: u64,
+}
+
+impl Decision {
+    /// The time to live, capped at [`MAX_TTL_MS`].
+    pub fn ttl(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ttl_ms.min(MAX_TTL_MS))
+    }
 }
