@@ -255,7 +255,10 @@ impl ControlView {
     /// Replaces the view with a snapshot received at `now`. Entries this build cannot read (a
     /// reason or claim from a newer minor revision) are left out: not acting is the safe side.
     pub fn replace(&self, snap: &Snapshot, now: Instant) {
-        let until = |ms: u64| now + Duration::from_millis(ms);
+        // Remaining times are capped (wire::MAX_REMAINING_MS) and the addition checked: no value
+        // on the socket can panic the follow task. An entry whose deadline cannot be
+        // represented is left out (not acting is the safe side).
+        let until = |left: Duration| now.checked_add(left);
         let mut v = self.inner.write().unwrap_or_else(|p| p.into_inner());
         v.suppress = snap
             .suppress
@@ -264,14 +267,14 @@ impl ControlView {
                 Some((
                     s.callee_addrs.clone(),
                     s.reason.known()?,
-                    until(s.remaining_ms),
+                    until(s.remaining())?,
                 ))
             })
             .collect();
         v.claims = snap
             .claims
             .iter()
-            .filter_map(|c| Some((c.addrs.clone(), c.claim.known()?, until(c.remaining_ms))))
+            .filter_map(|c| Some((c.addrs.clone(), c.claim.known()?, until(c.remaining())?)))
             .collect();
         v.seq = snap.seq;
         v.received = Some(now);

@@ -15,6 +15,9 @@
 //!   (the control socket's [`control::CLAIM_TTL`]). Actuators that have no use for claims ignore
 //!   them.
 //! - What crosses to the shims is [`wire`]'s: versioned wire types, not these.
+//! - Each actuator runs on its own task behind a coalescing mailbox ([`Dispatcher`]): an
+//!   actuator may be handed only the latest decision per edge (stale ones dropped, counted) and
+//!   ticks may merge, so `apply` must not rely on seeing every intermediate decision.
 use std::{fmt, future::Future, net::SocketAddr, path::PathBuf, pin::Pin};
 
 use clap::ValueEnum;
@@ -28,6 +31,7 @@ use crate::{
 
 pub mod control;
 pub mod decision_log;
+mod dispatch;
 pub mod envoy;
 pub mod haproxy;
 pub mod shim;
@@ -36,6 +40,8 @@ pub mod wire;
 
 /// Default path of the agent ↔ shim control socket.
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/retry-agent/control.sock";
+
+pub use dispatch::{ActuatorStats, Dispatcher, SHUTDOWN_TIMEOUT};
 
 /// Future returned by [`Actuator`] methods (boxed so the trait stays object safe).
 pub type ActuateFuture<'a> = Pin<Box<dyn Future<Output = Result<(), ActuateError>> + Send + 'a>>;
@@ -212,129 +218,6 @@ pub(crate) fn check_socket_path(p: &mut InvalidConfig, flag: &'static str, path:
     p.check(ok, flag, path.display(), "a socket path of 1 to 107 bytes");
 }
 
-/// Per-actuator outcome counters (for metrics and the API).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ActuatorStats {
-    pub name: &'static str,
-    pub ok: u64,
-    pub failed: u64,
-    pub last_error: Option<String>,
-}
-
-struct Slot {
-    actuator: Box<dyn Actuator>,
-    stats: ActuatorStats,
-}
-
-impl Slot {
-    fn record(&mut self, what: &'static str, r: Result<(), ActuateError>) {
-        match r {
-            Ok(()) => self.stats.ok += 1,
-            Err(e) => {
-                self.stats.failed += 1;
-                // Failures are expected (HAProxy restarting, no shim yet): warn, count, carry on.
-                tracing::warn!(actuator = self.stats.name, what, error = %e, "actuation failed");
-                self.stats.last_error = Some(e.to_string());
-            }
-        }
-    }
-}
-
-/// Fans decisions out to every configured actuator. Never fails and never panics because one
-/// actuator did: each outcome is counted per actuator.
-#[derive(Default)]
-pub struct Dispatcher {
-    slots: Vec<Slot>,
-}
-
-impl fmt::Debug for Dispatcher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list()
-            .entries(self.slots.iter().map(|s| &s.stats))
-            .finish()
-    }
-}
-
-impl Dispatcher {
-    /// Builds the configured actuators. Must run inside a tokio runtime (the control actuator
-    /// binds its socket and spawns its server task here, so shims can connect before the first
-    /// decision).
-    pub fn from_config(cfg: &ActuateConfig) -> Result<Dispatcher, ActuateError> {
-        let mut d = Dispatcher::default();
-        let mut seen = Vec::new();
-        for kind in &cfg.actuators {
-            if seen.contains(kind) {
-                continue;
-            }
-            seen.push(*kind);
-            let a: Box<dyn Actuator> = match kind {
-                ActuatorKind::Control => {
-                    Box::new(control::ControlActuator::bind(&cfg.control_socket)?)
-                }
-                ActuatorKind::Haproxy => Box::new(haproxy::HaproxyActuator::new(
-                    cfg.haproxy_socket.clone(),
-                    cfg.haproxy_map.clone(),
-                )),
-                ActuatorKind::Envoy => Box::new(envoy::EnvoyActuator::new(cfg.envoy_admin)),
-                ActuatorKind::DecisionLog => {
-                    Box::new(decision_log::DecisionLog::open(&cfg.decision_log)?)
-                }
-            };
-            d.push(a);
-        }
-        Ok(d)
-    }
-
-    /// Adds an actuator (tests, or callers assembling their own set).
-    pub fn push(&mut self, actuator: Box<dyn Actuator>) {
-        let name = actuator.name();
-        self.slots.push(Slot {
-            actuator,
-            stats: ActuatorStats {
-                name,
-                ..Default::default()
-            },
-        });
-    }
-
-    /// Sends new decisions to every actuator; failures are counted and logged.
-    pub async fn apply(&mut self, decisions: &[Decision]) {
-        for slot in &mut self.slots {
-            let r = slot.actuator.apply(decisions).await;
-            slot.record("apply", r);
-        }
-    }
-
-    /// Expiry tick: `apply(&[])`. Call about once a second.
-    pub async fn tick(&mut self) {
-        self.apply(&[]).await;
-    }
-
-    /// The agent is stopping: every actuator removes what would outlive it.
-    pub async fn shutdown(&mut self) {
-        for slot in &mut self.slots {
-            let r = slot.actuator.shutdown().await;
-            slot.record("shutdown", r);
-        }
-    }
-
-    /// Replaces the per-service claims on every actuator that uses them.
-    pub async fn publish_claims(&mut self, claims: &[ServiceClaim]) {
-        for slot in &mut self.slots {
-            let r = slot.actuator.publish_claims(claims).await;
-            slot.record("publish_claims", r);
-        }
-    }
-
-    pub fn stats(&self) -> Vec<ActuatorStats> {
-        self.slots.iter().map(|s| s.stats.clone()).collect()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-}
-
 /// `a, b, c`: addresses as users read them (not `[a, b]` Debug output).
 pub(crate) fn addr_list(addrs: &[SocketAddr]) -> String {
     if addrs.is_empty() {
@@ -368,7 +251,11 @@ impl ActiveSet {
         for d in decisions {
             match d.action {
                 crate::decide::Action::SuppressRetries => {
-                    let until = now + std::time::Duration::from_millis(d.ttl_ms);
+                    // Capped TTL, checked addition: a deadline the clock cannot represent is
+                    // not enforced (fail open) rather than a panic.
+                    let Some(until) = now.checked_add(d.ttl()) else {
+                        continue;
+                    };
                     self.entries.insert(d.edge.clone(), (d.clone(), until));
                     ch.upserted.push(d.clone());
                 }

@@ -121,10 +121,10 @@ impl<P: TargetProxy> Held<P> {
             .by_edge
             .insert(d.edge.clone(), targets.clone())
             .unwrap_or_default();
-        // Round up so a sub-second TTL still covers the current second; saturating, so a
-        // nonsense TTL means "until lifted", never a wrapped past.
+        // Round up so a sub-second TTL still covers the current second; the TTL is capped
+        // (`Decision::ttl`) and the sum saturates, so no TTL wraps into the past.
         let until_s = super::control::unix_ms()
-            .saturating_add(d.ttl_ms)
+            .saturating_add(super::wire::ms(d.ttl()))
             .div_ceil(1000);
         for t in &targets {
             self.proxy.set(t, until_s).await?;

@@ -1,3 +1,4 @@
+#![allow(clippy::expect_used)]
 use std::{
     net::SocketAddr,
     sync::{
@@ -49,20 +50,113 @@ impl Actuator for Flaky {
     }
 }
 
+/// Waits (up to 3 s) until `done` holds for the dispatcher's stats.
+async fn settle(d: &Dispatcher, done: impl Fn(&[ActuatorStats]) -> bool) {
+    let t0 = Instant::now();
+    while !done(&d.stats()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "stuck at {:?}",
+            d.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 #[tokio::test]
 async fn dispatcher_counts_failures_and_keeps_going() {
     let calls = Arc::new(AtomicU32::new(0));
     let mut d = Dispatcher::default();
-    d.push(Box::new(Flaky(calls.clone())));
-    d.push(Box::new(Flaky(Arc::new(AtomicU32::new(1)))));
-    for _ in 0..3 {
-        d.apply(&[]).await;
+    d.push(Box::new(Flaky(calls.clone()))).expect("push");
+    d.push(Box::new(Flaky(Arc::new(AtomicU32::new(1)))))
+        .expect("push");
+    for n in 1..=3 {
+        d.apply(&[]);
+        settle(&d, |s| s.iter().all(|s| s.ok + s.failed == n)).await;
     }
     let s = d.stats();
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     assert_eq!((s[0].ok, s[0].failed), (1, 2));
     assert_eq!((s[1].ok, s[1].failed), (2, 1));
     assert_eq!(s[0].last_error.as_deref(), Some("boom"));
+}
+
+/// Never answers (an HAProxy socket that accepted and went silent).
+struct Hung;
+impl Actuator for Hung {
+    fn name(&self) -> &'static str {
+        "hung"
+    }
+    fn apply<'a>(&'a mut self, _d: &'a [Decision]) -> ActuateFuture<'a> {
+        Box::pin(std::future::pending())
+    }
+    fn shutdown(&mut self) -> ActuateFuture<'_> {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// Records the ids it is handed, and its claims sets.
+struct Recording(Arc<std::sync::Mutex<(Vec<u64>, usize)>>);
+impl Actuator for Recording {
+    fn name(&self) -> &'static str {
+        "recording"
+    }
+    fn apply<'a>(&'a mut self, d: &'a [Decision]) -> ActuateFuture<'a> {
+        if let Ok(mut seen) = self.0.lock() {
+            seen.0.extend(d.iter().map(|d| d.id));
+        }
+        Box::pin(async { Ok(()) })
+    }
+    fn publish_claims<'a>(&'a mut self, _c: &'a [ServiceClaim]) -> ActuateFuture<'a> {
+        if let Ok(mut seen) = self.0.lock() {
+            seen.1 += 1;
+        }
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test]
+async fn a_hung_actuator_delays_no_other_and_keeps_only_the_latest() {
+    let seen = Arc::new(std::sync::Mutex::new((Vec::new(), 0)));
+    let mut d = Dispatcher::default();
+    d.push(Box::new(Hung)).expect("push");
+    d.push(Box::new(Recording(seen.clone()))).expect("push");
+    let suppress = |id, callee| {
+        decision(
+            id,
+            "a",
+            callee,
+            "127.0.0.1:80",
+            Action::SuppressRetries,
+            1000,
+        )
+    };
+    for id in 1..=50 {
+        // Every call returns at once although `hung` never finishes its first apply.
+        d.apply(&[suppress(id, if id % 2 == 0 { "b" } else { "c" })]);
+        d.publish_claims(&[]);
+        settle(&d, |s| s[1].ok >= 2 * id).await;
+    }
+    let recorded = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert_eq!(
+        recorded.0,
+        (1..=50).collect::<Vec<_>>(),
+        "recording saw every decision"
+    );
+    assert_eq!(recorded.1, 50);
+    let s = d.stats();
+    // `hung` took decision 1; of 2..=50 only the latest per edge (49 for c, 50 for b) waits.
+    assert_eq!((s[0].ok, s[0].failed, s[0].dropped), (0, 0, 47));
+    assert_eq!(s[1].dropped, 0);
+    let t0 = Instant::now();
+    d.shutdown(Duration::from_millis(200)).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "shutdown waited past its timeout"
+    );
+    let s = d.stats();
+    assert_eq!((s[0].failed, s[1].failed), (1, 0), "{s:?}");
+    assert_eq!(s[1].ok, 101, "recording shut down");
 }
 
 /// Counts shutdowns; fails the first one.
@@ -90,10 +184,11 @@ impl Actuator for Stopping {
 async fn dispatcher_shuts_every_actuator_down_even_after_a_failure() {
     let (a, b) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(1)));
     let mut d = Dispatcher::default();
-    d.push(Box::new(Stopping(a.clone())));
-    d.push(Box::new(Flaky(Arc::new(AtomicU32::new(0)))));
-    d.push(Box::new(Stopping(b.clone())));
-    d.shutdown().await;
+    d.push(Box::new(Stopping(a.clone()))).expect("push");
+    d.push(Box::new(Flaky(Arc::new(AtomicU32::new(0)))))
+        .expect("push");
+    d.push(Box::new(Stopping(b.clone()))).expect("push");
+    d.shutdown(SHUTDOWN_TIMEOUT).await;
     assert_eq!(
         (a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)),
         (1, 2),
@@ -146,6 +241,86 @@ fn active_set_expires_and_allow_lifts() {
     let ch = s.update(&[decision(3, "a", "b", "", Action::Allow, 0)], t0);
     assert_eq!(ch.removed.first().map(|d| d.id), Some(2));
     assert!(s.is_empty());
+}
+
+#[test]
+fn active_set_caps_a_huge_ttl() {
+    let mut s = ActiveSet::default();
+    let t0 = Instant::now();
+    let huge = decision(
+        1,
+        "a",
+        "b",
+        "127.0.0.1:80",
+        Action::SuppressRetries,
+        u64::MAX,
+    );
+    assert_eq!(s.update(&[huge], t0).upserted.len(), 1);
+    let cap = Duration::from_millis(crate::decide::MAX_TTL_MS);
+    assert_eq!(s.remaining(t0).map(|(_, left)| left).max(), Some(cap));
+    assert!(s.update(&[], t0 + cap).removed.len() == 1 && s.is_empty());
+}
+
+/// A hostile or broken agent sends `remaining_ms = u64::MAX`: the shim's follow task keeps
+/// following (it reads the next line on the same connection) and caps the entry's life.
+#[tokio::test]
+async fn a_control_line_with_u64_max_remaining_does_not_stop_the_follower() {
+    let path = tmp("huge.sock");
+    let _ = std::fs::remove_file(&path);
+    let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+    let view = control::ControlView::new();
+    let follower = tokio::spawn(control::follow(path.clone(), view.clone()));
+    let (mut agent, _) = listener.accept().await.expect("accept");
+    let line = |seq: u64, ms: u64| {
+        format!(
+            "{{\"v\":2,\"seq\":{seq},\"sent_unix_ms\":0,\
+             \"suppress\":[{{\"decision_id\":1,\"caller\":\"a\",\"callee\":\"b\",\
+             \"callee_addrs\":[\"127.0.0.1:8080\"],\"reason\":\"over_budget\",\"remaining_ms\":{ms}}}],\
+             \"claims\":[{{\"service\":\"b\",\"addrs\":[\"0.0.0.0:8080\"],\"claim\":\"claimed\",\"remaining_ms\":{ms}}}]}}\n"
+        )
+    };
+    let wait_seq = |want: u64| {
+        let view = view.clone();
+        async move {
+            let t0 = Instant::now();
+            while view.seq() != want {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(3),
+                    "shim never read seq {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let dst: SocketAddr = "127.0.0.1:8080".parse().expect("addr");
+    use tokio::io::AsyncWriteExt;
+    agent
+        .write_all(line(1, u64::MAX).as_bytes())
+        .await
+        .expect("write");
+    wait_seq(1).await;
+    let now = Instant::now();
+    let cap = Duration::from_millis(wire::MAX_REMAINING_MS);
+    assert_eq!(view.suppression(&dst, now), Some(Reason::OverBudget));
+    assert_eq!(view.claim(&dst, now), Some(crate::l7::Claim::Claimed));
+    assert_eq!(
+        view.suppression(&dst, now + cap + Duration::from_secs(1)),
+        None
+    );
+    assert_eq!(view.claim(&dst, now + cap + Duration::from_secs(1)), None);
+    // Still following, on the same connection.
+    agent
+        .write_all(line(2, 50).as_bytes())
+        .await
+        .expect("write");
+    wait_seq(2).await;
+    assert!(!follower.is_finished());
+    assert_eq!(
+        view.suppression(&dst, Instant::now() + Duration::from_millis(100)),
+        None
+    );
+    follower.abort();
+    let _ = std::fs::remove_file(&path);
 }
 
 // That the defaults are the flag defaults is checked for every config in `settings::tests`.

@@ -28,6 +28,9 @@
 //! - Minor revisions only add: new fields (ignored by older readers), new `reason` values (an
 //!   older reader skips that suppression rather than guess). Anything else bumps `v`.
 //! - A line is at most [`MAX_LINE`] bytes (bounds the shim's memory).
+//! - `remaining_ms` is at most [`MAX_REMAINING_MS`] (one hour, the decision TTL cap): the agent
+//!   never sends more, and a shim reads a larger value as that cap, so no value on the socket can
+//!   overflow its clock arithmetic.
 //!
 //! Revision 2.1 added `basis` to a suppression (what the decision rests on: `verdicts`,
 //! `claim_header`, `owner_budget`, `budget`, `amplification`), for the shim's logs; a 2.0 line
@@ -55,6 +58,8 @@ use crate::{correlate::ServiceClaim, decide, decide::Decision, l7::Claim};
 pub const VERSION: u32 = 2;
 /// A control line longer than this is refused.
 pub const MAX_LINE: u64 = 4 << 20;
+/// Longest `remaining_ms` either side acts on; larger values are read as this.
+pub const MAX_REMAINING_MS: u64 = decide::MAX_TTL_MS;
 
 /// One line on the control socket.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,8 +214,13 @@ impl Suppression {
             callee_addrs: d.callee_addrs.clone(),
             reason: d.reason.into(),
             basis: d.evidence.as_ref().map(|e| e.basis.into()),
-            remaining_ms: ms(remaining),
+            remaining_ms: remaining_ms(remaining),
         }
+    }
+
+    /// How long the suppression holds from receipt, capped at [`MAX_REMAINING_MS`].
+    pub fn remaining(&self) -> Duration {
+        capped(self.remaining_ms)
     }
 }
 
@@ -222,9 +232,23 @@ impl ClaimEntry {
             service: c.service.to_string(),
             addrs: c.addrs.clone(),
             claim,
-            remaining_ms: ms(remaining),
+            remaining_ms: remaining_ms(remaining),
         })
     }
+
+    /// How long the claim holds from receipt, capped at [`MAX_REMAINING_MS`].
+    pub fn remaining(&self) -> Duration {
+        capped(self.remaining_ms)
+    }
+}
+
+/// A remaining time as sent: whole milliseconds, from 1 to [`MAX_REMAINING_MS`].
+pub fn remaining_ms(d: Duration) -> u64 {
+    ms(d).min(MAX_REMAINING_MS)
+}
+
+fn capped(ms: u64) -> Duration {
+    Duration::from_millis(ms.min(MAX_REMAINING_MS))
 }
 
 /// Whole milliseconds, at least 1 (a live entry never reads as already lapsed).

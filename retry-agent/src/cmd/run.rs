@@ -223,7 +223,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     drain(&mut out, &pipeline, &state, &to_actuators);
     // Closing the queue lets the actuators finish it, then remove what would outlive the agent.
     drop(to_actuators);
-    if tokio::time::timeout(ACTUATOR_SHUTDOWN, actuators)
+    if tokio::time::timeout(ACTUATOR_SHUTDOWN + Duration::from_secs(1), actuators)
         .await
         .is_err()
     {
@@ -234,7 +234,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 }
 
 /// How long the actuators get at exit to remove their overrides (Envoy's runtime keys do not lapse).
-const ACTUATOR_SHUTDOWN: Duration = Duration::from_secs(5);
+const ACTUATOR_SHUTDOWN: Duration = crate::actuate::SHUTDOWN_TIMEOUT;
 
 /// Every configuration problem at once, before anything is loaded or bound.
 fn validate(args: &RunArgs) -> Result<(), InvalidConfig> {
@@ -316,13 +316,14 @@ fn send(to_actuators: &mpsc::Sender<ToActuators>, msg: ToActuators) {
     }
 }
 
+/// Hands each batch to the dispatcher, which never blocks (every actuator has its own task).
 async fn drive_actuators(mut dispatcher: Dispatcher, mut rx: mpsc::Receiver<ToActuators>) {
     while let Some(msg) = rx.recv().await {
         match msg {
-            ToActuators::Decisions(ds) => dispatcher.apply(&ds).await,
-            ToActuators::Claims(cs) => dispatcher.publish_claims(&cs).await,
-            ToActuators::Tick => dispatcher.tick().await,
+            ToActuators::Decisions(ds) => dispatcher.apply(&ds),
+            ToActuators::Claims(cs) => dispatcher.publish_claims(&cs),
+            ToActuators::Tick => dispatcher.tick(),
         }
     }
-    dispatcher.shutdown().await;
+    dispatcher.shutdown(ACTUATOR_SHUTDOWN).await;
 }

@@ -111,10 +111,10 @@ impl Settings for DecideConfig {
             "in (0, 1]",
         );
         p.check(
-            self.decision_ttl_ms > 0,
+            (1..=super::MAX_TTL_MS).contains(&self.decision_ttl_ms),
             "decide-ttl-ms",
             self.decision_ttl_ms,
-            "at least 1",
+            "from 1 to 3600000 (one hour)",
         );
     }
 }

@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::correlate::{ClaimCounts, ClaimSources, DependencyKind, Edge};
 
+/// Longest time to live a decision may carry (one hour). Everything that turns a TTL into a
+/// deadline caps it here first, so a TTL from a setting or a socket can neither overflow time
+/// arithmetic nor suppress for longer than an operator would notice.
+pub const MAX_TTL_MS: u64 = 3_600_000;
+
 /// Why retries on an edge must stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -217,5 +222,12 @@ impl Evidence {
             "{}: {stop}; {claims}; dependency {memory}; {budget}",
             self.basis
         )
+    }
+}
+
+impl Decision {
+    /// The time to live, capped at [`MAX_TTL_MS`].
+    pub fn ttl(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ttl_ms.min(MAX_TTL_MS))
     }
 }

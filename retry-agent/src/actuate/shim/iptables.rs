@@ -6,12 +6,26 @@
 //!   shim's own port RETURNs (no loops), then one REDIRECT per selector combination
 //!   (uid × cgroup × destination port; AND across kinds, OR within a kind).
 //! - `PREROUTING -p tcp -j <chain>_IN` (only with inbound ports): traffic arriving for local
-//!   services (from pods / other hosts), redirected by destination port.
+//!   services (from pods / other hosts), redirected by destination port, and only when it is
+//!   addressed to this host (`-m addrtype --dst-type LOCAL`): traffic the node merely routes
+//!   (to pods behind a bridge, forwarded by kube-proxy) is not ours to proxy.
+//! - Every iptables call waits at most [`LOCK_WAIT_SECS`] for the xtables lock (`-w 5`), so
+//!   a stuck holder (another agent, kube-proxy) fails the call instead of hanging the shim.
 //!
 //! Install is idempotent: chains are created if missing and flushed before refilling, jump rules
 //! are checked (`-C`) before insertion, so a restart never duplicates rules. Removal deletes every
 //! copy of the jump rules, then flushes and deletes the chains; a missing piece is not an error.
 use std::process::Command;
+
+/// Seconds an iptables call waits for the xtables lock before failing.
+pub const LOCK_WAIT_SECS: u32 = 5;
+
+/// `iptables -w <secs>` with the arguments that follow.
+fn iptables(fam: Family) -> Command {
+    let mut c = Command::new(fam.bin());
+    c.args(["-w", &LOCK_WAIT_SECS.to_string()]);
+    c
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SteerError {
@@ -51,8 +65,8 @@ impl Family {
 
     /// Whether this family's nat table can be used here.
     pub fn available(self) -> bool {
-        Command::new(self.bin())
-            .args(["-w", "-t", "nat", "-S", "OUTPUT"])
+        iptables(self)
+            .args(["-t", "nat", "-S", "OUTPUT"])
             .output()
             .is_ok_and(|o| o.status.success())
     }
@@ -81,8 +95,7 @@ pub fn inbound_chain(chain: &str) -> String {
 }
 
 fn run(fam: Family, args: &[String]) -> Result<(), SteerError> {
-    let out = Command::new(fam.bin())
-        .arg("-w")
+    let out = iptables(fam)
         .args(args)
         .output()
         .map_err(|source| SteerError::Spawn {
@@ -180,6 +193,10 @@ impl Steering {
                 s(&[
                     "-p",
                     "tcp",
+                    "-m",
+                    "addrtype",
+                    "--dst-type",
+                    "LOCAL",
                     "--dport",
                     &p.to_string(),
                     "-j",
@@ -271,8 +288,8 @@ pub fn cleanup(chain: &str) -> Result<bool, SteerError> {
 
 /// The current rules of `chain` (`iptables -S`), for tests and diagnostics.
 pub fn list(fam: Family, chain: &str) -> Option<Vec<String>> {
-    let out = Command::new(fam.bin())
-        .args(["-w", "-t", "nat", "-S", chain])
+    let out = iptables(fam)
+        .args(["-t", "nat", "-S", chain])
         .output()
         .ok()?;
     out.status.success().then(|| {
@@ -340,7 +357,7 @@ mod tests {
         assert_eq!(st.outbound_rules().len(), 2);
         assert_eq!(
             st.inbound_rules()[0].join(" "),
-            "-p tcp --dport 8080 -j REDIRECT --to-ports 1"
+            "-p tcp -m addrtype --dst-type LOCAL --dport 8080 -j REDIRECT --to-ports 1"
         );
     }
 }

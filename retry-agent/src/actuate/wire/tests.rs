@@ -220,3 +220,13 @@ fn the_basis_is_an_additive_field() {
         (Some(WireBasis::Unknown), Some(decide::Reason::OverBudget))
     );
 }
+
+#[test]
+fn remaining_times_are_capped_both_ways() {
+    let s = Suppression::new(&decision(), Duration::MAX);
+    assert_eq!(s.remaining_ms, MAX_REMAINING_MS);
+    let mut c = ClaimEntry::new(&claim(Claim::Unclaimed), Duration::MAX).expect("claim");
+    assert_eq!(c.remaining_ms, MAX_REMAINING_MS);
+    c.remaining_ms = u64::MAX;
+    assert_eq!(c.remaining(), Duration::from_millis(MAX_REMAINING_MS));
+}

@@ -194,6 +194,11 @@ fn config_validation_reports_every_error() {
     };
     assert_eq!(bad.validate().unwrap_err().0.len(), 4);
     assert!(DecideConfig::default().validate().is_ok());
+    let too_long = DecideConfig {
+        decision_ttl_ms: crate::decide::MAX_TTL_MS + 1,
+        ..DecideConfig::default()
+    };
+    assert_eq!(too_long.validate().unwrap_err().0.len(), 1);
 }
 
 // That the defaults are the flag defaults is checked for every config in `settings::tests`.
