@@ -10,7 +10,8 @@
 //!
 //! Module map: `programs` (what the object holds and where each program goes, read from its
 //! sections), `load` (prerequisites, the settings map, attaching), `tls` (the libssl uprobe
-//! family, per library file), `btf` (kernel struct offsets), `pickup` + `procfs` (connections
+//! family, per library file), `btf` (kernel struct offsets), `scope` (`--capture-cgroup`,
+//! `--capture-netns`: the part of the machine observed), `pickup` + `procfs` (connections
 //! that predate the agent, process metadata), `reader` (the ring reader task), `decode` +
 //! `event` (records into [`Event`]s), `stats` (counters).
 pub mod decode;
