@@ -43,6 +43,14 @@ def full_agent(p):
 
 def expand(argv, sc, mode_dir):
     subst = {"api": sc.get("agent", {}).get("api", "127.0.0.1:19464"), "out": str(mode_dir),
+             "ns_files": {h: ",".join("/run/netns/ralab-" + n["name"] for n in sc["nodes"]
+                                      if n.get("host") == h) for h in sc.get("hosts", [])},
+             # A host's shim steers its services' ports and those they call on other hosts
+             # (the caller's side of a cross-host edge is where its retries are stopped).
+             "host_ports": {h: ",".join(sorted({str(node_port(n)) for n in sc["nodes"] if n.get("host") == h}
+                                               | {str(node_port(m)) for n in sc["nodes"] if n.get("host") == h
+                                                  for m in sc["nodes"] if m["name"] in n["calls"]}))
+                            for h in sc.get("hosts", [])},
              "api_socket": str(API_SOCKET),
              "bridge": BRIDGE, "net": NET + ".0/24", "state": str(STATE_DIR),
              "ports": ",".join(str(node_port(n)) for n in sc["nodes"])}
@@ -62,7 +70,11 @@ def start_agent(sc, mode, args, mode_dir):
         return [], "scenario has no [agent.%s] section" % mode
     procs = []
     for i, argv in enumerate(spec.get("procs", [])):
-        p = spawn([str(binary)] + expand(argv, sc, mode_dir), out=mode_dir / ("agent-%d.log" % i),
+        # "@host" first: run inside that host's namespace (its shim steers its iptables).
+        ns = None
+        if argv and argv[0].startswith("@"):
+            ns, argv = "ralab-" + argv[0][1:], argv[1:]
+        p = spawn([str(binary)] + expand(argv, sc, mode_dir), ns=ns, out=mode_dir / ("agent-%d.log" % i),
                   env=dict(os.environ, RETRY_AGENT_LOG=spec.get("log", "info")))
         procs.append(p)
     # An agent that exits at once (not implemented yet, bad flags) means the mode cannot run.
@@ -100,10 +112,10 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(str(self._path))
 
 
-def fetch_json(path):
+def fetch_json(path, socket_path=None):
     """GET `path` (e.g. /v1/verdicts) from the agent's private API socket."""
     try:
-        conn = _UnixHTTPConnection(API_SOCKET, timeout=5)
+        conn = _UnixHTTPConnection(socket_path or API_SOCKET, timeout=5)
         try:
             conn.request("GET", path)
             r = conn.getresponse()

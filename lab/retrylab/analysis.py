@@ -29,8 +29,8 @@ def read_jsonl(path):
     return out
 
 
-def decisions_of(mode_dir):
-    return [r["decision"] for r in read_jsonl(mode_dir / "decisions.jsonl")
+def decisions_of(mode_dir, name="decisions.jsonl"):
+    return [r["decision"] for r in read_jsonl(mode_dir / name)
             if r.get("kind") == "decision" and isinstance(r.get("decision"), dict)]
 
 
@@ -44,6 +44,28 @@ def service_of(sid, sc):
         if s.endswith(":%d" % node_port(n)) or node_ip(n) + ":" in s or ("=" + n["name"]) in s:
             return n
     return None
+
+
+def host_figures(sc, t0, verdicts, decisions):
+    """One host's agent: its verdicts by service and claim, and its decisions by edge (a lab
+    node's name where the agent's service id or the callee's address says which)."""
+    by_service = defaultdict(lambda: defaultdict(int))
+    for v in verdicts:
+        n = service_of(v.get("service"), sc) if isinstance(v, dict) else None
+        claim = v.get("claim") if isinstance(v, dict) else None
+        by_service[n["name"] if n else "?"][str(claim)] += 1
+    edges = defaultdict(lambda: defaultdict(int))
+    for d in decisions:
+        edge = d.get("edge") or {}
+        caller = service_of(edge.get("caller"), sc)
+        callee = service_of(edge.get("callee"), sc)
+        if callee is None:
+            callee = next((service_of(a, sc) for a in d.get("callee_addrs") or [] if service_of(a, sc)), None)
+        name = "%s->%s" % (caller["name"] if caller else edge.get("caller"),
+                           callee["name"] if callee else edge.get("callee"))
+        edges[name]["%s/%s" % (d.get("action"), d.get("reason"))] += 1
+    return {"verdicts": {k: dict(v) for k, v in sorted(by_service.items())},
+            "decisions": {k: dict(v) for k, v in sorted(edges.items())}}
 
 
 def to_epoch(ts_ns):

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .common import BIN, BRIDGE, BRIDGE_IP, LOAD_NS, NET, STATE, STATE_DIR, sh
-from .scenario import node_ip
+from .scenario import host_ip, host_ns, node_ip
 
 
 def record_pid(pid):
@@ -125,14 +125,38 @@ def setup_topology(sc):
     # Bridged pod-to-pod traffic traverses the root namespace's iptables (the shim steers it).
     sh("ip", "link", "set", BRIDGE, "type", "bridge", "nf_call_iptables", "1", check=False)
     sh("ip", "link", "set", BRIDGE, "up")
-    pods = [(("ralab-" + n["name"]), "ralab%d" % n["index"], node_ip(n)) for n in sc["nodes"]]
-    pods.append((LOAD_NS, "ralab99", NET + ".200"))
-    for ns, veth, ip in pods:
+    # Hosts: a namespace each with its own bridge (and so its own iptables, where its shim
+    # steers), uplinked to the lab bridge like machines to a switch; their pods hang off it.
+    hosts = sc.get("hosts") or []
+    for j, h in enumerate(hosts):
+        ns, up = host_ns(h), "ralabu%d" % j
+        sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", ns, "addr", "add", host_ip(sc, h) + "/24", "dev", "br0")
+        sh("ip", "-n", ns, "link", "set", "br0", "type", "bridge", "nf_call_iptables", "1", check=False)
+        sh("ip", "-n", ns, "link", "set", "br0", "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "add", up + "h", "type", "veth", "peer", "name", up + "n")
+        sh("ip", "link", "set", up + "n", "netns", ns)
+        sh("ip", "-n", ns, "link", "set", up + "n", "master", "br0")
+        sh("ip", "-n", ns, "link", "set", up + "n", "up")
+        sh("ip", "link", "set", up + "h", "master", BRIDGE)
+        sh("ip", "link", "set", up + "h", "up")
+    pods = [(("ralab-" + n["name"]), "ralab%d" % n["index"], node_ip(n), n.get("host"))
+            for n in sc["nodes"]]
+    pods.append((LOAD_NS, "ralab99", NET + ".200", None))
+    for ns, veth, ip, host in pods:
         sh("ip", "netns", "add", ns)
         sh("ip", "link", "add", veth + "h", "type", "veth", "peer", "name", veth + "n")
         sh("ip", "link", "set", veth + "n", "netns", ns)
-        sh("ip", "link", "set", veth + "h", "master", BRIDGE)
-        sh("ip", "link", "set", veth + "h", "up")
+        if host:
+            hns = host_ns(host)
+            sh("ip", "link", "set", veth + "h", "netns", hns)
+            sh("ip", "-n", hns, "link", "set", veth + "h", "master", "br0")
+            sh("ip", "-n", hns, "link", "set", veth + "h", "up")
+        else:
+            sh("ip", "link", "set", veth + "h", "master", BRIDGE)
+            sh("ip", "link", "set", veth + "h", "up")
         sh("ip", "-n", ns, "addr", "add", ip + "/24", "dev", veth + "n")
         sh("ip", "-n", ns, "link", "set", veth + "n", "name", "eth0")
         sh("ip", "-n", ns, "link", "set", "eth0", "up")

@@ -5,12 +5,12 @@ import shutil
 import time
 import urllib.request
 
-from .common import LAB, LOAD_NS, LabError, log, sh
+from .common import LAB, LOAD_NS, STATE_DIR, LabError, log, sh
 from .scenario import edge_policy, node_ip, node_port
 from .build import command, named_link, real
 from .fleet import cleanup, setup_topology, spawn, wait_port
 from .agent import fetch_json, items, start_agent, stop
-from .analysis import analyse_mode, decisions_of
+from .analysis import analyse_mode, decisions_of, host_figures
 
 
 def run_mode(sc, mode, args, out):
@@ -87,14 +87,23 @@ def run_mode(sc, mode, args, out):
             time.sleep(0.2)
         if refused is not None:
             refused.join(5)
-        verdicts, decisions = [], []
+        verdicts, decisions, per_host = [], [], {}
         if mode != "none":
             api = sc.get("agent", {}).get("api", "127.0.0.1:19464")
-            verdicts = items(fetch_json("/v1/verdicts"), "verdicts")
-            # The decision log has every decision; the API only the live ones.
-            decisions = decisions_of(mode_dir)
-            if not decisions:
-                decisions = items(fetch_json("/v1/decisions"), "decisions")
+            if sc.get("hosts"):
+                # One agent per host, each with its own socket and decision log.
+                for h in sc["hosts"]:
+                    hv = items(fetch_json("/v1/verdicts", STATE_DIR / ("api-%s.sock" % h)), "verdicts")
+                    hd = decisions_of(mode_dir, "decisions-%s.jsonl" % h)
+                    per_host[h] = (hv, hd)
+                    verdicts += hv
+                    decisions += hd
+            else:
+                verdicts = items(fetch_json("/v1/verdicts"), "verdicts")
+                # The decision log has every decision; the API only the live ones.
+                decisions = decisions_of(mode_dir)
+                if not decisions:
+                    decisions = items(fetch_json("/v1/decisions"), "decisions")
             try:
                 with urllib.request.urlopen("http://%s/metrics" % api, timeout=5) as r:
                     (mode_dir / "metrics.txt").write_bytes(r.read())
@@ -108,7 +117,10 @@ def run_mode(sc, mode, args, out):
         stop(procs)
         stop(agent_procs)
         cleanup()
-    return analyse_mode(sc, mode, t0, mode_dir, verdicts, decisions)
+    res = analyse_mode(sc, mode, t0, mode_dir, verdicts, decisions)
+    if per_host:
+        res["per_host"] = {h: host_figures(sc, t0, v, d) for h, (v, d) in per_host.items()}
+    return res
 
 
 def threading_refuse(n, start, end):

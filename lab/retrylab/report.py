@@ -40,6 +40,21 @@ def markdown(sc, result):
                 lines.append("| %s | %s | %d | %s | %s | %d |" % (
                     m["mode"], rt, s["verdicts"], fmt_pct(s["precision"]), fmt_pct(s["recall"]),
                     s["missing"]))
+    host_modes = [m for m in modes if m.get("per_host")]
+    if host_modes:
+        lines += ["", "Per host (each its own agent and shim): verdicts by service and claim, "
+                  "decisions by edge:", "", "| mode | host | services (verdicts) | decisions |",
+                  "|---|---|---|---|"]
+        for m in host_modes:
+            hosts = {n.get("host"): [] for n in sc["nodes"]}
+            for n in sc["nodes"]:
+                hosts[n.get("host")].append(n["name"].upper())
+            for h, f in sorted(m["per_host"].items()):
+                v = "; ".join("%s %s" % (k.upper(), ", ".join("%s %d" % c for c in sorted(cs.items())))
+                              for k, cs in f["verdicts"].items()) or "–"
+                d = "; ".join("%s %s" % (k, ", ".join("%s ×%d" % c for c in sorted(cs.items())))
+                              for k, cs in f["decisions"].items()) or "–"
+                lines.append("| %s | %s (%s) | %s | %s |" % (m["mode"], h, ",".join(hosts.get(h, [])), v, d))
     skipped = [m for m in result["modes"] if m.get("skipped")]
     if skipped:
         lines += [""] + ["Mode %s skipped: %s" % (m["mode"], m["skipped"]) for m in skipped]

@@ -51,6 +51,16 @@ def load_scenario(path, overrides):
             if by[c]["runtime"] == "python-grpc" and n["runtime"] not in ("python", "python-grpc"):
                 raise LabError("gRPC callee %s needs a python caller, %s is %s"
                                % (c, n["name"], n["runtime"]))
+    # Hosts ("machines"): with any node placed on one, every node must be, and each host gets
+    # its own namespace, bridge, agent and shim (fleet.setup_topology).
+    placed = [n for n in nodes if n.get("host")]
+    if placed:
+        if len(placed) != len(nodes):
+            raise LabError("with hosts, every node needs a host")
+        sc["hosts"] = sorted({n["host"] for n in nodes})
+        for h in sc["hosts"]:
+            if len(h) > 6 or not h.isalnum():
+                raise LabError("host %s: names are alphanumeric, at most 6 chars" % h)
     f = sc.get("fault")
     if f:
         if f.get("node") not in by:
@@ -96,3 +106,12 @@ def node_port(n):
 
 def comm(n):
     return "ra-" + n["name"]
+
+
+def host_ns(h):
+    return "ralab-" + h
+
+
+def host_ip(sc, h):
+    """A host's own address on the lab network (its bridge; what its shim connects from)."""
+    return "%s.%d" % (NET, 2 + sc["hosts"].index(h))

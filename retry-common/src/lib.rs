@@ -351,6 +351,13 @@ pub struct KernelOffsets {
     pub inode_ino: u32,
     pub inode_sb: u32,
     pub sb_dev: u32,
+    /// task → nsproxy → net_ns → ns.inum: the network namespace a task runs in (its inode, as
+    /// `/proc/PID/ns/net` shows it), for `--capture-netns`; `net_ns` is `struct net.ns`, and
+    /// `ns_inum` is `struct ns_common.inum` (all 0: netns scoping cannot run).
+    pub task_nsproxy: u32,
+    pub nsproxy_net_ns: u32,
+    pub net_ns: u32,
+    pub ns_inum: u32,
 }
 
 /// Settings userspace writes into the one-element `CONFIG` array before attaching.
@@ -371,7 +378,9 @@ pub struct Config {
     /// call), however it is named, and its sockets stay untracked from connect/accept on.
     pub exe_ino: u64,
     pub exe_dev: u32,
-    pub _pad: u32,
+    /// With `config_flags::SCOPE_CGROUP`: the deepest level (below the cgroup v2 root, which is
+    /// level 0) of any cgroup in `SCOPE_CGROUPS`, so the ancestor walk stops there.
+    pub cgroup_levels: u32,
     pub offsets: KernelOffsets,
 }
 
@@ -380,7 +389,16 @@ pub mod config_flags {
     /// The TLS uprobes are attached: tracked syscalls must check for an SSL call in progress
     /// (without them that lookup would be paid on every tracked syscall for nothing).
     pub const TLS: u32 = 1;
+    /// Only tasks inside a cgroup v2 subtree listed in `SCOPE_CGROUPS` get their sockets
+    /// tracked (checked at connect/accept; other sockets stay untracked and cheap).
+    pub const SCOPE_CGROUP: u32 = 2;
+    /// Only tasks in a network namespace listed in `SCOPE_NETNS` get their sockets tracked.
+    /// With both scopes a task must be in both.
+    pub const SCOPE_NETNS: u32 = 4;
 }
+
+/// Deepest cgroup level the kernel walks for `config_flags::SCOPE_CGROUP` (a bounded loop).
+pub const MAX_CGROUP_LEVELS: u32 = 16;
 
 /// Names of the maps and programs, used by both sides.
 pub mod names {
@@ -396,6 +414,10 @@ pub mod names {
     /// The per-thread argument maps, by `arg_map` slot (their size is a capture setting).
     pub const ARG_MAPS: [&str; super::arg_map::COUNT as usize] =
         ["IO_ARGS", "CONNECT_ARGS", "ACCEPT_ARGS", "SSL_ARGS"];
+    /// cgroup v2 ids (the directory's inode number) whose subtrees are in scope.
+    pub const SCOPE_CGROUPS: &str = "SCOPE_CGROUPS";
+    /// Network namespace inodes in scope.
+    pub const SCOPE_NETNS: &str = "SCOPE_NETNS";
 }
 
 /// Slots of `ARG_FAILURES`: one per per-thread argument map. A failed insert (the map is full:

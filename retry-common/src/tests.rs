@@ -65,14 +65,15 @@ fn map_key_and_value_layouts() {
     layout!(IoArgs, size 24, { buf @ 0, 8; ts_enter_ns @ 8, 8; fd @ 16, 4; syscall @ 20, 4 });
     layout!(ConnectArgs, size 24, { ts_enter_ns @ 0, 8; skaddr @ 8, 8; fd @ 16, 4; is_tcp @ 20, 4 });
     layout!(AcceptArgs, size 24, { addr @ 0, 8; ts_enter_ns @ 8, 8; fd @ 16, 4; _pad @ 20, 4 });
-    layout!(KernelOffsets, size 48, {
+    layout!(KernelOffsets, size 64, {
         sk_err @ 0, 4; task_files @ 4, 4; files_fdt @ 8, 4; fdt_fd @ 12, 4; file_private_data @ 16, 4;
         socket_sk @ 20, 4; task_mm @ 24, 4; mm_exe_file @ 28, 4; file_inode @ 32, 4; inode_ino @ 36, 4;
-        inode_sb @ 40, 4; sb_dev @ 44, 4;
+        inode_sb @ 40, 4; sb_dev @ 44, 4; task_nsproxy @ 48, 4; nsproxy_net_ns @ 52, 4; net_ns @ 56, 4;
+        ns_inum @ 60, 4;
     });
-    layout!(Config, size 80, {
+    layout!(Config, size 96, {
         agent_tgid @ 0, 4; payload_bytes @ 4, 4; wakeup_bytes @ 8, 4; flags @ 12, 4; exe_ino @ 16, 8;
-        exe_dev @ 24, 4; _pad @ 28, 4; offsets @ 32, 48;
+        exe_dev @ 24, 4; cgroup_levels @ 28, 4; offsets @ 32, 64;
     });
 }
 

@@ -40,6 +40,12 @@ pub static CONNS: LruHashMap<ConnKey, ConnInfo> = LruHashMap::with_max_entries(6
 /// when its process exits or execs (`sched`), so a reused pid is never hidden.
 #[map]
 pub static AGENT_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+/// `--capture-cgroup`: cgroup v2 ids (directory inodes) whose subtrees are observed.
+#[map]
+pub static SCOPE_CGROUPS: HashMap<u64, u8> = HashMap::with_max_entries(256, 0);
+/// `--capture-netns`: network namespace inodes whose tasks are observed.
+#[map]
+pub static SCOPE_NETNS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
 /// `struct sock *` -> owner, for state changes seen outside the owner's context.
 #[map]
 pub static SOCKS: LruHashMap<u64, SockOwner> = LruHashMap::with_max_entries(65536, 0);

@@ -190,6 +190,70 @@ fn chain7_with_a_grpc_hop_stops_at_the_owner_edge() {
     }
 }
 
+/// Two hosts on this machine, each with its own agent (scoped to its pods' network namespaces)
+/// and its own shim; the chain A→B (host n1) → C→D (host n2) crosses them and D fails. n1 never
+/// sees C serve: only the `x-error-claim` n2's shim stamps says C's errors are not its own, and
+/// that must be enough for n1 to stop B→C's retries (Ƞ at C), while C→D keeps its budget.
+#[test]
+fn claims_cross_hosts_in_the_header_alone() {
+    let _turn = serial();
+    if skip() {
+        return;
+    }
+    let _lab = lab::lock().expect("the lab lock");
+    let r = lab::run("two-hosts.toml", "none,shim", "test-two-hosts", &[]).expect("lab run");
+    assert_clean("two-hosts");
+    let none = lab::mode(&r, "none").expect("no-control mode always runs");
+    for (node, want) in [("a", 1.0), ("b", 2.0), ("c", 4.0), ("d", 8.0)] {
+        let got = lab::served_x(none, node);
+        assert!(
+            near(got, want, 0.1),
+            "no control across hosts: {node} served {got}Ƞ, want ≈{want}Ƞ"
+        );
+    }
+    let shim = match lab::mode(&r, "shim") {
+        Err(why) => {
+            eprintln!("SKIP agent+shim part of two-hosts: {why}");
+            return;
+        }
+        Ok(m) => m,
+    };
+    for node in ["a", "b", "c"] {
+        let x = lab::served_x(shim, node);
+        assert!(
+            x <= 1.1,
+            "two hosts: {node} served {x}Ƞ, want ≈1Ƞ above the owner edge"
+        );
+    }
+    let d = lab::served_x(shim, "d");
+    assert!(d <= 1.2, "two hosts: D served {d}Ƞ, want ≈1.1Ƞ");
+    // Each agent saw only its own host: verdicts for its services, decisions for its callers.
+    let host = |h: &str, what: &str| {
+        shim.pointer(&format!("/per_host/{h}/{what}"))
+            .and_then(|v| v.as_object())
+            .map(|o| o.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let (v1, v2) = (host("n1", "verdicts"), host("n2", "verdicts"));
+    assert!(
+        v1.iter().all(|s| s == "a" || s == "b") && v1.contains(&"b".to_string()),
+        "n1's verdicts are A's and B's: {v1:?}"
+    );
+    assert!(
+        v2.iter().all(|s| s == "c" || s == "d") && v2.contains(&"d".to_string()),
+        "n2's verdicts are C's and D's: {v2:?}"
+    );
+    let (d1, d2) = (host("n1", "decisions"), host("n2", "decisions"));
+    assert!(
+        d1.contains(&"b->c".to_string()) && !d1.contains(&"c->d".to_string()),
+        "n1 decides on the edge it calls across: {d1:?}"
+    );
+    assert!(
+        !d2.iter().any(|e| e == "b->c" || e == "a->b"),
+        "n2 cannot name n1's callers: {d2:?}"
+    );
+}
+
 #[test]
 fn lab_cleans_up_after_an_interruption() {
     let _turn = serial();

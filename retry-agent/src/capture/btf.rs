@@ -44,6 +44,10 @@ pub fn offsets_from(data: &[u8]) -> KernelOffsets {
         inode_ino: get("inode", "i_ino"),
         inode_sb: get("inode", "i_sb"),
         sb_dev: get("super_block", "s_dev"),
+        task_nsproxy: get("task_struct", "nsproxy"),
+        nsproxy_net_ns: get("nsproxy", "net_ns"),
+        net_ns: get("net", "ns"),
+        ns_inum: get("ns_common", "inum"),
     };
     // Each walk needs every link; a partial set would read the wrong memory.
     let fd_walk = [
@@ -79,6 +83,17 @@ pub fn offsets_from(data: &[u8]) -> KernelOffsets {
             inode_ino: 0,
             inode_sb: 0,
             sb_dev: 0,
+            ..o
+        };
+    }
+    // `net.ns` may well be at offset 0; the other three links never are.
+    let netns_walk = [o.task_nsproxy, o.nsproxy_net_ns, o.ns_inum];
+    if netns_walk.contains(&0) {
+        o = KernelOffsets {
+            task_nsproxy: 0,
+            nsproxy_net_ns: 0,
+            net_ns: 0,
+            ns_inum: 0,
             ..o
         };
     }
@@ -296,5 +311,10 @@ mod tests {
         ] {
             assert!(v > 0 && v < 16384, "{o:?}");
         }
+        // The netns walk (net.ns may be first).
+        for v in [o.task_nsproxy, o.nsproxy_net_ns, o.ns_inum] {
+            assert!(v > 0 && v < 16384, "{o:?}");
+        }
+        assert!(o.net_ns < 16384, "{o:?}");
     }
 }

@@ -4,30 +4,60 @@ use std::path::Path;
 
 use aya::{
     Ebpf,
-    maps::{Array, MapData},
+    maps::{Array, HashMap as BpfHashMap, MapData},
     programs::{ProgramError, TracePoint},
 };
 use retry_common::{Config, MAX_PAYLOAD, config_flags, names};
 
 use super::{
-    CaptureConfig, CaptureError, btf,
+    CaptureConfig, CaptureError, Scope, btf,
     programs::{Hook, ProgramSpec, ProgramsError, UprobeTarget},
 };
 
 /// The settings the programs read (`CONFIG`): what to capture, who the agent is, and the kernel
 /// struct offsets BTF gave.
-pub(super) fn kernel_config(cfg: &CaptureConfig, agent_tgid: u32) -> Config {
+pub(super) fn kernel_config(cfg: &CaptureConfig, agent_tgid: u32, scope: &Scope) -> Config {
     let exe = own_exe_kernel_id();
+    let mut flags = if cfg.tls { config_flags::TLS } else { 0 };
+    if !scope.cgroups.is_empty() {
+        flags |= config_flags::SCOPE_CGROUP;
+    }
+    if !scope.netns.is_empty() {
+        flags |= config_flags::SCOPE_NETNS;
+    }
     Config {
         agent_tgid,
         payload_bytes: cfg.payload_bytes.min(MAX_PAYLOAD as u32),
         wakeup_bytes: cfg.wakeup_bytes.min(cfg.ring_bytes / 2),
-        flags: if cfg.tls { config_flags::TLS } else { 0 },
+        flags,
         exe_ino: exe.map_or(0, |e| e.0),
         exe_dev: exe.map_or(0, |e| e.1),
-        _pad: 0,
+        cgroup_levels: scope.cgroup_levels(),
         offsets: btf::kernel_offsets(),
     }
+}
+
+/// Fills `SCOPE_CGROUPS` and `SCOPE_NETNS` (before any program is attached).
+pub(super) fn write_scope(ebpf: &mut Ebpf, scope: &Scope) -> Result<(), CaptureError> {
+    fn map<'a, K: aya::Pod>(
+        ebpf: &'a mut Ebpf,
+        name: &'static str,
+    ) -> Result<BpfHashMap<&'a mut MapData, K, u8>, CaptureError> {
+        let m = ebpf.map_mut(name).ok_or(CaptureError::MissingMap(name))?;
+        BpfHashMap::try_from(m).map_err(|source| CaptureError::Map { map: name, source })
+    }
+    let err = |map: &'static str| move |source| CaptureError::Map { map, source };
+    let mut cgroups = map::<u64>(ebpf, names::SCOPE_CGROUPS)?;
+    for c in &scope.cgroups {
+        cgroups
+            .insert(&c.id, &1u8, 0)
+            .map_err(err(names::SCOPE_CGROUPS))?;
+    }
+    let mut netns = map::<u32>(ebpf, names::SCOPE_NETNS)?;
+    for n in &scope.netns {
+        netns.insert(n, &1u8, 0).map_err(err(names::SCOPE_NETNS))?;
+    }
+    Ok(())
 }
 
 /// Writes `config` into the object's `CONFIG` map (before any program is attached).

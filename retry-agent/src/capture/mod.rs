@@ -10,12 +10,14 @@
 //!
 //! Module map: `programs` (what the object holds and where each program goes, read from its
 //! sections), `load` (prerequisites, the settings map, attaching), `tls` (the libssl uprobe
-//! family, per library file), `btf` (kernel struct offsets), `pickup` + `procfs` (connections
+//! family, per library file), `btf` (kernel struct offsets), `scope` (`--capture-cgroup`,
+//! `--capture-netns`: the part of the machine observed), `pickup` + `procfs` (connections
 //! that predate the agent, process metadata), `reader` (the ring reader task), `decode` +
 //! `event` (records into [`Event`]s), `stats` (counters).
 pub mod decode;
 pub mod event;
 pub mod procfs;
+pub mod scope;
 mod workload;
 
 use std::{
@@ -39,6 +41,7 @@ pub use event::{
     Tuple,
 };
 pub use programs::ProgramsError;
+pub use scope::{Scope, ScopeError, ScopedCgroup};
 pub use stats::{
     CaptureStats, ProgramStat, StatsHandle, StatsInner, enable_bpf_stats, loaded_program_ids,
     program_stats,
@@ -133,6 +136,24 @@ pub struct CaptureConfig {
         default_value_t = 1000
     )]
     pub go_rescan_ms: u64,
+    /// Observe only processes inside these cgroup v2 subtrees (repeatable, or comma-separated
+    /// in the env var): directories of the unified mount, e.g. /sys/fs/cgroup/kubepods.slice.
+    /// Default: the whole machine. Checked in the kernel at connect/accept.
+    #[arg(
+        long = "capture-cgroup",
+        env = "RETRY_AGENT_CAPTURE_CGROUP",
+        value_delimiter = ','
+    )]
+    pub cgroups: Vec<PathBuf>,
+    /// Observe only processes in these network namespaces (repeatable, or comma-separated in
+    /// the env var): an inode as /proc/PID/ns/net shows it (4026532281 or net:[4026532281]) or
+    /// a namespace file (/run/netns/NAME). With --capture-cgroup too, a process must be in both.
+    #[arg(
+        long = "capture-netns",
+        env = "RETRY_AGENT_CAPTURE_NETNS",
+        value_delimiter = ','
+    )]
+    pub netns: Vec<String>,
 }
 
 impl Default for CaptureConfig {
@@ -181,6 +202,20 @@ impl Settings for CaptureConfig {
             self.go_rescan_ms,
             "at least 1",
         );
+        if let Err(errors) = Scope::resolve(&self.cgroups, &self.netns) {
+            for e in errors {
+                let flag = match e {
+                    ScopeError::Cgroup { .. } => "capture-cgroup",
+                    ScopeError::Netns { .. } => "capture-netns",
+                };
+                p.check(
+                    false,
+                    flag,
+                    e,
+                    "an existing cgroup v2 directory or network namespace",
+                );
+            }
+        }
     }
 }
 
@@ -231,6 +266,12 @@ pub enum CaptureError {
     Poll(#[source] std::io::Error),
     #[error("reading the programs of the eBPF object")]
     Programs(#[source] ProgramsError),
+    #[error(
+        "--capture-netns needs kernel BTF offsets of task_struct.nsproxy, nsproxy.net_ns, net.ns and ns_common.inum, which this kernel's BTF does not give"
+    )]
+    NetnsScopeUnsupported,
+    #[error("the capture scope")]
+    Scope(#[source] ScopeError),
 }
 
 /// A running capture: programs attached, reader task running.
@@ -247,6 +288,7 @@ pub struct Capture {
 struct GoState {
     probes: golang::GoProbes,
     proc_root: PathBuf,
+    scope: Scope,
 }
 
 /// What a TLS rescan needs.
@@ -290,8 +332,18 @@ impl Capture {
         load::check_accounted(&ebpf, &specs)?;
 
         let agent_tgid = std::process::id();
-        let config = load::kernel_config(cfg, agent_tgid);
+        // Validated above; a cgroup removed since is still an error, not a wider scope.
+        let scope = Scope::resolve(&cfg.cgroups, &cfg.netns)
+            .map_err(|mut e| CaptureError::Scope(e.remove(0)))?;
+        let config = load::kernel_config(cfg, agent_tgid, &scope);
+        if !scope.netns.is_empty() && config.offsets.ns_inum == 0 {
+            return Err(CaptureError::NetnsScopeUnsupported);
+        }
+        load::write_scope(&mut ebpf, &scope)?;
         load::write_config(&mut ebpf, &config)?;
+        if !scope.is_whole_machine() {
+            tracing::info!(cgroups = ?scope.cgroups, netns = ?scope.netns, "observing part of the machine");
+        }
 
         let attached = load::attach_fixed(&mut ebpf, &specs)?;
         let mut tls_probes = cfg.tls.then(|| tls::TlsProbes::new(tls::plan(&specs)));
@@ -306,10 +358,11 @@ impl Capture {
 
         let go = cfg.go.then(|| {
             let mut probes = golang::GoProbes::new(golang::plan(&specs));
-            probes.scan(&mut ebpf, &cfg.proc_root, agent_tgid);
+            probes.scan(&mut ebpf, &cfg.proc_root, agent_tgid, &scope);
             GoState {
                 probes,
                 proc_root: cfg.proc_root.clone(),
+                scope: scope.clone(),
             }
         });
 
@@ -345,7 +398,7 @@ impl Capture {
             })?;
 
         // Attached before the scan, so a connection opened meanwhile is seen by one or the other.
-        let initial = pickup::pick_up_existing(&cfg.proc_root, agent_tgid, &mut conns);
+        let initial = pickup::pick_up_existing(&cfg.proc_root, agent_tgid, &scope, &mut conns);
 
         let stats = StatsHandle::default();
         let (tx, rx) = mpsc::channel(cfg.channel_capacity);
@@ -405,8 +458,12 @@ impl Capture {
     /// many were added. Blocking /proc and file reads (only new executables are read).
     pub fn rescan_go(&mut self) -> usize {
         let Some(g) = self.go.as_mut() else { return 0 };
-        g.probes
-            .scan(&mut self.guard.ebpf, &g.proc_root, std::process::id())
+        g.probes.scan(
+            &mut self.guard.ebpf,
+            &g.proc_root,
+            std::process::id(),
+            &g.scope,
+        )
     }
 
     /// Go executables instrumented so far, and those that could not be.

@@ -11,11 +11,16 @@ use super::{ConnEvent, ConnEventKind, ConnId, Event, Role, decode, monotonic_ns,
 pub(super) fn pick_up_existing(
     proc_root: &Path,
     agent_tgid: u32,
+    scope: &super::Scope,
     conns: &mut BpfHashMap<MapData, ConnKey, ConnInfo>,
 ) -> Vec<Event> {
     let now = monotonic_ns();
     let mut out = Vec::new();
     for c in procfs::scan_existing(proc_root, agent_tgid) {
+        // Outside the scope: left untracked, as the kernel leaves its new sockets.
+        if !scope.contains_pid(proc_root, c.pid) {
+            continue;
+        }
         let key = ConnKey {
             tgid: c.pid,
             fd: c.fd,

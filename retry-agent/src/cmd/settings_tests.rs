@@ -439,3 +439,30 @@ async fn trace_and_forensics_refuse_bad_settings_first() {
         ["decide-retry-budget"]
     );
 }
+
+/// A scope that names nothing real is refused before anything loads, naming the flag: a typo
+/// must not silently widen (or empty) what the agent observes.
+#[test]
+fn a_scope_that_names_nothing_is_invalid() {
+    let mut p = InvalidConfig::default();
+    p.add(&CaptureConfig {
+        cgroups: vec!["/nonexistent/cgroup".into()],
+        netns: vec!["ralab-a".into()],
+        ..Default::default()
+    });
+    let text = p.to_string();
+    assert!(
+        text.contains("--capture-cgroup cgroup /nonexistent/cgroup"),
+        "{text}"
+    );
+    assert!(
+        text.contains("--capture-netns network namespace \"ralab-a\""),
+        "{text}"
+    );
+    let mut ok = InvalidConfig::default();
+    ok.add(&CaptureConfig {
+        netns: vec!["net:[4026531840]".into()],
+        ..Default::default()
+    });
+    assert!(ok.into_result().is_ok());
+}

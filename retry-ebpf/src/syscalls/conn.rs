@@ -9,7 +9,7 @@ use retry_common::{
 };
 
 use crate::{
-    config::is_agent,
+    config::{config, in_scope, is_agent},
     ctx::{arg, exit_ret, now, read_user, sock_of_fd},
     emit::emit_conn,
     errno::EINPROGRESS,
@@ -22,7 +22,7 @@ use crate::{
 #[inline(always)]
 fn try_enter_connect(ctx: &TracePointContext) -> Result<(), i32> {
     let pid_tgid = bpf_get_current_pid_tgid();
-    if is_agent(pid_tgid) {
+    if is_agent(pid_tgid) || !in_scope(&config()) {
         return Ok(());
     }
     let fd = arg(ctx, 0)? as u32;
@@ -178,6 +178,10 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         let key = PeerKey { family: tuple.family, port: tuple.rport, addr: tuple.raddr };
         let _ = SERVER_EST.remove(&key);
         let _ = SERVER_EST_SK.remove(&skaddr);
+    }
+    // Out of scope: checked only now, so the index entries above are consumed either way.
+    if !in_scope(&config()) {
+        return Ok(());
     }
     let generation = now();
     let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: newfd };

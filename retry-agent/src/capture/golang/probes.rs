@@ -104,7 +104,13 @@ impl GoProbes {
 
     /// Instruments the executables of processes not seen before; returns how many were added.
     /// Blocking /proc and file reads: call it off the hot path.
-    pub fn scan(&mut self, ebpf: &mut Ebpf, proc_root: &Path, skip_pid: u32) -> usize {
+    pub fn scan(
+        &mut self,
+        ebpf: &mut Ebpf,
+        proc_root: &Path,
+        skip_pid: u32,
+        scope: &crate::capture::Scope,
+    ) -> usize {
         let Ok(dir) = std::fs::read_dir(proc_root) else {
             return 0;
         };
@@ -116,6 +122,10 @@ impl GoProbes {
             };
             live.insert(pid);
             if pid == skip_pid || !self.pids.insert(pid) {
+                continue;
+            }
+            // Outside the scope its sockets are untracked: its Go probes would only cost.
+            if !scope.contains_pid(proc_root, pid) {
                 continue;
             }
             let exe = proc_root.join(pid.to_string()).join("exe");
