@@ -57,7 +57,7 @@ pub static EBPF_OBJECT: &[u8] =
 pub struct CaptureConfig {
     /// Kernel ring buffer size in bytes (a power of two, at least one page; default: derived
     /// from --memory-budget-mib).
-    #[arg(long = "capture-ring-bytes", alias = "ring-bytes", env = "RETRY_AGENT_CAPTURE_RING_BYTES", default_value_t = 8 << 20)]
+    #[arg(long = "capture-ring-bytes", alias = "ring-bytes", env = "RETRY_AGENT_CAPTURE_RING_BYTES", default_value_t = 4 << 20)]
     pub ring_bytes: u32,
     /// Payload prefix captured per syscall, in bytes (at most 4096).
     #[arg(long = "capture-payload-bytes", alias = "payload-bytes", env = "RETRY_AGENT_CAPTURE_PAYLOAD_BYTES", default_value_t = retry_common::DEFAULT_PAYLOAD)]
@@ -77,7 +77,7 @@ pub struct CaptureConfig {
         long = "capture-channel-capacity",
         alias = "channel-capacity",
         env = "RETRY_AGENT_CAPTURE_CHANNEL_CAPACITY",
-        default_value_t = 2457
+        default_value_t = 1843
     )]
     pub channel_capacity: usize,
     /// Where to read process metadata and pre-existing connections.

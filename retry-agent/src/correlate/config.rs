@@ -173,7 +173,7 @@ pub struct CorrelateConfig {
         long = "correlate-max-threads",
         alias = "max-threads",
         env = "RETRY_AGENT_CORRELATE_MAX_THREADS",
-        default_value_t = 4608
+        default_value_t = 3456
     )]
     pub max_threads: usize,
     /// Inbound exchanges waiting for their verdict; beyond this they are judged at once (default:
@@ -182,7 +182,7 @@ pub struct CorrelateConfig {
         long = "correlate-max-pending",
         alias = "max-pending",
         env = "RETRY_AGENT_CORRELATE_MAX_PENDING",
-        default_value_t = 2304
+        default_value_t = 1728
     )]
     pub max_pending: usize,
     /// Distinct requests remembered for retry matching (default: derived from
@@ -191,7 +191,7 @@ pub struct CorrelateConfig {
         long = "correlate-max-retry-keys",
         alias = "max-retry-keys",
         env = "RETRY_AGENT_CORRELATE_MAX_RETRY_KEYS",
-        default_value_t = 12_288
+        default_value_t = 9216
     )]
     pub max_retry_keys: usize,
 }

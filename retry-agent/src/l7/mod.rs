@@ -47,7 +47,7 @@ pub struct L7Config {
     #[arg(
         long = "l7-max-connections",
         env = "RETRY_AGENT_L7_MAX_CONNECTIONS",
-        default_value_t = 3072
+        default_value_t = 2304
     )]
     pub max_connections: usize,
     /// Requests in flight per connection (HTTP/1 pipelining depth, HTTP/2 streams) at most; the

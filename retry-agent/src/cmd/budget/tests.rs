@@ -51,11 +51,11 @@ fn flag_defaults_are_the_default_budget() {
 #[test]
 fn every_cap_follows_the_budget() {
     let small = run(&[]);
-    let big = run(&["--memory-budget-mib", "272"]);
+    let big = run(&["--memory-budget-mib", "220"]);
     let (s, b) = (caps_of(&small), caps_of(&big));
-    // 272 − 16 fixed = 256 MiB to share, 16/3 of the default's 48 (the ring rounds to 2^n).
-    assert_eq!(b.ring_bytes, 64 << 20);
-    assert_eq!(b.recorder_max_mib, 80);
+    // 220 − 28 fixed = 192 MiB to share, 16/3 of the default's 36 (the ring rounds to 2^n).
+    assert_eq!(b.ring_bytes, 16 << 20);
+    assert_eq!(b.recorder_max_mib, 60);
     // (each count rounds down on its own)
     assert!(
         (s.channel_capacity * 16 / 3..=(s.channel_capacity + 1) * 16 / 3)
@@ -120,9 +120,9 @@ fn a_bound_given_on_its_flag_wins() {
         "--memory-budget-mib",
         "128",
         "--correlate-max-pending",
-        "2304",
+        "1728",
     ]);
-    assert_eq!(b.pipeline.correlate.max_pending, 2304);
+    assert_eq!(b.pipeline.correlate.max_pending, 1728);
     // And a ceiling over the budget is what the start-up warning reports.
     let over = run(&["--recorder-max-mib", "512"]);
     assert!(Ceiling::of(&over).total() > over.budget.bytes());
@@ -143,5 +143,5 @@ fn the_ceiling_names_every_part() {
     for part in ["fixed", "ring", "channel", "recorder", "l7", "correlate"] {
         assert!(text.contains(part), "{text}");
     }
-    assert!(text.starts_with("60.0 MiB"), "{text}");
+    assert!(text.starts_with("62.7 MiB"), "{text}");
 }
