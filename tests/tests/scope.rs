@@ -12,7 +12,7 @@ use integration_tests::fixture::{
     NetnsPair, Proc, can_run, collect, conn_events, data_events, dump, fixture, free_port,
     involving, load_with, wait_listening,
 };
-use retry_agent::capture::{CaptureConfig, Event, Role};
+use retry_agent::capture::{Capture, CaptureConfig, Event, Role};
 
 fn tracked(evs: &[Event], pid: u32, role: Role) -> bool {
     conn_events(evs)
@@ -27,6 +27,30 @@ fn untouched(evs: &[Event], pid: u32) -> bool {
 
 fn curl(cmd: &mut Command, url: &str) -> Proc {
     Proc::spawn(cmd.args(["-s", "-o", "/dev/null", "--max-time", "5", url]))
+}
+
+/// After both clients finished: the scoped client and server (`inside`: client, server) are
+/// tracked on their side of the connection, the other pair is never seen.
+async fn only_inside_tracked(cap: &mut Capture, inside: [u32; 2], outside: [u32; 2]) {
+    let pids = [inside[0], inside[1], outside[0], outside[1]];
+    let evs = collect(cap, Duration::from_secs(3), involving(&pids), |_| false).await;
+    assert!(
+        tracked(&evs, inside[0], Role::Client),
+        "the scoped client is tracked:\n{}",
+        dump(&evs)
+    );
+    assert!(
+        tracked(&evs, inside[1], Role::Server),
+        "the scoped server is tracked:\n{}",
+        dump(&evs)
+    );
+    for pid in outside {
+        assert!(
+            untouched(&evs, pid),
+            "pid {pid} is outside the scope:\n{}",
+            dump(&evs)
+        );
+    }
 }
 
 /// Scoped to namespace `a`: `a`'s client calling into `b` is tracked at connect and `b`'s
@@ -66,33 +90,12 @@ async fn netns_scope_tracks_only_the_scoped_namespace() {
     );
     assert!(in_client.wait(Duration::from_secs(10)).success());
     assert!(out_client.wait(Duration::from_secs(10)).success());
-    let pids = [
-        in_server.pid(),
-        out_server.pid(),
-        in_client.pid(),
-        out_client.pid(),
-    ];
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
-        false
-    })
+    only_inside_tracked(
+        &mut cap,
+        [in_client.pid(), in_server.pid()],
+        [out_client.pid(), out_server.pid()],
+    )
     .await;
-    assert!(
-        tracked(&evs, in_client.pid(), Role::Client),
-        "the scoped client is tracked:\n{}",
-        dump(&evs)
-    );
-    assert!(
-        tracked(&evs, in_server.pid(), Role::Server),
-        "the scoped server is tracked:\n{}",
-        dump(&evs)
-    );
-    for pid in [out_server.pid(), out_client.pid()] {
-        assert!(
-            untouched(&evs, pid),
-            "pid {pid} is outside the scope:\n{}",
-            dump(&evs)
-        );
-    }
 }
 
 /// A cgroup v2 directory made for the test, removed (after its processes) on drop.
@@ -194,32 +197,11 @@ async fn cgroup_scope_tracks_only_the_scoped_subtree() {
     );
     assert!(in_client.wait(Duration::from_secs(10)).success());
     assert!(out_client.wait(Duration::from_secs(10)).success());
-    let pids = [
-        in_server.pid(),
-        out_server.pid(),
-        in_client.pid(),
-        out_client.pid(),
-    ];
-    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
-        false
-    })
+    only_inside_tracked(
+        &mut cap,
+        [in_client.pid(), in_server.pid()],
+        [out_client.pid(), out_server.pid()],
+    )
     .await;
-    assert!(
-        tracked(&evs, in_client.pid(), Role::Client),
-        "the scoped client is tracked:\n{}",
-        dump(&evs)
-    );
-    assert!(
-        tracked(&evs, in_server.pid(), Role::Server),
-        "the scoped server is tracked:\n{}",
-        dump(&evs)
-    );
-    for pid in [out_server.pid(), out_client.pid()] {
-        assert!(
-            untouched(&evs, pid),
-            "pid {pid} is outside the scope:\n{}",
-            dump(&evs)
-        );
-    }
     drop((in_server, out_server, in_client, out_client));
 }
