@@ -6,9 +6,10 @@
 //!   shim's own port RETURNs (no loops), then one REDIRECT per selector combination
 //!   (uid × cgroup × destination port; AND across kinds, OR within a kind).
 //! - `PREROUTING -p tcp -j <chain>_IN` (only with inbound ports): traffic arriving for local
-//!   services (from pods / other hosts), redirected by destination port, and only when it is
-//!   addressed to this host (`-m addrtype --dst-type LOCAL`): traffic the node merely routes
-//!   (to pods behind a bridge, forwarded by kube-proxy) is not ours to proxy.
+//!   services (from pods / other hosts), redirected by destination port. Not limited to the
+//!   host's own addresses (`-m addrtype --dst-type LOCAL`): a node's pods sit behind veths and
+//!   bridges, so traffic for them is routed by the host, and that is exactly what the shim must
+//!   see (the lab's chains fail without it). Limiting it to this node's pod addresses is open.
 //! - Every iptables call waits at most [`LOCK_WAIT_SECS`] for the xtables lock (`-w 5`), so
 //!   a stuck holder (another agent, kube-proxy) fails the call instead of hanging the shim.
 //!
@@ -193,10 +194,6 @@ impl Steering {
                 s(&[
                     "-p",
                     "tcp",
-                    "-m",
-                    "addrtype",
-                    "--dst-type",
-                    "LOCAL",
                     "--dport",
                     &p.to_string(),
                     "-j",
@@ -357,7 +354,7 @@ mod tests {
         assert_eq!(st.outbound_rules().len(), 2);
         assert_eq!(
             st.inbound_rules()[0].join(" "),
-            "-p tcp -m addrtype --dst-type LOCAL --dport 8080 -j REDIRECT --to-ports 1"
+            "-p tcp --dport 8080 -j REDIRECT --to-ports 1"
         );
     }
 }
