@@ -16,7 +16,6 @@ use std::{
 pub use crate::fixture::{Proc, free_port};
 use retry_agent::{
     actuate::shim::iptables::{self, Family},
-    correlate::{Edge, ServiceId},
     decide::{Action, Decision, Reason},
 };
 

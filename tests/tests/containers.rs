@@ -322,8 +322,9 @@ fn curl_edges(api: &Path) -> (Vec<(String, u64)>, String) {
 }
 
 #[test]
-#[ignore = "work in progress: containerd, the image, the labels and the traffic work, and the \
-            agent counts labels_missing and l7 exchanges, but /v1/edges stays empty here"]
+#[ignore = "known product bug (issue 11): containerd, the image, the labels and the traffic work \
+            and the agent counts labels_missing and l7 exchanges, but /v1/edges stays empty; \
+            run with --ignored to reproduce"]
 fn containers_are_named_by_pod_and_two_on_one_port_differ() {
     if !can_run() {
         return;
