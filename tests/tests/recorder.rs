@@ -17,7 +17,7 @@ use retry_agent::{
     capture::Event,
     correlate::CorrelateConfig,
     decide::DecideConfig,
-    l7::{Exchange, L7Config},
+    l7::L7Config,
     pipeline::{Pipeline, Record, StageOutput},
     recorder::{
         DumpReader, DumpReason, Recorder, RecorderConfig, SharedRecorder, client::request_dump,
