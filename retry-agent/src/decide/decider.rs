@@ -158,17 +158,7 @@ impl Decider {
             let active = self.active.get(&e.edge);
             let want = self.condition(e, active.is_some());
             match (want, self.active.get_mut(&e.edge)) {
-                (Some(reason), None) => {
-                    let d = self.issue(e, reason, now_ns);
-                    self.active.insert(
-                        e.edge.clone(),
-                        Active {
-                            decision: d.clone(),
-                            last_true_ns: now_ns,
-                        },
-                    );
-                    out.push(d);
-                }
+                (Some(reason), None) => out.push(self.start(e, reason, now_ns)),
                 (Some(reason), Some(_)) => {
                     let evidence = self.evidence(e, reason);
                     let half_life = self.cfg.decision_ttl_ms.saturating_mul(1_000_000) / 2;
@@ -179,25 +169,15 @@ impl Decider {
                     let stale = now_ns.saturating_sub(a.decision.issued_at_ns) >= half_life;
                     let basis = a.decision.evidence.as_ref().map(|x| x.basis);
                     if stale || a.decision.reason != reason || basis != Some(evidence.basis) {
-                        // Renewal keeps the id: actuators treat it as the same decision, refreshed.
-                        a.decision.reason = reason;
-                        a.decision.issued_at_ns = now_ns;
-                        a.decision.callee_addrs = e.callee_addrs.clone();
-                        a.decision.evidence = Some(evidence);
-                        out.push(a.decision.clone());
+                        out.push(refresh(a, e, reason, evidence, now_ns));
                     }
                 }
                 (None, Some(a)) => {
                     if now_ns.saturating_sub(a.last_true_ns)
                         >= self.cfg.hysteresis_ms.saturating_mul(1_000_000)
+                        && let Some(a) = self.active.remove(&e.edge)
                     {
-                        let mut lift = a.decision.clone();
-                        lift.action = Action::Allow;
-                        lift.issued_at_ns = now_ns;
-                        lift.id = self.next_id;
-                        self.next_id += 1;
-                        self.active.remove(&e.edge);
-                        out.push(lift);
+                        out.push(self.lift(a.decision, now_ns));
                     }
                 }
                 (None, None) => {}
@@ -216,12 +196,7 @@ impl Decider {
             .collect();
         for edge in gone {
             if let Some(a) = self.active.remove(&edge) {
-                let mut lift = a.decision;
-                lift.action = Action::Allow;
-                lift.issued_at_ns = now_ns;
-                lift.id = self.next_id;
-                self.next_id += 1;
-                out.push(lift);
+                out.push(self.lift(a.decision, now_ns));
             }
         }
         out
@@ -244,22 +219,10 @@ impl Decider {
             let evidence = self.evidence(e, Reason::CalleeUnclaimed);
             if let Some(a) = self.active.get_mut(&e.edge) {
                 a.last_true_ns = now_ns;
-                a.decision.reason = Reason::CalleeUnclaimed;
-                a.decision.issued_at_ns = now_ns;
-                a.decision.callee_addrs = e.callee_addrs.clone();
-                a.decision.evidence = Some(evidence);
-                out.push(a.decision.clone());
+                out.push(refresh(a, e, Reason::CalleeUnclaimed, evidence, now_ns));
                 continue;
             }
-            let d = self.issue(e, Reason::CalleeUnclaimed, now_ns);
-            self.active.insert(
-                e.edge.clone(),
-                Active {
-                    decision: d.clone(),
-                    last_true_ns: now_ns,
-                },
-            );
-            out.push(d);
+            out.push(self.start(e, Reason::CalleeUnclaimed, now_ns));
         }
         out
     }
@@ -267,6 +230,28 @@ impl Decider {
     /// Decisions currently in force.
     pub fn active(&self) -> Vec<Decision> {
         self.active.values().map(|a| a.decision.clone()).collect()
+    }
+
+    /// Issues a decision on `e` and holds it.
+    fn start(&mut self, e: &EdgeStats, reason: Reason, now_ns: u64) -> Decision {
+        let d = self.issue(e, reason, now_ns);
+        self.active.insert(
+            e.edge.clone(),
+            Active {
+                decision: d.clone(),
+                last_true_ns: now_ns,
+            },
+        );
+        d
+    }
+
+    /// The lift of a held decision: `Allow`, under a new id.
+    fn lift(&mut self, mut held: Decision, now_ns: u64) -> Decision {
+        held.action = Action::Allow;
+        held.issued_at_ns = now_ns;
+        held.id = self.next_id;
+        self.next_id += 1;
+        held
     }
 
     fn issue(&mut self, e: &EdgeStats, reason: Reason, now_ns: u64) -> Decision {
@@ -353,4 +338,19 @@ impl Decider {
         }
         None
     }
+}
+
+/// Renews a held decision in place (same id: actuators treat it as the same decision, refreshed).
+fn refresh(
+    a: &mut Active,
+    e: &EdgeStats,
+    reason: Reason,
+    evidence: Evidence,
+    now_ns: u64,
+) -> Decision {
+    a.decision.reason = reason;
+    a.decision.issued_at_ns = now_ns;
+    a.decision.callee_addrs = e.callee_addrs.clone();
+    a.decision.evidence = Some(evidence);
+    a.decision.clone()
 }
