@@ -416,4 +416,3 @@ impl Actuator for EnvoyActuator {
         Box::pin(self.held.lift_all())
     }
 }
-

@@ -31,7 +31,8 @@ pub trait TargetProxy: Send + Sync {
         until_s: u64,
     ) -> impl Future<Output = Result<(), ActuateError>> + Send;
     /// Remove the override on `target` (absent is fine).
-    fn clear(&self, target: &Self::Target) -> impl Future<Output = Result<(), ActuateError>> + Send;
+    fn clear(&self, target: &Self::Target)
+    -> impl Future<Output = Result<(), ActuateError>> + Send;
 }
 
 /// The first error of a batch; the batch goes on past it (one bad edge must not keep the others).
@@ -73,7 +74,11 @@ impl<P: TargetProxy> Held<P> {
 
     /// New decisions at `now` (`&[]` = tick): lapsed and allowed edges are lifted, suppressed
     /// ones set (with one listing for the whole batch).
-    pub async fn apply(&mut self, decisions: &[Decision], now: Instant) -> Result<(), ActuateError> {
+    pub async fn apply(
+        &mut self,
+        decisions: &[Decision],
+        now: Instant,
+    ) -> Result<(), ActuateError> {
         let ch = self.active.update(decisions, now);
         let mut err = FirstError::default();
         for d in &ch.removed {

@@ -30,7 +30,13 @@ fn cfg(dir: PathBuf) -> RecorderConfig {
 fn decision(ts: u64) -> Decision {
     Decision {
         issued_at_ns: ts,
-        ..crate::testkit::decision("a", "b", Action::SuppressRetries, Reason::CalleeUnclaimed, 1000)
+        ..crate::testkit::decision(
+            "a",
+            "b",
+            Action::SuppressRetries,
+            Reason::CalleeUnclaimed,
+            1000,
+        )
     }
 }
 

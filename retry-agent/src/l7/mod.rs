@@ -238,16 +238,18 @@ impl Reassembler {
             goid: None,
         };
         let (cap, inflight) = (self.cfg.conn_buffer_bytes, self.cfg.max_inflight);
-        let open =
-            |conns: &mut LruCache<ConnId, Conn, ConnHasher>, role: Role, fresh: bool, em: &mut Emitter<'_>| {
-                if let Some(c) = conns.get_mut(&ev.conn) {
-                    c.set_tuple(ev.tuple);
-                    return;
-                }
-                let mut c = Conn::new(ev.conn, ev.pid, role, ev.tuple, fresh, cap, inflight);
-                c.last_ts = ev.ts_ns;
-                insert(conns, ev.conn, c, em);
-            };
+        let open = |conns: &mut LruCache<ConnId, Conn, ConnHasher>,
+                    role: Role,
+                    fresh: bool,
+                    em: &mut Emitter<'_>| {
+            if let Some(c) = conns.get_mut(&ev.conn) {
+                c.set_tuple(ev.tuple);
+                return;
+            }
+            let mut c = Conn::new(ev.conn, ev.pid, role, ev.tuple, fresh, cap, inflight);
+            c.last_ts = ev.ts_ns;
+            insert(conns, ev.conn, c, em);
+        };
         match ev.kind {
             ConnEventKind::Connect { errno } | ConnEventKind::Failed { errno } => {
                 match connect_failure(errno) {
@@ -322,7 +324,12 @@ impl Reassembler {
 }
 
 /// Insert a connection, evicting the least recently used one when the table is full.
-fn insert(conns: &mut LruCache<ConnId, Conn, ConnHasher>, id: ConnId, c: Conn, em: &mut Emitter<'_>) {
+fn insert(
+    conns: &mut LruCache<ConnId, Conn, ConnHasher>,
+    id: ConnId,
+    c: Conn,
+    em: &mut Emitter<'_>,
+) {
     if let Some((old_id, mut old)) = conns.push(id, c)
         && old_id != id
     {

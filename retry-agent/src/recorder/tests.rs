@@ -70,7 +70,13 @@ fn marker(i: u64) -> Record {
 fn decision(ts: u64) -> Record {
     Record::Decision(Decision {
         issued_at_ns: ts,
-        ..crate::testkit::decision("a", "b", Action::SuppressRetries, Reason::CalleeUnclaimed, 1000)
+        ..crate::testkit::decision(
+            "a",
+            "b",
+            Action::SuppressRetries,
+            Reason::CalleeUnclaimed,
+            1000,
+        )
     })
 }
 

@@ -5,7 +5,13 @@ use crate::{
 };
 
 /// A decision on `caller → callee`: id 1, issued at 0, no callee address.
-pub fn decision(caller: &str, callee: &str, action: Action, reason: Reason, ttl_ms: u64) -> Decision {
+pub fn decision(
+    caller: &str,
+    callee: &str,
+    action: Action,
+    reason: Reason,
+    ttl_ms: u64,
+) -> Decision {
     Decision {
         id: 1,
         edge: Edge {
