@@ -182,6 +182,20 @@ impl ProcessInfo {
             parent: None,
         }
     }
+
+    /// Fills what this description could not read (exe, cgroup, container, namespaces) from
+    /// another description of the same program, e.g. the parent a child was forked from.
+    pub fn fill_from(&mut self, other: &ProcessInfo) {
+        self.exe = self.exe.take().or_else(|| other.exe.clone());
+        self.cgroup = self.cgroup.take().or_else(|| other.cgroup.clone());
+        self.container_id = self
+            .container_id
+            .take()
+            .or_else(|| other.container_id.clone());
+        self.netns = self.netns.or(other.netns);
+        self.host_netns = self.host_netns.or(other.host_netns);
+        self.workload = self.workload.take().or_else(|| other.workload.clone());
+    }
 }
 
 /// Everything the capture layer emits.

@@ -72,6 +72,17 @@ pub fn socket_inode(link: &str) -> Option<u64> {
 }
 
 /// `net:[4026531840]` → 4026531840.
+/// The host's network namespace: pid 1's, or, where pid 1's cannot be read (a hardened /proc,
+/// a sandbox whose init is not ours to inspect), the agent's own: it runs with the host's
+/// network (the DaemonSet's `hostNetwork`), so its namespace is the host's.
+pub fn host_netns(proc_root: &Path) -> Option<u64> {
+    ["1", "self"].into_iter().find_map(|p| {
+        fs::read_link(proc_root.join(p).join("ns/net"))
+            .ok()
+            .and_then(|l| ns_inode(&l.to_string_lossy()))
+    })
+}
+
 pub fn ns_inode(link: &str) -> Option<u64> {
     link.split_once(":[")?.1.strip_suffix(']')?.parse().ok()
 }
@@ -117,9 +128,7 @@ pub fn process_info(proc_root: &Path, pid: u32) -> ProcessInfo {
     let netns = fs::read_link(dir.join("ns/net"))
         .ok()
         .and_then(|p| ns_inode(&p.to_string_lossy()));
-    let host_netns = fs::read_link(proc_root.join("1/ns/net"))
-        .ok()
-        .and_then(|p| ns_inode(&p.to_string_lossy()));
+    let host_netns = host_netns(proc_root);
     ProcessInfo {
         pid,
         comm,

@@ -249,6 +249,11 @@ impl Reader {
             if info.comm.is_empty() {
                 info = procfs::process_info(&self.proc_root, parent);
                 info.pid = pid;
+            } else {
+                // A child that already exited is a zombie until reaped: its comm still reads,
+                // its exe, cgroup and namespaces do not. A forked child shares them with its
+                // parent, so take them from there instead of naming it as a host process.
+                info.fill_from(&procfs::process_info(&self.proc_root, parent));
             }
             info.parent = Some(parent);
         }

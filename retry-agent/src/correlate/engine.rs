@@ -406,17 +406,13 @@ impl Engine {
         if self.procs.len() >= self.cfg.max_threads && !self.procs.contains_key(&info.pid) {
             self.sweep_procs();
         }
+        let info_pid = info.pid;
         let p = self.procs.entry(info.pid).or_default();
         let mut info = info.clone();
         match &p.info {
             Some(old) if old.comm.is_empty() && !info.comm.is_empty() => {
                 // Late name: what the first description did read still holds.
-                info.exe = info.exe.or(old.exe.clone());
-                info.cgroup = info.cgroup.or(old.cgroup.clone());
-                info.container_id = info.container_id.or(old.container_id.clone());
-                info.netns = info.netns.or(old.netns);
-                info.host_netns = info.host_netns.or(old.host_netns);
-                info.workload = info.workload.or(old.workload.clone());
+                info.fill_from(old);
                 // Its provisional names (`pid:N`) will never be resolved again: give their
                 // places under the service cap back, or every short-lived process keeps one.
                 let provisional = format!("pid:{}", info.pid);
@@ -433,9 +429,21 @@ impl Engine {
             Some(old) if old.comm != info.comm || old.exe != info.exe => *p = ProcState::default(),
             _ => {}
         }
+        let named_now =
+            info.workload.is_some() && p.info.as_ref().is_none_or(|o| o.workload != info.workload);
         p.info = Some(info);
         p.exited = false;
         p.names.clear();
+        if named_now {
+            // Its forked children (pre-forking servers) are named after it: drop the names
+            // they were given before it was, or they keep `comm:port` for as long as they live.
+            let pid = info_pid;
+            for c in self.procs.values_mut() {
+                if c.info.as_ref().is_some_and(|i| i.parent == Some(pid)) {
+                    c.names.clear();
+                }
+            }
+        }
     }
 
     pub fn on_process_exit(&mut self, pid: u32) {

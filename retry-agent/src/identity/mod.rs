@@ -218,9 +218,7 @@ impl Identity {
     /// called inside a tokio runtime. The receiver yields each container once it is named,
     /// with the pids seen in it, so the caller can describe those processes again.
     pub fn start(cfg: IdentityConfig) -> (Self, tokio::sync::mpsc::Receiver<Resolved>) {
-        let host_netns = std::fs::read_link(cfg.proc_root.join("1/ns/net"))
-            .ok()
-            .and_then(|p| cgroup::ns_inode(&p.to_string_lossy()));
+        let host_netns = crate::capture::procfs::host_netns(&cfg.proc_root);
         let cluster = Arc::new(RwLock::new(cluster::ClusterIndex::new(cfg.max_objects)));
         let shared = Arc::new(resolver::Shared::new(cfg.clone(), host_netns));
         let (queue, resolved) = resolver::spawn(shared.clone(), cluster.clone());

@@ -102,3 +102,24 @@ fn process_info_of_self() {
     let gone = process_info(Path::new("/nonexistent"), 1);
     assert_eq!((gone.pid, gone.comm.as_str(), gone.exe), (1, "", None));
 }
+
+/// Where pid 1's namespace link cannot be read (this machine's sandbox, a hardened /proc), the
+/// agent's own is the host's: without it every containerized process lost its `@netns` suffix.
+#[test]
+fn host_netns_falls_back_to_the_agents_own() {
+    let root = crate::testkit::temp_dir("procfs-netns");
+    let link = |pid: &str, target: &str| {
+        std::fs::create_dir_all(root.join(pid).join("ns")).unwrap();
+        std::os::unix::fs::symlink(target, root.join(pid).join("ns/net")).unwrap();
+    };
+    link("self", "net:[4026531999]");
+    assert_eq!(host_netns(&root), Some(4026531999));
+    link("1", "net:[4026531840]");
+    assert_eq!(
+        host_netns(&root),
+        Some(4026531840),
+        "pid 1's wins when readable"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+    assert_eq!(host_netns(&root), None);
+}

@@ -87,8 +87,16 @@ impl Engine {
             }
         }
         let info = p.and_then(|p| p.info.as_ref());
-        // A container identity resolved it: the name operators use, the same on every node.
-        if let Some(w) = info.and_then(|i| i.workload.as_ref()) {
+        // A container identity resolved it (or the parent it was forked from, which a
+        // short-lived child outlives only in our tables): the name operators use.
+        let parent_workload = || {
+            let parent = info?.parent?;
+            self.procs.get(&parent)?.info.as_ref()?.workload.as_ref()
+        };
+        if let Some(w) = info
+            .and_then(|i| i.workload.as_ref())
+            .or_else(parent_workload)
+        {
             return ServiceId::new(&w.service_name());
         }
         match comm {

@@ -1742,6 +1742,35 @@ mod names {
         assert_eq!(w.e.resolve_name(A, 80).as_str(), "httpd:80");
     }
 
+    /// A pre-forking server's child (busybox httpd, Apache prefork) serves a request and exits
+    /// before its container is resolved: it is named after its parent, and renamed when the
+    /// parent is, instead of keeping the `comm:port` it had first (the containers test saw one
+    /// request in five under the wrong name).
+    #[test]
+    fn a_forked_child_takes_its_parents_name_even_when_named_late() {
+        let mut w = World::with(CorrelateConfig::default());
+        w.e.on_process(&proc(A, "httpd", 11, None));
+        let mut child = proc(B, "httpd", 11, None);
+        child.parent = Some(A);
+        w.e.on_process(&child);
+        w.e.on_process(&proc(C, "curl", HOST_NS, None));
+        let t = 1_000 * MS;
+        w.call(C, 300, B, t, MS, 200);
+        w.e.tick(t + 3_000 * MS, &mut w.v);
+        assert!(
+            edge_names(&w).contains(&"curl->httpd:80@netns:11".to_string()),
+            "{:?}",
+            edge_names(&w)
+        );
+        w.e.on_process_exit(B);
+        w.e.on_process(&proc(A, "httpd", 11, Some(("shop", "web"))));
+        assert_eq!(
+            edge_names(&w),
+            vec!["curl->shop/web".to_string()],
+            "the child follows its parent"
+        );
+    }
+
     /// `--correlate-service-name` overrides (pid, comm:port, comm) still win over a workload.
     #[test]
     fn overrides_win_over_the_workload() {
