@@ -18,6 +18,16 @@ impl ServiceId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The Kubernetes namespace of a workload's name (`namespace/workload`). Namespaces are DNS
+    /// labels, so the first `/` splits them; `comm:port` names have none (an override written
+    /// `ns/name` is read as a workload in `ns`, as its author meant).
+    pub fn namespace(&self) -> Option<&str> {
+        self.0
+            .split_once('/')
+            .map(|(ns, _)| ns)
+            .filter(|ns| !ns.is_empty())
+    }
 }
 
 impl fmt::Display for ServiceId {

@@ -10,7 +10,7 @@ use prometheus_client::{
 };
 
 use crate::{
-    correlate::{EdgeStats, EngineStats, PathStats},
+    correlate::{Edge, EdgeStats, EngineStats, PathStats, ServiceId},
     decide::Decision,
     l7::OutcomeClass,
 };
@@ -18,15 +18,42 @@ use crate::{
 #[cfg(test)]
 mod tests;
 
-/// Edges that get their own label value; the rest are summed into `edge="other"`.
+/// Edges that get their own label values; the rest are summed into `caller="other",callee="other"`.
 pub const DEFAULT_MAX_EDGE_LABELS: usize = 64;
 /// Depths that get their own label value (deeper ones are folded into the last).
 const MAX_DEPTH_LABELS: u32 = 16;
 pub const OTHER: &str = "other";
 
+/// One edge: the services as the API names them, and their Kubernetes namespaces (empty for a
+/// service that is not a workload) so dashboards can sum by namespace. Bounded: at most
+/// `max_edge_labels` edges, the rest summed into caller = callee = `other`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EdgeLabels {
-    edge: String,
+    caller: String,
+    caller_namespace: String,
+    callee: String,
+    callee_namespace: String,
+}
+
+impl EdgeLabels {
+    fn of(e: &Edge) -> Self {
+        let ns = |s: &ServiceId| s.namespace().unwrap_or_default().to_string();
+        EdgeLabels {
+            caller: e.caller.to_string(),
+            caller_namespace: ns(&e.caller),
+            callee: e.callee.to_string(),
+            callee_namespace: ns(&e.callee),
+        }
+    }
+
+    fn other() -> Self {
+        EdgeLabels {
+            caller: OTHER.to_string(),
+            caller_namespace: String::new(),
+            callee: OTHER.to_string(),
+            callee_namespace: String::new(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -295,17 +322,13 @@ impl Metrics {
         });
         let (named, rest) = sorted.split_at(sorted.len().min(self.max_edge_labels));
         for e in named {
-            let l = EdgeLabels {
-                edge: e.edge.to_string(),
-            };
+            let l = EdgeLabels::of(&e.edge);
             self.retry_ratio.get_or_create(&l).set(e.retry_ratio);
             self.amplification.get_or_create(&l).set(e.amplification);
             self.request_rate.get_or_create(&l).set(e.request_rate);
         }
         if !rest.is_empty() {
-            let l = EdgeLabels {
-                edge: OTHER.to_string(),
-            };
+            let l = EdgeLabels::other();
             let requests: u64 = rest.iter().map(|e| e.requests).sum();
             let retries: u64 = rest.iter().map(|e| e.retries).sum();
             let rate: f64 = rest.iter().map(|e| e.request_rate).sum();

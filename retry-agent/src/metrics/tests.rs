@@ -61,15 +61,19 @@ fn names_units_and_overflow_label() {
     m.observe_go((3, 1));
     let text = m.encode();
     assert!(
-        text.contains(r#"retry_agent_retry_ratio{edge="a->b"} 0.5"#),
+        text.contains(
+            r#"retry_agent_retry_ratio{caller="a",caller_namespace="",callee="b",callee_namespace=""} 0.5"#
+        ),
         "{text}"
     );
     // The two smallest edges share "other": 6 retries of 20 requests.
     assert!(
-        text.contains(r#"retry_agent_retry_ratio{edge="other"} 0.3"#),
+        text.contains(
+            r#"retry_agent_retry_ratio{caller="other",caller_namespace="",callee="other",callee_namespace=""} 0.3"#
+        ),
         "{text}"
     );
-    assert!(!text.contains("c->d"), "{text}");
+    assert!(!text.contains(r#"callee="d""#), "{text}");
     assert!(
         text.contains(r#"retry_agent_verdicts_total{claim="unclaimed"} 1"#),
         "{text}"
@@ -127,4 +131,25 @@ fn decisions_are_labelled_by_their_basis() {
         ),
         "{text}"
     );
+}
+
+/// Workload names split into the service and its namespace, so a dashboard can sum by
+/// namespace; a `comm:port` service has an empty namespace.
+#[test]
+fn edge_labels_carry_the_namespaces_of_workloads() {
+    let m = Metrics::new();
+    m.observe_edges(&[edge_stats("shop/checkout", "python3:8080", 10, 5)]);
+    let text = m.encode();
+    assert!(
+        text.contains(
+            r#"retry_agent_retry_ratio{caller="shop/checkout",caller_namespace="shop",callee="python3:8080",callee_namespace=""} 0.5"#
+        ),
+        "{text}"
+    );
+    assert_eq!(ServiceId::new("team-a/web-a").namespace(), Some("team-a"));
+    assert_eq!(
+        ServiceId::new("node:8080@netns:4026532001").namespace(),
+        None
+    );
+    assert_eq!(ServiceId::new("/x").namespace(), None);
 }
