@@ -126,7 +126,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let dispatcher = Dispatcher::from_config(&args.actuate).context("starting the actuators")?;
     let (to_actuators, actuator_rx) = mpsc::channel(ACTUATOR_QUEUE);
-    let actuators = tokio::spawn(drive_actuators(dispatcher, actuator_rx));
+    let actuators = tokio::spawn(drive_actuators(
+        dispatcher,
+        actuator_rx,
+        state.metrics().clone(),
+    ));
 
     let mut pipeline = Pipeline::from_config(&args.pipeline);
     if let Some(rec) = &recorder {
@@ -317,12 +321,20 @@ fn send(to_actuators: &mpsc::Sender<ToActuators>, msg: ToActuators) {
 }
 
 /// Hands each batch to the dispatcher, which never blocks (every actuator has its own task).
-async fn drive_actuators(mut dispatcher: Dispatcher, mut rx: mpsc::Receiver<ToActuators>) {
+/// Its counters reach the metrics once a tick (each second).
+async fn drive_actuators(
+    mut dispatcher: Dispatcher,
+    mut rx: mpsc::Receiver<ToActuators>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+) {
     while let Some(msg) = rx.recv().await {
         match msg {
             ToActuators::Decisions(ds) => dispatcher.apply(&ds),
             ToActuators::Claims(cs) => dispatcher.publish_claims(&cs),
-            ToActuators::Tick => dispatcher.tick(),
+            ToActuators::Tick => {
+                dispatcher.tick();
+                metrics.observe_actuators(&dispatcher.stats());
+            }
         }
     }
     dispatcher.shutdown(ACTUATOR_SHUTDOWN).await;

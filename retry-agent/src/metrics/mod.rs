@@ -89,6 +89,14 @@ struct MapLabels {
     map: &'static str,
 }
 
+/// One actuator's outcomes: `ok`, `failed`, or `dropped` (superseded or over the pending bound
+/// while it was busy). Bounded: the actuator kinds configured.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActuatorLabels {
+    actuator: &'static str,
+    outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DepthLabels {
     depth: String,
@@ -122,6 +130,7 @@ pub struct Metrics {
     capture_events: Counter,
     capture_drops: Counter,
     capture_arg_insert_failures: Family<MapLabels, Counter>,
+    actuator_operations: Family<ActuatorLabels, Counter>,
     recorder_evictions: Counter,
     l7_exchanges: Counter,
     l7_evictions: Counter,
@@ -164,6 +173,7 @@ impl Metrics {
             capture_events: Counter::default(),
             capture_drops: Counter::default(),
             capture_arg_insert_failures: Family::default(),
+            actuator_operations: Family::default(),
             recorder_evictions: Counter::default(),
             l7_exchanges: Counter::default(),
             l7_evictions: Counter::default(),
@@ -279,6 +289,11 @@ impl Metrics {
             "capture_arg_insert_failures",
             "Traced syscalls lost because the kernel's per-thread argument map was full, by map",
             m.capture_arg_insert_failures.clone(),
+        );
+        registry.register(
+            "actuator_operations",
+            "Decisions and claim sets handed to each actuator, by outcome (dropped: superseded while it was busy, or over its pending bound)",
+            m.actuator_operations.clone(),
         );
         registry.register(
             "recorder_evictions",
@@ -453,6 +468,21 @@ impl Metrics {
     pub fn observe_capture(&self, events: u64, drops: u64) {
         set_counter(&self.capture_events, events);
         set_counter(&self.capture_drops, drops);
+    }
+
+    /// Each actuator's outcome totals (the dispatcher's counters).
+    pub fn observe_actuators(&self, stats: &[crate::actuate::ActuatorStats]) {
+        for a in stats {
+            for (outcome, n) in [("ok", a.ok), ("failed", a.failed), ("dropped", a.dropped)] {
+                set_counter(
+                    &self.actuator_operations.get_or_create(&ActuatorLabels {
+                        actuator: a.name,
+                        outcome,
+                    }),
+                    n,
+                );
+            }
+        }
     }
 
     /// Failed inserts into the kernel's per-thread argument maps, by `retry_common::arg_map` slot.

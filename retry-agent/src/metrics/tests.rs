@@ -153,3 +153,27 @@ fn edge_labels_carry_the_namespaces_of_workloads() {
     );
     assert_eq!(ServiceId::new("/x").namespace(), None);
 }
+
+/// The dispatcher's per-actuator totals, one series per outcome, so a failing or saturated
+/// actuator shows on a dashboard rather than only in its log.
+#[test]
+fn actuator_outcomes_are_counted_per_actuator() {
+    let m = Metrics::new();
+    let stats = |ok, failed, dropped| crate::actuate::ActuatorStats {
+        name: "haproxy",
+        ok,
+        failed,
+        dropped,
+        last_error: None,
+    };
+    m.observe_actuators(&[stats(3, 1, 0)]);
+    m.observe_actuators(&[stats(5, 1, 2)]);
+    let text = m.encode();
+    for line in [
+        r#"retry_agent_actuator_operations_total{actuator="haproxy",outcome="ok"} 5"#,
+        r#"retry_agent_actuator_operations_total{actuator="haproxy",outcome="failed"} 1"#,
+        r#"retry_agent_actuator_operations_total{actuator="haproxy",outcome="dropped"} 2"#,
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+}
