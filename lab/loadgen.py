@@ -6,6 +6,7 @@ argv: url rate t0 duration_s timeout_ms out_path
 import http.client
 import json
 import queue
+import random
 import sys
 import threading
 import time
@@ -33,7 +34,11 @@ def worker():
             if conn is None:
                 conn = http.client.HTTPConnection(host, port, timeout=timeout)
             # Distinct requests have distinct paths (an observer must not take them for retries).
-            conn.request("GET", "%s/load-%d" % (path, k))
+            # A W3C trace context per request, as an instrumented edge proxy would send: the
+            # services that forward it (forward_trace) carry its trace id on their calls.
+            conn.request("GET", "%s/load-%d" % (path, k),
+                         headers={"traceparent": "00-%032x-%016x-01" % (
+                             random.getrandbits(128), random.getrandbits(64))})
             r = conn.getresponse()
             r.read()
             status = r.status

@@ -197,16 +197,24 @@ def agent_health(mode_dir):
     return out
 
 
+def variant(n):
+    """What verdicts are scored by: the runtime, `+trace` when the service forwards the W3C
+    trace context (the same runtime links differently with and without it)."""
+    return n["runtime"] + ("+trace" if n.get("forward_trace") else "")
+
+
 def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
     """Per runtime: precision = verdicts whose claim matches the ground truth / verdicts that
     took a side; recall = failures served that got a right verdict / failures served (right
     verdicts are capped per node and cause, so duplicate verdicts cannot push it past 1)."""
     by_rt = defaultdict(lambda: {"verdicts": 0, "correct": 0, "missing": 0, "unmatched": 0,
                                  "failures": 0})
+    # Per runtime (variant) and linking method: how each way of linking fares on its own.
+    by_link = defaultdict(lambda: defaultdict(lambda: {"verdicts": 0, "correct": 0}))
     fail_idx = {}
     for n in sc["nodes"]:
         fails = [r for r in logs[n["name"]] if r.get("cause") in ("own", "downstream")]
-        by_rt[n["runtime"]]["failures"] += len(fails)
+        by_rt[variant(n)]["failures"] += len(fails)
         fail_idx[n["name"]] = sorted(fails, key=lambda r: r["t"] + r["d"])
     truth_count = {(n["name"], c): sum(1 for r in fail_idx[n["name"]] if r["cause"] == c)
                    for n in sc["nodes"] for c in ("own", "downstream")}
@@ -219,12 +227,13 @@ def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
         if n is None:
             unknown_services.add(str(v.get("service")))
             continue
-        s = by_rt[n["runtime"]]
+        s = by_rt[variant(n)]
         s["verdicts"] += 1
         claim = v.get("claim")
         if claim not in ("claimed", "unclaimed"):
             s["missing"] += 1
             continue
+        lk = by_link[variant(n)][str(v.get("link", "unknown"))]
         status = v.get("status")
         if status == 503:
             truth = "own"
@@ -242,11 +251,13 @@ def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
                 s["unmatched"] += 1
                 continue
             truth = best[1]["cause"]
+        lk["verdicts"] += 1
         if (claim == "claimed") == (truth == "own"):
             s["correct"] += 1
+            lk["correct"] += 1
             right[(n["name"], truth)] += 1
     recalled = defaultdict(int)
-    rt_of = {n["name"]: n["runtime"] for n in sc["nodes"]}
+    rt_of = {n["name"]: variant(n) for n in sc["nodes"]}
     for (node, cause), k in right.items():
         recalled[rt_of[node]] += min(k, truth_count[(node, cause)])
     per_rt = {}
@@ -274,7 +285,11 @@ def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
         if d.get("action") == "suppress_retries" and ts is not None and ts >= fs - 1 and (
                 first is None or ts < first):
             first = ts
+    per_link = {rt: {k: dict(c, precision=round(c["correct"] / c["verdicts"], 4))
+                     for k, c in links.items() if c["verdicts"]}
+                for rt, links in by_link.items()}
     return {"verdicts": len(verdicts), "decisions": len(decisions), "per_runtime": per_rt,
+            "per_link": per_link,
             "health": agent_health(logs_dir),
             "unknown_services": sorted(unknown_services)[:20], "decisions_per_edge": per_edge,
             "first_suppression_s": round(first - fs, 3) if first else None,

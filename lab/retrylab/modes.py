@@ -46,6 +46,7 @@ def run_mode(sc, mode, args, out):
                 "log": str(mode_dir / (n["name"] + ".jsonl")),
                 "epoch_file": str(epoch_file),
                 "work_ms": n.get("work_ms", sc.get("work_ms", 0)),
+                "forward_trace": bool(n.get("forward_trace", False)),
                 "downstreams": [],
                 "fault": None,
             }
@@ -58,9 +59,12 @@ def run_mode(sc, mode, args, out):
                     "retries": int(p["retries"]), "timeout_ms": int(p["timeout_ms"]),
                     "backoff_ms": int(p.get("backoff_ms", 0)), "budget": p.get("budget"),
                 })
-            if f and f["node"] == n["name"] and f["kind"] in ("error", "latency"):
-                cfg["fault"] = {"kind": f["kind"], "rate": f["rate"], "start": f["start_s"],
-                                "end": f["end_s"], "latency_ms": f["latency_ms"]}
+            if f and f["kind"] in ("error", "latency"):
+                # The fault's node, or one of `also` (own failures elsewhere, same window).
+                rate = f["rate"] if f["node"] == n["name"] else f["also"].get(n["name"])
+                if rate is not None:
+                    cfg["fault"] = {"kind": f["kind"], "rate": rate, "start": f["start_s"],
+                                    "end": f["end_s"], "latency_ms": f["latency_ms"]}
             env = dict(os.environ, LAB_CFG=json.dumps(cfg), PYTHONUNBUFFERED="1")
             # HAProxy's stdout is its access log: the ground truth of that hop.
             out = mode_dir / (n["name"] + (".jsonl" if n["runtime"] == "haproxy" else ".stderr"))

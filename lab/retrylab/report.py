@@ -40,6 +40,13 @@ def markdown(sc, result):
                 lines.append("| %s | %s | %d | %s | %s | %d |" % (
                     m["mode"], rt, s["verdicts"], fmt_pct(s["precision"]), fmt_pct(s["recall"]),
                     s["missing"]))
+        lines += ["", "Verdicts that took a side, by how they were linked:", "",
+                  "| mode | runtime | link | verdicts | precision |", "|---|---|---|---|---|"]
+        for m in agent_modes:
+            for rt, links in sorted(m["agent"].get("per_link", {}).items()):
+                for lk, c in sorted(links.items()):
+                    lines.append("| %s | %s | %s | %d | %s |" % (
+                        m["mode"], rt, lk, c["verdicts"], fmt_pct(c["precision"])))
     host_modes = [m for m in modes if m.get("per_host")]
     if host_modes:
         lines += ["", "Per host (each its own agent and shim): verdicts by service and claim, "

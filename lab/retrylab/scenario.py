@@ -71,6 +71,14 @@ def load_scenario(path, overrides):
         f.setdefault("start_s", 0.0)
         f.setdefault("end_s", sc["duration_s"])
         f.setdefault("latency_ms", 3000)
+        # `also = { b = 0.1 }`: other nodes failing on their own at that rate in the same window,
+        # so every hop has both its own failures (claimed) and its callees' (unclaimed).
+        also = f.setdefault("also", {})
+        for name, rate in also.items():
+            if name not in by or name == f["node"]:
+                raise LabError("fault.also: %r is not another node" % name)
+            if not 0.0 < float(rate) <= 1.0:
+                raise LabError("fault.also.%s: a rate in (0, 1]" % name)
     # depth = shortest distance from the root (the first node).
     depth = {nodes[0]["name"]: 0}
     q = deque([nodes[0]["name"]])

@@ -57,6 +57,9 @@ struct Config {
     fault: Option<Fault>,
     #[serde(default)]
     work_ms: u64,
+    /// Forward the inbound traceparent's trace id to outbound calls (OpenTelemetry).
+    #[serde(default)]
+    forward_trace: bool,
     log: String,
 }
 
@@ -130,7 +133,7 @@ impl Caller {
     }
 
     /// One attempt on a fresh connection, bounded by the per-try timeout.
-    async fn attempt(&self, rid: &str) -> Result<StatusCode, CallError> {
+    async fn attempt(&self, rid: &str, trace: Option<&str>) -> Result<StatusCode, CallError> {
         let fut = async {
             let stream = TcpStream::connect(self.addr)
                 .await
@@ -140,10 +143,14 @@ impl Caller {
                 .map_err(|_| CallError::Http)?;
             tokio::spawn(conn);
             // A distinct path and request id per logical request, the same on every retry of it.
-            let req = Request::get(format!("{}/{rid}", self.path))
+            let mut req = Request::get(format!("{}/{rid}", self.path))
                 .header("host", &self.authority)
                 .header("x-request-id", rid)
-                .header("x-lab-parent", rid)
+                .header("x-lab-parent", rid);
+            if let Some(t) = trace {
+                req = req.header("traceparent", t);
+            }
+            let req = req
                 .body(Empty::<Bytes>::new())
                 .map_err(|_| CallError::Build)?;
             let resp = sender
@@ -164,14 +171,14 @@ impl Caller {
 
     /// The retry layer: retry transport errors, timeouts and 5xx up to `retries` more times,
     /// within the budget, with full-jitter backoff. Returns (ok, attempts).
-    async fn call(&self, rid: &str) -> (bool, u32) {
+    async fn call(&self, rid: &str, trace: Option<&str>) -> (bool, u32) {
         if let Some(b) = &self.budget {
             b.deposit();
         }
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match self.attempt(rid).await {
+            match self.attempt(rid, trace).await {
                 Ok(s) if !s.is_server_error() => return (true, attempts),
                 _ => {}
             }
@@ -193,6 +200,7 @@ struct Svc {
     callers: Vec<Caller>,
     fault: Option<Fault>,
     work_ms: u64,
+    forward_trace: bool,
     log: Mutex<std::fs::File>,
 }
 
@@ -229,6 +237,18 @@ fn rand_u64() -> u64 {
     x.wrapping_mul(0x2545_F491_4F6C_DD1D)
 }
 
+/// With `forward_trace` (an OpenTelemetry-instrumented service): the inbound W3C trace
+/// context's trace id under a new span id, or a new trace when none came in.
+fn outbound_trace(inbound: Option<&str>) -> String {
+    let trace_id = inbound
+        .and_then(|t| {
+            let parts: Vec<&str> = t.split('-').collect();
+            (parts.len() == 4 && parts[1].len() == 32).then(|| parts[1].to_string())
+        })
+        .unwrap_or_else(|| format!("{:016x}{:016x}", rand_u64(), rand_u64()));
+    format!("00-{trace_id}-{:016x}-01", rand_u64())
+}
+
 fn now_s() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -248,10 +268,17 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let id = format!("{:016x}", rand_u64());
+    let trace = svc.forward_trace.then(|| {
+        outbound_trace(
+            req.headers()
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok()),
+        )
+    });
     let mut attempts = BTreeMap::new();
     let mut cause = "none";
     for c in &svc.callers {
-        let (ok, n) = c.call(&id).await;
+        let (ok, n) = c.call(&id, trace.as_deref()).await;
         attempts.insert(c.name.clone(), n);
         if !ok {
             cause = "downstream";
@@ -335,6 +362,7 @@ async fn main() {
         callers,
         fault: cfg.fault,
         work_ms: cfg.work_ms,
+        forward_trace: cfg.forward_trace,
         log: Mutex::new(log),
     });
     let listener = match TcpListener::bind(cfg.listen).await {

@@ -11,6 +11,7 @@ import (
 	"math/rand"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -39,7 +40,9 @@ type Config struct {
 	Downstreams []Downstream `json:"downstreams"`
 	Fault       *Fault       `json:"fault"`
 	WorkMs      int          `json:"work_ms"`
-	Log         string       `json:"log"`
+	// ForwardTrace: the inbound traceparent's trace id on every outbound call (OpenTelemetry).
+	ForwardTrace bool   `json:"forward_trace"`
+	Log          string `json:"log"`
 }
 
 // budget: each first attempt deposits ratio tokens, each retry withdraws one.
@@ -76,7 +79,7 @@ type caller struct {
 
 // do is the usual hand-written retry loop: try, and on a transport error or 5xx back off with
 // jitter and try again, up to ds.Retries more times.
-func (c *caller) do(reqID string) (bool, int) {
+func (c *caller) do(reqID, trace string) (bool, int) {
 	if c.budget != nil {
 		c.budget.deposit()
 	}
@@ -90,6 +93,9 @@ func (c *caller) do(reqID string) (bool, int) {
 		}
 		req.Header.Set("x-lab-parent", reqID)
 		req.Header.Set("x-request-id", reqID)
+		if trace != "" {
+			req.Header.Set("traceparent", trace)
+		}
 		resp, err := c.client.Do(req)
 		if err == nil {
 			io.Copy(io.Discard, resp.Body)
@@ -154,10 +160,11 @@ func faultNow() *Fault {
 func handler(w http.ResponseWriter, r *http.Request) {
 	t0 := time.Now()
 	reqID := fmt.Sprintf("%016x", rand.Uint64())
+	trace := outboundTrace(r.Header.Get("traceparent"))
 	attempts := map[string]int{}
 	cause := "none"
 	for _, c := range callers {
-		ok, n := c.do(reqID)
+		ok, n := c.do(reqID, trace)
 		attempts[c.ds.Name] = n
 		if !ok {
 			cause = "downstream"
@@ -194,6 +201,20 @@ func handler(w http.ResponseWriter, r *http.Request) {
 	logMu.Lock()
 	logF.Write(append(line, '\n'))
 	logMu.Unlock()
+}
+
+// outboundTrace: with ForwardTrace, the inbound W3C trace context's trace id under a new span
+// id (a new trace when none came in); otherwise no trace header.
+func outboundTrace(inbound string) string {
+	if !cfg.ForwardTrace {
+		return ""
+	}
+	parts := strings.Split(inbound, "-")
+	traceID := fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+	if len(parts) == 4 && len(parts[1]) == 32 {
+		traceID = parts[1]
+	}
+	return fmt.Sprintf("00-%s-%016x-01", traceID, rand.Uint64())
 }
 
 func nilIfEmpty(s string) interface{} {

@@ -23,15 +23,17 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function makeCaller(ds) {
   const budget = ds.budget == null ? null : makeBudget(ds.budget);
-  return async function call(reqId) {
+  return async function call(reqId, trace) {
     if (budget) budget.deposit();
     let attempts = 0;
     for (;;) {
       attempts += 1;
       try {
         // A distinct path and request id per logical request, the same on every retry of it.
+        const headers = { 'x-lab-parent': reqId, 'x-request-id': reqId };
+        if (trace) headers.traceparent = trace;
         const res = await fetch(`${ds.url}/${reqId}`, {
-          headers: { 'x-lab-parent': reqId, 'x-request-id': reqId },
+          headers,
           signal: AbortSignal.timeout(ds.timeout_ms),
         });
         await res.arrayBuffer();
@@ -71,13 +73,24 @@ function faultNow() {
   return null;
 }
 
+// With forward_trace (an OpenTelemetry-instrumented service): the inbound W3C trace context's
+// trace id on every outbound call, under a new span id; a new trace when none came in.
+function outboundTrace(inbound) {
+  if (!cfg.forward_trace) return null;
+  const parts = (inbound || '').split('-');
+  const traceId = parts.length === 4 && parts[1].length === 32
+    ? parts[1] : crypto.randomBytes(16).toString('hex');
+  return `00-${traceId}-${crypto.randomBytes(8).toString('hex')}-01`;
+}
+
 const server = http.createServer(async (req, res) => {
   const t0 = Date.now();
   const reqId = crypto.randomBytes(8).toString('hex');
+  const trace = outboundTrace(req.headers.traceparent);
   const attempts = {};
   let cause = 'none';
   for (const [name, call] of callers) {
-    const [ok, n] = await call(reqId);
+    const [ok, n] = await call(reqId, trace);
     attempts[name] = n;
     if (!ok) { cause = 'downstream'; break; }
   }

@@ -115,16 +115,17 @@ def http_caller(ds):
             s[ds["name"]] = sess
         return s[ds["name"]]
 
-    def call(req_id):
+    def call(req_id, trace):
         if budget is not None:
             budget.deposit()
         TLS.retries = 0
         try:
             # A distinct path and request id per logical request (as real callers send item ids
             # and x-request-id), the same on every retry of it.
-            r = session().get(ds["url"] + "/" + req_id,
-                              headers={"x-lab-parent": req_id, "x-request-id": req_id},
-                              timeout=timeout)
+            headers = {"x-lab-parent": req_id, "x-request-id": req_id}
+            if trace:
+                headers["traceparent"] = trace
+            r = session().get(ds["url"] + "/" + req_id, headers=headers, timeout=timeout)
             ok = r.status_code < 500
             r.close()
         except requests.RequestException:
@@ -161,9 +162,12 @@ def grpc_caller(ds):
         ("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(policy))])
     stub = ch.unary_unary("/lab.Hop/Work")
 
-    def call(req_id):
+    def call(req_id, trace):
+        md = (("x-lab-parent", req_id), ("x-request-id", req_id))
+        if trace:
+            md += (("traceparent", trace),)
         try:
-            stub(req_id.encode(), metadata=(("x-lab-parent", req_id), ("x-request-id", req_id)))
+            stub(req_id.encode(), metadata=md)
             ok = True
         except grpc.RpcError:
             ok = False
@@ -177,14 +181,26 @@ CALLERS = [(ds["name"], grpc_caller(ds) if ds.get("proto") == "grpc" else http_c
            for ds in CFG.get("downstreams", [])]
 
 
-def handle(parent):
+def outbound_trace(inbound):
+    """With `forward_trace` (an OpenTelemetry-instrumented service): the inbound W3C trace
+    context's trace id on every outbound call, under a new span id; a new trace when none came
+    in. Without it, no trace header at all."""
+    if not CFG.get("forward_trace"):
+        return None
+    parts = (inbound or "").split("-")
+    trace_id = parts[1] if len(parts) == 4 and len(parts[1]) == 32 else uuid.uuid4().hex
+    return "00-%s-%s-01" % (trace_id, uuid.uuid4().hex[:16])
+
+
+def handle(parent, trace_in=None):
     """Serve one request: call every downstream in order, then maybe fail on our own."""
     req_id = uuid.uuid4().hex[:16]
+    trace = outbound_trace(trace_in)
     t0 = time.time()
     attempts = {}
     cause = "none"
     for name, call in CALLERS:
-        ok, n = call(req_id)
+        ok, n = call(req_id, trace)
         attempts[name] = n
         if not ok:
             cause = "downstream"
@@ -213,7 +229,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self):
-        rec = handle(self.headers.get("x-lab-parent"))
+        rec = handle(self.headers.get("x-lab-parent"), self.headers.get("traceparent"))
         status = {"none": 200, "own": 503, "downstream": 502}[rec["cause"]]
         rec["status"] = status
         body = b"ok\n" if status == 200 else b"fail\n"
@@ -247,7 +263,7 @@ def serve_grpc(host, port):
 
     def work(_req, ctx):
         md = dict(ctx.invocation_metadata())
-        rec = handle(md.get("x-lab-parent"))
+        rec = handle(md.get("x-lab-parent"), md.get("traceparent"))
         rec["prev_attempts"] = int(md.get("grpc-previous-rpc-attempts", "0"))
         rec["status"] = {"none": 0, "own": 14, "downstream": 14}[rec["cause"]]
         log(rec)
