@@ -86,7 +86,13 @@ node = "c"
 """)
         self.assertEqual(model.expected_x(sc), {"a": 1.0, "b": 1.0, "c": 3.0})
 
+    def test_an_envoy_sidecar_multiplies_its_callers_attempts(self):
+        sc = scenario(ENVOY3)
+        self.assertEqual(model.expected_x(sc), {"a": 1.0, "b": 4.0, "c": 8.0})
+
     def test_bad_scenarios_are_refused(self):
+        with self.assertRaises(common.LabError):
+            scenario('[[nodes]]\nname = "a"\nruntime = "go"\nsidecar = "linkerd"\n')
         with self.assertRaises(common.LabError):
             scenario('[[nodes]]\nname = "a"\nruntime = "cobol"\n')
         with self.assertRaises(common.LabError):
@@ -94,6 +100,28 @@ node = "c"
         with self.assertRaises(common.LabError):  # grpc callees need a Python caller
             scenario('[[nodes]]\nname = "a"\nruntime = "go"\ncalls = ["b"]\n'
                      '[[nodes]]\nname = "b"\nruntime = "python-grpc"\n')
+
+
+ENVOY3 = """
+rate = 10
+[[nodes]]
+name = "a"
+runtime = "python"
+calls = ["b"]
+sidecar = "envoy"
+[[nodes]]
+name = "b"
+runtime = "go"
+calls = ["c"]
+[[nodes]]
+name = "c"
+runtime = "python"
+[edges."a->b"]
+retries = 0
+envoy_retries = 3
+[fault]
+node = "c"
+"""
 
 
 class AnalysisTests(unittest.TestCase):
@@ -105,6 +133,22 @@ class AnalysisTests(unittest.TestCase):
         self.assertEqual(analysis.service_of("ra-c", self.sc)["name"], "c")
         self.assertEqual(analysis.service_of("10.213.0.14:18304", self.sc)["name"], "d")
         self.assertIsNone(analysis.service_of("haproxy:38377", self.sc))
+        # A sidecar listens on ports of its own and is not the node it serves.
+        self.assertIsNone(analysis.service_of("ra-a-envoy:18402", self.sc))
+        self.assertEqual(analysis.end_name("ra-a-envoy:15000", self.sc), "a.envoy")
+
+    def test_envoy_sidecar_figures_come_from_its_log_and_stats(self):
+        sc = scenario(ENVOY3)
+        d = Path(tempfile.mkdtemp())
+        (d / "a.envoy.jsonl").write_text(
+            '{"t_start_s":"100.5","attempts":"4","callee":"b"}\n[warning] chatter\n'
+            '{"t_start_s":"101.0","attempts":2,"callee":"b"}\n'
+            '{"t_start_s":"99.0","attempts":"4","callee":"b"}\n')
+        stats = "cluster.outbound|18302||b.lab.svc.cluster.local.upstream_rq_retry_overflow: 7\nbad\n"
+        (d / "a.envoy-stats.json").write_text(__import__("json").dumps(analysis.parse_envoy_stats(stats)))
+        f = analysis.sidecar_figures(sc, sc["nodes"][0], d, 100.0, 102.0)["b"]
+        self.assertEqual((f["window_requests"], f["window_attempts_per_request"]), (2, 3.0))
+        self.assertEqual((f["upstream_rq_retry_overflow"], f["upstream_rq_total"]), (7, None))
 
     def test_haproxy_log_lines_become_ground_truth(self):
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .common import BIN, BRIDGE, NET, REPO, STATE_DIR, log
-from .scenario import node_ip, node_port
+from .scenario import envoy_admin, node_ip, node_port
 from .fleet import kill_pids, spawn
 
 
@@ -51,6 +51,8 @@ def expand(argv, sc, mode_dir):
                                                | {str(node_port(m)) for n in sc["nodes"] if n.get("host") == h
                                                   for m in sc["nodes"] if m["name"] in n["calls"]}))
                             for h in sc.get("hosts", [])},
+             # {envoy_admin[a]}: node a's Envoy sidecar's admin API (the Envoy actuator's target).
+             "envoy_admin": {n["name"]: envoy_admin(n) for n in sc["nodes"] if n.get("sidecar")},
              "api_socket": str(API_SOCKET),
              "bridge": BRIDGE, "net": NET + ".0/24", "state": str(STATE_DIR),
              "ports": ",".join(str(node_port(n)) for n in sc["nodes"])}

@@ -4,7 +4,7 @@ import time
 from collections import defaultdict
 
 from .common import NET
-from .scenario import comm, node_ip, node_port
+from .scenario import comm, envoy_cluster, node_ip, node_port
 
 
 def read_jsonl(path):
@@ -37,6 +37,8 @@ def decisions_of(mode_dir, name="decisions.jsonl"):
 def service_of(sid, sc):
     """Map an agent ServiceId to a lab node: by process name, port, address or plain name."""
     s = str(sid)
+    if "-envoy" in s:
+        return None  # a node's Envoy sidecar (comm ra-<node>-envoy), not the node itself
     for n in sc["nodes"]:
         if s == comm(n) or s.startswith(comm(n) + ":") or s == n["name"]:
             return n
@@ -44,6 +46,18 @@ def service_of(sid, sc):
         if s.endswith(":%d" % node_port(n)) or node_ip(n) + ":" in s or ("=" + n["name"]) in s:
             return n
     return None
+
+
+def end_name(sid, sc):
+    """An edge end as the report names it: a lab node, `<node>.envoy` for a node's sidecar
+    (comm ra-<node>-envoy), else the agent's own id."""
+    n = service_of(sid, sc)
+    if n:
+        return n["name"]
+    s = str(sid)
+    if s.startswith("ra-") and "-envoy" in s:
+        return s[3:].split("-envoy", 1)[0] + ".envoy"
+    return sid
 
 
 def host_figures(sc, t0, verdicts, decisions):
@@ -137,6 +151,8 @@ def analyse_mode(sc, mode, t0, mode_dir, verdicts, decisions):
             edges["%s->%s" % (n["name"], c)] = {
                 "calls": ncalls, "retries": nretries,
                 "retry_rate": round(nretries / ncalls, 4) if ncalls else None}
+    sidecars = {n["name"]: sidecar_figures(sc, n, mode_dir, w0, w1) for n in sc["nodes"]
+                if n.get("sidecar") == "envoy"}
     ok = [r for r in load if r["status"] == 200]
     in_f = [r for r in load if fs <= r["t"] < fe]
     timeline = build_timeline(sc, logs, t0)
@@ -153,9 +169,61 @@ def analyse_mode(sc, mode, t0, mode_dir, verdicts, decisions):
         },
         "nodes": nodes, "edges": edges, "timeline": timeline,
     }
+    if sidecars:
+        res["sidecars"] = sidecars
     if mode != "none":
         res["agent"] = score_agent(sc, logs, verdicts, decisions, fs, t0, mode_dir)
     return res
+
+
+def parse_envoy_stats(text):
+    """Envoy's `/stats` text (`name: value` lines) → {name: int}."""
+    out = {}
+    for line in text.splitlines():
+        name, _, val = line.partition(": ")
+        try:
+            out[name.strip()] = int(val)
+        except ValueError:
+            continue
+    return out
+
+
+def sidecar_figures(sc, n, mode_dir, w0, w1):
+    """An Envoy sidecar's own figures per callee: from its access log, requests it forwarded in
+    the storm window and upstream attempts per request (%UPSTREAM_REQUEST_ATTEMPT_COUNT%); from
+    its stats, the mode's totals (upstream_rq_total, _retry, and _retry_overflow: retries its
+    circuit breaker refused, which is where the agent's override shows)."""
+    by = {m["name"]: m for m in sc["nodes"]}
+    att = defaultdict(list)
+    try:
+        with open(mode_dir / (n["name"] + ".envoy.jsonl")) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                    t, a = float(r["t_start_s"]), int(r["attempts"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if w0 <= t < w1:
+                    att[r.get("callee")].append(a)
+    except OSError:
+        pass
+    try:
+        stats = json.loads((mode_dir / (n["name"] + ".envoy-stats.json")).read_text())
+    except (OSError, ValueError):
+        stats = {}
+    out = {}
+    for c in n["calls"]:
+        cl = "cluster.%s." % envoy_cluster(by[c])
+        a = att.get(c, [])
+        out[c] = {
+            "cluster": envoy_cluster(by[c]),
+            "window_requests": len(a),
+            "window_attempts_per_request": round(sum(a) / len(a), 3) if a else None,
+            "upstream_rq_total": stats.get(cl + "upstream_rq_total"),
+            "upstream_rq_retry": stats.get(cl + "upstream_rq_retry"),
+            "upstream_rq_retry_overflow": stats.get(cl + "upstream_rq_retry_overflow"),
+        }
+    return out
 
 
 def pct(xs, p):
@@ -272,13 +340,11 @@ def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
             continue
         addrs = [str(a) for a in d.get("callee_addrs") or []]
         edge = d.get("edge") or {}
-        caller = service_of(edge.get("caller"), sc)
         callee = service_of(edge.get("callee"), sc)
         if callee is None and not any(a.startswith(NET + ".") for a in addrs):
             continue  # someone else's traffic on this node
         ts = to_epoch(d.get("issued_at_ns"))
-        name = "%s->%s" % (caller["name"] if caller else edge.get("caller"),
-                           callee["name"] if callee else edge.get("callee"))
+        name = "%s->%s" % (end_name(edge.get("caller"), sc), end_name(edge.get("callee"), sc))
         per_edge.setdefault(name, []).append({
             "action": d.get("action"), "reason": d.get("reason"),
             "at_s": round(ts - t0, 3) if ts is not None else None})

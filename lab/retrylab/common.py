@@ -19,7 +19,9 @@ LOAD_NS = "ralab-load"
 RUNTIMES = ("python", "python-grpc", "go", "node", "rust", "haproxy")
 HAPROXY_SOCKET = STATE_DIR / "haproxy.sock"
 HAPROXY_MAP = STATE_DIR / "haproxy.map"
-MODES = ("none", "observe", "shim")
+# "envoy": the agent actuates the scenario's Envoy sidecars through their admin API, no shim.
+MODES = ("none", "observe", "shim", "envoy")
+SIDECARS = ("envoy",)
 
 
 class LabError(Exception):

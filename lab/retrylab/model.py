@@ -7,7 +7,8 @@ from .scenario import edge_policy
 def expected_x(sc):
     """Requests per node as multiples of the root rate during a hard fault (error, rate 1) in the
     design's model: a failing callee gets 1+R attempts per call (1+min(R, budget) under a
-    budget), a caller stops at its first failed downstream."""
+    budget), times 1+E through a caller's Envoy sidecar with E route retries; a caller stops at
+    its first failed downstream."""
     f = sc.get("fault")
     if not f or f["kind"] != "error" or f["rate"] < 1.0:
         return None
@@ -32,7 +33,9 @@ def expected_x(sc):
                 r = float(p["retries"])
                 if p.get("budget") is not None:
                     r = min(r, float(p["budget"]))
-                arrivals[c] += arrivals[n["name"]] * (1 + r)
+                # A sidecar retries each of the caller's attempts on its own.
+                e = float(p.get("envoy_retries", 0)) if n.get("sidecar") == "envoy" else 0.0
+                arrivals[c] += arrivals[n["name"]] * (1 + r) * (1 + e)
                 break
             arrivals[c] += arrivals[n["name"]]
     return {k: round(v, 3) for k, v in arrivals.items()}

@@ -6,11 +6,11 @@ import time
 import urllib.request
 
 from .common import LAB, LOAD_NS, STATE_DIR, LabError, log, sh
-from .scenario import edge_policy, node_ip, node_port
-from .build import command, named_link, real
+from .scenario import edge_policy, envoy_admin, node_ip, node_port, sidecar_port
+from .build import command, named_link, real, sidecar_command
 from .fleet import cleanup, setup_topology, spawn, wait_port
 from .agent import fetch_json, items, start_agent, stop
-from .analysis import analyse_mode, decisions_of, host_figures
+from .analysis import analyse_mode, decisions_of, host_figures, parse_envoy_stats
 
 
 def run_mode(sc, mode, args, out):
@@ -38,6 +38,15 @@ def run_mode(sc, mode, args, out):
         except OSError:
             pass
         f = sc.get("fault")
+        # Sidecars first: their callers' first calls go through them.
+        sidecars = [n for n in nodes if n.get("sidecar") == "envoy"]
+        for n in sidecars:
+            argv = sidecar_command(n, sc, mode_dir) + ["--log-path", str(mode_dir / (n["name"] + ".envoy.log"))]
+            procs.append(spawn(argv, ns="ralab-" + n["name"], out=mode_dir / (n["name"] + ".envoy.jsonl")))
+        for n in sidecars:
+            if not wait_envoy(envoy_admin(n), time.time() + sc.get("startup_timeout_s", 60.0)):
+                raise LabError("the Envoy sidecar of %s is not ready in time; see %s" % (
+                    n["name"], mode_dir / (n["name"] + ".envoy.log")))
         for n in nodes:
             cfg = {
                 "name": n["name"], "runtime": n["runtime"],
@@ -53,8 +62,10 @@ def run_mode(sc, mode, args, out):
             for c in n["calls"]:
                 cn = by[c]
                 p = edge_policy(sc, n["name"], c)
+                # Through a sidecar, the caller sends to its own Envoy on loopback.
+                via = ("127.0.0.1", sidecar_port(cn)) if n in sidecars else (node_ip(cn), node_port(cn))
                 cfg["downstreams"].append({
-                    "name": c, "url": "http://%s:%d/work" % (node_ip(cn), node_port(cn)),
+                    "name": c, "url": "http://%s:%d/work" % via,
                     "proto": "grpc" if cn["runtime"] == "python-grpc" else "http",
                     "retries": int(p["retries"]), "timeout_ms": int(p["timeout_ms"]),
                     "backoff_ms": int(p.get("backoff_ms", 0)), "budget": p.get("budget"),
@@ -91,6 +102,11 @@ def run_mode(sc, mode, args, out):
             time.sleep(0.2)
         if refused is not None:
             refused.join(5)
+        for n in sidecars:
+            # Envoy's own counters (totals over the mode, incl. retries its breaker refused).
+            stats = envoy_get(envoy_admin(n), "/stats?filter=%5Ecluster%5C.outbound")
+            (mode_dir / (n["name"] + ".envoy-stats.json")).write_text(
+                json.dumps(parse_envoy_stats(stats or "")))
         verdicts, decisions, per_host = [], [], {}
         if mode != "none":
             api = sc.get("agent", {}).get("api", "127.0.0.1:19464")
@@ -125,6 +141,26 @@ def run_mode(sc, mode, args, out):
     if per_host:
         res["per_host"] = {h: host_figures(sc, t0, v, d) for h, (v, d) in per_host.items()}
     return res
+
+
+def envoy_get(admin, path, quiet=False):
+    try:
+        with urllib.request.urlopen("http://%s%s" % (admin, path), timeout=5) as r:
+            return r.read().decode(errors="replace")
+    except OSError as e:
+        if not quiet:
+            log("GET %s%s: %s" % (admin, path, e))
+        return None
+
+
+def wait_envoy(admin, deadline):
+    """Envoy answers /ready with LIVE once its static listeners and clusters are up."""
+    while time.time() < deadline:
+        body = envoy_get(admin, "/ready", quiet=True)
+        if body and "LIVE" in body:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def threading_refuse(n, start, end):

@@ -47,6 +47,18 @@ def markdown(sc, result):
                 for lk, c in sorted(links.items()):
                     lines.append("| %s | %s | %s | %d | %s |" % (
                         m["mode"], rt, lk, c["verdicts"], fmt_pct(c["precision"])))
+    side_modes = [m for m in modes if m.get("sidecars")]
+    if side_modes:
+        lines += ["", "Envoy sidecars (the hop's retries are Envoy's; its access log and stats):", "",
+                  "| mode | hop | attempts/request (fault window) | upstream_rq_total | "
+                  "upstream_rq_retry | upstream_rq_retry_overflow |", "|---|---|---|---|---|---|"]
+        for m in side_modes:
+            for caller, per in sorted(m["sidecars"].items()):
+                for callee, x in sorted(per.items()):
+                    lines.append("| %s | %s→envoy→%s | %s | %s | %s | %s |" % (
+                        m["mode"], caller.upper(), callee.upper(), x["window_attempts_per_request"],
+                        x["upstream_rq_total"], x["upstream_rq_retry"],
+                        x["upstream_rq_retry_overflow"]))
     host_modes = [m for m in modes if m.get("per_host")]
     if host_modes:
         lines += ["", "Per host (each its own agent and shim): verdicts by service and claim, "

