@@ -223,6 +223,15 @@ impl Exchange {
     pub fn failed(&self) -> bool {
         self.outcome.is_failure()
     }
+    /// Its outcome went by unseen: the decoder lost sync (capture dropped the response's
+    /// records, a gap) and saw no status, no gRPC status and no failure. `Unknown`, but not
+    /// evidence that anything failed.
+    pub fn outcome_unseen(&self) -> bool {
+        self.unknown
+            && self.status.is_none()
+            && self.grpc_status.is_none()
+            && self.failure.is_none()
+    }
     /// When the exchange ended (last response byte, or the failure).
     pub fn end_ns(&self) -> u64 {
         self.response_end_ns.unwrap_or(self.request_end_ns)

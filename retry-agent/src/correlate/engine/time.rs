@@ -3,13 +3,23 @@
 use super::{Engine, FAULT_MIN_FAILURES};
 use crate::correlate::types::Verdict;
 
+/// A waiting verdict is looked at again at most this often (when the grace is shorter).
+const TRACE_RECHECK_NS: u64 = 50_000_000;
+
 impl Engine {
     pub(super) fn advance(&mut self, t: u64, out: &mut Vec<Verdict>) {
         if t > self.now {
             self.now = t;
         }
         while self.pending.front().is_some_and(|p| p.deadline <= self.now) {
-            if let Some(p) = self.pending.pop_front() {
+            if let Some(mut p) = self.pending.pop_front() {
+                if self.trace_link_waits(&p) {
+                    // Back of the queue, due one grace later: deadlines stay in order (every
+                    // other one is at most now + grace), and the loop ends (it is after now).
+                    p.deadline = self.now.saturating_add(self.grace_ns.max(TRACE_RECHECK_NS));
+                    self.pending.push_back(p);
+                    continue;
+                }
                 self.judge(p, out);
             }
         }

@@ -37,6 +37,28 @@ impl Found {
     }
 }
 
+/// Thread context cannot decide: it lost the request's context while the process had a failed
+/// call, or it saw a failure it cannot place. Only then are the other links tried.
+fn needs_link(found: &Found) -> bool {
+    let lost = found.context == Context::Lost;
+    let unplaced =
+        !lost && found.orphan_failed && found.children.iter().all(|c| !c.outcome.is_failure());
+    (lost && found.process_failed) || unplaced
+}
+
+/// How long a failed request may wait past its end for its process's concurrent requests to be
+/// answered, so a failed call carrying one of their trace ids can be placed (see
+/// [`Engine::trace_link_waits`]): a few callers' timeouts' worth of a busy service.
+pub(super) const TRACE_WAIT_NS: u64 = 3_000_000_000;
+
+/// The outcome of linking a request to its calls by the trace id it brought in.
+enum TraceLink {
+    Linked(Vec<Child>),
+    /// Not yet provable: another in-flight request's calls failed meanwhile.
+    Wait,
+    Unsound,
+}
+
 impl Engine {
     pub(super) fn dependency(&self, edge: u32) -> DependencyKind {
         let Some(e) = self.edges.get(edge as usize) else {
@@ -163,12 +185,10 @@ impl Engine {
     /// Thread context cannot tell (or saw a failure it cannot place): try the timing link,
     /// then, for a lost context, the sole-request link.
     fn link(&mut self, p: &Pending, found: &mut Found) {
-        let lost = found.context == Context::Lost;
-        let unplaced =
-            !lost && found.orphan_failed && found.children.iter().all(|c| !c.outcome.is_failure());
-        if !(lost && found.process_failed) && !unplaced {
+        if !needs_link(found) {
             return;
         }
+        let lost = found.context == Context::Lost;
         if let Some(cs) = self.link_by_trace(p) {
             found.children = cs;
             found.context = Context::Linked;
@@ -332,17 +352,39 @@ impl Engine {
     /// made up, could be this request's), and (c) the process's histories reach back to it. (As for the sole-request link, a request still
     /// unanswered when we judge is not known yet: the grace period is the margin.)
     pub(super) fn link_by_trace(&self, p: &Pending) -> Option<Vec<Child>> {
-        let trace = p.trace?;
-        let proc_ = self.procs.get(&p.pid)?;
+        match self.trace_link(p) {
+            TraceLink::Linked(cs) => Some(cs),
+            TraceLink::Wait | TraceLink::Unsound => None,
+        }
+    }
+
+    /// Whether the trace link waits on the process's other requests: a failed call during `p`
+    /// carried a trace id no known inbound request of the process brought in, most likely
+    /// one of its concurrent requests still in flight. Until it is answered the link cannot
+    /// be proved; once it is (or once `TRACE_WAIT_NS` passed), the judgement is final.
+    pub(super) fn trace_link_waits(&self, p: &Pending) -> bool {
+        p.trace.is_some()
+            && p.end.saturating_add(TRACE_WAIT_NS) > self.now
+            && needs_link(&self.gather(p))
+            && matches!(self.trace_link(p), TraceLink::Wait)
+    }
+
+    fn trace_link(&self, p: &Pending) -> TraceLink {
+        let Some(trace) = p.trace else {
+            return TraceLink::Unsound;
+        };
+        let Some(proc_) = self.procs.get(&p.pid) else {
+            return TraceLink::Unsound;
+        };
         if proc_.failures_lost_until >= p.start || !proc_.inbound.iter().any(|x| x.2 == p.id) {
-            return None;
+            return TraceLink::Unsound;
         }
         let same_trace_overlaps = proc_
             .inbound
             .iter()
             .any(|&(s, e, id, t)| id != p.id && t == Some(trace) && s < p.end && p.start < e);
         if same_trace_overlaps {
-            return None;
+            return TraceLink::Unsound;
         }
         let during = |c: &Child| c.start <= p.end && c.end >= p.start;
         let placed = |c: &Child| {
@@ -353,14 +395,22 @@ impl Engine {
                     .any(|&(s, e, _, it)| it == Some(t) && s <= c.start && c.start <= e)
             })
         };
-        let unplaced_failure = proc_
+        let mut unplaced = proc_
             .failures
             .iter()
-            .any(|(c, _)| during(c) && self.fail_close(c.edge) && !placed(c));
-        if unplaced_failure {
-            return None;
+            .filter(|(c, _)| during(c) && self.fail_close(c.edge) && !placed(c))
+            .peekable();
+        if unplaced.peek().is_some() {
+            // A call without a trace id (a database, an SDK that lost the context) could be
+            // this request's: never provable. One with another request's id: wait for it.
+            let all_traced = unplaced.all(|(c, _)| c.trace.is_some_and(|t| t != trace));
+            return if all_traced {
+                TraceLink::Wait
+            } else {
+                TraceLink::Unsound
+            };
         }
-        Some(
+        TraceLink::Linked(
             proc_
                 .failures
                 .iter()
@@ -373,7 +423,8 @@ impl Engine {
     /// The one failed outbound call of the process that completed within `timing_link_ms`
     /// before this response started, after the request was read, and that no other response of
     /// the process followed as closely. An event loop answers right after the call it waited
-    /// for returns; when two calls or two responses compete, nothing is linked.
+    /// for returns; when two calls, two responses or another request in flight compete, nothing
+    /// is linked.
     pub(super) fn link_by_timing(&self, p: &Pending) -> Option<Child> {
         let gap = self.cfg.timing_link_ms.saturating_mul(NS_PER_MS);
         let resp = p.resp_start?;
@@ -392,6 +443,17 @@ impl Engine {
             }
         }
         let c = found?;
+        // Another request of the process still in flight when the call returned could be the
+        // one that waited for it (and retried it, or failed later): under concurrency that
+        // is the usual case, and linking by timing then guesses (the lab's concurrency scenario
+        // had timing links wrong more often than right).
+        let other_waiting = proc_
+            .inbound
+            .iter()
+            .any(|&(s, e, id, _)| id != p.id && s <= c.end && c.end < e);
+        if other_waiting {
+            return None;
+        }
         // Another response of the process written as soon after the call: it could be the one
         // the call answered.
         let competing_response = proc_
