@@ -400,6 +400,38 @@ pub mod config_flags {
 /// Deepest cgroup level the kernel walks for `config_flags::SCOPE_CGROUP` (a bounded loop).
 pub const MAX_CGROUP_LEVELS: u32 = 16;
 
+/// Kernel steering for the shim (`retry-steer`, a second object): the workload's connects are
+/// rewritten to the shim's loopback port by `cgroup/connect4`/`connect6` programs, and the
+/// original destination waits in `names::STEER_ORIG` under the client's end of the connection,
+/// which the shim sees as its accepted socket's peer.
+pub mod steer {
+    /// One end of a connection: family, port (host order), address (IPv4 in the first 4 bytes,
+    /// network order). Key (client's local end) and value (original destination) of `STEER_ORIG`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct SteerAddr {
+        pub family: u16,
+        pub port: u16,
+        pub addr: [u8; 16],
+    }
+
+    /// What the shim writes to `STEER_CONFIG[0]`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct SteerConfig {
+        /// The shim's listening port (host order); connects are rewritten to loopback:port.
+        pub shim_port: u16,
+        pub _pad: u16,
+        /// SO_MARK of the shim's own upstream sockets: never steered.
+        pub mark: u32,
+        /// `STEER_ALL_PORTS`: steer every TCP destination port, not only those in `STEER_PORTS`.
+        pub flags: u32,
+        pub _pad2: u32,
+    }
+
+    pub const STEER_ALL_PORTS: u32 = 1;
+}
+
 /// Names of the maps and programs, used by both sides.
 pub mod names {
     pub const EVENTS: &str = "EVENTS";
@@ -418,6 +450,14 @@ pub mod names {
     pub const SCOPE_CGROUPS: &str = "SCOPE_CGROUPS";
     /// Network namespace inodes in scope.
     pub const SCOPE_NETNS: &str = "SCOPE_NETNS";
+    /// The steering object's (`retry-steer`) maps and programs.
+    pub const STEER_CONFIG: &str = "STEER_CONFIG";
+    pub const STEER_PORTS: &str = "STEER_PORTS";
+    pub const STEER_PENDING: &str = "STEER_PENDING";
+    pub const STEER_ORIG: &str = "STEER_ORIG";
+    pub const STEER_CONNECT4: &str = "ra_steer_connect4";
+    pub const STEER_CONNECT6: &str = "ra_steer_connect6";
+    pub const STEER_SOCK_OPS: &str = "ra_steer_sock_ops";
 }
 
 /// Slots of `ARG_FAILURES`: one per per-thread argument map. A failed insert (the map is full:
@@ -451,6 +491,8 @@ mod pod {
     unsafe impl aya::Pod for ConnectArgs {}
     unsafe impl aya::Pod for AcceptArgs {}
     unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for steer::SteerAddr {}
+    unsafe impl aya::Pod for steer::SteerConfig {}
 }
 
 #[cfg(test)]
