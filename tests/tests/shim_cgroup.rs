@@ -1,0 +1,263 @@
+//! The shim steered by cgroup eBPF programs (`--shim-steer cgroup`), and failing open when its
+//! whole cgroup is killed (`cgroup.kill`: the shim and anything with it die at once, as in a pod
+//! OOM). Root and a cgroup v2 mount needed; traffic to loopback only.
+//! Run: `cargo test -p integration-tests --test shim_cgroup`
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use integration_tests::actuate::{
+    agent_bin, free_port, http_get, status_server, suppress, wait_until,
+};
+use retry_agent::actuate::{Actuator, control::ControlActuator, shim::cgroup::STEER_OBJECT};
+
+/// The cgroup v2 mount point, from /proc/self/mountinfo (`… - cgroup2 …`).
+fn cgroup2_root() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        if post.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        pre.split_whitespace().nth(4).map(PathBuf::from)
+    })
+}
+
+/// A fresh cgroup v2 child; on drop everything in it is killed and it is removed.
+struct Cgroup(PathBuf);
+
+impl Cgroup {
+    fn create(root: &Path, name: &str) -> Cgroup {
+        let p = root.join(format!("rashim-{}-{name}", std::process::id()));
+        std::fs::create_dir(&p).expect("create cgroup");
+        Cgroup(p)
+    }
+
+    fn kill(&self) {
+        let _ = std::fs::write(self.0.join("cgroup.kill"), "1");
+    }
+
+    fn empty(&self) -> bool {
+        std::fs::read_to_string(self.0.join("cgroup.procs")).is_ok_and(|s| s.trim().is_empty())
+    }
+
+    /// `cmd args…` started inside this cgroup (a shell moves itself in, then execs).
+    fn spawn(&self, cmd: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new("sh");
+        c.args(["-c", r#"echo 0 > "$0/cgroup.procs" && exec "$@""#])
+            .arg(&self.0)
+            .arg(cmd)
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = wait_until(Duration::from_secs(5), || self.empty());
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Reaps a child (already killed with its cgroup) on drop.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One request from a process in `cg`: the response head, or None if the connection failed.
+fn client_get(cg: &Cgroup, dst: SocketAddr) -> Option<String> {
+    let url = format!("http://{dst}/failopen");
+    let out = cg
+        .spawn(
+            Path::new("curl"),
+            &["-s", "-i", "-m", "3", "-H", "x-retry-attempt: 1", &url],
+        )
+        .output()
+        .ok()?;
+    let head = String::from_utf8_lossy(&out.stdout).to_string();
+    (out.status.success() && head.starts_with("HTTP/")).then_some(head)
+}
+
+/// Programs of the steering object the kernel still holds (by their 15-byte kernel names).
+fn steer_programs() -> usize {
+    aya::programs::loaded_programs()
+        .flatten()
+        .filter(|p| p.name_as_str().is_some_and(|n| n.starts_with("ra_steer_")))
+        .count()
+}
+
+/// The programs attached to `cg`, as bpftool shows them (None without bpftool).
+fn bpftool_attached(cg: &Cgroup) -> Option<String> {
+    let out = Command::new("bpftool")
+        .arg("cgroup")
+        .arg("show")
+        .arg(&cg.0)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+/// A workload's suppressed retry is answered by the shim (it was steered); a process outside
+/// the workload cgroup reaches the service directly. Then the shim's cgroup is killed: within
+/// 2 s the workload's next connection reaches the service directly (not refused, not steered)
+/// and no program or link of the shim is left in the kernel.
+#[test]
+fn killing_the_shims_cgroup_leaves_connections_direct() {
+    if Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0"))
+        .ok()
+        != Some(true)
+    {
+        eprintln!("skip: needs root (cgroups, eBPF)");
+        return;
+    }
+    let Some(root) = cgroup2_root() else {
+        eprintln!("skip: no cgroup v2 mount");
+        return;
+    };
+    if STEER_OBJECT.is_empty() || Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("skip: no steering object (cargo xtask build-ebpf) or no curl");
+        return;
+    }
+    assert_eq!(
+        steer_programs(),
+        0,
+        "steering programs left over from an earlier run"
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        // The control socket serves followers from a background task.
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _g = rt.enter();
+    let ctl_path = std::env::temp_dir().join(format!("rashim-{}-cg.sock", std::process::id()));
+    let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
+    let (svc, hits) = status_server("503 Service Unavailable");
+
+    let shim_cg = Cgroup::create(&root, "shim");
+    let workload = Cgroup::create(&root, "workload");
+    let port = free_port().to_string();
+    let log_path = std::env::temp_dir().join(format!("rashim-{}-cg.log", std::process::id()));
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let wl = workload.0.to_string_lossy().to_string();
+    let svc_port = svc.port().to_string();
+    let ctl_arg = ctl_path.to_string_lossy().to_string();
+    let shim = shim_cg
+        .spawn(
+            &agent_bin(),
+            &[
+                "--log",
+                "info,retry_agent::actuate=debug",
+                "shim",
+                "--shim-port",
+                &port,
+                "--shim-steer",
+                "cgroup",
+                "--shim-steer-cgroup",
+                &wl,
+                "--shim-dport",
+                &svc_port,
+                "--shim-control-socket",
+                &ctl_arg,
+                "--shim-ipv6",
+                "false",
+                "--shim-threads",
+                "1",
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn shim");
+    let _shim = Reap(shim);
+    let up = wait_until(Duration::from_secs(30), || {
+        std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("steering installed"))
+    });
+    assert!(
+        up.is_some(),
+        "shim did not come up (see {})",
+        log_path.display()
+    );
+    // connect4 and sock_ops (connect6 is loaded only when the shim steers IPv6).
+    assert_eq!(steer_programs(), 2, "connect4 and sock_ops loaded");
+    if let Some(shown) = bpftool_attached(&workload) {
+        assert!(
+            shown.contains("connect4") && shown.contains("sock_ops"),
+            "{shown}"
+        );
+    }
+
+    rt.block_on(ctl.apply(&[suppress("rashim-cg", svc, 60_000)]))
+        .expect("apply");
+    let steered = wait_until(Duration::from_secs(5), || {
+        client_get(&workload, svc).is_some_and(|h| h.contains("x-retry-suppressed"))
+    });
+    assert!(
+        steered.is_some(),
+        "the workload's retry never reached the shim (see {})",
+        log_path.display()
+    );
+    // Outside the workload cgroup nothing is steered.
+    let (status, head) =
+        http_get(svc, "/direct", "x-retry-attempt: 1\r\n").expect("direct request");
+    assert!(
+        status == 503 && !head.contains("x-retry-suppressed"),
+        "{head}"
+    );
+
+    let before = hits.load(std::sync::atomic::Ordering::Relaxed);
+    let t0 = Instant::now();
+    shim_cg.kill();
+    let mut refused = 0;
+    let direct = wait_until(Duration::from_secs(2), || {
+        match client_get(&workload, svc) {
+            Some(h) => h.starts_with("HTTP/1.1 503") && !h.contains("x-retry-suppressed"),
+            None => {
+                refused += 1;
+                false
+            }
+        }
+    });
+    let direct = direct
+        .map(|_| t0.elapsed())
+        .expect("connections did not go direct within 2 s of cgroup.kill");
+    assert!(
+        hits.load(std::sync::atomic::Ordering::Relaxed) > before,
+        "the service saw the direct request"
+    );
+    eprintln!(
+        "FIGURE cgroup_kill_to_direct_ms={:.1} failed_attempts={refused}",
+        direct.as_secs_f64() * 1000.0
+    );
+
+    let gone = wait_until(Duration::from_secs(2), || {
+        steer_programs() == 0 && shim_cg.empty()
+    });
+    assert!(
+        gone.is_some(),
+        "steering programs still loaded after the shim's cgroup died"
+    );
+    if let Some(shown) = bpftool_attached(&workload) {
+        assert!(
+            !shown.contains("connect4") && !shown.contains("sock_ops"),
+            "{shown}"
+        );
+    }
+    drop(ctl);
+    let _ = std::fs::remove_file(&ctl_path);
+}
