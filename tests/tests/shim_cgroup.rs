@@ -30,10 +30,10 @@ fn cgroup2_root() -> Option<PathBuf> {
 struct Cgroup(PathBuf);
 
 impl Cgroup {
-    fn create(root: &Path, name: &str) -> Cgroup {
+    fn create(root: &Path, name: &str) -> std::io::Result<Cgroup> {
         let p = root.join(format!("rashim-{}-{name}", std::process::id()));
-        std::fs::create_dir(&p).expect("create cgroup");
-        Cgroup(p)
+        std::fs::create_dir(&p)?;
+        Ok(Cgroup(p))
     }
 
     fn kill(&self) {
@@ -149,8 +149,8 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
     let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
     let (svc, hits) = status_server("503 Service Unavailable");
 
-    let shim_cg = Cgroup::create(&root, "shim");
-    let workload = Cgroup::create(&root, "workload");
+    let shim_cg = Cgroup::create(&root, "shim").expect("shim cgroup");
+    let workload = Cgroup::create(&root, "workload").expect("workload cgroup");
     let port = free_port().to_string();
     let log_path = std::env::temp_dir().join(format!("rashim-{}-cg.log", std::process::id()));
     let log = std::fs::File::create(&log_path).expect("log file");
