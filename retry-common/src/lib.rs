@@ -427,6 +427,9 @@ pub mod steer {
         /// `STEER_ALL_PORTS`: steer every TCP destination port, not only those in `STEER_PORTS`.
         pub flags: u32,
         pub _pad2: u32,
+        /// The shim's network namespace (`SO_NETNS_COOKIE`): a connect made in another one is
+        /// left alone, since loopback there does not reach the shim.
+        pub netns_cookie: u64,
     }
 
     pub const STEER_ALL_PORTS: u32 = 1;

@@ -123,5 +123,7 @@ fn egress_syscalls() {
 fn steer_layouts() {
     use steer::{SteerAddr, SteerConfig};
     layout!(SteerAddr, size 20, { family @ 0, 2; port @ 2, 2; addr @ 4, 16 });
-    layout!(SteerConfig, size 16, { shim_port @ 0, 2; _pad @ 2, 2; mark @ 4, 4; flags @ 8, 4; _pad2 @ 12, 4 });
+    layout!(SteerConfig, size 24, {
+        shim_port @ 0, 2; _pad @ 2, 2; mark @ 4, 4; flags @ 8, 4; _pad2 @ 12, 4; netns_cookie @ 16, 8;
+    });
 }

@@ -10,7 +10,7 @@ use std::{
 };
 
 use integration_tests::actuate::{
-    agent_bin, free_port, http_get, status_server, suppress, wait_until,
+    agent_bin, free_port, http_get, status_server, status_server_at, suppress, wait_until,
 };
 use retry_agent::actuate::{Actuator, control::ControlActuator, shim::cgroup::STEER_OBJECT};
 
@@ -148,6 +148,10 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
     let ctl_path = std::env::temp_dir().join(format!("rashim-{}-cg.sock", std::process::id()));
     let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
     let (svc, hits) = status_server("503 Service Unavailable");
+    // IPv6 too (connect6 and the IPv6 key), where [::1] exists.
+    let svc6 = std::net::TcpListener::bind("[::1]:0")
+        .is_ok()
+        .then(|| status_server_at("[::1]:0", "503 Service Unavailable").0);
 
     let shim_cg = Cgroup::create(&root, "shim").expect("shim cgroup");
     let workload = Cgroup::create(&root, "workload").expect("workload cgroup");
@@ -155,7 +159,12 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
     let log_path = std::env::temp_dir().join(format!("rashim-{}-cg.log", std::process::id()));
     let log = std::fs::File::create(&log_path).expect("log file");
     let wl = workload.0.to_string_lossy().to_string();
-    let svc_port = svc.port().to_string();
+    let dports = [Some(svc), svc6]
+        .iter()
+        .flatten()
+        .map(|a| a.port().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let ctl_arg = ctl_path.to_string_lossy().to_string();
     let shim = shim_cg
         .spawn(
@@ -171,11 +180,11 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
                 "--shim-steer-cgroup",
                 &wl,
                 "--shim-dport",
-                &svc_port,
+                &dports,
                 "--shim-control-socket",
                 &ctl_arg,
                 "--shim-ipv6",
-                "false",
+                if svc6.is_some() { "true" } else { "false" },
                 "--shim-threads",
                 "1",
             ],
@@ -193,8 +202,9 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
         "shim did not come up (see {})",
         log_path.display()
     );
-    // connect4 and sock_ops (connect6 is loaded only when the shim steers IPv6).
-    assert_eq!(steer_programs(), 2, "connect4 and sock_ops loaded");
+    // connect4 and sock_ops, and connect6 when the shim steers IPv6.
+    let programs = if svc6.is_some() { 3 } else { 2 };
+    assert_eq!(steer_programs(), programs, "steering programs loaded");
     if let Some(shown) = bpftool_attached(&workload) {
         assert!(
             shown.contains("connect4") && shown.contains("sock_ops"),
@@ -202,10 +212,14 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
         );
     }
 
-    rt.block_on(ctl.apply(&[suppress("rashim-cg", svc, 60_000)]))
-        .expect("apply");
+    let mut decisions = vec![suppress("rashim-cg", svc, 60_000)];
+    decisions.extend(svc6.map(|a| suppress("rashim-cg6", a, 60_000)));
+    rt.block_on(ctl.apply(&decisions)).expect("apply");
     let steered = wait_until(Duration::from_secs(5), || {
-        client_get(&workload, svc).is_some_and(|h| h.contains("x-retry-suppressed"))
+        [Some(svc), svc6]
+            .iter()
+            .flatten()
+            .all(|a| client_get(&workload, *a).is_some_and(|h| h.contains("x-retry-suppressed")))
     });
     assert!(
         steered.is_some(),
@@ -219,19 +233,39 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
         status == 503 && !head.contains("x-retry-suppressed"),
         "{head}"
     );
+    // Nor in another network namespace (its loopback does not reach the shim): a server on the
+    // steered port inside a fresh netns answers the workload's client there.
+    let script = format!(
+        "ip link set lo up && python3 -m http.server {p} --bind 127.0.0.1 >/dev/null 2>&1 & \
+         for i in $(seq 50); do curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{p}/ && break; \
+         sleep 0.1; done; kill $!",
+        p = svc.port()
+    );
+    let out = workload
+        .spawn(Path::new("unshare"), &["-n", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    let codes = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        codes.ends_with("200"),
+        "another netns was steered: {codes:?}"
+    );
 
     let before = hits.load(std::sync::atomic::Ordering::Relaxed);
     let t0 = Instant::now();
     shim_cg.kill();
     let mut refused = 0;
     let direct = wait_until(Duration::from_secs(2), || {
-        match client_get(&workload, svc) {
-            Some(h) => h.starts_with("HTTP/1.1 503") && !h.contains("x-retry-suppressed"),
-            None => {
-                refused += 1;
-                false
-            }
-        }
+        [Some(svc), svc6]
+            .iter()
+            .flatten()
+            .all(|a| match client_get(&workload, *a) {
+                Some(h) => h.starts_with("HTTP/1.1 503") && !h.contains("x-retry-suppressed"),
+                None => {
+                    refused += 1;
+                    false
+                }
+            })
     });
     let direct = direct
         .map(|_| t0.elapsed())

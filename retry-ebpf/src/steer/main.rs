@@ -8,7 +8,8 @@
 //!   the SYN not yet sent, so before the shim can accept) the entry moves to `STEER_ORIG` under
 //!   the client's local address and port: the peer address of the shim's accepted socket.
 //!
-//! Never steered: non-TCP sockets, sockets carrying the shim's SO_MARK (its upstream connects),
+//! Never steered: connects made in another network namespace than the shim's (loopback there
+//! does not reach it), non-TCP sockets, sockets carrying the shim's SO_MARK (its upstream connects),
 //! connects to the shim's port itself, IPv4-mapped IPv6 destinations. Userspace attaches all
 //! three through bpf_links it holds and never pins: when the shim dies, however it dies, the
 //! kernel detaches them and the next connect goes direct.
@@ -16,8 +17,8 @@
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{BPF_SOCK_OPS_TCP_CONNECT_CB, bpf_sock_addr},
-    helpers::bpf_get_socket_cookie,
+    bindings::BPF_SOCK_OPS_TCP_CONNECT_CB,
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
     macros::{cgroup_sock_addr, map, sock_ops},
     maps::{Array, HashMap, LruHashMap},
     programs::{SockAddrContext, SockOpsContext},
@@ -47,7 +48,8 @@ static STEER_ORIG: LruHashMap<SteerAddr, SteerAddr> = LruHashMap::with_max_entri
 /// The steering settings, if this connect is one to steer: TCP, not the shim's own, to a
 /// selected port that is not the shim's.
 #[inline(always)]
-fn selected(sa: *mut bpf_sock_addr, dport: u16) -> Option<SteerConfig> {
+fn selected(ctx: &SockAddrContext, dport: u16) -> Option<SteerConfig> {
+    let sa = ctx.sock_addr;
     // SAFETY: ctx fields the verifier lets cgroup/connect programs read.
     let (ty, proto, sk) = unsafe { ((*sa).type_, (*sa).protocol, (*sa).__bindgen_anon_1.sk) };
     if ty != SOCK_STREAM || proto != IPPROTO_TCP as u32 {
@@ -55,6 +57,10 @@ fn selected(sa: *mut bpf_sock_addr, dport: u16) -> Option<SteerConfig> {
     }
     let cfg = *STEER_CONFIG.get(0)?;
     if cfg.shim_port == 0 || dport == cfg.shim_port {
+        return None;
+    }
+    // SAFETY: the helper takes the program's own context.
+    if unsafe { bpf_get_netns_cookie(sa.cast()) } != cfg.netns_cookie {
         return None;
     }
     // SAFETY: ctx->sk is a valid socket pointer for sock_addr programs; `mark` is readable.
@@ -80,7 +86,7 @@ fn try_connect4(ctx: &SockAddrContext) -> Option<()> {
     // SAFETY: ctx fields; user_port holds the port in network order in its low 16 bits.
     let (ip, port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
     let dport = u16::from_be(port as u16);
-    let cfg = selected(sa, dport)?;
+    let cfg = selected(ctx, dport)?;
     let mut orig = SteerAddr { family: AF_INET, port: dport, addr: [0; 16] };
     let b = ip.to_ne_bytes();
     orig.addr[0] = b[0];
@@ -109,7 +115,7 @@ fn try_connect6(ctx: &SockAddrContext) -> Option<()> {
         return None;
     }
     let dport = u16::from_be(port as u16);
-    let cfg = selected(sa, dport)?;
+    let cfg = selected(ctx, dport)?;
     let mut orig = SteerAddr { family: AF_INET6, port: dport, addr: [0; 16] };
     let words = [w0, w1, w2, w3];
     let mut i = 0;

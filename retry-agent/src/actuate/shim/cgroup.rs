@@ -54,6 +54,8 @@ pub enum CgroupSteerError {
         #[source]
         source: MapError,
     },
+    #[error("reading our network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14+): {0}")]
+    NetnsCookie(#[source] std::io::Error),
     #[error("map {0} is missing from the steering object")]
     MissingMap(&'static str),
 }
@@ -106,6 +108,7 @@ impl CgroupSteering {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let netns_cookie = own_netns_cookie().map_err(CgroupSteerError::NetnsCookie)?;
         let mut ebpf = EbpfLoader::new().load(STEER_OBJECT)?;
         let merr = |name| move |source| CgroupSteerError::Map { name, source };
         {
@@ -115,6 +118,7 @@ impl CgroupSteering {
             let c = SteerConfig {
                 shim_port: self.shim_port,
                 mark: self.mark,
+                netns_cookie,
                 flags: if self.dports.is_empty() {
                     STEER_ALL_PORTS
                 } else {
@@ -170,6 +174,28 @@ impl CgroupSteering {
             },
         ))
     }
+}
+
+/// The cookie of the network namespace we run in (the programs compare the connecting socket's).
+fn own_netns_cookie() -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    let mut v: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: valid fd; the kernel writes at most `len` bytes into `v`.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&raw mut v).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(v)
 }
 
 /// The map key for the client's end of a connection (as `sock_ops` writes it).
