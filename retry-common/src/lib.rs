@@ -259,6 +259,9 @@ pub const OWNER_ESTABLISHED: u32 = 2;
 /// Set when SYN_SENT -> CLOSE fired while connect() was still running but it will return
 /// EINPROGRESS (the RST was processed at release_sock): connect()'s exit reports FAILED.
 pub const OWNER_FAILED: u32 = 4;
+/// The remote end is connect()'s argument, not the socket's: a cgroup program (the shim's
+/// `--shim-steer cgroup`) rewrote the destination to a local proxy; the callee is the original.
+pub const OWNER_DST_FROM_CONNECT: u32 = 8;
 
 /// Owner of a kernel socket, keyed by `struct sock *`: lets state changes that fire in softirq
 /// context (established, reset) be attributed to the process and fd.
@@ -314,6 +317,10 @@ pub struct ConnectArgs {
     pub fd: u32,
     /// 1 once CLOSE -> SYN_SENT fired in this task during the call.
     pub is_tcp: u32,
+    /// The destination connect() was asked for (family 0 if unreadable): the remote end
+    /// recorded when a cgroup program rewrote it to loopback (`OWNER_DST_FROM_CONNECT`).
+    pub dst: PeerKey,
+    pub _pad: u32,
 }
 
 /// accept()/accept4() arguments saved at entry.

@@ -193,6 +193,8 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
         .stderr(log)
         .spawn()
         .expect("spawn shim");
+    // `sh` exec'd into the shim: same pid.
+    let shim_pid = shim.id();
     let _shim = Reap(shim);
     let up = wait_until(Duration::from_secs(30), || {
         std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("steering installed"))
@@ -212,6 +214,8 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
         );
     }
 
+    // The agent's capture, to see which callee it records for a steered connect.
+    let mut cap = integration_tests::fixture::load();
     let mut decisions = vec![suppress("rashim-cg", svc, 60_000)];
     decisions.extend(svc6.map(|a| suppress("rashim-cg6", a, 60_000)));
     rt.block_on(ctl.apply(&decisions)).expect("apply");
@@ -226,6 +230,36 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
         "the workload's retry never reached the shim (see {})",
         log_path.display()
     );
+    // The capture names the service as the callee, not the shim's port the connect was
+    // rewritten to (the agent's decisions for the edge must match what the shim forwards to).
+    if let Some(cap) = cap.as_mut() {
+        let shim_port: u16 = port.parse().expect("port");
+        // The clients only: not this process (servers), nor the shim (its upstream connects).
+        let me = std::process::id();
+        let remotes = |evs: &[retry_agent::capture::Event]| {
+            integration_tests::fixture::conn_events(evs)
+                .iter()
+                .filter(|c| c.pid != me && c.pid != shim_pid)
+                .filter_map(|c| c.tuple.map(|t| t.remote))
+                .collect::<Vec<_>>()
+        };
+        let evs = rt.block_on(integration_tests::fixture::collect(
+            cap,
+            Duration::from_secs(3),
+            |e| matches!(e, retry_agent::capture::Event::Conn(c) if c.role == retry_agent::capture::Role::Client),
+            |evs| remotes(evs).contains(&svc),
+        ));
+        let seen = remotes(&evs);
+        assert!(
+            seen.contains(&svc),
+            "no client connection to {svc} captured: {seen:?}"
+        );
+        assert!(
+            seen.iter().all(|r| r.port() != shim_port),
+            "a steered connection was recorded as going to the shim: {seen:?}"
+        );
+    }
+    drop(cap);
     // Outside the workload cgroup nothing is steered.
     let (status, head) =
         http_get(svc, "/direct", "x-retry-attempt: 1\r\n").expect("direct request");
