@@ -468,6 +468,8 @@ pub mod names {
     pub const STEER_CONNECT4: &str = "ra_steer_connect4";
     pub const STEER_CONNECT6: &str = "ra_steer_connect6";
     pub const STEER_SOCK_OPS: &str = "ra_steer_sock_ops";
+    pub const STEER_GETPEERNAME4: &str = "ra_steer_getpeername4";
+    pub const STEER_GETPEERNAME6: &str = "ra_steer_getpeername6";
 }
 
 /// Slots of `ARG_FAILURES`: one per per-thread argument map. A failed insert (the map is full:

@@ -195,17 +195,19 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
         .expect("spawn shim");
     // `sh` exec'd into the shim: same pid.
     let shim_pid = shim.id();
-    let _shim = Reap(shim);
-    let up = wait_until(Duration::from_secs(30), || {
-        std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("steering installed"))
+    let mut shim = Reap(shim);
+    let up = || std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("steering installed"));
+    // Up, or exited (a refused attach ends the shim at once).
+    let _ = wait_until(Duration::from_secs(30), || {
+        up() || shim.0.try_wait().is_ok_and(|s| s.is_some())
     });
     assert!(
-        up.is_some(),
-        "shim did not come up (see {})",
-        log_path.display()
+        up(),
+        "shim did not come up: {}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
     );
-    // connect4 and sock_ops, and connect6 when the shim steers IPv6.
-    let programs = if svc6.is_some() { 3 } else { 2 };
+    // sock_ops, connect4 and getpeername4, and their IPv6 twins when the shim steers IPv6.
+    let programs = if svc6.is_some() { 5 } else { 3 };
     assert_eq!(steer_programs(), programs, "steering programs loaded");
     if let Some(shown) = bpftool_attached(&workload) {
         assert!(
@@ -260,6 +262,24 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
         );
     }
     drop(cap);
+    // The steered client's getpeername() names the service, as under REDIRECT.
+    let peer_port = |dst: SocketAddr| {
+        let code = "import socket,sys; s=socket.create_connection((sys.argv[1], int(sys.argv[2])), 3); print(s.getpeername()[1])";
+        let ip = dst.ip().to_string();
+        let port = dst.port().to_string();
+        let out = workload
+            .spawn(Path::new("python3"), &["-c", code, &ip, &port])
+            .output()
+            .expect("python3");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    for a in [Some(svc), svc6].iter().flatten() {
+        assert_eq!(
+            peer_port(*a),
+            a.port().to_string(),
+            "getpeername of a steered socket to {a}"
+        );
+    }
     // Outside the workload cgroup nothing is steered.
     let (status, head) =
         http_get(svc, "/direct", "x-retry-attempt: 1\r\n").expect("direct request");

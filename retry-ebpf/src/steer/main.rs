@@ -7,6 +7,9 @@
 //! - `ra_steer_sock_ops` (`sockops`, same cgroups): at `TCP_CONNECT_CB` (the local port is bound,
 //!   the SYN not yet sent, so before the shim can accept) the entry moves to `STEER_ORIG` under
 //!   the client's local address and port: the peer address of the shim's accepted socket.
+//! - `ra_steer_getpeername4`/`6` (`cgroup/getpeername4`/`6`): the client's getpeername() says
+//!   the original destination, as it did under iptables REDIRECT (the cookie entry lives on,
+//!   LRU-bounded, for that).
 //!
 //! Never steered: connects made in another network namespace than the shim's (loopback there
 //! does not reach it), non-TCP sockets, sockets carrying the shim's SO_MARK (its upstream connects),
@@ -37,10 +40,10 @@ static STEER_CONFIG: Array<SteerConfig> = Array::with_max_entries(1, 0);
 /// Destination ports to steer (host order), unless `STEER_ALL_PORTS`.
 #[map]
 static STEER_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(64, 0);
-/// Socket cookie -> original destination, between connect() and `TCP_CONNECT_CB` (a connect
-/// that fails before binding leaves its entry to the LRU).
+/// Socket cookie -> original destination, from connect() on: re-keyed at `TCP_CONNECT_CB`, and
+/// read by getpeername() for the socket's life (cookies are never reused; the LRU bounds it).
 #[map]
-static STEER_PENDING: LruHashMap<u64, SteerAddr> = LruHashMap::with_max_entries(16384, 0);
+static STEER_PENDING: LruHashMap<u64, SteerAddr> = LruHashMap::with_max_entries(65536, 0);
 /// Client's local end -> original destination; the shim takes (removes) the entry at accept.
 #[map]
 static STEER_ORIG: LruHashMap<SteerAddr, SteerAddr> = LruHashMap::with_max_entries(65536, 0);
@@ -153,6 +156,46 @@ pub fn ra_steer_connect6(ctx: SockAddrContext) -> i32 {
     ALLOW
 }
 
+/// The original destination of a steered socket, for its getpeername().
+#[inline(always)]
+fn steered_dst(ctx: &SockAddrContext, family: u16) -> Option<SteerAddr> {
+    // SAFETY: the helper takes the program's own context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    // SAFETY: plain map lookup; the value is copied out.
+    let orig = *unsafe { STEER_PENDING.get(&cookie) }?;
+    (orig.family == family).then_some(orig)
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn ra_steer_getpeername4(ctx: SockAddrContext) -> i32 {
+    if let Some(o) = steered_dst(&ctx, AF_INET) {
+        let sa = ctx.sock_addr;
+        // SAFETY: cgroup/getpeername4 may rewrite the reported address.
+        unsafe {
+            (*sa).user_ip4 = u32::from_ne_bytes([o.addr[0], o.addr[1], o.addr[2], o.addr[3]]);
+            (*sa).user_port = o.port.to_be() as u32;
+        }
+    }
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn ra_steer_getpeername6(ctx: SockAddrContext) -> i32 {
+    if let Some(o) = steered_dst(&ctx, AF_INET6) {
+        let sa = ctx.sock_addr;
+        let w = |i: usize| u32::from_ne_bytes([o.addr[i], o.addr[i + 1], o.addr[i + 2], o.addr[i + 3]]);
+        // SAFETY: cgroup/getpeername6 may rewrite the reported address.
+        unsafe {
+            (*sa).user_ip6[0] = w(0);
+            (*sa).user_ip6[1] = w(4);
+            (*sa).user_ip6[2] = w(8);
+            (*sa).user_ip6[3] = w(12);
+            (*sa).user_port = o.port.to_be() as u32;
+        }
+    }
+    ALLOW
+}
+
 fn try_sock_ops(ctx: &SockOpsContext) -> Option<()> {
     if ctx.op() != BPF_SOCK_OPS_TCP_CONNECT_CB {
         return None;
@@ -183,7 +226,6 @@ fn try_sock_ops(ctx: &SockOpsContext) -> Option<()> {
         }
     }
     let _ = STEER_ORIG.insert(&key, &orig, 0);
-    let _ = STEER_PENDING.remove(&cookie);
     Some(())
 }
 

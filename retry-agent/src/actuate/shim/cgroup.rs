@@ -1,7 +1,8 @@
 //! Kernel steering (`--shim-steer cgroup`): the `retry-steer` object's programs on the workload's
 //! cgroup v2 directories rewrite selected TCP connects to the shim's loopback port and keep the
 //! original destination in `STEER_ORIG`, keyed by the client's local address and port (the peer
-//! of the socket the shim accepts). See retry-ebpf `steer/main.rs` for what is and is not steered.
+//! of the socket the shim accepts); the client's getpeername() still says the original, as under
+//! REDIRECT. See retry-ebpf `steer/main.rs` for what is and is not steered.
 //!
 //! Fail open by construction: the programs are attached through bpf_links owned by
 //! [`SteerLinks`] and never pinned, so the links close with the shim's last file descriptor
@@ -142,9 +143,14 @@ impl CgroupSteering {
         let orig = HashMap::try_from(orig).map_err(merr(names::STEER_ORIG))?;
 
         let perr = |name| move |source| CgroupSteerError::Program { name, source };
-        let mut programs: Vec<&'static str> = vec![names::STEER_SOCK_OPS, names::STEER_CONNECT4];
+        // getpeername before connect too: a steered socket always reports its original peer.
+        let mut programs: Vec<&'static str> = vec![
+            names::STEER_SOCK_OPS,
+            names::STEER_GETPEERNAME4,
+            names::STEER_CONNECT4,
+        ];
         if self.ipv6 {
-            programs.push(names::STEER_CONNECT6);
+            programs.extend([names::STEER_GETPEERNAME6, names::STEER_CONNECT6]);
         }
         for name in programs {
             let prog = ebpf.program_mut(name).ok_or(CgroupSteerError::Program {
