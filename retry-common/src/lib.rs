@@ -468,6 +468,9 @@ pub mod names {
     pub const STEER_CONNECT4: &str = "ra_steer_connect4";
     pub const STEER_CONNECT6: &str = "ra_steer_connect6";
     pub const STEER_SOCK_OPS: &str = "ra_steer_sock_ops";
+    pub const STEER_INBOUND_PORTS: &str = "STEER_INBOUND_PORTS";
+    pub const STEER_LISTENER: &str = "STEER_LISTENER";
+    pub const STEER_SK_LOOKUP: &str = "ra_steer_sk_lookup";
     pub const STEER_GETPEERNAME4: &str = "ra_steer_getpeername4";
     pub const STEER_GETPEERNAME6: &str = "ra_steer_getpeername6";
 }

@@ -14,6 +14,9 @@ use integration_tests::actuate::{
 };
 use retry_agent::actuate::{Actuator, control::ControlActuator, shim::cgroup::STEER_OBJECT};
 
+/// Both tests count the kernel's `ra_steer_*` programs: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The cgroup v2 mount point, from /proc/self/mountinfo (`… - cgroup2 …`).
 fn cgroup2_root() -> Option<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
@@ -115,6 +118,7 @@ fn bpftool_attached(cg: &Cgroup) -> Option<String> {
 /// and no program or link of the shim is left in the kernel.
 #[test]
 fn killing_the_shims_cgroup_leaves_connections_direct() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if Command::new("id")
         .arg("-u")
         .output()
@@ -346,6 +350,144 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
             "{shown}"
         );
     }
+    drop(ctl);
+    let _ = std::fs::remove_file(&ctl_path);
+}
+
+/// Inbound (`--shim-inbound-port` with `--shim-steer cgroup`: sk_lookup on the shim's netns): a
+/// connection from another namespace to a service next to the shim is handed to the shim (a
+/// suppressed retry is answered by it, so the original destination was known); after
+/// `cgroup.kill` of the shim's cgroup the same request reaches the service directly.
+#[test]
+fn inbound_steering_dies_with_the_shims_cgroup() {
+    use integration_tests::fixture::{NetnsPair, Proc, wait_listening};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(root) = cgroup2_root() else {
+        eprintln!("skip: no cgroup v2 mount");
+        return;
+    };
+    if STEER_OBJECT.is_empty() || Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("skip: no steering object (cargo xtask build-ebpf) or no curl");
+        return;
+    }
+    let Some(pair) = NetnsPair::create("sk", 77) else {
+        return;
+    };
+    let up_lo = NetnsPair::exec(&pair.a, "ip")
+        .args(["link", "set", "lo", "up"])
+        .status();
+    assert!(up_lo.is_ok_and(|s| s.success()), "lo up in {}", pair.a);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _g = rt.enter();
+    let ctl_path = std::env::temp_dir().join(format!("rashim-{}-in.sock", std::process::id()));
+    let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
+    let port = free_port().to_string();
+    let svc: SocketAddr = format!("{}:{port}", pair.ip_a).parse().expect("addr");
+    let _server = Proc::spawn(
+        NetnsPair::exec(&pair.a, "python3")
+            .args(["-m", "http.server", &port, "--bind", &pair.ip_a])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_listening(&svc.to_string(), Some(&pair.a));
+
+    let shim_cg = Cgroup::create(&root, "shim-in").expect("shim cgroup");
+    let log_path = std::env::temp_dir().join(format!("rashim-{}-in.log", std::process::id()));
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let shim_port = free_port().to_string();
+    let bin = agent_bin().to_string_lossy().to_string();
+    let ctl_arg = ctl_path.to_string_lossy().to_string();
+    let shim = shim_cg
+        .spawn(
+            Path::new("ip"),
+            &[
+                "netns",
+                "exec",
+                &pair.a,
+                &bin,
+                "--log",
+                "info,retry_agent::actuate=debug",
+                "shim",
+                "--shim-port",
+                &shim_port,
+                "--shim-steer",
+                "cgroup",
+                "--shim-inbound-port",
+                &port,
+                "--shim-control-socket",
+                &ctl_arg,
+                "--shim-ipv6",
+                "false",
+                "--shim-threads",
+                "1",
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn shim");
+    let mut shim = Reap(shim);
+    let up = || std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("steering installed"));
+    let _ = wait_until(Duration::from_secs(30), || {
+        up() || shim.0.try_wait().is_ok_and(|s| s.is_some())
+    });
+    assert!(
+        up(),
+        "shim did not come up: {}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    assert_eq!(steer_programs(), 1, "sk_lookup loaded");
+
+    let get = || {
+        let out = NetnsPair::exec(&pair.b, "curl")
+            .args([
+                "-s",
+                "-i",
+                "-m",
+                "3",
+                "-H",
+                "x-retry-attempt: 1",
+                &format!("http://{svc}/"),
+            ])
+            .output()
+            .ok()?;
+        let head = String::from_utf8_lossy(&out.stdout).to_string();
+        (out.status.success() && head.starts_with("HTTP/")).then_some(head)
+    };
+    rt.block_on(ctl.apply(&[suppress("rashim-in", svc, 60_000)]))
+        .expect("apply");
+    let steered = wait_until(Duration::from_secs(5), || {
+        get().is_some_and(|h| h.contains("x-retry-suppressed"))
+    });
+    assert!(
+        steered.is_some(),
+        "the inbound retry never reached the shim: {:?}",
+        get()
+    );
+
+    let t0 = Instant::now();
+    shim_cg.kill();
+    let direct = wait_until(Duration::from_secs(2), || {
+        get().is_some_and(|h| h.starts_with("HTTP/1.0 200") && !h.contains("x-retry-suppressed"))
+    });
+    let direct = direct
+        .map(|_| t0.elapsed())
+        .expect("inbound connections did not go direct within 2 s");
+    eprintln!(
+        "FIGURE inbound_cgroup_kill_to_direct_ms={:.1}",
+        direct.as_secs_f64() * 1000.0
+    );
+    let gone = wait_until(Duration::from_secs(2), || {
+        steer_programs() == 0 && shim_cg.empty()
+    });
+    assert!(
+        gone.is_some(),
+        "sk_lookup still loaded after the shim's cgroup died"
+    );
     drop(ctl);
     let _ = std::fs::remove_file(&ctl_path);
 }

@@ -467,8 +467,8 @@ fn a_scope_that_names_nothing_is_invalid() {
     assert!(ok.into_result().is_ok());
 }
 
-/// `--shim-steer cgroup` selects by cgroup directory (and port) only; iptables selectors, inbound
-/// ports and a non-loopback listener are refused with it, and its cgroups need it.
+/// `--shim-steer cgroup` selects by cgroup directory (and port) and inbound port; iptables
+/// selectors and a non-loopback listener are refused with it, and its cgroups need it.
 #[test]
 fn shim_cgroup_steering_settings() {
     use super::shim::SteerMode;
@@ -493,11 +493,19 @@ fn shim_cgroup_steering_settings() {
     assert_eq!(
         flags(ShimArgs {
             uids: vec![1000],
-            inbound_ports: vec![80],
             listen: "10.0.0.1".parse().expect("ip"),
             ..cg.clone()
         }),
-        ["shim-uid", "shim-inbound-port", "shim-listen"]
+        ["shim-uid", "shim-listen"]
+    );
+    // Inbound alone is enough.
+    assert_eq!(
+        flags(ShimArgs {
+            steer_cgroups: vec![],
+            inbound_ports: vec![80],
+            ..cg.clone()
+        }),
+        Vec::<String>::new()
     );
     assert_eq!(
         flags(ShimArgs {

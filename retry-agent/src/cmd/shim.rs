@@ -48,8 +48,9 @@ fn parse_mark(s: &str) -> Result<u32, String> {
 pub enum SteerMode {
     /// nat REDIRECT rules (outbound and inbound), removed by the shim or its watchdog.
     Iptables,
-    /// eBPF programs on `--shim-steer-cgroup` (outbound only), detached by the kernel when the
-    /// shim dies however it dies.
+    /// eBPF programs on `--shim-steer-cgroup` (outbound) and, for `--shim-inbound-port`, on the
+    /// shim's network namespace (IPv4 inbound), detached by the kernel when the shim dies
+    /// however it dies.
     Cgroup,
 }
 
@@ -249,6 +250,7 @@ impl ShimArgs {
             mark: self.mark,
             dports: self.dports.clone(),
             ipv6,
+            inbound_ports: self.inbound_ports.clone(),
         }
     }
 
@@ -287,12 +289,12 @@ impl Settings for ShimArgs {
             "set, or one of --shim-uid, --shim-cgroup, --shim-inbound-port, to say what to steer";
         p.check(!steers || selectors > 0, "shim-dport", "unset", what);
         if self.steer == SteerMode::Cgroup {
-            let n = self.steer_cgroups.len();
+            let n = self.steer_cgroups.len() + self.inbound_ports.len();
             p.check(
                 n > 0,
                 "shim-steer-cgroup",
                 "unset",
-                "at least one cgroup v2 directory with --shim-steer cgroup",
+                "at least one cgroup v2 directory (or --shim-inbound-port) with --shim-steer cgroup",
             );
             let unsupported = "unset with --shim-steer cgroup (iptables selectors; select by --shim-steer-cgroup and --shim-dport)";
             p.check(
@@ -306,12 +308,6 @@ impl Settings for ShimArgs {
                 "shim-cgroup",
                 format!("{:?}", self.cgroups),
                 unsupported,
-            );
-            p.check(
-                self.inbound_ports.is_empty(),
-                "shim-inbound-port",
-                format!("{:?}", self.inbound_ports),
-                "unset with --shim-steer cgroup (inbound steering needs --shim-steer iptables)",
             );
             // Connects are rewritten to loopback: the listener must be reachable there.
             let l = self.listen;
@@ -418,9 +414,9 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         let t0 = std::time::Instant::now();
         let (links, orig) = args
             .cgroup_steering(v6_ok)
-            .attach()
-            .context("attaching the cgroup steering programs")?;
-        tracing::info!(cgroups = ?args.steer_cgroups, port = args.port, ipv6 = v6_ok, took_ms = t0.elapsed().as_millis() as u64, "steering installed (cgroup programs)");
+            .attach(&per_thread[0][0])
+            .context("attaching the kernel steering programs")?;
+        tracing::info!(cgroups = ?args.steer_cgroups, port = args.port, ipv6 = v6_ok, took_ms = t0.elapsed().as_millis() as u64, inbound_ports = ?args.inbound_ports, "steering installed (kernel programs)");
         (Some(links), Some(orig))
     } else {
         (None, None)

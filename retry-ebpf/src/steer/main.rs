@@ -10,6 +10,11 @@
 //! - `ra_steer_getpeername4`/`6` (`cgroup/getpeername4`/`6`): the client's getpeername() says
 //!   the original destination, as it did under iptables REDIRECT (the cookie entry lives on,
 //!   LRU-bounded, for that).
+//! - `ra_steer_sk_lookup` (`sk_lookup`, on the shim's network namespace): an IPv4 TCP connection
+//!   arriving on an interface other than loopback for an inbound port (`STEER_INBOUND_PORTS`) is
+//!   handed to the shim's listener (`STEER_LISTENER`); its accepted socket's local address is
+//!   the original destination. Loopback arrivals (local clients, and the shim's own upstream
+//!   connects to the service) are left alone, as iptables PREROUTING left them.
 //!
 //! Never steered: connects made in another network namespace than the shim's (loopback there
 //! does not reach it), non-TCP sockets, sockets carrying the shim's SO_MARK (its upstream connects),
@@ -22,9 +27,9 @@
 use aya_ebpf::{
     bindings::BPF_SOCK_OPS_TCP_CONNECT_CB,
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
-    macros::{cgroup_sock_addr, map, sock_ops},
-    maps::{Array, HashMap, LruHashMap},
-    programs::{SockAddrContext, SockOpsContext},
+    macros::{cgroup_sock_addr, map, sk_lookup, sock_ops},
+    maps::{Array, HashMap, LruHashMap, SockMap},
+    programs::{SkLookupContext, SockAddrContext, SockOpsContext},
 };
 use retry_common::{
     AF_INET, AF_INET6, IPPROTO_TCP,
@@ -50,6 +55,16 @@ static STEER_ORIG: LruHashMap<SteerAddr, SteerAddr> = LruHashMap::with_max_entri
 
 /// The steering settings, if this connect is one to steer: TCP, not the shim's own, to a
 /// selected port that is not the shim's.
+/// Inbound ports (host order) whose non-loopback arrivals go to the shim.
+#[map]
+static STEER_INBOUND_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(64, 0);
+/// The shim's IPv4 listener (slot 0).
+#[map]
+static STEER_LISTENER: SockMap = SockMap::with_max_entries(1, 0);
+
+const LOOPBACK_IFINDEX: u32 = 1;
+const SK_PASS: u32 = 1;
+
 #[inline(always)]
 fn selected(ctx: &SockAddrContext, dport: u16) -> Option<SteerConfig> {
     let sa = ctx.sock_addr;
@@ -227,6 +242,25 @@ fn try_sock_ops(ctx: &SockOpsContext) -> Option<()> {
     }
     let _ = STEER_ORIG.insert(&key, &orig, 0);
     Some(())
+}
+
+fn try_sk_lookup(ctx: &SkLookupContext) -> Option<()> {
+    let l = ctx.lookup;
+    // SAFETY: ctx fields an sk_lookup program may read; local_port is in host order.
+    let (family, proto, port, ifindex) = unsafe { ((*l).family, (*l).protocol, (*l).local_port, (*l).ingress_ifindex) };
+    if family != AF_INET as u32 || proto != IPPROTO_TCP as u32 || ifindex == LOOPBACK_IFINDEX {
+        return None;
+    }
+    // SAFETY: plain map lookup.
+    unsafe { STEER_INBOUND_PORTS.get(&(port as u16)) }?;
+    STEER_LISTENER.redirect_sk_lookup(ctx, 0, 0).ok()
+}
+
+/// Passes in every case: without an assignment the normal lookup (the service) proceeds.
+#[sk_lookup]
+pub fn ra_steer_sk_lookup(ctx: SkLookupContext) -> u32 {
+    let _ = try_sk_lookup(&ctx);
+    SK_PASS
 }
 
 #[sock_ops]

@@ -4,6 +4,10 @@
 //! of the socket the shim accepts); the client's getpeername() still says the original, as under
 //! REDIRECT. See retry-ebpf `steer/main.rs` for what is and is not steered.
 //!
+//! Inbound (`--shim-inbound-port`): an `sk_lookup` program on the shim's network namespace hands
+//! IPv4 TCP connections arriving on a non-loopback interface for those ports to the shim's
+//! listener; the accepted socket's local address is then the original destination.
+//!
 //! Fail open by construction: the programs are attached through bpf_links owned by
 //! [`SteerLinks`] and never pinned, so the links close with the shim's last file descriptor
 //! (clean exit, SIGKILL, `cgroup.kill`, OOM) and the kernel detaches them; nothing needs a
@@ -17,8 +21,8 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, MapError},
-    programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps},
+    maps::{Array, HashMap, MapData, MapError, SockMap},
+    programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SkLookup, SockOps},
 };
 use retry_common::{
     AF_INET, AF_INET6, names,
@@ -73,6 +77,8 @@ pub struct CgroupSteering {
     pub dports: Vec<u16>,
     /// Steer IPv6 connects too (to `[::1]`: only when the shim listens on `[::]`).
     pub ipv6: bool,
+    /// Local ports whose connections arriving from other hosts go to the shim (IPv4).
+    pub inbound_ports: Vec<u16>,
 }
 
 /// The loaded programs and their links. Dropping it detaches them.
@@ -83,6 +89,7 @@ pub struct SteerLinks {
 /// Original destinations of steered connections, taken at accept.
 pub struct OrigDsts {
     map: Mutex<HashMap<MapData, SteerAddr, SteerAddr>>,
+    shim_port: u16,
 }
 
 fn map<'a>(
@@ -95,7 +102,11 @@ fn map<'a>(
 impl CgroupSteering {
     /// Loads the programs, writes the settings and attaches to every cgroup (sock_ops before
     /// connect, so a steered connect is always re-keyed). Call only once the shim listens.
-    pub fn attach(&self) -> Result<(SteerLinks, OrigDsts), CgroupSteerError> {
+    /// `listener`: the shim's IPv4 listener, for inbound steering.
+    pub fn attach(
+        &self,
+        listener: &std::net::TcpListener,
+    ) -> Result<(SteerLinks, OrigDsts), CgroupSteerError> {
         if STEER_OBJECT.is_empty() {
             return Err(CgroupSteerError::EmptyObject);
         }
@@ -137,6 +148,19 @@ impl CgroupSteering {
                 ports.insert(p, &1, 0).map_err(merr(names::STEER_PORTS))?;
             }
         }
+        if !self.inbound_ports.is_empty() {
+            let mut ports: HashMap<_, u16, u8> =
+                HashMap::try_from(map(&mut ebpf, names::STEER_INBOUND_PORTS)?)
+                    .map_err(merr(names::STEER_INBOUND_PORTS))?;
+            for p in &self.inbound_ports {
+                ports
+                    .insert(p, &1, 0)
+                    .map_err(merr(names::STEER_INBOUND_PORTS))?;
+            }
+            let mut l: SockMap<_> = SockMap::try_from(map(&mut ebpf, names::STEER_LISTENER)?)
+                .map_err(merr(names::STEER_LISTENER))?;
+            l.set(0, listener, 0).map_err(merr(names::STEER_LISTENER))?;
+        }
         let orig = ebpf
             .take_map(names::STEER_ORIG)
             .ok_or(CgroupSteerError::MissingMap(names::STEER_ORIG))?;
@@ -144,13 +168,34 @@ impl CgroupSteering {
 
         let perr = |name| move |source| CgroupSteerError::Program { name, source };
         // getpeername before connect too: a steered socket always reports its original peer.
-        let mut programs: Vec<&'static str> = vec![
-            names::STEER_SOCK_OPS,
-            names::STEER_GETPEERNAME4,
-            names::STEER_CONNECT4,
-        ];
-        if self.ipv6 {
-            programs.extend([names::STEER_GETPEERNAME6, names::STEER_CONNECT6]);
+        let mut programs: Vec<&'static str> = Vec::new();
+        if !self.cgroups.is_empty() {
+            programs.extend([
+                names::STEER_SOCK_OPS,
+                names::STEER_GETPEERNAME4,
+                names::STEER_CONNECT4,
+            ]);
+            if self.ipv6 {
+                programs.extend([names::STEER_GETPEERNAME6, names::STEER_CONNECT6]);
+            }
+        }
+        if !self.inbound_ports.is_empty() {
+            let name = names::STEER_SK_LOOKUP;
+            let netns =
+                File::open("/proc/self/ns/net").map_err(|source| CgroupSteerError::Cgroup {
+                    path: "/proc/self/ns/net".into(),
+                    source,
+                })?;
+            let p: &mut SkLookup = ebpf
+                .program_mut(name)
+                .ok_or(CgroupSteerError::Program {
+                    name,
+                    source: ProgramError::UnexpectedProgramType,
+                })?
+                .try_into()
+                .map_err(perr(name))?;
+            p.load().map_err(perr(name))?;
+            p.attach(&netns).map_err(perr(name))?;
         }
         for name in programs {
             let prog = ebpf.program_mut(name).ok_or(CgroupSteerError::Program {
@@ -177,6 +222,7 @@ impl CgroupSteering {
             SteerLinks { _ebpf: ebpf },
             OrigDsts {
                 map: Mutex::new(orig),
+                shim_port: self.shim_port,
             },
         ))
     }
@@ -234,6 +280,16 @@ pub fn steer_addr(a: &SteerAddr) -> Option<SocketAddr> {
 }
 
 impl OrigDsts {
+    /// The original destination of an accepted connection: its local address when it was handed
+    /// over by `sk_lookup` (only that delivers another port to our listener), else the entry
+    /// the outbound programs left under the client's end.
+    pub fn resolve(&self, local: SocketAddr, peer: SocketAddr) -> Option<SocketAddr> {
+        if local.port() != self.shim_port {
+            return Some(local);
+        }
+        self.take(peer)
+    }
+
     /// Takes the original destination of the connection whose client end is `peer`.
     pub fn take(&self, peer: SocketAddr) -> Option<SocketAddr> {
         let key = steer_key(peer);

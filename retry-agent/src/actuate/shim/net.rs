@@ -80,7 +80,7 @@ pub fn original_dst_via(
 ) -> io::Result<SocketAddr> {
     match kernel {
         Some(k) => k
-            .take(peer)
+            .resolve(s.local_addr()?, peer)
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound)),
         None => original_dst(s),
     }
