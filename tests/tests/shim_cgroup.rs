@@ -253,11 +253,14 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
             cap,
             Duration::from_secs(3),
             |e| matches!(e, retry_agent::capture::Event::Conn(c) if c.role == retry_agent::capture::Role::Client),
-            |evs| remotes(evs).contains(&svc),
+            |evs| {
+                let r = remotes(evs);
+                r.contains(&svc) && svc6.is_none_or(|a| r.contains(&a))
+            },
         ));
         let seen = remotes(&evs);
         assert!(
-            seen.contains(&svc),
+            seen.contains(&svc) && svc6.is_none_or(|a| seen.contains(&a)),
             "no client connection to {svc} captured: {seen:?}"
         );
         assert!(

@@ -58,12 +58,13 @@ fn connect_dst(uaddr: u64, len: u64) -> PeerKey {
         dst.addr[1] = sa.addr[1];
         dst.addr[2] = sa.addr[2];
         dst.addr[3] = sa.addr[3];
-    } else if sa.family == AF_INET6 && len >= 28 {
-        if let Ok(sa6) = read_user::<SockaddrIn6>(uaddr) {
-            dst.family = AF_INET6;
-            dst.port = u16::from_be(sa6.port);
-            dst.addr = sa6.addr;
-        }
+    } else if sa.family == AF_INET6
+        && len >= 28
+        && let Ok(sa6) = read_user::<SockaddrIn6>(uaddr)
+    {
+        dst.family = AF_INET6;
+        dst.port = u16::from_be(sa6.port);
+        dst.addr = sa6.addr;
     }
     dst
 }
