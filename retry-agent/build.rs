@@ -1,4 +1,5 @@
-//! Embeds the eBPF object built by `cargo xtask build-ebpf`.
+//! Embeds the eBPF objects built by `cargo xtask build-ebpf`: the capture's (`retry-ebpf`) and,
+//! from the same directory, the shim's kernel steering (`retry-steer`).
 //!
 //! Pure-logic work (l7, correlate, decide) must not need the BPF toolchain, so a missing object
 //! embeds an empty file and the agent says how to build it when `run`/`trace` try to load it.
@@ -15,6 +16,12 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap_or_default()).join("retry-ebpf.o");
     let bytes = fs::read(&obj).unwrap_or_default();
     if let Err(e) = fs::write(&out, &bytes) {
+        panic!("writing {}: {e}", out.display());
+    }
+    let steer = obj.with_file_name("retry-steer");
+    println!("cargo:rerun-if-changed={}", steer.display());
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap_or_default()).join("retry-steer.o");
+    if let Err(e) = fs::write(&out, fs::read(&steer).unwrap_or_default()) {
         panic!("writing {}: {e}", out.display());
     }
 }

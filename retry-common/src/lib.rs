@@ -259,6 +259,9 @@ pub const OWNER_ESTABLISHED: u32 = 2;
 /// Set when SYN_SENT -> CLOSE fired while connect() was still running but it will return
 /// EINPROGRESS (the RST was processed at release_sock): connect()'s exit reports FAILED.
 pub const OWNER_FAILED: u32 = 4;
+/// The remote end is connect()'s argument, not the socket's: a cgroup program (the shim's
+/// `--shim-steer cgroup`) rewrote the destination to a local proxy; the callee is the original.
+pub const OWNER_DST_FROM_CONNECT: u32 = 8;
 
 /// Owner of a kernel socket, keyed by `struct sock *`: lets state changes that fire in softirq
 /// context (established, reset) be attributed to the process and fd.
@@ -314,6 +317,10 @@ pub struct ConnectArgs {
     pub fd: u32,
     /// 1 once CLOSE -> SYN_SENT fired in this task during the call.
     pub is_tcp: u32,
+    /// The destination connect() was asked for (family 0 if unreadable): the remote end
+    /// recorded when a cgroup program rewrote it to loopback (`OWNER_DST_FROM_CONNECT`).
+    pub dst: PeerKey,
+    pub _pad: u32,
 }
 
 /// accept()/accept4() arguments saved at entry.
@@ -400,6 +407,41 @@ pub mod config_flags {
 /// Deepest cgroup level the kernel walks for `config_flags::SCOPE_CGROUP` (a bounded loop).
 pub const MAX_CGROUP_LEVELS: u32 = 16;
 
+/// Kernel steering for the shim (`retry-steer`, a second object): the workload's connects are
+/// rewritten to the shim's loopback port by `cgroup/connect4`/`connect6` programs, and the
+/// original destination waits in `names::STEER_ORIG` under the client's end of the connection,
+/// which the shim sees as its accepted socket's peer.
+pub mod steer {
+    /// One end of a connection: family, port (host order), address (IPv4 in the first 4 bytes,
+    /// network order). Key (client's local end) and value (original destination) of `STEER_ORIG`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct SteerAddr {
+        pub family: u16,
+        pub port: u16,
+        pub addr: [u8; 16],
+    }
+
+    /// What the shim writes to `STEER_CONFIG[0]`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct SteerConfig {
+        /// The shim's listening port (host order); connects are rewritten to loopback:port.
+        pub shim_port: u16,
+        pub _pad: u16,
+        /// SO_MARK of the shim's own upstream sockets: never steered.
+        pub mark: u32,
+        /// `STEER_ALL_PORTS`: steer every TCP destination port, not only those in `STEER_PORTS`.
+        pub flags: u32,
+        pub _pad2: u32,
+        /// The shim's network namespace (`SO_NETNS_COOKIE`): a connect made in another one is
+        /// left alone, since loopback there does not reach the shim.
+        pub netns_cookie: u64,
+    }
+
+    pub const STEER_ALL_PORTS: u32 = 1;
+}
+
 /// Names of the maps and programs, used by both sides.
 pub mod names {
     pub const EVENTS: &str = "EVENTS";
@@ -418,6 +460,19 @@ pub mod names {
     pub const SCOPE_CGROUPS: &str = "SCOPE_CGROUPS";
     /// Network namespace inodes in scope.
     pub const SCOPE_NETNS: &str = "SCOPE_NETNS";
+    /// The steering object's (`retry-steer`) maps and programs.
+    pub const STEER_CONFIG: &str = "STEER_CONFIG";
+    pub const STEER_PORTS: &str = "STEER_PORTS";
+    pub const STEER_PENDING: &str = "STEER_PENDING";
+    pub const STEER_ORIG: &str = "STEER_ORIG";
+    pub const STEER_CONNECT4: &str = "ra_steer_connect4";
+    pub const STEER_CONNECT6: &str = "ra_steer_connect6";
+    pub const STEER_SOCK_OPS: &str = "ra_steer_sock_ops";
+    pub const STEER_INBOUND_PORTS: &str = "STEER_INBOUND_PORTS";
+    pub const STEER_LISTENER: &str = "STEER_LISTENER";
+    pub const STEER_SK_LOOKUP: &str = "ra_steer_sk_lookup";
+    pub const STEER_GETPEERNAME4: &str = "ra_steer_getpeername4";
+    pub const STEER_GETPEERNAME6: &str = "ra_steer_getpeername6";
 }
 
 /// Slots of `ARG_FAILURES`: one per per-thread argument map. A failed insert (the map is full:
@@ -451,6 +506,8 @@ mod pod {
     unsafe impl aya::Pod for ConnectArgs {}
     unsafe impl aya::Pod for AcceptArgs {}
     unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for steer::SteerAddr {}
+    unsafe impl aya::Pod for steer::SteerConfig {}
 }
 
 #[cfg(test)]

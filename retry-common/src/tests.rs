@@ -63,7 +63,9 @@ fn map_key_and_value_layouts() {
     layout!(PeerKey, size 20, { family @ 0, 2; port @ 2, 2; addr @ 4, 16 });
     layout!(ServerEst, size 48, { skaddr @ 0, 8; tuple @ 8, 40 });
     layout!(IoArgs, size 24, { buf @ 0, 8; ts_enter_ns @ 8, 8; fd @ 16, 4; syscall @ 20, 4 });
-    layout!(ConnectArgs, size 24, { ts_enter_ns @ 0, 8; skaddr @ 8, 8; fd @ 16, 4; is_tcp @ 20, 4 });
+    layout!(ConnectArgs, size 48, {
+        ts_enter_ns @ 0, 8; skaddr @ 8, 8; fd @ 16, 4; is_tcp @ 20, 4; dst @ 24, 20; _pad @ 44, 4;
+    });
     layout!(AcceptArgs, size 24, { addr @ 0, 8; ts_enter_ns @ 8, 8; fd @ 16, 4; _pad @ 20, 4 });
     layout!(KernelOffsets, size 64, {
         sk_err @ 0, 4; task_files @ 4, 4; files_fdt @ 8, 4; fdt_fd @ 12, 4; file_private_data @ 16, 4;
@@ -117,4 +119,13 @@ fn egress_syscalls() {
         assert!(syscall::is_zero_copy(sc));
     }
     assert!(!syscall::is_zero_copy(syscall::WRITE));
+}
+
+#[test]
+fn steer_layouts() {
+    use steer::{SteerAddr, SteerConfig};
+    layout!(SteerAddr, size 20, { family @ 0, 2; port @ 2, 2; addr @ 4, 16 });
+    layout!(SteerConfig, size 24, {
+        shim_port @ 0, 2; _pad @ 2, 2; mark @ 4, 4; flags @ 8, 4; _pad2 @ 12, 4; netns_cookie @ 16, 8;
+    });
 }

@@ -29,6 +29,9 @@
 //! - `sock`: `sock:inet_sock_set_state`: tuples, established, failed and reset connections.
 //! - `sched`: process exit and exec.
 //! - `uprobes::libssl`: OpenSSL SSL_read/SSL_write plaintext.
+//!
+//! A second object, `retry-steer` (`steer/main.rs`), holds the shim's kernel steering (cgroup
+//! connect and sockops programs); only the shim loads it.
 #![no_std]
 #![no_main]
 

@@ -1,11 +1,13 @@
 //! TCP state changes (`sock:inet_sock_set_state`): marks a pending connect() as TCP, remembers
-//! server connections until accept() names them, fills in tuples, and reports established,
+//! server connections until accept() names them, fills in tuples (a client's remote end is
+//! connect()'s argument when a cgroup program rewrote it to a loopback proxy, as the shim's
+//! `--shim-steer cgroup` does: the callee is the original), and reports established,
 //! failed and reset connections (it often fires outside the owner's context: `SOCKS` says whose
 //! socket it is).
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
 use retry_common::{
-    AF_INET6, ConnKey, IPPROTO_TCP, OWNER_ESTABLISHED, OWNER_FAILED, OWNER_IN_CONNECT, PeerKey, ServerEst, SockOwner,
-    SockTuple, conn_kind, role, tcp_state,
+    AF_INET, AF_INET6, ConnKey, IPPROTO_TCP, OWNER_DST_FROM_CONNECT, OWNER_ESTABLISHED, OWNER_FAILED, OWNER_IN_CONNECT,
+    PeerKey, ServerEst, SockOwner, SockTuple, conn_kind, role, tcp_state,
 };
 
 use crate::{
@@ -51,6 +53,26 @@ fn tuple_of(a: &InetSockSetState) -> SockTuple {
     t
 }
 
+/// Whether a cgroup program rewrote connect()'s destination `dst` to a loopback proxy (the
+/// shim's `--shim-steer cgroup`): then the callee is `dst`, not the socket's remote end.
+#[inline(always)]
+fn steered_to_loopback(t: &SockTuple, dst: &PeerKey) -> bool {
+    if dst.family != t.family || dst.port == 0 || (dst.port == t.rport && dst.addr == t.raddr) {
+        return false;
+    }
+    if t.family == AF_INET {
+        return t.raddr[0] == 127;
+    }
+    let mut i = 0;
+    while i < 15 {
+        if t.raddr[i] != 0 {
+            return false;
+        }
+        i += 1;
+    }
+    t.raddr[15] == 1
+}
+
 #[inline(always)]
 fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     // SAFETY: reads the tracepoint record; layout from its format file.
@@ -60,20 +82,25 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let old = a.oldstate as u32;
     let new = a.newstate as u32;
-    let tuple = tuple_of(&a);
+    let mut tuple = tuple_of(&a);
 
     if old == tcp_state::CLOSE && new == tcp_state::SYN_SENT {
         // Runs in the connecting task: marks its pending connect() as TCP.
         let pid_tgid = bpf_get_current_pid_tgid();
         if let Some(c) = CONNECT_ARGS.get_ptr_mut(&pid_tgid) {
             // SAFETY: map value pointer, valid for this program run.
-            let (generation, fd) = unsafe {
+            let (generation, fd, dst) = unsafe {
                 (*c).is_tcp = 1;
                 (*c).skaddr = a.skaddr;
-                ((*c).ts_enter_ns, (*c).fd)
+                ((*c).ts_enter_ns, (*c).fd, (*c).dst)
             };
-            let owner =
-                SockOwner { pid_tgid, generation, fd, role: role::CLIENT, flags: OWNER_IN_CONNECT, errno: 0, tuple };
+            let mut flags = OWNER_IN_CONNECT;
+            if steered_to_loopback(&tuple, &dst) {
+                tuple.rport = dst.port;
+                tuple.raddr = dst.addr;
+                flags |= OWNER_DST_FROM_CONNECT;
+            }
+            let owner = SockOwner { pid_tgid, generation, fd, role: role::CLIENT, flags, errno: 0, tuple };
             let _ = SOCKS.insert(&a.skaddr, &owner, 0);
         }
         return Ok(());
@@ -92,6 +119,10 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     };
     // SAFETY: map value pointer, valid for this program run.
     let owner = unsafe {
+        if (*o).flags & OWNER_DST_FROM_CONNECT != 0 {
+            tuple.rport = (*o).tuple.rport;
+            tuple.raddr = (*o).tuple.raddr;
+        }
         if tuple.lport != 0 {
             (*o).tuple = tuple;
         }

@@ -466,3 +466,53 @@ fn a_scope_that_names_nothing_is_invalid() {
     });
     assert!(ok.into_result().is_ok());
 }
+
+/// `--shim-steer cgroup` selects by cgroup directory (and port) and inbound port; iptables
+/// selectors and a non-loopback listener are refused with it, and its cgroups need it.
+#[test]
+fn shim_cgroup_steering_settings() {
+    use super::shim::SteerMode;
+    let flags = |a: ShimArgs| match a.validate() {
+        Ok(()) => Vec::new(),
+        Err(e) => e.0.iter().map(|p| p.flag.to_string()).collect::<Vec<_>>(),
+    };
+    let cg = ShimArgs {
+        steer: SteerMode::Cgroup,
+        steer_cgroups: vec!["/sys/fs/cgroup/app".into()],
+        ..Default::default()
+    };
+    // No --shim-dport needed: every port of the cgroup is steered.
+    assert_eq!(flags(cg.clone()), Vec::<String>::new());
+    assert_eq!(
+        flags(ShimArgs {
+            steer_cgroups: vec![],
+            ..cg.clone()
+        }),
+        ["shim-steer-cgroup"]
+    );
+    assert_eq!(
+        flags(ShimArgs {
+            uids: vec![1000],
+            listen: "10.0.0.1".parse().expect("ip"),
+            ..cg.clone()
+        }),
+        ["shim-uid", "shim-listen"]
+    );
+    // Inbound alone is enough.
+    assert_eq!(
+        flags(ShimArgs {
+            steer_cgroups: vec![],
+            inbound_ports: vec![80],
+            ..cg.clone()
+        }),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        flags(ShimArgs {
+            steer: SteerMode::Iptables,
+            dports: vec![80],
+            ..cg
+        }),
+        ["shim-steer-cgroup"]
+    );
+}

@@ -1,4 +1,5 @@
-//! `retry-agent shim`: the iptables-steered transparent proxy.
+//! `retry-agent shim`: the transparent proxy, steered by iptables (default) or by cgroup eBPF
+//! programs (`--shim-steer cgroup`, see `actuate::shim::cgroup`).
 //!
 //! Lifecycle: bind the listeners, start following the agent's control socket, then install the
 //! steering rules (only once something listens, so nothing is redirected into the void). On
@@ -11,6 +12,10 @@
 //! `retry-agent shim --cleanup` (e.g. systemd `ExecStopPost=`), which is idempotent; a restarted
 //! shim re-installs without duplicating rules. A pid file (`/run/retry-agent/shim-<chain>.pid`)
 //! keeps a late watchdog from removing the rules of a newer shim.
+//!
+//! With `--shim-steer cgroup` there are no rules, pid file or watchdog: the programs' links are
+//! the shim's file descriptors, so the kernel detaches them however the shim dies (also with
+//! its cgroup killed, which takes a watchdog along).
 //!
 //! Dead agent: the shim keeps forwarding; what it was told expires by TTL (fail open).
 use std::{
@@ -26,7 +31,7 @@ use clap::Args;
 use crate::actuate::{
     DEFAULT_CONTROL_SOCKET,
     control::{self, ControlView},
-    shim::{bind_reuseport, iptables, policy, proxy, spawn_io_thread},
+    shim::{bind_reuseport, cgroup, iptables, policy, proxy, spawn_io_thread},
 };
 use crate::settings::{InvalidConfig, MemoryBudget, Settings};
 
@@ -36,6 +41,17 @@ fn parse_mark(s: &str) -> Result<u32, String> {
         None => s.parse(),
     };
     r.map_err(|e| format!("bad mark {s:?}: {e}"))
+}
+
+/// How connections are steered into the shim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SteerMode {
+    /// nat REDIRECT rules (outbound and inbound), removed by the shim or its watchdog.
+    Iptables,
+    /// eBPF programs on `--shim-steer-cgroup` (outbound) and, for `--shim-inbound-port`, on the
+    /// shim's network namespace (IPv4 inbound), detached by the kernel when the shim dies
+    /// however it dies.
+    Cgroup,
 }
 
 /// `retry-agent shim` settings (`--shim-*`, except the `--cleanup` mode).
@@ -74,6 +90,26 @@ pub struct ShimArgs {
     /// SO_MARK on the shim's upstream connections; the chain lets marked packets through.
     #[arg(long = "shim-mark", alias = "mark", env = "RETRY_AGENT_SHIM_MARK", default_value = "0x52a0", value_parser = parse_mark)]
     pub mark: u32,
+    /// How connections reach the shim: `iptables` (REDIRECT rules) or `cgroup` (eBPF programs on
+    /// `--shim-steer-cgroup` that the kernel removes when the shim dies: fail open even when the
+    /// shim and its watchdog die together).
+    #[arg(
+        long = "shim-steer",
+        alias = "steer",
+        env = "RETRY_AGENT_SHIM_STEER",
+        value_enum,
+        default_value_t = SteerMode::Iptables
+    )]
+    pub steer: SteerMode,
+    /// With `--shim-steer cgroup`: steer outbound TCP connects of processes in this cgroup v2
+    /// directory, a filesystem path such as /sys/fs/cgroup/kubepods.slice/… (repeatable).
+    #[arg(
+        long = "shim-steer-cgroup",
+        alias = "steer-cgroup",
+        env = "RETRY_AGENT_SHIM_STEER_CGROUP",
+        value_delimiter = ','
+    )]
+    pub steer_cgroups: Vec<PathBuf>,
     /// Steer outbound connections of this uid (repeatable).
     #[arg(
         long = "shim-uid",
@@ -207,6 +243,22 @@ impl ShimArgs {
         }
     }
 
+    pub fn cgroup_steering(&self, ipv6: bool) -> cgroup::CgroupSteering {
+        cgroup::CgroupSteering {
+            cgroups: self.steer_cgroups.clone(),
+            shim_port: self.port,
+            mark: self.mark,
+            dports: self.dports.clone(),
+            ipv6,
+            inbound_ports: self.inbound_ports.clone(),
+        }
+    }
+
+    /// Whether this shim installs iptables rules (and so owes their removal).
+    fn uses_iptables(&self) -> bool {
+        self.steer == SteerMode::Iptables && !self.no_iptables
+    }
+
     fn pid_file(&self) -> PathBuf {
         self.run_dir.join(format!("shim-{}.pid", self.chain))
     }
@@ -230,12 +282,49 @@ impl Settings for ShimArgs {
         if self.cleanup {
             return;
         }
-        let steers = !self.no_iptables;
+        let steers = self.uses_iptables();
         let selectors =
             self.uids.len() + self.cgroups.len() + self.dports.len() + self.inbound_ports.len();
         let what =
             "set, or one of --shim-uid, --shim-cgroup, --shim-inbound-port, to say what to steer";
         p.check(!steers || selectors > 0, "shim-dport", "unset", what);
+        if self.steer == SteerMode::Cgroup {
+            let n = self.steer_cgroups.len() + self.inbound_ports.len();
+            p.check(
+                n > 0,
+                "shim-steer-cgroup",
+                "unset",
+                "at least one cgroup v2 directory (or --shim-inbound-port) with --shim-steer cgroup",
+            );
+            let unsupported = "unset with --shim-steer cgroup (iptables selectors; select by --shim-steer-cgroup and --shim-dport)";
+            p.check(
+                self.uids.is_empty(),
+                "shim-uid",
+                format!("{:?}", self.uids),
+                unsupported,
+            );
+            p.check(
+                self.cgroups.is_empty(),
+                "shim-cgroup",
+                format!("{:?}", self.cgroups),
+                unsupported,
+            );
+            // Connects are rewritten to loopback: the listener must be reachable there.
+            let l = self.listen;
+            p.check(
+                l.is_unspecified() || l.is_loopback(),
+                "shim-listen",
+                l,
+                "0.0.0.0 or 127.0.0.1 with --shim-steer cgroup",
+            );
+        } else {
+            p.check(
+                self.steer_cgroups.is_empty(),
+                "shim-steer-cgroup",
+                format!("{:?}", self.steer_cgroups),
+                "only with --shim-steer cgroup",
+            );
+        }
         crate::actuate::check_socket_path(p, "shim-control-socket", &self.control_socket);
         p.check(self.port != 0, "shim-port", self.port, "a port (1-65535)");
         if let Some(b) = self.retry_budget {
@@ -293,21 +382,6 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
     // Handlers first: a SIGTERM that lands while rules are being installed must still lead to
     // their removal, not to the default (die with rules in place).
     let mut signals = Signals::new();
-    let ctx = Arc::new(proxy::Ctx {
-        view: ControlView::new(),
-        tracker: policy::SharedTracker::new(policy::PolicyConfig {
-            window: Duration::from_millis(args.retry_window_ms),
-            budget_ratio: args.retry_budget,
-            throttle_k: args.throttle_k,
-            ..policy::PolicyConfig::within(args.cache_mib << 20)
-        }),
-        mark: args.mark,
-        listen_port: args.port,
-        connect_timeout: Duration::from_millis(args.connect_timeout_ms),
-        detect_timeout: Duration::from_millis(args.detect_timeout_ms),
-        stats: proxy::Stats::default(),
-    });
-
     // Thread per core, each with its own SO_REUSEPORT listeners and a current-thread runtime:
     // a connection and its upstream live on one thread (no work-stealing hops), as in HAProxy.
     // Bound here, before any rule exists, so a bind error stops us with nothing redirected.
@@ -317,7 +391,9 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         .max(1);
     let v4_addr = SocketAddr::new(args.listen, args.port);
     let v6_addr = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, args.port));
-    let mut v6_ok = args.ipv6 && iptables::Family::V6.available();
+    let kernel = args.steer == SteerMode::Cgroup;
+    // Kernel steering rewrites IPv6 connects to [::1]: it needs our [::] listener, not ip6tables.
+    let mut v6_ok = args.ipv6 && (kernel || iptables::Family::V6.available());
     let mut per_thread = Vec::with_capacity(threads);
     for _ in 0..threads {
         let mut ls = vec![bind_reuseport(v4_addr).with_context(|| format!("binding {v4_addr}"))?];
@@ -332,6 +408,35 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         }
         per_thread.push(ls);
     }
+    // Kernel steering: attached once the listeners exist (connects queue in their backlog until
+    // the io threads run), before any io thread needs the map.
+    let (links, orig_dsts) = if kernel {
+        let t0 = std::time::Instant::now();
+        let (links, orig) = args
+            .cgroup_steering(v6_ok)
+            .attach(&per_thread[0][0])
+            .context("attaching the kernel steering programs")?;
+        tracing::info!(cgroups = ?args.steer_cgroups, port = args.port, ipv6 = v6_ok, took_ms = t0.elapsed().as_millis() as u64, inbound_ports = ?args.inbound_ports, "steering installed (kernel programs)");
+        (Some(links), Some(orig))
+    } else {
+        (None, None)
+    };
+    let ctx = Arc::new(proxy::Ctx {
+        view: ControlView::new(),
+        tracker: policy::SharedTracker::new(policy::PolicyConfig {
+            window: Duration::from_millis(args.retry_window_ms),
+            budget_ratio: args.retry_budget,
+            throttle_k: args.throttle_k,
+            ..policy::PolicyConfig::within(args.cache_mib << 20)
+        }),
+        mark: args.mark,
+        listen_port: args.port,
+        kernel_steering: orig_dsts.map(Arc::new),
+        connect_timeout: Duration::from_millis(args.connect_timeout_ms),
+        detect_timeout: Duration::from_millis(args.detect_timeout_ms),
+        stats: proxy::Stats::default(),
+    });
+
     for (i, ls) in per_thread.into_iter().enumerate() {
         spawn_io_thread(i, ls, ctx.clone()).context("starting an io thread")?;
     }
@@ -342,7 +447,7 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
     ));
 
     let pid_file = args.pid_file();
-    if !args.no_iptables {
+    if args.uses_iptables() {
         // Pid file and watchdog before the first rule: a crash mid-install is cleaned up too.
         if let Err(e) = write_pid_file(&pid_file) {
             tracing::warn!(error = %e, "cannot write the pid file");
@@ -365,7 +470,9 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
 
     let s = signals.wait().await;
     tracing::info!(signal = s, "shutting down");
-    if !args.no_iptables {
+    // Links first: from here on new connections go direct.
+    drop(links);
+    if args.uses_iptables() {
         // Rules first: from here on new connections go direct.
         if let Err(e) = iptables::cleanup(&args.chain) {
             tracing::warn!(error = %e, "removing steering failed; run `retry-agent shim --cleanup`");

@@ -26,8 +26,47 @@ fn try_enter_connect(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let fd = arg(ctx, 0)? as u32;
-    let args = ConnectArgs { ts_enter_ns: now(), skaddr: 0, fd, is_tcp: 0 };
+    let dst = connect_dst(arg(ctx, 1)?, arg(ctx, 2)?);
+    let args = ConnectArgs { ts_enter_ns: now(), skaddr: 0, fd, is_tcp: 0, dst, _pad: 0 };
     CONNECT_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| arg_insert_failed(arg_map::CONNECT, e))
+}
+
+/// `sockaddr_in`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SockaddrIn {
+    family: u16,
+    port: u16,
+    addr: [u8; 4],
+    zero: [u8; 8],
+}
+
+/// The address connect() was given (family 0 when absent, short or unreadable).
+#[inline(always)]
+fn connect_dst(uaddr: u64, len: u64) -> PeerKey {
+    let mut dst = PeerKey { family: 0, port: 0, addr: [0; 16] };
+    if uaddr == 0 || len < 16 {
+        return dst;
+    }
+    let Ok(sa) = read_user::<SockaddrIn>(uaddr) else {
+        return dst;
+    };
+    if sa.family == AF_INET {
+        dst.family = AF_INET;
+        dst.port = u16::from_be(sa.port);
+        dst.addr[0] = sa.addr[0];
+        dst.addr[1] = sa.addr[1];
+        dst.addr[2] = sa.addr[2];
+        dst.addr[3] = sa.addr[3];
+    } else if sa.family == AF_INET6
+        && len >= 28
+        && let Ok(sa6) = read_user::<SockaddrIn6>(uaddr)
+    {
+        dst.family = AF_INET6;
+        dst.port = u16::from_be(sa6.port);
+        dst.addr = sa6.addr;
+    }
+    dst
 }
 
 #[inline(always)]

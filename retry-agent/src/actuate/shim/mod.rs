@@ -1,5 +1,5 @@
 //! The transparent retry-suppression shim: iptables steering (`iptables`), SO_ORIGINAL_DST
-//! (`net`), the proxy (`proxy`, hyper; unknown protocols spliced), retry recognition and budgets
+//! (`net`), or kernel steering by cgroup eBPF programs that die with the shim (`cgroup`), the proxy (`proxy`, hyper; unknown protocols spliced), retry recognition and budgets
 //! (`policy`), and the io threads that carry connections. `retry-agent shim` (`cmd::shim`) owns
 //! its lifecycle: listeners, control socket, rules, watchdog.
 use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -7,6 +7,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 use tokio::net::TcpListener;
 
 pub mod answer;
+pub mod cgroup;
 pub mod iptables;
 pub mod net;
 pub mod policy;

@@ -71,6 +71,21 @@ pub fn original_dst(s: &TcpStream) -> io::Result<SocketAddr> {
     }
 }
 
+/// The original destination: from the kernel steering's map when the shim steers by cgroup
+/// programs (the accepted socket's peer is the client's end), else from netfilter.
+pub fn original_dst_via(
+    s: &TcpStream,
+    peer: SocketAddr,
+    kernel: Option<&super::cgroup::OrigDsts>,
+) -> io::Result<SocketAddr> {
+    match kernel {
+        Some(k) => k
+            .resolve(s.local_addr()?, peer)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound)),
+        None => original_dst(s),
+    }
+}
+
 /// Connects to `dst` with `SO_MARK = mark`, so the steering chain lets the shim's own upstream
 /// connection through instead of redirecting it back to the shim.
 pub async fn connect_marked(

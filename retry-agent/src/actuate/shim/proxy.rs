@@ -55,6 +55,8 @@ pub struct Ctx {
     pub tracker: policy::SharedTracker,
     pub mark: u32,
     pub listen_port: u16,
+    /// `--shim-steer cgroup`: original destinations come from the kernel steering's map.
+    pub kernel_steering: Option<Arc<super::cgroup::OrigDsts>>,
     pub connect_timeout: Duration,
     pub detect_timeout: Duration,
     pub stats: Stats,
@@ -209,7 +211,7 @@ async fn detect(client: &mut TcpStream, timeout: Duration) -> (Bytes, Detected) 
 /// Serves one redirected connection to completion. Never panics; errors end the connection.
 pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
     bump(&ctx.stats.connections);
-    let orig = match net::original_dst(&client) {
+    let orig = match net::original_dst_via(&client, peer, ctx.kernel_steering.as_deref()) {
         Ok(o)
             if !(o.port() == ctx.listen_port
                 && client.local_addr().is_ok_and(|l| l.ip() == o.ip())) =>
