@@ -109,6 +109,11 @@ struct Child {
     idempotent: bool,
     /// Propagated trace id: the inbound request of the process carrying it made this call.
     trace: Option<u64>,
+    /// What makes attempts "the same request" (0: none, opaque bytes).
+    retry_key: u64,
+    /// A failed attempt a later retry of it recovered: the call did not fail, so it caused
+    /// nothing (the service that fails afterwards fails on its own).
+    recovered: bool,
 }
 
 #[derive(Clone, Copy)]

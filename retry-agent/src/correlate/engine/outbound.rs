@@ -61,8 +61,31 @@ impl Engine {
             retry,
             idempotent: ex.idempotent || ex.idempotency_key,
             trace: ex.trace_id,
+            retry_key: retry_key(ex, edge).unwrap_or(0),
+            recovered: false,
         };
         self.record_child(ex, child, failed);
+        if retry && !hedged && !failed && child.retry_key != 0 {
+            self.mark_recovered(ex, child.retry_key);
+        }
+    }
+
+    /// A retry succeeded: the failed attempts before it (same process, same request) are
+    /// recovered. They stay in the histories (the edge's figures count them) but explain no
+    /// error of the request that made them.
+    fn mark_recovered(&mut self, ex: &Exchange, key: u64) {
+        let before = ex.request_start_ns;
+        let mark = |c: &mut Child| {
+            if c.retry_key == key && c.end <= before && c.outcome.is_failure() {
+                c.recovered = true;
+            }
+        };
+        if let Some(p) = self.procs.get_mut(&ex.pid) {
+            p.failures.iter_mut().for_each(|(c, _)| mark(c));
+        }
+        if let Some(ctx) = self.threads.get_mut(&(ex.pid, thread_key(ex.tid, ex.goid))) {
+            ctx.children.iter_mut().for_each(mark);
+        }
     }
 
     /// The callee's claim, when it cannot come from our own verdict on its inbound side.
@@ -190,20 +213,9 @@ impl Engine {
         edge: u32,
     ) -> (bool, bool, Option<OutcomeClass>, Option<f64>) {
         let marker = ex.retry_markers.says_retry();
-        // Without a method there is nothing to call "the same request" (opaque bytes).
-        if ex.protocol == Protocol::Opaque || ex.method.is_none() {
+        let Some(key) = retry_key(ex, edge) else {
             return (marker, false, marker.then_some(OutcomeClass::Unknown), None);
-        }
-        let key = hash_one((
-            ex.pid,
-            edge,
-            &ex.method,
-            ex.authority.as_deref(),
-            // The path, not the route: /users/1 and /users/2 are different requests.
-            ex.path.as_deref().or(ex.route.as_deref()),
-            ex.query_hash,
-            ex.body_hash,
-        ));
+        };
         let start = ex.request_start_ns;
         let end = ex.end_ns();
         let window = self.retry_window_ns;
@@ -288,4 +300,22 @@ impl Engine {
                     .any(|w| w.start <= p.start && w.end >= p.end && w.end <= start)
         })
     }
+}
+
+/// What makes two attempts "the same request": process, edge, method, authority, path, query
+/// and body. Without a method there is nothing to call the same request (opaque bytes).
+fn retry_key(ex: &Exchange, edge: u32) -> Option<u64> {
+    if ex.protocol == Protocol::Opaque || ex.method.is_none() {
+        return None;
+    }
+    Some(hash_one((
+        ex.pid,
+        edge,
+        &ex.method,
+        ex.authority.as_deref(),
+        // The path, not the route: /users/1 and /users/2 are different requests.
+        ex.path.as_deref().or(ex.route.as_deref()),
+        ex.query_hash,
+        ex.body_hash,
+    )))
 }

@@ -1929,3 +1929,39 @@ fn trace_link_waits_for_the_request_whose_call_failed() {
     let v = judged(&w, 2).expect("judged after the wait");
     assert_eq!(v.claim, Claim::Missing, "{v:?}");
 }
+
+/// An attempt that failed and was retried successfully is no cause: the service that then fails
+/// fails on its own (claimed). Without the successful retry the same failure is the cause.
+#[test]
+fn a_failed_attempt_recovered_by_its_retry_causes_nothing() {
+    let t = 1_000 * MS;
+    let run = |retry_status: u16| {
+        let mut w = no_alo();
+        let attempt = |id: u64, from: u64, status: u16| {
+            X::client(
+                id,
+                B,
+                200,
+                eph(B, 7000 + id as u16),
+                addr("203.0.113.9:443"),
+                t + from * MS,
+                t + (from + 2) * MS,
+            )
+            .route("/item/42")
+            .status(status)
+            .build()
+        };
+        w.push(attempt(1, 1, 503));
+        w.push(attempt(2, 4, retry_status));
+        w.push(
+            X::server(3, B, 200, svc(B), addr("192.168.1.1:100"), t, t + 10 * MS)
+                .status(503)
+                .build(),
+        );
+        w.verdict(3)
+    };
+    let v = run(200);
+    assert_eq!((v.claim, v.caused_by.len()), (Claim::Claimed, 0), "{v:?}");
+    let v = run(503);
+    assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
+}

@@ -31,7 +31,7 @@ impl Found {
         }
         self.children
             .iter()
-            .filter(|c| c.outcome.is_failure() && c.end <= answered)
+            .filter(|c| c.outcome.is_failure() && !c.recovered && c.end <= answered)
             .copied()
             .collect()
     }
@@ -398,7 +398,7 @@ impl Engine {
         let mut unplaced = proc_
             .failures
             .iter()
-            .filter(|(c, _)| during(c) && self.fail_close(c.edge) && !placed(c))
+            .filter(|(c, _)| during(c) && !c.recovered && self.fail_close(c.edge) && !placed(c))
             .peekable();
         if unplaced.peek().is_some() {
             // A call without a trace id (a database, an SDK that lost the context) could be
@@ -415,7 +415,9 @@ impl Engine {
                 .failures
                 .iter()
                 .map(|(c, _)| *c)
-                .filter(|c| c.trace == Some(trace) && c.start >= p.start && c.start <= p.end)
+                .filter(|c| {
+                    c.trace == Some(trace) && !c.recovered && c.start >= p.start && c.start <= p.end
+                })
                 .collect(),
         )
     }
@@ -435,7 +437,7 @@ impl Engine {
         let before = |t: u64| t <= resp && resp - t <= gap;
         let mut found = None;
         for (c, _) in &proc_.failures {
-            if c.start >= p.req_end && c.end <= resp && before(c.end) {
+            if c.start >= p.req_end && c.end <= resp && before(c.end) && !c.recovered {
                 if found.is_some() {
                     return None; // two candidates
                 }
@@ -473,9 +475,9 @@ impl Engine {
         if p.failures_lost_until >= start {
             return true; // cannot prove otherwise
         }
-        p.failures
-            .iter()
-            .any(|(c, _)| c.start <= end && c.end >= start && self.fail_close(c.edge))
+        p.failures.iter().any(|(c, _)| {
+            c.start <= end && c.end >= start && !c.recovered && self.fail_close(c.edge)
+        })
     }
 
     /// A fail-close outbound failure of the process during [start, end] on another thread that
