@@ -407,7 +407,10 @@ fn verdicts_stay_right_under_concurrency() {
         .and_then(|v| v.as_object())
         .cloned()
         .unwrap_or_default();
-    eprintln!("per runtime: {per:?}\nper link: {:?}", obs.pointer("/agent/per_link"));
+    eprintln!(
+        "per runtime: {per:?}\nper link: {:?}",
+        obs.pointer("/agent/per_link")
+    );
     for (variant, s) in &per {
         let decided = s["verdicts"].as_f64().unwrap_or(0.0)
             - s["missing"].as_f64().unwrap_or(0.0)
@@ -417,7 +420,13 @@ fn verdicts_stay_right_under_concurrency() {
             assert!(p >= 0.95, "{variant}: precision {p} below 95%: {s}");
         }
     }
-    for variant in ["go+trace", "node+trace", "rust+trace", "python+trace", "python"] {
+    for variant in [
+        "go+trace",
+        "node+trace",
+        "rust+trace",
+        "python+trace",
+        "python",
+    ] {
         let s = per.get(variant).cloned().unwrap_or_default();
         let recall = s.get("recall").and_then(|v| v.as_f64()).unwrap_or(0.0);
         // Before trace links waited for concurrent requests: 1–15% for the forwarding event loops.
