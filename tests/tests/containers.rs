@@ -174,21 +174,20 @@ impl Runtime {
     fn run(&mut self, id: &str, netns: &str, pod_uid: &str, labels: &[(&str, &str)]) {
         let cgroup = format!("/kubepods/besteffort/pod{pod_uid}/{id}");
         let ns = format!("network:/var/run/netns/{netns}");
-        let mut args = vec![
-            "run",
-            "--detach",
-            "--snapshotter",
-            "native",
-            "--cgroup",
-            &cgroup,
-            "--with-ns",
-            &ns,
-        ];
+        let mut opts = vec!["--cgroup", &cgroup, "--with-ns", &ns];
         let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         for l in &labels {
-            args.extend(["--label", l]);
+            opts.extend(["--label", l]);
         }
-        args.extend([IMAGE, id]);
+        self.run_image(IMAGE, id, &opts, &[]);
+    }
+
+    /// `ctr run --detach` of `image` as `id` with `opts`, running `cmd` (empty: the image's).
+    fn run_image(&mut self, image: &str, id: &str, opts: &[&str], cmd: &[&str]) {
+        let mut args = vec!["run", "--detach", "--snapshotter", "native"];
+        args.extend(opts);
+        args.extend([image, id]);
+        args.extend(cmd);
         let (ok, out) = self.ctr(&args);
         assert!(ok, "ctr run {id}: {out}\n{}", self.log());
         self.containers.push(id.to_string());
@@ -476,4 +475,147 @@ fn containers_are_named_by_pod_and_two_on_one_port_differ() {
         "labels_missing not counted:\n{metrics}"
     );
     eprintln!("curl's edges: {edges:?}");
+}
+
+/// The agent from its own image (`cargo xtask image`: the binary and the libraries it loads,
+/// nothing else), run by containerd as the DaemonSet runs it: privileged, the host's network and
+/// pid namespaces, tracefs from the host, a writable state directory. It attaches, answers
+/// `/healthz` and sees a request made on the host.
+#[test]
+fn the_agent_runs_from_its_own_image() {
+    if !can_run() {
+        return;
+    }
+    for tool in ["containerd", "ctr", "runc", "curl", "strip", "python3"] {
+        if !have(tool, "--version") {
+            return;
+        }
+    }
+    let xtask = agent_bin().with_file_name("xtask");
+    if !xtask.exists() {
+        eprintln!("skip: {} not built (run through `cargo xtask test`)", xtask.display());
+        return;
+    }
+    let dir = retry_agent::testkit::temp_dir("agent-image");
+    let _cleanup = RemoveDir(dir.clone());
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    // The debug binary is ~280 MB of debug info: the image carries it stripped.
+    let bin = dir.join("retry-agent");
+    let ok = Command::new("strip")
+        .args(["--strip-debug", "-o"])
+        .arg(&bin)
+        .arg(agent_bin())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "strip the agent binary");
+    let image = dir.join("agent.oci.tar");
+    let out = Command::new(&xtask)
+        .args(["image", "--tag", "test", "--binary"])
+        .arg(&bin)
+        .arg("--out")
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "xtask image: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut rt = Runtime::start(dir.join("containerd"));
+    let (ok, out) = rt.ctr(&[
+        "images",
+        "import",
+        "--snapshotter",
+        "native",
+        &image.to_string_lossy(),
+    ]);
+    assert!(ok, "ctr images import: {out}");
+
+    // A service on the host's loopback for the agent to watch.
+    let port = free_port();
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), "hi\n").unwrap();
+    let _server = Proc::spawn(
+        Command::new("python3")
+            .args(["-m", "http.server", "--bind", "127.0.0.1", &port.to_string()])
+            .current_dir(&www)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+
+    let api_port = free_port();
+    let api_addr = format!("127.0.0.1:{api_port}");
+    let pid_ns = format!("pid:/proc/{}/ns/pid", std::process::id());
+    let state_mount = format!(
+        "type=bind,src={},dst=/state,options=rbind:rw",
+        state.display()
+    );
+    rt.run_image(
+        "docker.io/library/retry-agent:test",
+        "retry-agent",
+        &[
+            "--privileged",
+            "--net-host",
+            "--with-ns",
+            &pid_ns,
+            "--mount",
+            "type=bind,src=/sys/kernel/tracing,dst=/sys/kernel/tracing,options=rbind:rw",
+            "--mount",
+            &state_mount,
+        ],
+        &[
+            "/usr/bin/retry-agent",
+            "run",
+            "--api-addr",
+            &api_addr,
+            "--api-socket",
+            "/state/api.sock",
+            "--recorder",
+            "false",
+            "--identity-kube",
+            "off",
+            "--capture-go",
+            "false",
+            "--actuate",
+            "decision-log",
+            "--actuate-decision-log",
+            "/state/decisions.jsonl",
+            "--actuate-control-socket",
+            "/state/control.sock",
+        ],
+    );
+    let get = |path: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "--max-time", "5", "-w", "\n%{http_code}"])
+            .arg(format!("http://{api_addr}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let healthy = wait_until(Duration::from_secs(60), || get("/healthz").ends_with("\n200"));
+    assert!(
+        healthy.is_some(),
+        "the agent in its image never became healthy: {}\n{}",
+        get("/healthz"),
+        rt.ctr(&["tasks", "ls"]).1
+    );
+    for _ in 0..5 {
+        assert!(curl(&format!("http://127.0.0.1:{port}/index.html")));
+    }
+    let exchanges = |m: &str| {
+        m.lines()
+            .find(|l| l.starts_with("retry_agent_l7_exchanges_total"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let seen = wait_until(Duration::from_secs(15), || exchanges(&get("/metrics")) >= 10.0);
+    assert!(
+        seen.is_some(),
+        "5 requests (10 exchanges, both sides) not seen by the agent in its image:\n{}",
+        get("/metrics")
+    );
 }
