@@ -493,7 +493,10 @@ fn the_agent_runs_from_its_own_image() {
     }
     let xtask = agent_bin().with_file_name("xtask");
     if !xtask.exists() {
-        eprintln!("skip: {} not built (run through `cargo xtask test`)", xtask.display());
+        eprintln!(
+            "skip: {} not built (run through `cargo xtask test`)",
+            xtask.display()
+        );
         return;
     }
     let dir = retry_agent::testkit::temp_dir("agent-image");
@@ -539,7 +542,13 @@ fn the_agent_runs_from_its_own_image() {
     std::fs::write(www.join("index.html"), "hi\n").unwrap();
     let _server = Proc::spawn(
         Command::new("python3")
-            .args(["-m", "http.server", "--bind", "127.0.0.1", &port.to_string()])
+            .args([
+                "-m",
+                "http.server",
+                "--bind",
+                "127.0.0.1",
+                &port.to_string(),
+            ])
             .current_dir(&www)
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
@@ -595,7 +604,9 @@ fn the_agent_runs_from_its_own_image() {
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let healthy = wait_until(Duration::from_secs(60), || get("/healthz").ends_with("\n200"));
+    let healthy = wait_until(Duration::from_secs(60), || {
+        get("/healthz").ends_with("\n200")
+    });
     assert!(
         healthy.is_some(),
         "the agent in its image never became healthy: {}\n{}",
@@ -612,7 +623,9 @@ fn the_agent_runs_from_its_own_image() {
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0)
     };
-    let seen = wait_until(Duration::from_secs(15), || exchanges(&get("/metrics")) >= 10.0);
+    let seen = wait_until(Duration::from_secs(15), || {
+        exchanges(&get("/metrics")) >= 10.0
+    });
     assert!(
         seen.is_some(),
         "5 requests (10 exchanges, both sides) not seen by the agent in its image:\n{}",

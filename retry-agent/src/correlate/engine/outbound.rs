@@ -65,7 +65,7 @@ impl Engine {
             recovered: false,
         };
         self.record_child(ex, child, failed);
-        if retry && !hedged && !failed && child.retry_key != 0 {
+        if retry && !hedged && known_success(ex) && child.retry_key != 0 {
             self.mark_recovered(ex, child.retry_key);
         }
     }
@@ -318,4 +318,10 @@ fn retry_key(ex: &Exchange, edge: u32) -> Option<u64> {
         ex.query_hash,
         ex.body_hash,
     )))
+}
+
+/// The call is known to have succeeded: fully seen, and over HTTP/2 with a gRPC status of OK
+/// (a gRPC call whose trailers went unseen reads as HTTP 200; it may have failed).
+fn known_success(ex: &Exchange) -> bool {
+    !ex.failed() && !ex.unknown && (ex.protocol != Protocol::Http2 || ex.grpc_status == Some(0))
 }

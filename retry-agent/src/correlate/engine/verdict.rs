@@ -425,8 +425,8 @@ impl Engine {
     /// The one failed outbound call of the process that completed within `timing_link_ms`
     /// before this response started, after the request was read, and that no other response of
     /// the process followed as closely. An event loop answers right after the call it waited
-    /// for returns; when two calls, two responses or another request in flight compete, nothing
-    /// is linked.
+    /// for returns; when two calls or two responses compete, nothing is linked. A failed attempt
+    /// its retry recovered is no candidate (it ended nothing).
     pub(super) fn link_by_timing(&self, p: &Pending) -> Option<Child> {
         let gap = self.cfg.timing_link_ms.saturating_mul(NS_PER_MS);
         let resp = p.resp_start?;
@@ -445,17 +445,6 @@ impl Engine {
             }
         }
         let c = found?;
-        // Another request of the process still in flight when the call returned could be the
-        // one that waited for it (and retried it, or failed later): under concurrency that
-        // is the usual case, and linking by timing then guesses (the lab's concurrency scenario
-        // had timing links wrong more often than right).
-        let other_waiting = proc_
-            .inbound
-            .iter()
-            .any(|&(s, e, id, _)| id != p.id && s <= c.end && c.end < e);
-        if other_waiting {
-            return None;
-        }
         // Another response of the process written as soon after the call: it could be the one
         // the call answered.
         let competing_response = proc_
