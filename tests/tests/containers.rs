@@ -144,6 +144,18 @@ impl Runtime {
         rt
     }
 
+    /// `ctr images import` of an OCI archive, into the `native` snapshotter.
+    fn import(&self, archive: &Path) {
+        let (ok, out) = self.ctr(&[
+            "images",
+            "import",
+            "--snapshotter",
+            "native",
+            &archive.to_string_lossy(),
+        ]);
+        assert!(ok, "ctr images import {}: {out}", archive.display());
+    }
+
     fn socket(&self) -> PathBuf {
         self.dir.join("containerd.sock")
     }
@@ -343,14 +355,7 @@ fn containers_are_named_by_pod_and_two_on_one_port_differ() {
     let mut rt = Runtime::start(dir.join("containerd"));
     let image = dir.join("image.oci.tar");
     std::fs::write(&image, busybox_image(&busybox)).unwrap();
-    let (ok, out) = rt.ctr(&[
-        "images",
-        "import",
-        "--snapshotter",
-        "native",
-        &image.to_string_lossy(),
-    ]);
-    assert!(ok, "ctr images import: {out}");
+    rt.import(&image);
 
     let nets: Vec<Netns> = match (1..=3).map(Netns::create).collect::<Option<Vec<_>>>() {
         Some(n) => n,
@@ -526,14 +531,7 @@ fn the_agent_runs_from_its_own_image() {
         String::from_utf8_lossy(&out.stderr)
     );
     let mut rt = Runtime::start(dir.join("containerd"));
-    let (ok, out) = rt.ctr(&[
-        "images",
-        "import",
-        "--snapshotter",
-        "native",
-        &image.to_string_lossy(),
-    ]);
-    assert!(ok, "ctr images import: {out}");
+    rt.import(&image);
 
     // A service on the host's loopback for the agent to watch.
     let port = free_port();
