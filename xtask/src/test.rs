@@ -37,7 +37,9 @@ pub fn run_tests(args: TestArgs) -> Result<()> {
     // build it now, with this object embedded, so no test runs a stale or partial build.
     build::agent(false)?;
     let mut cmd = Command::new("cargo");
-    cmd.args(["test", "-p", "integration-tests"])
+    // Every integration file runs even after one fails: a failure in the lab must not hide
+    // what the files after it would say.
+    cmd.args(["test", "--no-fail-fast", "-p", "integration-tests"])
         .current_dir(&root)
         .env("RETRY_EBPF_OBJECT", &obj);
     for t in &args.only {
