@@ -484,8 +484,9 @@ fn containers_are_named_by_pod_and_two_on_one_port_differ() {
 
 /// The agent from its own image (`cargo xtask image`: the binary and the libraries it loads,
 /// nothing else), run by containerd as the DaemonSet runs it: privileged, the host's network and
-/// pid namespaces, tracefs from the host, a writable state directory. It attaches, answers
-/// `/healthz` and sees a request made on the host.
+/// pid namespaces, tracefs from the host, the runtime's socket, a writable state directory. It
+/// attaches, answers `/healthz`, sees requests made on the host, and names a kubelet-labelled
+/// container `namespace/workload`.
 #[test]
 fn the_agent_runs_from_its_own_image() {
     if !can_run() {
@@ -496,6 +497,14 @@ fn the_agent_runs_from_its_own_image() {
             return;
         }
     }
+    let Some(busybox) = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    else {
+        eprintln!("skip: busybox-static not installed");
+        return;
+    };
     let xtask = agent_bin().with_file_name("xtask");
     if !xtask.exists() {
         eprintln!(
@@ -532,6 +541,24 @@ fn the_agent_runs_from_its_own_image() {
     );
     let mut rt = Runtime::start(dir.join("containerd"));
     rt.import(&image);
+    // The workload it must name: a kubelet-labelled busybox httpd in its own network namespace.
+    let workload_image = dir.join("busybox.oci.tar");
+    std::fs::write(&workload_image, busybox_image(&busybox)).unwrap();
+    rt.import(&workload_image);
+    let Some(net) = Netns::create(4) else {
+        return;
+    };
+    rt.run(
+        &container_id(4),
+        &net.name,
+        "1b2c3d4e-0000-4000-8000-00000000000d",
+        &[
+            ("io.kubernetes.pod.name", "shop-api-7c9d8f5b6-k2x7q"),
+            ("io.kubernetes.pod.namespace", "shop"),
+            ("io.kubernetes.container.name", "api"),
+        ],
+    );
+    wait_listening("10.214.4.2:8080", Some(&net.name));
 
     // A service on the host's loopback for the agent to watch.
     let port = free_port();
@@ -560,6 +587,11 @@ fn the_agent_runs_from_its_own_image() {
         "type=bind,src={},dst=/state,options=rbind:rw",
         state.display()
     );
+    // The runtime's socket, as the chart mounts the node's containerd socket.
+    let runtime_mount = format!(
+        "type=bind,src={},dst=/runtime,options=rbind:rw",
+        rt.socket().parent().unwrap().display()
+    );
     rt.run_image(
         "docker.io/library/retry-agent:test",
         "retry-agent",
@@ -572,6 +604,8 @@ fn the_agent_runs_from_its_own_image() {
             "type=bind,src=/sys/kernel/tracing,dst=/sys/kernel/tracing,options=rbind:rw",
             "--mount",
             &state_mount,
+            "--mount",
+            &runtime_mount,
         ],
         &[
             "/usr/bin/retry-agent",
@@ -592,6 +626,8 @@ fn the_agent_runs_from_its_own_image() {
             "/state/decisions.jsonl",
             "--actuate-control-socket",
             "/state/control.sock",
+            "--identity-runtime-sockets",
+            "/runtime/containerd.sock",
         ],
     );
     let get = |path: &str| {
@@ -627,6 +663,23 @@ fn the_agent_runs_from_its_own_image() {
     assert!(
         seen.is_some(),
         "5 requests (10 exchanges, both sides) not seen by the agent in its image:\n{}",
+        get("/metrics")
+    );
+    // And the containerized workload by its name: one request to get it resolved, then some.
+    assert!(curl("http://10.214.4.2:8080/index.html"));
+    std::thread::sleep(Duration::from_secs(2));
+    for _ in 0..4 {
+        assert!(curl("http://10.214.4.2:8080/index.html"));
+    }
+    let api = state.join("api.sock");
+    let mut edges = Vec::new();
+    let named = wait_until(Duration::from_secs(15), || {
+        edges = curl_edges(&api).0;
+        edges.iter().any(|(c, n)| c == "shop/shop-api" && *n >= 4)
+    });
+    assert!(
+        named.is_some(),
+        "the agent in its image did not name the workload shop/shop-api: {edges:?}\n{}",
         get("/metrics")
     );
 }
