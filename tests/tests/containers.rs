@@ -294,6 +294,14 @@ fn container_id(tag: u8) -> String {
     sha256(format!("ra-containers-{}-{tag}", std::process::id()).as_bytes())
 }
 
+/// The static busybox the test images are built from (Debian's busybox-static).
+fn busybox() -> Option<PathBuf> {
+    ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
 fn curl(url: &str) -> bool {
     Command::new("curl")
         .args(["-s", "-o", "/dev/null", "--max-time", "5", "-f", url])
@@ -342,11 +350,7 @@ fn containers_are_named_by_pod_and_two_on_one_port_differ() {
             return;
         }
     }
-    let Some(busybox) = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-    else {
+    let Some(busybox) = busybox() else {
         eprintln!("skip: busybox-static not installed");
         return;
     };
@@ -497,11 +501,7 @@ fn the_agent_runs_from_its_own_image() {
             return;
         }
     }
-    let Some(busybox) = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-    else {
+    let Some(busybox) = busybox() else {
         eprintln!("skip: busybox-static not installed");
         return;
     };
