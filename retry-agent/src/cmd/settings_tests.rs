@@ -516,3 +516,49 @@ fn shim_cgroup_steering_settings() {
         ["shim-steer-cgroup"]
     );
 }
+
+/// `--shim-inbound-dst` limits iptables' inbound steering; alone, or with cgroup steering
+/// (whose sk_lookup takes only local arrivals anyway), it is a mistake said at start.
+#[test]
+fn shim_inbound_dst_settings() {
+    use super::shim::SteerMode;
+    let flags = |a: ShimArgs| match a.validate() {
+        Ok(()) => Vec::new(),
+        Err(e) => e.0.iter().map(|p| p.flag.to_string()).collect::<Vec<_>>(),
+    };
+    let pods = vec!["10.244.3.0/24".parse().expect("cidr")];
+    let ok = ShimArgs {
+        inbound_ports: vec![8080],
+        inbound_dsts: pods.clone(),
+        ..Default::default()
+    };
+    assert_eq!(flags(ok.clone()), Vec::<String>::new());
+    assert_eq!(
+        flags(ShimArgs {
+            inbound_ports: vec![],
+            dports: vec![80],
+            ..ok.clone()
+        }),
+        ["shim-inbound-dst"]
+    );
+    assert_eq!(
+        flags(ShimArgs {
+            steer: SteerMode::Cgroup,
+            ..ok
+        }),
+        ["shim-inbound-dst"]
+    );
+    let cli = crate::cmd::Cli::try_parse_from([
+        "retry-agent",
+        "shim",
+        "--shim-inbound-port",
+        "8080",
+        "--shim-inbound-dst",
+        "10.244.3.0/24,fd00:10:244::/64",
+    ]);
+    assert!(cli.is_ok(), "{:?}", cli.err());
+    assert!(
+        crate::cmd::Cli::try_parse_from(["retry-agent", "shim", "--shim-inbound-dst", "pods"])
+            .is_err()
+    );
+}

@@ -142,6 +142,15 @@ pub struct ShimArgs {
         value_delimiter = ','
     )]
     pub inbound_ports: Vec<u16>,
+    /// With iptables steering, steer inbound connections only when their destination is in this
+    /// block (repeatable; this node's pod CIDRs, e.g. from the node's `spec.podCIDRs`), so
+    /// traffic the node only routes elsewhere is never proxied. Default: any destination.
+    #[arg(
+        long = "shim-inbound-dst",
+        env = "RETRY_AGENT_SHIM_INBOUND_DST",
+        value_delimiter = ','
+    )]
+    pub inbound_dsts: Vec<iptables::Cidr>,
     /// Do not touch iptables (steering is managed elsewhere).
     #[arg(
         long = "shim-no-iptables",
@@ -240,6 +249,7 @@ impl ShimArgs {
             cgroups: self.cgroups.clone(),
             dports: self.dports.clone(),
             inbound_ports: self.inbound_ports.clone(),
+            inbound_dsts: self.inbound_dsts.clone(),
         }
     }
 
@@ -288,6 +298,25 @@ impl Settings for ShimArgs {
         let what =
             "set, or one of --shim-uid, --shim-cgroup, --shim-inbound-port, to say what to steer";
         p.check(!steers || selectors > 0, "shim-dport", "unset", what);
+        let dsts = || {
+            self.inbound_dsts
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        p.check(
+            self.inbound_dsts.is_empty() || !self.inbound_ports.is_empty(),
+            "shim-inbound-dst",
+            dsts(),
+            "only with --shim-inbound-port (it limits inbound steering)",
+        );
+        p.check(
+            self.inbound_dsts.is_empty() || self.steer == SteerMode::Iptables,
+            "shim-inbound-dst",
+            dsts(),
+            "only with --shim-steer iptables (cgroup steering takes only local arrivals already)",
+        );
         if self.steer == SteerMode::Cgroup {
             let n = self.steer_cgroups.len() + self.inbound_ports.len();
             p.check(

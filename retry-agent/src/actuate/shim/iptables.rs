@@ -82,6 +82,53 @@ pub struct Steering {
     pub cgroups: Vec<String>,
     pub dports: Vec<u16>,
     pub inbound_ports: Vec<u16>,
+    /// Inbound steering only for these destinations (this node's pod addresses): traffic the
+    /// node merely routes elsewhere is left alone. Empty: every destination.
+    pub inbound_dsts: Vec<Cidr>,
+}
+
+/// An address block, `10.244.3.0/24` or `fd00::/64` (a bare address is a /32 or /128).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    pub addr: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    fn family(&self) -> Family {
+        if self.addr.is_ipv4() {
+            Family::V4
+        } else {
+            Family::V6
+        }
+    }
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (a, p) = s.split_once('/').unwrap_or((s, ""));
+        let addr: std::net::IpAddr = a
+            .parse()
+            .map_err(|_| format!("{s}: not an address block (want a.b.c.d/n or x::/n)"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = if p.is_empty() {
+            max
+        } else {
+            p.parse::<u8>()
+                .ok()
+                .filter(|&n| n <= max)
+                .ok_or_else(|| format!("{s}: the prefix length must be 0..={max}"))?
+        };
+        Ok(Cidr { addr, prefix })
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
 }
 
 pub fn valid_chain(c: &str) -> bool {
@@ -186,23 +233,38 @@ impl Steering {
         rules
     }
 
-    pub fn inbound_rules(&self) -> Vec<Vec<String>> {
+    /// Rules of the inbound chain for one family: each port, for each destination block of
+    /// that family when blocks are given (none of that family: nothing of it is steered).
+    pub fn inbound_rules(&self, fam: Family) -> Vec<Vec<String>> {
         let port = self.listen_port.to_string();
-        self.inbound_ports
-            .iter()
-            .map(|p| {
-                s(&[
-                    "-p",
-                    "tcp",
+        let dsts: Vec<Option<String>> = if self.inbound_dsts.is_empty() {
+            vec![None]
+        } else {
+            self.inbound_dsts
+                .iter()
+                .filter(|c| c.family() == fam)
+                .map(|c| Some(c.to_string()))
+                .collect()
+        };
+        let mut rules = Vec::new();
+        for p in &self.inbound_ports {
+            for d in &dsts {
+                let mut r = s(&["-p", "tcp"]);
+                if let Some(d) = d {
+                    r.extend(s(&["-d", d]));
+                }
+                r.extend(s(&[
                     "--dport",
                     &p.to_string(),
                     "-j",
                     "REDIRECT",
                     "--to-ports",
                     &port,
-                ])
-            })
-            .collect()
+                ]));
+                rules.push(r);
+            }
+        }
+        rules
     }
 
     /// Installs (or re-installs) the chains and jump rules for one family.
@@ -214,7 +276,7 @@ impl Steering {
         if self.inbound_ports.is_empty() {
             remove_chain(fam, "PREROUTING", &inb);
         } else {
-            fill_chain(fam, &inb, &self.inbound_rules())?;
+            fill_chain(fam, &inb, &self.inbound_rules(fam))?;
             ensure_jump(fam, "PREROUTING", &inb)?;
         }
         Ok(())
@@ -353,8 +415,44 @@ mod tests {
         };
         assert_eq!(st.outbound_rules().len(), 2);
         assert_eq!(
-            st.inbound_rules()[0].join(" "),
+            st.inbound_rules(Family::V4)[0].join(" "),
             "-p tcp --dport 8080 -j REDIRECT --to-ports 1"
         );
+    }
+
+    /// Inbound steering limited to this node's pod blocks: one rule per port and block of the
+    /// family; a family without a block steers nothing (routed traffic is left alone).
+    #[test]
+    fn inbound_rules_only_for_the_given_destinations() {
+        let st = Steering {
+            chain: "X".into(),
+            inbound_ports: vec![8080, 9090],
+            listen_port: 1,
+            inbound_dsts: vec!["10.244.3.0/24".parse().unwrap()],
+            ..Default::default()
+        };
+        let v4: Vec<String> = st
+            .inbound_rules(Family::V4)
+            .iter()
+            .map(|r| r.join(" "))
+            .collect();
+        assert_eq!(
+            v4,
+            [
+                "-p tcp -d 10.244.3.0/24 --dport 8080 -j REDIRECT --to-ports 1",
+                "-p tcp -d 10.244.3.0/24 --dport 9090 -j REDIRECT --to-ports 1"
+            ]
+        );
+        assert!(st.inbound_rules(Family::V6).is_empty());
+        assert_eq!(
+            "fd00::/64".parse::<Cidr>().unwrap().to_string(),
+            "fd00::/64"
+        );
+        assert_eq!(
+            "10.0.0.7".parse::<Cidr>().unwrap().to_string(),
+            "10.0.0.7/32"
+        );
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert!("pods".parse::<Cidr>().is_err());
     }
 }
