@@ -12,15 +12,13 @@ impl Engine {
             self.now = t;
         }
         while self.pending.front().is_some_and(|p| p.deadline <= self.now) {
-            if let Some(mut p) = self.pending.pop_front() {
-                if self.trace_link_waits(&p) {
-                    // Back of the queue, due one grace later: deadlines stay in order (every
-                    // other one is at most now + grace), and the loop ends (it is after now).
-                    p.deadline = self.now.saturating_add(self.grace_ns.max(TRACE_RECHECK_NS));
-                    self.pending.push_back(p);
-                    continue;
-                }
-                self.judge(p, out);
+            if let Some(p) = self.pending.pop_front()
+                && let Some(mut p) = self.judge_or_wait(p, out, true)
+            {
+                // Back of the queue, due one grace later: deadlines stay in order (every other
+                // one is at most now + grace), and the loop ends (it is after now).
+                p.deadline = self.now.saturating_add(self.grace_ns.max(TRACE_RECHECK_NS));
+                self.pending.push_back(p);
             }
         }
         self.roll();

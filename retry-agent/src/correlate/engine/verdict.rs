@@ -48,8 +48,15 @@ fn needs_link(found: &Found) -> bool {
 
 /// How long a failed request may wait past its end for its process's concurrent requests to be
 /// answered, so a failed call carrying one of their trace ids can be placed (see
-/// [`Engine::trace_link_waits`]): a few callers' timeouts' worth of a busy service.
+/// [`Engine::judge_or_wait`]): a few callers' timeouts' worth of a busy service.
 pub(super) const TRACE_WAIT_NS: u64 = 3_000_000_000;
+
+/// Whether [`Engine::link`] decided, or the verdict waits for the trace link.
+#[derive(PartialEq, Eq)]
+enum Linking {
+    Done,
+    Wait,
+}
 
 /// The outcome of linking a request to its calls by the trace id it brought in.
 enum TraceLink {
@@ -103,9 +110,24 @@ impl Engine {
     }
 
     /// The verdict on a failed inbound request whose grace period is over.
+    /// Judges `p` now, whatever is still unknown (eviction, end of input).
     pub(super) fn judge(&mut self, p: Pending, out: &mut Vec<Verdict>) {
+        self.judge_or_wait(p, out, false);
+    }
+
+    /// Judges `p`, or, when `may_wait` and its trace link waits for concurrent requests of its
+    /// process (see [`TRACE_WAIT_NS`]), hands it back to be judged later.
+    pub(super) fn judge_or_wait(
+        &mut self,
+        p: Pending,
+        out: &mut Vec<Verdict>,
+        may_wait: bool,
+    ) -> Option<Pending> {
         let mut found = self.gather(&p);
-        self.link(&p, &mut found);
+        let may_wait = may_wait && p.end.saturating_add(TRACE_WAIT_NS) > self.now;
+        if self.link(&p, &mut found, may_wait) == Linking::Wait {
+            return Some(p);
+        }
         let failed = found.failed_children(p.end);
         // Memory learns only from contexts thread context proved.
         if self.cfg.failure_memory && found.context == Context::Followed {
@@ -137,6 +159,7 @@ impl Engine {
             ts_ns: p.end,
             link,
         });
+        None
     }
 
     /// Arrival-time context plus whatever arrived during the grace period, and the
@@ -184,12 +207,17 @@ impl Engine {
 
     /// Thread context cannot tell (or saw a failure it cannot place): try the timing link,
     /// then, for a lost context, the sole-request link.
-    fn link(&mut self, p: &Pending, found: &mut Found) {
+    /// A trace link that is not provable yet returns `Wait` when `may_wait` (nothing changed).
+    fn link(&mut self, p: &Pending, found: &mut Found, may_wait: bool) -> Linking {
         if !needs_link(found) {
-            return;
+            return Linking::Done;
         }
         let lost = found.context == Context::Lost;
-        if let Some(cs) = self.link_by_trace(p) {
+        let trace = self.trace_link(p);
+        if may_wait && matches!(trace, TraceLink::Wait) {
+            return Linking::Wait;
+        }
+        if let TraceLink::Linked(cs) = trace {
             found.children = cs;
             found.context = Context::Linked;
             found.linked_by = Some(Link::TraceHeader);
@@ -205,6 +233,7 @@ impl Engine {
             found.linked_by = Some(Link::SoleInbound);
             self.stats.sole_links += 1;
         }
+        Linking::Done
     }
 
     /// Failure-pattern memory: each dependency that failed in a context that failed.
@@ -351,24 +380,9 @@ impl Engine {
     /// call without one, e.g. to a database, or with a fresh id an SDK that lost the context
     /// made up, could be this request's), and (c) the process's histories reach back to it. (As for the sole-request link, a request still
     /// unanswered when we judge is not known yet: the grace period is the margin.)
-    pub(super) fn link_by_trace(&self, p: &Pending) -> Option<Vec<Child>> {
-        match self.trace_link(p) {
-            TraceLink::Linked(cs) => Some(cs),
-            TraceLink::Wait | TraceLink::Unsound => None,
-        }
-    }
-
-    /// Whether the trace link waits on the process's other requests: a failed call during `p`
-    /// carried a trace id no known inbound request of the process brought in, most likely
-    /// one of its concurrent requests still in flight. Until it is answered the link cannot
-    /// be proved; once it is (or once `TRACE_WAIT_NS` passed), the judgement is final.
-    pub(super) fn trace_link_waits(&self, p: &Pending) -> bool {
-        p.trace.is_some()
-            && p.end.saturating_add(TRACE_WAIT_NS) > self.now
-            && needs_link(&self.gather(p))
-            && matches!(self.trace_link(p), TraceLink::Wait)
-    }
-
+    /// The trace link, or why not: `Wait` when a failed call during `p` carried a trace id no
+    /// known inbound request of the process brought in, most likely one of its concurrent
+    /// requests still in flight. Until that one is answered the link cannot be proved.
     fn trace_link(&self, p: &Pending) -> TraceLink {
         let Some(trace) = p.trace else {
             return TraceLink::Unsound;
