@@ -183,6 +183,11 @@ impl ProcessInfo {
         }
     }
 
+    /// Some of what /proc describes could not be read (a zombie, a process exiting).
+    pub fn is_partial(&self) -> bool {
+        self.exe.is_none() || self.cgroup.is_none() || self.netns.is_none()
+    }
+
     /// Fills what this description could not read (exe, cgroup, container, namespaces) from
     /// another description of the same program, e.g. the parent a child was forked from.
     pub fn fill_from(&mut self, other: &ProcessInfo) {

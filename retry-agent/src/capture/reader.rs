@@ -249,10 +249,11 @@ impl Reader {
             if info.comm.is_empty() {
                 info = procfs::process_info(&self.proc_root, parent);
                 info.pid = pid;
-            } else {
+            } else if info.is_partial() {
                 // A child that already exited is a zombie until reaped: its comm still reads,
                 // its exe, cgroup and namespaces do not. A forked child shares them with its
                 // parent, so take them from there instead of naming it as a host process.
+                // (Only then: a pre-forking server forks a child per request.)
                 info.fill_from(&procfs::process_info(&self.proc_root, parent));
             }
             info.parent = Some(parent);
