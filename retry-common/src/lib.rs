@@ -248,7 +248,18 @@ pub struct ConnInfo {
     /// any alias (an inetd-style child reading fd 0 and writing fd 1) name one connection.
     pub fd: u32,
     pub tuple: SockTuple,
+    /// `CONN_*` bits, set by the kernel as it learns about the connection.
+    pub flags: u32,
+    pub _pad: u32,
 }
+
+/// The connection carried the HTTP/2 client preface: its records are captured with the larger
+/// HTTP/2 prefix, split over several records (`H2_RECORDS`), so the header blocks of a write
+/// batching many streams stay whole and the HPACK table known.
+pub const CONN_H2: u32 = 1;
+/// Records one syscall of an HTTP/2 connection is split into at most, each carrying up to
+/// `MAX_PAYLOAD` bytes: a syscall larger than `H2_RECORDS × MAX_PAYLOAD` still ends in a gap.
+pub const H2_RECORDS: u32 = 4;
 
 /// Set while the owning connect() syscall is still running: its return value reports the result,
 /// so a SYN_SENT -> CLOSE in that window emits no separate FAILED.

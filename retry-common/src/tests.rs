@@ -56,7 +56,9 @@ fn process_exit_layout() {
 #[test]
 fn map_key_and_value_layouts() {
     layout!(ConnKey, size 8, { tgid @ 0, 4; fd @ 4, 4 });
-    layout!(ConnInfo, size 64, { generation @ 0, 8; skaddr @ 8, 8; role @ 16, 4; fd @ 20, 4; tuple @ 24, 40 });
+    layout!(ConnInfo, size 72, {
+        generation @ 0, 8; skaddr @ 8, 8; role @ 16, 4; fd @ 20, 4; tuple @ 24, 40; flags @ 64, 4; _pad @ 68, 4;
+    });
     layout!(SockOwner, size 72, {
         pid_tgid @ 0, 8; generation @ 8, 8; fd @ 16, 4; role @ 20, 4; flags @ 24, 4; errno @ 28, 4; tuple @ 32, 40;
     });

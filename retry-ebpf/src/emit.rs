@@ -7,14 +7,14 @@ use aya_ebpf::{
     helpers::generated,
 };
 use retry_common::{
-    ConnInfo, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, MAX_PAYLOAD, ProcessExitRecord, SockTuple, direction,
-    syscall,
+    CONN_H2, ConnInfo, ConnKey, ConnRecord, DataHeader, H2_RECORDS, KIND_CONN, KIND_DATA, MAX_PAYLOAD, ProcessExitRecord,
+    SockTuple, direction, syscall,
 };
 
 use crate::{
     config::config,
     ctx::{now, read_user},
-    maps::{DROPS, EVENTS, SCRATCH},
+    maps::{CONNS, COPY, CopyState, DROPS, EVENTS, SCRATCH, SEGMENT},
 };
 
 /// Ring-buffer flags for one record: no wakeup until `wakeup_bytes` wait (the reader polls
@@ -115,93 +115,219 @@ pub enum Src {
     None,
 }
 
-/// iovecs copied at most per syscall. Most writers need one or two, but gRPC C-core (grpcio)
-/// writes a frame as many small slices: with 8, an HTTP/2 header block was cut after ~84 bytes
-/// and every grpcio exchange lost its HPACK state.
-const MAX_IOV: u64 = 32;
+/// iovecs followed at most per syscall. Most writers need one or two, but gRPC C-core (grpcio)
+/// writes a frame as many small slices (~14 bytes each): with 8, an HTTP/2 header block was cut
+/// after ~84 bytes; with 32, a write batching several streams' frames (2 KiB, ~150 slices) was
+/// cut after 452 bytes and every later exchange on the channel lost its HPACK state; with 256, a
+/// 4 KiB write of ~10-byte slices was. 1024 is the kernel's own limit (UIO_MAXIOV).
+const MAX_IOV: u64 = 1024;
+/// Copy steps per syscall: one per iovec, plus one per slot boundary or page-sized piece of a
+/// large buffer.
+const MAX_STEPS: u64 = MAX_IOV + 2 * H2_RECORDS as u64;
 
-/// Copies up to `want` (≤ MAX_PAYLOAD) bytes from user memory into `dst`; returns how many.
+/// One step of the copy (`bpf_loop` callback, state in `COPY`): loads the next iovec or copies
+/// one piece, up to the end of the iovec, of the current slot and of what is wanted. Returns 1
+/// to stop. The state lives in a map, not on the stack, so the verifier sees unknown values at
+/// every entry and the callback's states converge at once; on the stack each step's precise
+/// values made it walk all MAX_STEPS of them, past its instruction limit.
+unsafe extern "C" fn copy_step(_index: u64, _ctx: *mut c_void) -> i64 {
+    let (Some(c), Some(buf)) = (COPY.get_ptr_mut(0), SCRATCH.get_ptr_mut(0)) else { return 1 };
+    // SAFETY: this CPU's values; only this program uses them while it runs.
+    let c = unsafe { &mut *c };
+    let buf = buf as *mut u8;
+    if c.got >= c.want {
+        return 1;
+    }
+    if c.loaded == 0 {
+        if c.idx >= MAX_IOV {
+            return 1;
+        }
+        let Ok(iov) = read_user::<Iovec>(c.src + 16 * c.idx) else { return 1 };
+        c.base = iov.base;
+        c.len = iov.len;
+        c.off = 0;
+        c.loaded = 1;
+        c.idx += 1;
+    }
+    if c.off >= c.len {
+        if c.flat != 0 {
+            return 1;
+        }
+        c.loaded = 0;
+        return 0;
+    }
+    // Within this slot: up to its end, the iovec's end and what is still wanted.
+    let inner = c.got & (MAX_PAYLOAD as u64 - 1);
+    let mut n = MAX_PAYLOAD as u64 - inner;
+    if c.len - c.off < n {
+        n = c.len - c.off;
+    }
+    if c.want - c.got < n {
+        n = c.want - c.got;
+    }
+    // Masks restate bounds the verifier cannot infer: slot < H2_RECORDS, inner < MAX_PAYLOAD,
+    // n ≤ MAX_PAYLOAD; the scratch tail covers the largest end.
+    let slot = (c.got / MAX_PAYLOAD as u64) & (H2_RECORDS as u64 - 1);
+    let at = slot * SEGMENT as u64 + size_of::<DataHeader>() as u64 + inner;
+    let n = if n > MAX_PAYLOAD as u64 { MAX_PAYLOAD as u64 } else { n };
+    // SAFETY: at + n ≤ (H2_RECORDS - 1) × SEGMENT + 120 + 2 × MAX_PAYLOAD ≤ size of Scratch.
+    let ok = unsafe {
+        generated::bpf_probe_read_user(buf.add(at as usize) as *mut c_void, n as u32, (c.base + c.off) as *const c_void) == 0
+    };
+    if !ok {
+        return 1;
+    }
+    c.got += n;
+    c.off += n;
+    0
+}
+
+/// Copies up to `want` bytes of the syscall's source into the payload parts of the scratch
+/// slots, MAX_PAYLOAD bytes per slot; returns how many were copied, contiguous from the start
+/// (fewer: the iovecs, the steps or readable memory ended).
+#[inline(always)]
+fn copy_payload(src: Src, want: u64) -> u64 {
+    let (flat, src) = match src {
+        Src::None => return 0,
+        Src::Flat(p) => (1, p),
+        Src::Iov(p) => (0, p),
+    };
+    let Some(c) = COPY.get_ptr_mut(0) else { return 0 };
+    // SAFETY: this CPU's value; only this program uses it while it runs.
+    unsafe {
+        // A flat buffer is one iovec of all the syscall's bytes, already loaded.
+        *c = CopyState { src, flat, want, got: 0, base: src, len: u64::MAX, off: 0, idx: 0, loaded: flat };
+    }
+    copy_run()
+}
+
+/// Goes on copying the same syscall's bytes up to `want` in all; returns the bytes copied.
+#[inline(always)]
+fn copy_more(want: u64) -> u64 {
+    let Some(c) = COPY.get_ptr_mut(0) else { return 0 };
+    // SAFETY: this CPU's value; only this program uses it while it runs.
+    unsafe { (*c).want = want };
+    copy_run()
+}
+
+#[inline(always)]
+fn copy_run() -> u64 {
+    // SAFETY: the callback takes its state from COPY; no context pointer is passed.
+    unsafe {
+        generated::bpf_loop(MAX_STEPS as u32, copy_step as *mut c_void, core::ptr::null_mut(), 0);
+    }
+    // SAFETY: this CPU's value, as above.
+    COPY.get_ptr_mut(0).map_or(0, |c| unsafe { (*c).got })
+}
+
+/// The HTTP/2 client preface starts "PRI * HT" (as a little-endian u64).
+const PREFACE_HEAD: u64 = u64::from_le_bytes(*b"PRI * HT");
+const PREFACE_TAIL: [u8; 16] = *b"TP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the captured bytes begin with the whole HTTP/2 client preface.
 ///
 /// # Safety
-/// `dst` must point at a buffer of at least 2 × MAX_PAYLOAD bytes.
+/// `p` points at `n` readable bytes of scratch.
 #[inline(always)]
-unsafe fn copy_payload(dst: *mut u8, src: Src, want: u64) -> u32 {
-    let read = |off: u64, n: u64, from: u64| -> bool {
-        // Masks restate bounds the verifier cannot infer: off < MAX_PAYLOAD, n ≤ MAX_PAYLOAD.
-        let off = off & (MAX_PAYLOAD as u64 - 1);
-        let n = if n > MAX_PAYLOAD as u64 { MAX_PAYLOAD as u64 } else { n };
-        // SAFETY: dst + off + n ≤ dst + 2 × MAX_PAYLOAD (caller's contract); user memory is read
-        // through the checked helper.
-        unsafe { generated::bpf_probe_read_user(dst.add(off as usize) as *mut c_void, n as u32, from as *const c_void) == 0 }
-    };
-    match src {
-        Src::None => 0,
-        Src::Flat(p) => {
-            if want > 0 && read(0, want, p) { want as u32 } else { 0 }
+unsafe fn is_preface(p: *const u8, n: u64) -> bool {
+    if n < 24 {
+        return false;
+    }
+    // SAFETY: n ≥ 24 bytes are readable (caller's contract).
+    unsafe {
+        if core::ptr::read_unaligned(p as *const u64) != PREFACE_HEAD {
+            return false;
         }
-        Src::Iov(iovp) => {
-            let mut got: u64 = 0;
-            for i in 0..MAX_IOV {
-                if got >= want {
-                    break;
-                }
-                let Ok(iov) = read_user::<Iovec>(iovp + 16 * i) else { break };
-                let mut n = want - got;
-                if iov.len < n {
-                    n = iov.len;
-                }
-                if n > 0 && !read(got, n, iov.base) {
-                    break;
-                }
-                got += n;
+        for (i, b) in PREFACE_TAIL.iter().enumerate() {
+            if *p.add(8 + i) != *b {
+                return false;
             }
-            got as u32
         }
+    }
+    true
+}
+
+/// Marks the tracked connection as HTTP/2: its next syscalls take the HTTP/2 capture size.
+#[inline(always)]
+fn mark_h2(key: &ConnKey) {
+    if let Some(p) = CONNS.get_ptr_mut(key) {
+        // SAFETY: a map value; a concurrent update only loses the flag until the next preface.
+        unsafe { (*p).flags |= CONN_H2 };
     }
 }
 
-/// One data record: the header and up to the configured prefix of the bytes at `src`.
+/// The data records of one syscall: the header and up to the configured prefix of the bytes at
+/// `src`, in one record. On an HTTP/2 connection (`CONN_H2`, set when its preface goes by) the
+/// prefix is `H2_RECORDS × MAX_PAYLOAD` bytes, cut into records of MAX_PAYLOAD that follow each
+/// other (the last covers the rest of the syscall, its uncaptured tail a gap): header blocks a
+/// writer batched behind other streams' frames are still captured, so the HPACK table stays known.
 #[inline(always)]
-pub fn emit_data(pid_tgid: u64, fd: u32, info: &ConnInfo, sc: u32, src: Src, (ret, total): (i64, u64), ts_enter_ns: u64) {
-    let rec = match SCRATCH.get_ptr_mut(0) {
-        Some(r) => r,
+pub fn emit_data(pid_tgid: u64, key: &ConnKey, info: &ConnInfo, sc: u32, src: Src, (ret, total): (i64, u64), ts_enter_ns: u64) {
+    let buf = match SCRATCH.get_ptr_mut(0) {
+        Some(r) => r as *mut u8,
         None => return,
     };
-    let cap = config().payload_bytes as u64;
-    let mut want = total;
-    if cap < want {
-        want = cap;
-    }
-    if want > MAX_PAYLOAD as u64 {
+    let h2 = info.flags & CONN_H2 != 0;
+    let mut want = if h2 { H2_RECORDS as u64 * MAX_PAYLOAD as u64 } else { config().payload_bytes as u64 };
+    if !h2 && want > MAX_PAYLOAD as u64 {
         want = MAX_PAYLOAD as u64;
     }
-    // SAFETY: `rec` points at this CPU's scratch value, whose payload is 2 × MAX_PAYLOAD.
-    unsafe {
-        let mut n = copy_payload((*rec).payload.as_mut_ptr(), src, want);
-        if n > MAX_PAYLOAD as u32 {
-            n = MAX_PAYLOAD as u32;
+    if total < want {
+        want = total;
+    }
+    let mut got = copy_payload(src, want);
+    // SAFETY: the first slot's payload holds `got` bytes when got ≤ MAX_PAYLOAD, and more
+    // than 24 otherwise.
+    if !h2 && unsafe { is_preface(buf.add(size_of::<DataHeader>()), got) } {
+        mark_h2(key);
+        // The preface's own syscall often carries the first streams too (a server's first read
+        // of a busy channel: 32 calls' header blocks behind it): capture it as HTTP/2 already.
+        if got == want && total > got {
+            let mut more = H2_RECORDS as u64 * MAX_PAYLOAD as u64;
+            if total < more {
+                more = total;
+            }
+            got = copy_more(more);
         }
-        (*rec).header = DataHeader {
-            kind: KIND_DATA,
-            syscall: sc,
-            pid: (pid_tgid >> 32) as u32,
-            tid: pid_tgid as u32,
-            fd,
-            role: info.role,
-            direction: if syscall::is_egress(sc) { direction::EGRESS } else { direction::INGRESS },
-            captured: n,
-            generation: info.generation,
-            ts_enter_ns,
-            ts_exit_ns: now(),
-            ret,
-            len: total,
-            tuple: info.tuple,
-            goroutine: crate::uprobes::go::context(pid_tgid),
-        };
-        let size = size_of::<DataHeader>() + n as usize;
-        let bytes = core::slice::from_raw_parts(rec as *const u8, size);
-        if EVENTS.output(bytes, ring_flags()).is_err() {
-            count_drop();
+    }
+    let ts_exit_ns = now();
+    let mut done: u64 = 0;
+    for slot in 0..H2_RECORDS as u64 {
+        let captured = if got > done + MAX_PAYLOAD as u64 { MAX_PAYLOAD as u64 } else { got - done };
+        // A full slot with more bytes after it covers just its own bytes; the last one the rest.
+        let more = captured == MAX_PAYLOAD as u64 && got > done + captured && slot + 1 < H2_RECORDS as u64;
+        let len = if more { captured } else { total - done };
+        let at = slot * SEGMENT as u64;
+        // SAFETY: slot < H2_RECORDS: the header and `captured` ≤ MAX_PAYLOAD bytes lie in the value.
+        unsafe {
+            let rec = buf.add(at as usize);
+            let header = DataHeader {
+                kind: KIND_DATA,
+                syscall: sc,
+                pid: (pid_tgid >> 32) as u32,
+                tid: pid_tgid as u32,
+                fd: info.fd,
+                role: info.role,
+                direction: if syscall::is_egress(sc) { direction::EGRESS } else { direction::INGRESS },
+                captured: captured as u32,
+                generation: info.generation,
+                ts_enter_ns,
+                ts_exit_ns,
+                ret,
+                len,
+                tuple: info.tuple,
+                goroutine: crate::uprobes::go::context(pid_tgid),
+            };
+            core::ptr::write_unaligned(rec as *mut DataHeader, header);
+            let size = size_of::<DataHeader>() + (captured as usize & (2 * MAX_PAYLOAD - 1)).min(MAX_PAYLOAD);
+            let bytes = core::slice::from_raw_parts(rec as *const u8, size);
+            if EVENTS.output(bytes, ring_flags()).is_err() {
+                count_drop();
+            }
         }
+        if !more {
+            return;
+        }
+        done += captured;
     }
 }

@@ -55,11 +55,11 @@ use retry_common::{
 const _: () = assert!(size_of::<DataHeader>() == 120);
 const _: () = assert!(size_of::<DataRecord>() == 120 + MAX_PAYLOAD);
 // Data records are assembled in `Scratch` (per-CPU): 4 KiB of payload does not fit the 512 B stack.
-const _: () = assert!(size_of::<maps::Scratch>() == 120 + 2 * MAX_PAYLOAD);
+const _: () = assert!(size_of::<maps::Scratch>() == retry_common::H2_RECORDS as usize * (120 + MAX_PAYLOAD) + MAX_PAYLOAD);
 const _: () = assert!(size_of::<ConnRecord>() == 96);
 const _: () = assert!(size_of::<ProcessExitRecord>() == 32);
 const _: () = assert!(size_of::<ConnKey>() == 8);
-const _: () = assert!(size_of::<ConnInfo>() == 64);
+const _: () = assert!(size_of::<ConnInfo>() == 72);
 const _: () = assert!(size_of::<SockOwner>() == 72);
 const _: () = assert!(size_of::<PeerKey>() == 20);
 const _: () = assert!(size_of::<ServerEst>() == 48);

@@ -7,8 +7,10 @@ use aya_ebpf::{
 };
 use retry_common::{
     arg_map,
-    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, IoArgs, MAX_PAYLOAD, PeerKey, ServerEst, SockOwner,
+    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, IoArgs, MAX_PAYLOAD, PeerKey, ServerEst,
+    SockOwner,
 };
+use core::mem::size_of;
 
 /// Size is overridden by userspace (`CaptureConfig::ring_bytes`).
 #[map]
@@ -94,16 +96,39 @@ pub struct Inherited {
     pub _pad: u32,
 }
 
-/// Kernel-only scratch: twice the payload so that "offset < MAX_PAYLOAD, length ≤ MAX_PAYLOAD"
-/// (what the verifier can prove for each iovec copy) always stays inside the value.
+/// Bytes of one record's slot in `Scratch`: its header, then its payload.
+pub const SEGMENT: usize = size_of::<DataHeader>() + MAX_PAYLOAD;
+/// Kernel-only scratch in which one syscall's records are assembled (too big for the 512 B
+/// stack): `H2_RECORDS` slots of `SEGMENT` bytes, each a header followed by up to MAX_PAYLOAD
+/// bytes, so every record is one contiguous slice for the ring. A payload copy starts below
+/// MAX_PAYLOAD in its slot and moves at most MAX_PAYLOAD bytes (what the verifier can prove):
+/// the tail past the last slot keeps that inside the value.
 #[repr(C)]
 pub struct Scratch {
-    pub header: DataHeader,
-    pub payload: [u8; 2 * MAX_PAYLOAD],
+    pub buf: [u8; H2_RECORDS as usize * SEGMENT + MAX_PAYLOAD],
 }
 
 #[map]
 pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where the copy of one syscall's bytes into `Scratch` stands (`emit::copy_payload`).
+#[repr(C)]
+pub struct CopyState {
+    /// The iovec array, or the flat buffer (`flat` = 1).
+    pub src: u64,
+    pub flat: u64,
+    pub want: u64,
+    pub got: u64,
+    /// The current iovec (valid while `loaded` = 1), the offset into it, the next one's index.
+    pub base: u64,
+    pub len: u64,
+    pub off: u64,
+    pub idx: u64,
+    pub loaded: u64,
+}
+
+#[map]
+pub static COPY: PerCpuArray<CopyState> = PerCpuArray::with_max_entries(1, 0);
 
 /// An SSL call in progress on a thread (uprobes::libssl).
 #[repr(C)]

@@ -40,6 +40,9 @@ pub(super) fn pick_up_existing(
             role,
             fd: c.fd,
             tuple: decode::sock_tuple(&c.tuple),
+            // Picked up mid-connection: the HTTP/2 preface went by unseen.
+            flags: 0,
+            _pad: 0,
         };
         if let Err(e) = conns.insert(&key, &info, 0) {
             tracing::debug!(pid = c.pid, fd = c.fd, error = %e, "cannot track existing connection");

@@ -99,7 +99,7 @@ fn try_exit_connect(ctx: &TracePointContext) -> Result<(), i32> {
     }
     if errno == 0 || errno == EINPROGRESS {
         let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: c.fd };
-        let info = ConnInfo { generation: c.ts_enter_ns, skaddr: c.skaddr, role: role::CLIENT, fd: c.fd, tuple };
+        let info = ConnInfo { generation: c.ts_enter_ns, skaddr: c.skaddr, role: role::CLIENT, fd: c.fd, tuple, flags: 0, _pad: 0 };
         let _ = CONNS.insert(&key, &info, 0);
     }
     if failed != 0 || (errno != 0 && errno != EINPROGRESS) {
@@ -224,7 +224,7 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let generation = now();
     let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: newfd };
-    let info = ConnInfo { generation, skaddr, role: role::SERVER, fd: newfd, tuple };
+    let info = ConnInfo { generation, skaddr, role: role::SERVER, fd: newfd, tuple, flags: 0, _pad: 0 };
     let _ = CONNS.insert(&key, &info, 0);
     super::fork::remember_accept(key.tgid, newfd, generation);
     if skaddr != 0 {

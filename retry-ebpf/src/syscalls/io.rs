@@ -69,7 +69,7 @@ fn try_exit_io(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let (src, total) = payload_source(&a, ret)?;
-    emit_data(pid_tgid, info.fd, &info, a.syscall, src, (ret, total), a.ts_enter_ns);
+    emit_data(pid_tgid, &key, &info, a.syscall, src, (ret, total), a.ts_enter_ns);
     Ok(())
 }
 

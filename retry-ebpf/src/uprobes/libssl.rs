@@ -95,7 +95,7 @@ fn try_ssl_exit(ctx: &RetProbeContext) -> Result<(), i32> {
         None => return Ok(()),
     };
     let sc = if matches!(a.kind, SSL_WRITE | SSL_WRITE_EX) { syscall::SSL_WRITE } else { syscall::SSL_READ };
-    emit_data(pid_tgid, info.fd, &info, sc, Src::Flat(a.buf), (n as i64, n), a.ts_enter_ns);
+    emit_data(pid_tgid, &key, &info, sc, Src::Flat(a.buf), (n as i64, n), a.ts_enter_ns);
     Ok(())
 }
 
