@@ -2,7 +2,7 @@
 //! owned [`Event`]s. The only stage that talks to the kernel.
 //!
 //! ```text
-//! tracepoints ──RINGBUF──▶ reader task ──decode──▶ bounded mpsc ──▶ Capture::events()
+//! tracepoints ──RINGBUF──▶ reader task ──decode──▶ batches, bounded in events ──▶ Capture::events()
 //!                                 └─ /proc metadata: Event::Process once per pid, first
 //! ```
 //! The reader never blocks on the channel: a full channel counts a drop. Dropping [`Capture`]
@@ -20,11 +20,7 @@ pub mod procfs;
 pub mod scope;
 mod workload;
 
-use std::{
-    collections::{HashMap, HashSet},
-    path::PathBuf,
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -32,7 +28,7 @@ use aya::{
     programs::ProgramError,
 };
 use retry_common::{ConnInfo, ConnKey, MAX_PAYLOAD, names};
-use tokio::{io::unix::AsyncFd, sync::mpsc, task::JoinHandle};
+use tokio::{io::unix::AsyncFd, task::JoinHandle};
 
 use crate::settings::{InvalidConfig, Settings};
 
@@ -40,6 +36,7 @@ pub use event::{
     ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, ProcessInfo, Role, Syscall,
     Tuple,
 };
+pub use events::Events;
 pub use programs::ProgramsError;
 pub use scope::{Scope, ScopeError, ScopedCgroup};
 pub use stats::{
@@ -277,7 +274,7 @@ pub enum CaptureError {
 /// A running capture: programs attached, reader task running.
 pub struct Capture {
     guard: CaptureGuard,
-    rx: mpsc::Receiver<Event>,
+    rx: Events,
     stats: StatsHandle,
     tls: Option<TlsState>,
     go: Option<GoState>,
@@ -401,7 +398,7 @@ impl Capture {
         let initial = pickup::pick_up_existing(&cfg.proc_root, agent_tgid, &scope, &mut conns);
 
         let stats = StatsHandle::default();
-        let (tx, rx) = mpsc::channel(cfg.channel_capacity);
+        let (tx, rx) = events::channel(cfg.channel_capacity);
         let reader = {
             let _guard = rt.enter();
             // SAFETY: the RingBuf owns its map fd, which stays open and the same for as long as
@@ -417,10 +414,11 @@ impl Capture {
                 conns,
                 proc_root: cfg.proc_root.clone(),
                 poll_interval: Duration::from_millis(cfg.poll_ms.max(1)),
-                seen: HashMap::new(),
-                ignored: HashSet::new(),
-                nameless: HashSet::new(),
-                forked_from: HashMap::new(),
+                seen: Default::default(),
+                ignored: Default::default(),
+                nameless: Default::default(),
+                forked_from: Default::default(),
+                arena: Default::default(),
                 own_exe: own_exe::OwnExe::current(),
                 agent_tgids,
             };
@@ -484,7 +482,7 @@ impl Capture {
     }
 
     /// The decoded event stream.
-    pub fn events(&mut self) -> &mut mpsc::Receiver<Event> {
+    pub fn events(&mut self) -> &mut Events {
         &mut self.rx
     }
 
@@ -510,7 +508,7 @@ impl Capture {
 
     /// Splits the capture so the event stream can move into another task: keep the guard alive
     /// for as long as events should flow.
-    pub fn into_parts(self) -> (CaptureGuard, mpsc::Receiver<Event>, StatsHandle) {
+    pub fn into_parts(self) -> (CaptureGuard, Events, StatsHandle) {
         (self.guard, self.rx, self.stats)
     }
 }
@@ -541,6 +539,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 mod btf;
+mod events;
 pub mod golang;
 mod load;
 mod own_exe;

@@ -1,25 +1,28 @@
 //! The ring reader task: drains the ring buffer (woken by the kernel past a threshold, polling
 //! below it), decodes records, describes each process once (`Event::Process`), leaves out the
-//! agent's own shims, and forwards events without ever blocking: a full channel counts a drop.
-use std::{
-    collections::{HashMap, HashSet},
-    path::PathBuf,
-    sync::atomic::Ordering,
-    time::Duration,
-};
+//! agent's own shims, and forwards events in batches without ever blocking: what the event bound
+//! refuses is counted as a drop.
+use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+// Looked up for every record: a fast hasher (pids are not attacker-chosen keys of note).
+use foldhash::{HashMap, HashSet};
 use retry_common::{ConnInfo, ConnKey};
-use tokio::{io::unix::AsyncFd, sync::mpsc};
+use tokio::io::unix::AsyncFd;
 
-use super::{ConnEventKind, Event, ProcessInfo, StatsHandle, decode, own_exe::OwnExe, procfs};
+use super::{
+    ConnEventKind, Event, ProcessInfo, StatsHandle, decode,
+    events::{self, Flushed},
+    own_exe::OwnExe,
+    procfs,
+};
 
 /// Bound on `Reader::forked_from` (entries normally live one record long).
 const FORKED_FROM_MAX: usize = 4096;
 
 /// The ring reader task's state.
 pub(super) struct Reader {
-    pub(super) tx: mpsc::Sender<Event>,
+    pub(super) tx: events::Sender,
     pub(super) stats: StatsHandle,
     pub(super) drops: PerCpuArray<MapData, u64>,
     pub(super) arg_failures: PerCpuArray<MapData, u64>,
@@ -42,6 +45,8 @@ pub(super) struct Reader {
     /// Children whose first record adopted a connection across fork, by pid, until described:
     /// their parent's pid.
     pub(super) forked_from: HashMap<u32, u32>,
+    /// Where decoded payloads go.
+    pub(super) arena: decode::PayloadArena,
 }
 
 impl Reader {
@@ -51,6 +56,9 @@ impl Reader {
             if !self.forward(ev) {
                 return;
             }
+        }
+        if !self.flush() {
+            return;
         }
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         // The kernel wakes us only once `wakeup_bytes` wait; below that we come and look.
@@ -92,19 +100,43 @@ impl Reader {
         }
     }
 
-    /// Handles up to one batch of records. `Some(true)`: the ring is empty; `Some(false)`: more
-    /// wait; `None`: the consumer is gone. Bounded so the tick and a closed channel are noticed.
+    /// Handles up to one round of records and sends what they made. `Some(true)`: the ring is
+    /// empty; `Some(false)`: more wait; `None`: the consumer is gone. Bounded so the tick and a
+    /// closed channel are noticed.
     fn drain(&mut self, rb: &mut RingBuf<MapData>) -> Option<bool> {
+        let mut empty = false;
         for _ in 0..4096 {
             let Some(item) = rb.next() else {
-                return Some(true);
+                empty = true;
+                break;
             };
             // Decoded in place: the decoder copies the payload once, into the event it owns.
             if !self.handle(&item) {
                 return None;
             }
         }
-        Some(false)
+        self.flush().then_some(empty)
+    }
+
+    /// Sends the batch collected so far. `false`: the consumer is gone.
+    fn flush(&mut self) -> bool {
+        let flushed = self.tx.flush();
+        self.count(flushed)
+    }
+
+    fn count(&self, f: Flushed) -> bool {
+        match f {
+            Flushed::Sent { dropped } => {
+                if dropped > 0 {
+                    self.stats
+                        .0
+                        .channel_drops
+                        .fetch_add(dropped as u64, Ordering::Relaxed);
+                }
+                true
+            }
+            Flushed::Closed => false,
+        }
     }
 
     fn refresh_drops(&self) {
@@ -146,7 +178,7 @@ impl Reader {
         {
             self.forked_from.insert(child, parent);
         }
-        match decode::decode(raw) {
+        match decode::decode_in(raw, Some(&mut self.arena)) {
             Ok(ev) => {
                 self.stats.0.events.fetch_add(1, Ordering::Relaxed);
                 if let Event::ProcessExit { pid, .. } = ev
@@ -221,7 +253,7 @@ impl Reader {
                 return self.forward(ev);
             }
             let info = self.describe(pid);
-            self.seen.insert(pid, HashSet::new());
+            self.seen.insert(pid, HashSet::default());
             if !self.send(Event::Process(info)) {
                 return false;
             }
@@ -266,14 +298,8 @@ impl Reader {
         info
     }
 
-    fn send(&self, ev: Event) -> bool {
-        match self.tx.try_send(ev) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.stats.0.channel_drops.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-        }
+    fn send(&mut self, ev: Event) -> bool {
+        let f = self.tx.push(ev);
+        self.count(f)
     }
 }

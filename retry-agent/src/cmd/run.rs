@@ -134,7 +134,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let mut pipeline = Pipeline::from_config(&args.pipeline);
     if let Some(rec) = &recorder {
-        pipeline = pipeline.with_tap(rec.clone());
+        pipeline = pipeline.with_tap(rec.clone()).hand_exchanges_to_tap();
     }
     let mut out = StageOutput::default();
     let mut publish = tokio::time::interval(PUBLISH_EVERY);
@@ -157,14 +157,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     loop {
         tokio::select! {
-            ev = capture.events().recv() => {
-                let Some(ev) = ev else {
+            batch = capture.events().recv_batch() => {
+                let Some(batch) = batch else {
                     bail!("the capture stream ended unexpectedly");
                 };
-                last_event_ns = ev.ts_ns().max(last_event_ns);
-                let ev = with_identity(ev, &identity);
-                pipeline.push(&ev, &mut out);
-                drain(&mut out, &pipeline, &state, &to_actuators);
+                // A whole batch per wake-up: timers and signals wait at most one batch.
+                for ev in batch {
+                    last_event_ns = ev.ts_ns().max(last_event_ns);
+                    let ev = with_identity(ev, &identity);
+                    pipeline.push(&ev, &mut out);
+                    drain(&mut out, &pipeline, &state, &to_actuators);
+                }
             }
             Some(r) = resolved.recv() => {
                 // Describe the container's processes again, named, through the pipeline: the

@@ -58,3 +58,53 @@ fn a_burst_decides_ownership_before_the_bucket_completes() {
         );
     }
 }
+
+/// A tap that keeps what it is handed.
+#[derive(Clone, Default)]
+struct Keep(std::sync::Arc<std::sync::Mutex<Vec<Record>>>);
+
+impl Tap for Keep {
+    fn attach(&mut self, _: &PipelineConfig) {}
+    fn tap(&mut self, _: Input<'_>, derived: &mut dyn Iterator<Item = Record>) {
+        self.0.lock().unwrap().extend(derived);
+    }
+}
+
+/// The live loop's pipeline moves exchanges into its tap: the tap gets what a copying pipeline
+/// gives it, and the output no longer holds them.
+#[test]
+fn exchanges_handed_to_the_tap_are_the_copied_ones() {
+    let events = StormScenario::default().events();
+    let run = |hand: bool| {
+        let keep = Keep::default();
+        let mut p = Pipeline::new(
+            L7Config::default(),
+            CorrelateConfig::default(),
+            DecideConfig::default(),
+        )
+        .with_tap(keep.clone());
+        if hand {
+            p = p.hand_exchanges_to_tap();
+        }
+        let mut out = StageOutput::default();
+        for ev in &events {
+            p.push(ev, &mut out);
+        }
+        p.tick(
+            events.last().map_or(0, Event::ts_ns) + 3_000_000_000,
+            &mut out,
+        );
+        let tapped = std::mem::take(&mut *keep.0.lock().unwrap());
+        (tapped, out)
+    };
+    let (copied, out_copied) = run(false);
+    let (handed, out_handed) = run(true);
+    assert!(
+        copied.iter().any(|r| matches!(r, Record::Exchange(_))),
+        "the scenario makes exchanges"
+    );
+    assert_eq!(handed, copied);
+    assert!(out_handed.exchanges.is_empty());
+    assert!(!out_copied.exchanges.is_empty());
+    assert_eq!(out_handed.decisions, out_copied.decisions);
+}

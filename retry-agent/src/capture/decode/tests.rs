@@ -300,3 +300,25 @@ fn sock_tuple_round_trips() {
         assert_eq!(tuple_of(&sock_tuple(&t)), Some(t));
     }
 }
+
+/// Payloads cut from a shared arena decode to the same events, each with its own bytes, also
+/// past a chunk's end and for a payload larger than a chunk.
+#[test]
+fn payloads_from_the_arena_equal_copied_ones() {
+    let mut arena = PayloadArena::default();
+    let mut kept = Vec::new();
+    for (i, n) in [10usize, 1000, 70_000, 5, 64 * 1024]
+        .into_iter()
+        .enumerate()
+    {
+        let payload: Vec<u8> = (0..n).map(|j| (i * 7 + j) as u8).collect();
+        let raw = data_record(&payload, n as u32);
+        let a = decode_in(&raw, Some(&mut arena)).unwrap();
+        assert_eq!(a, decode(&raw).unwrap());
+        kept.push((a, payload));
+    }
+    for (ev, payload) in kept {
+        let Event::Data(d) = ev else { panic!("data") };
+        assert_eq!(&d.payload[..], &payload[..]);
+    }
+}

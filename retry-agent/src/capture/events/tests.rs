@@ -1,0 +1,70 @@
+use super::*;
+
+fn ev(pid: u32) -> Event {
+    Event::ProcessExit { pid, ts_ns: 1 }
+}
+
+fn pids(b: &[Event]) -> Vec<u32> {
+    b.iter().map(Event::pid).collect()
+}
+
+#[tokio::test]
+async fn a_batch_arrives_whole_and_in_order() {
+    let (mut tx, mut rx) = channel(100);
+    for p in 1..=3 {
+        assert_eq!(tx.push(ev(p)), Flushed::Sent { dropped: 0 });
+    }
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 0 });
+    assert_eq!(pids(&rx.recv_batch().await.unwrap()), vec![1, 2, 3]);
+}
+
+#[tokio::test]
+async fn the_bound_counts_events_and_drops_the_tail() {
+    let (mut tx, mut rx) = channel(4);
+    for p in 1..=3 {
+        tx.push(ev(p));
+    }
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 0 });
+    // One slot left of four: the second batch keeps its first event only.
+    for p in 4..=6 {
+        tx.push(ev(p));
+    }
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 2 });
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 0 }, "nothing left");
+    // Taking a batch frees its room.
+    assert_eq!(pids(&rx.recv_batch().await.unwrap()), vec![1, 2, 3]);
+    tx.push(ev(7));
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 0 });
+    assert_eq!(rx.recv().await.map(|e| e.pid()), Some(4));
+    assert_eq!(rx.recv().await.map(|e| e.pid()), Some(7));
+}
+
+#[tokio::test]
+async fn a_full_batch_is_sent_without_a_flush() {
+    let (mut tx, mut rx) = channel(10 * BATCH_MAX);
+    for p in 0..BATCH_MAX as u32 {
+        tx.push(ev(p));
+    }
+    assert_eq!(rx.recv_batch().await.map(|b| b.len()), Some(BATCH_MAX));
+}
+
+#[tokio::test]
+async fn recv_hands_out_a_batch_event_by_event_then_ends_with_the_sender() {
+    let (mut tx, mut rx) = channel(10);
+    tx.push(ev(1));
+    tx.push(ev(2));
+    tx.flush();
+    drop(tx);
+    assert_eq!(rx.recv().await.map(|e| e.pid()), Some(1));
+    // The rest of a batch `recv` started comes first.
+    assert_eq!(rx.recv_batch().await.map(|b| pids(&b)), Some(vec![2]));
+    assert!(rx.recv().await.is_none());
+}
+
+#[tokio::test]
+async fn a_gone_consumer_is_reported() {
+    let (mut tx, rx) = channel(10);
+    drop(rx);
+    tx.push(ev(1));
+    assert_eq!(tx.flush(), Flushed::Closed);
+}
