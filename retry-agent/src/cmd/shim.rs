@@ -49,8 +49,8 @@ pub enum SteerMode {
     /// nat REDIRECT rules (outbound and inbound), removed by the shim or its watchdog.
     Iptables,
     /// eBPF programs on `--shim-steer-cgroup` (outbound) and, for `--shim-inbound-port`, on the
-    /// shim's network namespace (IPv4 inbound), detached by the kernel when the shim dies
-    /// however it dies.
+    /// shim's network namespace (IPv4 and, with `--shim-ipv6`, IPv6 inbound), detached by the
+    /// kernel when the shim dies however it dies.
     Cgroup,
 }
 
@@ -443,7 +443,7 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         let t0 = std::time::Instant::now();
         let (links, orig) = args
             .cgroup_steering(v6_ok)
-            .attach(&per_thread[0][0])
+            .attach(&per_thread[0][0], per_thread[0].get(1).filter(|_| v6_ok))
             .context("attaching the kernel steering programs")?;
         tracing::info!(cgroups = ?args.steer_cgroups, port = args.port, ipv6 = v6_ok, took_ms = t0.elapsed().as_millis() as u64, inbound_ports = ?args.inbound_ports, "steering installed (kernel programs)");
         (Some(links), Some(orig))
