@@ -350,6 +350,15 @@ fn a_flood_of_new_ipv6_sources_at_the_shim_stays_within_its_budget() {
     let peak = peak_rss(shim.pid());
     let exe = exe_rss(shim.pid());
     let allowed = (SHIM_BUDGET_MIB << 20) + exe.saturating_sub(RELEASE_EXE_BYTES);
+    // Refusals are reported while they happen (the shim checks every 10 s).
+    let live = wait_until(Duration::from_secs(15), || {
+        log().contains("shim cache full")
+    });
+    assert!(
+        live.is_some(),
+        "no live report of the full cache:\n{}",
+        log()
+    );
     // SIGTERM: the shim reports its counters as it stops.
     let _ = Command::new("kill")
         .args(["-TERM", &shim.pid().to_string()])
