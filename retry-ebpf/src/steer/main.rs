@@ -11,10 +11,11 @@
 //!   the original destination, as it did under iptables REDIRECT (the cookie entry lives on,
 //!   LRU-bounded, for that).
 //! - `ra_steer_sk_lookup` (`sk_lookup`, on the shim's network namespace): an IPv4 or IPv6 TCP
-//!   connection arriving on an interface other than loopback for an inbound port
-//!   (`STEER_INBOUND_PORTS`) is handed to the shim's listener of its family (`STEER_LISTENER`);
-//!   its accepted socket's local address is the original destination. Loopback arrivals (local clients, and the shim's own upstream
-//!   connects to the service) are left alone, as iptables PREROUTING left them.
+//!   connection from another host for an inbound port (`STEER_INBOUND_PORTS`) is handed to the
+//!   shim's listener of its family (`STEER_LISTENER`); its accepted socket's local address is
+//!   the original destination. Connections from this host to itself (to loopback, or to its own
+//!   addresses with source == destination: local clients, and the shim's own upstream connects
+//!   to the service) are left alone, as iptables PREROUTING left them.
 //!
 //! Never steered: connects made in another network namespace than the shim's (loopback there
 //! does not reach it), non-TCP sockets, sockets carrying the shim's SO_MARK (its upstream connects),

@@ -5,9 +5,10 @@
 //! REDIRECT. See retry-ebpf `steer/main.rs` for what is and is not steered.
 //!
 //! Inbound (`--shim-inbound-port`): an `sk_lookup` program on the shim's network namespace hands
-//! IPv4 and IPv6 TCP connections arriving on a non-loopback interface for those ports to the
-//! shim's listener of their family (IPv6 only when the shim listens on `[::]`); the accepted
-//! socket's local address is then the original destination.
+//! IPv4 and IPv6 TCP connections from other hosts for those ports to the shim's listener of
+//! their family (IPv6 only when the shim listens on `[::]`); the accepted socket's local address
+//! is then the original destination. The host's own connections to itself, the shim's upstream
+//! among them, are left alone.
 //!
 //! Fail open by construction: the programs are attached through bpf_links owned by
 //! [`SteerLinks`] and never pinned, so the links close with the shim's last file descriptor
