@@ -451,6 +451,12 @@ pub mod steer {
     }
 
     pub const STEER_ALL_PORTS: u32 = 1;
+
+    /// Slots of `STEER_LISTENER` (sk_lookup can hand a connection only to a socket of its own
+    /// family): the shim's IPv4 listener, and its IPv6 one (`[::]`, v6only).
+    pub const LISTENER_V4: u32 = 0;
+    pub const LISTENER_V6: u32 = 1;
+    pub const LISTENER_SLOTS: u32 = 2;
 }
 
 /// Names of the maps and programs, used by both sides.

@@ -287,6 +287,8 @@ pub fn wait_listening(addr: &str, netns: Option<&str>) {
             Some(ns) => {
                 // Probe with bash's /dev/tcp inside the namespace: a separate short-lived process.
                 let (host, port) = addr.rsplit_once(':').expect("host:port");
+                // bash takes an IPv6 address without its brackets.
+                let host = host.trim_start_matches('[').trim_end_matches(']');
                 Command::new("ip")
                     .args([
                         "netns",
@@ -320,6 +322,9 @@ pub struct NetnsPair {
     pub b: String,
     pub ip_a: String,
     pub ip_b: String,
+    /// The veth ends, in `a` and in `b`.
+    pub veth_a: String,
+    pub veth_b: String,
 }
 
 fn ip(args: &[&str]) -> bool {
@@ -339,12 +344,14 @@ impl NetnsPair {
             b: format!("racap{tag}b"),
             ip_a: format!("10.213.{subnet}.1"),
             ip_b: format!("10.213.{subnet}.2"),
+            veth_a: format!("racap{tag}va"),
+            veth_b: format!("racap{tag}vb"),
         };
         // Leftovers of an earlier crashed run.
         let _ = ip(&["netns", "del", &p.a]);
         let _ = ip(&["netns", "del", &p.b]);
-        let va = format!("racap{tag}va");
-        let vb = format!("racap{tag}vb");
+        let va = p.veth_a.clone();
+        let vb = p.veth_b.clone();
         let steps: Vec<Vec<String>> = vec![
             vec!["netns".into(), "add".into(), p.a.clone()],
             vec!["netns".into(), "add".into(), p.b.clone()],
@@ -435,6 +442,21 @@ impl NetnsPair {
             }
         }
         Some(p)
+    }
+
+    /// IPv6 on the veth pair too: `fd00:13:<subnet>::1` in `a`, `::2` in `b` (/64, `nodad` so
+    /// they are usable at once). `None` (printing why) where IPv6 is off.
+    pub fn add_ipv6(&self, subnet: u8) -> Option<(std::net::Ipv6Addr, std::net::Ipv6Addr)> {
+        let a: std::net::Ipv6Addr = format!("fd00:13:{subnet:x}::1").parse().ok()?;
+        let b: std::net::Ipv6Addr = format!("fd00:13:{subnet:x}::2").parse().ok()?;
+        for (ns, dev, addr) in [(&self.a, &self.veth_a, a), (&self.b, &self.veth_b, b)] {
+            let cidr = format!("{addr}/64");
+            if !ip(&["-n", ns, "addr", "add", &cidr, "dev", dev, "nodad"]) {
+                eprintln!("skip: cannot add {cidr} in {ns} (IPv6 disabled?)");
+                return None;
+            }
+        }
+        Some((a, b))
     }
 
     /// A command run inside namespace `ns`.

@@ -275,17 +275,18 @@ fn the_chart_template_says_what_the_rendered_manifest_says() {
         .unwrap();
     let rendered = fs::read_to_string(root().join("deploy/kubernetes/retry-agent.yaml")).unwrap();
     // Lines without template expressions must appear in the rendered file as they are, except
-    // inside the blocks the defaults leave out (the shim, an empty nodeSelector).
-    let mut in_shim = false;
+    // inside the blocks the defaults leave out (the shim, an empty nodeSelector), however deep
+    // the blocks nested in them.
+    let mut skipped_depth = 0usize;
     for line in tpl.lines() {
-        if line.contains("{{- if .Values.shim.enabled }}")
-            || line.contains("{{- with .Values.nodeSelector }}")
-        {
-            in_shim = true;
+        let shim_only =
+            line.trim_start().starts_with("{{- if") && line.contains(".Values.shim.enabled");
+        if skipped_depth == 0 && (shim_only || line.contains("{{- with .Values.nodeSelector }}")) {
+            skipped_depth = 1;
             continue;
         }
-        if in_shim {
-            in_shim = !line.contains("{{- end }}");
+        if skipped_depth > 0 {
+            skipped_depth = (skipped_depth + opened(line)).saturating_sub(closed(line));
             continue;
         }
         if line.contains("{{") || line.trim().is_empty() {
@@ -299,6 +300,262 @@ fn the_chart_template_says_what_the_rendered_manifest_says() {
     // The shim's container is in the chart, with its cleanup on termination.
     assert!(tpl.contains(r#"command: ["/usr/bin/retry-agent", "shim", "--cleanup"]"#));
     assert!(tpl.contains("add: [NET_ADMIN, NET_RAW]"));
+}
+
+/// Template blocks a line opens (`{{- if`, `{{- with`, `{{- range`), not counting one-line
+/// `{{ if … }}…{{ end }}` guards, which `closed` counts as closing what they open.
+fn opened(line: &str) -> usize {
+    ["{{- if ", "{{ if ", "{{- with ", "{{- range "]
+        .iter()
+        .map(|o| line.matches(o).count())
+        .sum()
+}
+
+fn closed(line: &str) -> usize {
+    line.matches("{{- end }}").count() + line.matches("{{ end }}").count()
+}
+
+/// The lines of the shim's block in the DaemonSet template, and of its `if $cgroup` branch.
+fn shim_block(tpl: &str) -> (Vec<&str>, Vec<&str>) {
+    let mut block = Vec::new();
+    let mut depth = 0usize;
+    for line in tpl.lines() {
+        if depth == 0 {
+            if line.contains("{{- if .Values.shim.enabled }}") {
+                depth = 1;
+            }
+            continue;
+        }
+        depth = (depth + opened(line)).saturating_sub(closed(line));
+        if depth == 0 {
+            break;
+        }
+        block.push(line);
+    }
+    let mut cgroup = Vec::new();
+    let mut inside = false;
+    for line in &block {
+        let t = line.trim();
+        if t == "{{- if $cgroup }}" {
+            inside = true;
+        } else if inside && (t == "{{- else }}" || t == "{{- end }}") {
+            inside = false;
+        } else if inside {
+            cgroup.push(*line);
+        }
+    }
+    (block, cgroup)
+}
+
+/// The shim's command line as its container gives it: its args, then each `RETRY_AGENT_*`
+/// variable as the flag that reads it (clap's own table, so a misspelt variable fails here).
+fn shim_command_line(c: &Container) -> Vec<String> {
+    use clap::CommandFactory;
+    let cli = retry_agent::cmd::Cli::command();
+    let shim = cli.find_subcommand("shim").unwrap().clone();
+    let mut argv = vec!["retry-agent".to_string()];
+    argv.extend(c.args.clone().unwrap());
+    for e in c.env.as_ref().unwrap() {
+        let flag = cli
+            .get_arguments()
+            .chain(shim.get_arguments())
+            .find(|a| a.get_env().is_some_and(|v| v == e.name.as_str()))
+            .and_then(|a| a.get_long())
+            .unwrap_or_else(|| panic!("the shim reads no variable {}", e.name));
+        argv.push(format!("--{flag}"));
+        argv.push(e.value.clone().unwrap());
+    }
+    argv
+}
+
+fn shim_args(argv: &[String]) -> retry_agent::cmd::shim::ShimArgs {
+    match retry_agent::cmd::parse_from(argv).unwrap().command {
+        Some(retry_agent::cmd::Command::Shim(a)) => a,
+        other => panic!("not the shim: {other:?}"),
+    }
+}
+
+/// The shim steered by cgroup programs, as the chart renders it (the hand-rendered example,
+/// deploy/kubernetes/retry-agent-shim-cgroup.yaml): the shim accepts its settings, it has the
+/// capabilities the programs need and no others, no iptables leftovers (preStop, xtables lock),
+/// the cgroup tree it names directories in; and the chart's values and template agree with the
+/// shim on what is required and what is refused.
+#[test]
+fn the_cgroup_shim_follows_the_chart_and_the_shims_settings() {
+    use retry_agent::{cmd::shim::SteerMode, settings::Settings};
+    let tpl = fs::read_to_string(root().join("deploy/helm/retry-agent/templates/daemonset.yaml"))
+        .unwrap();
+    let text =
+        fs::read_to_string(root().join("deploy/kubernetes/retry-agent-shim-cgroup.yaml")).unwrap();
+    let ds: DaemonSet = serde_yaml::from_str(&text).unwrap();
+    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let shim = pod.containers.iter().find(|c| c.name == "shim").unwrap();
+    assert_eq!(
+        env(&agent(&ds), "RETRY_AGENT_ACTUATORS").as_deref(),
+        Some("control,decision-log"),
+        "the agent streams decisions to the shim"
+    );
+
+    // The shim takes what the container gives it.
+    let args = shim_args(&shim_command_line(shim));
+    args.validate().unwrap();
+    assert_eq!(args.steer, SteerMode::Cgroup);
+    assert_eq!(args.inbound_ports, vec![8080]);
+    assert_eq!(
+        args.steer_cgroups,
+        vec![PathBuf::from("/sys/fs/cgroup/system.slice/billing.service")]
+    );
+    assert_eq!(args.port, int(&values()["shim"]["port"]) as u16);
+
+    let sc = shim.security_context.as_ref().unwrap();
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.clone().unwrap(), vec!["ALL".to_string()]);
+    let added: BTreeSet<String> = caps.add.clone().unwrap().into_iter().collect();
+    assert_eq!(
+        added,
+        ["BPF", "NET_ADMIN", "SYS_RESOURCE"]
+            .map(String::from)
+            .into(),
+        "load and attach the programs; no NET_RAW, no iptables"
+    );
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert!(
+        shim.lifecycle.is_none(),
+        "no preStop: nothing outlives the shim"
+    );
+    let volumes: BTreeSet<String> = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|v| v.name.clone())
+        .collect();
+    let mounts = shim.volume_mounts.clone().unwrap();
+    for m in &mounts {
+        assert!(volumes.contains(&m.name), "mount {} has no volume", m.name);
+    }
+    let cg = mounts
+        .iter()
+        .find(|m| m.mount_path == "/sys/fs/cgroup")
+        .expect("the cgroup tree the shim opens directories in");
+    assert_eq!(cg.read_only, Some(true));
+    assert!(!volumes.contains("xtables-lock"), "no iptables lock");
+
+    // The example is the template's cgroup branch, line for line.
+    let (block, cgroup_branch) = shim_block(&tpl);
+    assert!(cgroup_branch.len() > 5);
+    for line in cgroup_branch {
+        if !line.contains("{{") && !line.trim().is_empty() {
+            assert!(text.contains(line), "template line missing: {line:?}");
+        }
+    }
+    // Every variable the template may set is one the shim reads (the iptables-only ones too).
+    let names: Vec<&str> = block
+        .iter()
+        .filter_map(|l| l.trim().strip_prefix("- name: RETRY_AGENT_"))
+        .collect();
+    assert!(names.len() >= 7, "{names:?}");
+    let with_env = |name: &str| {
+        let c = Container {
+            args: Some(vec!["shim".into()]),
+            env: Some(vec![k8s_openapi::api::core::v1::EnvVar {
+                name: format!("RETRY_AGENT_{name}"),
+                value: Some("1".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        shim_command_line(&c)
+    };
+    for n in &names {
+        assert_eq!(with_env(n).len(), 4, "{n}");
+    }
+    // Every value under `shim` is used by the template, and every one it uses exists.
+    let vals = values();
+    let keys: BTreeSet<String> = vals["shim"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str().unwrap().to_string())
+        .collect();
+    let used: BTreeSet<String> = tpl
+        .split("$shim.")
+        .skip(1)
+        .chain(tpl.split(".Values.shim.").skip(1))
+        .map(|r| {
+            r.chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect()
+        })
+        .collect();
+    assert_eq!(keys, used, "values.yaml's shim keys vs the template's");
+    assert_eq!(vals["shim"]["steer"].as_str(), Some("iptables"));
+    for list in ["dports", "inboundPorts", "inboundDsts", "steerCgroups"] {
+        assert!(vals["shim"][list].is_sequence(), "{list}");
+    }
+
+    // What the template refuses to render, the shim refuses to run, and the reverse.
+    let refused = |flags: &[&str]| {
+        let mut argv: Vec<String> = ["retry-agent", "shim"].map(String::from).to_vec();
+        argv.extend(flags.iter().map(|f| f.to_string()));
+        shim_args(&argv).validate().is_err()
+    };
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "--shim-steer",
+                "cgroup",
+                "--shim-inbound-port",
+                "8080",
+                "--shim-inbound-dst",
+                "10.0.0.0/24",
+            ],
+            r#"{{- if and $cgroup $shim.inboundDsts }}{{ fail"#,
+        ),
+        (
+            &[
+                "--shim-steer-cgroup",
+                "/sys/fs/cgroup",
+                "--shim-dport",
+                "80",
+            ],
+            r#"{{- if and (not $cgroup) $shim.steerCgroups }}{{ fail"#,
+        ),
+        (
+            &["--shim-steer", "cgroup"],
+            r#"{{- if and $cgroup (not (or $shim.steerCgroups $shim.inboundPorts)) }}{{ fail"#,
+        ),
+        (
+            &["--shim-steer", "iptables"],
+            r#"{{- if and (not $cgroup) (not (or $shim.dports $shim.inboundPorts)) }}{{ fail"#,
+        ),
+    ];
+    for (flags, guard) in cases {
+        assert!(refused(flags), "the shim runs with {flags:?}");
+        assert!(tpl.contains(guard), "the chart renders {flags:?}: {guard}");
+    }
+    for ok in [
+        &["--shim-steer", "cgroup", "--shim-inbound-port", "8080"][..],
+        &[
+            "--shim-steer",
+            "cgroup",
+            "--shim-steer-cgroup",
+            "/sys/fs/cgroup",
+        ][..],
+        &[
+            "--shim-inbound-port",
+            "8080",
+            "--shim-inbound-dst",
+            "10.0.0.0/24",
+        ][..],
+        &["--shim-dport", "80"][..],
+    ] {
+        assert!(
+            !refused(ok),
+            "the shim refuses {ok:?}, which the chart renders"
+        );
+    }
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::{
 };
 
 use integration_tests::{
-    actuate::agent_bin,
-    fixture::{Proc, can_run, free_port, load_with, python, wait_listening},
+    actuate::{agent_bin, skip_reason, wait_until},
+    fixture::{NetnsPair, Proc, can_run, free_port, load_with, python, wait_listening},
 };
 use retry_agent::capture::CaptureConfig;
 use retry_common::arg_map;
@@ -177,4 +177,232 @@ async fn full_argument_maps_count_their_failed_inserts() {
         "no data syscall was refused"
     );
     blocked.kill();
+}
+
+/// A network namespace of its own, removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn create(name: &str) -> Option<Netns> {
+        let ip = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let _ = ip(&["netns", "del", name]);
+        let ns = Netns(name.to_string());
+        let steps: [&[&str]; 3] = [
+            &["netns", "add", name],
+            &["-n", name, "link", "set", "lo", "up"],
+            // AnyIP: the whole block is local, so a client can bind any of its addresses.
+            &[
+                "-n",
+                name,
+                "-6",
+                "route",
+                "add",
+                "local",
+                FLOOD_BLOCK,
+                "dev",
+                "lo",
+                "table",
+                "local",
+            ],
+        ];
+        for s in steps {
+            if !ip(s) {
+                eprintln!("skip: `ip {}` failed", s.join(" "));
+                return None;
+            }
+        }
+        Some(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Its iptables rules and sockets go with it.
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// The sources' block (a ULA prefix, local to the test's namespace only).
+const FLOOD_BLOCK: &str = "fd00:13:f1::/64";
+const FLOOD_SOURCES: usize = 4000;
+/// Long targets make each remembered failure cost ~4.4 KiB, so the flood overflows the cache.
+const FLOOD_TARGET_BYTES: usize = 4096;
+const SHIM_BUDGET_MIB: u64 = 32;
+
+/// A log line without its colour escapes (`ESC [ … m`).
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for e in chars.by_ref() {
+                if e == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Field `name=value` of a `key=value …` log line (nested as `outer=name=value` too).
+fn field(line: &str, name: &str) -> Option<u64> {
+    line.split(|c: char| c.is_whitespace() || c == '"')
+        .find_map(|w| {
+            let (k, v) = w.rsplit_once('=')?;
+            (k.rsplit('=').next() == Some(name)).then_some(v)
+        })
+        .and_then(|v| v.parse().ok())
+}
+
+/// The shim (iptables steering, in a namespace the test creates) flooded by 4,000 clients with
+/// distinct IPv6 source addresses, each failing once with its own retry key: the shim's peak RSS
+/// stays under its 32 MiB budget, the failure cache stays within its bytes (a quarter of the
+/// budget, half of it for failures) and what it refused is counted and reported.
+#[test]
+fn a_flood_of_new_ipv6_sources_at_the_shim_stays_within_its_budget() {
+    if let Some(r) = skip_reason(&[]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let name = format!("raflood{}", std::process::id() % 100_000);
+    let Some(ns) = Netns::create(&name) else {
+        return;
+    };
+    // ip6tables' nat table, asked inside the namespace the shim will run in.
+    let v6nat = NetnsPair::exec(&ns.0, "ip6tables")
+        .args(["-w", "5", "-t", "nat", "-S"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !v6nat {
+        eprintln!("skip: ip6tables nat not usable");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ra-shim-flood-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log_path = dir.join("shim.log");
+    let (svc_port, shim_port) = (18080, 15001);
+    let bin = agent_bin();
+    let shim = Proc::spawn(
+        NetnsPair::exec(&ns.0, &bin.to_string_lossy())
+            .args(["--log", "info", "shim"])
+            .args(["--shim-port", &shim_port.to_string()])
+            .args(["--shim-dport", &svc_port.to_string()])
+            .args(["--shim-chain", "RAFLOOD", "--shim-ipv6", "true"])
+            .args(["--shim-watchdog", "false"])
+            .args(["--memory-budget-mib", &SHIM_BUDGET_MIB.to_string()])
+            .arg("--shim-run-dir")
+            .arg(&dir)
+            // No agent: the shim remembers failures on its own.
+            .arg("--shim-control-socket")
+            .arg(dir.join("control.sock"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap()),
+    );
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let up = wait_until(Duration::from_secs(30), || {
+        log().contains("steering installed")
+    });
+    assert!(up.is_some(), "shim did not come up:\n{}", log());
+    assert!(
+        !log().contains("IPv6 steering not installed"),
+        "no IPv6 steering:\n{}",
+        log()
+    );
+
+    let prefix = FLOOD_BLOCK.trim_end_matches("/64");
+    let started = Instant::now();
+    let mut flood = Proc::spawn(
+        NetnsPair::python(
+            &ns.0,
+            "shim_v6_flood.py",
+            &[
+                &svc_port.to_string(),
+                prefix,
+                &FLOOD_SOURCES.to_string(),
+                "32",
+                &FLOOD_TARGET_BYTES.to_string(),
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null()),
+    );
+    let line = flood.read_line();
+    let took = started.elapsed();
+    let out: serde_json::Value =
+        serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("flood said {line:?}: {e}"));
+    assert_eq!(
+        out["status"]["503"].as_u64(),
+        Some(FLOOD_SOURCES as u64),
+        "every client got the service's answer through the shim: {out}"
+    );
+    let peak = peak_rss(shim.pid());
+    let exe = exe_rss(shim.pid());
+    let allowed = (SHIM_BUDGET_MIB << 20) + exe.saturating_sub(RELEASE_EXE_BYTES);
+    // Refusals are reported while they happen (the shim checks every 10 s).
+    let live = wait_until(Duration::from_secs(15), || {
+        log().contains("shim cache full")
+    });
+    assert!(
+        live.is_some(),
+        "no live report of the full cache:\n{}",
+        log()
+    );
+    // SIGTERM: the shim reports its counters as it stops.
+    let _ = Command::new("kill")
+        .args(["-TERM", &shim.pid().to_string()])
+        .status();
+    let stopped = wait_until(Duration::from_secs(10), || log().contains("shim stopped"));
+    assert!(stopped.is_some(), "the shim did not stop:\n{}", log());
+    drop(shim);
+    let text = log();
+    let last = plain(
+        text.lines()
+            .find(|l| l.contains("shim stopped"))
+            .unwrap_or_default(),
+    );
+    let last = last.as_str();
+    eprintln!(
+        "FIGURE shim_flood sources={FLOOD_SOURCES} took_ms={} peak_rss_kib={} exe_rss_kib={} allowed_kib={}\n{last}",
+        took.as_millis(),
+        peak >> 10,
+        exe >> 10,
+        allowed >> 10
+    );
+    // Steered: the shim carried every client's request.
+    let requests = field(last, "requests").expect("requests counted");
+    assert!(requests >= FLOOD_SOURCES as u64, "{last}");
+    // New sources were counted as clients (the table holds 32,768 at this budget), all but the
+    // first few that passed before any failure was remembered (nothing to track then).
+    let clients = field(last, "clients").expect("clients reported");
+    assert!(clients >= FLOOD_SOURCES as u64 * 9 / 10, "{last}");
+    assert_eq!(field(last, "clients_refused"), Some(0), "{last}");
+    // The failure cache kept to its bytes and counted what it could not hold.
+    let cache_bytes = (SHIM_BUDGET_MIB << 20) / 4;
+    let failure_bytes = field(last, "failure_bytes").expect("failure bytes reported");
+    assert!(failure_bytes <= cache_bytes / 2, "{last}");
+    let refused = field(last, "failures_refused").expect("refused failures reported");
+    let kept = field(last, "failures").expect("failures reported");
+    assert!(refused > 0, "the flood never filled the cache: {last}");
+    assert_eq!(kept + refused, FLOOD_SOURCES as u64, "{last}");
+    assert_eq!(field(last, "cache_evictions"), Some(refused), "{last}");
+    assert!(
+        peak < allowed,
+        "shim peak RSS {} KiB over its {SHIM_BUDGET_MIB} MiB budget ({} KiB allowed)",
+        peak >> 10,
+        allowed >> 10
+    );
+    drop(ns);
+    let _ = std::fs::remove_dir_all(&dir);
 }

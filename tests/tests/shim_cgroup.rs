@@ -358,9 +358,11 @@ fn killing_the_shims_cgroup_leaves_connections_direct() {
 }
 
 /// Inbound (`--shim-inbound-port` with `--shim-steer cgroup`: sk_lookup on the shim's netns): a
-/// connection from another namespace to a service next to the shim is handed to the shim (a
-/// suppressed retry is answered by it, so the original destination was known); after
-/// `cgroup.kill` of the shim's cgroup the same request reaches the service directly.
+/// connection from another namespace to a service next to the shim, over IPv4 and IPv6, is
+/// handed to the shim (a suppressed retry is answered by it, so the original destination was
+/// known; a first attempt is forwarded to the service), while the same retry from inside the
+/// service's namespace (a loopback arrival) reaches the service directly; after `cgroup.kill` of
+/// the shim's cgroup the remote requests reach the service directly too.
 #[test]
 fn inbound_steering_dies_with_the_shims_cgroup() {
     use integration_tests::fixture::{NetnsPair, Proc, wait_listening};
@@ -376,10 +378,8 @@ fn inbound_steering_dies_with_the_shims_cgroup() {
     let Some(pair) = NetnsPair::create("sk", 77) else {
         return;
     };
-    let up_lo = NetnsPair::exec(&pair.a, "ip")
-        .args(["link", "set", "lo", "up"])
-        .status();
-    assert!(up_lo.is_ok_and(|s| s.success()), "lo up in {}", pair.a);
+    // IPv6 where the kernel has it (the IPv4 half still runs without).
+    let v6 = pair.add_ipv6(77);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -390,13 +390,21 @@ fn inbound_steering_dies_with_the_shims_cgroup() {
     let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
     let port = free_port().to_string();
     let svc: SocketAddr = format!("{}:{port}", pair.ip_a).parse().expect("addr");
-    let _server = Proc::spawn(
-        NetnsPair::exec(&pair.a, "python3")
-            .args(["-m", "http.server", &port, "--bind", &pair.ip_a])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    );
-    wait_listening(&svc.to_string(), Some(&pair.a));
+    let svc6 = v6.map(|(a, _)| SocketAddr::from((a, svc.port())));
+    let services: Vec<SocketAddr> = [Some(svc), svc6].into_iter().flatten().collect();
+    let _servers: Vec<Proc> = services
+        .iter()
+        .map(|a| {
+            let server = Proc::spawn(
+                NetnsPair::exec(&pair.a, "python3")
+                    .args(["-m", "http.server", &port, "--bind", &a.ip().to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            );
+            wait_listening(&a.to_string(), Some(&pair.a));
+            server
+        })
+        .collect();
 
     let shim_cg = Cgroup::create(&root, "shim-in").expect("shim cgroup");
     let log_path = std::env::temp_dir().join(format!("rashim-{}-in.log", std::process::id()));
@@ -424,7 +432,7 @@ fn inbound_steering_dies_with_the_shims_cgroup() {
                 "--shim-control-socket",
                 &ctl_arg,
                 "--shim-ipv6",
-                "false",
+                if svc6.is_some() { "true" } else { "false" },
                 "--shim-threads",
                 "1",
             ],
@@ -445,44 +453,63 @@ fn inbound_steering_dies_with_the_shims_cgroup() {
     );
     assert_eq!(steer_programs(), 1, "sk_lookup loaded");
 
-    let get = || {
-        let out = NetnsPair::exec(&pair.b, "curl")
-            .args([
-                "-s",
-                "-i",
-                "-m",
-                "3",
-                "-H",
-                "x-retry-attempt: 1",
-                &format!("http://{svc}/"),
-            ])
-            .output()
-            .ok()?;
+    // One request from namespace `ns` (a retry unless `first`): the response head, if any.
+    let get = |ns: &str, dst: SocketAddr, first: bool| {
+        let mut c = NetnsPair::exec(ns, "curl");
+        c.args(["-s", "-i", "-m", "3", "-g"]);
+        if !first {
+            c.args(["-H", "x-retry-attempt: 1"]);
+        }
+        let out = c.arg(format!("http://{dst}/")).output().ok()?;
         let head = String::from_utf8_lossy(&out.stdout).to_string();
         (out.status.success() && head.starts_with("HTTP/")).then_some(head)
     };
-    rt.block_on(ctl.apply(&[suppress("rashim-in", svc, 60_000)]))
-        .expect("apply");
-    let steered = wait_until(Duration::from_secs(5), || {
-        get().is_some_and(|h| h.contains("x-retry-suppressed"))
-    });
-    assert!(
-        steered.is_some(),
-        "the inbound retry never reached the shim: {:?}",
-        get()
-    );
+    let direct = |h: &Option<String>| {
+        h.as_ref()
+            .is_some_and(|h| h.starts_with("HTTP/1.0 200") && !h.contains("x-retry-suppressed"))
+    };
+    // One edge per address: a decision replaces the last one for the same edge.
+    let decisions: Vec<_> = services
+        .iter()
+        .zip(["rashim-in", "rashim-in6"])
+        .map(|(a, callee)| suppress(callee, *a, 60_000))
+        .collect();
+    rt.block_on(ctl.apply(&decisions)).expect("apply");
+    for a in &services {
+        let steered = wait_until(Duration::from_secs(5), || {
+            get(&pair.b, *a, false).is_some_and(|h| h.contains("x-retry-suppressed"))
+        });
+        assert!(
+            steered.is_some(),
+            "the inbound retry to {a} never reached the shim: {:?}",
+            get(&pair.b, *a, false)
+        );
+        // A first attempt is forwarded to the original destination.
+        let first = get(&pair.b, *a, true);
+        assert!(
+            first.as_ref().is_some_and(|h| h.contains(" 200 ")),
+            "first attempt to {a}: {first:?}"
+        );
+        // Loopback arrivals (a client next to the service) are left alone.
+        let local = get(&pair.a, *a, false);
+        assert!(
+            direct(&local),
+            "a local retry to {a} was steered: {local:?}"
+        );
+    }
 
     let t0 = Instant::now();
     shim_cg.kill();
-    let direct = wait_until(Duration::from_secs(2), || {
-        get().is_some_and(|h| h.starts_with("HTTP/1.0 200") && !h.contains("x-retry-suppressed"))
+    let gone_direct = wait_until(Duration::from_secs(2), || {
+        services.iter().all(|a| direct(&get(&pair.b, *a, false)))
     });
-    let direct = direct
+    let gone_direct = gone_direct
         .map(|_| t0.elapsed())
         .expect("inbound connections did not go direct within 2 s");
     eprintln!(
-        "FIGURE inbound_cgroup_kill_to_direct_ms={:.1}",
-        direct.as_secs_f64() * 1000.0
+        "FIGURE inbound_cgroup_kill_to_direct_ms={:.1} families={}",
+        gone_direct.as_secs_f64() * 1000.0,
+        services.len()
     );
     let gone = wait_until(Duration::from_secs(2), || {
         steer_programs() == 0 && shim_cg.empty()

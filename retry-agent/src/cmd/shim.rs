@@ -49,8 +49,8 @@ pub enum SteerMode {
     /// nat REDIRECT rules (outbound and inbound), removed by the shim or its watchdog.
     Iptables,
     /// eBPF programs on `--shim-steer-cgroup` (outbound) and, for `--shim-inbound-port`, on the
-    /// shim's network namespace (IPv4 inbound), detached by the kernel when the shim dies
-    /// however it dies.
+    /// shim's network namespace (IPv4 and, with `--shim-ipv6`, IPv6 inbound), detached by the
+    /// kernel when the shim dies however it dies.
     Cgroup,
 }
 
@@ -443,7 +443,7 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         let t0 = std::time::Instant::now();
         let (links, orig) = args
             .cgroup_steering(v6_ok)
-            .attach(&per_thread[0][0])
+            .attach(&per_thread[0][0], per_thread[0].get(1).filter(|_| v6_ok))
             .context("attaching the kernel steering programs")?;
         tracing::info!(cgroups = ?args.steer_cgroups, port = args.port, ipv6 = v6_ok, took_ms = t0.elapsed().as_millis() as u64, inbound_ports = ?args.inbound_ports, "steering installed (kernel programs)");
         (Some(links), Some(orig))
@@ -474,6 +474,7 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         args.control_socket.clone(),
         ctx.view.clone(),
     ));
+    tokio::spawn(report_cache(ctx.clone()));
 
     let pid_file = args.pid_file();
     if args.uses_iptables() {
@@ -511,9 +512,31 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
     tracing::info!(
         stats = %ctx.stats.summary(),
         cache_evictions = ctx.tracker.evictions(),
+        cache = %ctx.tracker.stats(),
         "shim stopped"
     );
     Ok(())
+}
+
+/// How often the shim says its caches refused entries (only when they did since the last time).
+const CACHE_REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs what the failure cache and client table hold whenever their bounds refused something
+/// since the last report: a flood of new sources is visible while it happens, at most one line
+/// per [`CACHE_REPORT_EVERY`].
+async fn report_cache(ctx: Arc<proxy::Ctx>) {
+    let mut tick = tokio::time::interval(CACHE_REPORT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = 0;
+    loop {
+        tick.tick().await;
+        let st = ctx.tracker.stats();
+        let refused = st.failures_refused + st.clients_refused;
+        if refused > last {
+            tracing::warn!(cache = %st, new = refused - last, "shim cache full: refused entries fail open (retries forwarded, clients uncounted)");
+            last = refused;
+        }
+    }
 }
 
 /// SIGTERM, SIGINT and SIGHUP, registered once at start.

@@ -10,11 +10,12 @@
 //! - `ra_steer_getpeername4`/`6` (`cgroup/getpeername4`/`6`): the client's getpeername() says
 //!   the original destination, as it did under iptables REDIRECT (the cookie entry lives on,
 //!   LRU-bounded, for that).
-//! - `ra_steer_sk_lookup` (`sk_lookup`, on the shim's network namespace): an IPv4 TCP connection
-//!   arriving on an interface other than loopback for an inbound port (`STEER_INBOUND_PORTS`) is
-//!   handed to the shim's listener (`STEER_LISTENER`); its accepted socket's local address is
-//!   the original destination. Loopback arrivals (local clients, and the shim's own upstream
-//!   connects to the service) are left alone, as iptables PREROUTING left them.
+//! - `ra_steer_sk_lookup` (`sk_lookup`, on the shim's network namespace): an IPv4 or IPv6 TCP
+//!   connection from another host for an inbound port (`STEER_INBOUND_PORTS`) is handed to the
+//!   shim's listener of its family (`STEER_LISTENER`); its accepted socket's local address is
+//!   the original destination. Connections from this host to itself (to loopback, or to its own
+//!   addresses with source == destination: local clients, and the shim's own upstream connects
+//!   to the service) are left alone, as iptables PREROUTING left them.
 //!
 //! Never steered: connects made in another network namespace than the shim's (loopback there
 //! does not reach it), non-TCP sockets, sockets carrying the shim's SO_MARK (its upstream connects),
@@ -33,7 +34,7 @@ use aya_ebpf::{
 };
 use retry_common::{
     AF_INET, AF_INET6, IPPROTO_TCP,
-    steer::{STEER_ALL_PORTS, SteerAddr, SteerConfig},
+    steer::{LISTENER_SLOTS, LISTENER_V4, LISTENER_V6, STEER_ALL_PORTS, SteerAddr, SteerConfig},
 };
 
 const SOCK_STREAM: u32 = 1;
@@ -58,9 +59,10 @@ static STEER_ORIG: LruHashMap<SteerAddr, SteerAddr> = LruHashMap::with_max_entri
 /// Inbound ports (host order) whose non-loopback arrivals go to the shim.
 #[map]
 static STEER_INBOUND_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(64, 0);
-/// The shim's IPv4 listener (slot 0).
+/// The shim's listeners: IPv4 in slot `LISTENER_V4`, IPv6 in `LISTENER_V6` (an IPv6 lookup can
+/// only be given an IPv6 socket; an empty slot leaves that family unsteered).
 #[map]
-static STEER_LISTENER: SockMap = SockMap::with_max_entries(1, 0);
+static STEER_LISTENER: SockMap = SockMap::with_max_entries(LISTENER_SLOTS, 0);
 
 const LOOPBACK_IFINDEX: u32 = 1;
 const SK_PASS: u32 = 1;
@@ -248,12 +250,38 @@ fn try_sk_lookup(ctx: &SkLookupContext) -> Option<()> {
     let l = ctx.lookup;
     // SAFETY: ctx fields an sk_lookup program may read; local_port is in host order.
     let (family, proto, port, ifindex) = unsafe { ((*l).family, (*l).protocol, (*l).local_port, (*l).ingress_ifindex) };
-    if family != AF_INET as u32 || proto != IPPROTO_TCP as u32 || ifindex == LOOPBACK_IFINDEX {
+    if proto != IPPROTO_TCP as u32 || ifindex == LOOPBACK_IFINDEX {
         return None;
     }
+    // A connection from this host to one of its own addresses: the kernel reports the address's
+    // device as the ingress (not loopback), but picks the destination as the source. So the
+    // shim's own upstream connects (and local clients) are told apart by source == destination.
+    let slot = match family {
+        f if f == AF_INET as u32 => {
+            // SAFETY: ctx fields an sk_lookup program may read.
+            if unsafe { (*l).remote_ip4 == (*l).local_ip4 } {
+                return None;
+            }
+            LISTENER_V4
+        }
+        f if f == AF_INET6 as u32 => {
+            // SAFETY: ctx fields, one 32-bit word at a time as the verifier requires.
+            let same = unsafe {
+                (*l).remote_ip6[0] == (*l).local_ip6[0]
+                    && (*l).remote_ip6[1] == (*l).local_ip6[1]
+                    && (*l).remote_ip6[2] == (*l).local_ip6[2]
+                    && (*l).remote_ip6[3] == (*l).local_ip6[3]
+            };
+            if same {
+                return None;
+            }
+            LISTENER_V6
+        }
+        _ => return None,
+    };
     // SAFETY: plain map lookup.
     unsafe { STEER_INBOUND_PORTS.get(&(port as u16)) }?;
-    STEER_LISTENER.redirect_sk_lookup(ctx, 0, 0).ok()
+    STEER_LISTENER.redirect_sk_lookup(ctx, slot, 0).ok()
 }
 
 /// Passes in every case: without an assignment the normal lookup (the service) proceeds.

@@ -5,8 +5,10 @@
 //! REDIRECT. See retry-ebpf `steer/main.rs` for what is and is not steered.
 //!
 //! Inbound (`--shim-inbound-port`): an `sk_lookup` program on the shim's network namespace hands
-//! IPv4 TCP connections arriving on a non-loopback interface for those ports to the shim's
-//! listener; the accepted socket's local address is then the original destination.
+//! IPv4 and IPv6 TCP connections from other hosts for those ports to the shim's listener of
+//! their family (IPv6 only when the shim listens on `[::]`); the accepted socket's local address
+//! is then the original destination. The host's own connections to itself, the shim's upstream
+//! among them, are left alone.
 //!
 //! Fail open by construction: the programs are attached through bpf_links owned by
 //! [`SteerLinks`] and never pinned, so the links close with the shim's last file descriptor
@@ -26,7 +28,7 @@ use aya::{
 };
 use retry_common::{
     AF_INET, AF_INET6, names,
-    steer::{STEER_ALL_PORTS, SteerAddr, SteerConfig},
+    steer::{LISTENER_V4, LISTENER_V6, STEER_ALL_PORTS, SteerAddr, SteerConfig},
 };
 
 /// The steering object, embedded at build time (empty when it was not built).
@@ -77,7 +79,8 @@ pub struct CgroupSteering {
     pub dports: Vec<u16>,
     /// Steer IPv6 connects too (to `[::1]`: only when the shim listens on `[::]`).
     pub ipv6: bool,
-    /// Local ports whose connections arriving from other hosts go to the shim (IPv4).
+    /// Local ports whose connections arriving from other hosts go to the shim (IPv4, and IPv6
+    /// when `attach` is given an IPv6 listener).
     pub inbound_ports: Vec<u16>,
 }
 
@@ -102,10 +105,12 @@ fn map<'a>(
 impl CgroupSteering {
     /// Loads the programs, writes the settings and attaches to every cgroup (sock_ops before
     /// connect, so a steered connect is always re-keyed). Call only once the shim listens.
-    /// `listener`: the shim's IPv4 listener, for inbound steering.
+    /// `listener`: the shim's IPv4 listener and, when it has one, its IPv6 listener (`[::]`,
+    /// v6only), for inbound steering; without the latter, IPv6 arrivals are left alone.
     pub fn attach(
         &self,
         listener: &std::net::TcpListener,
+        listener6: Option<&std::net::TcpListener>,
     ) -> Result<(SteerLinks, OrigDsts), CgroupSteerError> {
         if STEER_OBJECT.is_empty() {
             return Err(CgroupSteerError::EmptyObject);
@@ -159,7 +164,12 @@ impl CgroupSteering {
             }
             let mut l: SockMap<_> = SockMap::try_from(map(&mut ebpf, names::STEER_LISTENER)?)
                 .map_err(merr(names::STEER_LISTENER))?;
-            l.set(0, listener, 0).map_err(merr(names::STEER_LISTENER))?;
+            l.set(LISTENER_V4, listener, 0)
+                .map_err(merr(names::STEER_LISTENER))?;
+            if let Some(l6) = listener6 {
+                l.set(LISTENER_V6, l6, 0)
+                    .map_err(merr(names::STEER_LISTENER))?;
+            }
         }
         let orig = ebpf
             .take_map(names::STEER_ORIG)

@@ -284,7 +284,36 @@ pub struct Tracker {
     clients: HashMap<CallerId, Client>,
     /// Failures not remembered and clients not counted because their table was full.
     pub evictions: u64,
+    /// Of `evictions`, the failures not remembered.
+    failures_refused: u64,
     rng: u64,
+}
+
+/// What the tracker holds and what its bounds refused: for the shim's logs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub failures: usize,
+    /// By [`failure_cost`].
+    pub failure_bytes: usize,
+    pub clients: usize,
+    /// Failures not remembered for want of room (their retries are forwarded).
+    pub failures_refused: u64,
+    /// Requests whose client went uncounted for want of room (no budget, no throttling).
+    pub clients_refused: u64,
+}
+
+impl std::fmt::Display for CacheStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "failures={} failure_bytes={} clients={} failures_refused={} clients_refused={}",
+            self.failures,
+            self.failure_bytes,
+            self.clients,
+            self.failures_refused,
+            self.clients_refused
+        )
+    }
 }
 
 impl Tracker {
@@ -299,6 +328,7 @@ impl Tracker {
             failure_bytes: 0,
             clients: HashMap::new(),
             evictions: 0,
+            failures_refused: 0,
             rng: seed | 1,
         }
     }
@@ -434,6 +464,7 @@ impl Tracker {
                     self.failure_bytes = self.failures.keys().map(failure_cost).sum();
                     if self.failure_bytes + cost > self.cfg.max_failure_bytes {
                         self.evictions += 1;
+                        self.failures_refused += 1;
                         return;
                     }
                 }
@@ -459,6 +490,16 @@ impl Tracker {
     /// Bytes the remembered failures take (by [`failure_cost`]).
     pub fn failure_bytes(&self) -> usize {
         self.failure_bytes
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            failures: self.failures.len(),
+            failure_bytes: self.failure_bytes,
+            clients: self.clients.len(),
+            failures_refused: self.failures_refused,
+            clients_refused: self.evictions.saturating_sub(self.failures_refused),
+        }
     }
 }
 
@@ -524,6 +565,10 @@ impl SharedTracker {
     /// Failures not remembered and clients not counted for want of room.
     pub fn evictions(&self) -> u64 {
         self.with(|t| t.evictions)
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        self.with(|t| t.stats())
     }
 }
 

@@ -272,6 +272,12 @@ fn failure_cache_is_bounded_in_bytes() {
     assert!(t.failure_bytes() <= 1 << 20, "{} bytes", t.failure_bytes());
     assert_eq!(t.remembered_failures(), 15);
     assert_eq!(t.evictions, 85);
+    let st = t.stats();
+    assert_eq!(
+        (st.failures, st.failures_refused, st.clients_refused),
+        (15, 85, 0)
+    );
+    assert_eq!(st.failure_bytes, t.failure_bytes());
     // A success forgets its failure and gives its bytes back.
     let first = key(&format!("{long}0"));
     t.on_outcome(&first, None, now);
@@ -456,4 +462,31 @@ fn credentials_are_recognised_and_digested_not_kept() {
     assert!(d.feed(&[1; 100]));
     assert!(!d.feed(&vec![2; BODY_DIGEST_LIMIT]), "stops at the limit");
     assert_eq!(BodyDigest::default().finish(), None);
+}
+
+/// New callers beyond the client table's bound are forwarded uncounted, and counted as refused
+/// apart from refused failures (a flood of new sources shows as `clients_refused`).
+#[test]
+fn callers_beyond_the_client_table_are_counted_as_refused() {
+    let mut t = Tracker::new(PolicyConfig {
+        max_entries: 2,
+        ..PolicyConfig::default()
+    });
+    let now = Instant::now();
+    for i in 0..5u8 {
+        let k = RequestKey {
+            caller: CallerId::Addr(Ipv4Addr::new(10, 0, 0, i).into()),
+            ..key("/a")
+        };
+        assert_eq!(
+            t.on_request(&k, false, None, now),
+            Verdict::Forward { retry: false }
+        );
+    }
+    let st = t.stats();
+    assert_eq!(
+        (st.clients, st.clients_refused, st.failures_refused),
+        (2, 3, 0)
+    );
+    assert_eq!(t.evictions, 3);
 }
