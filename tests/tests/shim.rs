@@ -227,6 +227,56 @@ fn grpc_pushback_trailer_stops_client_retries() {
     let _ = std::fs::remove_file(&ctl_path);
 }
 
+/// On a suppressed edge, a call is a retry only if it repeats an earlier failed call: n calls
+/// to the same gRPC method with different request bodies (different orders, one caller) all
+/// reach the service and get its own answer; only a repeat of the last one is answered by the
+/// shim. (A key of `:path` alone answered every later call with the first one's failure.)
+#[test]
+fn different_grpc_requests_to_a_failing_method_are_forwarded() {
+    if let Some(r) = skip_reason(&["grpc"]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let rt = rt();
+    let _g = rt.enter();
+    let ctl_path = tmp("grpcd.sock");
+    let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
+    let port = free_port();
+    let ch = chain("GRPCD");
+    let mut shim = Shim::start(ShimOpts {
+        chain: &ch,
+        dports: &[port],
+        control: &ctl_path,
+        watchdog: true,
+        extra: &[],
+    });
+    let dst: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    rt.block_on(ctl.apply(&[suppress("rashim-grpcd", dst, 60_000)]))
+        .expect("apply");
+    std::thread::sleep(Duration::from_millis(200));
+    let n = 6;
+    let out = python_json(
+        "shim_grpc_client.py",
+        &[port.to_string(), n.to_string(), "distinct".into(), "distinct".into()],
+    );
+    assert_eq!(
+        out["attempts"], n,
+        "every distinct call reached the service, the repeat did not: {out}"
+    );
+    let codes = out["codes"].as_array().expect("codes");
+    assert_eq!(codes.len(), n + 1, "{out}");
+    assert!(codes.iter().all(|c| c == "UNAVAILABLE"), "{out}");
+    assert!(shim.stop(), "shim did not stop cleanly");
+    let log = std::fs::read_to_string(std::env::temp_dir().join(format!("rashim-{ch}.log")))
+        .unwrap_or_default();
+    assert!(
+        log.contains(" suppressed=1 "),
+        "the repeat, and only it, was answered by the shim: {log}"
+    );
+    drop(ctl);
+    let _ = std::fs::remove_file(&ctl_path);
+}
+
 fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..n)
