@@ -57,11 +57,13 @@ fn serve_thread(listeners: Vec<std::net::TcpListener>, ctx: Arc<proxy::Ctx>) {
             return;
         }
     };
+    // The thread's upstream h2 connections, shared by its downstream connections.
+    let pool = Arc::new(proxy::pool::H2Pool::default());
     rt.block_on(async move {
         let mut loops = Vec::new();
         for l in listeners {
             match TcpListener::from_std(l) {
-                Ok(l) => loops.push(tokio::spawn(accept_loop(l, ctx.clone()))),
+                Ok(l) => loops.push(tokio::spawn(accept_loop(l, ctx.clone(), pool.clone()))),
                 Err(e) => tracing::error!(error = %e, "cannot register a listener"),
             }
         }
@@ -71,11 +73,11 @@ fn serve_thread(listeners: Vec<std::net::TcpListener>, ctx: Arc<proxy::Ctx>) {
     });
 }
 
-async fn accept_loop(l: TcpListener, ctx: Arc<proxy::Ctx>) {
+async fn accept_loop(l: TcpListener, ctx: Arc<proxy::Ctx>, pool: Arc<proxy::pool::H2Pool>) {
     loop {
         match l.accept().await {
             Ok((s, peer)) => {
-                tokio::spawn(proxy::handle(s, peer, ctx.clone()));
+                tokio::spawn(proxy::handle(s, peer, ctx.clone(), pool.clone()));
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.

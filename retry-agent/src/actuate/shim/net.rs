@@ -121,11 +121,10 @@ pub async fn connect_marked(
     Ok(s)
 }
 
-/// Closes with RST rather than FIN, so the client sees what it would have seen without the shim
-/// (a refused or reset connection), not a clean empty close.
-pub fn reset(s: TcpStream) {
-    let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
-    drop(s);
+/// Makes the socket close with RST rather than FIN when it is dropped, so the client sees what
+/// it would have seen without the shim (a refused or reset connection), not a clean empty close.
+pub fn reset_ref(s: &TcpStream) {
+    let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
 }
 
 /// Caller identity: the source address, or on loopback the uid owning the client socket

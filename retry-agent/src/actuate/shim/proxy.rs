@@ -27,6 +27,7 @@ use tokio::{
     net::TcpStream,
 };
 
+use self::pool::{H2Pool, InFlight};
 use super::{
     answer::{self, Local, ReqBody, RespBody},
     net,
@@ -209,7 +210,8 @@ async fn detect(client: &mut TcpStream, timeout: Duration) -> (Bytes, Detected) 
 }
 
 /// Serves one redirected connection to completion. Never panics; errors end the connection.
-pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+/// `pool` is the io thread's upstream h2 connections.
+pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, pool: Arc<H2Pool>) {
     bump(&ctx.stats.connections);
     let orig = match net::original_dst_via(&client, peer, ctx.kernel_steering.as_deref()) {
         Ok(o)
@@ -225,35 +227,62 @@ pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
             return;
         }
     };
-    let upstream = match net::connect_marked(orig, ctx.mark, ctx.connect_timeout).await {
-        Ok(u) => u,
-        Err(e) => {
-            bump(&ctx.stats.upstream_errors);
-            tracing::debug!(%peer, %orig, error = %e, "upstream connect failed");
-            net::reset(client);
-            return;
+    // A destination with an open shared h2 connection is known to be reachable: dial only if
+    // this connection turns out not to speak h2c.
+    let mut upstream = if pool.has_open(orig) {
+        None
+    } else {
+        match dial(&client, peer, orig, &ctx).await {
+            Some(u) => Some(u),
+            None => return,
         }
     };
     let _ = client.set_nodelay(true);
     let mut client = client;
     let (prefix, kind) = detect(&mut client, ctx.detect_timeout).await;
+    if kind != Detected::H2 && upstream.is_none() {
+        upstream = match dial(&client, peer, orig, &ctx).await {
+            Some(u) => Some(u),
+            None => return,
+        };
+    }
     let io = Prefixed::new(prefix, client);
-    let r = match kind {
-        Detected::Opaque => {
+    let r = match (kind, upstream) {
+        (Detected::H2, upstream) => {
+            bump(&ctx.stats.h2);
+            serve_h2(io, upstream, peer, orig, ctx.clone(), &pool).await
+        }
+        (Detected::Opaque, Some(upstream)) => {
             bump(&ctx.stats.opaque);
             splice(io, upstream).await.map_err(ProxyError::Connect)
         }
-        Detected::Http1 => {
+        (Detected::Http1, Some(upstream)) => {
             bump(&ctx.stats.http1);
             serve_http1(io, upstream, peer, orig, ctx.clone()).await
         }
-        Detected::H2 => {
-            bump(&ctx.stats.h2);
-            serve_h2(io, upstream, peer, orig, ctx.clone()).await
-        }
+        (_, None) => return, // dialled above for every kind but h2c
     };
     if let Err(e) = r {
         tracing::debug!(%peer, %orig, error = %e, "connection ended with an error");
+    }
+}
+
+/// Connects to the original destination; on failure resets the client (`None`), as the callee
+/// would have refused it.
+async fn dial(
+    client: &TcpStream,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    ctx: &Ctx,
+) -> Option<TcpStream> {
+    match net::connect_marked(orig, ctx.mark, ctx.connect_timeout).await {
+        Ok(u) => Some(u),
+        Err(e) => {
+            bump(&ctx.stats.upstream_errors);
+            tracing::debug!(%peer, %orig, error = %e, "upstream connect failed");
+            net::reset_ref(client);
+            None
+        }
     }
 }
 
@@ -364,7 +393,7 @@ async fn serve_http1(
                         return Err(ProxyError::SuppressedReset);
                     };
                     s.ready().await?;
-                    Ok(s.send_request(req).await?)
+                    Ok((s.send_request(req).await?, None))
                 }
             })
             .await
@@ -373,43 +402,53 @@ async fn serve_http1(
     let server = sconn::http1::Builder::new()
         .timer(TokioTimer::new())
         .preserve_header_case(true)
+        // A transparent proxy adds no header the callee did not send.
+        .auto_date_header(false)
         .serve_connection(TokioIo::new(io), svc);
     drive(server, upconn).await
 }
 
+/// h2c: the downstream connection's streams go to the io thread's shared upstream connections
+/// to `orig`; `upstream`, dialled before detection, becomes one of them if none has room.
 async fn serve_h2(
     io: Prefixed<TcpStream>,
-    upstream: TcpStream,
+    upstream: Option<TcpStream>,
     peer: SocketAddr,
     orig: SocketAddr,
     ctx: Arc<Ctx>,
+    pool: &Arc<H2Pool>,
 ) -> Result<(), ProxyError> {
-    let (sender, upconn) = cconn::http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .handshake(TokioIo::new(upstream))
-        .await?;
+    let lease = Arc::new(pool.lease(orig));
+    // Dropped unused when a shared connection has room (the callee sees a connection close
+    // without a byte, as when a client's pool opens one too many).
+    if let Some(s) = upstream
+        && !lease.has_room()
+    {
+        lease.adopt(pool::handshake(s).await?);
+    }
     let info = Arc::new(ConnInfo {
         peer,
         orig,
         caller: net::caller_of(peer),
     });
     let svc = service_fn(move |req: Request<Incoming>| {
-        let (sender, info, ctx) = (sender.clone(), info.clone(), ctx.clone());
+        let (lease, info, ctx) = (lease.clone(), info.clone(), ctx.clone());
         async move {
-            exchange(req, &info, &ctx, true, move |req| {
-                let mut sender = sender.clone();
-                async move {
-                    sender.ready().await?;
-                    Ok(sender.send_request(req).await?)
-                }
+            let ctx2 = ctx.clone();
+            exchange(req, &info, &ctx, true, move |req| async move {
+                let (resp, inflight) = lease.send(req, &ctx2).await?;
+                Ok((resp, Some(inflight)))
             })
             .await
         }
     });
-    let server = sconn::http2::Builder::new(TokioExecutor::new())
+    sconn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .serve_connection(TokioIo::new(io), svc);
-    drive(server, upconn).await
+        // A transparent proxy adds no header the callee did not send.
+        .auto_date_header(false)
+        .serve_connection(TokioIo::new(io), svc)
+        .await
+        .map_err(ProxyError::from)
 }
 
 fn is_grpc(h: &HeaderMap) -> bool {
@@ -460,7 +499,7 @@ async fn exchange<F, Fut>(
 ) -> Result<Response<RespBody>, ProxyError>
 where
     F: FnOnce(Request<ReqBody>) -> Fut,
-    Fut: std::future::Future<Output = Result<Response<Incoming>, ProxyError>>,
+    Fut: std::future::Future<Output = Result<(Response<Incoming>, Option<InFlight>), ProxyError>>,
 {
     bump(&ctx.stats.requests);
     // The body's first bytes are part of "the same request": another message to the same
@@ -508,7 +547,7 @@ where
             .path_and_query(pq)
             .build()?;
     }
-    let resp = match send(req).await {
+    let (resp, inflight) = match send(req).await {
         Ok(r) => r,
         Err(e) => {
             bump(&ctx.stats.upstream_errors);
@@ -556,6 +595,7 @@ where
             pushback,
         }),
         done: false,
+        _inflight: inflight,
     };
     Ok(Response::from_parts(parts, tee.boxed_unsync()))
 }
@@ -616,6 +656,8 @@ struct Tee {
     inner: Incoming,
     watch: Option<Watch>,
     done: bool,
+    /// The upstream h2 stream's place on its shared connection, given back with the body.
+    _inflight: Option<InFlight>,
 }
 
 impl Body for Tee {
@@ -689,5 +731,6 @@ impl Drop for Tee {
     }
 }
 
+pub mod pool;
 #[cfg(test)]
 mod tests;
