@@ -264,16 +264,19 @@ async fn node_h2c_exchanges_equal_what_the_peers_logged() {
     );
 }
 
+fn has_grpcio() -> bool {
+    Command::new("python3")
+        .args(["-c", "import grpc"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_exchanges_equal_what_the_peers_logged() {
     if !can_run() {
         return;
     }
-    if !Command::new("python3")
-        .args(["-c", "import grpc"])
-        .status()
-        .is_ok_and(|s| s.success())
-    {
+    if !has_grpcio() {
         eprintln!("skip: python grpcio not installed");
         return;
     }
@@ -351,11 +354,7 @@ async fn concurrent_grpc_calls_on_one_channel_all_decode() {
     if !can_run() {
         return;
     }
-    if !Command::new("python3")
-        .args(["-c", "import grpc"])
-        .status()
-        .is_ok_and(|s| s.success())
-    {
+    if !has_grpcio() {
         eprintln!("skip: python grpcio not installed");
         return;
     }
