@@ -77,6 +77,15 @@ fn env(c: &Container, name: &str) -> Option<String> {
         .clone()
 }
 
+/// The names of a pod's volumes.
+fn volume_names(pod: &k8s_openapi::api::core::v1::PodSpec) -> BTreeSet<String> {
+    pod.volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|v| v.name.clone())
+        .collect()
+}
 #[test]
 fn the_agent_runs_with_least_privilege() {
     let ds = rendered().daemonset.unwrap();
@@ -100,13 +109,7 @@ fn the_agent_runs_with_least_privilege() {
         .into();
     assert_eq!(added, want, "no SYS_ADMIN, and NET_ADMIN only on the shim");
     // Every mount has its volume, and the read-only root has the writable places it needs.
-    let volumes: BTreeSet<String> = pod
-        .volumes
-        .as_ref()
-        .unwrap()
-        .iter()
-        .map(|v| v.name.clone())
-        .collect();
+    let volumes = volume_names(pod);
     let mounts = agent(&ds).volume_mounts.unwrap();
     for m in &mounts {
         assert!(volumes.contains(&m.name), "mount {} has no volume", m.name);
@@ -424,13 +427,7 @@ fn the_cgroup_shim_follows_the_chart_and_the_shims_settings() {
         shim.lifecycle.is_none(),
         "no preStop: nothing outlives the shim"
     );
-    let volumes: BTreeSet<String> = pod
-        .volumes
-        .as_ref()
-        .unwrap()
-        .iter()
-        .map(|v| v.name.clone())
-        .collect();
+    let volumes = volume_names(pod);
     let mounts = shim.volume_mounts.clone().unwrap();
     for m in &mounts {
         assert!(volumes.contains(&m.name), "mount {} has no volume", m.name);

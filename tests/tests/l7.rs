@@ -264,20 +264,24 @@ async fn node_h2c_exchanges_equal_what_the_peers_logged() {
     );
 }
 
-fn has_grpcio() -> bool {
-    Command::new("python3")
+/// Whether the gRPC tests can run: the kernel side, and grpcio (said when missing).
+fn can_run_grpc() -> bool {
+    if !can_run() {
+        return false;
+    }
+    let grpcio = Command::new("python3")
         .args(["-c", "import grpc"])
         .status()
-        .is_ok_and(|s| s.success())
+        .is_ok_and(|s| s.success());
+    if !grpcio {
+        eprintln!("skip: python grpcio not installed");
+    }
+    grpcio
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_exchanges_equal_what_the_peers_logged() {
-    if !can_run() {
-        return;
-    }
-    if !has_grpcio() {
-        eprintln!("skip: python grpcio not installed");
+    if !can_run_grpc() {
         return;
     }
     let Some(mut cap) = load_capture() else {
@@ -351,11 +355,7 @@ fn h2_calls(ex: &[Exchange], pid: u32, role: Role) -> Vec<String> {
 /// connections with a larger prefix cut over several records: every exchange decodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_grpc_calls_on_one_channel_all_decode() {
-    if !can_run() {
-        return;
-    }
-    if !has_grpcio() {
-        eprintln!("skip: python grpcio not installed");
+    if !can_run_grpc() {
         return;
     }
     // The default capture size, as the agent runs.

@@ -257,7 +257,12 @@ fn different_grpc_requests_to_a_failing_method_are_forwarded() {
     let n = 6;
     let out = python_json(
         "shim_grpc_client.py",
-        &[port.to_string(), n.to_string(), "distinct".into(), "distinct".into()],
+        &[
+            port.to_string(),
+            n.to_string(),
+            "distinct".into(),
+            "distinct".into(),
+        ],
     );
     assert_eq!(
         out["attempts"], n,

@@ -18,16 +18,17 @@ use std::{
 use clap::{ArgAction, Args};
 use serde::{Deserialize, Serialize};
 
+use self::item::{Item, Stored, approx_size};
 use crate::{
-    capture::{ConnEvent, DataEvent, Event, ProcessInfo},
+    capture::{DataEvent, Event, ProcessInfo},
     decide::{Action, Decision},
-    l7::Exchange,
     pipeline::{Input, PipelineConfig, Record, Tap},
     settings::{InvalidConfig, Settings},
 };
 
 pub mod client;
 pub mod format;
+mod item;
 pub mod key;
 pub mod redact;
 pub mod replay;
@@ -140,36 +141,6 @@ impl Settings for RecorderConfig {
                 "at most --recorder-window-secs",
             );
         }
-    }
-}
-
-/// Rough heap + inline size of a record, for the ring's byte bound (cheap: no serialisation).
-fn approx_size(rec: &Record) -> usize {
-    use std::mem::size_of;
-    const BASE: usize = size_of::<Stored>();
-    // A boxed record's slot, its box and the allocator's header.
-    const BOXED: usize = BASE + size_of::<Record>() + 16;
-    match rec {
-        Record::Event(Event::Data(d)) => BASE + d.payload.len(),
-        Record::Event(Event::Process(p)) => {
-            BOXED
-                + p.comm.len()
-                + p.exe.as_ref().map_or(0, String::len)
-                + p.cgroup.as_ref().map_or(0, String::len)
-                + p.container_id.as_ref().map_or(0, String::len)
-        }
-        Record::Event(Event::Conn(_)) => BASE,
-        Record::Exchange(x) => {
-            BASE + size_of::<Exchange>()
-                + 16
-                + x.authority.as_ref().map_or(0, String::len)
-                + x.path.as_ref().map_or(0, String::len)
-                + x.route.as_ref().map_or(0, String::len)
-        }
-        Record::Verdict(v) => BOXED + v.caused_by.len() * 48,
-        Record::Decision(d) => BOXED + d.callee_addrs.len() * 32,
-        Record::Edges(e) => BOXED + e.edges.len() * 512 + e.paths.depths.len() * 128,
-        Record::Event(Event::ProcessExit { .. }) | Record::Tick { .. } => BOXED,
     }
 }
 
@@ -343,43 +314,6 @@ fn ensure_dir(dir: &Path) -> Result<(), RecorderError> {
             path: dir.to_path_buf(),
             source,
         })
-}
-
-struct Stored {
-    ts_ns: u64,
-    size: usize,
-    item: Item,
-}
-
-/// A record as the ring keeps it. Data and connection events (nearly every record) are held
-/// inline; the rest, whose types are several times larger, behind a box, so every push into and
-/// eviction from the ring moves a data event's size, not the largest record's (those moves were
-/// ~6% of the agent's CPU under a keep-alive load).
-enum Item {
-    Data(DataEvent),
-    Conn(ConnEvent),
-    Exchange(Box<Exchange>),
-    Other(Box<Record>),
-}
-
-impl Item {
-    fn new(rec: Record) -> Self {
-        match rec {
-            Record::Event(Event::Data(d)) => Item::Data(d),
-            Record::Event(Event::Conn(c)) => Item::Conn(c),
-            Record::Exchange(x) => Item::Exchange(x),
-            other => Item::Other(Box::new(other)),
-        }
-    }
-
-    fn to_record(&self) -> Record {
-        match self {
-            Item::Data(d) => Record::Event(Event::Data(d.clone())),
-            Item::Conn(c) => Record::Event(Event::Conn(c.clone())),
-            Item::Exchange(x) => Record::Exchange(x.clone()),
-            Item::Other(r) => (**r).clone(),
-        }
-    }
 }
 
 /// A storm seen; the dump is written once `after` has passed (in record time).

@@ -1,5 +1,6 @@
 //! Protocol detection on first bytes.
 use super::*;
+use http::StatusCode;
 
 #[test]
 fn classify_first_bytes() {
