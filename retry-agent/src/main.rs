@@ -1,5 +1,5 @@
 //! Thin main: parse config, init logs, dispatch; errors print once and exit non-zero.
-use std::process::ExitCode;
+use std::{io::IsTerminal, process::ExitCode};
 
 use retry_agent::{
     cmd::Command,
@@ -33,6 +33,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: container logs and files must not carry escape codes.
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
     for (old, new, _) in &renamed {
         tracing::warn!("{old} is deprecated: it is read as {new}, set that instead");
