@@ -177,6 +177,33 @@ fn client_keep_alive_pairs_requests_and_responses() {
     assert_eq!(b.outcome, OutcomeClass::Semantic);
 }
 
+/// A Go server's exchange is keyed by the goroutine that wrote the response (the handler's),
+/// not the one that read the request (net/http's background reader, for a keep-alive
+/// connection's next request); a client's by the goroutine that wrote the request.
+#[test]
+fn a_go_server_exchange_takes_the_responding_goroutine() {
+    let with_goid = |e: Event, g: u64| match e {
+        Event::Data(mut d) => {
+            d.goid = Some(g);
+            Event::Data(d)
+        }
+        e => e,
+    };
+    let ev = vec![
+        conn_ev(4, Role::Server, 1, ConnEventKind::Accept),
+        with_goid(data(4, Role::Server, IN, 10, GET), 0xb0),
+        with_goid(data(4, Role::Server, OUT, 20, OK_HELLO), 0xa0),
+        conn_ev(5, Role::Client, 2, ConnEventKind::Connect { errno: 0 }),
+        with_goid(data(5, Role::Client, OUT, 30, GET), 0xc0),
+        with_goid(data(5, Role::Client, IN, 40, OK_HELLO), 0xd0),
+    ];
+    let (ex, _) = run(&ev);
+    assert_eq!(ex.len(), 2, "{ex:#?}");
+    let by_role = |r: Role| ex.iter().find(|x| x.role == r).map(|x| x.goid);
+    assert_eq!(by_role(Role::Server), Some(Some(0xa0)));
+    assert_eq!(by_role(Role::Client), Some(Some(0xc0)));
+}
+
 #[test]
 fn server_reads_requests_and_hashes_bodies() {
     let post = b"POST /charge HTTP/1.1\r\nHost: pay\r\nContent-Length: 11\r\nIdempotency-Key: abc\r\n\r\n{\"amt\":100}";

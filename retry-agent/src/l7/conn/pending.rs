@@ -78,6 +78,16 @@ impl Pending {
             .resp_start
             .map(|c| c.tid)
             .filter(|&t| t != self.req_start.tid);
+        // A Go server's request context is the goroutine that writes its response: the
+        // handler's (its request root while ServeHTTP runs, the bare goroutine right after).
+        // The request may have been read by another one: net/http reads a keep-alive
+        // connection's next request on a background goroutine while the previous handler
+        // finishes, and keying the request by that one lost its calls (lab depth4: 10 of 164
+        // Go verdicts claimed with their failed calls on the handler's key).
+        let goid = match info.role {
+            Role::Server => self.resp_start.and_then(|c| c.goid).or(self.req_start.goid),
+            _ => self.req_start.goid,
+        };
         Exchange {
             id: ExchangeId(0),
             conn: info.id,
@@ -89,7 +99,7 @@ impl Pending {
             pid: info.pid,
             tid: self.req_start.tid,
             response_tid: resp_tid,
-            goid: self.req_start.goid,
+            goid,
             request_start_ns: self.req_start.ts_start,
             request_end_ns: self.req_end_ts,
             response_start_ns: self.resp_start.map(|c| c.ts_start),
