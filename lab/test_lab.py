@@ -137,6 +137,14 @@ class AnalysisTests(unittest.TestCase):
         self.assertIsNone(analysis.service_of("ra-a-envoy:18402", self.sc))
         self.assertEqual(analysis.end_name("ra-a-envoy:15000", self.sc), "a.envoy")
 
+    def test_in_flight_is_the_time_held_inside_the_window_over_its_length(self):
+        # Two requests of 2 s each inside a 4 s window: one at a time on average; a request
+        # that straddles the window's start counts only its inside part; a record without a
+        # duration holds nothing.
+        recs = [{"t": 10.0, "d": 2.0}, {"t": 11.0, "d": 2.0}, {"t": 9.0, "d": 2.0}, {"t": 12.0}]
+        self.assertEqual(analysis.in_flight(recs, 10.0, 14.0), 1.25)
+        self.assertEqual(analysis.in_flight(recs, 14.0, 14.0), 0.0)
+
     def test_envoy_sidecar_figures_come_from_its_log_and_stats(self):
         sc = scenario(ENVOY3)
         d = Path(tempfile.mkdtemp())

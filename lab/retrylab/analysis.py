@@ -92,6 +92,16 @@ def to_epoch(ts_ns):
     return ts
 
 
+def in_flight(recs, a, b):
+    """Requests the node held at once, on average over [a, b) (Little's law: the time its
+    requests spent inside the window over the window's length)."""
+    if b <= a:
+        return 0.0
+    held = sum(max(0.0, min(b, r["t"] + r.get("d", 0.0)) - max(a, r["t"])) for r in recs
+               if isinstance(r.get("t"), (int, float)) and isinstance(r.get("d", 0.0), (int, float)))
+    return round(held / (b - a), 2)
+
+
 def analyse_mode(sc, mode, t0, mode_dir, verdicts, decisions):
     rate = float(sc["rate"])
     f = sc.get("fault")
@@ -130,6 +140,7 @@ def analyse_mode(sc, mode, t0, mode_dir, verdicts, decisions):
             "downstream_failures": sum(1 for r in recs if r.get("cause") == "downstream"),
             "served_total": len(recs),
             "abandoned": sum(1 for r in recs if r.get("abandoned")),
+            "in_flight": in_flight(recs, w0, w1),
         }
         if arrivals is not None:
             x["counted_from"] = "caller attempts (refused connections)"

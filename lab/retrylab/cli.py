@@ -22,7 +22,8 @@ from .report import markdown, svg
 
 
 def cmd_run(args):
-    overrides = {"retries": args.retries, "rate": args.rate, "duration_s": args.duration}
+    overrides = {"retries": args.retries, "rate": args.rate, "duration_s": args.duration,
+                 "work_ms": args.work_ms}
     sc = load_scenario(args.scenario, overrides)
     modes = args.modes.split(",") if args.modes else sc["modes"]
     for m in modes:
@@ -39,6 +40,7 @@ def cmd_run(args):
               "agent_built": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(agent.stat().st_mtime))
               if agent.exists() else None,
               "scenario": sc["name"], "rate": sc["rate"], "retries": sc["defaults"]["retries"],
+              "work_ms": sc.get("work_ms"),
               "fault": sc.get("fault"), "expected_x": expected_x(sc), "modes": [],
               "nodes": [{k: n[k] for k in ("name", "runtime", "depth", "calls")} for n in sc["nodes"]]}
     for m in modes:
@@ -52,7 +54,7 @@ def cmd_analyse(args):
     out = Path(args.out)
     old = json.loads((out / "result.json").read_text())
     overrides = {"retries": old.get("retries"), "rate": old.get("rate"),
-                 "duration_s": args.duration}
+                 "duration_s": args.duration, "work_ms": old.get("work_ms")}
     sc = load_scenario(args.scenario, overrides)
     result = dict(old, modes=[], expected_x=expected_x(sc))
     for m in old["modes"]:
@@ -91,6 +93,8 @@ def main():
     r.add_argument("--modes", help="comma list of none,observe,shim (default: the scenario's)")
     r.add_argument("--retries", type=int, help="retries per hop R (all edges)")
     r.add_argument("--rate", type=float, help="Ƞ, requests/s at the root")
+    r.add_argument("--work-ms", type=int, help="ms every hop holds its request after its calls "
+                   "(more requests in flight per service without more load)")
     r.add_argument("--duration", type=float, help="seconds of load per mode")
     r.add_argument("--out", help="output directory (default lab-out/<scenario>-<time>)")
     r.add_argument("--agent", help="retry-agent binary (default target/debug/retry-agent)")

@@ -21,6 +21,10 @@ def markdown(sc, result):
             row += " %.2fȠ |" % m["nodes"][n["name"]]["served_x"]
         lines.append(row)
     lines.append("")
+    lines.append("Requests in flight per node (mean over the fault window): " + "; ".join(
+        "%s %s" % (m["mode"], ", ".join("%s %.1f" % (n["name"].upper(), m["nodes"][n["name"]].get("in_flight", 0.0))
+                                         for n in sc["nodes"])) for m in modes) + ".")
+    lines.append("")
     lines.append("| root | " + " | ".join(m["mode"] for m in modes) + " |")
     lines.append("|---|" + "---|" * len(modes))
     lines.append("| availability (whole run) | " + " | ".join(
