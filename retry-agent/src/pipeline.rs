@@ -149,6 +149,9 @@ pub struct Pipeline {
     /// Whether `StageOutput::exchanges` keeps the exchanges a tap was handed (see
     /// [`Pipeline::hand_exchanges_to_tap`]).
     keep_exchanges: bool,
+    /// A verdict disowned an error since the live loop last took this (see
+    /// [`Pipeline::take_disowning_verdicts`]).
+    disowning: bool,
 }
 
 impl Pipeline {
@@ -165,6 +168,7 @@ impl Pipeline {
             vs: Vec::new(),
             mark: (0, 0, 0, 0),
             keep_exchanges: true,
+            disowning: false,
         }
     }
 
@@ -219,6 +223,8 @@ impl Pipeline {
             _ => self.reassembler.push(ev, &mut self.xs),
         }
         self.correlate(out);
+        let vs = out.verdicts.get(self.mark.1..).unwrap_or_default();
+        self.disowning |= vs.iter().any(|v| v.claim == Claim::Unclaimed);
         let ts = ev.ts_ns();
         let due = ts >= self.next_eval_ns && ts != 0;
         if due {
@@ -236,6 +242,15 @@ impl Pipeline {
                 &mut derived(out, self.mark, self.keep_exchanges),
             );
         }
+    }
+
+    /// Whether a verdict disowned an error since the last call. The live loop then publishes
+    /// the services' claims at once instead of on its once-a-second refresh: a shim stamps a
+    /// disowned error's claim header on the next failure, which is what lets the callers of a
+    /// node it cannot see (or of its own services, whose inbound connections come from the
+    /// shim's address) stop retrying within tens of ms.
+    pub fn take_disowning_verdicts(&mut self) -> bool {
+        std::mem::take(&mut self.disowning)
     }
 
     /// Time passes without events (the live loop's idle timer): recorded, so a replay ticks too.

@@ -50,6 +50,9 @@ pub struct RunArgs {
 
 /// How often published figures, claims and actuator expiry are refreshed.
 const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// Between refreshes, claims a verdict just disowned are sent at once, at most this often: a
+/// storm judges many requests a second, and the shims need the first, not every one.
+const CLAIMS_SOONEST: Duration = Duration::from_millis(50);
 /// Decision batches waiting for the actuator task; beyond this they are dropped and counted
 /// (the next evaluation re-issues live decisions, so nothing is lost for long).
 const ACTUATOR_QUEUE: usize = 64;
@@ -142,6 +145,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut last_event_ns = 0u64;
+    let mut claims_sent = std::time::Instant::now();
+    let mut claims_due = false;
     info!(
         tls_libraries = capture.tls_libraries(),
         "retry-agent running"
@@ -167,6 +172,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     let ev = with_identity(ev, &identity);
                     pipeline.push(&ev, &mut out);
                     drain(&mut out, &pipeline, &state, &to_actuators);
+                }
+                claims_due |= pipeline.take_disowning_verdicts();
+                if claims_due && claims_sent.elapsed() >= CLAIMS_SOONEST {
+                    send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));
+                    claims_sent = std::time::Instant::now();
+                    claims_due = false;
                 }
             }
             Some(r) = resolved.recv() => {
@@ -203,6 +214,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 let l = pipeline.reassembler.stats();
                 metrics.observe_l7(l.exchanges, l.evictions());
                 send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));
+                claims_sent = std::time::Instant::now();
+                // These claims include whatever was disowned until now.
+                pipeline.take_disowning_verdicts();
+                claims_due = false;
                 send(&to_actuators, ToActuators::Tick);
             }
             _ = tls_rescan.tick(), if args.capture.tls && args.capture.tls_rescan_secs > 0 => {

@@ -206,6 +206,9 @@ struct SvcBucket {
     served: u32,
     failures: u32,
     claims: [u32; 3],
+    /// Of `claims`, those whose caller is not seen: it came through a hop capture leaves out
+    /// (the shim) or from another node. Every local edge into the service counts them.
+    unattributed: [u32; 3],
 }
 
 struct SvcState {

@@ -108,3 +108,39 @@ fn exchanges_handed_to_the_tap_are_the_copied_ones() {
     assert!(!out_copied.exchanges.is_empty());
     assert_eq!(out_handed.decisions, out_copied.decisions);
 }
+
+/// The push that judges the first disowned error says so (the live loop then publishes claims
+/// at once), and the claims it would publish already count that verdict: the window includes
+/// the current, partial bucket, so the shim can stamp the claim on the next failure.
+#[test]
+fn a_disowning_verdict_is_news_and_counts_in_the_claims_at_once() {
+    let mut p = Pipeline::new(
+        L7Config::default(),
+        CorrelateConfig::default(),
+        DecideConfig::default(),
+    );
+    let mut out = StageOutput::default();
+    let mut first = None;
+    for ev in &StormScenario::default().events() {
+        out.clear();
+        p.push(ev, &mut out);
+        let news = p.take_disowning_verdicts();
+        let disowned: Vec<_> = out
+            .verdicts
+            .iter()
+            .filter(|v| v.claim == Claim::Unclaimed)
+            .collect();
+        assert_eq!(news, !disowned.is_empty(), "news iff a verdict disowned");
+        if let Some(v) = disowned.first() {
+            first = Some((v.service.clone(), p.engine.service_claims()));
+            break;
+        }
+    }
+    let (service, claims) = first.expect("the storm has unclaimed verdicts");
+    let c = claims
+        .iter()
+        .find(|c| c.service == service)
+        .expect("the service has a claim entry");
+    assert!(c.counts.unclaimed >= 1, "{c:?}");
+    assert!(!p.take_disowning_verdicts(), "taken once");
+}

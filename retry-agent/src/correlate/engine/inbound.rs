@@ -139,7 +139,7 @@ impl Engine {
             self.stats.evictions += 1;
             self.judge(p, out);
         }
-        self.pending.push_back(Pending {
+        let p = Pending {
             deadline: window.end.saturating_add(self.grace_ns),
             id: ex.id,
             pid: ex.pid,
@@ -159,7 +159,12 @@ impl Engine {
             resp_start: ex.response_start_ns,
             req_end: ex.request_end_ns,
             trace: ex.trace_id,
-        });
+        };
+        // A goroutine serves one request at a time: a cause among its calls is final now.
+        if ex.goid.is_some() && self.judge_at_answer(&p, out) {
+            return;
+        }
+        self.pending.push_back(p);
     }
 
     /// A success despite failed children: evidence those dependencies are fail-open. A failure a

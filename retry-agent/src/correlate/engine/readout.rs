@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use super::{
     ADDRS_PER_ENTRY, EdgeBucket, Engine, FAILURE_CLASSES, JITTER_MAX_CV, JITTER_MIN_SAMPLES,
-    OVERFLOW_EDGE, counts, push_bounded, ratio,
+    OVERFLOW_EDGE, Peer, counts, push_bounded, ratio,
 };
 use crate::{
     correlate::types::{
@@ -35,10 +35,30 @@ impl Engine {
         let fault = self.fault_active();
         let mut merged: BTreeMap<Edge, (EdgeBucket, EdgeStats)> = BTreeMap::new();
         // Names: resolving needs &mut for the caches, so use the uncached resolver here.
+        // Services whose unattributed claims an edge of that name already counted.
+        let mut counted: Vec<(Edge, u32)> = Vec::new();
         for (i, e) in self.edges.iter().enumerate() {
             let mut sum = EdgeBucket::default();
             for b in e.ring.range(from, to) {
                 add_bucket(&mut sum, b);
+            }
+            // The callee's verdicts whose caller was not seen (through the shim, which capture
+            // leaves out, its callers' connections reach it from the shim's address) are
+            // claims on every local edge into it: what the shim would stamp on its errors,
+            // without waiting for the header to come back.
+            let callee_svc = match e.peer {
+                Peer::Local { pid, port } => self.svc_index.get(&(pid, port)).copied(),
+                _ => None,
+            };
+            let mut unattributed = [0u32; 3];
+            if let Some(si) = callee_svc
+                && let Some(svc) = self.svcs.get(si as usize)
+            {
+                for b in svc.ring.range(from, to) {
+                    for (x, y) in unattributed.iter_mut().zip(b.unattributed) {
+                        *x += y;
+                    }
+                }
             }
             if sum.requests == 0 && sum.claims.iter().all(|&n| n == 0) && sum.mismatches == 0 {
                 continue;
@@ -54,6 +74,19 @@ impl Engine {
                     callee: self.lookup_peer(e.peer),
                 }
             };
+            // The shim's headers on this edge's responses are the same evidence (it stamps
+            // the service's claim): the larger of the two counts, never both.
+            let header: u32 = sum.header.iter().sum();
+            if let Some(si) = callee_svc
+                && unattributed.iter().sum::<u32>() > header
+                && !counted.iter().any(|(e, s)| *s == si && *e == edge)
+            {
+                for ((x, h), y) in sum.claims.iter_mut().zip(&mut sum.header).zip(unattributed) {
+                    *x = x.saturating_sub(*h) + y;
+                    *h = 0;
+                }
+                counted.push((edge.clone(), si));
+            }
             let fresh = !merged.contains_key(&edge);
             let entry = merged
                 .entry(edge.clone())
@@ -174,9 +207,12 @@ impl Engine {
         }
     }
 
-    /// Per service: the claim its error responses should carry now (majority of the window).
+    /// Per service: the claim its error responses should carry now (majority of the window
+    /// that ends with the current, partial bucket: a claim counts from the verdict that makes
+    /// it, not a bucket later).
     pub fn service_claims(&self) -> Vec<ServiceClaim> {
-        let (from, to) = self.window_epochs();
+        let to = self.epoch(self.now) + 1;
+        let from = to.saturating_sub(self.window);
         let mut by: BTreeMap<ServiceId, ServiceClaim> = BTreeMap::new();
         for s in &self.svcs {
             let mut c = [0u32; 3];

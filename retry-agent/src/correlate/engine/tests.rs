@@ -593,6 +593,109 @@ fn traced_go_calls_of_requests_still_in_flight_are_no_orphans() {
     }
 }
 
+/// Row 4 through the shim: C's inbound connections come from the shim's address, which no
+/// captured socket has, so its unclaimed verdicts name no caller; the local edge into it (b→c,
+/// steered through the shim) still counts them and stops retrying on them, without waiting for
+/// the shim's claim header to come back.
+#[test]
+fn claims_on_a_callee_whose_caller_is_not_seen_count_on_the_edges_into_it() {
+    let mut w = World::new();
+    let mut t = 1_000 * MS;
+    let shim = |port: u16| addr(&format!("10.0.0.250:{port}"));
+    for i in 0..10u16 {
+        w.next_request();
+        let local = eph(B, w.port());
+        w.call(C, C * 10, D, t + 2 * MS, MS, 503);
+        w.call(C, C * 10, D, t + 3 * MS + MS / 2, MS, 503);
+        let cid = w.id();
+        w.push(
+            X::server(cid, C, C * 10, svc(C), shim(40_000 + i), t + MS, t + 6 * MS)
+                .status(502)
+                .build(),
+        );
+        let id = w.id();
+        w.push(
+            X::client(id, B, 200, local, svc(C), t + MS / 2, t + 6 * MS + MS / 2)
+                .status(502)
+                .build(),
+        );
+        w.inbound(B, 200, t, 10 * MS, 502);
+        t += 100 * MS;
+    }
+    w.e.tick(t + 2_000 * MS, &mut w.v);
+    assert_eq!(w.edge("b", "c").callee_claims.unclaimed, 10);
+    let mut d = Decider::new(DecideConfig::default());
+    let decisions = d.evaluate(&w.e, w.e.now_ns());
+    let bc: Vec<_> = decisions
+        .iter()
+        .filter(|d| d.edge.caller.as_str() == "b" && d.edge.callee.as_str() == "c")
+        .collect();
+    assert_eq!(bc.len(), 1, "{decisions:?}");
+    assert_eq!(bc[0].reason, Reason::CalleeUnclaimed);
+    let ev = bc[0].evidence.as_ref().expect("evidence");
+    assert_eq!((ev.basis, ev.sources.verdicts.unclaimed), (Basis::Verdicts, 10));
+}
+
+/// A Go request (a goroutine context) whose own call failed is unclaimed at its answer: no
+/// grace period (nothing that arrives later can make it claimed). One without a failed call
+/// still waits: a call of its own may yet arrive, or an orphan make it missing.
+#[test]
+fn go_failures_with_a_failed_call_are_judged_at_the_answer() {
+    let mut w = no_alo();
+    let t = 1_000 * MS;
+    let rooted = |g: u64| g | retry_common::GOROUTINE_ROOTED;
+    let id1 = w.id();
+    w.push(
+        X::client(
+            id1,
+            B,
+            200,
+            eph(B, 1),
+            addr("203.0.113.9:443"),
+            t + 2 * MS,
+            t + 3 * MS,
+        )
+        .goid(rooted(7))
+        .status(503)
+        .build(),
+    );
+    let r1 = w.id();
+    w.push(
+        X::server(r1, B, 200, svc(B), addr("192.168.1.1:1"), t, t + 10 * MS)
+            .goid(rooted(7))
+            .status(502)
+            .build(),
+    );
+    let early: Vec<_> = w.v.iter().filter(|v| v.exchange == ExchangeId(r1)).cloned().collect();
+    assert_eq!(early.len(), 1, "judged at the answer: {:?}", w.v);
+    assert_eq!((early[0].claim, early[0].link), (Claim::Unclaimed, Link::GoUprobes));
+    assert_eq!(early[0].caused_by.len(), 1);
+    assert_eq!(w.e.stats().early_verdicts, 1);
+    let r2 = w.id();
+    w.push(
+        X::server(
+            r2,
+            B,
+            200,
+            svc(B),
+            addr("192.168.1.1:2"),
+            t + 20 * MS,
+            t + 30 * MS,
+        )
+        .goid(rooted(8))
+        .status(500)
+        .build(),
+    );
+    assert!(
+        !w.v.iter().any(|v| v.exchange == ExchangeId(r2)),
+        "no failed call of its own yet: it waits"
+    );
+    assert_eq!(w.verdict(r2).claim, Claim::Claimed);
+    assert_eq!(w.e.stats().early_verdicts, 1);
+    // Judged once: the flush found nothing left of r1.
+    assert_eq!(w.v.iter().filter(|v| v.exchange == ExchangeId(r1)).count(), 1);
+}
+
 /// A child that ends after the parent answered did not cause the parent's error.
 #[test]
 fn late_children_do_not_explain() {

@@ -128,26 +128,59 @@ impl Engine {
         if self.link(&p, &mut found, may_wait) == Linking::Wait {
             return Some(p);
         }
+        self.conclude(&p, &found, out);
+        None
+    }
+
+    /// The verdict on a failed request of a Go program, at its answer: when its own calls (its
+    /// goroutine's, and those the uprobes traced to it as their root; a goroutine serves one
+    /// request at a time) show a failed fail-close dependency, it is unclaimed whatever else
+    /// arrives later — more calls only add causes, and the process-wide checks only matter
+    /// when no cause is known — so waiting the grace period would only delay the decision
+    /// above it. (A thread is not judged so: an event loop is only known as one once an
+    /// overlapping request completes, which the grace period waits for.) Returns whether it
+    /// was judged.
+    pub(super) fn judge_at_answer(&mut self, p: &Pending, out: &mut Vec<Verdict>) -> bool {
+        let found = self.gather(p);
+        if found.context != Context::Followed || needs_link(&found) {
+            return false;
+        }
+        let failed = found.failed_children(p.end);
+        let calls = self.failed_calls(&failed);
+        if self.decide_on(&found, &calls).reason != Reason::Dependency {
+            return false;
+        }
+        self.stats.early_verdicts += 1;
+        self.conclude(p, &found, out);
+        true
+    }
+
+    fn decide_on(&self, found: &Found, calls: &[FailedCall]) -> claim::Decision {
+        claim::decide(&Evidence {
+            context: found.context,
+            failed: calls,
+            process_failed: found.process_failed,
+            orphan_failed: found.orphan_failed,
+            at_least_once: self.cfg.at_least_once,
+        })
+    }
+
+    /// Decides, learns, books and emits the verdict on `p` from what judging found.
+    fn conclude(&mut self, p: &Pending, found: &Found, out: &mut Vec<Verdict>) {
         let failed = found.failed_children(p.end);
         // Memory learns only from contexts thread context proved.
         if self.cfg.failure_memory && found.context == Context::Followed {
             self.learn(&failed);
         }
         let calls = self.failed_calls(&failed);
-        let decision = claim::decide(&Evidence {
-            context: found.context,
-            failed: &calls,
-            process_failed: found.process_failed,
-            orphan_failed: found.orphan_failed,
-            at_least_once: self.cfg.at_least_once,
-        });
+        let decision = self.decide_on(found, &calls);
         let caused_by = if decision.reason == Reason::Dependency {
             self.caused_by(&failed, &calls)
         } else {
             Vec::new()
         };
-        let link = verdict_link(&p, &found, decision.claim);
-        let (service, caller) = self.book(&p, decision.claim, link);
+        let link = verdict_link(p, found, decision.claim);
+        let (service, caller) = self.book(p, decision.claim, link);
         out.push(Verdict {
             exchange: p.id,
             service,
@@ -159,7 +192,6 @@ impl Engine {
             ts_ns: p.end,
             link,
         });
-        None
     }
 
     /// Arrival-time context plus whatever arrived during the grace period, and the
@@ -339,7 +371,14 @@ impl Engine {
                 }
                 Some(self.name(c, 0))
             }
-            None => None,
+            None => {
+                if let Some(b) = self.svcs.get_mut(p.svc as usize).and_then(|s| s.ring.at(ep))
+                    && let Some(n) = b.unattributed.get_mut(claim_index(claim))
+                {
+                    *n += 1;
+                }
+                None
+            }
         };
         (self.name(svc_pid, svc_port), caller_name)
     }
