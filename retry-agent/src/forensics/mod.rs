@@ -64,6 +64,9 @@ pub struct ReplayCheck {
     pub replayed_verdicts: usize,
     pub recorded_decisions: usize,
     pub replayed_decisions: usize,
+    /// Of the replayed verdicts, those judged only because the records ended (still waiting
+    /// in the live run when the dump was cut): not compared.
+    pub judged_at_end: usize,
     pub verdicts_equal: bool,
     pub decisions_equal: bool,
     pub edge_snapshots_equal: bool,
@@ -250,7 +253,11 @@ pub fn analyse(path: &Path, opts: &Options) -> Result<IncidentReport, FormatErro
         replayed_verdicts: rep.verdicts.len(),
         recorded_decisions: rec.decisions.len(),
         replayed_decisions: rep.decisions.len(),
-        verdicts_equal: rec.verdicts == rep.verdicts,
+        judged_at_end: rep.judged_at_end,
+        verdicts_equal: rep
+            .verdicts
+            .get(..rep.verdicts.len().saturating_sub(rep.judged_at_end))
+            .is_some_and(|v| v == rec.verdicts.as_slice()),
         decisions_equal: rec.decisions == rep.decisions,
         edge_snapshots_equal: rec.snapshots == rep.snapshots,
     };

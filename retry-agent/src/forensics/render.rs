@@ -48,10 +48,11 @@ pub fn render_text(r: &IncidentReport) -> String {
     if let Some(c) = &r.replay_check {
         let _ = writeln!(
             s,
-            "  replay vs live: verdicts {} ({} / {}), decisions {} ({} / {}), edge figures {}",
+            "  replay vs live: verdicts {} ({} / {}, and {} still pending at the dump's end), decisions {} ({} / {}), edge figures {}",
             if c.verdicts_equal { "equal" } else { "DIFFER" },
-            c.replayed_verdicts,
+            c.replayed_verdicts.saturating_sub(c.judged_at_end),
             c.recorded_verdicts,
+            c.judged_at_end,
             if c.decisions_equal { "equal" } else { "DIFFER" },
             c.replayed_decisions,
             c.recorded_decisions,

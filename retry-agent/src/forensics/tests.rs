@@ -82,6 +82,43 @@ fn forensics_replays_with_the_live_pipelines_settings() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A dump cut mid-storm (the live run goes on) holds failed requests still waiting for their
+/// verdict; the replay judges them at the end, and the check compares only what the live run
+/// had judged by then: equal, with the rest counted.
+#[test]
+fn a_dump_cut_mid_storm_replays_equal_with_the_pending_counted() {
+    let dir = temp_dir("replay-cut");
+    let rec = SharedRecorder::new(
+        Recorder::new(RecorderConfig {
+            auto_dump: false,
+            ..cfg(dir.clone())
+        })
+        .unwrap(),
+    );
+    let mut live = Pipeline::new(
+        L7Config::default(),
+        CorrelateConfig::default(),
+        DecideConfig::default(),
+    )
+    .with_tap(rec.clone());
+    let mut out = StageOutput::default();
+    let events = StormScenario::default().events();
+    // db fails from 11 s on: stop a few seconds into the storm, mid-flight.
+    for ev in events.iter().take_while(|e| e.ts_ns() < 14_000_000_000) {
+        live.push(ev, &mut out);
+    }
+    let path = rec.with(|r| r.dump(DumpReason::OnDemand)).unwrap().unwrap();
+    let report = analyse(&path, &Options::default()).unwrap();
+    let check = report.replay_check.clone().expect("a replay check");
+    assert!(check.judged_at_end > 0, "nothing was pending: {check:?}");
+    assert!(check.verdicts_equal && check.decisions_equal, "{check:?}");
+    assert_eq!(
+        check.replayed_verdicts,
+        check.recorded_verdicts + check.judged_at_end
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 mod report {
     use super::*;
     use crate::{

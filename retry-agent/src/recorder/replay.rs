@@ -26,6 +26,9 @@ pub struct Replayed {
     pub snapshots: Vec<EdgeSnapshot>,
     /// Exchanges whose digests came from the live run's records.
     pub digests_restored: u64,
+    /// Of `verdicts`, the last ones: requests still waiting for their verdict when the records
+    /// end (a dump is cut while the live run goes on), judged by the replay's final flush.
+    pub judged_at_end: usize,
 }
 
 /// One exchange as the live l7 stage saw it, recognised again by where and when it started.
@@ -118,11 +121,13 @@ pub fn replay<'a>(
             _ => {}
         }
     }
+    let judged_before_end = out.verdicts.len();
     pipeline.finish(&mut out);
     pipeline.set_exchange_hook(None);
     Replayed {
         events,
         exchanges: out.exchanges,
+        judged_at_end: out.verdicts.len().saturating_sub(judged_before_end),
         verdicts: out.verdicts,
         decisions: out.decisions,
         snapshots: out.snapshots,
