@@ -111,7 +111,10 @@ fn a_dump_cut_mid_storm_replays_equal_with_the_pending_counted() {
     let report = analyse(&path, &Options::default()).unwrap();
     let check = report.replay_check.clone().expect("a replay check");
     assert!(check.judged_at_end > 0, "nothing was pending: {check:?}");
-    assert!(check.verdicts_equal && check.decisions_equal, "{check:?}");
+    assert!(
+        check.verdicts_equal && check.decisions_equal && check.edge_snapshots_equal,
+        "{check:?}"
+    );
     assert_eq!(
         check.replayed_verdicts,
         check.recorded_verdicts + check.judged_at_end
