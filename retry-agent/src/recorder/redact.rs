@@ -139,7 +139,17 @@ enum Stream {
         remaining: u8,
     },
     H2(Box<H2>),
+    /// The record ended inside a method token or `HTTP/1.` at a message start (Go's net/http
+    /// reads a keep-alive connection's next request one byte at a time first): kept, as those
+    /// letters carry nothing private; the next record decides whether a message goes on.
+    Prefix {
+        seen: [u8; PREFIX_MAX],
+        len: u8,
+    },
 }
+
+/// Longest proper prefix of a message start held across records (`OPTIONS `, `CONNECT `).
+const PREFIX_MAX: usize = 8;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct HeadInfo {
@@ -281,6 +291,41 @@ fn starts_message(b: &[u8]) -> bool {
         || b.starts_with(H2_PREFACE)
 }
 
+/// `b` is shorter than, and the beginning of, a method token or `HTTP/1.`: a message may start
+/// here, cut by the record's end.
+fn message_prefix(b: &[u8]) -> Option<Stream> {
+    let cut = |t: &[u8]| b.len() < t.len() && t.starts_with(b);
+    if b.is_empty() || !(cut(b"HTTP/1.") || METHODS.iter().any(|m| cut(m))) {
+        return None;
+    }
+    let mut seen = [0u8; PREFIX_MAX];
+    seen.get_mut(..b.len())?.copy_from_slice(b);
+    Some(Stream::Prefix {
+        seen,
+        len: b.len() as u8,
+    })
+}
+
+/// A held prefix and the record after it: the message start they make together, if any.
+fn continue_prefix(seen: &[u8], b: &[u8]) -> Option<Stream> {
+    let mut joined = [0u8; 2 * PREFIX_MAX + H2_PREFACE.len()];
+    let take = b.len().min(joined.len() - seen.len());
+    joined.get_mut(..seen.len())?.copy_from_slice(seen);
+    joined
+        .get_mut(seen.len()..seen.len() + take)?
+        .copy_from_slice(b.get(..take)?);
+    let joined = joined.get(..seen.len() + take)?;
+    if joined.starts_with(H2_PREFACE) {
+        // Not an HTTP/1 head: what follows is HTTP/2 framing whose table this stream missed.
+        None
+    } else if starts_message(joined) {
+        // The head's first line goes on from here: its spaces are all still ahead.
+        Some(head_start())
+    } else {
+        message_prefix(joined)
+    }
+}
+
 fn head_start() -> Stream {
     Stream::Head {
         line: Line::First {
@@ -327,6 +372,14 @@ fn walk(st: &mut Stream, b: &mut [u8], red: &mut Redacted, body: &mut Vec<(usize
     // A body/unknown state that meets a message start at the top of a record resynchronises
     // (responses to HEAD carry a Content-Length without a body); a lost stream also
     // resynchronises on a record of HTTP/2 frames (its table is unknown: dynamic names masked).
+    if let Stream::Prefix { seen, len } = st {
+        let seen = seen.get(..usize::from(*len)).unwrap_or_default();
+        *st = continue_prefix(seen, b).unwrap_or(Stream::Start);
+        if matches!(st, Stream::Prefix { .. }) {
+            // Still inside the token: kept, decided by the next record.
+            return;
+        }
+    }
     if matches!(st, Stream::Body { .. } | Stream::Start) && starts_message(b) {
         *st = message_start(b);
     } else if matches!(st, Stream::Start) && h2::starts_with_frames(b) {
@@ -338,6 +391,9 @@ fn walk(st: &mut Stream, b: &mut [u8], red: &mut Redacted, body: &mut Vec<(usize
                 let rest = b.get(i..).unwrap_or_default();
                 if starts_message(rest) {
                     *st = message_start(rest);
+                } else if let Some(prefix) = message_prefix(rest) {
+                    *st = prefix;
+                    return;
                 } else {
                     // Unknown bytes: masked to the end of this record.
                     body.push((i, n));
@@ -374,6 +430,12 @@ fn walk(st: &mut Stream, b: &mut [u8], red: &mut Redacted, body: &mut Vec<(usize
                 if *remaining == 0 {
                     *st = Stream::ChunkSize;
                 }
+            }
+            Stream::Prefix { .. } => {
+                // Only ever left by a record's end (above); masked if met here all the same.
+                *st = Stream::Start;
+                body.push((i, n));
+                return;
             }
             Stream::H2(h) => match h.bytes(b, i, red, body) {
                 Some(next) => i = next,

@@ -289,3 +289,27 @@ fn body_bytes_after_a_loss_do_not_pass_for_frames() {
         "{out:02x?}"
     );
 }
+
+/// Go's net/http reads a keep-alive connection's next request one byte first: a record cut
+/// inside the method (or `HTTP/1.`) redacts as the whole message would, so a replay parses the
+/// same request the live run did; a held prefix that no message follows masks what comes.
+#[test]
+fn a_message_start_cut_inside_its_first_token_redacts_as_whole() {
+    let whole = redact_pieces(&[(0, H1)]).concat();
+    for cut in 1..6 {
+        let out = redact_pieces(&[(0, &H1[..cut]), (cut as u64, &H1[cut..])]).concat();
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&whole),
+            "cut at {cut}"
+        );
+    }
+    let resp: &[u8] = b"HTTP/1.1 502 Bad Gateway\r\nSet-Cookie: SECRETCOOKIE\r\nContent-Length: 4\r\n\r\nSECR";
+    let whole = redact_pieces(&[(0, resp)]).concat();
+    let out = redact_pieces(&[(0, &resp[..3]), (3, &resp[3..])]).concat();
+    assert_eq!(out, whole);
+    assert_clean(&out, &[], "status line cut at 3");
+    // "G", then bytes that make no method: masked.
+    let out = redact_pieces(&[(0, b"G"), (1, b"ARBAGE SECRETDATA\r\n")]).concat();
+    assert_clean(&out, &[], "a prefix nothing followed");
+}
