@@ -6,8 +6,11 @@
 //! and, for returns, at RET instructions: uretprobes are unsafe on Go's moving stacks) keep:
 //!
 //! - `GO_ROOT`: goroutine → the request goroutine it works for. `ServeHTTP` makes its goroutine
-//!   a root; `newproc1` hands a parent's root to the goroutines it spawns (fan-out, workers);
-//!   `goexit1` forgets a goroutine (g structs are reused).
+//!   a root; `newproc1` hands a parent's root to the goroutines it spawns (fan-out, workers),
+//!   and resets a new goroutine's entries (g structs are reused, and every goroutine is made
+//!   by `newproc1`). Goroutine exits are not probed: net/http starts and ends a goroutine per
+//!   request (its background read), so a `goexit1` probe was a quarter of a Go server's
+//!   uprobe traps; entries of ended goroutines age out of the LRU maps instead.
 //! - `GO_REQ`: `*http.Request` → root, at `persistConn.roundTrip` on the caller's goroutine.
 //! - `GO_WRITER`: the connection's write goroutine → the root of the request it is writing,
 //!   at `Request.write` (0: a call made outside any request).
@@ -144,16 +147,7 @@ pub fn ra_go_newproc_ret(ctx: ProbeContext) -> u32 {
             let _ = GO_ROOT.remove(&k);
         }
     }
-    0
-}
-
-/// `runtime.goexit1`: the goroutine ends; its g struct will be reused for another.
-#[uprobe(path = "go", function = "runtime.goexit1")]
-pub fn ra_go_exit(ctx: ProbeContext) -> u32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let (g, _, _) = regs(&ctx);
-    let k = key(tgid, g);
-    let _ = GO_ROOT.remove(&k);
+    // A reused g struct was perhaps a connection's write goroutine in its previous life.
     let _ = GO_WRITER.remove(&k);
     0
 }
