@@ -1,5 +1,5 @@
 //! The transparent retry-suppression shim: iptables steering (`iptables`), SO_ORIGINAL_DST
-//! (`net`), or kernel steering by cgroup eBPF programs that die with the shim (`cgroup`), the proxy (`proxy`, hyper; unknown protocols spliced), retry recognition and budgets
+//! (`net`), a loopback caller's uid by an exact sock_diag lookup (`sock_diag`), or kernel steering by cgroup eBPF programs that die with the shim (`cgroup`), the proxy (`proxy`, hyper; unknown protocols spliced), retry recognition and budgets
 //! (`policy`), and the io threads that carry connections. `retry-agent shim` (`cmd::shim`) owns
 //! its lifecycle: listeners, control socket, rules, watchdog.
 use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -12,6 +12,7 @@ pub mod iptables;
 pub mod net;
 pub mod policy;
 pub mod proxy;
+pub mod sock_diag;
 
 /// One io thread on `listeners` (bound with [`bind_reuseport`]): its own current-thread runtime,
 /// so a connection and its upstream live on one thread (no work-stealing hops), as in HAProxy.

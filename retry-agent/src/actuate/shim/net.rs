@@ -3,6 +3,7 @@ use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6},
     os::fd::AsRawFd,
+    sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
 
@@ -127,12 +128,35 @@ pub fn reset_ref(s: &TcpStream) {
     let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
 }
 
-/// Caller identity: the source address, or on loopback the uid owning the client socket
-/// (from /proc/net/tcp{,6}); falls back to the address if the socket is not found.
-pub fn caller_of(peer: SocketAddr) -> CallerId {
+/// Caller identity: the source address, or on loopback (where every workload is 127.0.0.1) the
+/// uid owning the client's socket, `peer` → `dialled` (the address its connect reached: the
+/// original destination under REDIRECT, the shim's own under kernel steering); falls back to the
+/// address if that socket is not found.
+///
+/// The uid comes from an exact sock_diag lookup; only a kernel without sock_diag makes it read
+/// /proc/net/tcp{,6} instead (a walk of every socket on the node, on the io thread).
+pub fn caller_of(peer: SocketAddr, dialled: SocketAddr) -> CallerId {
     if !peer.ip().to_canonical().is_loopback() {
         return CallerId::Addr(peer.ip().to_canonical());
     }
+    match super::sock_diag::uid_of(peer, dialled) {
+        Ok(Some(uid)) => CallerId::Uid(uid),
+        Ok(None) => CallerId::Addr(peer.ip()),
+        Err(e @ super::sock_diag::DiagError::Open(_)) => {
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(error = %e, "no sock_diag: loopback callers are identified from /proc/net/tcp, slowly");
+            }
+            caller_from_proc(peer)
+        }
+        Err(e) => {
+            tracing::debug!(%peer, %dialled, error = %e, "sock_diag lookup failed; caller named by address");
+            CallerId::Addr(peer.ip())
+        }
+    }
+}
+
+fn caller_from_proc(peer: SocketAddr) -> CallerId {
     let files: &[&str] = if peer.is_ipv4() {
         &["/proc/net/tcp"]
     } else {
@@ -218,12 +242,18 @@ mod tests {
         // A real loopback connection: its uid must be ours.
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let c = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let me = c.local_addr().expect("addr");
+        let (me, server) = (c.local_addr().expect("addr"), l.local_addr().expect("addr"));
         // SAFETY: getuid has no preconditions.
         let uid = unsafe { libc::getuid() };
-        assert_eq!(caller_of(me), CallerId::Uid(uid));
+        assert_eq!(caller_of(me, server), CallerId::Uid(uid));
+        assert_eq!(caller_from_proc(me), CallerId::Uid(uid));
+        // Not found (wrong peer): the address, as before.
         assert_eq!(
-            caller_of("10.1.2.3:5".parse().expect("addr")),
+            caller_of(me, "127.0.0.1:1".parse().expect("addr")),
+            CallerId::Addr(me.ip())
+        );
+        assert_eq!(
+            caller_of("10.1.2.3:5".parse().expect("addr"), server),
             CallerId::Addr("10.1.2.3".parse().expect("ip"))
         );
     }

@@ -248,11 +248,22 @@ pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, pool: Ar
             None => return,
         };
     }
+    // The client's socket reached the original destination under REDIRECT, our own address
+    // under kernel steering (which rewrote its connect).
+    let dialled = match ctx.kernel_steering {
+        Some(_) => client.local_addr().unwrap_or(orig),
+        None => orig,
+    };
     let io = Prefixed::new(prefix, client);
     let r = match (kind, upstream) {
         (Detected::H2, upstream) => {
             bump(&ctx.stats.h2);
-            serve_h2(io, upstream, peer, orig, ctx.clone(), &pool).await
+            let conn = ConnInfo {
+                peer,
+                orig,
+                caller: net::caller_of(peer, dialled),
+            };
+            serve_h2(io, upstream, conn, ctx.clone(), &pool).await
         }
         (Detected::Opaque, Some(upstream)) => {
             bump(&ctx.stats.opaque);
@@ -260,7 +271,12 @@ pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, pool: Ar
         }
         (Detected::Http1, Some(upstream)) => {
             bump(&ctx.stats.http1);
-            serve_http1(io, upstream, peer, orig, ctx.clone()).await
+            let conn = ConnInfo {
+                peer,
+                orig,
+                caller: net::caller_of(peer, dialled),
+            };
+            serve_http1(io, upstream, conn, ctx.clone()).await
         }
         (_, None) => return, // dialled above for every kind but h2c
     };
@@ -358,20 +374,15 @@ where
 async fn serve_http1(
     io: Prefixed<TcpStream>,
     upstream: TcpStream,
-    peer: SocketAddr,
-    orig: SocketAddr,
+    info: ConnInfo,
     ctx: Arc<Ctx>,
 ) -> Result<(), ProxyError> {
     let (sender, upconn) = h1_handshake(upstream).await?;
     let up = Arc::new(H1Upstream {
-        orig,
+        orig: info.orig,
         sender: tokio::sync::Mutex::new(Some(sender)),
     });
-    let info = Arc::new(ConnInfo {
-        peer,
-        orig,
-        caller: net::caller_of(peer),
-    });
+    let info = Arc::new(info);
     let svc = service_fn(move |req: Request<Incoming>| {
         let (up, info, ctx) = (up.clone(), info.clone(), ctx.clone());
         async move {
@@ -415,12 +426,11 @@ async fn serve_http1(
 async fn serve_h2(
     io: Prefixed<TcpStream>,
     upstream: Option<TcpStream>,
-    peer: SocketAddr,
-    orig: SocketAddr,
+    info: ConnInfo,
     ctx: Arc<Ctx>,
     pool: &Arc<H2Pool>,
 ) -> Result<(), ProxyError> {
-    let lease = Arc::new(pool.lease(orig));
+    let lease = Arc::new(pool.lease(info.orig));
     // Dropped unused when a shared connection has room (the callee sees a connection close
     // without a byte, as when a client's pool opens one too many).
     if let Some(s) = upstream
@@ -428,11 +438,7 @@ async fn serve_h2(
     {
         lease.adopt(pool::handshake(s).await?);
     }
-    let info = Arc::new(ConnInfo {
-        peer,
-        orig,
-        caller: net::caller_of(peer),
-    });
+    let info = Arc::new(info);
     let svc = service_fn(move |req: Request<Incoming>| {
         let (lease, info, ctx) = (lease.clone(), info.clone(), ctx.clone());
         async move {
