@@ -89,8 +89,9 @@ struct ProcState {
     failures: VecDeque<(Child, u64)>,
     /// Recent inbound responses of the process: (first response byte written, exchange).
     responses: VecDeque<(u64, ExchangeId)>,
-    /// Recent inbound requests of the process: (start, end, exchange, propagated trace id).
-    inbound: VecDeque<(u64, u64, ExchangeId, Option<u64>)>,
+    /// Recent inbound requests of the process: (start, end, exchange, propagated trace id,
+    /// failed).
+    inbound: VecDeque<(u64, u64, ExchangeId, Option<u64>, bool)>,
     /// End of the newest failure evicted from `failures`: spans older than this are not covered.
     failures_lost_until: u64,
 }

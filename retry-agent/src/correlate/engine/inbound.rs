@@ -42,7 +42,7 @@ impl Engine {
             start: ex.request_start_ns,
             end: last_ns(ex),
         };
-        self.record_process_history(ex, window);
+        self.record_process_history(ex, window, failed);
         self.record_thread_window(ex.pid, thread, window);
         let cross_thread = ex.goid.is_none() && ex.response_tid.is_some_and(|t| t != ex.tid);
         if failed {
@@ -82,7 +82,7 @@ impl Engine {
     }
 
     /// Process-wide histories, for the links thread context cannot make.
-    fn record_process_history(&mut self, ex: &Exchange, window: Window) {
+    fn record_process_history(&mut self, ex: &Exchange, window: Window, failed: bool) {
         let p = self.procs.entry(ex.pid).or_default();
         if let Some(rs) = ex.response_start_ns {
             if p.responses.len() >= FAILURES_PER_PROCESS {
@@ -94,7 +94,7 @@ impl Engine {
             p.inbound.pop_front();
         }
         p.inbound
-            .push_back((window.start, window.end, ex.id, ex.trace_id));
+            .push_back((window.start, window.end, ex.id, ex.trace_id, failed));
     }
 
     /// The request's window on its thread; one overlapping another marks an event loop.

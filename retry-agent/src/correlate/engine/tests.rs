@@ -1454,6 +1454,16 @@ fn timing_link_on_event_loops() {
     w.push(call(1, 7, 20, 30));
     w.push(resp(2, 1, 0));
     assert_eq!(w.verdict(2).claim, Claim::Missing);
+
+    // The overlapping request failed too: the call may have been made for it (it answered
+    // later, after work of its own), so the call links neither.
+    let mut w = no_alo();
+    let long = w.inbound(B, 200, t, 200 * MS, 502);
+    w.push(call(1, 7, 20, 50));
+    w.push(resp(2, 1, 0));
+    assert_eq!(w.verdict(2).claim, Claim::Missing);
+    assert_ne!(w.verdict(long).link, Link::Timing);
+    assert_eq!(w.e.stats().timing_links, 0);
 }
 
 /// Work handed to another thread (a gRPC client's poller): the orphan failure is linked by
