@@ -334,8 +334,20 @@ mod tests {
         // Paths built from an alphabet that reaches every rule (digits, hex, UUID dashes,
         // token characters, non-ASCII), by a small deterministic generator.
         let pieces = [
-            "", "1", "42", "abc", "deadbeefdeadbeef", "DEADBEEFdeadbeef0", "v1", "é", "a-b_c=",
-            "550e8400-e29b-41d4-a716-446655440000", "aB3dE5fG7hJ9kL1mN3pQ5", "x.y", "?", "{id}",
+            "",
+            "1",
+            "42",
+            "abc",
+            "deadbeefdeadbeef",
+            "DEADBEEFdeadbeef0",
+            "v1",
+            "é",
+            "a-b_c=",
+            "550e8400-e29b-41d4-a716-446655440000",
+            "aB3dE5fG7hJ9kL1mN3pQ5",
+            "x.y",
+            "?",
+            "{id}",
         ];
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..20_000 {
