@@ -187,11 +187,18 @@ pub(crate) fn authority_of_target(target: &[u8]) -> Option<&[u8]> {
 /// hex strings, and long tokens mixing letters and digits (opaque ids, base64).
 pub fn route_template(path: &str) -> String {
     // One pass: most paths have no id segment and are copied whole; the output is started only
-    // at the first id segment, from the untouched prefix before it.
+    // at the first id segment, from the untouched prefix before it. Segments are found by a
+    // plain byte loop: paths are short, and a searcher per segment cost more than the scan.
+    let b = path.as_bytes();
     let mut out: Option<String> = None;
     let mut start = 0;
-    for seg in path.split('/') {
-        let end = start + seg.len();
+    while start <= b.len() {
+        let end = b
+            .get(start..)
+            .and_then(|r| r.iter().position(|&c| c == b'/'))
+            .map_or(b.len(), |p| start + p);
+        // Cut at '/' (ASCII) or the ends: always char boundaries.
+        let seg = path.get(start..end).unwrap_or_default();
         if is_id_segment(seg) {
             let o = out.get_or_insert_with(|| {
                 let mut o = String::with_capacity(path.len());
@@ -202,7 +209,7 @@ pub fn route_template(path: &str) -> String {
         } else if let Some(o) = out.as_mut() {
             o.push_str(seg);
         }
-        if end < path.len()
+        if end < b.len()
             && let Some(o) = out.as_mut()
         {
             o.push('/');
