@@ -87,21 +87,13 @@ pub(crate) const BODY_HASH_LIMIT: usize = 1024;
 
 /// Hash of the first captured bytes of a request body, fed in pieces; stops at the first gap so
 /// the result depends only on the bytes, not on the syscall boundaries.
-#[derive(Clone, Debug)]
+/// The keyed hasher is made at the first body byte: most requests (GETs) have no body, and
+/// every message start makes a fresh `BodyHasher`.
+#[derive(Clone, Debug, Default)]
 pub(crate) struct BodyHasher {
-    h: Keyed,
+    h: Option<Keyed>,
     n: usize,
     stopped: bool,
-}
-
-impl Default for BodyHasher {
-    fn default() -> Self {
-        BodyHasher {
-            h: digest_key().hasher(DOMAIN_BODY),
-            n: 0,
-            stopped: false,
-        }
-    }
 }
 
 impl BodyHasher {
@@ -110,8 +102,12 @@ impl BodyHasher {
             return;
         }
         let take = bytes.len().min(BODY_HASH_LIMIT - self.n);
-        if let Some(b) = bytes.get(..take) {
-            self.h.write(b);
+        if let Some(b) = bytes.get(..take)
+            && !b.is_empty()
+        {
+            self.h
+                .get_or_insert_with(|| digest_key().hasher(DOMAIN_BODY))
+                .write(b);
             self.n += take;
         }
     }
@@ -120,7 +116,7 @@ impl BodyHasher {
         self.stopped = true;
     }
     pub(crate) fn finish(&self) -> Option<u64> {
-        (self.n > 0).then_some(self.h.finish())
+        self.h.as_ref().filter(|_| self.n > 0).map(Keyed::finish)
     }
 }
 
