@@ -1,6 +1,8 @@
 //! `cargo xtask bench recorder`: what the flight recorder costs and how fast a dump replays.
 //!
 //! - recording: records/s into the ring and CPU ns per record (redaction included);
+//! - redaction alone: the payload copy and masking every data record pays (`Redactor`), in
+//!   records and captured MB per CPU-second;
 //! - the same pipeline (l7 → correlate → decide) with the recorder on vs off over the same events:
 //!   the CPU ratio is the recorder's share of the agent's userspace work;
 //! - dump: write and read MB/s, bytes per record on disk;
@@ -17,7 +19,10 @@ use retry_agent::{
     decide::DecideConfig,
     l7::L7Config,
     pipeline::{Pipeline, Record, StageOutput},
-    recorder::{DumpReader, DumpReason, Recorder, RecorderConfig, SharedRecorder, replay},
+    recorder::{
+        DumpReader, DumpReason, Recorder, RecorderConfig, SharedRecorder, redact::Redactor,
+        replay,
+    },
     testkit::StormScenario,
 };
 
@@ -113,6 +118,30 @@ pub fn run() -> Result<()> {
     println!(
         "  (size of one ring entry before payload: {} bytes)",
         std::mem::size_of::<Record>()
+    );
+
+    // 1b. Redaction alone (best of 5, a fresh redactor each time): what every data record
+    // pays before it enters the ring.
+    let data: Vec<_> = events
+        .iter()
+        .filter_map(|e| if let Event::Data(d) = e { Some(d) } else { None })
+        .collect();
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let mut r = Redactor::new();
+        let t = timed(|| {
+            for d in &data {
+                black_box(r.redact_payload(black_box(d)));
+            }
+        });
+        best = best.min(t.cpu_s);
+    }
+    println!(
+        "  redact alone:      {:>10.0} records/CPU-s   {:>6.0} ns CPU/record   {:>6.0} MB/s captured   ({} data records)",
+        data.len() as f64 / best,
+        best * 1e9 / data.len() as f64,
+        payload as f64 / 1e6 / best,
+        data.len()
     );
 
     // 2. The pipeline with the recorder off and on, same events (best of 5 each, CPU time). The recorder

@@ -5,8 +5,8 @@
 use super::{
     exchange::Method,
     msg::{
-        Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method,
-        path_string,
+        Ctx, NameLengths, ReqInfo, RespInfo, apply_request_header, apply_response_header,
+        parse_method, path_string,
     },
     util::{
         BodyHasher, authority_of_target, bounded_string, has_token, parse_u64, path_of_target,
@@ -173,7 +173,11 @@ impl H1Parser {
                     }
                     self.start = *ctx;
                     self.msg_bytes = 0;
-                    self.hasher = BodyHasher::default();
+                    // Only request bodies are hashed (`body_bytes`, `end_message`): a
+                    // response parser need not key a fresh hasher per message.
+                    if self.side == Side::Request {
+                        self.hasher = BodyHasher::default();
+                    }
                     self.buf.clear();
                     self.state = State::Head;
                 }
@@ -546,19 +550,53 @@ pub(crate) fn could_start_request(b: &[u8]) -> bool {
 
 /// Lines of a head without line ends; with `complete` false the last, unterminated line is
 /// dropped.
-fn head_lines(head: &[u8], complete: bool) -> impl Iterator<Item = &[u8]> {
+fn head_lines(head: &[u8], complete: bool) -> HeadLines<'_> {
     let usable = if complete {
         head
     } else {
-        match head.iter().rposition(|&c| c == b'\n') {
+        match memchr::memrchr(b'\n', head) {
             Some(i) => head.get(..=i).unwrap_or_default(),
             None => &[],
         }
     };
-    usable
-        .split(|&c| c == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
-        .take_while(|l| !l.is_empty())
+    HeadLines {
+        rest: usable,
+        done: false,
+    }
+}
+
+/// The lines of a head up to the first empty one (`split(b'\n')` then `take_while` non-empty,
+/// with memchr finding the line ends: heads are most of what the HTTP/1 parser reads).
+struct HeadLines<'a> {
+    rest: &'a [u8],
+    done: bool,
+}
+
+impl<'a> Iterator for HeadLines<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.done {
+            return None;
+        }
+        let line = match memchr::memchr(b'\n', self.rest) {
+            Some(nl) => {
+                let (line, rest) = self.rest.split_at(nl);
+                self.rest = rest.get(1..).unwrap_or_default();
+                line
+            }
+            None => {
+                self.done = true;
+                std::mem::take(&mut self.rest)
+            }
+        };
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            self.done = true;
+            return None;
+        }
+        Some(line)
+    }
 }
 
 fn split_header(line: &[u8]) -> Option<(&[u8], &[u8])> {
@@ -566,7 +604,7 @@ fn split_header(line: &[u8]) -> Option<(&[u8], &[u8])> {
     if line.first().is_some_and(|c| *c == b' ' || *c == b'\t') {
         return None;
     }
-    let colon = line.iter().position(|&c| c == b':')?;
+    let colon = memchr::memchr(b':', line)?;
     let (name, value) = line.split_at(colon);
     Some((
         name.trim_ascii(),
@@ -582,8 +620,15 @@ struct BodyHeaders {
     upgrade: bool,
 }
 
+/// The names [`BodyHeaders::apply`] reads.
+const BODY_NAMES: NameLengths =
+    NameLengths::of(&[b"content-length", b"transfer-encoding", b"connection"]);
+
 impl BodyHeaders {
     fn apply(&mut self, name: &[u8], value: &[u8]) {
+        if !BODY_NAMES.may_hold(name) {
+            return;
+        }
         if name.eq_ignore_ascii_case(b"content-length") {
             match (parse_u64(value), self.content_length) {
                 (Some(n), None) => self.content_length = Some(n),

@@ -177,7 +177,10 @@ impl Reassembler {
                     stats: &mut self.stats,
                     next_id: &mut self.next_id,
                 };
-                if !self.conns.contains(&d.conn) {
+                // One lookup for a known connection (nearly every event), two for a new one.
+                if let Some(c) = self.conns.get_mut(&d.conn) {
+                    c.data(d, &mut em);
+                } else {
                     // First sight of a connection mid-life: its bytes may start mid-message.
                     let c = Conn::new(
                         d.conn,
@@ -189,9 +192,9 @@ impl Reassembler {
                         self.cfg.max_inflight,
                     );
                     insert(&mut self.conns, d.conn, c, &mut em);
-                }
-                if let Some(c) = self.conns.get_mut(&d.conn) {
-                    c.data(d, &mut em);
+                    if let Some(c) = self.conns.get_mut(&d.conn) {
+                        c.data(d, &mut em);
+                    }
                 }
             }
             Event::Conn(c) => self.conn_event(c, out),

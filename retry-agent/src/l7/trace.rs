@@ -18,6 +18,15 @@ pub(crate) enum TraceSource {
 /// Longest `x-request-id` kept (longer ones are not ids but payloads).
 const MAX_REQUEST_ID: usize = 128;
 
+/// The lengths of the names [`trace_of_header`] reads (a filter before comparing names).
+pub(crate) const TRACE_NAMES: super::msg::NameLengths = super::msg::NameLengths::of(&[
+    b"traceparent",
+    b"b3",
+    b"x-b3-traceid",
+    b"uber-trace-id",
+    b"x-request-id",
+]);
+
 /// The trace id in one request header, if the header is one of ours and well formed.
 pub(crate) fn trace_of_header(name: &[u8], value: &[u8]) -> Option<(TraceSource, u64)> {
     let v = value.trim_ascii();
