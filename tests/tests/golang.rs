@@ -245,3 +245,110 @@ async fn go_calls_on_the_handler_goroutine_are_linked() {
 async fn go_calls_on_spawned_goroutines_of_a_stripped_binary_are_linked() {
     go_service_verdicts("-s -w", 3).await;
 }
+
+/// Debian's gRPC-go sources (golang-google-grpc-dev), which `cargo xtask setup` installs.
+const GRPC_GO: &str = "/usr/share/gocode/src/google.golang.org/grpc";
+
+/// gRPC-go over HTTP/2: frames are written by the connection's writer goroutine, which no Go
+/// probe ties to a request yet, so a gRPC-go service's verdicts are the process-wide sound ones
+/// (claimed when nothing of the process failed meanwhile) or `missing` — never a guess. B, which
+/// calls nothing, owns every failure it served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_go_verdicts_are_sound_or_missing() {
+    if !can_run() {
+        return;
+    }
+    if Command::new("go").arg("version").output().is_err() || !std::path::Path::new(GRPC_GO).exists() {
+        eprintln!("SKIP: no Go or no {GRPC_GO} (cargo xtask setup installs golang-google-grpc-dev)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("retry-agent-grpcgo-{}", std::process::id()));
+    let src = dir.join("src/grpcchain");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/go/grpcchain/main.go"),
+        src.join("main.go"),
+    )
+    .unwrap();
+    let bin = dir.join("grpcchain");
+    let status = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(".")
+        .current_dir(&src)
+        .env("GO111MODULE", "off")
+        .env("GOPATH", format!("{}:/usr/share/gocode", dir.display()))
+        .env("CGO_ENABLED", "0")
+        .status()
+        .expect("go build runs");
+    assert!(status.success(), "go build of the gRPC-go chain failed");
+    let Some(mut cap) = load() else { return };
+    let (pa, pb) = (free_port(), free_port());
+    let b = Proc::spawn(
+        Command::new(&bin)
+            .args(["b", &format!("127.0.0.1:{pb}")])
+            .stdout(Stdio::null()),
+    );
+    wait_listening(&format!("127.0.0.1:{pb}"), None);
+    let a = Proc::spawn(
+        Command::new(&bin)
+            .args(["a", &format!("127.0.0.1:{pa}"), &format!("127.0.0.1:{pb}")])
+            .stdout(Stdio::null()),
+    );
+    wait_listening(&format!("127.0.0.1:{pa}"), None);
+    let _ = cap.rescan_go();
+    let client = Proc::spawn(
+        Command::new(&bin)
+            .args(["client", &format!("127.0.0.1:{pa}")])
+            .stdout(Stdio::piped()),
+    );
+    let (events, lines) = capture_while(&mut cap, client, &[a.pid(), b.pid()]).await;
+    assert_eq!(lines.len(), 240, "every call answered: {lines:?}");
+    // Internal (13) for A's own failures, Unavailable (14) for those it passed on.
+    for (kind, code) in [("ok", 0), ("own", 13), ("dep", 14)] {
+        let n = lines.iter().filter(|l| **l == format!("{kind} {code}")).count();
+        assert_eq!(n, 80, "{kind}: {lines:?}");
+    }
+
+    let mut cfg = CorrelateConfig::default();
+    cfg.service_names
+        .push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
+    cfg.service_names
+        .push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
+    let d = derive(&events, cfg);
+    let (mut right, mut wrong, mut missing) = (0, 0, 0);
+    let a_verdicts: Vec<_> = d
+        .verdicts
+        .iter()
+        .filter(|v| v.service.as_str() == "svc-a")
+        .collect();
+    for v in &a_verdicts {
+        let grpc = d.exchanges.get(&v.exchange).and_then(|x| x.grpc_status);
+        let want = match grpc {
+            Some(13) => Claim::Claimed,
+            Some(14) => Claim::Unclaimed,
+            other => panic!("a verdict on a call A answered {other:?}: {v:?}"),
+        };
+        match v.claim {
+            Claim::Missing => missing += 1,
+            c if c == want => right += 1,
+            c => {
+                wrong += 1;
+                eprintln!("wrong verdict: grpc-status {grpc:?}, {c:?}, link {:?}", v.link);
+            }
+        }
+    }
+    eprintln!(
+        "gRPC-go A: {right} right, {wrong} wrong, {missing} missing of {}",
+        a_verdicts.len()
+    );
+    assert_eq!(a_verdicts.len(), 160, "one verdict per failed call of A");
+    assert_eq!(wrong, 0, "a gRPC-go verdict guessed");
+    let b_claimed = d
+        .verdicts
+        .iter()
+        .filter(|v| v.service.as_str() == "svc-b" && v.claim == Claim::Claimed)
+        .count();
+    assert_eq!(b_claimed, 80, "B claims every failure it served");
+    let _ = std::fs::remove_dir_all(&dir);
+}

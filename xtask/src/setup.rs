@@ -23,6 +23,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "curl",
     "haproxy",
     "golang-go",
+    // tests/tests/golang.rs: a gRPC-go chain, built in GOPATH mode (no Go module proxy here).
+    "golang-google-grpc-dev",
     "wrk",
     "nodejs",
     "python3",
