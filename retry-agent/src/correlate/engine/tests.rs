@@ -633,7 +633,10 @@ fn claims_on_a_callee_whose_caller_is_not_seen_count_on_the_edges_into_it() {
     assert_eq!(bc.len(), 1, "{decisions:?}");
     assert_eq!(bc[0].reason, Reason::CalleeUnclaimed);
     let ev = bc[0].evidence.as_ref().expect("evidence");
-    assert_eq!((ev.basis, ev.sources.verdicts.unclaimed), (Basis::Verdicts, 10));
+    assert_eq!(
+        (ev.basis, ev.sources.verdicts.unclaimed),
+        (Basis::Verdicts, 10)
+    );
 }
 
 /// A Go request (a goroutine context) whose own call failed is unclaimed at its answer: no
@@ -666,9 +669,16 @@ fn go_failures_with_a_failed_call_are_judged_at_the_answer() {
             .status(502)
             .build(),
     );
-    let early: Vec<_> = w.v.iter().filter(|v| v.exchange == ExchangeId(r1)).cloned().collect();
+    let early: Vec<_> =
+        w.v.iter()
+            .filter(|v| v.exchange == ExchangeId(r1))
+            .cloned()
+            .collect();
     assert_eq!(early.len(), 1, "judged at the answer: {:?}", w.v);
-    assert_eq!((early[0].claim, early[0].link), (Claim::Unclaimed, Link::GoUprobes));
+    assert_eq!(
+        (early[0].claim, early[0].link),
+        (Claim::Unclaimed, Link::GoUprobes)
+    );
     assert_eq!(early[0].caused_by.len(), 1);
     assert_eq!(w.e.stats().early_verdicts, 1);
     let r2 = w.id();
@@ -693,7 +703,10 @@ fn go_failures_with_a_failed_call_are_judged_at_the_answer() {
     assert_eq!(w.verdict(r2).claim, Claim::Claimed);
     assert_eq!(w.e.stats().early_verdicts, 1);
     // Judged once: the flush found nothing left of r1.
-    assert_eq!(w.v.iter().filter(|v| v.exchange == ExchangeId(r1)).count(), 1);
+    assert_eq!(
+        w.v.iter().filter(|v| v.exchange == ExchangeId(r1)).count(),
+        1
+    );
 }
 
 /// A child that ends after the parent answered did not cause the parent's error.

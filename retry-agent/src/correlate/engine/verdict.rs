@@ -372,7 +372,10 @@ impl Engine {
                 Some(self.name(c, 0))
             }
             None => {
-                if let Some(b) = self.svcs.get_mut(p.svc as usize).and_then(|s| s.ring.at(ep))
+                if let Some(b) = self
+                    .svcs
+                    .get_mut(p.svc as usize)
+                    .and_then(|s| s.ring.at(ep))
                     && let Some(n) = b.unattributed.get_mut(claim_index(claim))
                 {
                     *n += 1;
