@@ -304,7 +304,8 @@ fn a_message_start_cut_inside_its_first_token_redacts_as_whole() {
             "cut at {cut}"
         );
     }
-    let resp: &[u8] = b"HTTP/1.1 502 Bad Gateway\r\nSet-Cookie: SECRETCOOKIE\r\nContent-Length: 4\r\n\r\nSECR";
+    let resp: &[u8] =
+        b"HTTP/1.1 502 Bad Gateway\r\nSet-Cookie: SECRETCOOKIE\r\nContent-Length: 4\r\n\r\nSECR";
     let whole = redact_pieces(&[(0, resp)]).concat();
     let out = redact_pieces(&[(0, &resp[..3]), (3, &resp[3..])]).concat();
     assert_eq!(out, whole);
