@@ -149,8 +149,8 @@ pub struct Pipeline {
     /// Whether `StageOutput::exchanges` keeps the exchanges a tap was handed (see
     /// [`Pipeline::hand_exchanges_to_tap`]).
     keep_exchanges: bool,
-    /// A verdict disowned an error since the live loop last took this (see
-    /// [`Pipeline::take_disowning_verdicts`]).
+    /// Evidence of a disowned error came since the live loop last took this (see
+    /// [`Pipeline::take_disowned_evidence`]).
     disowning: bool,
 }
 
@@ -223,17 +223,13 @@ impl Pipeline {
             _ => self.reassembler.push(ev, &mut self.xs),
         }
         self.correlate(out);
-        let vs = out.verdicts.get(self.mark.1..).unwrap_or_default();
-        self.disowning |= vs.iter().any(|v| v.claim == Claim::Unclaimed);
+        let disowning = disowned(out, self.mark);
+        self.disowning |= disowning;
         let ts = ev.ts_ns();
         let due = ts >= self.next_eval_ns && ts != 0;
         if due {
             self.evaluate(ts, out);
-        } else if self.decider.config().burst
-            && ts >= self.next_burst_ns
-            && ts != 0
-            && disowned(out, self.mark)
-        {
+        } else if self.decider.config().burst && ts >= self.next_burst_ns && ts != 0 && disowning {
             self.burst(ts, out);
         }
         if let Some(tap) = &mut self.tap {
@@ -244,12 +240,12 @@ impl Pipeline {
         }
     }
 
-    /// Whether a verdict disowned an error since the last call. The live loop then publishes
+    /// Whether a verdict (or a callee's claim header) disowned an error since the last call. The live loop then publishes
     /// the services' claims at once instead of on its once-a-second refresh: a shim stamps a
     /// disowned error's claim header on the next failure, which is what lets the callers of a
     /// node it cannot see (or of its own services, whose inbound connections come from the
     /// shim's address) stop retrying within tens of ms.
-    pub fn take_disowning_verdicts(&mut self) -> bool {
+    pub fn take_disowned_evidence(&mut self) -> bool {
         std::mem::take(&mut self.disowning)
     }
 

@@ -173,7 +173,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     pipeline.push(&ev, &mut out);
                     drain(&mut out, &pipeline, &state, &to_actuators);
                 }
-                claims_due |= pipeline.take_disowning_verdicts();
+                claims_due |= pipeline.take_disowned_evidence();
                 if claims_due && claims_sent.elapsed() >= CLAIMS_SOONEST {
                     send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));
                     claims_sent = std::time::Instant::now();
@@ -216,7 +216,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));
                 claims_sent = std::time::Instant::now();
                 // These claims include whatever was disowned until now.
-                pipeline.take_disowning_verdicts();
+                pipeline.take_disowned_evidence();
                 claims_due = false;
                 send(&to_actuators, ToActuators::Tick);
             }

@@ -124,7 +124,7 @@ fn a_disowning_verdict_is_news_and_counts_in_the_claims_at_once() {
     for ev in &StormScenario::default().events() {
         out.clear();
         p.push(ev, &mut out);
-        let news = p.take_disowning_verdicts();
+        let news = p.take_disowned_evidence();
         let disowned: Vec<_> = out
             .verdicts
             .iter()
@@ -142,5 +142,5 @@ fn a_disowning_verdict_is_news_and_counts_in_the_claims_at_once() {
         .find(|c| c.service == service)
         .expect("the service has a claim entry");
     assert!(c.counts.unclaimed >= 1, "{c:?}");
-    assert!(!p.take_disowning_verdicts(), "taken once");
+    assert!(!p.take_disowned_evidence(), "taken once");
 }
