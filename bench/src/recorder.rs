@@ -20,8 +20,7 @@ use retry_agent::{
     l7::L7Config,
     pipeline::{Pipeline, Record, StageOutput},
     recorder::{
-        DumpReader, DumpReason, Recorder, RecorderConfig, SharedRecorder, redact::Redactor,
-        replay,
+        DumpReader, DumpReason, Recorder, RecorderConfig, SharedRecorder, redact::Redactor, replay,
     },
     testkit::StormScenario,
 };
@@ -124,7 +123,13 @@ pub fn run() -> Result<()> {
     // pays before it enters the ring.
     let data: Vec<_> = events
         .iter()
-        .filter_map(|e| if let Event::Data(d) = e { Some(d) } else { None })
+        .filter_map(|e| {
+            if let Event::Data(d) = e {
+                Some(d)
+            } else {
+                None
+            }
+        })
         .collect();
     let mut best = f64::MAX;
     for _ in 0..5 {

@@ -51,6 +51,15 @@ pub async fn capture_while(
 }
 
 /// Events (kernel order) through the live pipeline, then everything pending judged.
+/// `cfg` with these processes named (`pid:N=name` overrides), so verdicts read by name.
+pub fn named(mut cfg: CorrelateConfig, names: &[(u32, &str)]) -> CorrelateConfig {
+    for (pid, name) in names {
+        cfg.service_names
+            .push(format!("pid:{pid}={name}").parse().expect("override"));
+    }
+    cfg
+}
+
 pub fn derive(events: &[Event], cfg: CorrelateConfig) -> Derived {
     let mut pipeline = Pipeline::new(L7Config::default(), cfg, DecideConfig::default());
     let mut out = StageOutput::default();

@@ -51,7 +51,10 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
     let mut attached = false;
     for line in stderr.lines().map_while(Result::ok) {
         // stderr is a pipe here, as in a container: logs must not carry terminal colour codes.
-        assert!(!line.contains('\u{1b}'), "escape codes in a piped log line: {line:?}");
+        assert!(
+            !line.contains('\u{1b}'),
+            "escape codes in a piped log line: {line:?}"
+        );
         if line.contains("capture attached") {
             attached = true;
             break;

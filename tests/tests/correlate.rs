@@ -7,7 +7,7 @@
 use std::{process::Stdio, time::Duration};
 
 use integration_tests::{
-    correlate::{capture_while, derive},
+    correlate::{capture_while, derive, named},
     fixture::{Proc, Ready, can_run, collect, load, node, python, python_server, serve},
 };
 use retry_agent::{
@@ -56,11 +56,10 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
         "{lines:?}"
     );
 
-    let mut cfg = CorrelateConfig::default();
-    cfg.service_names
-        .push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
-    cfg.service_names
-        .push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
+    let cfg = named(
+        CorrelateConfig::default(),
+        &[(a.pid(), "svc-a"), (b.pid(), "svc-b")],
+    );
     let d = derive(&events, cfg);
     let path_of = |v: &retry_agent::correlate::Verdict| {
         d.exchanges

@@ -8,7 +8,7 @@ use std::{
 };
 
 use integration_tests::{
-    correlate::{capture_while, derive},
+    correlate::{capture_while, derive, named},
     fixture::{Proc, can_run, fixture, free_port, load, wait_listening},
 };
 use retry_agent::{
@@ -160,11 +160,10 @@ async fn go_service_verdicts(ldflags: &str, fanout: u32) {
         "{lines:?}"
     );
 
-    let mut cfg = CorrelateConfig::default();
-    cfg.service_names
-        .push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
-    cfg.service_names
-        .push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
+    let cfg = named(
+        CorrelateConfig::default(),
+        &[(a.pid(), "svc-a"), (b.pid(), "svc-b")],
+    );
     let d = derive(&events, cfg);
     let path = |v: &retry_agent::correlate::Verdict| {
         d.exchanges
@@ -258,8 +257,12 @@ async fn grpc_go_verdicts_are_sound_or_missing() {
     if !can_run() {
         return;
     }
-    if Command::new("go").arg("version").output().is_err() || !std::path::Path::new(GRPC_GO).exists() {
-        eprintln!("SKIP: no Go or no {GRPC_GO} (cargo xtask setup installs golang-google-grpc-dev)");
+    if Command::new("go").arg("version").output().is_err()
+        || !std::path::Path::new(GRPC_GO).exists()
+    {
+        eprintln!(
+            "SKIP: no Go or no {GRPC_GO} (cargo xtask setup installs golang-google-grpc-dev)"
+        );
         return;
     }
     let dir = std::env::temp_dir().join(format!("retry-agent-grpcgo-{}", std::process::id()));
@@ -306,15 +309,17 @@ async fn grpc_go_verdicts_are_sound_or_missing() {
     assert_eq!(lines.len(), 240, "every call answered: {lines:?}");
     // Internal (13) for A's own failures, Unavailable (14) for those it passed on.
     for (kind, code) in [("ok", 0), ("own", 13), ("dep", 14)] {
-        let n = lines.iter().filter(|l| **l == format!("{kind} {code}")).count();
+        let n = lines
+            .iter()
+            .filter(|l| **l == format!("{kind} {code}"))
+            .count();
         assert_eq!(n, 80, "{kind}: {lines:?}");
     }
 
-    let mut cfg = CorrelateConfig::default();
-    cfg.service_names
-        .push(format!("pid:{}=svc-a", a.pid()).parse().expect("override"));
-    cfg.service_names
-        .push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
+    let cfg = named(
+        CorrelateConfig::default(),
+        &[(a.pid(), "svc-a"), (b.pid(), "svc-b")],
+    );
     let d = derive(&events, cfg);
     let (mut right, mut wrong, mut missing) = (0, 0, 0);
     let a_verdicts: Vec<_> = d
@@ -334,7 +339,10 @@ async fn grpc_go_verdicts_are_sound_or_missing() {
             c if c == want => right += 1,
             c => {
                 wrong += 1;
-                eprintln!("wrong verdict: grpc-status {grpc:?}, {c:?}, link {:?}", v.link);
+                eprintln!(
+                    "wrong verdict: grpc-status {grpc:?}, {c:?}, link {:?}",
+                    v.link
+                );
             }
         }
     }

@@ -441,7 +441,10 @@ fn verdicts_stay_right_under_concurrency() {
     assert_eq!(nodes.len(), 7, "{obs}");
     for (name, n) in &nodes {
         let held = n.get("in_flight").and_then(|v| v.as_f64()).unwrap_or(0.0);
-        assert!(held >= 8.0, "{name} held {held} requests in flight, not >= 8");
+        assert!(
+            held >= 8.0,
+            "{name} held {held} requests in flight, not >= 8"
+        );
     }
     let per = obs
         .pointer("/agent/per_runtime")

@@ -350,7 +350,10 @@ fn a_flood_of_new_ipv6_sources_at_the_shim_stays_within_its_budget() {
     drop(shim);
     let text = log();
     // The shim's stderr is a file: its lines are plain text (no colour codes).
-    let last = text.lines().find(|l| l.contains("shim stopped")).unwrap_or_default();
+    let last = text
+        .lines()
+        .find(|l| l.contains("shim stopped"))
+        .unwrap_or_default();
     eprintln!(
         "FIGURE shim_flood sources={FLOOD_SOURCES} took_ms={} peak_rss_kib={} exe_rss_kib={} allowed_kib={}\n{last}",
         took.as_millis(),
