@@ -20,7 +20,7 @@ use lru::LruCache;
 
 pub use exchange::{
     Claim, ERROR_CLAIM_HEADER, Exchange, ExchangeId, Failure, Method, OutcomeClass, Protocol,
-    RETRY_SUPPRESSED_HEADER, RetryMarkers,
+    RETRY_SUPPRESSED_HEADER, RetryMarkers, Text,
 };
 
 pub use util::{DigestKey, Keyed, digest_key, route_template, set_digest_key};

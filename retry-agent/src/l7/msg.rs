@@ -1,7 +1,7 @@
 //! What the protocol parsers hand to the connection: message heads and the event context.
 use super::{
     classify::Signals,
-    exchange::{Claim, ERROR_CLAIM_HEADER, Method, RetryMarkers},
+    exchange::{Claim, ERROR_CLAIM_HEADER, Method, RetryMarkers, Text},
     trace::{TRACE_NAMES, TraceSource, trace_of_header},
     util::{MAX_AUTHORITY, MAX_PATH, bounded_string, parse_u32},
 };
@@ -22,9 +22,9 @@ pub(crate) struct Ctx {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ReqInfo {
     pub method: Option<Method>,
-    pub authority: Option<String>,
+    pub authority: Option<Text>,
     /// Path without query string.
-    pub path: Option<String>,
+    pub path: Option<Text>,
     /// Hash of the query string (retry matching without keeping the query).
     pub query_hash: Option<u64>,
     pub idempotency_key: bool,
@@ -192,7 +192,7 @@ fn apply_response_header_named(resp: &mut RespInfo, name: &[u8], value: &[u8]) {
 }
 
 /// Path of a request target (query split off), bounded.
-pub(crate) fn path_string(path: &[u8]) -> String {
+pub(crate) fn path_string(path: &[u8]) -> Text {
     bounded_string(path, MAX_PATH)
 }
 

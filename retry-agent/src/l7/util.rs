@@ -1,5 +1,7 @@
 //! Small pure helpers: stable hashing, route templates, lenient header-value parsing.
 
+use super::exchange::Text;
+
 /// The 128-bit key of every digest l7 puts on an exchange (query strings, request bodies).
 /// Digests are keyed because they end up in dumps and API answers: an unkeyed hash of a short
 /// secret (a PIN, a one-time code) is brute-forced offline in seconds. Only equality matters
@@ -125,14 +127,14 @@ pub(crate) const MAX_PATH: usize = 512;
 /// Longest authority kept.
 pub(crate) const MAX_AUTHORITY: usize = 256;
 
-/// Bytes to a bounded, lossy UTF-8 string.
-pub(crate) fn bounded_string(b: &[u8], max: usize) -> String {
+/// Bytes to a bounded, lossy UTF-8 string (inline when short: see [`Text`]).
+pub(crate) fn bounded_string(b: &[u8], max: usize) -> Text {
     let b = b.get(..b.len().min(max)).unwrap_or_default();
     // Valid UTF-8 (nearly always ASCII) is checked by the vectorised validator and copied once;
     // only invalid bytes take the slower lossy path. Same result either way.
     match std::str::from_utf8(b) {
-        Ok(s) => s.to_owned(),
-        Err(_) => String::from_utf8_lossy(b).into_owned(),
+        Ok(s) => Text::new(s),
+        Err(_) => Text::from(String::from_utf8_lossy(b)),
     }
 }
 
@@ -181,12 +183,12 @@ pub(crate) fn authority_of_target(target: &[u8]) -> Option<&[u8]> {
 
 /// `path` with high-cardinality segments collapsed to `{id}`: all-digit segments, UUIDs, long
 /// hex strings, and long tokens mixing letters and digits (opaque ids, base64).
-pub fn route_template(path: &str) -> String {
+pub fn route_template(path: &str) -> Text {
     // One pass: most paths have no id segment and are copied whole; the output is started only
     // at the first id segment, from the untouched prefix before it. Segments are found by a
     // plain byte loop: paths are short, and a searcher per segment cost more than the scan.
     let b = path.as_bytes();
-    let mut out: Option<String> = None;
+    let mut out: Option<Text> = None;
     let mut start = 0;
     while start <= b.len() {
         let end = b
@@ -197,7 +199,7 @@ pub fn route_template(path: &str) -> String {
         let seg = path.get(start..end).unwrap_or_default();
         if is_id_segment(seg) {
             let o = out.get_or_insert_with(|| {
-                let mut o = String::with_capacity(path.len());
+                let mut o = Text::with_capacity(path.len());
                 o.push_str(path.get(..start).unwrap_or_default());
                 o
             });
@@ -212,7 +214,7 @@ pub fn route_template(path: &str) -> String {
         }
         start = end + 1;
     }
-    out.unwrap_or_else(|| path.to_owned())
+    out.unwrap_or_else(|| Text::new(path))
 }
 
 fn is_id_segment(seg: &str) -> bool {

@@ -18,7 +18,7 @@ use std::{
 use clap::{ArgAction, Args};
 use serde::{Deserialize, Serialize};
 
-use self::item::{Item, Stored, approx_size};
+use self::item::{Exchanges, Item, Stored, approx_size};
 use crate::{
     capture::{DataEvent, Event, ProcessInfo},
     decide::{Action, Decision},
@@ -332,6 +332,8 @@ pub struct Recorder {
     /// Settings of the pipeline feeding this recorder (written into every dump's header).
     pipeline: Option<PipelineConfig>,
     ring: VecDeque<Stored>,
+    /// The ring's exchanges, inline and in order (see [`Item::Exchange`]).
+    exchanges: Exchanges,
     processes: HashMap<u32, ProcessInfo>,
     redactor: redact::Redactor,
     bytes: usize,
@@ -360,6 +362,7 @@ impl Recorder {
             cfg,
             pipeline: None,
             ring: VecDeque::new(),
+            exchanges: Exchanges::default(),
             processes: HashMap::new(),
             redactor: redact::Redactor::new(),
             bytes: 0,
@@ -470,7 +473,7 @@ impl Recorder {
         self.ring.push_back(Stored {
             ts_ns,
             size,
-            item: Item::new(rec),
+            item: Item::new(rec, &mut self.exchanges),
         });
         self.evict();
         self.maybe_auto_dump();
@@ -490,7 +493,13 @@ impl Recorder {
                 self.stats.evicted_size_total += 1;
             }
             self.bytes -= front.size;
-            self.ring.pop_front();
+            if let Some(Stored {
+                item: Item::Exchange,
+                ..
+            }) = self.ring.pop_front()
+            {
+                self.exchanges.pop_front();
+            }
         }
         self.stats.records_in_ring = self.ring.len() as u64;
         self.stats.bytes_in_ring = self.bytes as u64;
@@ -575,6 +584,7 @@ impl Recorder {
         let mut lo = u64::MAX;
         let mut hi = 0;
         let mut missing_before = self.stats.evicted_age_total + self.stats.evicted_size_total;
+        let mut exchanges = self.exchanges.iter();
         for s in &self.ring {
             if s.ts_ns < from_ns {
                 missing_before += 1;
@@ -582,7 +592,9 @@ impl Recorder {
             if s.ts_ns >= from_ns && s.ts_ns <= to_ns {
                 lo = lo.min(s.ts_ns);
                 hi = hi.max(s.ts_ns);
-                records.push(s.item.to_record());
+                records.extend(s.item.to_record(&mut exchanges));
+            } else if matches!(s.item, Item::Exchange) {
+                exchanges.next();
             }
         }
         if lo > hi {

@@ -12,7 +12,7 @@ use crate::{
     capture::{ConnId, Role},
     correlate::Verdict,
     decide::Decision,
-    l7::Exchange,
+    l7::{Exchange, Text},
     pipeline::{EdgeSnapshot, Pipeline, Record, StageOutput},
 };
 
@@ -38,8 +38,8 @@ type ExchangeKey = (ConnId, Role, Option<u32>, u64);
 /// the path (a Huffman-coded `:path` may not survive masking).
 #[derive(Clone, Debug)]
 struct Live {
-    path: Option<String>,
-    route: Option<String>,
+    path: Option<Text>,
+    route: Option<Text>,
     query_hash: Option<u64>,
     body_hash: Option<u64>,
 }

@@ -282,6 +282,55 @@ fn ring_is_bounded_by_bytes() {
     assert!(st.records_in_ring > 200, "{st:?}");
 }
 
+/// Exchanges live in a ring of their own: through evictions and range cuts each exchange item of
+/// the main ring must still find its own exchange, in order.
+#[test]
+fn exchanges_stay_in_order_through_eviction_and_ranges() {
+    let dir = temp_dir("exchange-ring");
+    let mut r = Recorder::new(RecorderConfig {
+        window_secs: 10,
+        auto_dump: false,
+        ..cfg(dir)
+    })
+    .unwrap();
+    let a: std::net::SocketAddr = "127.0.0.1:1000".parse().unwrap();
+    let b: std::net::SocketAddr = "127.0.0.1:2000".parse().unwrap();
+    let sec = 1_000_000_000u64;
+    for s in 0..40u64 {
+        let x = crate::testkit::ExchangeBuilder::server(s, 1, 1, a, b, s * sec, s * sec + 1)
+            .route(&format!("/r/{}", s))
+            .build();
+        r.record(Record::Exchange(Box::new(x)));
+        // Other records between exchanges, some of them every other second.
+        r.record(marker(s * sec + 2));
+        if s % 2 == 0 {
+            r.record(Record::Event(data(
+                3,
+                Direction::Egress,
+                s * sec + 3,
+                b"GET / HTTP/1.1\r\n\r\n",
+            )));
+        }
+    }
+    // The window (10 s behind the newest record, 39 s + 3 ns) kept seconds 30..=39; a range
+    // inside it starts mid-ring.
+    let routes = |snap: &Snapshot| -> Vec<(u64, String)> {
+        snap.records
+            .iter()
+            .filter_map(|rec| match rec {
+                Record::Exchange(x) => Some((x.id.0, x.route.as_deref().unwrap_or("").to_string())),
+                _ => None,
+            })
+            .collect()
+    };
+    let all = routes(&r.snapshot(DumpReason::Other("t".into())));
+    let want: Vec<(u64, String)> = (30..40).map(|s| (s, format!("/r/{s}"))).collect();
+    assert_eq!(all, want);
+    let part = routes(&r.snapshot_range(DumpReason::Other("t".into()), 33 * sec, 35 * sec + 5));
+    let want: Vec<(u64, String)> = (33..36).map(|s| (s, format!("/r/{s}"))).collect();
+    assert_eq!(part, want);
+}
+
 #[test]
 fn disabled_recorder_keeps_nothing_and_refuses_dumps() {
     let dir = temp_dir("off");

@@ -57,7 +57,7 @@ impl ExchangeBuilder {
             response_start_ns: Some(end.saturating_sub((end.saturating_sub(start)) / 4)),
             response_end_ns: Some(end),
             method: Some(Method::Get),
-            authority: Some(remote.to_string()),
+            authority: Some(remote.to_string().into()),
             path: Some("/work".into()),
             route: Some("/work".into()),
             status: Some(200),
