@@ -65,7 +65,7 @@ struct Keep(std::sync::Arc<std::sync::Mutex<Vec<Record>>>);
 
 impl Tap for Keep {
     fn attach(&mut self, _: &PipelineConfig) {}
-    fn tap(&mut self, _: Input<'_>, derived: &mut dyn Iterator<Item = Record>) {
+    fn tap(&mut self, _: Input<'_>, derived: Derived<'_>) {
         self.0.lock().unwrap().extend(derived);
     }
 }

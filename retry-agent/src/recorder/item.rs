@@ -52,13 +52,20 @@ impl Exchanges {
         }
     }
 
-    pub(super) fn pop_front(&mut self) -> Option<Exchange> {
-        let first = self.blocks.front_mut()?;
-        let x = first.pop_front();
-        if first.is_empty() {
-            self.blocks.pop_front();
+    /// Drop the `n` oldest exchanges in place (whole blocks where it can).
+    pub(super) fn drop_front(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(first) = self.blocks.front_mut() else {
+                return;
+            };
+            if first.len() <= n {
+                n -= first.len();
+                self.blocks.pop_front();
+            } else {
+                first.drain(..n);
+                return;
+            }
         }
-        x
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Exchange> {
@@ -67,15 +74,12 @@ impl Exchanges {
 }
 
 impl Item {
-    /// The ring's item for `rec`; an exchange goes to the back of `exchanges`.
-    pub(super) fn new(rec: Record, exchanges: &mut Exchanges) -> Self {
+    /// The ring's item for `rec`, not an exchange (those go to [`Exchanges`], marked by
+    /// [`Item::Exchange`]).
+    pub(super) fn new(rec: Record) -> Self {
         match rec {
             Record::Event(Event::Data(d)) => Item::Data(d),
             Record::Event(Event::Conn(c)) => Item::Conn(c),
-            Record::Exchange(x) => {
-                exchanges.push_back(*x);
-                Item::Exchange
-            }
             other => Item::Other(Box::new(other)),
         }
     }
@@ -110,18 +114,22 @@ pub(super) fn approx_size(rec: &Record) -> usize {
                 + p.container_id.as_ref().map_or(0, String::len)
         }
         Record::Event(Event::Conn(_)) => BASE,
-        // Inline in the exchange ring, plus its strings' heap (none when short).
-        Record::Exchange(x) => {
-            BASE + size_of::<Exchange>()
-                + x.authority.as_ref().map_or(0, heap_len)
-                + x.path.as_ref().map_or(0, heap_len)
-                + x.route.as_ref().map_or(0, heap_len)
-        }
+        Record::Exchange(x) => exchange_size(x),
         Record::Verdict(v) => BOXED + v.caused_by.len() * 48,
         Record::Decision(d) => BOXED + d.callee_addrs.len() * 32,
         Record::Edges(e) => BOXED + e.edges.len() * 512 + e.paths.depths.len() * 128,
         Record::Event(Event::ProcessExit { .. }) | Record::Tick { .. } => BOXED,
     }
+}
+
+/// An exchange's charge: its slot in the ring, its place inline in the exchange ring, and its
+/// strings' heap (none when short).
+pub(super) fn exchange_size(x: &Exchange) -> usize {
+    size_of::<Stored>()
+        + size_of::<Exchange>()
+        + x.authority.as_ref().map_or(0, heap_len)
+        + x.path.as_ref().map_or(0, heap_len)
+        + x.route.as_ref().map_or(0, heap_len)
 }
 
 /// Heap bytes of an exchange's string: none when it is held inline.

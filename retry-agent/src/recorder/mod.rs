@@ -18,11 +18,12 @@ use std::{
 use clap::{ArgAction, Args};
 use serde::{Deserialize, Serialize};
 
-use self::item::{Exchanges, Item, Stored, approx_size};
+use self::item::{Exchanges, Item, Stored, approx_size, exchange_size};
 use crate::{
     capture::{DataEvent, Event, ProcessInfo},
     decide::{Action, Decision},
-    pipeline::{Input, PipelineConfig, Record, Tap},
+    l7::Exchange,
+    pipeline::{Derived, Input, PipelineConfig, Record, Tap},
     settings::{InvalidConfig, Settings},
 };
 
@@ -327,6 +328,9 @@ const MAX_PROCESSES: usize = 16_384;
 
 /// The flight recorder. Owned by the pipeline task (`record` is `&mut self`, no locking); wrap it
 /// in a [`SharedRecorder`] when the API or a signal handler must reach it.
+/// Over its byte bound, the ring sheds down to 1/`EVICT_SLACK` of the bound below it.
+const EVICT_SLACK: usize = 64;
+
 pub struct Recorder {
     cfg: RecorderConfig,
     /// Settings of the pipeline feeding this recorder (written into every dump's header).
@@ -384,10 +388,13 @@ impl Recorder {
     }
 
     /// One tap of the pipeline: its input (a tick as [`Record::Tick`]), then what it derived.
-    fn tap(&mut self, input: Input<'_>, derived: &mut dyn Iterator<Item = Record>) {
+    fn tap(&mut self, input: Input<'_>, mut derived: Derived<'_>) {
         match input {
             Input::Event(ev) => self.record_event(ev),
             Input::Tick { now_ns } => self.record(Record::Tick { now_ns }),
+        }
+        while let Some(x) = derived.next_exchange() {
+            self.record_exchange(x);
         }
         for r in derived {
             self.record(r);
@@ -462,29 +469,56 @@ impl Recorder {
         self.admit(rec);
     }
 
+    /// Record an exchange as it is (the ring keeps exchanges unboxed).
+    pub fn record_exchange(&mut self, x: Exchange) {
+        if !self.cfg.enabled {
+            return;
+        }
+        self.stats.records_total += 1;
+        let (ts_ns, size) = (x.end_ns(), exchange_size(&x));
+        self.exchanges.push_back(x);
+        self.store(ts_ns, size, Item::Exchange);
+    }
+
     fn admit(&mut self, rec: Record) {
-        let ts_ns = rec.ts_ns();
+        if let Record::Exchange(x) = rec {
+            let (ts_ns, size) = (x.end_ns(), exchange_size(&x));
+            self.exchanges.push_back(*x);
+            return self.store(ts_ns, size, Item::Exchange);
+        }
         if let Record::Decision(d) = &rec {
             self.note_decision(d);
         }
-        let size = approx_size(&rec);
+        let (ts_ns, size) = (rec.ts_ns(), approx_size(&rec));
+        self.store(ts_ns, size, Item::new(rec));
+    }
+
+    fn store(&mut self, ts_ns: u64, size: usize, item: Item) {
         self.bytes += size;
         self.stats.newest_ns = self.stats.newest_ns.max(ts_ns);
-        self.ring.push_back(Stored {
-            ts_ns,
-            size,
-            item: Item::new(rec, &mut self.exchanges),
-        });
+        self.ring.push_back(Stored { ts_ns, size, item });
         self.evict();
         self.maybe_auto_dump();
     }
 
+    /// Let go of what is too old or over the byte bound. Over the bound, the ring sheds down to
+    /// [`EVICT_SLACK`] below it at once and drops those records in place: one pass per batch
+    /// instead of a pop (a move out of the ring) per push.
     fn evict(&mut self) {
         let horizon = self.stats.newest_ns.saturating_sub(self.window_ns);
-        while let Some(front) = self.ring.front() {
-            let aged = front.ts_ns < horizon;
-            let over = self.bytes > self.max_bytes;
-            if !aged && !over {
+        let over = self.bytes > self.max_bytes;
+        if !over && self.ring.front().is_none_or(|f| f.ts_ns >= horizon) {
+            return;
+        }
+        let target = if over {
+            self.max_bytes - self.max_bytes / EVICT_SLACK
+        } else {
+            self.max_bytes
+        };
+        let (mut n, mut exchanges) = (0, 0);
+        for s in &self.ring {
+            let aged = s.ts_ns < horizon;
+            if !aged && self.bytes <= target {
                 break;
             }
             if aged {
@@ -492,15 +526,12 @@ impl Recorder {
             } else {
                 self.stats.evicted_size_total += 1;
             }
-            self.bytes -= front.size;
-            if let Some(Stored {
-                item: Item::Exchange,
-                ..
-            }) = self.ring.pop_front()
-            {
-                self.exchanges.pop_front();
-            }
+            self.bytes -= s.size;
+            n += 1;
+            exchanges += usize::from(matches!(s.item, Item::Exchange));
         }
+        self.ring.drain(..n);
+        self.exchanges.drop_front(exchanges);
         self.stats.records_in_ring = self.ring.len() as u64;
         self.stats.bytes_in_ring = self.bytes as u64;
         self.stats.oldest_ns = self.ring.front().map_or(0, |s| s.ts_ns);
@@ -682,7 +713,7 @@ impl Tap for SharedRecorder {
         let _ = self.with(|r| r.set_pipeline_config(config.clone()));
     }
 
-    fn tap(&mut self, input: Input<'_>, derived: &mut dyn Iterator<Item = Record>) {
+    fn tap(&mut self, input: Input<'_>, derived: Derived<'_>) {
         let _ = self.with(|r| r.tap(input, derived));
     }
 }

@@ -282,6 +282,54 @@ fn ring_is_bounded_by_bytes() {
     assert!(st.records_in_ring > 200, "{st:?}");
 }
 
+/// Shedding a batch over the byte bound lets exchanges go with their own ring slots: what stays
+/// still pairs each exchange with the record that followed it.
+#[test]
+fn exchanges_leave_with_their_slots_when_the_bound_sheds() {
+    let dir = temp_dir("exchange-bytes");
+    let mut r = Recorder::new(RecorderConfig {
+        max_mib: 1,
+        auto_dump: false,
+        ..cfg(dir)
+    })
+    .unwrap();
+    let a: std::net::SocketAddr = "127.0.0.1:1000".parse().unwrap();
+    let b: std::net::SocketAddr = "127.0.0.1:2000".parse().unwrap();
+    let body = vec![b'x'; 2000];
+    for i in 0..2000u64 {
+        let x = crate::testkit::ExchangeBuilder::server(i, 1, 1, a, b, i * 10, i * 10 + 1).build();
+        r.record(Record::Exchange(Box::new(x)));
+        r.record(Record::Event(data(3, Direction::Egress, i * 10 + 2, &body)));
+    }
+    let st = r.stats();
+    assert!(st.bytes_in_ring <= 1 << 20, "{st:?}");
+    assert!(st.evicted_size_total > 1000, "{st:?}");
+    let snap = r.snapshot(DumpReason::Other("t".into()));
+    let mut pairs = 0;
+    for w in snap.records.windows(2) {
+        if let (Record::Exchange(x), Record::Event(Event::Data(d))) = (&w[0], &w[1]) {
+            assert_eq!(
+                d.ts_exit_ns,
+                x.id.0 * 10 + 2,
+                "exchange {} paired with a stranger",
+                x.id.0
+            );
+            pairs += 1;
+        }
+    }
+    assert!(
+        pairs > 100 && pairs as u64 * 2 + 1 >= st.records_in_ring,
+        "{pairs} {st:?}"
+    );
+    assert_eq!(
+        snap.records
+            .iter()
+            .filter(|r| matches!(r, Record::Exchange(_)))
+            .count(),
+        pairs
+    );
+}
+
 /// Exchanges live in a ring of their own: through evictions and range cuts each exchange item of
 /// the main ring must still find its own exchange, in order.
 #[test]
@@ -296,7 +344,8 @@ fn exchanges_stay_in_order_through_eviction_and_ranges() {
     let a: std::net::SocketAddr = "127.0.0.1:1000".parse().unwrap();
     let b: std::net::SocketAddr = "127.0.0.1:2000".parse().unwrap();
     let sec = 1_000_000_000u64;
-    for s in 0..40u64 {
+    // Enough exchanges to fill and let go of several of the exchange ring's blocks.
+    for s in 0..200u64 {
         let x = crate::testkit::ExchangeBuilder::server(s, 1, 1, a, b, s * sec, s * sec + 1)
             .route(&format!("/r/{}", s))
             .build();
@@ -312,7 +361,7 @@ fn exchanges_stay_in_order_through_eviction_and_ranges() {
             )));
         }
     }
-    // The window (10 s behind the newest record, 39 s + 3 ns) kept seconds 30..=39; a range
+    // The window (10 s behind the newest record, 199 s + 3 ns) kept seconds 190..=199; a range
     // inside it starts mid-ring.
     let routes = |snap: &Snapshot| -> Vec<(u64, String)> {
         snap.records
@@ -324,10 +373,10 @@ fn exchanges_stay_in_order_through_eviction_and_ranges() {
             .collect()
     };
     let all = routes(&r.snapshot(DumpReason::Other("t".into())));
-    let want: Vec<(u64, String)> = (30..40).map(|s| (s, format!("/r/{s}"))).collect();
+    let want: Vec<(u64, String)> = (190..200).map(|s| (s, format!("/r/{s}"))).collect();
     assert_eq!(all, want);
-    let part = routes(&r.snapshot_range(DumpReason::Other("t".into()), 33 * sec, 35 * sec + 5));
-    let want: Vec<(u64, String)> = (33..36).map(|s| (s, format!("/r/{s}"))).collect();
+    let part = routes(&r.snapshot_range(DumpReason::Other("t".into()), 193 * sec, 195 * sec + 5));
+    let want: Vec<(u64, String)> = (193..196).map(|s| (s, format!("/r/{s}"))).collect();
     assert_eq!(part, want);
 }
 
