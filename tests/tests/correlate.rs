@@ -140,6 +140,23 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
                 .all(|c| c.callee.as_str() == "svc-b" && c.status == Some(503))
         );
     }
+    // A serves each request on a thread of its own: l7 saw every one read and answered with no
+    // other in between, so the symptoms (a retried call failed) were judged at their answer, not
+    // after the grace period.
+    let a_served: Vec<_> = d
+        .exchanges
+        .values()
+        .filter(|x| x.pid == a.pid() && x.role == Role::Server)
+        .collect();
+    assert!(
+        a_served.iter().all(|x| x.sole_on_thread),
+        "thread per request, yet: {a_served:?}"
+    );
+    assert!(
+        d.engine.stats().early_verdicts >= 6,
+        "{:?}",
+        d.engine.stats()
+    );
     // A failing on its own (its call to B succeeded) owns its errors.
     let own: Vec<_> = d
         .verdicts
@@ -291,6 +308,15 @@ async fn event_loop_overlap_is_missing_not_guessed() {
         eprintln!("{v:?}");
     }
     assert_eq!(mine.len(), 6, "every failed request judged");
+    // Requests that overlapped on the loop's thread are never taken as served alone, so none
+    // is judged at its answer.
+    let overlapped = d
+        .exchanges
+        .values()
+        .filter(|x| x.pid == n.pid() && x.role == Role::Server && !x.sole_on_thread)
+        .count();
+    assert!(overlapped >= 2, "the client sends in parallel");
+    assert_eq!(d.engine.stats().early_verdicts, 0, "{:?}", d.engine.stats());
     // Never a guessed claim: missing, or (where exactly one failed call answered right before
     // the response) unclaimed with that call of B's as the cause.
     assert!(mine.iter().all(|v| v.claim != Claim::Claimed), "{mine:?}");

@@ -382,8 +382,8 @@ pub struct EngineStats {
     /// Failed inbound exchanges thread context could not link, linked by the trace id the
     /// process forwarded from the request to its calls.
     pub trace_links: u64,
-    /// Failed requests of Go programs judged at their answer, not after the grace period
-    /// (`Engine::judge_at_answer`).
+    /// Failed requests served alone (Go, or a thread with no other request in flight) judged
+    /// at their answer, not after the grace period (`Engine::judge_at_answer`).
     #[serde(default)]
     pub early_verdicts: u64,
 }

@@ -5,6 +5,7 @@
 //! in flight and how it becomes an exchange; `h1` and `h2` pair requests with responses.
 mod h1;
 mod h2;
+mod inbound;
 mod pending;
 
 use foldhash::HashMap;
@@ -21,18 +22,34 @@ use super::{
 };
 use h1::H1Conn;
 use h2::{H2Conn, H2Stream};
+pub(crate) use inbound::InboundByThread;
 use pending::Pending;
 pub(crate) use pending::{EndKind, connect_failure};
 
-/// Where completed exchanges go: numbered in emission order and counted.
+/// Where completed exchanges go: numbered in emission order and counted; a server's requests
+/// are also followed per thread from read to answer ([`InboundByThread`]).
 pub(crate) struct Emitter<'a> {
     pub out: &'a mut Vec<Exchange>,
     pub stats: &'a mut L7Stats,
     pub next_id: &'a mut u64,
+    pub inbound: &'a mut InboundByThread,
 }
 
 impl Emitter<'_> {
+    /// A request head arrived on a connection of `info`, read by `start.tid`.
+    pub(crate) fn request_read(&mut self, info: &ConnInfo, start: &Ctx) {
+        if info.role == Role::Server {
+            self.inbound
+                .read(info.pid, start.tid, info.id, start.ts_start);
+        }
+    }
+
     pub(crate) fn emit(&mut self, mut ex: Exchange) {
+        if ex.role == Role::Server {
+            ex.sole_on_thread =
+                self.inbound
+                    .answer(ex.pid, ex.tid, ex.conn, ex.request_start_ns, ex.end_ns());
+        }
         ex.id = ExchangeId(*self.next_id);
         *self.next_id += 1;
         self.stats.exchanges += 1;

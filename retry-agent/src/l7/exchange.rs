@@ -222,6 +222,11 @@ pub struct Exchange {
     pub unknown: bool,
     pub request_bytes: u64,
     pub response_bytes: u64,
+    /// Server side: the thread that read this request had no other request read and unanswered
+    /// when it answered this one (thread per request, not an event loop), so the calls it made
+    /// meanwhile were this request's. False when unknown (and in dumps that predate it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sole_on_thread: bool,
 }
 
 impl Exchange {

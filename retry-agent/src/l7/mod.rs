@@ -29,7 +29,7 @@ use crate::{
     capture::{ConnEvent, ConnEventKind, ConnId, Event, Role},
     settings::{InvalidConfig, Settings},
 };
-use conn::{Conn, Emitter, EndKind};
+use conn::{Conn, Emitter, EndKind, InboundByThread};
 use msg::Ctx;
 
 /// Settings of the L7 stage (`--l7-*`). Flattened into the commands that reassemble (`run`, `trace
@@ -150,6 +150,8 @@ pub struct Reassembler {
     next_id: u64,
     /// Connections by recency of their last event (LRU eviction when full).
     conns: LruCache<ConnId, Conn, ConnHasher>,
+    /// Server requests each thread has read and not answered.
+    inbound: InboundByThread,
 }
 
 impl Reassembler {
@@ -160,6 +162,7 @@ impl Reassembler {
             stats: L7Stats::default(),
             next_id: 0,
             conns: LruCache::with_hasher(cap, ConnHasher::default()),
+            inbound: InboundByThread::default(),
         }
     }
 
@@ -176,6 +179,7 @@ impl Reassembler {
                     out,
                     stats: &mut self.stats,
                     next_id: &mut self.next_id,
+                    inbound: &mut self.inbound,
                 };
                 // One lookup for a known connection (nearly every event), two for a new one.
                 if let Some(c) = self.conns.get_mut(&d.conn) {
@@ -215,6 +219,7 @@ impl Reassembler {
                     out,
                     stats: &mut self.stats,
                     next_id: &mut self.next_id,
+                    inbound: &mut self.inbound,
                 };
                 for id in dead {
                     if let Some(mut c) = self.conns.pop(&id) {
@@ -222,6 +227,7 @@ impl Reassembler {
                         em.stats.closed += 1;
                     }
                 }
+                self.inbound.forget_pid(*pid);
             }
             Event::Process(_) => {}
         }
@@ -233,6 +239,7 @@ impl Reassembler {
             out,
             stats: &mut self.stats,
             next_id: &mut self.next_id,
+            inbound: &mut self.inbound,
         };
         let ctx = Ctx {
             ts_start: ev.ts_ns,
@@ -296,6 +303,7 @@ impl Reassembler {
             out,
             stats: &mut self.stats,
             next_id: &mut self.next_id,
+            inbound: &mut self.inbound,
         };
         // Least recently used first; events arrive roughly by time, so the idle ones are there.
         while let Some((_, c)) = self.conns.peek_lru() {

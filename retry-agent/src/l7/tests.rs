@@ -1150,3 +1150,43 @@ fn propagated_trace_id_is_read_best_source_first() {
     assert_eq!(ex[2].trace_id, None, "malformed traceparent ignored");
     assert!(ex[3].trace_id.is_some() && ex[3].trace_id != ex[0].trace_id);
 }
+
+/// A server thread that reads, answers, then reads the next request serves each alone; one that
+/// reads a second request before answering the first (an event loop) serves neither alone.
+/// Clients' exchanges are never marked.
+#[test]
+fn server_requests_served_alone_on_their_thread_are_marked() {
+    const OK0: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+    let ev = vec![
+        conn_ev(4, Role::Server, 1, ConnEventKind::Accept),
+        conn_ev(5, Role::Server, 2, ConnEventKind::Accept),
+        conn_ev(6, Role::Client, 3, ConnEventKind::Connect { errno: 0 }),
+        // Thread 7: conn 4's request, a call of its own, the answer, then conn 5's.
+        data(4, Role::Server, IN, 10, GET),
+        data(6, Role::Client, OUT, 12, GET),
+        data(6, Role::Client, IN, 14, OK0),
+        data(4, Role::Server, OUT, 20, OK0),
+        data(5, Role::Server, IN, 30, GET),
+        data(5, Role::Server, OUT, 40, OK0),
+        // Then as an event loop: conn 4 and conn 5 read before either is answered.
+        data(4, Role::Server, IN, 50, GET),
+        data(5, Role::Server, IN, 55, GET),
+        data(4, Role::Server, OUT, 60, OK0),
+        data(5, Role::Server, OUT, 70, OK0),
+    ];
+    let ex = run_split_invariant(&ev);
+    let alone: Vec<(u32, Role, bool)> = ex
+        .iter()
+        .map(|x| (x.conn.fd, x.role, x.sole_on_thread))
+        .collect();
+    assert_eq!(
+        alone,
+        vec![
+            (6, Role::Client, false),
+            (4, Role::Server, true),
+            (5, Role::Server, true),
+            (4, Role::Server, false),
+            (5, Role::Server, false),
+        ]
+    );
+}

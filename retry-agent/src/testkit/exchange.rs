@@ -75,6 +75,7 @@ impl ExchangeBuilder {
             unknown: false,
             request_bytes: 100,
             response_bytes: 100,
+            sole_on_thread: false,
         })
     }
 
@@ -168,6 +169,13 @@ impl ExchangeBuilder {
 
     pub fn markers(mut self, m: RetryMarkers) -> Self {
         self.0.retry_markers = m;
+        self
+    }
+
+    /// The server's thread had no other request in flight when it answered (see
+    /// `Exchange::sole_on_thread`).
+    pub fn sole_on_thread(mut self) -> Self {
+        self.0.sole_on_thread = true;
         self
     }
 

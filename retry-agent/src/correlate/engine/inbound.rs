@@ -160,8 +160,10 @@ impl Engine {
             req_end: ex.request_end_ns,
             trace: ex.trace_id,
         };
-        // A goroutine serves one request at a time: a cause among its calls is final now.
-        if ex.goid.is_some() && self.judge_at_answer(&p, out) {
+        // A goroutine serves one request at a time, and so does a thread l7 saw read and answer
+        // this request with no other in between: a cause among its calls is final now.
+        let alone = ex.goid.is_some() || (ex.sole_on_thread && !cross_thread);
+        if alone && self.judge_at_answer(&p, out) {
             return;
         }
         self.pending.push_back(p);

@@ -709,6 +709,103 @@ fn go_failures_with_a_failed_call_are_judged_at_the_answer() {
     );
 }
 
+/// A thread-served request l7 saw served alone on its thread (`sole_on_thread`) whose own call
+/// failed is unclaimed at its answer, like a Go request. The same request without the mark
+/// (an event loop may be interleaving another) waits its grace period.
+#[test]
+fn thread_failures_served_alone_with_a_failed_call_are_judged_at_the_answer() {
+    for alone in [true, false] {
+        let mut w = no_alo();
+        let t = 1_000 * MS;
+        let c = w.id();
+        w.push(
+            X::client(
+                c,
+                B,
+                200,
+                eph(B, 1),
+                addr("203.0.113.9:443"),
+                t + 2 * MS,
+                t + 3 * MS,
+            )
+            .status(503)
+            .build(),
+        );
+        let r = w.id();
+        let served =
+            X::server(r, B, 200, svc(B), addr("192.168.1.1:1"), t, t + 10 * MS).status(502);
+        w.push(
+            if alone {
+                served.sole_on_thread()
+            } else {
+                served
+            }
+            .build(),
+        );
+        let early = w.v.iter().filter(|v| v.exchange == ExchangeId(r)).count();
+        assert_eq!(early, usize::from(alone), "alone={alone}: {:?}", w.v);
+        assert_eq!(w.e.stats().early_verdicts, u64::from(alone));
+        let v = w.verdict(r);
+        assert_eq!(
+            (v.claim, v.link),
+            (Claim::Unclaimed, Link::Thread),
+            "alone={alone}"
+        );
+        assert_eq!(
+            w.v.iter().filter(|v| v.exchange == ExchangeId(r)).count(),
+            1,
+            "judged once"
+        );
+    }
+}
+
+/// An event loop's request is never judged early, even marked alone: a completed request that
+/// overlapped it on its thread (l7 marks the pair; the engine's own windows also see it) makes
+/// its context lost, and the grace path decides.
+#[test]
+fn a_thread_known_as_an_event_loop_is_not_judged_at_the_answer() {
+    let mut w = no_alo();
+    let t = 1_000 * MS;
+    // Two overlapping requests on thread 200 mark it an event loop.
+    let a = w.id();
+    w.push(X::server(a, B, 200, svc(B), addr("192.168.1.1:5"), t, t + 8 * MS).build());
+    let c = w.id();
+    w.push(
+        X::client(
+            c,
+            B,
+            200,
+            eph(B, 1),
+            addr("203.0.113.9:443"),
+            t + 2 * MS,
+            t + 3 * MS,
+        )
+        .status(503)
+        .build(),
+    );
+    let r = w.id();
+    w.push(
+        X::server(
+            r,
+            B,
+            200,
+            svc(B),
+            addr("192.168.1.1:1"),
+            t + MS,
+            t + 10 * MS,
+        )
+        .status(502)
+        .sole_on_thread()
+        .build(),
+    );
+    assert!(
+        !w.v.iter().any(|v| v.exchange == ExchangeId(r)),
+        "{:?}",
+        w.v
+    );
+    assert_eq!(w.e.stats().early_verdicts, 0);
+}
+
 /// A child that ends after the parent answered did not cause the parent's error.
 #[test]
 fn late_children_do_not_explain() {

@@ -132,14 +132,15 @@ impl Engine {
         None
     }
 
-    /// The verdict on a failed request of a Go program, at its answer: when its own calls (its
-    /// goroutine's, and those the uprobes traced to it as their root; a goroutine serves one
-    /// request at a time) show a failed fail-close dependency, it is unclaimed whatever else
-    /// arrives later — more calls only add causes, and the process-wide checks only matter
-    /// when no cause is known — so waiting the grace period would only delay the decision
-    /// above it. (A thread is not judged so: an event loop is only known as one once an
-    /// overlapping request completes, which the grace period waits for.) Returns whether it
-    /// was judged.
+    /// The verdict on a failed request served alone, at its answer: a Go request (its
+    /// goroutine's calls, and those the uprobes traced to it as their root; a goroutine serves
+    /// one request at a time), or a thread's that l7 saw read and answer it with no other
+    /// request of that thread in flight (`Exchange::sole_on_thread`: not an event loop, whose
+    /// overlapping requests the grace period otherwise waits to see). When its own calls show a
+    /// failed fail-close dependency, it is unclaimed whatever else arrives later — more calls
+    /// only add causes, and the process-wide checks only matter when no cause is known — so
+    /// waiting the grace period would only delay the decision above it. Returns whether it was
+    /// judged.
     pub(super) fn judge_at_answer(&mut self, p: &Pending, out: &mut Vec<Verdict>) -> bool {
         let found = self.gather(p);
         if found.context != Context::Followed || needs_link(&found) {

@@ -172,6 +172,7 @@ impl H1Sink for H1Pairing<'_, '_> {
     fn request_head(&mut self, req: ReqInfo, start: &Ctx) {
         let seq = self.seq();
         *self.cur_req = Some(seq);
+        self.em.request_read(self.info, start);
         self.push(Pending::new(seq, req, start));
     }
 

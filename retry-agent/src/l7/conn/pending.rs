@@ -123,6 +123,7 @@ impl Pending {
             unknown,
             request_bytes: self.req_bytes,
             response_bytes: self.resp_bytes,
+            sole_on_thread: false,
         }
     }
 }
