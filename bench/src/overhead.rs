@@ -50,17 +50,21 @@ const LIBSSL: &[&str] = &[
 enum Server {
     Haproxy,
     Nginx,
+    /// The agent's defaults: `--capture-go auto` (the Go uprobes only where a hit is cheap).
     Go,
+    /// The same Go server, the Go uprobes on whatever they cost here.
+    GoUprobes,
     /// The same Go server, the agent without its Go uprobes: what they cost.
     GoNoUprobes,
     HaproxyTls,
 }
 
 impl Server {
-    const ALL: [Server; 5] = [
+    const ALL: [Server; 6] = [
         Server::Haproxy,
         Server::Nginx,
         Server::Go,
+        Server::GoUprobes,
         Server::GoNoUprobes,
         Server::HaproxyTls,
     ];
@@ -70,6 +74,7 @@ impl Server {
             Server::Haproxy => "haproxy answering itself",
             Server::Nginx => "nginx, 1 KiB file",
             Server::Go => "Go net/http hello",
+            Server::GoUprobes => "Go hello, --capture-go true",
             Server::GoNoUprobes => "Go hello, --capture-go false",
             Server::HaproxyTls => "haproxy over TLS",
         }
@@ -82,8 +87,10 @@ impl Server {
     /// The agent's settings for this row (defaults but for TLS and, in one row, the Go uprobes).
     fn agent_args(self) -> Vec<&'static str> {
         let mut args = vec!["--capture-tls", if self.tls() { "true" } else { "false" }];
-        if self == Server::GoNoUprobes {
-            args.extend(["--capture-go", "false"]);
+        match self {
+            Server::GoUprobes => args.extend(["--capture-go", "true"]),
+            Server::GoNoUprobes => args.extend(["--capture-go", "false"]),
+            _ => {}
         }
         args
     }
@@ -100,7 +107,7 @@ impl Server {
                 ))
             }
             Server::Nginx => Ok((nginx(dir, port)?, format!("http://127.0.0.1:{port}/1k.bin"))),
-            Server::Go | Server::GoNoUprobes => {
+            Server::Go | Server::GoUprobes | Server::GoNoUprobes => {
                 Ok((go_hello(dir, port)?, format!("http://127.0.0.1:{port}/")))
             }
         }

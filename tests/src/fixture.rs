@@ -10,7 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use retry_agent::capture::{Capture, CaptureConfig, CaptureError, ConnEvent, DataEvent, Event};
+use retry_agent::capture::{
+    Capture, CaptureConfig, CaptureError, ConnEvent, DataEvent, Event, GoMode,
+};
 
 /// Whether the capture tests can run here; prints why not.
 pub fn can_run() -> bool {
@@ -37,8 +39,13 @@ unsafe extern "C" {
 
 /// Loads the capture; `None` (with the reason printed) when the kernel refuses in a way that means
 /// "feature missing here" rather than a bug.
+/// The Go uprobes are on whatever a uprobe costs on the machine (`--capture-go true`): the tests
+/// check what they link, not whether `auto` would keep them.
 pub fn load() -> Option<Capture> {
-    load_with(&CaptureConfig::default())
+    load_with(&CaptureConfig {
+        go: GoMode::On,
+        ..CaptureConfig::default()
+    })
 }
 
 /// `load` with explicit settings.

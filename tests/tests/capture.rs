@@ -782,3 +782,45 @@ async fn connection_opened_before_start_is_attributed() {
         && d.direction == Direction::Ingress
         && d.payload.starts_with(b"LATE-PONG")));
 }
+
+/// `--capture-go auto` measures what a uprobe hit costs here (a real uprobe on the agent's own
+/// function, in its own process) and keeps the Go uprobes only under the limit: a limit of 0 µs
+/// turns them off, a limit of a second keeps them; `true` and `false` measure nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_uprobes_auto_follow_the_measured_uprobe_cost() {
+    if !can_run() {
+        return;
+    }
+    use retry_agent::capture::{CaptureConfig, GoMode};
+    for (mode, max_us, want_on) in [
+        (GoMode::Auto, 0, false),
+        (GoMode::Auto, 1_000_000, true),
+        (GoMode::On, 0, true),
+        (GoMode::Off, 1_000_000, false),
+    ] {
+        let cfg = CaptureConfig {
+            go: mode,
+            go_max_uprobe_us: max_us,
+            ..CaptureConfig::default()
+        };
+        let Some(cap) = load_with(&cfg) else { return };
+        let cost = cap.uprobe_cost();
+        eprintln!("{mode:?} max {max_us} µs: one uprobe hit costs {cost:?}");
+        assert_eq!(
+            cap.go_enabled(),
+            want_on,
+            "{mode:?} max {max_us} µs, cost {cost:?}"
+        );
+        match mode {
+            GoMode::Auto => {
+                let c = cost.expect("auto measures the cost");
+                assert!(
+                    c > Duration::ZERO && c < Duration::from_millis(10),
+                    "a uprobe hit costs {c:?}?"
+                );
+            }
+            _ => assert_eq!(cost, None, "{mode:?} measures nothing"),
+        }
+        drop(cap);
+    }
+}

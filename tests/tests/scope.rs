@@ -65,7 +65,7 @@ async fn netns_scope_tracks_only_the_scoped_namespace() {
     };
     let cfg = CaptureConfig {
         netns: vec![format!("/run/netns/{}", ns.a)],
-        go: false,
+        go: retry_agent::capture::GoMode::Off,
         ..CaptureConfig::default()
     };
     let Some(mut cap) = load_with(&cfg) else {
@@ -162,7 +162,7 @@ async fn cgroup_scope_tracks_only_the_scoped_subtree() {
     let outside = TestCgroup(top.0.join("out"));
     let cfg = CaptureConfig {
         cgroups: vec![inside.0.clone()],
-        go: false,
+        go: retry_agent::capture::GoMode::Off,
         ..CaptureConfig::default()
     };
     let Some(mut cap) = load_with(&cfg) else {

@@ -101,7 +101,10 @@ pub(super) fn attach_fixed(ebpf: &mut Ebpf, specs: &[ProgramSpec]) -> Result<usi
                 n += 1;
             }
             Hook::Uprobe(u) => match u.target {
-                UprobeTarget::Libssl | UprobeTarget::Go | UprobeTarget::GoReturns => {}
+                UprobeTarget::Libssl
+                | UprobeTarget::Go
+                | UprobeTarget::GoReturns
+                | UprobeTarget::Calibrate => {}
             },
         }
     }

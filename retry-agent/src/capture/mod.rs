@@ -49,6 +49,17 @@ pub use workload::{WorkloadKind, WorkloadName};
 pub static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/retry-ebpf.o"));
 
+/// `--capture-go`: the Go uprobes always, never, or where a uprobe is cheap enough.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoMode {
+    /// On when one uprobe hit costs at most `--capture-go-max-uprobe-us` here.
+    Auto,
+    #[value(name = "true")]
+    On,
+    #[value(name = "false")]
+    Off,
+}
+
 /// Capture settings (`--capture-*`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct CaptureConfig {
@@ -124,8 +135,18 @@ pub struct CaptureConfig {
     pub tls_rescan_secs: u64,
     /// Link a Go program's outbound HTTP calls to the inbound request they serve with uprobes on
     /// net/http and the Go scheduler (goroutine ancestry), in every Go executable the node runs.
-    #[arg(long = "capture-go", env = "RETRY_AGENT_CAPTURE_GO", default_value_t = true, action = clap::ArgAction::Set)]
-    pub go: bool,
+    /// `auto`: on where a uprobe hit is cheap (measured at start; a Go service takes several per
+    /// request), off with a warning where it is not (some virtual machines: 15+ µs a hit).
+    #[arg(long = "capture-go", env = "RETRY_AGENT_CAPTURE_GO", value_enum, default_value_t = GoMode::Auto)]
+    pub go: GoMode,
+    /// With `--capture-go auto`: the most one uprobe hit may cost on this node, in µs, for the Go
+    /// uprobes to attach.
+    #[arg(
+        long = "capture-go-max-uprobe-us",
+        env = "RETRY_AGENT_CAPTURE_GO_MAX_UPROBE_US",
+        default_value_t = 5
+    )]
+    pub go_max_uprobe_us: u64,
     /// How often to look for new Go executables among the node's processes, in milliseconds.
     #[arg(
         long = "capture-go-rescan-ms",
@@ -194,7 +215,7 @@ impl Settings for CaptureConfig {
             "at least 1",
         );
         p.check(
-            !self.go || self.go_rescan_ms > 0,
+            self.go == GoMode::Off || self.go_rescan_ms > 0,
             "capture-go-rescan-ms",
             self.go_rescan_ms,
             "at least 1",
@@ -279,6 +300,8 @@ pub struct Capture {
     tls: Option<TlsState>,
     go: Option<GoState>,
     attached: usize,
+    /// What one uprobe hit costs on this node, when measured (`--capture-go auto`).
+    uprobe_cost: Option<Duration>,
 }
 
 /// What a Go rescan needs.
@@ -353,7 +376,36 @@ impl Capture {
             }
         }
 
-        let go = cfg.go.then(|| {
+        let uprobe_cost =
+            (cfg.go == GoMode::Auto).then(|| calibrate::uprobe_cost(&mut ebpf, &specs));
+        let go_on = match (cfg.go, &uprobe_cost) {
+            (GoMode::On, _) => true,
+            (GoMode::Off, _) => false,
+            (GoMode::Auto, Some(Ok(cost))) => {
+                let max = Duration::from_micros(cfg.go_max_uprobe_us);
+                if *cost <= max {
+                    tracing::info!(
+                        uprobe_cost_ns = cost.as_nanos() as u64,
+                        "Go uprobes on: a uprobe hit is cheap here"
+                    );
+                } else {
+                    tracing::warn!(
+                        uprobe_cost_ns = cost.as_nanos() as u64,
+                        max_us = cfg.go_max_uprobe_us,
+                        "Go uprobes off: a uprobe hit costs more than --capture-go-max-uprobe-us on this node and a Go service would pay it several times per request; Go services get thread-level linking only (--capture-go true turns them on anyway)"
+                    );
+                }
+                *cost <= max
+            }
+            (GoMode::Auto, _) => {
+                if let Some(Err(e)) = &uprobe_cost {
+                    tracing::warn!(error = %e, "could not measure what a uprobe costs here: Go uprobes on");
+                }
+                true
+            }
+        };
+        let uprobe_cost = uprobe_cost.and_then(Result::ok);
+        let go = go_on.then(|| {
             let mut probes = golang::GoProbes::new(golang::plan(&specs));
             probes.scan(&mut ebpf, &cfg.proc_root, agent_tgid, &scope);
             GoState {
@@ -441,6 +493,7 @@ impl Capture {
             tls,
             go,
             attached,
+            uprobe_cost,
         })
     }
 
@@ -462,6 +515,16 @@ impl Capture {
             std::process::id(),
             &g.scope,
         )
+    }
+
+    /// Whether the Go uprobes are on (see `--capture-go`).
+    pub fn go_enabled(&self) -> bool {
+        self.go.is_some()
+    }
+
+    /// What one uprobe hit costs on this node, when it was measured.
+    pub fn uprobe_cost(&self) -> Option<Duration> {
+        self.uprobe_cost
     }
 
     /// Go executables instrumented so far, and those that could not be.
@@ -539,6 +602,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 mod btf;
+mod calibrate;
 mod events;
 pub mod golang;
 mod load;

@@ -4,7 +4,8 @@
 //!
 //! - `tracepoint/<category>/<name>`: attached at load to that tracepoint.
 //! - `uprobe/<target>:<symbol>[,<symbol>…]` and `uretprobe/…`: a uprobe family, attached per file
-//!   of `<target>` by that target's module (`libssl`: [`super::tls`]).
+//!   of `<target>` by that target's module (`libssl`: [`super::tls`]; `go`, `go-ret`:
+//!   [`super::golang`]; `calibrate`: [`super::calibrate`]).
 //!
 //! Anything else (a kprobe, an unknown uprobe target) fails the load with the program's name:
 //! a program the capture does not know how to attach must never sit silently unattached. To add
@@ -37,6 +38,9 @@ pub(crate) enum UprobeTarget {
     /// Every Go executable, at each RET instruction of the function (uretprobes are unsafe on
     /// Go's moving stacks).
     GoReturns,
+    /// One function of the agent's own, in its own process: what a uprobe costs on this node
+    /// ([`super::calibrate`]).
+    Calibrate,
 }
 
 impl UprobeTarget {
@@ -45,6 +49,7 @@ impl UprobeTarget {
             "libssl" => Some(UprobeTarget::Libssl),
             "go" => Some(UprobeTarget::Go),
             "go-ret" => Some(UprobeTarget::GoReturns),
+            "calibrate" => Some(UprobeTarget::Calibrate),
             _ => None,
         }
     }

@@ -210,6 +210,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 state.health().observe(c.events.wrapping_add(c.polls), capture.programs_attached());
                 metrics.observe_tls(capture.tls_libraries());
                 metrics.observe_go(capture.go_programs());
+                metrics.observe_uprobes(capture.go_enabled(), capture.uprobe_cost());
                 metrics.observe_identity(&identity.failures());
                 let l = pipeline.reassembler.stats();
                 metrics.observe_l7(l.exchanges, l.evictions());
@@ -227,7 +228,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     info!(added, total = capture.tls_libraries(), "instrumented new libssl files");
                 }
             }
-            _ = go_rescan.tick(), if args.capture.go => {
+            _ = go_rescan.tick(), if capture.go_enabled() => {
                 // Lists /proc and stats new pids' executables; only new files are read.
                 let added = capture.rescan_go();
                 if added > 0 {

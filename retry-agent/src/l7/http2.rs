@@ -414,23 +414,28 @@ impl H2Dir {
                 let payload = std::mem::take(&mut self.payload);
                 let fragment = header_fragment(&payload, h);
                 self.block.clear();
-                self.block_cut = false;
-                match fragment {
-                    Some(f) => self.push_fragment(f),
-                    None => self.block_cut = true,
-                }
-                // A fragment cut by the capture keeps its prefix: whole instructions in it
-                // still decode (the table before it is known).
-                self.block_cut |= self.payload_cut;
-                self.payload = payload;
                 self.block_stream = h.stream;
                 self.block_end_stream = h.kind == HEADERS && h.flags & FLAG_END_STREAM != 0;
                 self.block_push = h.kind == PUSH_PROMISE;
                 self.block_start = self.frame_start;
                 self.in_block = true;
+                // A fragment cut by the capture keeps its prefix: whole instructions in it
+                // still decode (the table before it is known).
                 if h.flags & FLAG_END_HEADERS != 0 {
-                    self.end_block(ctx, sink);
+                    // The whole block is this frame's fragment (nearly always): decoded where
+                    // it lies instead of copied into the block buffer first.
+                    let f = fragment.unwrap_or_default();
+                    self.block_cut = fragment.is_none() || self.payload_cut || f.len() > self.cap;
+                    self.end_block_of(f, ctx, sink);
+                } else {
+                    self.block_cut = false;
+                    match fragment {
+                        Some(f) => self.push_fragment(f),
+                        None => self.block_cut = true,
+                    }
+                    self.block_cut |= self.payload_cut;
                 }
+                self.payload = payload;
             }
             CONTINUATION => {
                 let payload = std::mem::take(&mut self.payload);
@@ -471,15 +476,24 @@ impl H2Dir {
         self.block.extend_from_slice(f);
     }
 
+    /// The held block (its fragments joined) is complete.
     fn end_block(&mut self, ctx: &Ctx, sink: &mut impl H2Sink) {
+        let mut block = std::mem::take(&mut self.block);
+        self.end_block_of(&block, ctx, sink);
+        block.clear();
+        self.block = block;
+    }
+
+    /// `bytes` is the whole header block (or, when `block_cut`, its captured prefix).
+    fn end_block_of(&mut self, bytes: &[u8], ctx: &Ctx, sink: &mut impl H2Sink) {
         self.in_block = false;
         let block = match (self.hpack_ok, self.block_cut) {
-            (true, false) => self.decode(false),
+            (true, false) => self.decode(bytes, false),
             (true, true) => {
                 sink.truncated();
                 // What the block's captured prefix says, then the table is unknowable: the
                 // rest of the block may have added entries.
-                let b = self.decode(true);
+                let b = self.decode(bytes, true);
                 self.hpack_ok = false;
                 b
             }
@@ -490,7 +504,6 @@ impl H2Dir {
                 Block::Unknown
             }
         };
-        self.block.clear();
         if self.block_push {
             // Promised requests are not exchanges we pair; decoding kept the table in sync.
             return;
@@ -499,9 +512,9 @@ impl H2Dir {
         sink.headers(self.block_stream, block, self.block_end_stream, &start, ctx);
     }
 
-    /// Decode the held block; `partial`: it is only the captured prefix of the block, so an
+    /// Decode a header block; `partial`: it is only the captured prefix of the block, so an
     /// error at its end is expected and what decoded is reported as unknown (incomplete).
-    fn decode(&mut self, partial: bool) -> Block {
+    fn decode(&mut self, bytes: &[u8], partial: bool) -> Block {
         let side = if self.block_push {
             Side::Request
         } else {
@@ -510,13 +523,11 @@ impl H2Dir {
         let mut req = ReqInfo::default();
         let mut resp = RespInfo::default();
         let res =
-            self.decoder.decode_with_cb(
-                &self.block,
-                |n: Cow<'_, [u8]>, v: Cow<'_, [u8]>| match side {
+            self.decoder
+                .decode_with_cb(bytes, |n: Cow<'_, [u8]>, v: Cow<'_, [u8]>| match side {
                     Side::Request => apply_h2_request_header(&mut req, &n, &v),
                     Side::Response => apply_response_header(&mut resp, &n, &v),
-                },
-            );
+                });
         if partial {
             req.unknown = true;
             resp.unknown = true;

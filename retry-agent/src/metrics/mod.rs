@@ -124,6 +124,8 @@ pub struct Metrics {
     tls_libraries: Gauge,
     go_programs: Gauge,
     go_programs_failed: Gauge,
+    go_uprobes: Gauge,
+    uprobe_cost: GaugeF,
     decisions: Family<DecisionLabels, Counter>,
     suppressed_edges: Gauge,
     identity_failures: Family<ReasonLabels, Counter>,
@@ -167,6 +169,8 @@ impl Metrics {
             tls_libraries: Gauge::default(),
             go_programs: Gauge::default(),
             go_programs_failed: Gauge::default(),
+            go_uprobes: Gauge::default(),
+            uprobe_cost: GaugeF::default(),
             decisions: Family::default(),
             identity_failures: Family::default(),
             suppressed_edges: Gauge::default(),
@@ -259,6 +263,17 @@ impl Metrics {
             "go_programs_failed",
             "Go executables that could not be instrumented (their calls are linked from syscalls only)",
             m.go_programs_failed.clone(),
+        );
+        registry.register(
+            "go_uprobes",
+            "Whether the Go uprobes are attached (1) or not (0): --capture-go, and with auto the measured uprobe cost",
+            m.go_uprobes.clone(),
+        );
+        registry.register_with_unit(
+            "uprobe_cost",
+            "What one uprobe hit cost on this node, measured at start (0: not measured)",
+            prometheus_client::registry::Unit::Seconds,
+            m.uprobe_cost.clone(),
         );
         registry.register(
             "decisions",
@@ -457,6 +472,12 @@ impl Metrics {
     }
 
     /// Go executables instrumented so far, and those that could not be.
+    /// Whether the Go uprobes are on, and what a uprobe hit costs here (when measured).
+    pub fn observe_uprobes(&self, go_on: bool, cost: Option<std::time::Duration>) {
+        self.go_uprobes.set(i64::from(go_on));
+        self.uprobe_cost.set(cost.map_or(0.0, |c| c.as_secs_f64()));
+    }
+
     pub fn observe_go(&self, (instrumented, failed): (usize, usize)) {
         self.go_programs
             .set(i64::try_from(instrumented).unwrap_or(i64::MAX));

@@ -47,7 +47,7 @@ pub(crate) fn plan(specs: &[ProgramSpec]) -> Vec<Probe> {
         let returns = match u.target {
             UprobeTarget::Go => false,
             UprobeTarget::GoReturns => true,
-            UprobeTarget::Libssl => continue,
+            UprobeTarget::Libssl | UprobeTarget::Calibrate => continue,
         };
         for f in &u.symbols {
             match KNOWN.iter().find(|k| **k == f.as_str()) {
