@@ -709,6 +709,24 @@ fn go_failures_with_a_failed_call_are_judged_at_the_answer() {
     );
 }
 
+/// B's thread 200 calls out and gets a 503, 2 to 3 ms after `t`.
+fn failed_call_on_thread_200(w: &mut World, t: u64) {
+    let c = w.id();
+    w.push(
+        X::client(
+            c,
+            B,
+            200,
+            eph(B, 1),
+            addr("203.0.113.9:443"),
+            t + 2 * MS,
+            t + 3 * MS,
+        )
+        .status(503)
+        .build(),
+    );
+}
+
 /// A thread-served request l7 saw served alone on its thread (`sole_on_thread`) whose own call
 /// failed is unclaimed at its answer, like a Go request. The same request without the mark
 /// (an event loop may be interleaving another) waits its grace period.
@@ -717,20 +735,7 @@ fn thread_failures_served_alone_with_a_failed_call_are_judged_at_the_answer() {
     for alone in [true, false] {
         let mut w = no_alo();
         let t = 1_000 * MS;
-        let c = w.id();
-        w.push(
-            X::client(
-                c,
-                B,
-                200,
-                eph(B, 1),
-                addr("203.0.113.9:443"),
-                t + 2 * MS,
-                t + 3 * MS,
-            )
-            .status(503)
-            .build(),
-        );
+        failed_call_on_thread_200(&mut w, t);
         let r = w.id();
         let served =
             X::server(r, B, 200, svc(B), addr("192.168.1.1:1"), t, t + 10 * MS).status(502);
@@ -769,20 +774,7 @@ fn a_thread_known_as_an_event_loop_is_not_judged_at_the_answer() {
     // Two overlapping requests on thread 200 mark it an event loop.
     let a = w.id();
     w.push(X::server(a, B, 200, svc(B), addr("192.168.1.1:5"), t, t + 8 * MS).build());
-    let c = w.id();
-    w.push(
-        X::client(
-            c,
-            B,
-            200,
-            eph(B, 1),
-            addr("203.0.113.9:443"),
-            t + 2 * MS,
-            t + 3 * MS,
-        )
-        .status(503)
-        .build(),
-    );
+    failed_call_on_thread_200(&mut w, t);
     let r = w.id();
     w.push(
         X::server(
