@@ -785,7 +785,7 @@ async fn connection_opened_before_start_is_attributed() {
 
 /// `--capture-go auto` measures what a uprobe hit costs here (a real uprobe on the agent's own
 /// function, in its own process) and keeps the Go uprobes only under the limit: a limit of 0 µs
-/// turns them off, a limit of a second keeps them; `true` and `false` measure nothing.
+/// turns them off, a limit of a second keeps them; `true` and `false` measure nothing (TLS off).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_uprobes_auto_follow_the_measured_uprobe_cost() {
     if !can_run() {

@@ -300,7 +300,7 @@ pub struct Capture {
     tls: Option<TlsState>,
     go: Option<GoState>,
     attached: usize,
-    /// What one uprobe hit costs on this node, when measured (`--capture-go auto`).
+    /// What one uprobe hit costs on this node, when measured (`--capture-go auto`, or TLS on).
     uprobe_cost: Option<Duration>,
 }
 
@@ -376,8 +376,18 @@ impl Capture {
             }
         }
 
+        // Measured for `auto`, and to warn a TLS user what each SSL call will pay.
         let uprobe_cost =
-            (cfg.go == GoMode::Auto).then(|| calibrate::uprobe_cost(&mut ebpf, &specs));
+            (cfg.go == GoMode::Auto || cfg.tls).then(|| calibrate::uprobe_cost(&mut ebpf, &specs));
+        if cfg.tls
+            && let Some(Ok(cost)) = &uprobe_cost
+            && *cost > Duration::from_micros(cfg.go_max_uprobe_us)
+        {
+            tracing::warn!(
+                uprobe_cost_ns = cost.as_nanos() as u64,
+                "--capture-tls is on where a uprobe hit is dear: every SSL_read and SSL_write pays two"
+            );
+        }
         let go_on = match (cfg.go, &uprobe_cost) {
             (GoMode::On, _) => true,
             (GoMode::Off, _) => false,
