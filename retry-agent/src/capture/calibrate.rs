@@ -18,7 +18,10 @@ use aya::{
     programs::{ProgramError, UProbe, uprobe::UProbeScope},
 };
 
-use super::programs::{Hook, ProgramSpec, UprobeTarget};
+use super::{
+    CaptureConfig, GoMode,
+    programs::{Hook, ProgramSpec, UprobeTarget},
+};
 
 /// The function the calibration program probes: never inlined, next to nothing inside.
 #[inline(never)]
@@ -40,6 +43,50 @@ pub enum CalibrationError {
     Program(#[from] ProgramError),
     #[error("finding the calibration function in the agent's executable: {0}")]
     Locate(String),
+}
+
+/// Whether the Go uprobes go on (`--capture-go`), and what a uprobe hit costs here when that was
+/// measured: for `auto`, and to warn a TLS user what each SSL call will pay.
+pub(crate) fn go_uprobes(
+    cfg: &CaptureConfig,
+    ebpf: &mut Ebpf,
+    specs: &[ProgramSpec],
+) -> (bool, Option<Duration>) {
+    let cost = match (cfg.go == GoMode::Auto || cfg.tls).then(|| uprobe_cost(ebpf, specs)) {
+        Some(Ok(c)) => Some(c),
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "could not measure what a uprobe costs here");
+            None
+        }
+        None => None,
+    };
+    let dear = cost.filter(|c| *c > Duration::from_micros(cfg.go_max_uprobe_us));
+    if cfg.tls
+        && let Some(c) = dear
+    {
+        tracing::warn!(
+            uprobe_cost_ns = c.as_nanos() as u64,
+            "--capture-tls is on where a uprobe hit is dear: every SSL_read and SSL_write pays two"
+        );
+    }
+    let on = match (cfg.go, dear) {
+        (GoMode::On, _) => true,
+        (GoMode::Off, _) => false,
+        (GoMode::Auto, Some(c)) => {
+            tracing::warn!(
+                uprobe_cost_ns = c.as_nanos() as u64,
+                max_us = cfg.go_max_uprobe_us,
+                "Go uprobes off: a uprobe hit costs more than --capture-go-max-uprobe-us on this node and a Go service would pay it several times per request; Go services get thread-level linking only (--capture-go true turns them on anyway)"
+            );
+            false
+        }
+        // Cheap, or the measurement failed (then on, as before `auto` existed).
+        (GoMode::Auto, None) => {
+            tracing::info!(uprobe_cost = ?cost, "Go uprobes on");
+            true
+        }
+    };
+    (on, cost)
 }
 
 /// The cost of one uprobe hit on this node (the program loaded, attached, timed and detached).

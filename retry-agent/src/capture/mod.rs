@@ -376,45 +376,7 @@ impl Capture {
             }
         }
 
-        // Measured for `auto`, and to warn a TLS user what each SSL call will pay.
-        let uprobe_cost =
-            (cfg.go == GoMode::Auto || cfg.tls).then(|| calibrate::uprobe_cost(&mut ebpf, &specs));
-        if cfg.tls
-            && let Some(Ok(cost)) = &uprobe_cost
-            && *cost > Duration::from_micros(cfg.go_max_uprobe_us)
-        {
-            tracing::warn!(
-                uprobe_cost_ns = cost.as_nanos() as u64,
-                "--capture-tls is on where a uprobe hit is dear: every SSL_read and SSL_write pays two"
-            );
-        }
-        let go_on = match (cfg.go, &uprobe_cost) {
-            (GoMode::On, _) => true,
-            (GoMode::Off, _) => false,
-            (GoMode::Auto, Some(Ok(cost))) => {
-                let max = Duration::from_micros(cfg.go_max_uprobe_us);
-                if *cost <= max {
-                    tracing::info!(
-                        uprobe_cost_ns = cost.as_nanos() as u64,
-                        "Go uprobes on: a uprobe hit is cheap here"
-                    );
-                } else {
-                    tracing::warn!(
-                        uprobe_cost_ns = cost.as_nanos() as u64,
-                        max_us = cfg.go_max_uprobe_us,
-                        "Go uprobes off: a uprobe hit costs more than --capture-go-max-uprobe-us on this node and a Go service would pay it several times per request; Go services get thread-level linking only (--capture-go true turns them on anyway)"
-                    );
-                }
-                *cost <= max
-            }
-            (GoMode::Auto, _) => {
-                if let Some(Err(e)) = &uprobe_cost {
-                    tracing::warn!(error = %e, "could not measure what a uprobe costs here: Go uprobes on");
-                }
-                true
-            }
-        };
-        let uprobe_cost = uprobe_cost.and_then(Result::ok);
+        let (go_on, uprobe_cost) = calibrate::go_uprobes(cfg, &mut ebpf, &specs);
         let go = go_on.then(|| {
             let mut probes = golang::GoProbes::new(golang::plan(&specs));
             probes.scan(&mut ebpf, &cfg.proc_root, agent_tgid, &scope);

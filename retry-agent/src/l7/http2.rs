@@ -424,9 +424,9 @@ impl H2Dir {
                 if h.flags & FLAG_END_HEADERS != 0 {
                     // The whole block is this frame's fragment (nearly always): decoded where
                     // it lies instead of copied into the block buffer first.
-                    let f = fragment.unwrap_or_default();
-                    self.block_cut = fragment.is_none() || self.payload_cut || f.len() > self.cap;
-                    self.end_block_of(f, ctx, sink);
+                    // (The payload is already held to the cap, so the block is too.)
+                    self.block_cut = fragment.is_none() || self.payload_cut;
+                    self.end_block_of(fragment.unwrap_or_default(), ctx, sink);
                 } else {
                     self.block_cut = false;
                     match fragment {

@@ -475,6 +475,10 @@ impl Recorder {
             return;
         }
         self.stats.records_total += 1;
+        self.admit_exchange(x);
+    }
+
+    fn admit_exchange(&mut self, x: Exchange) {
         let (ts_ns, size) = (x.end_ns(), exchange_size(&x));
         self.exchanges.push_back(x);
         self.store(ts_ns, size, Item::Exchange);
@@ -482,9 +486,7 @@ impl Recorder {
 
     fn admit(&mut self, rec: Record) {
         if let Record::Exchange(x) = rec {
-            let (ts_ns, size) = (x.end_ns(), exchange_size(&x));
-            self.exchanges.push_back(*x);
-            return self.store(ts_ns, size, Item::Exchange);
+            return self.admit_exchange(*x);
         }
         if let Record::Decision(d) = &rec {
             self.note_decision(d);

@@ -113,10 +113,10 @@ impl H2Pairing<'_, '_> {
                 self.em.emit(s.p.into_exchange(self.info, None));
             }
         }
-        if !unknown && !self.streams.contains_key(&id) {
-            self.em.request_read(self.info, start);
-        }
         self.streams.entry(id).or_insert_with(|| {
+            if !unknown {
+                self.em.request_read(self.info, start);
+            }
             let mut p = Pending::new(
                 u64::from(id),
                 ReqInfo {
