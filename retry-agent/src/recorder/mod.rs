@@ -11,8 +11,7 @@
 //!   lock and writes after releasing it; storm auto-dumps write on their own thread.
 use std::{
     collections::{HashMap, VecDeque},
-    path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    path::PathBuf,
 };
 
 use clap::{ArgAction, Args};
@@ -23,7 +22,7 @@ use crate::{
     capture::{DataEvent, Event, ProcessInfo},
     decide::{Action, Decision},
     l7::Exchange,
-    pipeline::{Derived, Input, PipelineConfig, Record, Tap},
+    pipeline::{Derived, Input, PipelineConfig, Record},
     settings::{InvalidConfig, Settings},
 };
 
@@ -33,6 +32,8 @@ mod item;
 pub mod key;
 pub mod redact;
 pub mod replay;
+mod shared;
+mod snapshot;
 
 #[cfg(test)]
 mod tests;
@@ -40,6 +41,9 @@ mod tests;
 pub use client::{dump_api_response, spawn_sigusr1_dumps};
 pub use format::{DumpHeader, DumpReader, DumpWriter, FormatError, Loss, ReadOutcome};
 pub use replay::{Replayed, replay};
+pub use shared::SharedRecorder;
+use snapshot::ensure_dir;
+pub use snapshot::{DumpReason, Snapshot};
 
 /// Recorder settings (`--recorder-*`): every one a flag with an env var and a default.
 #[derive(Args, Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -184,137 +188,6 @@ pub struct RecorderStats {
     pub dump_errors_total: u64,
     pub oldest_ns: u64,
     pub newest_ns: u64,
-}
-
-/// Why a dump was written (goes into the header and the file name).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DumpReason {
-    /// `retry-agent dump` / the HTTP API.
-    OnDemand,
-    Signal,
-    /// A storm was detected at `trigger_ns` (first suppression decision).
-    Storm {
-        trigger_ns: u64,
-        edge: String,
-    },
-    /// Tests, benchmarks, tools.
-    Other(String),
-}
-
-impl std::fmt::Display for DumpReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DumpReason::OnDemand => f.write_str("on demand"),
-            DumpReason::Signal => f.write_str("SIGUSR1"),
-            DumpReason::Storm { trigger_ns, edge } => {
-                write!(f, "storm on {edge} at {trigger_ns} ns")
-            }
-            DumpReason::Other(why) => f.write_str(why),
-        }
-    }
-}
-
-impl DumpReason {
-    fn slug(&self) -> &str {
-        match self {
-            DumpReason::OnDemand => "ondemand",
-            DumpReason::Signal => "signal",
-            DumpReason::Storm { .. } => "storm",
-            DumpReason::Other(_) => "other",
-        }
-    }
-}
-
-/// A consistent copy of the ring (cheap: payloads are reference-counted), written off-lock.
-#[derive(Clone, Debug)]
-pub struct Snapshot {
-    pub reason: DumpReason,
-    pub config: RecorderConfig,
-    /// Process metadata first, so a replay names services from the first event on.
-    pub records: Vec<Record>,
-    pub from_ns: u64,
-    pub to_ns: u64,
-    /// Records evicted from the ring before this snapshot (or left out of its time range): a
-    /// replay then starts mid-stream and its first figures may differ from the live ones.
-    pub missing_before: u64,
-    /// Settings of the pipeline that fed the recorder, if it said.
-    pub pipeline: Option<PipelineConfig>,
-}
-
-impl Snapshot {
-    /// Write into `dir` as a new 0600 file; returns its path. The file appears under its final
-    /// name only once complete (written under a hidden name, then linked), so whoever watches
-    /// the directory never reads half a dump.
-    pub fn write_to_dir(&self, dir: &Path) -> Result<PathBuf, RecorderError> {
-        ensure_dir(dir)?;
-        let node = format::node_name();
-        let wall_ms = format::unix_ms();
-        let base = format!("retry-agent-{node}-{wall_ms}-{}", self.reason.slug());
-        let tmp = dir.join(format!(".{base}-{}.partial", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        let written = self.write_file(&tmp);
-        let result = written.and_then(|()| {
-            for n in 0..100u32 {
-                let suffix = if n == 0 {
-                    String::new()
-                } else {
-                    format!("-{n}")
-                };
-                let path = dir.join(format!("{base}{suffix}.radump"));
-                match std::fs::hard_link(&tmp, &path) {
-                    Ok(()) => return Ok(path),
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                    Err(source) => return Err(RecorderError::Write { path, source }),
-                }
-            }
-            Err(RecorderError::Write {
-                path: tmp.clone(),
-                source: std::io::ErrorKind::AlreadyExists.into(),
-            })
-        });
-        let _ = std::fs::remove_file(&tmp);
-        result
-    }
-
-    /// Write to exactly `path` (must not exist), mode 0600.
-    pub fn write_file(&self, path: &Path) -> Result<(), RecorderError> {
-        let werr = |source| RecorderError::Write {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = format::create_private(path).map_err(werr)?;
-        let mut header = DumpHeader::new(
-            self.reason.clone(),
-            self.config.clone(),
-            self.from_ns,
-            self.to_ns,
-        );
-        header.missing_before = self.missing_before;
-        if let Some(p) = &self.pipeline {
-            header.pipeline = serde_json::to_value(p).unwrap_or(serde_json::Value::Null);
-        }
-        let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).map_err(werr)?;
-        for r in &self.records {
-            w.push(r).map_err(werr)?;
-        }
-        let mut inner = w.finish().map_err(werr)?;
-        std::io::Write::flush(&mut inner).map_err(werr)?;
-        inner.get_ref().sync_all().map_err(werr)?;
-        Ok(())
-    }
-}
-
-fn ensure_dir(dir: &Path) -> Result<(), RecorderError> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|source| RecorderError::DumpDir {
-            path: dir.to_path_buf(),
-            source,
-        })
 }
 
 /// A storm seen; the dump is written once `after` has passed (in record time).
@@ -664,58 +537,5 @@ impl Recorder {
 
     pub fn stats(&self) -> RecorderStats {
         self.stats
-    }
-}
-
-/// The recorder behind a lock, for the pipeline, the API route and the signal handler.
-#[derive(Clone)]
-pub struct SharedRecorder(Arc<Mutex<Recorder>>);
-
-impl SharedRecorder {
-    pub fn new(rec: Recorder) -> Self {
-        SharedRecorder(Arc::new(Mutex::new(rec)))
-    }
-
-    pub fn record(&self, rec: Record) {
-        if let Ok(mut r) = self.0.lock() {
-            r.record(rec);
-        }
-    }
-
-    /// Run `f` with the recorder locked (batch recording: one lock per batch).
-    pub fn with<T>(&self, f: impl FnOnce(&mut Recorder) -> T) -> Result<T, RecorderError> {
-        let mut g = self.0.lock().map_err(|_| RecorderError::Poisoned)?;
-        Ok(f(&mut g))
-    }
-
-    pub fn stats(&self) -> RecorderStats {
-        self.0.lock().map(|r| r.stats()).unwrap_or_default()
-    }
-
-    /// Snapshot under the lock, write after releasing it (on a blocking thread).
-    pub async fn dump(&self, reason: DumpReason) -> Result<PathBuf, RecorderError> {
-        let (snap, dir) = self.with(|r| {
-            if !r.cfg.enabled {
-                return Err(RecorderError::Disabled);
-            }
-            Ok((r.snapshot(reason), r.cfg.dump_dir.clone()))
-        })??;
-        let result = tokio::task::spawn_blocking(move || snap.write_to_dir(&dir))
-            .await
-            .unwrap_or(Err(RecorderError::Poisoned));
-        let _ = self.with(|r| r.count_dump(&result));
-        result
-    }
-}
-
-/// The live agent's tap: one lock per push or tick. A poisoned lock loses the records (the
-/// pipeline never stops for the recorder).
-impl Tap for SharedRecorder {
-    fn attach(&mut self, config: &PipelineConfig) {
-        let _ = self.with(|r| r.set_pipeline_config(config.clone()));
-    }
-
-    fn tap(&mut self, input: Input<'_>, derived: Derived<'_>) {
-        let _ = self.with(|r| r.tap(input, derived));
     }
 }

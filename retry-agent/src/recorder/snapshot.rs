@@ -1,0 +1,139 @@
+//! What a dump holds and why it was asked for: a consistent copy of the ring, written off the
+//! recording path into a new private file that appears only once complete.
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{DumpHeader, DumpWriter, RecorderConfig, RecorderError, format};
+use crate::pipeline::{PipelineConfig, Record};
+
+/// Why a dump was written (goes into the header and the file name).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DumpReason {
+    /// `retry-agent dump` / the HTTP API.
+    OnDemand,
+    Signal,
+    /// A storm was detected at `trigger_ns` (first suppression decision).
+    Storm {
+        trigger_ns: u64,
+        edge: String,
+    },
+    /// Tests, benchmarks, tools.
+    Other(String),
+}
+
+impl std::fmt::Display for DumpReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DumpReason::OnDemand => f.write_str("on demand"),
+            DumpReason::Signal => f.write_str("SIGUSR1"),
+            DumpReason::Storm { trigger_ns, edge } => {
+                write!(f, "storm on {edge} at {trigger_ns} ns")
+            }
+            DumpReason::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+impl DumpReason {
+    fn slug(&self) -> &str {
+        match self {
+            DumpReason::OnDemand => "ondemand",
+            DumpReason::Signal => "signal",
+            DumpReason::Storm { .. } => "storm",
+            DumpReason::Other(_) => "other",
+        }
+    }
+}
+
+/// A consistent copy of the ring (cheap: payloads are reference-counted), written off-lock.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub reason: DumpReason,
+    pub config: RecorderConfig,
+    /// Process metadata first, so a replay names services from the first event on.
+    pub records: Vec<Record>,
+    pub from_ns: u64,
+    pub to_ns: u64,
+    /// Records evicted from the ring before this snapshot (or left out of its time range): a
+    /// replay then starts mid-stream and its first figures may differ from the live ones.
+    pub missing_before: u64,
+    /// Settings of the pipeline that fed the recorder, if it said.
+    pub pipeline: Option<PipelineConfig>,
+}
+
+impl Snapshot {
+    /// Write into `dir` as a new 0600 file; returns its path. The file appears under its final
+    /// name only once complete (written under a hidden name, then linked), so whoever watches
+    /// the directory never reads half a dump.
+    pub fn write_to_dir(&self, dir: &Path) -> Result<PathBuf, RecorderError> {
+        ensure_dir(dir)?;
+        let node = format::node_name();
+        let wall_ms = format::unix_ms();
+        let base = format!("retry-agent-{node}-{wall_ms}-{}", self.reason.slug());
+        let tmp = dir.join(format!(".{base}-{}.partial", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let written = self.write_file(&tmp);
+        let result = written.and_then(|()| {
+            for n in 0..100u32 {
+                let suffix = if n == 0 {
+                    String::new()
+                } else {
+                    format!("-{n}")
+                };
+                let path = dir.join(format!("{base}{suffix}.radump"));
+                match std::fs::hard_link(&tmp, &path) {
+                    Ok(()) => return Ok(path),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(source) => return Err(RecorderError::Write { path, source }),
+                }
+            }
+            Err(RecorderError::Write {
+                path: tmp.clone(),
+                source: std::io::ErrorKind::AlreadyExists.into(),
+            })
+        });
+        let _ = std::fs::remove_file(&tmp);
+        result
+    }
+
+    /// Write to exactly `path` (must not exist), mode 0600.
+    pub fn write_file(&self, path: &Path) -> Result<(), RecorderError> {
+        let werr = |source| RecorderError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = format::create_private(path).map_err(werr)?;
+        let mut header = DumpHeader::new(
+            self.reason.clone(),
+            self.config.clone(),
+            self.from_ns,
+            self.to_ns,
+        );
+        header.missing_before = self.missing_before;
+        if let Some(p) = &self.pipeline {
+            header.pipeline = serde_json::to_value(p).unwrap_or(serde_json::Value::Null);
+        }
+        let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).map_err(werr)?;
+        for r in &self.records {
+            w.push(r).map_err(werr)?;
+        }
+        let mut inner = w.finish().map_err(werr)?;
+        std::io::Write::flush(&mut inner).map_err(werr)?;
+        inner.get_ref().sync_all().map_err(werr)?;
+        Ok(())
+    }
+}
+
+pub(super) fn ensure_dir(dir: &Path) -> Result<(), RecorderError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| RecorderError::DumpDir {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
