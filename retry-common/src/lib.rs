@@ -161,6 +161,9 @@ pub struct DataHeader {
     pub captured: u32,
     /// Connection generation: CLOCK_MONOTONIC ns at connect/accept/pick-up, so fd reuse differs.
     pub generation: u64,
+    /// When the I/O began as far as the kernel side saw it: an SSL call's entry for TLS
+    /// plaintext; a data syscall's return (only exits are probed), so a blocking write's wait
+    /// for socket buffer space counts as before it.
     pub ts_enter_ns: u64,
     pub ts_exit_ns: u64,
     /// The syscall's return value (bytes, or messages for sendmmsg/recvmmsg).
@@ -308,17 +311,6 @@ pub struct ServerEst {
     pub tuple: SockTuple,
 }
 
-/// Arguments of an I/O syscall saved at entry (only for tracked fds), completed at exit.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct IoArgs {
-    /// Buffer, iovec array, msghdr or mmsghdr pointer, depending on `syscall`.
-    pub buf: u64,
-    pub ts_enter_ns: u64,
-    pub fd: u32,
-    pub syscall: u32,
-}
-
 /// connect() arguments saved at entry; the TCP state tracepoint in the same task marks it TCP.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -413,6 +405,9 @@ pub mod config_flags {
     /// Only tasks in a network namespace listed in `SCOPE_NETNS` get their sockets tracked.
     /// With both scopes a task must be in both.
     pub const SCOPE_NETNS: u32 = 4;
+    /// The Go uprobes are on: data records look up the goroutine a Go process did the I/O for
+    /// (without them that lookup would be paid on every record for nothing).
+    pub const GO: u32 = 8;
 }
 
 /// Deepest cgroup level the kernel walks for `config_flags::SCOPE_CGROUP` (a bounded loop).
@@ -472,7 +467,7 @@ pub mod names {
     pub const ARG_FAILURES: &str = "ARG_FAILURES";
     /// The per-thread argument maps, by `arg_map` slot (their size is a capture setting).
     pub const ARG_MAPS: [&str; super::arg_map::COUNT as usize] =
-        ["IO_ARGS", "CONNECT_ARGS", "ACCEPT_ARGS", "SSL_ARGS"];
+        ["CONNECT_ARGS", "ACCEPT_ARGS", "SSL_ARGS"];
     /// cgroup v2 ids (the directory's inode number) whose subtrees are in scope.
     pub const SCOPE_CGROUPS: &str = "SCOPE_CGROUPS";
     /// Network namespace inodes in scope.
@@ -495,14 +490,13 @@ pub mod names {
 /// Slots of `ARG_FAILURES`: one per per-thread argument map. A failed insert (the map is full:
 /// more threads inside traced syscalls at once than it holds) loses that syscall's record.
 pub mod arg_map {
-    pub const IO: u32 = 0;
-    pub const CONNECT: u32 = 1;
-    pub const ACCEPT: u32 = 2;
-    pub const SSL: u32 = 3;
+    pub const CONNECT: u32 = 0;
+    pub const ACCEPT: u32 = 1;
+    pub const SSL: u32 = 2;
     /// Slots in the map.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 3;
     /// Metric label of each slot, by index.
-    pub const LABELS: [&str; COUNT as usize] = ["io", "connect", "accept", "ssl"];
+    pub const LABELS: [&str; COUNT as usize] = ["connect", "accept", "ssl"];
 }
 
 #[cfg(feature = "user")]
@@ -519,7 +513,6 @@ mod pod {
     unsafe impl aya::Pod for SockOwner {}
     unsafe impl aya::Pod for PeerKey {}
     unsafe impl aya::Pod for ServerEst {}
-    unsafe impl aya::Pod for IoArgs {}
     unsafe impl aya::Pod for ConnectArgs {}
     unsafe impl aya::Pod for AcceptArgs {}
     unsafe impl aya::Pod for Config {}

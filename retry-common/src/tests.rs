@@ -64,7 +64,6 @@ fn map_key_and_value_layouts() {
     });
     layout!(PeerKey, size 20, { family @ 0, 2; port @ 2, 2; addr @ 4, 16 });
     layout!(ServerEst, size 48, { skaddr @ 0, 8; tuple @ 8, 40 });
-    layout!(IoArgs, size 24, { buf @ 0, 8; ts_enter_ns @ 8, 8; fd @ 16, 4; syscall @ 20, 4 });
     layout!(ConnectArgs, size 48, {
         ts_enter_ns @ 0, 8; skaddr @ 8, 8; fd @ 16, 4; is_tcp @ 20, 4; dst @ 24, 20; _pad @ 44, 4;
     });

@@ -1,23 +1,50 @@
 //! Reading what a program is given: tracepoint arguments, the clock, user memory, and kernel
 //! structs through the BTF offsets userspace found.
 use aya_ebpf::{
-    helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user},
+    EbpfContext,
+    bindings::pt_regs,
+    helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user, generated},
     programs::TracePointContext,
 };
 
 use crate::config::config;
 
 /// Syscall tracepoint layout: 8 bytes of common header and syscall nr, then 8-byte arguments.
+/// Loaded from the context directly (no probe-read helper call): the kernel refuses to attach a
+/// program that reads past its tracepoint's record, so a wrong offset fails at load, not later.
 #[inline(always)]
 pub fn arg(ctx: &TracePointContext, n: usize) -> Result<u64, i32> {
-    // SAFETY: reads the tracepoint record through bpf_probe_read_kernel; offsets from the format files.
-    unsafe { ctx.read_at::<u64>(16 + 8 * n) }
+    // SAFETY: the context is the tracepoint record; offsets from the format files.
+    Ok(unsafe { core::ptr::read((ctx.as_ptr() as *const u8).add(16 + 8 * n) as *const u64) })
 }
 
 #[inline(always)]
 pub fn exit_ret(ctx: &TracePointContext) -> Result<i64, i32> {
     // SAFETY: as `arg`; sys_exit_* has `long ret` at 16.
-    unsafe { ctx.read_at::<i64>(16) }
+    Ok(unsafe { core::ptr::read((ctx.as_ptr() as *const u8).add(16) as *const i64) })
+}
+
+/// The first three arguments of the current syscall, read from the registers the task entered
+/// the kernel with. The syscall leaves them as they were (strace reads them at syscall-exit-stop
+/// the same way), so an exit program needs no entry program to remember them. x86-64 layout
+/// (di, si, dx), like the Go probes' r14; syscall tracepoints never fire for ia32 calls.
+#[derive(Clone, Copy)]
+pub struct SyscallArgs {
+    pub arg0: u64,
+    pub arg1: u64,
+    pub arg2: u64,
+}
+
+#[inline(always)]
+pub fn syscall_args() -> Result<SyscallArgs, i32> {
+    // SAFETY: the helpers take the current task; the pt_regs they return is only read through
+    // bpf_probe_read_kernel, which fails cleanly on a bad address.
+    unsafe {
+        let regs = generated::bpf_task_pt_regs(generated::bpf_get_current_task_btf()) as *const pt_regs;
+        // dx, si, di are adjacent in pt_regs: one read.
+        let [dx, si, di]: [u64; 3] = bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rdx) as *const [u64; 3]).map_err(|e| e as i32)?;
+        Ok(SyscallArgs { arg0: di, arg1: si, arg2: dx })
+    }
 }
 
 #[inline(always)]

@@ -184,9 +184,33 @@ unsafe extern "C" fn copy_step(_index: u64, _ctx: *mut c_void) -> i64 {
 
 /// Copies up to `want` bytes of the syscall's source into the payload parts of the scratch
 /// slots, MAX_PAYLOAD bytes per slot; returns how many were copied, contiguous from the start
-/// (fewer: the iovecs, the steps or readable memory ended).
+/// (fewer: the iovecs, the steps or readable memory ended). One flat buffer that fits one slot
+/// (read, write, send, recv: most calls) is one helper call; the rest take the `bpf_loop` walk.
 #[inline(always)]
 fn copy_payload(src: Src, want: u64) -> u64 {
+    match src {
+        Src::Flat(p) if want <= MAX_PAYLOAD as u64 => copy_flat(p, want),
+        _ => copy_walk(src, want),
+    }
+}
+
+#[inline(always)]
+fn copy_flat(src: u64, want: u64) -> u64 {
+    let Some(buf) = SCRATCH.get_ptr_mut(0) else { return 0 };
+    // The mask restates want ≤ MAX_PAYLOAD for the verifier.
+    let n = (want as usize & (2 * MAX_PAYLOAD - 1)).min(MAX_PAYLOAD);
+    // SAFETY: the first slot's payload part holds MAX_PAYLOAD bytes; the helper checks the user
+    // address and fails cleanly (nothing copied: the record says so).
+    let ok = unsafe {
+        let at = (buf as *mut u8).add(size_of::<DataHeader>());
+        generated::bpf_probe_read_user(at as *mut c_void, n as u32, src as *const c_void) == 0
+    };
+    if ok { n as u64 } else { 0 }
+}
+
+/// The general copy: iovec arrays and buffers larger than a slot, step by step (`copy_step`).
+#[inline(always)]
+fn copy_walk(src: Src, want: u64) -> u64 {
     let (flat, src) = match src {
         Src::None => return 0,
         Src::Flat(p) => (1, p),
@@ -198,15 +222,6 @@ fn copy_payload(src: Src, want: u64) -> u64 {
         // A flat buffer is one iovec of all the syscall's bytes, already loaded.
         *c = CopyState { src, flat, want, got: 0, base: src, len: u64::MAX, off: 0, idx: 0, loaded: flat };
     }
-    copy_run()
-}
-
-/// Goes on copying the same syscall's bytes up to `want` in all; returns the bytes copied.
-#[inline(always)]
-fn copy_more(want: u64) -> u64 {
-    let Some(c) = COPY.get_ptr_mut(0) else { return 0 };
-    // SAFETY: this CPU's value; only this program uses it while it runs.
-    unsafe { (*c).want = want };
     copy_run()
 }
 
@@ -287,7 +302,8 @@ pub fn emit_data(pid_tgid: u64, key: &ConnKey, info: &ConnInfo, sc: u32, src: Sr
             if total < more {
                 more = total;
             }
-            got = copy_more(more);
+            // Once per connection: copied again from the start, as HTTP/2.
+            got = copy_walk(src, more);
         }
     }
     let ts_exit_ns = now();

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use retry_common::{
     arg_map,
-    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, IoArgs, MAX_PAYLOAD, PeerKey, ServerEst,
+    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, MAX_PAYLOAD, PeerKey, ServerEst,
     SockOwner,
 };
 use core::mem::size_of;
@@ -57,12 +57,11 @@ pub static SERVER_EST: LruHashMap<PeerKey, ServerEst> = LruHashMap::with_max_ent
 /// The same, by `struct sock *`, for accept() without a peer buffer (found by walking the fd).
 #[map]
 pub static SERVER_EST_SK: LruHashMap<u64, ServerEst> = LruHashMap::with_max_entries(16384, 0);
-/// Syscall arguments by thread, between entry and exit. Plain (preallocated) hashes: an LRU
-/// insert on every traced syscall cost more; a thread that dies inside a syscall has its entry
+/// Syscall arguments by thread, between entry and exit, for the calls whose exit cannot read them
+/// back (connect's socket, accept's peer buffer; data syscalls need none: `ctx::syscall_args`).
+/// Plain (preallocated) hashes: an LRU insert on every traced syscall cost more; a thread that dies inside a syscall has its entry
 /// removed by `ra_process_exit`, which fires for every thread. Sizes are overridden by userspace
 /// (`CaptureConfig::arg_map_entries`); a full map's failed inserts are counted in `ARG_FAILURES`.
-#[map]
-pub static IO_ARGS: HashMap<u64, IoArgs> = HashMap::with_max_entries(16384, 0);
 #[map]
 pub static CONNECT_ARGS: HashMap<u64, ConnectArgs> = HashMap::with_max_entries(8192, 0);
 #[map]

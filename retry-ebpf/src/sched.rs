@@ -5,14 +5,13 @@ use retry_common::{KIND_PROCESS_EXEC, KIND_PROCESS_EXIT};
 
 use crate::{
     emit::emit_process,
-    maps::{ACCEPT_ARGS, AGENT_TGIDS, CONNECT_ARGS, IO_ARGS, SSL_ARGS},
+    maps::{ACCEPT_ARGS, AGENT_TGIDS, CONNECT_ARGS, SSL_ARGS},
 };
 
 #[inline(always)]
 fn try_process_exit(ctx: &TracePointContext) -> Result<(), i32> {
     // Every exiting thread: drop what a syscall it never returned from left behind.
     let tid_key = bpf_get_current_pid_tgid();
-    let _ = IO_ARGS.remove(&tid_key);
     let _ = CONNECT_ARGS.remove(&tid_key);
     let _ = ACCEPT_ARGS.remove(&tid_key);
     let _ = SSL_ARGS.remove(&tid_key);

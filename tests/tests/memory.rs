@@ -170,12 +170,6 @@ async fn full_argument_maps_count_their_failed_inserts() {
         }
     }
     assert!(failures >= 6, "{failures} failed accept inserts counted");
-    let io = arg_map::IO as usize;
-    assert_eq!(
-        capture.stats().arg_insert_failures[io],
-        0,
-        "no data syscall was refused"
-    );
     blocked.kill();
 }
 

@@ -27,7 +27,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::ProgramError,
 };
-use retry_common::{ConnInfo, ConnKey, MAX_PAYLOAD, names};
+use retry_common::{Config, ConnInfo, ConnKey, MAX_PAYLOAD, config_flags, names};
 use tokio::{io::unix::AsyncFd, task::JoinHandle};
 
 use crate::settings::{InvalidConfig, Settings};
@@ -377,6 +377,13 @@ impl Capture {
         }
 
         let (go_on, uprobe_cost) = calibrate::go_uprobes(cfg, &mut ebpf, &specs);
+        if go_on {
+            let config = Config {
+                flags: config.flags | config_flags::GO,
+                ..config
+            };
+            load::write_config(&mut ebpf, &config)?;
+        }
         let go = go_on.then(|| {
             let mut probes = golang::GoProbes::new(golang::plan(&specs));
             probes.scan(&mut ebpf, &cfg.proc_root, agent_tgid, &scope);

@@ -157,6 +157,9 @@ pub fn ra_go_newproc_ret(ctx: ProbeContext) -> u32 {
 /// `GOROUTINE_ROOTED` marks a context traced to a request root.
 #[inline(always)]
 pub fn context(pid_tgid: u64) -> u64 {
+    if crate::config::config().flags & retry_common::config_flags::GO == 0 {
+        return 0;
+    }
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: plain value read.
     if unsafe { GO_PROCS.get(&tgid) }.is_none() {

@@ -76,7 +76,7 @@ fn every_program_in_the_object_is_attached() {
     // What the kernel side is known to hold, as a floor: the syscall, sock and sched tracepoints
     // and OpenSSL's entry points, each with a return probe.
     for (category, name) in [
-        ("syscalls", "sys_enter_read"),
+        ("syscalls", "sys_exit_read"),
         ("syscalls", "sys_exit_connect"),
         ("syscalls", "sys_exit_accept4"),
         ("syscalls", "sys_enter_close"),
@@ -92,6 +92,16 @@ fn every_program_in_the_object_is_attached() {
             "{category}:{name} is not attached"
         );
     }
+    // Data syscalls are read at their exit alone (`ctx::syscall_args` on the kernel side): an
+    // entry program would be paid on every read and write of every process for nothing.
+    assert!(
+        !specs.iter().any(|s| s.hook
+            == Hook::Tracepoint {
+                category: "syscalls".into(),
+                name: "sys_enter_read".into(),
+            }),
+        "sys_enter_read is attached"
+    );
     let plan = super::super::tls::plan(&specs);
     for sym in [
         "SSL_write",
