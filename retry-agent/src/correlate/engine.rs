@@ -210,6 +210,9 @@ struct SvcBucket {
     /// Of `claims`, those whose caller is not seen: it came through a hop capture leaves out
     /// (the shim) or from another node. Every local edge into the service counts them.
     unattributed: [u32; 3],
+    /// The same verdicts by how they were linked (indexed like `Link::ALL`), so an edge that
+    /// counts them says what they rest on.
+    unattributed_links: [u32; 7],
 }
 
 struct SvcState {

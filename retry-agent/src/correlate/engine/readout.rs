@@ -50,12 +50,15 @@ impl Engine {
                 Peer::Local { pid, port } => self.svc_index.get(&(pid, port)).copied(),
                 _ => None,
             };
-            let mut unattributed = [0u32; 3];
+            let (mut unattributed, mut unattributed_links) = ([0u32; 3], [0u32; 7]);
             if let Some(si) = callee_svc
                 && let Some(svc) = self.svcs.get(si as usize)
             {
                 for b in svc.ring.range(from, to) {
                     for (x, y) in unattributed.iter_mut().zip(b.unattributed) {
+                        *x += y;
+                    }
+                    for (x, y) in unattributed_links.iter_mut().zip(b.unattributed_links) {
                         *x += y;
                     }
                 }
@@ -84,6 +87,9 @@ impl Engine {
                 for ((x, h), y) in sum.claims.iter_mut().zip(&mut sum.header).zip(unattributed) {
                     *x = x.saturating_sub(*h) + y;
                     *h = 0;
+                }
+                for (x, y) in sum.links.iter_mut().zip(unattributed_links) {
+                    *x += y;
                 }
                 counted.push((edge.clone(), si));
             }

@@ -637,6 +637,14 @@ fn claims_on_a_callee_whose_caller_is_not_seen_count_on_the_edges_into_it() {
         (ev.basis, ev.sources.verdicts.unclaimed),
         (Basis::Verdicts, 10)
     );
+    // And says how those verdicts were linked (C's calls on its request's thread), although
+    // no caller's edge booked them.
+    assert_eq!(
+        (ev.sources.links.thread, ev.sources.links.total()),
+        (10, 10),
+        "{:?}",
+        ev.sources.links
+    );
 }
 
 /// A Go request (a goroutine context) whose own call failed is unclaimed at its answer: no

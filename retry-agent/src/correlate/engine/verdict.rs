@@ -373,13 +373,14 @@ impl Engine {
                 Some(self.name(c, 0))
             }
             None => {
-                if let Some(b) = self
-                    .svcs
-                    .get_mut(p.svc as usize)
-                    .and_then(|s| s.ring.at(ep))
-                    && let Some(n) = b.unattributed.get_mut(claim_index(claim))
-                {
-                    *n += 1;
+                if let Some(b) = self.svcs.get_mut(p.svc as usize).and_then(|s| s.ring.at(ep)) {
+                    let slots = [
+                        b.unattributed.get_mut(claim_index(claim)),
+                        b.unattributed_links.get_mut(link.index()),
+                    ];
+                    for n in slots.into_iter().flatten() {
+                        *n += 1;
+                    }
                 }
                 None
             }
