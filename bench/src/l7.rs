@@ -15,7 +15,11 @@ use retry_agent::{
 
 pub fn run() -> Result<()> {
     println!("l7 reassembler, one core, release build");
+    let only = std::env::var("RETRY_BENCH_L7_ONLY").ok();
     for w in [http1_small(), http1_large(), grpc_unary()] {
+        if only.as_deref().is_some_and(|o| !w.name.starts_with(o)) {
+            continue;
+        }
         measure(&w);
     }
     Ok(())
