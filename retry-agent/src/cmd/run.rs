@@ -167,12 +167,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     bail!("the capture stream ended unexpectedly");
                 };
                 // A whole batch per wake-up: timers and signals wait at most one batch.
-                for ev in batch {
-                    last_event_ns = ev.ts_ns().max(last_event_ns);
-                    let ev = with_identity(ev, &identity);
-                    pipeline.push(&ev, &mut out);
-                    drain(&mut out, &pipeline, &state, &to_actuators);
-                }
+                pipeline.batch(|pipeline| {
+                    for ev in batch {
+                        last_event_ns = ev.ts_ns().max(last_event_ns);
+                        let ev = with_identity(ev, &identity);
+                        pipeline.push(&ev, &mut out);
+                        drain(&mut out, pipeline, &state, &to_actuators);
+                    }
+                });
                 claims_due |= pipeline.take_disowned_evidence();
                 if claims_due && claims_sent.elapsed() >= CLAIMS_SOONEST {
                     send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));

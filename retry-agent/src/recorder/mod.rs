@@ -167,8 +167,8 @@ pub enum RecorderError {
     },
     #[error("dump format")]
     Format(#[from] FormatError),
-    #[error("the recorder lock was poisoned")]
-    Poisoned,
+    #[error("the dump writer panicked")]
+    WriterPanicked,
 }
 
 /// Counters the metrics module can export.
@@ -470,7 +470,7 @@ impl Recorder {
     pub fn wait_auto_dumps(&mut self) -> Vec<Result<PathBuf, RecorderError>> {
         self.auto_threads
             .drain(..)
-            .map(|h| h.join().unwrap_or(Err(RecorderError::Poisoned)))
+            .map(|h| h.join().unwrap_or(Err(RecorderError::WriterPanicked)))
             .collect()
     }
 

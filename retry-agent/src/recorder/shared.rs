@@ -1,36 +1,49 @@
 //! The recorder behind a lock: how the live pipeline (its tap), the API and the signal handler
 //! reach the one recorder.
-use std::{
-    path::PathBuf,
-    sync::{Arc, Mutex},
-};
+use std::{path::PathBuf, sync::Arc};
+
+use parking_lot::{Mutex, RawMutex, lock_api::ArcMutexGuard};
 
 use super::{DumpReason, Recorder, RecorderError, RecorderStats};
 use crate::pipeline::{Derived, Input, PipelineConfig, Record, Tap};
 
-/// The recorder behind a lock, for the pipeline, the API route and the signal handler.
-#[derive(Clone)]
-pub struct SharedRecorder(Arc<Mutex<Recorder>>);
+/// The recorder behind a lock, for the pipeline, the API route and the signal handler. No
+/// poisoning: the recorder never panics on what it records, and a dump must stay possible.
+pub struct SharedRecorder {
+    inner: Arc<Mutex<Recorder>>,
+    /// The lock, while this handle's pipeline runs a batch ([`Tap::hold`]).
+    held: Option<ArcMutexGuard<RawMutex, Recorder>>,
+}
+
+impl Clone for SharedRecorder {
+    /// Another handle on the same recorder (never holding the lock).
+    fn clone(&self) -> Self {
+        SharedRecorder {
+            inner: Arc::clone(&self.inner),
+            held: None,
+        }
+    }
+}
 
 impl SharedRecorder {
     pub fn new(rec: Recorder) -> Self {
-        SharedRecorder(Arc::new(Mutex::new(rec)))
+        SharedRecorder {
+            inner: Arc::new(Mutex::new(rec)),
+            held: None,
+        }
     }
 
     pub fn record(&self, rec: Record) {
-        if let Ok(mut r) = self.0.lock() {
-            r.record(rec);
-        }
+        self.inner.lock().record(rec);
     }
 
     /// Run `f` with the recorder locked (batch recording: one lock per batch).
     pub fn with<T>(&self, f: impl FnOnce(&mut Recorder) -> T) -> Result<T, RecorderError> {
-        let mut g = self.0.lock().map_err(|_| RecorderError::Poisoned)?;
-        Ok(f(&mut g))
+        Ok(f(&mut self.inner.lock()))
     }
 
     pub fn stats(&self) -> RecorderStats {
-        self.0.lock().map(|r| r.stats()).unwrap_or_default()
+        self.inner.lock().stats()
     }
 
     /// Snapshot under the lock, write after releasing it (on a blocking thread).
@@ -43,20 +56,34 @@ impl SharedRecorder {
         })??;
         let result = tokio::task::spawn_blocking(move || snap.write_to_dir(&dir))
             .await
-            .unwrap_or(Err(RecorderError::Poisoned));
+            .unwrap_or(Err(RecorderError::WriterPanicked));
         let _ = self.with(|r| r.count_dump(&result));
         result
     }
 }
 
-/// The live agent's tap: one lock per push or tick. A poisoned lock loses the records (the
-/// pipeline never stops for the recorder).
+/// The live agent's tap: one lock per batch of pushes ([`crate::pipeline::Pipeline::batch`]),
+/// or per push or tick outside one. The API and the signal handler wait at most one batch (one
+/// drain of the ring, a few ms at most).
 impl Tap for SharedRecorder {
     fn attach(&mut self, config: &PipelineConfig) {
         let _ = self.with(|r| r.set_pipeline_config(config.clone()));
     }
 
     fn tap(&mut self, input: Input<'_>, derived: Derived<'_>) {
-        let _ = self.with(|r| r.tap(input, derived));
+        match &mut self.held {
+            Some(g) => g.tap(input, derived),
+            None => self.inner.lock().tap(input, derived),
+        }
+    }
+
+    fn hold(&mut self) {
+        if self.held.is_none() {
+            self.held = Some(self.inner.lock_arc());
+        }
+    }
+
+    fn release(&mut self) {
+        self.held = None;
     }
 }

@@ -373,7 +373,11 @@ impl Engine {
                 Some(self.name(c, 0))
             }
             None => {
-                if let Some(b) = self.svcs.get_mut(p.svc as usize).and_then(|s| s.ring.at(ep)) {
+                if let Some(b) = self
+                    .svcs
+                    .get_mut(p.svc as usize)
+                    .and_then(|s| s.ring.at(ep))
+                {
                     let slots = [
                         b.unattributed.get_mut(claim_index(claim)),
                         b.unattributed_links.get_mut(link.index()),
