@@ -163,15 +163,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
     loop {
         tokio::select! {
             batch = capture.events().recv_batch() => {
-                let Some(batch) = batch else {
+                let Some(mut batch) = batch else {
                     bail!("the capture stream ended unexpectedly");
                 };
                 // A whole batch per wake-up: timers and signals wait at most one batch.
                 pipeline.batch(|pipeline| {
-                    for ev in batch {
+                    for ev in &mut batch {
                         last_event_ns = ev.ts_ns().max(last_event_ns);
-                        let ev = with_identity(ev, &identity);
-                        pipeline.push(&ev, &mut out);
+                        with_identity(ev, &identity);
+                        pipeline.push(ev, &mut out);
                         drain(&mut out, pipeline, &state, &to_actuators);
                     }
                 });
@@ -274,9 +274,10 @@ fn validate(args: &RunArgs) -> Result<(), InvalidConfig> {
 
 /// Asks identity about each process capture describes, and names it when its container is
 /// already known (a re-description without the name would otherwise drop it).
-fn with_identity(ev: Event, identity: &Identity) -> Event {
+fn with_identity(ev: &mut Event, identity: &Identity) {
+    // In place: an event is 216 bytes, and moving every one in and out showed in the profile.
     match ev {
-        Event::Process(mut p) => {
+        Event::Process(p) => {
             if let Some(parent) = p.parent {
                 identity.inherit(p.pid, parent);
             }
@@ -284,13 +285,9 @@ fn with_identity(ev: Event, identity: &Identity) -> Event {
             if p.workload.is_none() {
                 p.workload = identity.pid(p.pid);
             }
-            Event::Process(p)
         }
-        Event::ProcessExit { pid, ts_ns } => {
-            identity.forget(pid);
-            Event::ProcessExit { pid, ts_ns }
-        }
-        ev => ev,
+        Event::ProcessExit { pid, .. } => identity.forget(*pid),
+        _ => {}
     }
 }
 
