@@ -514,7 +514,10 @@ fn replay_of_a_dump_reproduces_the_live_pipeline() {
                 live.push(ev, &mut out);
             }
         });
-        assert!(rec.stats().records_total > 0, "the lock is free between batches");
+        assert!(
+            rec.stats().records_total > 0,
+            "the lock is free between batches"
+        );
     }
     // The live loop's idle timer: recorded, so the replay evaluates here too.
     live.tick(last + 3_000_000_000, &mut out);
