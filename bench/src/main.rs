@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::{Parser, ValueEnum};
 
+mod bpf_stats;
 mod capture;
 mod correlate;
 mod l7;

@@ -12,7 +12,9 @@
 //!   directory.
 //!
 //! It prints req/s for each, floor/none and agent/floor, the agent's CPU per request (its own
-//! process, user + system), its peak RSS and its capture drops. Figures only, never pass/fail: the
+//! process, user + system), the eBPF time per request its programs took from the workload
+//! (`kernel.bpf_stats_enabled`, on for the floor and agent runs alike), its peak RSS and its
+//! capture drops. Figures only, never pass/fail: the
 //! machine is shared, so compare ratios from one run.
 use std::{
     io::{Read, Write},
@@ -267,6 +269,7 @@ struct Row {
     floor: f64,
     agent: f64,
     cpu_per_request_us: f64,
+    ebpf_per_request_us: f64,
     rss_peak: u64,
     events: f64,
     drops: f64,
@@ -280,6 +283,7 @@ fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
         none: wrk_url(&url)?,
         ..Row::default()
     };
+    let _stats = crate::bpf_stats::StatsOn::enable();
     {
         let _floor = floor(server.tls())?;
         row.floor = wrk_url(&url)?;
@@ -288,9 +292,9 @@ fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
     let pid = agent.proc.0.id();
     // Let the start-up scans (/proc, Go executables) settle before the load.
     thread::sleep(Duration::from_secs(2));
-    let cpu0 = cpu_seconds(pid);
+    let (cpu0, bpf0) = (cpu_seconds(pid), crate::bpf_stats::run_time_ns(pid));
     row.agent = wrk_url(&url)?;
-    let cpu1 = cpu_seconds(pid);
+    let (cpu1, bpf1) = (cpu_seconds(pid), crate::bpf_stats::run_time_ns(pid));
     // Figures are published once a second.
     thread::sleep(Duration::from_millis(1500));
     row.rss_peak = rss(pid).1;
@@ -298,6 +302,7 @@ fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
     row.drops = metric(agent.api_port, "retry_agent_capture_drops_total");
     let requests = row.agent * SECONDS as f64;
     row.cpu_per_request_us = (cpu1 - cpu0) * 1e6 / requests.max(1.0);
+    row.ebpf_per_request_us = bpf1.saturating_sub(bpf0) as f64 / 1e3 / requests.max(1.0);
     Command::new("kill")
         .args(["-INT", &pid.to_string()])
         .status()
@@ -329,13 +334,13 @@ pub fn run(bin: &Path) -> Result<()> {
     );
     println!();
     println!(
-        "| server | none req/s | floor | agent | floor/none | agent/floor | agent CPU per request | agent RSS (peak) | events per request | capture drops |"
+        "| server | none req/s | floor | agent | floor/none | agent/floor | agent CPU per request | eBPF per request | agent RSS (peak) | events per request | capture drops |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (s, r) in &rows {
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} µs | {:.0} MiB | {:.1} | {:.0} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} µs | {:.2} µs | {:.0} MiB | {:.1} | {:.0} |",
             s.label(),
             r.none,
             r.floor,
@@ -343,6 +348,7 @@ pub fn run(bin: &Path) -> Result<()> {
             ratio(r.floor, r.none),
             ratio(r.agent, r.floor),
             r.cpu_per_request_us,
+            r.ebpf_per_request_us,
             r.rss_peak as f64 / (1 << 20) as f64,
             r.events / (r.agent * SECONDS as f64).max(1.0),
             r.drops
