@@ -59,9 +59,10 @@ pub static SERVER_EST: LruHashMap<PeerKey, ServerEst> = LruHashMap::with_max_ent
 pub static SERVER_EST_SK: LruHashMap<u64, ServerEst> = LruHashMap::with_max_entries(16384, 0);
 /// Syscall arguments by thread, between entry and exit, for the calls whose exit cannot read them
 /// back (connect's socket, accept's peer buffer; data syscalls need none: `ctx::syscall_args`).
-/// Plain (preallocated) hashes: an LRU insert on every traced syscall cost more; a thread that dies inside a syscall has its entry
-/// removed by `ra_process_exit`, which fires for every thread. Sizes are overridden by userspace
-/// (`CaptureConfig::arg_map_entries`); a full map's failed inserts are counted in `ARG_FAILURES`.
+/// Plain (preallocated) hashes: an LRU insert on every traced syscall cost more; a thread that
+/// dies inside a syscall has its entry removed by `ra_process_exit`, which fires for every thread.
+/// Sizes are overridden by userspace (`CaptureConfig::arg_map_entries`); a full map's failed
+/// inserts are counted in `ARG_FAILURES`.
 #[map]
 pub static CONNECT_ARGS: HashMap<u64, ConnectArgs> = HashMap::with_max_entries(8192, 0);
 #[map]

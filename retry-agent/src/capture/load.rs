@@ -14,11 +14,19 @@ use super::{
     programs::{Hook, ProgramSpec, ProgramsError, UprobeTarget},
 };
 
-/// The settings the programs read (`CONFIG`): what to capture, who the agent is, and the kernel
-/// struct offsets BTF gave.
-pub(super) fn kernel_config(cfg: &CaptureConfig, agent_tgid: u32, scope: &Scope) -> Config {
+/// The settings the programs read (`CONFIG`): what to capture, who the agent is, whether the Go
+/// uprobes are on (`go`), and the kernel struct offsets BTF gave.
+pub(super) fn kernel_config(
+    cfg: &CaptureConfig,
+    agent_tgid: u32,
+    scope: &Scope,
+    go: bool,
+) -> Config {
     let exe = own_exe_kernel_id();
     let mut flags = if cfg.tls { config_flags::TLS } else { 0 };
+    if go {
+        flags |= config_flags::GO;
+    }
     if !scope.cgroups.is_empty() {
         flags |= config_flags::SCOPE_CGROUP;
     }

@@ -27,7 +27,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::ProgramError,
 };
-use retry_common::{Config, ConnInfo, ConnKey, MAX_PAYLOAD, config_flags, names};
+use retry_common::{ConnInfo, ConnKey, MAX_PAYLOAD, names};
 use tokio::{io::unix::AsyncFd, task::JoinHandle};
 
 use crate::settings::{InvalidConfig, Settings};
@@ -355,7 +355,10 @@ impl Capture {
         // Validated above; a cgroup removed since is still an error, not a wider scope.
         let scope = Scope::resolve(&cfg.cgroups, &cfg.netns)
             .map_err(|mut e| CaptureError::Scope(e.remove(0)))?;
-        let config = load::kernel_config(cfg, agent_tgid, &scope);
+        // Decided before the settings are written: they tell the data programs whether to look
+        // up a goroutine.
+        let (go_on, uprobe_cost) = calibrate::go_uprobes(cfg, &mut ebpf, &specs);
+        let config = load::kernel_config(cfg, agent_tgid, &scope, go_on);
         if !scope.netns.is_empty() && config.offsets.ns_inum == 0 {
             return Err(CaptureError::NetnsScopeUnsupported);
         }
@@ -376,14 +379,6 @@ impl Capture {
             }
         }
 
-        let (go_on, uprobe_cost) = calibrate::go_uprobes(cfg, &mut ebpf, &specs);
-        if go_on {
-            let config = Config {
-                flags: config.flags | config_flags::GO,
-                ..config
-            };
-            load::write_config(&mut ebpf, &config)?;
-        }
         let go = go_on.then(|| {
             let mut probes = golang::GoProbes::new(golang::plan(&specs));
             probes.scan(&mut ebpf, &cfg.proc_root, agent_tgid, &scope);

@@ -140,6 +140,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         pipeline = pipeline.with_tap(rec.clone()).hand_exchanges_to_tap();
     }
     let mut out = StageOutput::default();
+    // Decided and measured once, at load.
+    metrics.observe_uprobes(capture.go_enabled(), capture.uprobe_cost());
     let mut publish = tokio::time::interval(PUBLISH_EVERY);
     publish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -212,7 +214,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 state.health().observe(c.events.wrapping_add(c.polls), capture.programs_attached());
                 metrics.observe_tls(capture.tls_libraries());
                 metrics.observe_go(capture.go_programs());
-                metrics.observe_uprobes(capture.go_enabled(), capture.uprobe_cost());
                 metrics.observe_identity(&identity.failures());
                 let l = pipeline.reassembler.stats();
                 metrics.observe_l7(l.exchanges, l.evictions());
