@@ -106,6 +106,10 @@ pub mod conn_kind {
     /// An open connection went to CLOSE without the FIN exchange (RST sent or received), or an
     /// I/O syscall failed with ECONNRESET/EPIPE.
     pub const RESET: u32 = 6;
+    /// A Go uprobe bound HTTP/2 stream `ConnRecord::stream_id` of this connection to the
+    /// request context `ConnRecord::context` (gRPC-go: a server stream's handler goroutine, a
+    /// client stream's caller), which its frames, written by other goroutines, do not carry.
+    pub const STREAM: u32 = 7;
 }
 
 /// Linux TCP states, as `sock:inet_sock_set_state` reports them.
@@ -214,6 +218,11 @@ pub struct ConnRecord {
     pub generation: u64,
     pub ts_ns: u64,
     pub tuple: SockTuple,
+    /// `conn_kind::STREAM`: the HTTP/2 stream id (0 otherwise).
+    pub stream_id: u32,
+    pub _pad: u32,
+    /// `conn_kind::STREAM`: the goroutine context, as in `DataHeader::goroutine`.
+    pub context: u64,
 }
 
 /// A whole process (thread group) exited (`KIND_PROCESS_EXIT`), or exec'd (`KIND_PROCESS_EXEC`).
@@ -410,6 +419,24 @@ pub mod config_flags {
     pub const GO: u32 = 8;
 }
 
+/// Where a gRPC-go program keeps what its stream probes read (value of the Go object's
+/// `GO_GRPC` map, per tgid; from the executable's DWARF, filled by userspace). Byte offsets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GoGrpcOffsets {
+    /// `transport.Stream.id` (uint32).
+    pub stream_id: u32,
+    /// `transport.Stream.ct` (*http2Client).
+    pub stream_client: u32,
+    /// `transport.http2Server.conn` (net.Conn).
+    pub server_conn: u32,
+    /// `transport.http2Client.conn` (net.Conn).
+    pub client_conn: u32,
+    /// Address of the `*net.TCPConn, net.Conn` itab: a conn whose itab differs (TLS, a
+    /// wrapper) is not followed to a socket. 0: unknown (stripped binary), not checked.
+    pub tcp_conn_itab: u64,
+}
+
 /// Deepest cgroup level the kernel walks for `config_flags::SCOPE_CGROUP` (a bounded loop).
 pub const MAX_CGROUP_LEVELS: u32 = 16;
 
@@ -460,6 +487,8 @@ pub mod names {
     pub const DROPS: &str = "DROPS";
     pub const CONFIG: &str = "CONFIG";
     pub const CONNS: &str = "CONNS";
+    /// gRPC-go field offsets per tgid (`GoGrpcOffsets`), for the Go object's stream probes.
+    pub const GO_GRPC: &str = "GO_GRPC";
     /// Processes running the agent's own executable (shims, CLI calls), found by userspace by
     /// the file's identity: their sockets are left untracked from connect/accept on.
     pub const AGENT_TGIDS: &str = "AGENT_TGIDS";
@@ -507,6 +536,7 @@ mod pod {
     unsafe impl aya::Pod for SockTuple {}
     unsafe impl aya::Pod for DataHeader {}
     unsafe impl aya::Pod for ConnRecord {}
+    unsafe impl aya::Pod for GoGrpcOffsets {}
     unsafe impl aya::Pod for ProcessExitRecord {}
     unsafe impl aya::Pod for ConnKey {}
     unsafe impl aya::Pod for ConnInfo {}

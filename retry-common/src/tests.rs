@@ -41,10 +41,14 @@ fn data_record_layout() {
 
 #[test]
 fn conn_record_layout() {
-    layout!(ConnRecord, size 96, {
+    layout!(ConnRecord, size 112, {
         kind @ 0, 4; conn_kind @ 4, 4; pid @ 8, 4; tid @ 12, 4; fd @ 16, 4; role @ 20, 4;
         errno @ 24, 4; oldstate @ 28, 4; newstate @ 32, 4; parent @ 36, 4; generation @ 40, 8;
-        ts_ns @ 48, 8; tuple @ 56, 40;
+        ts_ns @ 48, 8; tuple @ 56, 40; stream_id @ 96, 4; _pad @ 100, 4; context @ 104, 8;
+    });
+    layout!(GoGrpcOffsets, size 24, {
+        stream_id @ 0, 4; stream_client @ 4, 4; server_conn @ 8, 4; client_conn @ 12, 4;
+        tcp_conn_itab @ 16, 8;
     });
 }
 

@@ -83,6 +83,30 @@ pub fn emit_conn_from(
         generation,
         ts_ns: now(),
         tuple: *tuple,
+        ..ConnRecord::default()
+    };
+    if EVENTS.output(&rec, ring_flags()).is_err() {
+        count_drop();
+    }
+}
+
+/// A `conn_kind::STREAM` record: HTTP/2 stream `stream_id` of the tracked connection `info`
+/// serves the goroutine context `context` (retry-ebpf's go.rs).
+#[inline(always)]
+pub fn emit_stream(pid_tgid: u64, info: &ConnInfo, stream_id: u32, context: u64) {
+    let rec = ConnRecord {
+        kind: KIND_CONN,
+        conn_kind: retry_common::conn_kind::STREAM,
+        pid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        fd: info.fd,
+        role: info.role,
+        generation: info.generation,
+        ts_ns: now(),
+        tuple: info.tuple,
+        stream_id,
+        context,
+        ..ConnRecord::default()
     };
     if EVENTS.output(&rec, ring_flags()).is_err() {
         count_drop();

@@ -56,7 +56,8 @@ const _: () = assert!(size_of::<DataHeader>() == 120);
 const _: () = assert!(size_of::<DataRecord>() == 120 + MAX_PAYLOAD);
 // Data records are assembled in `Scratch` (per-CPU): 4 KiB of payload does not fit the 512 B stack.
 const _: () = assert!(size_of::<maps::Scratch>() == retry_common::H2_RECORDS as usize * (120 + MAX_PAYLOAD) + MAX_PAYLOAD);
-const _: () = assert!(size_of::<ConnRecord>() == 96);
+const _: () = assert!(size_of::<ConnRecord>() == 112);
+const _: () = assert!(size_of::<retry_common::GoGrpcOffsets>() == 24);
 const _: () = assert!(size_of::<ProcessExitRecord>() == 32);
 const _: () = assert!(size_of::<ConnKey>() == 8);
 const _: () = assert!(size_of::<ConnInfo>() == 72);

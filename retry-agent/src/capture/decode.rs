@@ -160,6 +160,10 @@ fn decode_conn(raw: &[u8]) -> Result<ConnEvent, DecodeError> {
         conn_kind::ACCEPT => ConnEventKind::Accept,
         conn_kind::CLOSE => ConnEventKind::Close,
         conn_kind::RESET => ConnEventKind::Reset { errno: r.errno },
+        conn_kind::STREAM => ConnEventKind::Stream {
+            id: r.stream_id,
+            context: r.context,
+        },
         v => {
             return Err(DecodeError::UnknownValue {
                 what: "connection event kind",

@@ -126,6 +126,13 @@ pub enum ConnEventKind {
     },
     /// Found in /proc at start-up: existed before the agent.
     Existing,
+    /// A Go uprobe bound HTTP/2 stream `id` of this connection to the goroutine context
+    /// `context` (as in [`DataEvent::goid`]): gRPC-go writes a stream's frames from the
+    /// connection's goroutines, so only this says which request the stream serves.
+    Stream {
+        id: u32,
+        context: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -33,6 +33,30 @@ pub(crate) struct Emitter<'a> {
     pub stats: &'a mut L7Stats,
     pub next_id: &'a mut u64,
     pub inbound: &'a mut InboundByThread,
+    /// Per (pid, goroutine context): when a Go probe last bound a server stream to it.
+    pub handlers: &'a mut HandlerStarts,
+}
+
+/// When each Go request goroutine last took a server stream (gRPC-go's handleStream): the
+/// stream it served before was over by then. Bounded: cleared when full (an exchange then
+/// keeps its wire end, as without the probes).
+#[derive(Default)]
+pub(crate) struct HandlerStarts(foldhash::HashMap<(u32, u64), u64>);
+
+impl HandlerStarts {
+    const MAX: usize = 65536;
+
+    pub(crate) fn started(&mut self, pid: u32, context: u64, ts: u64) {
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        let t = self.0.entry((pid, context)).or_insert(ts);
+        *t = (*t).max(ts);
+    }
+
+    pub(crate) fn forget_pid(&mut self, pid: u32) {
+        self.0.retain(|(p, _), _| *p != pid);
+    }
 }
 
 impl Emitter<'_> {
@@ -45,6 +69,12 @@ impl Emitter<'_> {
     }
 
     pub(crate) fn emit(&mut self, mut ex: Exchange) {
+        if let (Some(start), Some(ctx)) = (ex.handler_start_ns, ex.goid)
+            && let Some(&next) = self.handlers.0.get(&(ex.pid, ctx))
+            && next > start
+        {
+            ex.handler_end_ns = Some(next);
+        }
         if ex.role == Role::Server {
             ex.sole_on_thread =
                 self.inbound
@@ -199,6 +229,18 @@ impl Conn {
     pub(crate) fn set_tuple(&mut self, t: Option<Tuple>) {
         if t.is_some() {
             self.info.tuple = t;
+        }
+    }
+
+    /// A Go probe bound HTTP/2 stream `id` to a request context; whether the connection is
+    /// HTTP/2 (anything else has no streams to bind: the binding is dropped).
+    pub(crate) fn bind_stream(&mut self, id: u32, context: u64, ts: u64) -> bool {
+        match &mut self.proto {
+            Proto::Http2(h) => {
+                h.bind(id, context, ts);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -440,6 +482,7 @@ impl Conn {
                     dirs: [req, resp],
                     streams: HashMap::default(),
                     max_inflight: self.max_inflight,
+                    early: Vec::new(),
                 }))
             }
             _ => {
@@ -516,6 +559,7 @@ impl Conn {
             dirs: [req, resp],
             streams,
             max_inflight: self.max_inflight,
+            early: Vec::new(),
         }));
     }
 

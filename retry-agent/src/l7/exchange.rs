@@ -227,6 +227,15 @@ pub struct Exchange {
     /// meanwhile were this request's. False when unknown (and in dumps that predate it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sole_on_thread: bool,
+    /// Server side, a stream a Go probe bound (gRPC-go): when its handler goroutine took it,
+    /// and when that goroutine took its next request (the handler was over by then; None
+    /// while unknown). The span of the request's calls, which its wire times overstate: the
+    /// request was read in a batch before the handler ran, and the response is written by
+    /// another goroutine after the handler returned and its goroutine was perhaps reused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler_start_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler_end_ns: Option<u64>,
 }
 
 impl Exchange {

@@ -129,6 +129,10 @@ pub struct L7Stats {
     pub unknown_exchanges: u64,
     /// Bytes seen on connections that are not HTTP (counted, not parsed).
     pub opaque_bytes: u64,
+    /// HTTP/2 streams bound to a request context by a Go probe (`ConnEventKind::Stream`).
+    pub stream_bindings: u64,
+    /// Bindings for a connection not tracked or not (yet) HTTP/2: dropped.
+    pub stream_bindings_unmatched: u64,
 }
 
 impl L7Stats {
@@ -152,6 +156,7 @@ pub struct Reassembler {
     conns: LruCache<ConnId, Conn, ConnHasher>,
     /// Server requests each thread has read and not answered.
     inbound: InboundByThread,
+    handlers: conn::HandlerStarts,
 }
 
 impl Reassembler {
@@ -163,6 +168,7 @@ impl Reassembler {
             next_id: 0,
             conns: LruCache::with_hasher(cap, ConnHasher::default()),
             inbound: InboundByThread::default(),
+            handlers: conn::HandlerStarts::default(),
         }
     }
 
@@ -180,6 +186,7 @@ impl Reassembler {
                     stats: &mut self.stats,
                     next_id: &mut self.next_id,
                     inbound: &mut self.inbound,
+                    handlers: &mut self.handlers,
                 };
                 // One lookup for a known connection (nearly every event), two for a new one.
                 if let Some(c) = self.conns.get_mut(&d.conn) {
@@ -220,6 +227,7 @@ impl Reassembler {
                     stats: &mut self.stats,
                     next_id: &mut self.next_id,
                     inbound: &mut self.inbound,
+                    handlers: &mut self.handlers,
                 };
                 for id in dead {
                     if let Some(mut c) = self.conns.pop(&id) {
@@ -228,6 +236,7 @@ impl Reassembler {
                     }
                 }
                 self.inbound.forget_pid(*pid);
+                self.handlers.forget_pid(*pid);
             }
             Event::Process(_) => {}
         }
@@ -240,6 +249,7 @@ impl Reassembler {
             stats: &mut self.stats,
             next_id: &mut self.next_id,
             inbound: &mut self.inbound,
+            handlers: &mut self.handlers,
         };
         let ctx = Ctx {
             ts_start: ev.ts_ns,
@@ -280,6 +290,20 @@ impl Reassembler {
             ConnEventKind::Established => open(&mut self.conns, Role::Client, true, &mut em),
             ConnEventKind::Accept => open(&mut self.conns, Role::Server, true, &mut em),
             ConnEventKind::Existing => open(&mut self.conns, ev.role, false, &mut em),
+            ConnEventKind::Stream { id, context } => {
+                if ev.role == Role::Server {
+                    em.handlers.started(ev.pid, context, ev.ts_ns);
+                }
+                let bound = self
+                    .conns
+                    .get_mut(&ev.conn)
+                    .is_some_and(|c| c.bind_stream(id, context, ev.ts_ns));
+                if bound {
+                    em.stats.stream_bindings += 1;
+                } else {
+                    em.stats.stream_bindings_unmatched += 1;
+                }
+            }
             ConnEventKind::Close | ConnEventKind::Reset { .. } => {
                 if let Some(mut c) = self.conns.pop(&ev.conn) {
                     let kind = if ev.kind == ConnEventKind::Close {
@@ -304,6 +328,7 @@ impl Reassembler {
             stats: &mut self.stats,
             next_id: &mut self.next_id,
             inbound: &mut self.inbound,
+            handlers: &mut self.handlers,
         };
         // Least recently used first; events arrive roughly by time, so the idle ones are there.
         while let Some((_, c)) = self.conns.peek_lru() {

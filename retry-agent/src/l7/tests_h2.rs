@@ -609,3 +609,63 @@ fn propagated_trace_id_is_read_from_hpack_headers() {
     assert_eq!(by(3), by(1));
     assert_eq!(by(5), None);
 }
+
+/// gRPC-go: a Go probe binds each stream to its request context. A server stream bound after
+/// its HEADERS were read takes the context and the handler's start; when the same goroutine
+/// takes another stream before the first one's response is written, the first handler is
+/// over by then. A client stream bound before its HEADERS are seen (the writer goroutine was
+/// slower than the caller) still gets its binding; a binding for nothing is counted.
+#[test]
+fn go_probe_bindings_give_streams_their_request_context() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let g = 0xc000_0a00 | retry_common::GOROUTINE_ROOTED;
+    let bind = |fd, role, ts, id| conn_ev(fd, role, ts, ConnEventKind::Stream { id, context: g });
+    let mut ev = vec![conn_ev(4, Role::Server, 1, ConnEventKind::Accept)];
+    let mut first = http2::PREFACE.to_vec();
+    first.extend(frame(SETTINGS, 0, 0, &[]));
+    first.extend(c.headers(1, false, &hs(&req_headers("/svc/A"))));
+    first.extend(frame(D, END_STREAM, 1, &grpc_msg(b"q")));
+    first.extend(c.headers(3, false, &hs(&req_headers("/svc/B"))));
+    first.extend(frame(D, END_STREAM, 3, &grpc_msg(b"q")));
+    ev.push(data(4, Role::Server, IN, 3, &first));
+    ev.push(bind(4, Role::Server, 5, 1));
+    // The same goroutine, reused, takes stream 3 before stream 1's answer is written.
+    ev.push(bind(4, Role::Server, 8, 3));
+    for id in [1, 3] {
+        let mut resp = s.headers(id, false, &[(":status", "200")]);
+        resp.extend(s.headers(id, true, &[("grpc-status", "14")]));
+        ev.push(data(4, Role::Server, OUT, 10 + u64::from(id), &resp));
+    }
+    // A client connection whose stream 1 is bound before its HEADERS are written.
+    ev.push(conn_ev(6, Role::Client, 20, ConnEventKind::Connect { errno: 0 }));
+    let mut pre = http2::PREFACE.to_vec();
+    pre.extend(frame(SETTINGS, 0, 0, &[]));
+    ev.push(data(6, Role::Client, OUT, 21, &pre));
+    ev.push(bind(6, Role::Client, 22, 1));
+    let (mut c2, mut s2) = (Peer::new(), Peer::new());
+    for (i, (dir, b)) in unary(&mut c2, &mut s2, 1, "/svc/C", &[("grpc-status", "0")])
+        .into_iter()
+        .enumerate()
+    {
+        ev.push(data(6, Role::Client, dir, 23 + i as u64, &b));
+    }
+    // A binding on a connection that is not HTTP/2 (nor tracked) binds nothing.
+    ev.push(bind(9, Role::Client, 30, 1));
+    let (ex, stats) = run(&ev);
+    assert_eq!(ex.len(), 3, "{ex:#?}");
+    let by_path = |p: &str| ex.iter().find(|x| x.path.as_deref() == Some(p)).unwrap();
+    let a = by_path("/svc/A");
+    assert_eq!(
+        (a.goid, a.handler_start_ns, a.handler_end_ns),
+        (Some(g), Some(5), Some(8))
+    );
+    let b = by_path("/svc/B");
+    assert_eq!(
+        (b.goid, b.handler_start_ns, b.handler_end_ns),
+        (Some(g), Some(8), None)
+    );
+    let call = by_path("/svc/C");
+    assert_eq!(call.role, Role::Client);
+    assert_eq!((call.goid, call.handler_start_ns), (Some(g), None));
+    assert_eq!((stats.stream_bindings, stats.stream_bindings_unmatched), (3, 1));
+}

@@ -76,6 +76,8 @@ impl ExchangeBuilder {
             request_bytes: 100,
             response_bytes: 100,
             sole_on_thread: false,
+            handler_start_ns: None,
+            handler_end_ns: None,
         })
     }
 

@@ -15,6 +15,13 @@
 //! - `GO_WRITER`: the connection's write goroutine → the root of the request it is writing,
 //!   at `Request.write` (0: a call made outside any request).
 //!
+//! - gRPC-go's HTTP/2 frames are read and written by per-connection goroutines, several
+//!   streams to a syscall, so no syscall's goroutine says whose stream it is. Instead each
+//!   stream is bound once: `(*Server).handleStream` (the stream's handler goroutine becomes a
+//!   root) and the returns of `(*http2Client).NewStream` (the caller's root) follow the
+//!   transport's `net.Conn` to its socket's fd (offsets from the program's DWARF in `GO_GRPC`)
+//!   and emit a `conn_kind::STREAM` record: connection, stream id, context.
+//!
 //! The data path then tags each record of a Go process with a context: the writer's owner, else
 //! the I/O goroutine's root, else the goroutine itself. In Go (register ABI, go1.17+ amd64) the
 //! current g is in r14, arguments in rax, rbx, rcx, rdi, rsi, … in that order.
@@ -25,9 +32,9 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 
-use retry_common::GOROUTINE_ROOTED;
+use retry_common::{ConnInfo, ConnKey, GOROUTINE_ROOTED, GoGrpcOffsets};
 
-use crate::ctx::read_user;
+use crate::{ctx::read_user, emit::emit_stream, maps::CONNS};
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -46,6 +53,9 @@ static GO_ROOT: LruHashMap<GoKey, u64> = LruHashMap::with_max_entries(65536, 0);
 static GO_REQ: LruHashMap<GoKey, u64> = LruHashMap::with_max_entries(16384, 0);
 #[map]
 static GO_WRITER: LruHashMap<GoKey, u64> = LruHashMap::with_max_entries(16384, 0);
+/// gRPC-go field offsets per tgid (filled by userspace from the program's DWARF).
+#[map]
+static GO_GRPC: LruHashMap<u32, GoGrpcOffsets> = LruHashMap::with_max_entries(4096, 0);
 /// newproc1 entry → its returns, per thread (it runs on the system stack: no nesting).
 #[map]
 static GO_SPAWN: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
@@ -149,6 +159,69 @@ pub fn ra_go_newproc_ret(ctx: ProbeContext) -> u32 {
     }
     // A reused g struct was perhaps a connection's write goroutine in its previous life.
     let _ = GO_WRITER.remove(&k);
+    0
+}
+
+/// The tracked connection behind a Go `net.Conn` interface value stored at `field`: a
+/// `*net.TCPConn` (checked against its itab when known), whose `conn.fd` is a `*netFD`, whose
+/// `pfd.Sysfd` follows poll.FD's 16-byte `fdMutex`. These layouts have not moved since go1.9.
+#[inline(always)]
+fn tcp_conn(tgid: u32, field: u64, o: &GoGrpcOffsets) -> Option<ConnInfo> {
+    let itab = read_user::<u64>(field).ok()?;
+    if itab == 0 || (o.tcp_conn_itab != 0 && itab != o.tcp_conn_itab) {
+        return None;
+    }
+    let tcp = read_user::<u64>(field + 8).ok()?;
+    let netfd = read_user::<u64>(tcp).ok()?;
+    let fd = read_user::<i64>(netfd + 16).ok()?;
+    let fd = u32::try_from(fd).ok()?;
+    // SAFETY: plain value copied out; an fd that is not a tracked socket ends it here.
+    unsafe { CONNS.get(&ConnKey { tgid, fd }) }.copied()
+}
+
+#[inline(always)]
+fn grpc_offsets(tgid: u32) -> Option<GoGrpcOffsets> {
+    // SAFETY: plain value copied out.
+    unsafe { GO_GRPC.get(&tgid) }.copied()
+}
+
+/// `grpc.(*Server).handleStream(s, t ServerTransport, stream *Stream, trInfo)`: this goroutine
+/// serves `stream` (one goroutine per stream, or a worker serving one at a time). Registers:
+/// s rax, t (itab rbx, data rcx), stream rdi.
+#[uprobe(path = "go", function = "google.golang.org/grpc.(*Server).handleStream")]
+pub fn ra_go_grpc_serve(ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    // SAFETY: `regs` is the probe's context (user registers at the probed instruction).
+    let (g, transport, stream) = unsafe { ((*ctx.regs).r14, (*ctx.regs).rcx, (*ctx.regs).rdi) };
+    mark_go(tgid);
+    let _ = GO_ROOT.insert(&key(tgid, g), &g, 0);
+    let Some(o) = grpc_offsets(tgid) else { return 0 };
+    let Some(conn) = tcp_conn(tgid, transport + u64::from(o.server_conn), &o) else { return 0 };
+    if let Ok(id) = read_user::<u32>(stream + u64::from(o.stream_id)) {
+        emit_stream(pid_tgid, &conn, id, g | GOROUTINE_ROOTED);
+    }
+    0
+}
+
+/// At each RET of `transport.(*http2Client).NewStream`: rax is the new `*Stream` (nil on
+/// error), whose id was assigned on this goroutine before its HEADERS were queued. Its
+/// context is this goroutine's root (the bare goroutine for a call outside any request).
+#[uprobe(path = "go-ret", function = "google.golang.org/grpc/internal/transport.(*http2Client).NewStream")]
+pub fn ra_go_grpc_stream_ret(ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let (g, stream, _) = regs(&ctx);
+    if stream == 0 {
+        return 0;
+    }
+    let Some(o) = grpc_offsets(tgid) else { return 0 };
+    let Ok(client) = read_user::<u64>(stream + u64::from(o.stream_client)) else { return 0 };
+    let Some(conn) = tcp_conn(tgid, client + u64::from(o.client_conn), &o) else { return 0 };
+    let context = get(&GO_ROOT, &key(tgid, g)).map_or(g, |root| root | GOROUTINE_ROOTED);
+    if let Ok(id) = read_user::<u32>(stream + u64::from(o.stream_id)) {
+        emit_stream(pid_tgid, &conn, id, context);
+    }
     0
 }
 

@@ -158,6 +158,14 @@ fn conn_records_map_to_kinds_with_errno() {
         (conn_kind::ACCEPT, 0, ConnEventKind::Accept),
         (conn_kind::CLOSE, 0, ConnEventKind::Close),
         (conn_kind::RESET, 104, ConnEventKind::Reset { errno: 104 }),
+        (
+            conn_kind::STREAM,
+            0,
+            ConnEventKind::Stream {
+                id: 7,
+                context: 0xc000 | retry_common::GOROUTINE_ROOTED,
+            },
+        ),
     ];
     for (k, errno, want) in cases {
         let r = ConnRecord {
@@ -171,6 +179,8 @@ fn conn_records_map_to_kinds_with_errno() {
             generation: 5,
             ts_ns: 6,
             tuple: v4_tuple(),
+            stream_id: 7,
+            context: 0xc000 | retry_common::GOROUTINE_ROOTED,
             ..Default::default()
         };
         let Ok(Event::Conn(c)) = decode(&as_bytes(&r)) else {

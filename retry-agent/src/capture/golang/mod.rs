@@ -9,6 +9,8 @@
 //!
 //! Pure: reads a file's bytes, never attaches anything; every malformed input is a typed error.
 mod buildinfo;
+mod dwarf;
+pub mod grpc;
 mod pclntab;
 mod probes;
 
@@ -42,6 +44,14 @@ pub enum GoError {
     MissingFunction(&'static str),
     #[error("attaching the uprobes: {0}")]
     Attach(String),
+    #[error("built without DWARF (-ldflags=-w): struct field offsets unknown")]
+    NoDwarf,
+    #[error("the DWARF is malformed: {0}")]
+    Dwarf(String),
+    #[error("{0}.{1} is not in this program's DWARF")]
+    MissingField(&'static str, &'static str),
+    #[error("built without DWARF, and the struct layout of gRPC-go {0}.{1} is not known")]
+    UnknownLayout(u32, u32),
 }
 
 /// A function's place in the file: where its code starts and ends (virtual addresses) and how
@@ -59,6 +69,8 @@ pub struct GoBinary {
     /// Whether the names came from the symbol table (false: from the pclntab; stripped).
     pub has_symbols: bool,
     functions: HashMap<&'static str, FuncRange>,
+    /// For a gRPC-go program: where its stream probes read (or why they cannot).
+    pub grpc: Option<Result<retry_common::GoGrpcOffsets, GoError>>,
     /// `.text`: virtual address, file offset, bytes (for RET decoding).
     text_addr: u64,
     text_offset: u64,
@@ -121,10 +133,13 @@ impl GoBinary {
                 functions.entry(name).or_insert(range);
             }
         }
+        let grpc = (functions.contains_key(grpc::SERVER) || functions.contains_key(grpc::CLIENT))
+            .then(|| grpc::offsets(&file));
         Ok(Self {
             version,
             has_symbols,
             functions,
+            grpc,
             text_addr: text.address(),
             text_offset,
             text: text.data()?.to_vec(),

@@ -6,7 +6,7 @@
 //! cannot be instrumented is logged and counted, and keeps the syscall-level linking (never
 //! fatal).
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
 };
 
@@ -14,8 +14,9 @@ use aya::{
     Ebpf,
     programs::{ProgramError, UProbe, uprobe::UProbeScope},
 };
+use retry_common::GoGrpcOffsets;
 
-use super::{GoBinary, GoError};
+use super::{GoBinary, GoError, grpc};
 use crate::capture::programs::{Hook, ProgramSpec, UprobeTarget};
 
 /// One Go probe: the program, the function, and whether it goes at the function's RETs.
@@ -37,7 +38,15 @@ const KNOWN: &[&str] = &[
     "net/http.(*Request).write",
     "runtime.newproc1",
     "runtime.goexit1",
+    grpc::SERVER,
+    grpc::CLIENT,
 ];
+
+/// Whether a function belongs to the gRPC-go probes (attached only where the program's DWARF
+/// gave their offsets).
+fn is_grpc(function: &str) -> bool {
+    function == grpc::SERVER || function == grpc::CLIENT
+}
 
 /// The object's `go` / `go-ret` programs (their sections name the functions).
 pub(crate) fn plan(specs: &[ProgramSpec]) -> Vec<Probe> {
@@ -83,6 +92,9 @@ pub struct GoProbes {
     files: HashSet<(u64, u64)>,
     /// Processes already looked at.
     pids: HashSet<u32>,
+    /// gRPC-go executables whose stream probes are attached, and their offsets: each of their
+    /// processes gets them in the kernel's `GO_GRPC` map.
+    grpc_files: HashMap<(u64, u64), GoGrpcOffsets>,
     pub instrumented: usize,
     pub failed: usize,
 }
@@ -132,6 +144,9 @@ impl GoProbes {
             if let Some(true) = self.instrument_file(ebpf, &exe) {
                 added += 1;
             }
+            if let Some(o) = file_key(&exe).and_then(|k| self.grpc_files.get(&k)) {
+                set_grpc_offsets(ebpf, pid, o);
+            }
         }
         // Forget pids that are gone, so a reused pid is looked at again.
         self.pids.retain(|p| live.contains(p));
@@ -140,13 +155,21 @@ impl GoProbes {
 
     /// Instruments one executable unless already handled; Some(true) when probes were added.
     pub fn instrument_file(&mut self, ebpf: &mut Ebpf, exe: &Path) -> Option<bool> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(exe).ok()?;
-        if !self.files.insert((meta.dev(), meta.ino())) {
+        let key = file_key(exe)?;
+        if !self.files.insert(key) {
             return None;
         }
         match self.try_instrument(ebpf, exe) {
             Outcome::Instrumented(bin) => {
+                match &bin.grpc {
+                    Some(Ok(o)) => {
+                        self.grpc_files.insert(key, *o);
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(exe = %exe.display(), error = %e, "gRPC-go streams of this program are linked from syscalls only");
+                    }
+                    None => {}
+                }
                 tracing::info!(exe = %exe.display(), go = %bin, "Go request context from uprobes");
                 self.instrumented += 1;
                 Some(true)
@@ -169,7 +192,10 @@ impl GoProbes {
             Err(GoError::NotGo | GoError::Elf(_)) => return Outcome::NotApplicable,
             Err(e) => return Outcome::Failed(e),
         };
-        if !bin.has(SERVER) && !bin.has(CLIENT) {
+        if ![SERVER, CLIENT, grpc::SERVER, grpc::CLIENT]
+            .iter()
+            .any(|f| bin.has(f))
+        {
             return Outcome::NotApplicable;
         }
         if !self.load(ebpf) {
@@ -202,9 +228,13 @@ impl GoProbes {
 /// every probe; on any failure the ones attached are detached again.
 fn attach(ebpf: &mut Ebpf, exe: &Path, bin: &GoBinary, probes: &[Probe]) -> Result<(), GoError> {
     let mut plan: Vec<(&str, Vec<u64>)> = Vec::new();
+    let grpc_ok = matches!(bin.grpc, Some(Ok(_)));
     for p in probes {
         if !bin.has(p.function) {
             continue; // a server without a client (or the reverse): those probes have nothing to do
+        }
+        if is_grpc(p.function) && !grpc_ok {
+            continue; // nowhere known to read: the streams keep the syscall-level linking
         }
         let offsets = if p.returns {
             bin.return_offsets(p.function)?
@@ -231,6 +261,26 @@ fn attach(ebpf: &mut Ebpf, exe: &Path, bin: &GoBinary, probes: &[Probe]) -> Resu
         }
     }
     Ok(())
+}
+
+fn file_key(exe: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(exe).ok()?;
+    Some((meta.dev(), meta.ino()))
+}
+
+/// Tells the kernel where process `pid`'s gRPC-go structs keep what the stream probes read.
+fn set_grpc_offsets(ebpf: &mut Ebpf, pid: u32, o: &GoGrpcOffsets) {
+    let map = ebpf
+        .map_mut(retry_common::names::GO_GRPC)
+        .ok_or_else(|| "no such map".to_string())
+        .and_then(|m| {
+            aya::maps::HashMap::<_, u32, GoGrpcOffsets>::try_from(m).map_err(|e| e.to_string())
+        });
+    let result = map.and_then(|mut m| m.insert(&pid, o, 0).map_err(|e| e.to_string()));
+    if let Err(e) = result {
+        tracing::warn!(pid, error = %e, "cannot hand gRPC-go offsets to the kernel: this process's streams are linked from syscalls only");
+    }
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, ProgramError> {

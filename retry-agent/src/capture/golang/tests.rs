@@ -118,3 +118,16 @@ fn non_go_files_are_said_to_be_so() {
     let err = super::GoBinary::parse(&me[..], &["x"]).unwrap_err();
     assert!(matches!(err, super::GoError::NotGo), "{err}");
 }
+
+#[test]
+fn grpc_release_is_read_from_the_user_agent_literal() {
+    use super::grpc::parse_release;
+    assert_eq!(parse_release(b"1.33.3"), Some((1, 33)));
+    // The literal runs on into the next string's bytes.
+    assert_eq!(parse_release(b"1.60.12006-01-02"), Some((1, 60)));
+    assert_eq!(parse_release(b"1.33"), None);
+    assert_eq!(parse_release(b"1.3312345"), None);
+    assert_eq!(parse_release(b"x.33.1"), None);
+    assert_eq!(parse_release(b""), None);
+    assert_eq!(parse_release(b"99999.1.1"), None);
+}

@@ -37,10 +37,12 @@ impl Engine {
         self.timeout_mismatch(ex, tuple);
 
         let thread = thread_key(ex.tid, ex.goid);
+        // A Go handler's span, where a probe saw it, bounds its calls better than the wire.
+        let end = last_ns(ex);
         let window = Window {
             id: ex.id,
-            start: ex.request_start_ns,
-            end: last_ns(ex),
+            start: ex.handler_start_ns.unwrap_or(ex.request_start_ns),
+            end: ex.handler_end_ns.map_or(end, |h| h.min(end)),
         };
         self.record_process_history(ex, window, failed);
         self.record_thread_window(ex.pid, thread, window);

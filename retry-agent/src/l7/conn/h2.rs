@@ -26,6 +26,10 @@ pub(super) struct H2Conn {
     pub(super) dirs: [H2Dir; 2],
     pub(super) streams: HashMap<u32, H2Stream>,
     pub(super) max_inflight: usize,
+    /// Bindings of streams not seen yet (a client stream's id is bound on the caller's
+    /// goroutine while the writer goroutine may still be sending its HEADERS), oldest first,
+    /// at most `max_inflight`.
+    pub(super) early: Vec<(u32, (u64, u64))>,
 }
 
 impl H2Conn {
@@ -49,6 +53,7 @@ impl H2Conn {
             dirs,
             streams,
             max_inflight,
+            early,
         } = self;
         let [req, resp] = dirs;
         let dir = if is_req { req } else { resp };
@@ -59,6 +64,7 @@ impl H2Conn {
                 Side::Response
             },
             streams,
+            early,
             info,
             max_inflight: *max_inflight,
             em,
@@ -70,6 +76,18 @@ impl H2Conn {
         if gap > 0 {
             dir.gap(gap, ctx, &mut sink);
         }
+    }
+
+    /// A Go probe says stream `id` serves request context `context` since `ts`.
+    pub(super) fn bind(&mut self, id: u32, context: u64, ts: u64) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.p.bound = Some((context, ts));
+            return;
+        }
+        if self.early.len() >= self.max_inflight {
+            self.early.remove(0);
+        }
+        self.early.push((id, (context, ts)));
     }
 
     pub(super) fn end(&mut self, kind: EndKind, info: &ConnInfo, em: &mut Emitter<'_>) {
@@ -90,6 +108,7 @@ impl H2Conn {
 struct H2Pairing<'a, 'b> {
     side: Side,
     streams: &'a mut HashMap<u32, H2Stream>,
+    early: &'a mut Vec<(u32, (u64, u64))>,
     info: &'a ConnInfo,
     max_inflight: usize,
     em: &'a mut Emitter<'b>,
@@ -127,6 +146,9 @@ impl H2Pairing<'_, '_> {
             );
             p.no_request = unknown;
             p.stream_id = Some(id);
+            if let Some(i) = self.early.iter().position(|&(s, _)| s == id) {
+                p.bound = Some(self.early.remove(i).1);
+            }
             H2Stream {
                 p,
                 hasher: BodyHasher::default(),

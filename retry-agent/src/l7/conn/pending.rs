@@ -29,6 +29,9 @@ pub(crate) struct Pending {
     pub(super) resp_bytes: u64,
     pub(super) unknown: bool,
     pub(super) stream_id: Option<u32>,
+    /// HTTP/2: the request context a Go probe bound this stream to (`ConnEventKind::Stream`),
+    /// which wins over the goroutines that happened to move its frames, and when.
+    pub(super) bound: Option<(u64, u64)>,
 }
 
 impl Pending {
@@ -84,10 +87,10 @@ impl Pending {
         // connection's next request on a background goroutine while the previous handler
         // finishes, and keying the request by that one lost its calls (lab depth4: 10 of 164
         // Go verdicts claimed with their failed calls on the handler's key).
-        let goid = match info.role {
+        let goid = self.bound.map(|(ctx, _)| ctx).or(match info.role {
             Role::Server => self.resp_start.and_then(|c| c.goid).or(self.req_start.goid),
             _ => self.req_start.goid,
-        };
+        });
         Exchange {
             id: ExchangeId(0),
             conn: info.id,
@@ -124,6 +127,11 @@ impl Pending {
             request_bytes: self.req_bytes,
             response_bytes: self.resp_bytes,
             sole_on_thread: false,
+            handler_start_ns: self
+                .bound
+                .filter(|_| info.role == Role::Server)
+                .map(|(_, ts)| ts),
+            handler_end_ns: None,
         }
     }
 }
