@@ -216,7 +216,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 metrics.observe_go(capture.go_programs());
                 metrics.observe_identity(&identity.failures());
                 let l = pipeline.reassembler.stats();
-                metrics.observe_l7(l.exchanges, l.evictions());
+                metrics.observe_l7(&l);
                 send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));
                 claims_sent = std::time::Instant::now();
                 // These claims include whatever was disowned until now.

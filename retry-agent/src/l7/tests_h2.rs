@@ -637,7 +637,12 @@ fn go_probe_bindings_give_streams_their_request_context() {
         ev.push(data(4, Role::Server, OUT, 10 + u64::from(id), &resp));
     }
     // A client connection whose stream 1 is bound before its HEADERS are written.
-    ev.push(conn_ev(6, Role::Client, 20, ConnEventKind::Connect { errno: 0 }));
+    ev.push(conn_ev(
+        6,
+        Role::Client,
+        20,
+        ConnEventKind::Connect { errno: 0 },
+    ));
     let mut pre = http2::PREFACE.to_vec();
     pre.extend(frame(SETTINGS, 0, 0, &[]));
     ev.push(data(6, Role::Client, OUT, 21, &pre));
@@ -667,5 +672,8 @@ fn go_probe_bindings_give_streams_their_request_context() {
     let call = by_path("/svc/C");
     assert_eq!(call.role, Role::Client);
     assert_eq!((call.goid, call.handler_start_ns), (Some(g), None));
-    assert_eq!((stats.stream_bindings, stats.stream_bindings_unmatched), (3, 1));
+    assert_eq!(
+        (stats.stream_bindings, stats.stream_bindings_unmatched),
+        (3, 1)
+    );
 }

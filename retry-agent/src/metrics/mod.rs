@@ -67,6 +67,11 @@ struct ClaimLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BindingLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LinkLabels {
     method: &'static str,
 }
@@ -136,6 +141,7 @@ pub struct Metrics {
     recorder_evictions: Counter,
     l7_exchanges: Counter,
     l7_evictions: Counter,
+    l7_stream_bindings: Family<BindingLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -181,6 +187,7 @@ impl Metrics {
             recorder_evictions: Counter::default(),
             l7_exchanges: Counter::default(),
             l7_evictions: Counter::default(),
+            l7_stream_bindings: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -324,6 +331,11 @@ impl Metrics {
             "l7_evictions",
             "State dropped by l7's bounds: connections (table full, idle timeout), requests or streams (in-flight cap); not closes",
             m.l7_evictions.clone(),
+        );
+        registry.register(
+            "l7_stream_bindings",
+            "HTTP/2 streams the Go probes bound to a request context (gRPC-go), by result (unmatched: the connection was not tracked or not HTTP/2)",
+            m.l7_stream_bindings.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -524,9 +536,20 @@ impl Metrics {
     }
 
     /// l7 totals since start (exchanges emitted, connections/streams evicted).
-    pub fn observe_l7(&self, exchanges: u64, evictions: u64) {
-        set_counter(&self.l7_exchanges, exchanges);
-        set_counter(&self.l7_evictions, evictions);
+    pub fn observe_l7(&self, l: &crate::l7::L7Stats) {
+        set_counter(&self.l7_exchanges, l.exchanges);
+        set_counter(&self.l7_evictions, l.evictions());
+        for (result, n) in [
+            ("bound", l.stream_bindings),
+            ("unmatched", l.stream_bindings_unmatched),
+        ] {
+            set_counter(
+                &self
+                    .l7_stream_bindings
+                    .get_or_create(&BindingLabels { result }),
+                n,
+            );
+        }
     }
 }
 
