@@ -86,6 +86,30 @@ node = "c"
 """)
         self.assertEqual(model.expected_x(sc), {"a": 1.0, "b": 1.0, "c": 3.0})
 
+    def test_a_go_fanout_calls_every_downstream_whatever_fails(self):
+        sc = scenario("""
+[defaults]
+retries = 2
+[[nodes]]
+name = "a"
+runtime = "go"
+fanout = true
+calls = ["b", "c", "d"]
+[[nodes]]
+name = "b"
+runtime = "go"
+[[nodes]]
+name = "c"
+runtime = "go"
+[[nodes]]
+name = "d"
+runtime = "go"
+[fault]
+node = "b"
+""")
+        self.assertEqual(model.expected_x(sc), {"a": 1.0, "b": 3.0, "c": 1.0, "d": 1.0})
+        self.assertEqual(analysis.variant(sc["nodes"][0]), "go+fanout")
+
     def test_an_envoy_sidecar_multiplies_its_callers_attempts(self):
         sc = scenario(ENVOY3)
         self.assertEqual(model.expected_x(sc), {"a": 1.0, "b": 4.0, "c": 8.0})
@@ -97,6 +121,8 @@ node = "c"
             scenario('[[nodes]]\nname = "a"\nruntime = "cobol"\n')
         with self.assertRaises(common.LabError):
             scenario('[[nodes]]\nname = "a"\nruntime = "go"\ncalls = ["x"]\n')
+        with self.assertRaises(common.LabError):  # fan-out on goroutines is Go's
+            scenario('[[nodes]]\nname = "a"\nruntime = "node"\nfanout = true\n')
         with self.assertRaises(common.LabError):  # grpc callees need a Python caller
             scenario('[[nodes]]\nname = "a"\nruntime = "go"\ncalls = ["b"]\n'
                      '[[nodes]]\nname = "b"\nruntime = "python-grpc"\n')

@@ -278,8 +278,10 @@ def agent_health(mode_dir):
 
 def variant(n):
     """What verdicts are scored by: the runtime, `+trace` when the service forwards the W3C
-    trace context (the same runtime links differently with and without it)."""
-    return n["runtime"] + ("+trace" if n.get("forward_trace") else "")
+    trace context (the same runtime links differently with and without it), `+fanout` when it
+    calls its downstreams at once on spawned goroutines."""
+    return (n["runtime"] + ("+trace" if n.get("forward_trace") else "")
+            + ("+fanout" if n.get("fanout") else ""))
 
 
 def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):

@@ -8,7 +8,7 @@ def expected_x(sc):
     """Requests per node as multiples of the root rate during a hard fault (error, rate 1) in the
     design's model: a failing callee gets 1+R attempts per call (1+min(R, budget) under a
     budget), times 1+E through a caller's Envoy sidecar with E route retries; a caller stops at
-    its first failed downstream."""
+    its first failed downstream, unless it fans out (calls them all at once)."""
     f = sc.get("fault")
     if not f or f["kind"] != "error" or f["rate"] < 1.0:
         return None
@@ -36,6 +36,8 @@ def expected_x(sc):
                 # A sidecar retries each of the caller's attempts on its own.
                 e = float(p.get("envoy_retries", 0)) if n.get("sidecar") == "envoy" else 0.0
                 arrivals[c] += arrivals[n["name"]] * (1 + r) * (1 + e)
-                break
+                if not n.get("fanout"):
+                    break
+                continue
             arrivals[c] += arrivals[n["name"]]
     return {k: round(v, 3) for k, v in arrivals.items()}

@@ -56,6 +56,7 @@ def run_mode(sc, mode, args, out):
                 "epoch_file": str(epoch_file),
                 "work_ms": n.get("work_ms", sc.get("work_ms", 0)),
                 "forward_trace": bool(n.get("forward_trace", False)),
+                "fanout": bool(n.get("fanout", False)),
                 "downstreams": [],
                 "fault": None,
             }

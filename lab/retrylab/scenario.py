@@ -43,6 +43,9 @@ def load_scenario(path, overrides):
             raise LabError("node %s: runtime must be one of %s" % (n["name"], RUNTIMES))
         if len(n["name"]) > 8 or not n["name"].isalnum():
             raise LabError("node %s: names are alphanumeric, at most 8 chars" % n["name"])
+        if n.get("fanout") and n["runtime"] != "go":
+            raise LabError("node %s: fanout (concurrent calls on spawned goroutines) is a Go "
+                           "service's; %s calls one downstream after another" % (n["name"], n["runtime"]))
         if n["runtime"] == "haproxy" and len(n["calls"]) != 1:
             raise LabError("haproxy node %s must call exactly one node" % n["name"])
         if n.get("sidecar") is not None and n["sidecar"] not in SIDECARS:

@@ -41,8 +41,12 @@ type Config struct {
 	Fault       *Fault       `json:"fault"`
 	WorkMs      int          `json:"work_ms"`
 	// ForwardTrace: the inbound traceparent's trace id on every outbound call (OpenTelemetry).
-	ForwardTrace bool   `json:"forward_trace"`
-	Log          string `json:"log"`
+	ForwardTrace bool `json:"forward_trace"`
+	// Fanout: the downstreams are called at once, each from a goroutine the handler spawns,
+	// which hands the call to a worker goroutine of its own (two levels, as errgroup users and
+	// worker pools do); the request waits for all of them.
+	Fanout bool   `json:"fanout"`
+	Log    string `json:"log"`
 }
 
 // budget: each first attempt deposits ratio tokens, each retry withdraws one.
@@ -163,12 +167,16 @@ func handler(w http.ResponseWriter, r *http.Request) {
 	trace := outboundTrace(r.Header.Get("traceparent"))
 	attempts := map[string]int{}
 	cause := "none"
-	for _, c := range callers {
-		ok, n := c.do(reqID, trace)
-		attempts[c.ds.Name] = n
-		if !ok {
-			cause = "downstream"
-			break
+	if cfg.Fanout && len(callers) > 1 {
+		cause = fanOut(reqID, trace, attempts)
+	} else {
+		for _, c := range callers {
+			ok, n := c.do(reqID, trace)
+			attempts[c.ds.Name] = n
+			if !ok {
+				cause = "downstream"
+				break
+			}
 		}
 	}
 	var fault *Fault
@@ -201,6 +209,41 @@ func handler(w http.ResponseWriter, r *http.Request) {
 	logMu.Lock()
 	logF.Write(append(line, '\n'))
 	logMu.Unlock()
+}
+
+type result struct {
+	name string
+	ok   bool
+	n    int
+}
+
+// fanOut calls every downstream at once: a goroutine per downstream, each handing its call to
+// a worker goroutine and waiting for its answer; "downstream" when any of them failed.
+func fanOut(reqID, trace string, attempts map[string]int) string {
+	results := make(chan result, len(callers))
+	var wg sync.WaitGroup
+	for _, c := range callers {
+		wg.Add(1)
+		go func(c *caller) {
+			defer wg.Done()
+			done := make(chan result, 1)
+			go func() {
+				ok, n := c.do(reqID, trace)
+				done <- result{c.ds.Name, ok, n}
+			}()
+			results <- <-done
+		}(c)
+	}
+	wg.Wait()
+	close(results)
+	cause := "none"
+	for r := range results {
+		attempts[r.name] = r.n
+		if !r.ok {
+			cause = "downstream"
+		}
+	}
+	return cause
 }
 
 // outboundTrace: with ForwardTrace, the inbound W3C trace context's trace id under a new span

@@ -677,3 +677,16 @@ fn go_probe_bindings_give_streams_their_request_context() {
         (3, 1)
     );
 }
+#[test]
+fn zz_sizes() {
+    eprintln!(
+        "SIZES req {} resp {} pending {} stream {} exchange {} block {} ctx {}",
+        size_of::<crate::l7::msg::ReqInfo>(),
+        size_of::<crate::l7::msg::RespInfo>(),
+        0,
+        0,
+        size_of::<Exchange>(),
+        size_of::<http2::Block>(),
+        size_of::<crate::l7::msg::Ctx>()
+    );
+}
