@@ -16,7 +16,12 @@ use retry_agent::{
 pub fn run() -> Result<()> {
     println!("l7 reassembler, one core, release build");
     let only = std::env::var("RETRY_BENCH_L7_ONLY").ok();
-    for w in [http1_small(), http1_large(), grpc_unary()] {
+    for w in [
+        http1_small(),
+        http1_large(),
+        grpc_unary(Hpack::Loona),
+        grpc_unary(Hpack::IndexAll),
+    ] {
         if only.as_deref().is_some_and(|o| !w.name.starts_with(o)) {
             continue;
         }
@@ -234,8 +239,37 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     f
 }
 
+/// How the bench's peers encode header blocks.
+#[derive(Clone, Copy, PartialEq)]
+enum Hpack {
+    /// loona-hpack's encoder: a field whose name is in the static table goes as a literal
+    /// without indexing, every time (`:path`, `:authority`, `content-type`…): worst case.
+    Loona,
+    /// As Go's (x/net/http2/hpack) and nghttp2's encoders do: every field is added to the
+    /// dynamic table once, then sent as an index: gRPC's repeated calls of one method.
+    IndexAll,
+}
+
+/// A literal header field with incremental indexing, new name, no Huffman (short strings).
+fn literal_indexed(out: &mut Vec<u8>, (n, v): (&[u8], &[u8])) {
+    out.push(0x40);
+    out.push(n.len() as u8);
+    out.extend_from_slice(n);
+    out.push(v.len() as u8);
+    out.extend_from_slice(v);
+}
+
+/// Indexed fields for the dynamic table's entries, given as their insertion order (first
+/// inserted first) among `total` inserted: the newest entry is 62.
+fn indexed(order: &[usize], total: usize) -> Vec<u8> {
+    order
+        .iter()
+        .map(|&i| 0x80 | (62 + total - 1 - i) as u8)
+        .collect()
+}
+
 /// gRPC clients: unary calls, 8 in flight per connection, 100-byte messages.
-fn grpc_unary() -> Workload {
+fn grpc_unary(hpack: Hpack) -> Workload {
     const GRPC_CONNS: u32 = 64;
     const CALLS: u32 = 64;
     let mut setup = Vec::new();
@@ -260,13 +294,30 @@ fn grpc_unary() -> Workload {
     for fd in 0..GRPC_CONNS {
         let (mut ce, mut se) = (loona_hpack::Encoder::new(), loona_hpack::Encoder::new());
         setup.push(connect(fd, Role::Client));
-        // Preface and a first call that fills both HPACK tables: the round's blocks are then
-        // indexed references only, so the round can be replayed as often as needed.
+        // Preface and a first call that fills both HPACK tables (IndexAll) or leaves them as
+        // loona's encoder does: either way the round's blocks leave the tables as they found
+        // them, so the round can be replayed as often as needed.
         let mut first = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
         first.extend(frame(4, 0, 0, &[]));
-        first.extend(frame(1, 0x5, 1, &ce.encode(req_h)));
-        let mut answer = frame(1, 0x4, 1, &se.encode(resp_h));
-        answer.extend(frame(1, 0x5, 1, &se.encode(trailers)));
+        let mut answer;
+        let (req_block, resp_block, trailers_block);
+        if hpack == Hpack::Loona {
+            first.extend(frame(1, 0x5, 1, &ce.encode(req_h)));
+            answer = frame(1, 0x4, 1, &se.encode(resp_h));
+            answer.extend(frame(1, 0x5, 1, &se.encode(trailers)));
+            (req_block, resp_block, trailers_block) = (None, None, None);
+        } else {
+            let (mut q, mut h, mut t) = (Vec::new(), Vec::new(), Vec::new());
+            req_h.iter().for_each(|f| literal_indexed(&mut q, *f));
+            resp_h.iter().for_each(|f| literal_indexed(&mut h, *f));
+            trailers.iter().for_each(|f| literal_indexed(&mut t, *f));
+            first.extend(frame(1, 0x5, 1, &q));
+            answer = frame(1, 0x4, 1, &h);
+            answer.extend(frame(1, 0x5, 1, &t));
+            req_block = Some(indexed(&[0, 1, 2, 3, 4, 5, 6], 7));
+            resp_block = Some(indexed(&[0, 1], 4));
+            trailers_block = Some(indexed(&[2, 3], 4));
+        }
         setup.push(data(
             fd,
             Role::Client,
@@ -289,11 +340,14 @@ fn grpc_unary() -> Workload {
             // Stream ids restart per round: the round replays the same ids after they closed,
             // which the reassembler treats as new streams.
             let id = 2 * call + 3;
-            batch_req.extend(frame(1, 0x4, id, &ce.encode(req_h)));
+            let enc = |e: &mut loona_hpack::Encoder, b: &Option<Vec<u8>>, h: &[(&[u8], &[u8])]| {
+                b.clone().unwrap_or_else(|| e.encode(h.iter().copied()))
+            };
+            batch_req.extend(frame(1, 0x4, id, &enc(&mut ce, &req_block, &req_h)));
             batch_req.extend(frame(0, 0x1, id, &msg));
-            batch_resp.extend(frame(1, 0x4, id, &se.encode(resp_h)));
+            batch_resp.extend(frame(1, 0x4, id, &enc(&mut se, &resp_block, &resp_h)));
             batch_resp.extend(frame(0, 0, id, &msg));
-            batch_resp.extend(frame(1, 0x5, id, &se.encode(trailers)));
+            batch_resp.extend(frame(1, 0x5, id, &enc(&mut se, &trailers_block, &trailers)));
             if call % 8 == 7 {
                 let (q, p) = (
                     Bytes::from(std::mem::take(&mut batch_req)),
@@ -319,7 +373,10 @@ fn grpc_unary() -> Workload {
         }
     }
     Workload {
-        name: "grpc unary, 8 in flight, 100 B messages",
+        name: match hpack {
+            Hpack::Loona => "grpc unary, 8 in flight, 100 B, literal fields",
+            Hpack::IndexAll => "grpc unary, 8 in flight, 100 B, indexed fields",
+        },
         setup,
         round,
         exchanges_per_round: (GRPC_CONNS * CALLS) as usize,

@@ -122,7 +122,7 @@ pub(crate) fn starts_with_frames(b: &[u8]) -> bool {
 }
 
 /// A decoded header block, or the admission that it could not be decoded.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Block {
     Request(ReqInfo),
     Response(RespInfo),
@@ -183,6 +183,63 @@ pub(crate) struct H2Dir {
     /// False once the dynamic table is unknowable.
     hpack_ok: bool,
     cap: usize,
+    repeats: Repeats,
+}
+
+/// The last header blocks this direction decoded that only referred to table entries, with
+/// what they decoded to. Such a block leaves the dynamic table as it was, so while every block
+/// since was of that kind the same bytes decode to the same headers: a repeat is answered from
+/// here, without HPACK or header parsing. gRPC sends such blocks on every call of a method
+/// (the response head, its trailers; requests whose headers do not change). Any block that
+/// may change the table (a literal, a size update) empties it.
+#[derive(Default)]
+struct Repeats(Vec<(Box<[u8]>, Block)>);
+
+impl Repeats {
+    /// Blocks remembered per direction: a response's head and its trailers.
+    const MAX: usize = 2;
+    /// Longer blocks are not remembered (an indexed field is one or two bytes).
+    const MAX_BYTES: usize = 64;
+
+    fn get(&self, bytes: &[u8]) -> Option<&Block> {
+        self.0
+            .iter()
+            .find(|(b, _)| **b == *bytes)
+            .map(|(_, blk)| blk)
+    }
+
+    fn put(&mut self, bytes: &[u8], block: &Block) {
+        if bytes.len() > Self::MAX_BYTES {
+            return;
+        }
+        if self.0.len() >= Self::MAX {
+            self.0.remove(0);
+        }
+        self.0.push((bytes.into(), block.clone()));
+    }
+}
+
+/// Whether a header block consists only of indexed header fields (RFC 7541 §6.1: first bit
+/// set, a 7-bit-prefix integer), which read the tables and never change them.
+pub(crate) fn indexed_only(mut b: &[u8]) -> bool {
+    if b.is_empty() {
+        return false;
+    }
+    while let Some((&first, rest)) = b.split_first() {
+        if first & 0x80 == 0 || first == 0x80 {
+            return false; // a literal or size update changes the table; index 0 is an error
+        }
+        b = rest;
+        if first & 0x7f == 0x7f {
+            // Continuation bytes of the index: their high bit says another one follows.
+            let n = b.iter().take_while(|&&c| c & 0x80 != 0).count();
+            match b.get(n + 1..) {
+                Some(r) => b = r,
+                None => return false,
+            }
+        }
+    }
+    true
 }
 
 impl H2Dir {
@@ -217,6 +274,7 @@ impl H2Dir {
             decoder,
             hpack_ok,
             cap: cap.max(256),
+            repeats: Repeats::default(),
         }
     }
 
@@ -520,6 +578,22 @@ impl H2Dir {
     /// Decode a header block; `partial`: it is only the captured prefix of the block, so an
     /// error at its end is expected and what decoded is reported as unknown (incomplete).
     fn decode(&mut self, bytes: &[u8], partial: bool) -> Block {
+        let repeatable = !partial && !self.block_push && indexed_only(bytes);
+        if repeatable {
+            if let Some(b) = self.repeats.get(bytes) {
+                return b.clone();
+            }
+        } else {
+            self.repeats.0.clear();
+        }
+        let block = self.decode_hpack(bytes, partial);
+        if repeatable && !matches!(block, Block::Unknown) {
+            self.repeats.put(bytes, &block);
+        }
+        block
+    }
+
+    fn decode_hpack(&mut self, bytes: &[u8], partial: bool) -> Block {
         let side = if self.block_push {
             Side::Request
         } else {

@@ -677,16 +677,56 @@ fn go_probe_bindings_give_streams_their_request_context() {
         (3, 1)
     );
 }
+/// Repeated blocks of indexed fields are answered from the direction's memory, which any
+/// block that may change the dynamic table empties: the same bytes then decode anew (here to
+/// another path, the table having shifted under them).
 #[test]
-fn zz_sizes() {
-    eprintln!(
-        "SIZES req {} resp {} pending {} stream {} exchange {} block {} ctx {}",
-        size_of::<crate::l7::msg::ReqInfo>(),
-        size_of::<crate::l7::msg::RespInfo>(),
-        0,
-        0,
-        size_of::<Exchange>(),
-        size_of::<http2::Block>(),
-        size_of::<crate::l7::msg::Ctx>()
+fn repeated_indexed_blocks_decode_as_the_table_says() {
+    // :method POST, :scheme http, then :path as a literal with incremental indexing (dynamic
+    // entry 62), or as an index into the table (0xbe = entry 62).
+    let literal = |p: &[u8]| {
+        let mut b = vec![0x83, 0x86, 0x44, p.len() as u8];
+        b.extend_from_slice(p);
+        b
+    };
+    let indexed = vec![0x83, 0x86, 0xbe];
+    let blocks = [
+        literal(b"/a"),
+        indexed.clone(),
+        indexed.clone(),
+        literal(b"/b"),
+        indexed.clone(),
+    ];
+    let mut writes = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        let id = 2 * i as u32 + 1;
+        writes.push((OUT, frame(H, END_HEADERS | END_STREAM, id, b)));
+        // :status 200 (static entry 8), every time the same indexed block.
+        writes.push((IN, frame(H, END_HEADERS | END_STREAM, id, &[0x88])));
+    }
+    let (ex, stats) = run(&client_conn(3, writes));
+    assert_eq!(stats.parse_errors, 0);
+    let paths: Vec<_> = ex.iter().map(|x| x.path.as_deref()).collect();
+    assert_eq!(
+        paths,
+        [Some("/a"), Some("/a"), Some("/a"), Some("/b"), Some("/b")]
     );
+    assert!(
+        ex.iter().all(|x| x.status == Some(200) && !x.unknown),
+        "{ex:#?}"
+    );
+}
+
+#[test]
+fn only_indexed_fields_leave_the_table_alone() {
+    use super::http2::indexed_only;
+    assert!(indexed_only(&[0x82, 0x86, 0xbe]));
+    // A multi-byte index (127 + 1 + 2·128): continuation bytes until one without its high bit.
+    assert!(indexed_only(&[0xff, 0x81, 0x02, 0x88]));
+    assert!(!indexed_only(&[0xff, 0x81])); // cut inside the index
+    assert!(!indexed_only(&[0x82, 0x44, 0x01, b'/'])); // literal with incremental indexing
+    assert!(!indexed_only(&[0x20])); // dynamic table size update
+    assert!(!indexed_only(&[0x0f, 0x00])); // literal without indexing
+    assert!(!indexed_only(&[0x80])); // index 0: an error
+    assert!(!indexed_only(&[]));
 }
