@@ -65,48 +65,11 @@ class ModelTests(unittest.TestCase):
         self.assertEqual([x[k] for k in "abcdefg"], [1, 1.1, 1.21, 1.331, 1.331, 1.331, 1.331])
 
     def test_fanout_stops_at_the_first_failing_downstream(self):
-        sc = scenario("""
-[defaults]
-retries = 2
-[[nodes]]
-name = "a"
-runtime = "python"
-calls = ["b", "c", "d"]
-[[nodes]]
-name = "b"
-runtime = "go"
-[[nodes]]
-name = "c"
-runtime = "go"
-[[nodes]]
-name = "d"
-runtime = "go"
-[fault]
-node = "c"
-""")
+        sc = scenario(FANOUT % ("python", "", "c"))
         self.assertEqual(model.expected_x(sc), {"a": 1.0, "b": 1.0, "c": 3.0})
 
     def test_a_go_fanout_calls_every_downstream_whatever_fails(self):
-        sc = scenario("""
-[defaults]
-retries = 2
-[[nodes]]
-name = "a"
-runtime = "go"
-fanout = true
-calls = ["b", "c", "d"]
-[[nodes]]
-name = "b"
-runtime = "go"
-[[nodes]]
-name = "c"
-runtime = "go"
-[[nodes]]
-name = "d"
-runtime = "go"
-[fault]
-node = "b"
-""")
+        sc = scenario(FANOUT % ("go", "fanout = true", "b"))
         self.assertEqual(model.expected_x(sc), {"a": 1.0, "b": 3.0, "c": 1.0, "d": 1.0})
         self.assertEqual(analysis.variant(sc["nodes"][0]), "go+fanout")
 
@@ -127,6 +90,28 @@ node = "b"
             scenario('[[nodes]]\nname = "a"\nruntime = "go"\ncalls = ["b"]\n'
                      '[[nodes]]\nname = "b"\nruntime = "python-grpc"\n')
 
+
+# A calls b, c, d (runtime, fan-out setting); the fault is at the given node.
+FANOUT = """
+[defaults]
+retries = 2
+[[nodes]]
+name = "a"
+runtime = "%s"
+%s
+calls = ["b", "c", "d"]
+[[nodes]]
+name = "b"
+runtime = "go"
+[[nodes]]
+name = "c"
+runtime = "go"
+[[nodes]]
+name = "d"
+runtime = "go"
+[fault]
+node = "%s"
+"""
 
 ENVOY3 = """
 rate = 10

@@ -35,6 +35,38 @@ fn assert_clean(after: &str) {
     );
 }
 
+/// Runs `<scenario>.toml` in mode `observe` (the lab's lock held) and returns that mode's
+/// result; None when the lab skipped the mode. A healthy run of these scenarios keeps the root
+/// above 90%; below 80% the machine, not the agent, is what the run measured, and the verdicts
+/// of a collapsed run are not what the callers check.
+fn observe_run(scenario: &str, args: &[&str]) -> Option<serde_json::Value> {
+    let _lab = lab::lock().expect("the lab lock");
+    let r = lab::run(
+        &format!("{scenario}.toml"),
+        "observe",
+        &format!("test-{scenario}"),
+        args,
+    )
+    .expect("lab run");
+    assert_clean(scenario);
+    let obs = match lab::mode(&r, "observe") {
+        Ok(m) => m.clone(),
+        Err(why) => {
+            eprintln!("SKIP {scenario} verdicts: {why}");
+            return None;
+        }
+    };
+    let availability = obs
+        .pointer("/root/availability")
+        .and_then(|v| v.as_f64())
+        .unwrap_or(0.0);
+    assert!(
+        availability >= 0.8,
+        "the services could not carry {scenario} on this machine (root availability {availability})"
+    );
+    Some(obs)
+}
+
 fn near(x: f64, want: f64, tol: f64) -> bool {
     (x - want).abs() <= want * tol
 }
@@ -405,33 +437,9 @@ fn verdicts_stay_right_under_concurrency() {
     if skip() {
         return;
     }
-    let _lab = lab::lock().expect("the lab lock");
-    let r = lab::run(
-        "concurrency.toml",
-        "observe",
-        "test-concurrency",
-        &["--rate", "50", "--work-ms", "160"],
-    )
-    .expect("lab run");
-    assert_clean("concurrency");
-    let obs = match lab::mode(&r, "observe") {
-        Ok(m) => m,
-        Err(why) => {
-            eprintln!("SKIP concurrency verdicts: {why}");
-            return;
-        }
+    let Some(obs) = observe_run("concurrency", &["--rate", "50", "--work-ms", "160"]) else {
+        return;
     };
-    // The fault is one error in ten at the far end with a retry per hop: a healthy run keeps
-    // the root above 90%. Below 80% the machine, not the agent, is what the run measured.
-    let availability = obs
-        .pointer("/root/availability")
-        .and_then(|v| v.as_f64())
-        .unwrap_or(0.0);
-    assert!(
-        availability >= 0.8,
-        "the services could not carry the scenario on this machine (root availability {availability}): \
-         the verdicts of a collapsed run are not what this test checks"
-    );
     // The premise: every service held at least 8 requests at once on average.
     let nodes = obs
         .get("nodes")
@@ -488,24 +496,9 @@ fn go_fanout_verdicts_follow_spawned_goroutines() {
     if skip() {
         return;
     }
-    let _lab = lab::lock().expect("the lab lock");
-    let r = lab::run("fanout.toml", "observe", "test-fanout", &[]).expect("lab run");
-    assert_clean("fanout");
-    let obs = match lab::mode(&r, "observe") {
-        Ok(m) => m,
-        Err(why) => {
-            eprintln!("SKIP fan-out verdicts: {why}");
-            return;
-        }
+    let Some(obs) = observe_run("fanout", &[]) else {
+        return;
     };
-    let availability = obs
-        .pointer("/root/availability")
-        .and_then(|v| v.as_f64())
-        .unwrap_or(0.0);
-    assert!(
-        availability >= 0.8,
-        "the services could not carry the scenario on this machine (root availability {availability})"
-    );
     let s = obs
         .pointer("/agent/per_runtime/go+fanout")
         .cloned()
