@@ -86,6 +86,12 @@ class ModelTests(unittest.TestCase):
             scenario('[[nodes]]\nname = "a"\nruntime = "go"\ncalls = ["x"]\n')
         with self.assertRaises(common.LabError):  # fan-out on goroutines is Go's
             scenario('[[nodes]]\nname = "a"\nruntime = "node"\nfanout = true\n')
+        with self.assertRaises(common.LabError):  # the gRPC-go service calls gRPC only
+            scenario('[[nodes]]\nname = "a"\nruntime = "go-grpc"\ncalls = ["b"]\n'
+                     '[[nodes]]\nname = "b"\nruntime = "go"\n')
+        scenario('[[nodes]]\nname = "a"\nruntime = "python"\ncalls = ["b"]\n'
+                 '[[nodes]]\nname = "b"\nruntime = "go-grpc"\ncalls = ["c"]\n'
+                 '[[nodes]]\nname = "c"\nruntime = "python-grpc"\n')
         with self.assertRaises(common.LabError):  # grpc callees need a Python caller
             scenario('[[nodes]]\nname = "a"\nruntime = "go"\ncalls = ["b"]\n'
                      '[[nodes]]\nname = "b"\nruntime = "python-grpc"\n')

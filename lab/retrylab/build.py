@@ -24,10 +24,12 @@ def real(cmd):
 def build(runtimes):
     TARGET.mkdir(parents=True, exist_ok=True)
     BIN.mkdir(parents=True, exist_ok=True)
+    go_src = sorted((LAB / "services" / "go").glob("*.go"))
+    go_mtime = max(p.stat().st_mtime for p in go_src)
     if "go" in runtimes:
         out = TARGET / "go-svc"
         src = LAB / "services" / "go" / "main.go"
-        if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        if not out.exists() or out.stat().st_mtime < go_mtime:
             log("building the Go service")
             env = dict(os.environ, GOFLAGS="-mod=mod", GOCACHE=str(TARGET / "gocache"),
                        GOPATH=str(TARGET / "gopath"), CGO_ENABLED="0")
@@ -35,6 +37,24 @@ def build(runtimes):
                                capture_output=True, text=True)
             if r.returncode != 0:
                 raise LabError("go build: " + r.stderr)
+    if "go-grpc" in runtimes:
+        # The Go service with its gRPC flavour (-tags grpc), in GOPATH mode against Debian's
+        # golang-google-grpc-dev: there is no module proxy here.
+        out = TARGET / "go-grpc-svc"
+        if not out.exists() or out.stat().st_mtime < go_mtime:
+            log("building the gRPC-go service")
+            gopath = TARGET / "gopath-grpc"
+            pkg = gopath / "src" / "ralabsvc"
+            pkg.mkdir(parents=True, exist_ok=True)
+            for src in go_src:
+                shutil.copy(src, pkg / src.name)
+            env = dict(os.environ, GO111MODULE="off", GOCACHE=str(TARGET / "gocache"),
+                       GOPATH="%s:/usr/share/gocode" % gopath, CGO_ENABLED="0")
+            r = subprocess.run(["go", "build", "-tags", "grpc", "-o", str(out), "."], cwd=pkg,
+                               env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise LabError("go build (gRPC-go service; cargo xtask setup installs "
+                               "golang-google-grpc-dev): " + r.stderr)
     if "rust" in runtimes:
         log("building the Rust service")
         r = subprocess.run(["cargo", "build", "-q", "-p", "lab-rust-svc"], cwd=REPO,
@@ -192,6 +212,8 @@ def command(n, sc=None, mode_dir=None):
         target, args = real("python3"), [str(LAB / "services" / "python" / "svc.py")]
     elif rt == "go":
         target, args = str(TARGET / "go-svc"), []
+    elif rt == "go-grpc":
+        target, args = str(TARGET / "go-grpc-svc"), []
     elif rt == "node":
         target, args = real("node"), [str(LAB / "services" / "node" / "svc.js")]
     else:

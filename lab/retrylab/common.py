@@ -16,7 +16,9 @@ BRIDGE = "ralab0"
 NET = "10.213.0"
 BRIDGE_IP = NET + ".1"
 LOAD_NS = "ralab-load"
-RUNTIMES = ("python", "python-grpc", "go", "node", "rust", "haproxy")
+RUNTIMES = ("python", "python-grpc", "go", "go-grpc", "node", "rust", "haproxy")
+# The runtimes that serve gRPC (/lab.Hop/Work) instead of HTTP/1.
+GRPC_RUNTIMES = ("python-grpc", "go-grpc")
 HAPROXY_SOCKET = STATE_DIR / "haproxy.sock"
 HAPROXY_MAP = STATE_DIR / "haproxy.map"
 # "envoy": the agent actuates the scenario's Envoy sidecars through their admin API, no shim.

@@ -5,7 +5,7 @@ import shutil
 import time
 import urllib.request
 
-from .common import LAB, LOAD_NS, STATE_DIR, LabError, log, sh
+from .common import GRPC_RUNTIMES, LAB, LOAD_NS, STATE_DIR, LabError, log, sh
 from .scenario import edge_policy, envoy_admin, node_ip, node_port, sidecar_port
 from .build import command, named_link, real, sidecar_command
 from .fleet import cleanup, setup_topology, spawn, wait_port
@@ -51,7 +51,7 @@ def run_mode(sc, mode, args, out):
             cfg = {
                 "name": n["name"], "runtime": n["runtime"],
                 "listen": "%s:%d" % (node_ip(n), node_port(n)),
-                "proto": "grpc" if n["runtime"] == "python-grpc" else "http",
+                "proto": "grpc" if n["runtime"] in GRPC_RUNTIMES else "http",
                 "log": str(mode_dir / (n["name"] + ".jsonl")),
                 "epoch_file": str(epoch_file),
                 "work_ms": n.get("work_ms", sc.get("work_ms", 0)),
@@ -67,7 +67,7 @@ def run_mode(sc, mode, args, out):
                 via = ("127.0.0.1", sidecar_port(cn)) if n in sidecars else (node_ip(cn), node_port(cn))
                 cfg["downstreams"].append({
                     "name": c, "url": "http://%s:%d/work" % via,
-                    "proto": "grpc" if cn["runtime"] == "python-grpc" else "http",
+                    "proto": "grpc" if cn["runtime"] in GRPC_RUNTIMES else "http",
                     "retries": int(p["retries"]), "timeout_ms": int(p["timeout_ms"]),
                     "backoff_ms": int(p.get("backoff_ms", 0)), "budget": p.get("budget"),
                 })

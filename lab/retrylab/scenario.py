@@ -3,7 +3,7 @@ import tomllib
 from collections import deque
 from pathlib import Path
 
-from .common import LabError, NET, RUNTIMES, SIDECARS
+from .common import GRPC_RUNTIMES, LabError, NET, RUNTIMES, SIDECARS
 
 
 def load_scenario(path, overrides):
@@ -55,11 +55,14 @@ def load_scenario(path, overrides):
         for c in n["calls"]:
             if c not in by:
                 raise LabError("node %s calls unknown node %s" % (n["name"], c))
-            if n.get("sidecar") and by[c]["runtime"] == "python-grpc":
+            if n.get("sidecar") and by[c]["runtime"] in GRPC_RUNTIMES:
                 raise LabError("node %s: its sidecar forwards HTTP/1, %s is gRPC" % (n["name"], c))
-            if by[c]["runtime"] == "python-grpc" and n["runtime"] not in ("python", "python-grpc"):
-                raise LabError("gRPC callee %s needs a python caller, %s is %s"
+            if by[c]["runtime"] in GRPC_RUNTIMES and n["runtime"] not in ("python", *GRPC_RUNTIMES):
+                raise LabError("gRPC callee %s needs a python or gRPC caller, %s is %s"
                                % (c, n["name"], n["runtime"]))
+            if n["runtime"] == "go-grpc" and by[c]["runtime"] not in GRPC_RUNTIMES:
+                raise LabError("node %s: the gRPC-go service calls gRPC callees only, %s is %s"
+                               % (n["name"], c, by[c]["runtime"]))
     # Hosts ("machines"): with any node placed on one, every node must be, and each host gets
     # its own namespace, bridge, agent and shim (fleet.setup_topology).
     placed = [n for n in nodes if n.get("host")]

@@ -1,7 +1,9 @@
 // Lab service, Go flavour: net/http server; outbound calls through http.Client wrapped in the
 // retry loop Go users typically write (attempts, jittered backoff, retry on 5xx and transport
 // errors). It knows nothing about the agent. Config: JSON in $LAB_CFG; ground truth: one JSON
-// line per request served, appended to cfg.Log.
+// line per request served, appended to cfg.Log. Built with `-tags grpc` (grpc.go, GOPATH mode
+// against Debian's gRPC-go) it is the gRPC-go flavour too: `"proto": "grpc"` serves
+// /lab.Hop/Work, and gRPC downstreams are called with grpc-go.
 package main
 
 import (
@@ -27,6 +29,7 @@ type Fault struct {
 type Downstream struct {
 	Name      string   `json:"name"`
 	URL       string   `json:"url"`
+	Proto     string   `json:"proto"`
 	Retries   int      `json:"retries"`
 	TimeoutMs int      `json:"timeout_ms"`
 	BackoffMs int      `json:"backoff_ms"`
@@ -37,6 +40,7 @@ type Config struct {
 	EpochFile   string       `json:"epoch_file"`
 	Name        string       `json:"name"`
 	Listen      string       `json:"listen"`
+	Proto       string       `json:"proto"`
 	Downstreams []Downstream `json:"downstreams"`
 	Fault       *Fault       `json:"fault"`
 	WorkMs      int          `json:"work_ms"`
@@ -79,9 +83,11 @@ type caller struct {
 	ds     Downstream
 	client *http.Client
 	budget *budget
+	// attempt: one try; whether it succeeded, and whether its failure is worth a retry.
+	attempt func(reqID, trace string) (ok, retryable bool)
 }
 
-// do is the usual hand-written retry loop: try, and on a transport error or 5xx back off with
+// do is the usual hand-written retry loop: try, and on a retryable failure back off with
 // jitter and try again, up to ds.Retries more times.
 func (c *caller) do(reqID, trace string) (bool, int) {
 	if c.budget != nil {
@@ -90,10 +96,29 @@ func (c *caller) do(reqID, trace string) (bool, int) {
 	attempts := 0
 	for {
 		attempts++
+		ok, retryable := c.attempt(reqID, trace)
+		if ok {
+			return true, attempts
+		}
+		if !retryable || attempts > c.ds.Retries {
+			return false, attempts
+		}
+		if c.budget != nil && !c.budget.withdraw() {
+			return false, attempts
+		}
+		if c.ds.BackoffMs > 0 {
+			time.Sleep(time.Duration(rand.Intn(c.ds.BackoffMs*attempts+1)) * time.Millisecond)
+		}
+	}
+}
+
+// httpAttempt: one GET; a transport error or a 5xx is worth a retry.
+func (c *caller) httpAttempt(reqID, trace string) (bool, bool) {
+	{
 		// A distinct path and request id per logical request, the same on every retry of it.
 		req, err := http.NewRequest("GET", c.ds.URL+"/"+reqID, nil)
 		if err != nil {
-			return false, attempts
+			return false, false
 		}
 		req.Header.Set("x-lab-parent", reqID)
 		req.Header.Set("x-request-id", reqID)
@@ -105,18 +130,10 @@ func (c *caller) do(reqID, trace string) (bool, int) {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode < 500 {
-				return true, attempts
+				return true, false
 			}
 		}
-		if attempts > c.ds.Retries {
-			return false, attempts
-		}
-		if c.budget != nil && !c.budget.withdraw() {
-			return false, attempts
-		}
-		if c.ds.BackoffMs > 0 {
-			time.Sleep(time.Duration(rand.Intn(c.ds.BackoffMs*attempts+1)) * time.Millisecond)
-		}
+		return false, true
 	}
 }
 
@@ -161,54 +178,80 @@ func faultNow() *Fault {
 	return nil
 }
 
-func handler(w http.ResponseWriter, r *http.Request) {
-	t0 := time.Now()
-	reqID := fmt.Sprintf("%016x", rand.Uint64())
-	trace := outboundTrace(r.Header.Get("traceparent"))
-	attempts := map[string]int{}
-	cause := "none"
+// served is one request served: what it did, for the caller's answer and the ground truth.
+type served struct {
+	t0       time.Time
+	reqID    string
+	parent   string
+	cause    string
+	attempts map[string]int
+	fault    bool
+}
+
+// serve does a request's work: every downstream (one after another, or at once with Fanout),
+// then maybe its own failure, then cfg.WorkMs of work.
+func serve(parent, traceIn string) served {
+	s := served{t0: time.Now(), reqID: fmt.Sprintf("%016x", rand.Uint64()), parent: parent,
+		cause: "none", attempts: map[string]int{}}
+	trace := outboundTrace(traceIn)
 	if cfg.Fanout && len(callers) > 1 {
-		cause = fanOut(reqID, trace, attempts)
+		s.cause = fanOut(s.reqID, trace, s.attempts)
 	} else {
 		for _, c := range callers {
-			ok, n := c.do(reqID, trace)
-			attempts[c.ds.Name] = n
+			ok, n := c.do(s.reqID, trace)
+			s.attempts[c.ds.Name] = n
 			if !ok {
-				cause = "downstream"
+				s.cause = "downstream"
 				break
 			}
 		}
 	}
 	var fault *Fault
-	if cause == "none" {
+	if s.cause == "none" {
 		fault = faultNow()
 	}
 	if fault != nil {
 		if fault.Kind == "latency" {
 			time.Sleep(time.Duration(fault.LatencyMs) * time.Millisecond)
 		} else {
-			cause = "own"
+			s.cause = "own"
 		}
 	}
+	s.fault = fault != nil
 	if cfg.WorkMs > 0 {
 		time.Sleep(time.Duration(cfg.WorkMs) * time.Millisecond)
 	}
-	status := map[string]int{"none": 200, "own": 503, "downstream": 502}[cause]
-	w.Header().Set("Content-Length", "3")
-	w.WriteHeader(status)
-	_, werr := w.Write([]byte("ok\n"))
+	return s
+}
+
+// record appends the ground-truth line of a request served, with the status it was answered
+// with and any fields of its protocol.
+func (s served) record(status int, extra map[string]interface{}) {
 	rec := map[string]interface{}{
-		"t": float64(t0.UnixNano()) / 1e9, "d": time.Since(t0).Seconds(), "svc": cfg.Name,
-		"id": reqID, "parent": nilIfEmpty(r.Header.Get("x-lab-parent")), "cause": cause,
-		"ok": cause == "none", "attempts": attempts, "fault": fault != nil, "status": status,
+		"t": float64(s.t0.UnixNano()) / 1e9, "d": time.Since(s.t0).Seconds(), "svc": cfg.Name,
+		"id": s.reqID, "parent": nilIfEmpty(s.parent), "cause": s.cause,
+		"ok": s.cause == "none", "attempts": s.attempts, "fault": s.fault, "status": status,
 	}
-	if werr != nil || r.Context().Err() != nil {
-		rec["abandoned"] = true
+	for k, v := range extra {
+		rec[k] = v
 	}
 	line, _ := json.Marshal(rec)
 	logMu.Lock()
 	logF.Write(append(line, '\n'))
 	logMu.Unlock()
+}
+
+func handler(w http.ResponseWriter, r *http.Request) {
+	s := serve(r.Header.Get("x-lab-parent"), r.Header.Get("traceparent"))
+	status := map[string]int{"none": 200, "own": 503, "downstream": 502}[s.cause]
+	w.Header().Set("Content-Length", "3")
+	w.WriteHeader(status)
+	_, werr := w.Write([]byte("ok\n"))
+	var extra map[string]interface{}
+	if werr != nil || r.Context().Err() != nil {
+		extra = map[string]interface{}{"abandoned": true}
+	}
+	s.record(status, extra)
 }
 
 type result struct {
@@ -280,14 +323,24 @@ func main() {
 	}
 	rand.Seed(time.Now().UnixNano())
 	for _, ds := range cfg.Downstreams {
-		c := &caller{ds: ds, client: &http.Client{
-			Timeout:   time.Duration(ds.TimeoutMs) * time.Millisecond,
-			Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
-		}}
+		c := &caller{ds: ds}
+		if ds.Proto == "grpc" {
+			c.attempt = grpcAttempt(ds)
+		} else {
+			c.client = &http.Client{
+				Timeout:   time.Duration(ds.TimeoutMs) * time.Millisecond,
+				Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
+			}
+			c.attempt = c.httpAttempt
+		}
 		if ds.Budget != nil {
 			c.budget = &budget{ratio: *ds.Budget}
 		}
 		callers = append(callers, c)
+	}
+	if cfg.Proto == "grpc" {
+		serveGRPC()
+		return
 	}
 	srv := &http.Server{Addr: cfg.Listen, Handler: http.HandlerFunc(handler)}
 	if err := srv.ListenAndServe(); err != nil {
