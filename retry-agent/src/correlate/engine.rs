@@ -343,6 +343,20 @@ fn counts(c: [u32; 3]) -> ClaimCounts {
 
 /// Tags a thread key that is a goroutine (see [`thread_key`]).
 const GOROUTINE_KEY: u64 = 1 << 63;
+/// The thread key of calls whose thread is no evidence of their caller
+/// (`Exchange::threads_multiplexed`): a key no request is ever served on, so a failed one is an
+/// orphan to every request of its process that it overlaps (`missing`, never a guess), and
+/// trace headers can still link it.
+const UNATTRIBUTED_KEY: u64 = 1 << 61;
+
+/// The context key of an outbound call: its goroutine or thread, unless its thread says nothing.
+fn call_key(ex: &Exchange) -> u64 {
+    if ex.threads_multiplexed && ex.goid.is_none() {
+        UNATTRIBUTED_KEY
+    } else {
+        thread_key(ex.tid, ex.goid)
+    }
+}
 
 fn thread_key(tid: u32, goid: Option<u64>) -> u64 {
     // Goroutines are the unit of context in Go; tag them so they never collide with a tid.

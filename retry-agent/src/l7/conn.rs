@@ -483,6 +483,7 @@ impl Conn {
                     streams: HashMap::default(),
                     max_inflight: self.max_inflight,
                     early: Vec::new(),
+                    threads_multiplexed: false,
                 }))
             }
             _ => {
@@ -560,6 +561,7 @@ impl Conn {
             streams,
             max_inflight: self.max_inflight,
             early: Vec::new(),
+            threads_multiplexed: false,
         }));
     }
 

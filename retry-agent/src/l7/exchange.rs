@@ -236,6 +236,12 @@ pub struct Exchange {
     pub handler_start_ns: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handler_end_ns: Option<u64>,
+    /// Client side, HTTP/2: the connection has carried streams of several threads at once,
+    /// so the thread that wrote this stream's frames need not be the one that made the call
+    /// (gRPC's C core runs queued writes of every caller on whichever caller's thread holds
+    /// the transport). Its thread then says nothing about whose call it was.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub threads_multiplexed: bool,
 }
 
 impl Exchange {

@@ -1,7 +1,7 @@
 //! HTTP/2 and gRPC: frames built by hand, header blocks by the HPACK encoder (and one
 //! Huffman-coded block from RFC 7541 §C.4, as real peers send them).
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-use super::tests::{PID, conn_ev, data, data_trunc, run, run_split_invariant};
+use super::tests::{PID, conn_ev, data, data_tid, data_trunc, run, run_split_invariant};
 use super::*;
 use crate::capture::{ConnEventKind, Direction, Event, Role};
 
@@ -729,4 +729,40 @@ fn only_indexed_fields_leave_the_table_alone() {
     assert!(!indexed_only(&[0x0f, 0x00])); // literal without indexing
     assert!(!indexed_only(&[0x80])); // index 0: an error
     assert!(!indexed_only(&[]));
+}
+
+/// A client connection whose streams two threads wrote at once (one's in flight when the other
+/// starts) says nothing of callers by its writer threads from then on; one where threads take
+/// turns, each stream answered before the next, does.
+#[test]
+fn client_streams_of_threads_at_once_are_marked_multiplexed() {
+    for overlapping in [true, false] {
+        let (mut c, mut s) = (Peer::new(), Peer::new());
+        let mut ev = client_conn(3, Vec::new());
+        let req = |c: &mut Peer, id| {
+            let mut b = c.headers(id, false, &hs(&req_headers("/svc/M")));
+            b.extend(frame(D, END_STREAM, id, &grpc_msg(b"q")));
+            b
+        };
+        let resp = |s: &mut Peer, id| {
+            let mut b = s.headers(id, false, &[(":status", "200")]);
+            b.extend(s.headers(id, true, &[("grpc-status", "0")]));
+            b
+        };
+        ev.push(data_tid(3, Role::Client, OUT, 10, 21, &req(&mut c, 1)));
+        if overlapping {
+            ev.push(data_tid(3, Role::Client, OUT, 11, 22, &req(&mut c, 3)));
+            ev.push(data_tid(3, Role::Client, IN, 12, 21, &resp(&mut s, 1)));
+        } else {
+            ev.push(data_tid(3, Role::Client, IN, 11, 21, &resp(&mut s, 1)));
+            ev.push(data_tid(3, Role::Client, OUT, 12, 22, &req(&mut c, 3)));
+        }
+        ev.push(data_tid(3, Role::Client, IN, 13, 22, &resp(&mut s, 3)));
+        let (ex, _) = run(&ev);
+        assert_eq!(ex.len(), 2, "{ex:#?}");
+        assert!(
+            ex.iter().all(|x| x.threads_multiplexed == overlapping),
+            "overlapping: {overlapping}: {ex:#?}"
+        );
+    }
 }

@@ -78,6 +78,7 @@ impl ExchangeBuilder {
             sole_on_thread: false,
             handler_start_ns: None,
             handler_end_ns: None,
+            threads_multiplexed: false,
         })
     }
 
@@ -183,6 +184,13 @@ impl ExchangeBuilder {
 
     pub fn goid(mut self, g: u64) -> Self {
         self.0.goid = Some(g);
+        self
+    }
+
+    /// HTTP/2, on a connection whose streams several threads wrote at once.
+    pub fn threads_multiplexed(mut self) -> Self {
+        self.0.protocol = crate::l7::Protocol::Http2;
+        self.0.threads_multiplexed = true;
         self
     }
 

@@ -2,7 +2,7 @@
 //! thread's inbound request may have caused, and the process-wide failure history.
 use super::{
     CHILDREN_PER_THREAD, Child, Engine, FAILURES_PER_PROCESS, Peer, RetryState, ThreadCtx,
-    claim_index, class_index, rooted, thread_key, tuple_key,
+    call_key, claim_index, class_index, rooted, thread_key, tuple_key,
 };
 use crate::{
     correlate::table::hash_one,
@@ -83,7 +83,7 @@ impl Engine {
         if let Some(p) = self.procs.get_mut(&ex.pid) {
             p.failures.iter_mut().for_each(|(c, _)| mark(c));
         }
-        if let Some(ctx) = self.threads.get_mut(&(ex.pid, thread_key(ex.tid, ex.goid))) {
+        if let Some(ctx) = self.threads.get_mut(&(ex.pid, call_key(ex))) {
             ctx.children.iter_mut().for_each(mark);
         }
     }
@@ -192,11 +192,11 @@ impl Engine {
                 p.failures_lost_until = p.failures_lost_until.max(old.end);
             }
             p.failures
-                .push_back((child, thread_key(ex.tid, ex.goid) | rooted(ex.goid)));
+                .push_back((child, call_key(ex) | rooted(ex.goid)));
         }
         let ctx = self
             .threads
-            .get_or_insert_with((ex.pid, thread_key(ex.tid, ex.goid)), ThreadCtx::default);
+            .get_or_insert_with((ex.pid, call_key(ex)), ThreadCtx::default);
         if ctx.children.len() >= CHILDREN_PER_THREAD
             && let Some(old) = ctx.children.pop_front()
         {

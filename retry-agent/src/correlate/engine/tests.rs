@@ -499,6 +499,48 @@ fn failure_on_orphan_thread_makes_missing() {
     assert_eq!(w.verdict(id).claim, Claim::Missing);
 }
 
+/// A failed HTTP/2 call on a connection several threads wrote at once (grpcio's C core writes
+/// queued calls from whichever caller holds the transport) is not its writer thread's: the
+/// request served on that thread is not unclaimed by it, and its own error stays unjudged
+/// while an unplaced failure overlaps it (missing, never a guess). The same call on a
+/// connection of one thread at a time is that thread's.
+#[test]
+fn calls_on_threads_multiplexed_connections_are_no_evidence_of_their_thread() {
+    for multiplexed in [true, false] {
+        let mut w = no_alo();
+        let t = 1_000 * MS;
+        let id1 = w.id();
+        let call = X::client(
+            id1,
+            B,
+            200,
+            eph(B, 1),
+            addr("203.0.113.9:443"),
+            t + 2 * MS,
+            t + 3 * MS,
+        )
+        .status(503);
+        let call = if multiplexed {
+            call.threads_multiplexed()
+        } else {
+            call
+        };
+        w.push(call.build());
+        let r1 = w.id();
+        w.push(
+            X::server(r1, B, 200, svc(B), addr("192.168.1.1:1"), t, t + 10 * MS)
+                .status(502)
+                .build(),
+        );
+        let want = if multiplexed {
+            Claim::Missing
+        } else {
+            Claim::Unclaimed
+        };
+        assert_eq!(w.verdict(r1).claim, want, "multiplexed: {multiplexed}");
+    }
+}
+
 /// Goroutine ids, when known, are the context: two goroutines on one thread do not overlap.
 #[test]
 fn goroutines_are_contexts() {

@@ -30,6 +30,9 @@ pub(super) struct H2Conn {
     /// goroutine while the writer goroutine may still be sending its HEADERS), oldest first,
     /// at most `max_inflight`.
     pub(super) early: Vec<(u32, (u64, u64))>,
+    /// Client side: a stream was written by one thread while another thread's was in flight
+    /// (sticky): from then on no stream's writer thread is evidence of its caller.
+    pub(super) threads_multiplexed: bool,
 }
 
 impl H2Conn {
@@ -54,6 +57,7 @@ impl H2Conn {
             streams,
             max_inflight,
             early,
+            threads_multiplexed,
         } = self;
         let [req, resp] = dirs;
         let dir = if is_req { req } else { resp };
@@ -65,6 +69,7 @@ impl H2Conn {
             },
             streams,
             early,
+            threads_multiplexed,
             info,
             max_inflight: *max_inflight,
             em,
@@ -99,16 +104,31 @@ impl H2Conn {
                 if kind == EndKind::Evicted {
                     s.p.unknown = true;
                 }
-                em.emit(s.p.into_exchange(info, end_failure(info.role, kind, started)));
+                let failure = end_failure(info.role, kind, started);
+                emit(em, info, self.threads_multiplexed, s.p, failure);
             }
         }
     }
+}
+
+/// A stream's exchange, told whether its connection's writer threads are evidence of callers.
+fn emit(
+    em: &mut Emitter<'_>,
+    info: &ConnInfo,
+    threads_multiplexed: bool,
+    p: Pending,
+    failure: Option<Failure>,
+) {
+    let mut x = p.into_exchange(info, failure);
+    x.threads_multiplexed = threads_multiplexed && info.role == Role::Client;
+    em.emit(x);
 }
 
 struct H2Pairing<'a, 'b> {
     side: Side,
     streams: &'a mut HashMap<u32, H2Stream>,
     early: &'a mut Vec<(u32, (u64, u64))>,
+    threads_multiplexed: &'a mut bool,
     info: &'a ConnInfo,
     max_inflight: usize,
     em: &'a mut Emitter<'b>,
@@ -117,7 +137,7 @@ struct H2Pairing<'a, 'b> {
 impl H2Pairing<'_, '_> {
     fn finish(&mut self, stream: u32, failure: Option<Failure>) {
         if let Some(s) = self.streams.remove(&stream) {
-            self.em.emit(s.p.into_exchange(self.info, failure));
+            emit(self.em, self.info, *self.threads_multiplexed, s.p, failure);
         }
     }
 
@@ -129,7 +149,7 @@ impl H2Pairing<'_, '_> {
             {
                 s.p.unknown = true;
                 self.em.stats.evictions_inflight += 1;
-                self.em.emit(s.p.into_exchange(self.info, None));
+                emit(self.em, self.info, *self.threads_multiplexed, s.p, None);
             }
         }
         self.streams.entry(id).or_insert_with(|| {
@@ -166,6 +186,15 @@ impl H2Pairing<'_, '_> {
         ctx: &Ctx,
     ) {
         let fresh = !self.streams.contains_key(&stream);
+        if fresh
+            && self.info.role == Role::Client
+            && self
+                .streams
+                .values()
+                .any(|o| o.p.req_start.tid != start.tid)
+        {
+            *self.threads_multiplexed = true;
+        }
         let s = self.stream(stream, start, false);
         if fresh {
             match block {

@@ -132,6 +132,7 @@ impl Pending {
                 .filter(|_| info.role == Role::Server)
                 .map(|(_, ts)| ts),
             handler_end_ns: None,
+            threads_multiplexed: false,
         }
     }
 }
