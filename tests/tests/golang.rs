@@ -316,6 +316,11 @@ async fn grpc_go_verdicts(ldflags: &str) {
     );
     wait_listening(&format!("127.0.0.1:{pa}"), None);
     let _ = cap.rescan_go();
+    assert_eq!(
+        cap.go_grpc_programs(),
+        (1, 0),
+        "the gRPC-go program gets its stream probes (with DWARF or from the release table)"
+    );
     let client = Proc::spawn(
         Command::new(&bin)
             .args(["client", &format!("127.0.0.1:{pa}")])

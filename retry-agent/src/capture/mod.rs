@@ -508,6 +508,13 @@ impl Capture {
             .map_or((0, 0), |g| (g.probes.instrumented, g.probes.failed))
     }
 
+    /// gRPC-go executables instrumented with their stream probes, and without them.
+    pub fn go_grpc_programs(&self) -> (usize, usize) {
+        self.go
+            .as_ref()
+            .map_or((0, 0), |g| (g.probes.grpc_linked, g.probes.grpc_unlinked))
+    }
+
     /// Programs attached at load (what `/healthz` requires to be non-zero).
     pub fn programs_attached(&self) -> usize {
         self.attached

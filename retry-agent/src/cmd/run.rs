@@ -213,7 +213,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 }
                 state.health().observe(c.events.wrapping_add(c.polls), capture.programs_attached());
                 metrics.observe_tls(capture.tls_libraries());
-                metrics.observe_go(capture.go_programs());
+                metrics.observe_go(capture.go_programs(), capture.go_grpc_programs());
                 metrics.observe_identity(&identity.failures());
                 let l = pipeline.reassembler.stats();
                 metrics.observe_l7(&l);

@@ -129,6 +129,8 @@ pub struct Metrics {
     tls_libraries: Gauge,
     go_programs: Gauge,
     go_programs_failed: Gauge,
+    go_grpc_programs: Gauge,
+    go_grpc_programs_unlinked: Gauge,
     go_uprobes: Gauge,
     uprobe_cost: GaugeF,
     decisions: Family<DecisionLabels, Counter>,
@@ -175,6 +177,8 @@ impl Metrics {
             tls_libraries: Gauge::default(),
             go_programs: Gauge::default(),
             go_programs_failed: Gauge::default(),
+            go_grpc_programs: Gauge::default(),
+            go_grpc_programs_unlinked: Gauge::default(),
             go_uprobes: Gauge::default(),
             uprobe_cost: GaugeF::default(),
             decisions: Family::default(),
@@ -270,6 +274,16 @@ impl Metrics {
             "go_programs_failed",
             "Go executables that could not be instrumented (their calls are linked from syscalls only)",
             m.go_programs_failed.clone(),
+        );
+        registry.register(
+            "go_grpc_programs",
+            "gRPC-go executables whose streams the Go probes bind to their requests",
+            m.go_grpc_programs.clone(),
+        );
+        registry.register(
+            "go_grpc_programs_unlinked",
+            "gRPC-go executables without stream probes (no DWARF and an unknown release, or fields missing): their streams are linked from syscalls only",
+            m.go_grpc_programs_unlinked.clone(),
         );
         registry.register(
             "go_uprobes",
@@ -490,11 +504,12 @@ impl Metrics {
         self.uprobe_cost.set(cost.map_or(0.0, |c| c.as_secs_f64()));
     }
 
-    pub fn observe_go(&self, (instrumented, failed): (usize, usize)) {
-        self.go_programs
-            .set(i64::try_from(instrumented).unwrap_or(i64::MAX));
-        self.go_programs_failed
-            .set(i64::try_from(failed).unwrap_or(i64::MAX));
+    pub fn observe_go(&self, (instrumented, failed): (usize, usize), grpc: (usize, usize)) {
+        let set = |g: &Gauge, n: usize| g.set(i64::try_from(n).unwrap_or(i64::MAX));
+        set(&self.go_programs, instrumented);
+        set(&self.go_programs_failed, failed);
+        set(&self.go_grpc_programs, grpc.0);
+        set(&self.go_grpc_programs_unlinked, grpc.1);
     }
 
     /// Capture totals since start (events decoded, events lost).

@@ -58,7 +58,7 @@ fn names_units_and_overflow_label() {
     m.observe_engine(&s);
     m.observe_capture(1000, 7);
     m.observe_tls(2);
-    m.observe_go((3, 1));
+    m.observe_go((3, 1), (1, 1));
     let text = m.encode();
     assert!(
         text.contains(
@@ -94,6 +94,11 @@ fn names_units_and_overflow_label() {
     assert!(text.contains("retry_agent_tls_libraries 2"), "{text}");
     assert!(text.contains("retry_agent_go_programs 3"), "{text}");
     assert!(text.contains("retry_agent_go_programs_failed 1"), "{text}");
+    assert!(text.contains("retry_agent_go_grpc_programs 1"), "{text}");
+    assert!(
+        text.contains("retry_agent_go_grpc_programs_unlinked 1"),
+        "{text}"
+    );
     assert!(
         text.contains(r#"retry_agent_retry_success_ratio{outcome_class="transient"} 0.5"#),
         "{text}"

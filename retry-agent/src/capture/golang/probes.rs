@@ -97,6 +97,10 @@ pub struct GoProbes {
     grpc_files: HashMap<(u64, u64), GoGrpcOffsets>,
     pub instrumented: usize,
     pub failed: usize,
+    /// gRPC-go executables among the instrumented: with their stream probes, and without
+    /// (no DWARF and a release the table does not know, or fields missing).
+    pub grpc_linked: usize,
+    pub grpc_unlinked: usize,
 }
 
 impl GoProbes {
@@ -164,8 +168,10 @@ impl GoProbes {
                 match &bin.grpc {
                     Some(Ok(o)) => {
                         self.grpc_files.insert(key, *o);
+                        self.grpc_linked += 1;
                     }
                     Some(Err(e)) => {
+                        self.grpc_unlinked += 1;
                         tracing::warn!(exe = %exe.display(), error = %e, "gRPC-go streams of this program are linked from syscalls only");
                     }
                     None => {}
