@@ -484,6 +484,7 @@ impl Conn {
                     max_inflight: self.max_inflight,
                     early: Vec::new(),
                     threads_multiplexed: false,
+                    solo_writer: None,
                 }))
             }
             _ => {
@@ -562,6 +563,7 @@ impl Conn {
             max_inflight: self.max_inflight,
             early: Vec::new(),
             threads_multiplexed: false,
+            solo_writer: None,
         }));
     }
 

@@ -33,6 +33,8 @@ pub(super) struct H2Conn {
     /// Client side: a stream was written by one thread while another thread's was in flight
     /// (sticky): from then on no stream's writer thread is evidence of its caller.
     pub(super) threads_multiplexed: bool,
+    /// Until then: the thread that wrote every stream in flight (None: none in flight).
+    pub(super) solo_writer: Option<u32>,
 }
 
 impl H2Conn {
@@ -58,6 +60,7 @@ impl H2Conn {
             max_inflight,
             early,
             threads_multiplexed,
+            solo_writer,
         } = self;
         let [req, resp] = dirs;
         let dir = if is_req { req } else { resp };
@@ -70,6 +73,7 @@ impl H2Conn {
             streams,
             early,
             threads_multiplexed,
+            solo_writer,
             info,
             max_inflight: *max_inflight,
             em,
@@ -129,6 +133,7 @@ struct H2Pairing<'a, 'b> {
     streams: &'a mut HashMap<u32, H2Stream>,
     early: &'a mut Vec<(u32, (u64, u64))>,
     threads_multiplexed: &'a mut bool,
+    solo_writer: &'a mut Option<u32>,
     info: &'a ConnInfo,
     max_inflight: usize,
     em: &'a mut Emitter<'b>,
@@ -186,14 +191,14 @@ impl H2Pairing<'_, '_> {
         ctx: &Ctx,
     ) {
         let fresh = !self.streams.contains_key(&stream);
-        if fresh
-            && self.info.role == Role::Client
-            && self
-                .streams
-                .values()
-                .any(|o| o.p.req_start.tid != start.tid)
-        {
-            *self.threads_multiplexed = true;
+        if fresh && self.info.role == Role::Client && !*self.threads_multiplexed {
+            // One comparison, not a walk of the streams in flight: while not multiplexed they
+            // were all written by one thread.
+            if self.streams.is_empty() {
+                *self.solo_writer = Some(start.tid);
+            } else if *self.solo_writer != Some(start.tid) {
+                *self.threads_multiplexed = true;
+            }
         }
         let s = self.stream(stream, start, false);
         if fresh {
