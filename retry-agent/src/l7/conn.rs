@@ -478,14 +478,11 @@ impl Conn {
                         H2Dir::new(Side::Response, false, hpack_ok, self.cap),
                     )
                 };
-                Proto::Http2(Box::new(H2Conn {
-                    dirs: [req, resp],
-                    streams: HashMap::default(),
-                    max_inflight: self.max_inflight,
-                    early: Vec::new(),
-                    threads_multiplexed: false,
-                    solo_writer: None,
-                }))
+                Proto::Http2(Box::new(H2Conn::new(
+                    [req, resp],
+                    HashMap::default(),
+                    self.max_inflight,
+                )))
             }
             _ => {
                 let mk = |side| {
@@ -557,14 +554,11 @@ impl Conn {
                 hasher: BodyHasher::default(),
             },
         );
-        self.proto = Proto::Http2(Box::new(H2Conn {
-            dirs: [req, resp],
+        self.proto = Proto::Http2(Box::new(H2Conn::new(
+            [req, resp],
             streams,
-            max_inflight: self.max_inflight,
-            early: Vec::new(),
-            threads_multiplexed: false,
-            solo_writer: None,
-        }));
+            self.max_inflight,
+        )));
     }
 
     /// The connection ended: finish what a close finishes, fail what is still in flight.

@@ -30,14 +30,34 @@ pub(super) struct H2Conn {
     /// goroutine while the writer goroutine may still be sending its HEADERS), oldest first,
     /// at most `max_inflight`.
     pub(super) early: Vec<(u32, (u64, u64))>,
-    /// Client side: a stream was written by one thread while another thread's was in flight
-    /// (sticky): from then on no stream's writer thread is evidence of its caller.
-    pub(super) threads_multiplexed: bool,
-    /// Until then: the thread that wrote every stream in flight (None: none in flight).
-    pub(super) solo_writer: Option<u32>,
+    pub(super) writers: Writers,
+}
+
+/// Client side: which threads write the connection's streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Writers {
+    /// The thread that wrote every stream in flight (None: none in flight yet).
+    One(Option<u32>),
+    /// A stream was written by one thread while another thread's was in flight (sticky): no
+    /// stream's writer thread is evidence of its caller any more.
+    Multiplexed,
 }
 
 impl H2Conn {
+    pub(super) fn new(
+        dirs: [H2Dir; 2],
+        streams: HashMap<u32, H2Stream>,
+        max_inflight: usize,
+    ) -> Self {
+        H2Conn {
+            dirs,
+            streams,
+            max_inflight,
+            early: Vec::new(),
+            writers: Writers::One(None),
+        }
+    }
+
     #[expect(
         clippy::too_many_arguments,
         reason = "one call site; the parts are split borrows of the connection"
@@ -59,8 +79,7 @@ impl H2Conn {
             streams,
             max_inflight,
             early,
-            threads_multiplexed,
-            solo_writer,
+            writers,
         } = self;
         let [req, resp] = dirs;
         let dir = if is_req { req } else { resp };
@@ -72,8 +91,7 @@ impl H2Conn {
             },
             streams,
             early,
-            threads_multiplexed,
-            solo_writer,
+            writers,
             info,
             max_inflight: *max_inflight,
             em,
@@ -109,7 +127,7 @@ impl H2Conn {
                     s.p.unknown = true;
                 }
                 let failure = end_failure(info.role, kind, started);
-                emit(em, info, self.threads_multiplexed, s.p, failure);
+                emit(em, info, self.writers, s.p, failure);
             }
         }
     }
@@ -119,12 +137,12 @@ impl H2Conn {
 fn emit(
     em: &mut Emitter<'_>,
     info: &ConnInfo,
-    threads_multiplexed: bool,
+    writers: Writers,
     p: Pending,
     failure: Option<Failure>,
 ) {
     let mut x = p.into_exchange(info, failure);
-    x.threads_multiplexed = threads_multiplexed && info.role == Role::Client;
+    x.threads_multiplexed = writers == Writers::Multiplexed && info.role == Role::Client;
     em.emit(x);
 }
 
@@ -132,8 +150,7 @@ struct H2Pairing<'a, 'b> {
     side: Side,
     streams: &'a mut HashMap<u32, H2Stream>,
     early: &'a mut Vec<(u32, (u64, u64))>,
-    threads_multiplexed: &'a mut bool,
-    solo_writer: &'a mut Option<u32>,
+    writers: &'a mut Writers,
     info: &'a ConnInfo,
     max_inflight: usize,
     em: &'a mut Emitter<'b>,
@@ -142,7 +159,7 @@ struct H2Pairing<'a, 'b> {
 impl H2Pairing<'_, '_> {
     fn finish(&mut self, stream: u32, failure: Option<Failure>) {
         if let Some(s) = self.streams.remove(&stream) {
-            emit(self.em, self.info, *self.threads_multiplexed, s.p, failure);
+            emit(self.em, self.info, *self.writers, s.p, failure);
         }
     }
 
@@ -154,7 +171,7 @@ impl H2Pairing<'_, '_> {
             {
                 s.p.unknown = true;
                 self.em.stats.evictions_inflight += 1;
-                emit(self.em, self.info, *self.threads_multiplexed, s.p, None);
+                emit(self.em, self.info, *self.writers, s.p, None);
             }
         }
         self.streams.entry(id).or_insert_with(|| {
@@ -191,14 +208,19 @@ impl H2Pairing<'_, '_> {
         ctx: &Ctx,
     ) {
         let fresh = !self.streams.contains_key(&stream);
-        if fresh && self.info.role == Role::Client && !*self.threads_multiplexed {
-            // One comparison, not a walk of the streams in flight: while not multiplexed they
-            // were all written by one thread.
-            if self.streams.is_empty() {
-                *self.solo_writer = Some(start.tid);
-            } else if *self.solo_writer != Some(start.tid) {
-                *self.threads_multiplexed = true;
-            }
+        // One comparison, not a walk of the streams in flight: while not multiplexed they were
+        // all written by one thread.
+        if fresh
+            && self.info.role == Role::Client
+            && let Writers::One(solo) = *self.writers
+        {
+            *self.writers = if self.streams.is_empty() {
+                Writers::One(Some(start.tid))
+            } else if solo != Some(start.tid) {
+                Writers::Multiplexed
+            } else {
+                Writers::One(solo)
+            };
         }
         let s = self.stream(stream, start, false);
         if fresh {
