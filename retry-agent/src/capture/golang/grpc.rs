@@ -40,24 +40,25 @@ const KNOWN_LAYOUTS: &[((u32, u32), [u32; 4])] = &[((1, 33), [0, 24, 32, 72])];
 pub(super) fn offsets<'d, R: object::ReadRef<'d>>(
     file: &object::File<'d, R>,
 ) -> Result<GoGrpcOffsets, GoError> {
-    match from_dwarf(file) {
+    let fields = match from_dwarf(file) {
         Err(GoError::NoDwarf) => {
             let release = release(file).ok_or(GoError::NoDwarf)?;
-            let [stream_id, stream_client, server_conn, client_conn] = KNOWN_LAYOUTS
+            KNOWN_LAYOUTS
                 .iter()
                 .find(|(r, _)| *r == release)
                 .map(|(_, o)| *o)
-                .ok_or(GoError::UnknownLayout(release.0, release.1))?;
-            Ok(GoGrpcOffsets {
-                stream_id,
-                stream_client,
-                server_conn,
-                client_conn,
-                tcp_conn_itab: tcp_conn_itab(file),
-            })
+                .ok_or(GoError::UnknownLayout(release.0, release.1))?
         }
-        other => other,
-    }
+        other => other?,
+    };
+    let [stream_id, stream_client, server_conn, client_conn] = fields;
+    Ok(GoGrpcOffsets {
+        stream_id,
+        stream_client,
+        server_conn,
+        client_conn,
+        tcp_conn_itab: tcp_conn_itab(file),
+    })
 }
 
 /// The gRPC-go release (major, minor) named by the user-agent string the library builds from
@@ -83,23 +84,17 @@ pub(super) fn parse_release(b: &[u8]) -> Option<(u32, u32)> {
     (rest.get(m) == Some(&b'.')).then_some((major, minor))
 }
 
-fn from_dwarf<'d, R: object::ReadRef<'d>>(
-    file: &object::File<'d, R>,
-) -> Result<GoGrpcOffsets, GoError> {
+/// [`FIELDS`]' offsets, in their order, from the program's DWARF.
+fn from_dwarf<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>) -> Result<[u32; 4], GoError> {
     let found = dwarf::field_offsets(file, &FIELDS)?;
-    let get = |f: (&'static str, &'static str)| -> Result<u32, GoError> {
-        found
+    let mut out = [0u32; 4];
+    for (o, f) in out.iter_mut().zip(FIELDS) {
+        *o = found
             .get(&f)
-            .and_then(|&o| u32::try_from(o).ok())
-            .ok_or(GoError::MissingField(f.0, f.1))
-    };
-    Ok(GoGrpcOffsets {
-        stream_id: get(FIELDS[0])?,
-        stream_client: get(FIELDS[1])?,
-        server_conn: get(FIELDS[2])?,
-        client_conn: get(FIELDS[3])?,
-        tcp_conn_itab: tcp_conn_itab(file),
-    })
+            .and_then(|&v| u32::try_from(v).ok())
+            .ok_or(GoError::MissingField(f.0, f.1))?;
+    }
+    Ok(out)
 }
 
 /// The `*net.TCPConn` implementation of `net.Conn`'s itab (named `go.itab.…` before go1.20,

@@ -145,10 +145,11 @@ impl GoProbes {
                 continue;
             }
             let exe = proc_root.join(pid.to_string()).join("exe");
-            if let Some(true) = self.instrument_file(ebpf, &exe) {
+            let Some(key) = file_key(&exe) else { continue };
+            if let Some(true) = self.instrument_file(ebpf, &exe, key) {
                 added += 1;
             }
-            if let Some(o) = file_key(&exe).and_then(|k| self.grpc_files.get(&k)) {
+            if let Some(o) = self.grpc_files.get(&key) {
                 set_grpc_offsets(ebpf, pid, o);
             }
         }
@@ -157,9 +158,9 @@ impl GoProbes {
         added
     }
 
-    /// Instruments one executable unless already handled; Some(true) when probes were added.
-    pub fn instrument_file(&mut self, ebpf: &mut Ebpf, exe: &Path) -> Option<bool> {
-        let key = file_key(exe)?;
+    /// Instruments one executable (`key`: its device and inode) unless already handled;
+    /// Some(true) when probes were added.
+    fn instrument_file(&mut self, ebpf: &mut Ebpf, exe: &Path, key: (u64, u64)) -> Option<bool> {
         if !self.files.insert(key) {
             return None;
         }
