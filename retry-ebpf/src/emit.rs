@@ -32,6 +32,14 @@ fn ring_flags() -> u64 {
     }
 }
 
+/// Into the ring; a record that does not fit is counted in `DROPS`, never retried.
+#[inline(always)]
+fn output<T: ?Sized>(rec: &T) {
+    if EVENTS.output(rec, ring_flags()).is_err() {
+        count_drop();
+    }
+}
+
 #[inline(always)]
 fn count_drop() {
     if let Some(p) = DROPS.get_ptr_mut(0) {
@@ -85,9 +93,7 @@ pub fn emit_conn_from(
         tuple: *tuple,
         ..ConnRecord::default()
     };
-    if EVENTS.output(&rec, ring_flags()).is_err() {
-        count_drop();
-    }
+    output(&rec);
 }
 
 /// A `conn_kind::STREAM` record: HTTP/2 stream `stream_id` of the tracked connection `info`
@@ -108,9 +114,7 @@ pub fn emit_stream(pid_tgid: u64, info: &ConnInfo, stream_id: u32, context: u64)
         context,
         ..ConnRecord::default()
     };
-    if EVENTS.output(&rec, ring_flags()).is_err() {
-        count_drop();
-    }
+    output(&rec);
 }
 
 /// A process record (`KIND_PROCESS_EXIT`, `KIND_PROCESS_EXEC`) for the current process.
@@ -119,9 +123,7 @@ pub fn emit_process(kind: u32, pid_tgid: u64) {
     // The current thread's name: a process gone before userspace read /proc is named by it.
     let comm = aya_ebpf::helpers::bpf_get_current_comm().unwrap_or_default();
     let rec = ProcessExitRecord { kind, pid: (pid_tgid >> 32) as u32, ts_ns: now(), comm };
-    if EVENTS.output(&rec, ring_flags()).is_err() {
-        count_drop();
-    }
+    output(&rec);
 }
 
 #[repr(C)]
@@ -361,9 +363,7 @@ pub fn emit_data(pid_tgid: u64, key: &ConnKey, info: &ConnInfo, sc: u32, src: Sr
             core::ptr::write_unaligned(rec as *mut DataHeader, header);
             let size = size_of::<DataHeader>() + (captured as usize & (2 * MAX_PAYLOAD - 1)).min(MAX_PAYLOAD);
             let bytes = core::slice::from_raw_parts(rec as *const u8, size);
-            if EVENTS.output(bytes, ring_flags()).is_err() {
-                count_drop();
-            }
+            output(bytes);
         }
         if !more {
             return;
