@@ -1563,8 +1563,9 @@ fn timing_link_on_event_loops() {
         .build()
     };
     let mut w = no_alo();
-    // A long request overlapping on the same thread makes it an event loop.
-    w.inbound(B, 200, t, 200 * MS, 200);
+    // A request overlapping on the same thread makes it an event loop; it was answered before
+    // the call started, so the call cannot be its.
+    w.inbound(B, 200, t, 15 * MS, 200);
     w.push(call(1, 7, 20, 50));
     w.push(resp(2, 1, 0));
     let v = w.verdict(2);
@@ -1578,14 +1579,14 @@ fn timing_link_on_event_loops() {
     let mut c = cfg();
     c.timing_link_ms = 0;
     let mut w = World::with(c);
-    w.inbound(B, 200, t, 200 * MS, 200);
+    w.inbound(B, 200, t, 15 * MS, 200);
     w.push(call(1, 7, 20, 50));
     w.push(resp(2, 1, 0));
     assert_eq!(w.verdict(2).claim, Claim::Missing);
 
     // Two failed calls completing just before the response: no link.
     let mut w = no_alo();
-    w.inbound(B, 200, t, 200 * MS, 200);
+    w.inbound(B, 200, t, 15 * MS, 200);
     w.push(call(1, 7, 20, 50));
     w.push(call(2, 8, 21, 49));
     w.push(resp(3, 1, 0));
@@ -1593,29 +1594,41 @@ fn timing_link_on_event_loops() {
 
     // Two responses right after one failed call: no link for either.
     let mut w = no_alo();
-    w.inbound(B, 200, t, 200 * MS, 200);
+    w.inbound(B, 200, t, 15 * MS, 200);
     w.push(call(1, 7, 20, 50));
     w.push(resp(2, 1, 0));
-    w.push(resp(3, 2, 2));
+    // The second request came in after the call started (no rival by that rule).
+    w.push(
+        X::server(3, B, 200, svc(B), addr("192.168.1.1:2"), t + 25 * MS, t + 80 * MS)
+            .request_done(t + 26 * MS)
+            .response_from(t + 53 * MS)
+            .status(502)
+            .build(),
+    );
     assert_eq!(w.verdict(2).claim, Claim::Missing);
     assert_eq!(w.verdict(3).claim, Claim::Missing);
 
     // A call that ended long before the response explains nothing.
     let mut w = no_alo();
-    w.inbound(B, 200, t, 200 * MS, 200);
+    w.inbound(B, 200, t, 15 * MS, 200);
     w.push(call(1, 7, 20, 30));
     w.push(resp(2, 1, 0));
     assert_eq!(w.verdict(2).claim, Claim::Missing);
 
-    // The overlapping request failed too: the call may have been made for it (it answered
-    // later, after work of its own), so the call links neither.
-    let mut w = no_alo();
-    let long = w.inbound(B, 200, t, 200 * MS, 502);
-    w.push(call(1, 7, 20, 50));
-    w.push(resp(2, 1, 0));
-    assert_eq!(w.verdict(2).claim, Claim::Missing);
-    assert_ne!(w.verdict(long).link, Link::Timing);
-    assert_eq!(w.e.stats().timing_links, 0);
+    // A request in flight when the call started may be the one it was made for, whatever it
+    // answered (later, after work of its own; or it retried, or fell back): the call links
+    // neither.
+    for status in [502, 200] {
+        let mut w = no_alo();
+        let long = w.inbound(B, 200, t, 200 * MS, status);
+        w.push(call(1, 7, 20, 50));
+        w.push(resp(2, 1, 0));
+        assert_eq!(w.verdict(2).claim, Claim::Missing, "rival answered {status}");
+        if status >= 500 {
+            assert_ne!(w.verdict(long).link, Link::Timing);
+        }
+        assert_eq!(w.e.stats().timing_links, 0);
+    }
 }
 
 /// Work handed to another thread (a gRPC client's poller): the orphan failure is linked by
