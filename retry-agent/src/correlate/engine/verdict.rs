@@ -41,17 +41,28 @@ impl Found {
 /// call, or it saw a failure it cannot place. Only then are the other links tried.
 fn needs_link(found: &Found) -> bool {
     let lost = found.context == Context::Lost;
-    let unplaced =
-        !lost && found.orphan_failed && found.children.iter().all(|c| !c.outcome.is_failure());
-    (lost && found.process_failed) || unplaced
+    (lost && found.process_failed) || unplaced(found)
+}
+
+/// Its own calls show no failure (an attempt its retry recovered is none), but a call the
+/// process handed off failed meanwhile: it may have been this request's.
+fn unplaced(found: &Found) -> bool {
+    found.context != Context::Lost
+        && found.orphan_failed
+        && found
+            .children
+            .iter()
+            .all(|c| !c.outcome.is_failure() || c.recovered)
 }
 
 /// How long a failed request may wait past its end for its process's concurrent requests to be
-/// answered, so a failed call carrying one of their trace ids can be placed (see
-/// [`Engine::judge_or_wait`]): a few callers' timeouts' worth of a busy service.
+/// answered, so a failed call carrying one of their trace ids, or made on one of their threads,
+/// can be placed (see [`Engine::judge_or_wait`]): a few callers' timeouts' worth of a busy
+/// service.
 pub(super) const TRACE_WAIT_NS: u64 = 3_000_000_000;
 
-/// Whether [`Engine::link`] decided, or the verdict waits for the trace link.
+/// Whether [`Engine::link`] decided, or the verdict waits (for the trace link, or for the
+/// request an unplaced failure's thread was serving).
 #[derive(PartialEq, Eq)]
 enum Linking {
     Done,
@@ -248,6 +259,13 @@ impl Engine {
         let lost = found.context == Context::Lost;
         let trace = self.trace_link(p);
         if may_wait && matches!(trace, TraceLink::Wait) {
+            return Linking::Wait;
+        }
+        if may_wait
+            && !matches!(trace, TraceLink::Linked(_))
+            && unplaced(found)
+            && self.orphans_may_be_placed(p)
+        {
             return Linking::Wait;
         }
         if let TraceLink::Linked(cs) = trace {
@@ -550,14 +568,26 @@ impl Engine {
     /// uprobes traced to another request goroutine: that request may still be in flight (its
     /// window not known yet), but the call is its, not ours.
     pub(super) fn orphan_failed_during(&self, pid: u32, thread: u64, start: u64, end: u64) -> bool {
-        let Some(p) = self.procs.get(&pid) else {
-            return false;
-        };
-        p.failures.iter().any(|&(c, t)| {
+        self.orphan_threads(pid, thread, start, end)
+            .next()
+            .is_some()
+    }
+
+    /// The threads of the fail-close failures of `pid` during [start, end] made outside `thread`
+    /// on a thread not known to be serving an inbound request then.
+    fn orphan_threads(
+        &self,
+        pid: u32,
+        thread: u64,
+        start: u64,
+        end: u64,
+    ) -> impl Iterator<Item = u64> + '_ {
+        let failures = self.procs.get(&pid).map(|p| &p.failures);
+        failures.into_iter().flatten().filter_map(move |&(c, t)| {
             let (s, e, edge) = (c.start, c.end, c.edge);
             let traced = t & GOROUTINE_ROOTED != 0;
             let t = t & !GOROUTINE_ROOTED;
-            t != thread
+            let orphan = t != thread
                 && !traced
                 && s <= end
                 && e >= start
@@ -565,8 +595,22 @@ impl Engine {
                 && !self
                     .threads
                     .get(&(pid, t))
-                    .is_some_and(|ctx| ctx.inbound.iter().any(|w| w.start <= s && s <= w.end))
+                    .is_some_and(|ctx| ctx.inbound.iter().any(|w| w.start <= s && s <= w.end));
+            orphan.then_some(t)
         })
+    }
+
+    /// An unplaced failure was made on a thread that serves requests (it answered one before):
+    /// it was most likely serving another request still in flight, whose window places the
+    /// failure once it is answered. Worth waiting for (up to [`TRACE_WAIT_NS`]); a thread that
+    /// never served one (a pool's) is not.
+    fn orphans_may_be_placed(&self, p: &Pending) -> bool {
+        self.orphan_threads(p.pid, p.thread, p.start, p.end)
+            .any(|t| {
+                self.threads
+                    .get(&(p.pid, t))
+                    .is_some_and(|ctx| !ctx.inbound.is_empty())
+            })
     }
 }
 
