@@ -2211,6 +2211,61 @@ fn trace_link_waits_for_the_request_whose_call_failed() {
     assert_eq!(v.claim, Claim::Missing, "{v:?}");
 }
 
+/// The wait counts from the last failed call overlapping the request, not only from its end: a
+/// concurrent request whose call failed late (and that then retried it) answers that much later.
+#[test]
+fn trace_link_waits_past_a_late_failed_call() {
+    let t = 1_000 * MS;
+    let mut c = cfg();
+    c.at_least_once = false;
+    c.timing_link_ms = 0;
+    let mut w = World::with(c);
+    let req = |id: u64, trace: u64, end_ms: u64, status: u16| {
+        X::server(
+            id,
+            B,
+            200,
+            svc(B),
+            addr(&format!("192.168.1.1:{}", 100 + id)),
+            t,
+            t + end_ms * MS,
+        )
+        .trace_id(trace)
+        .status(status)
+        .build()
+    };
+    // Request 3's call started during request 2 and failed 2.5 s later.
+    w.push(
+        X::client(
+            1,
+            B,
+            200,
+            eph(B, 7001),
+            addr("203.0.113.9:443"),
+            t + 2 * MS,
+            t + 2_500 * MS,
+        )
+        .route("/1")
+        .status(503)
+        .trace_id(2)
+        .build(),
+    );
+    w.push(req(4, 9, 5, 200)); // overlapping on the thread: an event loop
+    w.push(req(2, 1, 10, 500)); // failed on its own
+    // Past 3 s after request 2's end, within 3 s of the call's: still waiting.
+    w.e.tick(t + 4_000 * MS, &mut w.v);
+    let judged = |w: &World| w.v.iter().find(|v| v.exchange == ExchangeId(2)).cloned();
+    assert!(judged(&w).is_none(), "waits: {:?}", w.v);
+    w.push(req(3, 2, 4_500, 502));
+    w.e.tick(t + 5_000 * MS, &mut w.v);
+    let v = judged(&w).expect("judged once request 3 is known");
+    assert_eq!(
+        (v.claim, v.link),
+        (Claim::Claimed, Link::TraceHeader),
+        "{v:?}"
+    );
+}
+
 /// A thread per request: a call that failed on another thread while this request was served
 /// cannot be placed until that thread's own request is answered (the thread serves requests, so
 /// it most likely was serving one). The verdict waits for it, with or without trace ids; its
