@@ -315,7 +315,14 @@ async fn grpc_go_verdicts(ldflags: &str) {
             .stdout(Stdio::null()),
     );
     wait_listening(&format!("127.0.0.1:{pa}"), None);
-    let _ = cap.rescan_go();
+    // The agent's way: the executable (run by both processes) is read on a blocking thread and
+    // attached by a later rescan, which hands its offsets to both.
+    let _ = cap.rescan_go_in_background();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while cap.go_inspecting() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let _ = cap.rescan_go_in_background();
+    }
     assert_eq!(
         cap.go_grpc_programs(),
         (1, 0),

@@ -480,7 +480,8 @@ impl Capture {
     }
 
     /// Instruments the Go executables of processes started since the last scan; returns how
-    /// many were added. Blocking /proc and file reads (only new executables are read).
+    /// many were added. Blocking /proc and file reads (only new executables are read): the
+    /// event loop uses [`Capture::rescan_go_in_background`].
     pub fn rescan_go(&mut self) -> usize {
         let Some(g) = self.go.as_mut() else { return 0 };
         g.probes.scan(
@@ -489,6 +490,23 @@ impl Capture {
             std::process::id(),
             &g.scope,
         )
+    }
+
+    /// As [`Capture::rescan_go`], with new executables read on a blocking thread and attached
+    /// by a later call (returns how many this call attached): for the agent's event loop.
+    pub fn rescan_go_in_background(&mut self) -> usize {
+        let Some(g) = self.go.as_mut() else { return 0 };
+        g.probes.scan_in_background(
+            &mut self.guard.ebpf,
+            &g.proc_root,
+            std::process::id(),
+            &g.scope,
+        )
+    }
+
+    /// Go executables are being read in the background: a rescan soon attaches them.
+    pub fn go_inspecting(&self) -> bool {
+        self.go.as_ref().is_some_and(|g| g.probes.inspecting())
     }
 
     /// Whether the Go uprobes are on (see `--capture-go`).

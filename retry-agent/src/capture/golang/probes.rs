@@ -8,6 +8,7 @@
 use std::{
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},
+    sync::mpsc,
 };
 
 use aya::{
@@ -83,15 +84,26 @@ pub enum Outcome {
     Failed(GoError),
 }
 
+/// An executable read off the main loop, waiting to be attached.
+struct Inspected {
+    key: (u64, u64),
+    exe: PathBuf,
+    result: Result<GoBinary, GoError>,
+}
+
 /// The Go probes of one capture.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct GoProbes {
     plan: Vec<Probe>,
     loaded: Option<bool>,
-    /// Executables handled (dev, inode), whatever the outcome.
+    /// Executables handled or being read (dev, inode), whatever the outcome.
     files: HashSet<(u64, u64)>,
     /// Processes already looked at.
     pids: HashSet<u32>,
+    /// Processes whose executable is still being read: they get its gRPC offsets once it is.
+    waiting: HashMap<(u64, u64), Vec<u32>>,
+    /// Executables read on a blocking thread, for the next scan to attach.
+    inspected: Option<(mpsc::Sender<Inspected>, mpsc::Receiver<Inspected>)>,
     /// gRPC-go executables whose stream probes are attached, and their offsets: each of their
     /// processes gets them in the kernel's `GO_GRPC` map.
     grpc_files: HashMap<(u64, u64), GoGrpcOffsets>,
@@ -101,6 +113,16 @@ pub struct GoProbes {
     /// (no DWARF and a release the table does not know, or fields missing).
     pub grpc_linked: usize,
     pub grpc_unlinked: usize,
+}
+
+impl std::fmt::Debug for GoProbes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GoProbes")
+            .field("files", &self.files.len())
+            .field("instrumented", &self.instrumented)
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl GoProbes {
@@ -118,8 +140,8 @@ impl GoProbes {
         v
     }
 
-    /// Instruments the executables of processes not seen before; returns how many were added.
-    /// Blocking /proc and file reads: call it off the hot path.
+    /// Instruments the executables of processes not seen before, reading them here; returns how
+    /// many were added. Blocking /proc and file reads: at start-up, or where waiting is fine.
     pub fn scan(
         &mut self,
         ebpf: &mut Ebpf,
@@ -127,11 +149,73 @@ impl GoProbes {
         skip_pid: u32,
         scope: &crate::capture::Scope,
     ) -> usize {
+        let wanted = self.wanted();
+        let plan_empty = self.plan.is_empty();
+        self.discover(ebpf, proc_root, skip_pid, scope)
+            .into_iter()
+            .map(|(exe, key)| {
+                let result = inspect(&exe, &wanted, plan_empty);
+                self.finish(ebpf, Inspected { key, exe, result })
+            })
+            .filter(|added| *added)
+            .count()
+    }
+
+    /// As [`GoProbes::scan`], but new executables are read on tokio's blocking threads (a Go
+    /// binary's symbols and DWARF take ~40 ms for 12 MB; the caller's loop carries the node's
+    /// events meanwhile) and attached by a later call. Returns how many this call attached.
+    /// Must be called inside a tokio runtime.
+    pub fn scan_in_background(
+        &mut self,
+        ebpf: &mut Ebpf,
+        proc_root: &Path,
+        skip_pid: u32,
+        scope: &crate::capture::Scope,
+    ) -> usize {
+        let mut added = 0;
+        if let Some((_, rx)) = &self.inspected {
+            let done: Vec<Inspected> = rx.try_iter().collect();
+            for i in done {
+                added += usize::from(self.finish(ebpf, i));
+            }
+        }
+        let new = self.discover(ebpf, proc_root, skip_pid, scope);
+        if new.is_empty() {
+            return added;
+        }
+        let tx = self.inspected.get_or_insert_with(mpsc::channel).0.clone();
+        let (wanted, plan_empty) = (self.wanted(), self.plan.is_empty());
+        tokio::task::spawn_blocking(move || {
+            for (exe, key) in new {
+                let result = inspect(&exe, &wanted, plan_empty);
+                if tx.send(Inspected { key, exe, result }).is_err() {
+                    return; // the capture is gone
+                }
+            }
+        });
+        added
+    }
+
+    /// Executables being read on a blocking thread, not attached yet.
+    pub fn inspecting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Lists the processes not seen before: the executables not handled yet are returned (one
+    /// path each), processes of handled gRPC-go executables get their offsets now, those of
+    /// executables being read once they are.
+    fn discover(
+        &mut self,
+        ebpf: &mut Ebpf,
+        proc_root: &Path,
+        skip_pid: u32,
+        scope: &crate::capture::Scope,
+    ) -> Vec<(PathBuf, (u64, u64))> {
         let Ok(dir) = std::fs::read_dir(proc_root) else {
-            return 0;
+            return Vec::new();
         };
         let mut live = HashSet::new();
-        let mut added = 0;
+        let mut new = Vec::new();
         for e in dir.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
                 continue;
@@ -146,30 +230,39 @@ impl GoProbes {
             }
             let exe = proc_root.join(pid.to_string()).join("exe");
             let Some(key) = file_key(&exe) else { continue };
-            if let Some(true) = self.instrument_file(ebpf, &exe, key) {
-                added += 1;
-            }
-            if let Some(o) = self.grpc_files.get(&key) {
+            if self.files.insert(key) {
+                self.waiting.entry(key).or_default().push(pid);
+                new.push((exe, key));
+            } else if let Some(w) = self.waiting.get_mut(&key) {
+                w.push(pid);
+            } else if let Some(o) = self.grpc_files.get(&key) {
                 set_grpc_offsets(ebpf, pid, o);
             }
         }
         // Forget pids that are gone, so a reused pid is looked at again.
         self.pids.retain(|p| live.contains(p));
-        added
+        new
     }
 
-    /// Instruments one executable (`key`: its device and inode) unless already handled;
-    /// Some(true) when probes were added.
-    fn instrument_file(&mut self, ebpf: &mut Ebpf, exe: &Path, key: (u64, u64)) -> Option<bool> {
-        if !self.files.insert(key) {
-            return None;
-        }
-        match self.try_instrument(ebpf, exe) {
+    /// Attaches one executable read by [`inspect`], counts and logs the outcome, and hands the
+    /// gRPC offsets to the processes that run it; true when probes were added.
+    fn finish(&mut self, ebpf: &mut Ebpf, i: Inspected) -> bool {
+        let Inspected { key, exe, result } = i;
+        let pids = self.waiting.remove(&key).unwrap_or_default();
+        let outcome = match result {
+            Ok(bin) => self.attach_inspected(ebpf, &exe, bin),
+            Err(GoError::NotGo | GoError::Elf(_)) => Outcome::NotApplicable,
+            Err(e) => Outcome::Failed(e),
+        };
+        match outcome {
             Outcome::Instrumented(bin) => {
                 match &bin.grpc {
                     Some(Ok(o)) => {
                         self.grpc_files.insert(key, *o);
                         self.grpc_linked += 1;
+                        for pid in pids {
+                            set_grpc_offsets(ebpf, pid, o);
+                        }
                     }
                     Some(Err(e)) => {
                         self.grpc_unlinked += 1;
@@ -179,26 +272,18 @@ impl GoProbes {
                 }
                 tracing::info!(exe = %exe.display(), go = %bin, "Go request context from uprobes");
                 self.instrumented += 1;
-                Some(true)
+                true
             }
-            Outcome::NotApplicable => Some(false),
+            Outcome::NotApplicable => false,
             Outcome::Failed(e) => {
                 tracing::warn!(exe = %exe.display(), error = %e, "cannot instrument this Go program: its calls are linked from syscalls only");
                 self.failed += 1;
-                Some(false)
+                false
             }
         }
     }
 
-    fn try_instrument(&mut self, ebpf: &mut Ebpf, exe: &Path) -> Outcome {
-        if self.plan.is_empty() {
-            return Outcome::NotApplicable;
-        }
-        let bin = match GoBinary::inspect(exe, &self.wanted()) {
-            Ok(b) => b,
-            Err(GoError::NotGo | GoError::Elf(_)) => return Outcome::NotApplicable,
-            Err(e) => return Outcome::Failed(e),
-        };
+    fn attach_inspected(&mut self, ebpf: &mut Ebpf, exe: &Path, bin: GoBinary) -> Outcome {
         if ![SERVER, CLIENT, grpc::SERVER, grpc::CLIENT]
             .iter()
             .any(|f| bin.has(f))
@@ -229,6 +314,15 @@ impl GoProbes {
             true
         })
     }
+}
+
+/// Reads one executable (no kernel work: runs on any thread). Nothing to probe (an empty plan)
+/// reads as "not Go".
+fn inspect(exe: &Path, wanted: &[&'static str], plan_empty: bool) -> Result<GoBinary, GoError> {
+    if plan_empty {
+        return Err(GoError::NotGo);
+    }
+    GoBinary::inspect(exe, wanted)
 }
 
 /// Offsets first (a program lacking a function is refused before anything attaches), then
