@@ -549,3 +549,63 @@ fn grpc_go_verdicts_follow_their_streams() {
     };
     assert_right_by_go_uprobes(&obs, "go-grpc");
 }
+
+/// Issue 14's last target (`concurrency-shim.toml`): go → node → rust → python, none forwarding
+/// trace context, R = 3, ≥ 8 requests in flight, a hard fault at the python owner. Node and Rust
+/// get no verdicts (every call of theirs fails), yet the shim holds the owner at ≤ 1.2Ƞ: their
+/// errors are taken for the owner's symptoms (`dependency_symptoms`), so only the edge into the
+/// owner retries (to its budget). Measured: 1.37Ƞ with budgets alone (1.1 per edge), 1.11Ƞ now.
+#[test]
+fn untraced_event_loops_above_an_owner_stop_retrying_through_the_shim() {
+    let _turn = serial();
+    if skip() {
+        return;
+    }
+    let _lab = lab::lock().expect("the lab lock");
+    let out = "test-concurrency-shim";
+    let r = lab::run("concurrency-shim.toml", "shim", out, &[]).expect("lab run");
+    assert_clean("concurrency-shim");
+    let shim = match lab::mode(&r, "shim") {
+        Err(why) => {
+            eprintln!("SKIP concurrency-shim: {why}");
+            return;
+        }
+        Ok(m) => m,
+    };
+    for node in ["a", "b", "c"] {
+        let x = lab::served_x(shim, node);
+        assert!(
+            x <= 1.1,
+            "{node} served {x}Ƞ, want ≈1Ƞ above the owner edge"
+        );
+    }
+    let d = lab::served_x(shim, "d");
+    assert!(d <= 1.2, "the owner D served {d}Ƞ, want ≤ 1.2Ƞ");
+    // The stops above the owner say what they rest on.
+    let log = std::fs::read_to_string(
+        lab::repo()
+            .join("lab-out")
+            .join(out)
+            .join("shim/decisions.jsonl"),
+    )
+    .expect("the shim mode's decision log");
+    let stopped_by_symptoms = |caller: &str| {
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|l| l.get("decision").cloned())
+            .any(|d| {
+                d.pointer("/edge/caller")
+                    .and_then(|c| c.as_str())
+                    .is_some_and(|c| c.starts_with(caller))
+                    && d["reason"] == "callee_unclaimed"
+                    && d.pointer("/evidence/basis").and_then(|b| b.as_str())
+                        == Some("dependency_symptoms")
+            })
+    };
+    for caller in ["ra-a:", "ra-b:"] {
+        assert!(
+            stopped_by_symptoms(caller),
+            "{caller} stops retrying on dependency symptoms: {log}"
+        );
+    }
+}

@@ -35,7 +35,7 @@
 //! Revision 2.1 added `basis` to a suppression (what the decision rests on: `verdicts`,
 //! `claim_header`, `owner_budget`, `budget`, `amplification`), for the shim's logs; a 2.0 line
 //! has none, and a value from a newer revision reads as `unknown`. The shim acts on `reason`
-//! alone.
+//! alone. Revision 2.2 added the basis `dependency_symptoms` (a 2.1 shim reads it as `unknown`).
 //!
 //! Version 1 sent the agent's internal `Decision` and a claim with its TTL next to the time it
 //! had left; version 2 sends only what the shim acts on.
@@ -101,6 +101,7 @@ pub enum WireBasis {
     OwnerBudget,
     Budget,
     Amplification,
+    DependencySymptoms,
     /// A value from a newer minor revision.
     #[serde(other)]
     Unknown,
@@ -114,6 +115,7 @@ impl From<decide::Basis> for WireBasis {
             decide::Basis::OwnerBudget => WireBasis::OwnerBudget,
             decide::Basis::Budget => WireBasis::Budget,
             decide::Basis::Amplification => WireBasis::Amplification,
+            decide::Basis::DependencySymptoms => WireBasis::DependencySymptoms,
         }
     }
 }

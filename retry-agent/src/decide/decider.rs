@@ -1,5 +1,5 @@
 //! The decider: edge figures in, suppression decisions with TTL and hysteresis out.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use clap::Args;
 
@@ -8,7 +8,7 @@ mod tests;
 
 use super::{Action, Basis, Decision, Evidence, Ownership, Reason};
 use crate::{
-    correlate::{Edge, EdgeStats, Engine},
+    correlate::{Edge, EdgeStats, Engine, ServiceId},
     l7::Claim,
     settings::{InvalidConfig, Settings},
 };
@@ -84,7 +84,24 @@ pub struct DecideConfig {
         action = clap::ArgAction::Set
     )]
     pub burst: bool,
+    /// Where no verdict says whose a callee's errors are (its requests and calls cannot be
+    /// linked: an event loop without trace context, every call of which fails in a hard fault),
+    /// but it fails at least half of its requests while a dependency of it fails at least half
+    /// of its calls with errors owned below it (claimed or disowned there): stop the retries
+    /// into it as above an owner (basis `dependency_symptoms`) instead of capping them to the
+    /// budget. Off: such edges keep their budget (owner load (1 + budget)^depth).
+    #[arg(
+        long = "decide-dependency-symptoms",
+        env = "RETRY_AGENT_DECIDE_DEPENDENCY_SYMPTOMS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub dependency_symptoms: bool,
 }
+
+/// The share of failed requests (callee) and failed calls (its dependency) a hard fault shows,
+/// below which `--decide-dependency-symptoms` infers nothing.
+const SYMPTOM_FAILURE_RATIO: f64 = 0.5;
 
 impl Default for DecideConfig {
     fn default() -> Self {
@@ -154,9 +171,10 @@ impl Decider {
     /// Decide from edge figures (new, renewed, changed or lifted decisions only).
     pub fn evaluate_edges(&mut self, edges: &[EdgeStats], now_ns: u64) -> Vec<Decision> {
         let mut out = Vec::new();
+        let symptoms = self.dependency_symptoms(edges);
         for e in edges {
             let active = self.active.get(&e.edge);
-            let want = self.condition(e, active.is_some());
+            let want = self.condition_given(e, active.is_some(), &symptoms);
             match (want, self.active.get_mut(&e.edge)) {
                 (Some(reason), None) => out.push(self.start(e, reason, now_ns)),
                 (Some(reason), Some(_)) => {
@@ -209,10 +227,11 @@ impl Decider {
     /// complete buckets.
     pub fn evaluate_burst(&mut self, edges: &[EdgeStats], now_ns: u64) -> Vec<Decision> {
         let mut out = Vec::new();
+        let symptoms = self.dependency_symptoms(edges);
         for e in edges {
             let reason = self.active.get(&e.edge).map(|a| a.decision.reason);
             if reason == Some(Reason::CalleeUnclaimed)
-                || self.condition(e, false) != Some(Reason::CalleeUnclaimed)
+                || self.condition_given(e, false, &symptoms) != Some(Reason::CalleeUnclaimed)
             {
                 continue;
             }
@@ -269,6 +288,53 @@ impl Decider {
         }
     }
 
+    /// The edge's calls fail at least this share of the time (and at least the minimum).
+    fn failing(&self, e: &EdgeStats, ratio: f64) -> bool {
+        e.failures >= self.cfg.min_failures.max(1) && e.failure_ratio >= ratio
+    }
+
+    /// Callees whose errors no verdict places but that fail with a dependency (see
+    /// `--decide-dependency-symptoms`): a callee failing at least half of its requests on an
+    /// edge without enough claims, one of whose own edges fails at least half of its calls
+    /// into a service whose standing is known (its claims decide: it owns its errors, or they
+    /// are symptoms of something deeper) or is itself inferred so. Grown to a fixed point, so
+    /// a chain of such services above one owner is found whole.
+    fn dependency_symptoms(&self, edges: &[EdgeStats]) -> HashSet<ServiceId> {
+        let mut found = HashSet::new();
+        if !self.cfg.dependency_symptoms {
+            return found;
+        }
+        let known: HashSet<&ServiceId> = edges
+            .iter()
+            .filter(|d| self.ownership(d) != Ownership::Unknown)
+            .map(|d| &d.edge.callee)
+            .collect();
+        loop {
+            let before = found.len();
+            for e in edges {
+                let c = &e.edge.callee;
+                if found.contains(c)
+                    || self.ownership(e) != Ownership::Unknown
+                    || !self.failing(e, SYMPTOM_FAILURE_RATIO)
+                {
+                    continue;
+                }
+                let explained = edges.iter().any(|d| {
+                    &d.edge.caller == c
+                        && &d.edge.callee != c
+                        && self.failing(d, SYMPTOM_FAILURE_RATIO)
+                        && (known.contains(&d.edge.callee) || found.contains(&d.edge.callee))
+                });
+                if explained {
+                    found.insert(c.clone());
+                }
+            }
+            if found.len() == before {
+                return found;
+            }
+        }
+    }
+
     /// The callee's standing on the edge: owner or not only on enough claims, by majority.
     fn ownership(&self, e: &EdgeStats) -> Ownership {
         let claims = e.callee_claims;
@@ -291,6 +357,8 @@ impl Decider {
             Reason::CalleeUnclaimed if src.header.unclaimed > src.verdicts.unclaimed => {
                 Basis::ClaimHeader
             }
+            // Not enough claims: the callee was found to fail with a dependency.
+            Reason::CalleeUnclaimed if callee == Ownership::Unknown => Basis::DependencySymptoms,
             Reason::CalleeUnclaimed => Basis::Verdicts,
             Reason::OverBudget if callee == Ownership::Owner => Basis::OwnerBudget,
             Reason::OverBudget => Basis::Budget,
@@ -313,9 +381,21 @@ impl Decider {
         }
     }
 
-    /// Whether the edge should have its retries suppressed, and why (the strongest reason).
-    /// With `active`, exit thresholds apply (hysteresis).
+    /// The condition of one edge on its own (no callee found to fail with a dependency).
+    #[cfg(test)]
     fn condition(&self, e: &EdgeStats, active: bool) -> Option<Reason> {
+        self.condition_given(e, active, &HashSet::new())
+    }
+
+    /// Whether the edge should have its retries suppressed, and why (the strongest reason).
+    /// With `active`, exit thresholds apply (hysteresis). `symptoms`: the callees found to fail
+    /// with a dependency ([`Decider::dependency_symptoms`] over the same figures).
+    fn condition_given(
+        &self,
+        e: &EdgeStats,
+        active: bool,
+        symptoms: &HashSet<ServiceId>,
+    ) -> Option<Reason> {
         let scale = if active { self.cfg.exit_fraction } else { 1.0 };
         // Ownership: the callee's errors are symptoms. Missing claims never count here: the
         // first node that sees a missing claim keeps its retry (at-least-once).
@@ -323,6 +403,12 @@ impl Decider {
         if claims.total() >= self.cfg.min_failures.max(1)
             && claims.majority() == Some(Claim::Unclaimed)
             && (claims.unclaimed as f64) >= (claims.total() as f64) * 0.5 * scale.max(0.5)
+        {
+            return Some(Reason::CalleeUnclaimed);
+        }
+        if self.ownership(e) == Ownership::Unknown
+            && symptoms.contains(&e.edge.callee)
+            && self.failing(e, SYMPTOM_FAILURE_RATIO * scale)
         {
             return Some(Reason::CalleeUnclaimed);
         }

@@ -104,15 +104,21 @@ pub enum Basis {
     Budget,
     /// The callee's arrival rate is over its baseline while the edge retries: budget capping.
     Amplification,
+    /// No verdict says whose the callee's errors are (an event loop without trace context under
+    /// a hard fault: every call of its process fails), but it fails most of its requests while
+    /// a dependency of it fails most of its calls with errors owned below it: its errors are
+    /// taken for that dependency's symptoms (`--decide-dependency-symptoms`).
+    DependencySymptoms,
 }
 
 impl Basis {
-    pub const ALL: [Basis; 5] = [
+    pub const ALL: [Basis; 6] = [
         Basis::Verdicts,
         Basis::ClaimHeader,
         Basis::OwnerBudget,
         Basis::Budget,
         Basis::Amplification,
+        Basis::DependencySymptoms,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -122,6 +128,7 @@ impl Basis {
             Basis::OwnerBudget => "owner_budget",
             Basis::Budget => "budget",
             Basis::Amplification => "amplification",
+            Basis::DependencySymptoms => "dependency_symptoms",
         }
     }
 }

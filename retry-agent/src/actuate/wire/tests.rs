@@ -196,6 +196,7 @@ fn the_basis_is_an_additive_field() {
             "spelled as the metrics label"
         );
     }
+    ev.basis = decide::Basis::Amplification;
     d.evidence = Some(ev);
     let line = encode(&Snapshot {
         suppress: vec![Suppression::new(&d, Duration::from_millis(5))],

@@ -416,3 +416,105 @@ fn a_burst_only_starts_ownership_decisions() {
         "the minimum of failures holds"
     );
 }
+
+/// `caller → callee` figures: `requests` attempts of which `retries` retries and `failures`
+/// failed, with the callee's claims on them.
+fn edge(caller: &str, callee: &str, failures: u64, claims: ClaimCounts) -> EdgeStats {
+    let mut e = stats(100, 50, claims);
+    e.edge = Edge {
+        caller: ServiceId::new(caller),
+        callee: ServiceId::new(callee),
+    };
+    e.failures = failures;
+    e.failure_ratio = failures as f64 / 100.0;
+    e
+}
+
+fn missing(n: u64) -> ClaimCounts {
+    ClaimCounts {
+        missing: n,
+        ..ClaimCounts::default()
+    }
+}
+
+fn claimed(n: u64) -> ClaimCounts {
+    ClaimCounts {
+        claimed: n,
+        ..ClaimCounts::default()
+    }
+}
+
+/// The reason and basis of each edge's decision, by caller.
+fn decided(d: &mut Decider, edges: &[EdgeStats]) -> Vec<(String, Reason, Basis)> {
+    let mut v: Vec<_> = d
+        .evaluate_edges(edges, S)
+        .iter()
+        .map(|x| (x.edge.caller.to_string(), x.reason, evidence(x).basis))
+        .collect();
+    v.sort_by(|x, y| x.0.cmp(&y.0));
+    v
+}
+
+/// a → b → c → d, d failing on its own (its verdicts claim), b and c event loops whose
+/// verdicts are all missing under the hard fault: their errors are taken for d's symptoms, so
+/// the retries above d stop and the edge into d keeps its budget (at-least-once). Only where
+/// the failures are heavy on both sides and the standing below is known.
+#[test]
+fn callees_that_fail_with_an_owned_dependency_are_symptoms() {
+    let chain = |b_fail: u64, c_fail: u64, d_fail: u64, d_claims: ClaimCounts| {
+        [
+            edge("a", "b", b_fail, missing(b_fail)),
+            edge("b", "c", c_fail, missing(c_fail)),
+            edge("c", "d", d_fail, d_claims),
+        ]
+    };
+    let stop = (Reason::CalleeUnclaimed, Basis::DependencySymptoms);
+    let budget = (Reason::OverBudget, Basis::Budget);
+    let owner = (Reason::OverBudget, Basis::OwnerBudget);
+    let with = |r: (Reason, Basis), who: &str| (who.to_string(), r.0, r.1);
+
+    let mut d = Decider::new(DecideConfig::default());
+    assert_eq!(
+        decided(&mut d, &chain(90, 95, 100, claimed(100))),
+        vec![with(stop, "a"), with(stop, "b"), with(owner, "c")]
+    );
+    // Disowned below (d's errors are symptoms of something deeper): owned below c all the same.
+    let mut d = Decider::new(DecideConfig::default());
+    assert_eq!(
+        decided(&mut d, &chain(90, 95, 100, unclaimed(100)))[..2],
+        [with(stop, "a"), with(stop, "b")]
+    );
+    // Off: budgets only.
+    let mut d = Decider::new(DecideConfig {
+        dependency_symptoms: false,
+        ..DecideConfig::default()
+    });
+    assert_eq!(
+        decided(&mut d, &chain(90, 95, 100, claimed(100))),
+        vec![with(budget, "a"), with(budget, "b"), with(owner, "c")]
+    );
+    // d fails a fifth of its calls: c's errors may be its own.
+    let mut d = Decider::new(DecideConfig::default());
+    assert_eq!(
+        decided(&mut d, &chain(90, 95, 20, claimed(20))),
+        vec![with(budget, "a"), with(budget, "b"), with(owner, "c")]
+    );
+    // c fails a third of its requests: no inference for c, nor for b above it.
+    let mut d = Decider::new(DecideConfig::default());
+    assert_eq!(
+        decided(&mut d, &chain(90, 30, 100, claimed(100))),
+        vec![with(budget, "a"), with(budget, "b"), with(owner, "c")]
+    );
+    // Nobody below knows whose the errors are: unknown standings do not explain each other.
+    let mut d = Decider::new(DecideConfig::default());
+    assert_eq!(
+        decided(&mut d, &chain(90, 95, 100, missing(100))),
+        vec![with(budget, "a"), with(budget, "b"), with(budget, "c")]
+    );
+    // A callee without calls of its own (a leaf whose verdicts are missing) is no symptom.
+    let mut d = Decider::new(DecideConfig::default());
+    assert_eq!(
+        decided(&mut d, &[edge("a", "b", 90, missing(90))]),
+        vec![with(budget, "a")]
+    );
+}

@@ -154,13 +154,14 @@ fn engine_measures_the_storm() {
 
 /// Context loss in the middle node: its calls cannot be linked, its claim is missing, the
 /// node above still retries it once and stops the storm there: B..D get half the requests
-/// they get without ownership.
+/// they get without ownership (without `--decide-dependency-symptoms`: see the next test).
 #[test]
 fn context_break_in_the_middle_halves_requests_below() {
     // Ownership only: no budget or amplification decisions.
     let dcfg = DecideConfig {
         retry_budget: 1.0,
         amplification_threshold: 1e9,
+        dependency_symptoms: false,
         ..DecideConfig::default()
     };
     let (sim, without, with) = storm(CorrelateConfig::default(), dcfg, |s| {
@@ -182,6 +183,37 @@ fn context_break_in_the_middle_halves_requests_below() {
             .iter()
             .all(|d| !(d.edge.caller.as_str() == "b" && d.edge.callee.as_str() == "c")),
         "{active:?}"
+    );
+}
+
+/// The same context loss, with `--decide-dependency-symptoms` (the default): C's claims are
+/// missing, but it fails every request while its calls into D fail with errors D claims, so its
+/// errors are taken for D's symptoms and B stops retrying it too: only the edge into the owner
+/// retries, and D's load is what error ownership gives a fully linked chain.
+#[test]
+fn context_break_with_an_owned_failing_dependency_stops_above_it() {
+    let dcfg = DecideConfig {
+        retry_budget: 1.0,
+        amplification_threshold: 1e9,
+        ..DecideConfig::default()
+    };
+    let (sim, without, with) = storm(CorrelateConfig::default(), dcfg, |s| {
+        if let Some(n) = s.node(2) {
+            n.context_break = true;
+        }
+    });
+    assert_close(&without, &[1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0], 1e-9);
+    assert_close(&with, &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0], 1e-9);
+    let (claimed, unclaimed, _) = sim.claims_of("c");
+    assert_eq!((claimed, unclaimed), (0, 0), "no verdict places C's errors");
+    let active = sim.decider.active();
+    let b_c = active
+        .iter()
+        .find(|d| d.edge.caller.as_str() == "b" && d.edge.callee.as_str() == "c")
+        .unwrap_or_else(|| panic!("B stops retrying C: {active:?}"));
+    assert_eq!(
+        b_c.evidence.as_ref().map(|e| e.basis),
+        Some(crate::decide::Basis::DependencySymptoms)
     );
 }
 
