@@ -1,5 +1,5 @@
 //! The decider: edge figures in, suppression decisions with TTL and hysteresis out.
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use clap::Args;
 
@@ -304,32 +304,50 @@ impl Decider {
         if !self.cfg.dependency_symptoms {
             return found;
         }
+        // Linear per round (this runs on every burst evaluation): the candidates, and each
+        // failing edge filed under its caller. A service whose claims decide on any edge into
+        // it is no candidate: its verdicts speak for it.
         let known: HashSet<&ServiceId> = edges
             .iter()
             .filter(|d| self.ownership(d) != Ownership::Unknown)
             .map(|d| &d.edge.callee)
             .collect();
+        let mut candidates: Vec<&ServiceId> = edges
+            .iter()
+            .filter(|e| {
+                self.ownership(e) == Ownership::Unknown
+                    && self.failing(e, SYMPTOM_FAILURE_RATIO)
+                    && !known.contains(&e.edge.callee)
+            })
+            .map(|e| &e.edge.callee)
+            .collect();
+        if candidates.is_empty() {
+            return found;
+        }
+        let mut failing_deps: HashMap<&ServiceId, Vec<&ServiceId>> = HashMap::new();
+        for d in edges
+            .iter()
+            .filter(|d| self.failing(d, SYMPTOM_FAILURE_RATIO))
+        {
+            if d.edge.caller != d.edge.callee {
+                failing_deps
+                    .entry(&d.edge.caller)
+                    .or_default()
+                    .push(&d.edge.callee);
+            }
+        }
         loop {
             let before = found.len();
-            for e in edges {
-                let c = &e.edge.callee;
-                if found.contains(c)
-                    || self.ownership(e) != Ownership::Unknown
-                    || !self.failing(e, SYMPTOM_FAILURE_RATIO)
-                {
-                    continue;
-                }
-                let explained = edges.iter().any(|d| {
-                    &d.edge.caller == c
-                        && &d.edge.callee != c
-                        && self.failing(d, SYMPTOM_FAILURE_RATIO)
-                        && (known.contains(&d.edge.callee) || found.contains(&d.edge.callee))
+            candidates.retain(|&c| {
+                let explained = failing_deps.get(c).is_some_and(|deps| {
+                    deps.iter().any(|y| known.contains(y) || found.contains(*y))
                 });
                 if explained {
                     found.insert(c.clone());
                 }
-            }
-            if found.len() == before {
+                !explained
+            });
+            if found.len() == before || candidates.is_empty() {
                 return found;
             }
         }

@@ -511,6 +511,14 @@ fn callees_that_fail_with_an_owned_dependency_are_symptoms() {
         decided(&mut d, &chain(90, 95, 100, missing(100))),
         vec![with(budget, "a"), with(budget, "b"), with(budget, "c")]
     );
+    // C owns its errors by the verdicts on another caller's edge: no inference on this one.
+    let mut d = Decider::new(DecideConfig::default());
+    let mut edges = chain(90, 95, 100, claimed(100)).to_vec();
+    edges.push(edge("x", "c", 90, claimed(90)));
+    assert_eq!(
+        decided(&mut d, &edges)[..3],
+        [with(stop, "a"), with(budget, "b"), with(owner, "c")]
+    );
     // A callee without calls of its own (a leaf whose verdicts are missing) is no symptom.
     let mut d = Decider::new(DecideConfig::default());
     assert_eq!(
