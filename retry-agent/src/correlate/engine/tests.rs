@@ -2140,6 +2140,22 @@ fn an_unseen_response_gets_no_verdict() {
     assert!(v.iter().any(|v| v.exchange == id_503), "{v:?}");
 }
 
+/// A request to B on thread 200 from `t` to `end_ms` later, carrying trace id `trace`.
+fn traced_request(t: u64, id: u64, trace: u64, end_ms: u64, status: u16) -> Exchange {
+    X::server(
+        id,
+        B,
+        200,
+        svc(B),
+        addr(&format!("192.168.1.1:{}", 100 + id)),
+        t,
+        t + end_ms * MS,
+    )
+    .trace_id(trace)
+    .status(status)
+    .build()
+}
+
 /// A busy event loop: a failed call carrying the trace id of a concurrent request still in
 /// flight cannot be placed yet. The verdict waits for that request to be answered (then it is
 /// sound), up to `TRACE_WAIT_NS`; judged before, it was missing (the lab's concurrency scenario
@@ -2166,20 +2182,7 @@ fn trace_link_waits_for_the_request_whose_call_failed() {
     .status(503)
     .trace_id(2)
     .build();
-    let req = |id: u64, trace: u64, end_ms: u64, status: u16| {
-        X::server(
-            id,
-            B,
-            200,
-            svc(B),
-            addr(&format!("192.168.1.1:{}", 100 + id)),
-            t,
-            t + end_ms * MS,
-        )
-        .trace_id(trace)
-        .status(status)
-        .build()
-    };
+    let req = |id, trace, end_ms, status| traced_request(t, id, trace, end_ms, status);
     let judged = |w: &World, id: u64| w.v.iter().find(|v| v.exchange == ExchangeId(id)).cloned();
 
     // Request 4, overlapping on the thread and answered, shows it is an event loop.
@@ -2220,20 +2223,7 @@ fn trace_link_waits_past_a_late_failed_call() {
     c.at_least_once = false;
     c.timing_link_ms = 0;
     let mut w = World::with(c);
-    let req = |id: u64, trace: u64, end_ms: u64, status: u16| {
-        X::server(
-            id,
-            B,
-            200,
-            svc(B),
-            addr(&format!("192.168.1.1:{}", 100 + id)),
-            t,
-            t + end_ms * MS,
-        )
-        .trace_id(trace)
-        .status(status)
-        .build()
-    };
+    let req = |id, trace, end_ms, status| traced_request(t, id, trace, end_ms, status);
     // Request 3's call started during request 2 and failed 2.5 s later.
     w.push(
         X::client(
