@@ -625,7 +625,7 @@ impl Engine {
 
     /// An unplaced failure was made on a thread that serves requests (it answered one before):
     /// it was most likely serving another request still in flight, whose window places the
-    /// failure once it is answered. Worth waiting for (up to [`TRACE_WAIT_NS`]); a thread that
+    /// failure once it is answered. Worth waiting for (until [`Engine::wait_until`]); a thread that
     /// never served one (a pool's) is not.
     fn orphans_may_be_placed(&self, p: &Pending) -> bool {
         self.orphan_threads(p.pid, p.thread, p.start, p.end)
