@@ -85,6 +85,7 @@ pub enum Outcome {
 }
 
 /// An executable read off the main loop, waiting to be attached.
+#[derive(Debug)]
 struct Inspected {
     key: (u64, u64),
     exe: PathBuf,
@@ -92,7 +93,7 @@ struct Inspected {
 }
 
 /// The Go probes of one capture.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct GoProbes {
     plan: Vec<Probe>,
     loaded: Option<bool>,
@@ -113,16 +114,6 @@ pub struct GoProbes {
     /// (no DWARF and a release the table does not know, or fields missing).
     pub grpc_linked: usize,
     pub grpc_unlinked: usize,
-}
-
-impl std::fmt::Debug for GoProbes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GoProbes")
-            .field("files", &self.files.len())
-            .field("instrumented", &self.instrumented)
-            .field("failed", &self.failed)
-            .finish_non_exhaustive()
-    }
 }
 
 impl GoProbes {
@@ -150,11 +141,10 @@ impl GoProbes {
         scope: &crate::capture::Scope,
     ) -> usize {
         let wanted = self.wanted();
-        let plan_empty = self.plan.is_empty();
         self.discover(ebpf, proc_root, skip_pid, scope)
             .into_iter()
             .map(|(exe, key)| {
-                let result = inspect(&exe, &wanted, plan_empty);
+                let result = GoBinary::inspect(&exe, &wanted);
                 self.finish(ebpf, Inspected { key, exe, result })
             })
             .filter(|added| *added)
@@ -184,10 +174,10 @@ impl GoProbes {
             return added;
         }
         let tx = self.inspected.get_or_insert_with(mpsc::channel).0.clone();
-        let (wanted, plan_empty) = (self.wanted(), self.plan.is_empty());
+        let wanted = self.wanted();
         tokio::task::spawn_blocking(move || {
             for (exe, key) in new {
-                let result = inspect(&exe, &wanted, plan_empty);
+                let result = GoBinary::inspect(&exe, &wanted);
                 if tx.send(Inspected { key, exe, result }).is_err() {
                     return; // the capture is gone
                 }
@@ -211,6 +201,10 @@ impl GoProbes {
         skip_pid: u32,
         scope: &crate::capture::Scope,
     ) -> Vec<(PathBuf, (u64, u64))> {
+        // No Go program in the object: nothing to attach, so nothing worth reading.
+        if self.plan.is_empty() {
+            return Vec::new();
+        }
         let Ok(dir) = std::fs::read_dir(proc_root) else {
             return Vec::new();
         };
@@ -244,7 +238,7 @@ impl GoProbes {
         new
     }
 
-    /// Attaches one executable read by [`inspect`], counts and logs the outcome, and hands the
+    /// Attaches one executable read by [`GoBinary::inspect`], counts and logs the outcome, and hands the
     /// gRPC offsets to the processes that run it; true when probes were added.
     fn finish(&mut self, ebpf: &mut Ebpf, i: Inspected) -> bool {
         let Inspected { key, exe, result } = i;
@@ -314,15 +308,6 @@ impl GoProbes {
             true
         })
     }
-}
-
-/// Reads one executable (no kernel work: runs on any thread). Nothing to probe (an empty plan)
-/// reads as "not Go".
-fn inspect(exe: &Path, wanted: &[&'static str], plan_empty: bool) -> Result<GoBinary, GoError> {
-    if plan_empty {
-        return Err(GoError::NotGo);
-    }
-    GoBinary::inspect(exe, wanted)
 }
 
 /// Offsets first (a program lacking a function is refused before anything attaches), then
