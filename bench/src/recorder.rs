@@ -91,6 +91,7 @@ pub fn run() -> Result<()> {
 
     // 1. Recording alone: into a ring still growing, and into a full one (steady state: every
     // record evicts an old one).
+    let mut ring_per_record = 0.0;
     for (label, mib) in [("growing ring", 256), ("full ring (8 MiB)", 8)] {
         let mut rec = Recorder::new(RecorderConfig {
             max_mib: mib,
@@ -113,10 +114,13 @@ pub fn run() -> Result<()> {
             rec.stats().bytes_in_ring as f64 / 1e6,
             rec.stats().records_in_ring
         );
+        let st = rec.stats();
+        ring_per_record = st.bytes_in_ring as f64 / st.records_in_ring.max(1) as f64;
     }
     println!(
-        "  (size of one ring entry before payload: {} bytes)",
-        std::mem::size_of::<Record>()
+        "  (ring bytes per record: {:.0}, of which captured payload {:.0})",
+        ring_per_record,
+        payload as f64 / events.len() as f64
     );
 
     // 1b. Redaction alone (best of 5, a fresh redactor each time): what every data record

@@ -9,15 +9,12 @@
 //!   never fails (it only counts what it evicts).
 //! - Dump IO happens outside the recording path: [`SharedRecorder::dump`] snapshots under the
 //!   lock and writes after releasing it; storm auto-dumps write on their own thread.
-use std::{
-    collections::{HashMap, VecDeque},
-    path::PathBuf,
-};
+use std::{collections::HashMap, path::PathBuf};
 
 use clap::{ArgAction, Args};
 use serde::{Deserialize, Serialize};
 
-use self::item::{Exchanges, Item, Stored, approx_size, exchange_size};
+use self::ring::Ring;
 use crate::{
     capture::{DataEvent, Event, ProcessInfo},
     decide::{Action, Decision},
@@ -28,10 +25,10 @@ use crate::{
 
 pub mod client;
 pub mod format;
-mod item;
 pub mod key;
 pub mod redact;
 pub mod replay;
+mod ring;
 mod shared;
 mod snapshot;
 
@@ -208,12 +205,9 @@ pub struct Recorder {
     cfg: RecorderConfig,
     /// Settings of the pipeline feeding this recorder (written into every dump's header).
     pipeline: Option<PipelineConfig>,
-    ring: VecDeque<Stored>,
-    /// The ring's exchanges, inline and in order (see [`Item::Exchange`]).
-    exchanges: Exchanges,
+    ring: Ring,
     processes: HashMap<u32, ProcessInfo>,
     redactor: redact::Redactor,
-    bytes: usize,
     max_bytes: usize,
     window_ns: u64,
     stats: RecorderStats,
@@ -238,11 +232,9 @@ impl Recorder {
             max_bytes,
             cfg,
             pipeline: None,
-            ring: VecDeque::new(),
-            exchanges: Exchanges::default(),
+            ring: Ring::default(),
             processes: HashMap::new(),
             redactor: redact::Redactor::new(),
-            bytes: 0,
             stats: RecorderStats::default(),
             pending: None,
             auto_quiet_until_ns: 0,
@@ -311,25 +303,7 @@ impl Recorder {
                 }
                 return;
             }
-            Event::Data(d) => {
-                let (payload, r) = self.redactor.redact_payload(d);
-                self.stats.redacted_headers_total += r.headers;
-                self.stats.redacted_body_bytes_total += r.body_bytes;
-                Record::Event(Event::Data(DataEvent {
-                    conn: d.conn,
-                    role: d.role,
-                    direction: d.direction,
-                    syscall: d.syscall,
-                    tuple: d.tuple,
-                    pid: d.pid,
-                    tid: d.tid,
-                    goid: d.goid,
-                    ts_enter_ns: d.ts_enter_ns,
-                    ts_exit_ns: d.ts_exit_ns,
-                    len: d.len,
-                    payload,
-                }))
-            }
+            Event::Data(d) => return self.admit_data(d),
             Event::ProcessExit { pid, ts_ns } => {
                 self.redactor.forget_pid(*pid);
                 Record::Event(Event::ProcessExit {
@@ -351,38 +325,47 @@ impl Recorder {
         self.admit_exchange(x);
     }
 
+    /// A data event goes into the ring as its redacted copy, written in place.
+    fn admit_data(&mut self, d: &DataEvent) {
+        let (redactor, mut red) = (&mut self.redactor, redact::Redacted::default());
+        self.ring
+            .push_data(d, |b| red = redactor.redact_in_place(d, None, b));
+        self.stats.redacted_headers_total += red.headers;
+        self.stats.redacted_body_bytes_total += red.body_bytes;
+        self.stored(d.ts_exit_ns);
+    }
+
     fn admit_exchange(&mut self, x: Exchange) {
-        let (ts_ns, size) = (x.end_ns(), exchange_size(&x));
-        self.exchanges.push_back(x);
-        self.store(ts_ns, size, Item::Exchange);
+        let ts_ns = x.end_ns();
+        self.ring.push_exchange(x);
+        self.stored(ts_ns);
     }
 
     fn admit(&mut self, rec: Record) {
-        if let Record::Exchange(x) = rec {
-            return self.admit_exchange(*x);
+        match rec {
+            Record::Exchange(x) => return self.admit_exchange(*x),
+            Record::Event(Event::Data(d)) => return self.admit_data(&d),
+            Record::Decision(ref d) => self.note_decision(d),
+            _ => {}
         }
-        if let Record::Decision(d) = &rec {
-            self.note_decision(d);
-        }
-        let (ts_ns, size) = (rec.ts_ns(), approx_size(&rec));
-        self.store(ts_ns, size, Item::new(rec));
+        let ts_ns = rec.ts_ns();
+        self.ring.push_other(rec);
+        self.stored(ts_ns);
     }
 
-    fn store(&mut self, ts_ns: u64, size: usize, item: Item) {
-        self.bytes += size;
+    /// After a record went into the ring: time moves on, old records go, a due dump is written.
+    fn stored(&mut self, ts_ns: u64) {
         self.stats.newest_ns = self.stats.newest_ns.max(ts_ns);
-        self.ring.push_back(Stored { ts_ns, size, item });
         self.evict();
         self.maybe_auto_dump();
     }
 
     /// Let go of what is too old or over the byte bound. Over the bound, the ring sheds down to
-    /// [`EVICT_SLACK`] below it at once and drops those records in place: one pass per batch
-    /// instead of a pop (a move out of the ring) per push.
+    /// [`EVICT_SLACK`] below it at once: one pass per batch instead of one per push.
     fn evict(&mut self) {
         let horizon = self.stats.newest_ns.saturating_sub(self.window_ns);
-        let over = self.bytes > self.max_bytes;
-        if !over && self.ring.front().is_none_or(|f| f.ts_ns >= horizon) {
+        let over = self.ring.bytes() > self.max_bytes;
+        if !over && self.ring.front_ts().is_none_or(|ts| ts >= horizon) {
             return;
         }
         let target = if over {
@@ -390,26 +373,9 @@ impl Recorder {
         } else {
             self.max_bytes
         };
-        let (mut n, mut exchanges) = (0, 0);
-        for s in &self.ring {
-            let aged = s.ts_ns < horizon;
-            if !aged && self.bytes <= target {
-                break;
-            }
-            if aged {
-                self.stats.evicted_age_total += 1;
-            } else {
-                self.stats.evicted_size_total += 1;
-            }
-            self.bytes -= s.size;
-            n += 1;
-            exchanges += usize::from(matches!(s.item, Item::Exchange));
-        }
-        self.ring.drain(..n);
-        self.exchanges.drop_front(exchanges);
-        self.stats.records_in_ring = self.ring.len() as u64;
-        self.stats.bytes_in_ring = self.bytes as u64;
-        self.stats.oldest_ns = self.ring.front().map_or(0, |s| s.ts_ns);
+        let ev = self.ring.evict(horizon, target);
+        self.stats.evicted_age_total += ev.aged;
+        self.stats.evicted_size_total += ev.sized;
     }
 
     fn note_decision(&mut self, d: &Decision) {
@@ -490,17 +456,14 @@ impl Recorder {
         let mut lo = u64::MAX;
         let mut hi = 0;
         let mut missing_before = self.stats.evicted_age_total + self.stats.evicted_size_total;
-        let mut exchanges = self.exchanges.iter();
-        for s in &self.ring {
-            if s.ts_ns < from_ns {
+        for (ts_ns, e) in self.ring.iter() {
+            if ts_ns < from_ns {
                 missing_before += 1;
             }
-            if s.ts_ns >= from_ns && s.ts_ns <= to_ns {
-                lo = lo.min(s.ts_ns);
-                hi = hi.max(s.ts_ns);
-                records.extend(s.item.to_record(&mut exchanges));
-            } else if matches!(s.item, Item::Exchange) {
-                exchanges.next();
+            if ts_ns >= from_ns && ts_ns <= to_ns {
+                lo = lo.min(ts_ns);
+                hi = hi.max(ts_ns);
+                records.extend(e.to_record());
             }
         }
         if lo > hi {
@@ -536,6 +499,11 @@ impl Recorder {
     }
 
     pub fn stats(&self) -> RecorderStats {
-        self.stats
+        RecorderStats {
+            records_in_ring: self.ring.len() as u64,
+            bytes_in_ring: self.ring.bytes() as u64,
+            oldest_ns: self.ring.front_ts().unwrap_or(0),
+            ..self.stats
+        }
     }
 }

@@ -250,6 +250,23 @@ impl Redactor {
     /// the last one ended follows a loss: its stream is out of step and is masked until a
     /// record starts a message again. Without an offset, records are taken to be contiguous.
     pub fn redact_payload_at(&mut self, d: &DataEvent, offset: Option<u64>) -> (Bytes, Redacted) {
+        if self.arena.capacity() - self.arena.len() < d.payload.len() {
+            self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(d.payload.len()));
+        }
+        self.arena.extend_from_slice(&d.payload);
+        let mut buf = self.arena.split();
+        let red = self.redact_in_place(d, offset, &mut buf);
+        (buf.freeze(), red)
+    }
+
+    /// Redact `buf`, a copy of `d`'s payload, in place (the flight recorder copies payloads
+    /// straight into its own blocks); `offset` as for [`Self::redact_payload_at`].
+    pub fn redact_in_place(
+        &mut self,
+        d: &DataEvent,
+        offset: Option<u64>,
+        buf: &mut [u8],
+    ) -> Redacted {
         if self.streams.len() >= MAX_STREAMS && !self.streams.contains_key(&(d.conn, d.direction)) {
             self.streams.clear();
         }
@@ -267,16 +284,11 @@ impl Redactor {
         }
         t.next = offset.unwrap_or(t.next).saturating_add(d.len);
         let st = &mut t.st;
-        if self.arena.capacity() - self.arena.len() < d.payload.len() {
-            self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(d.payload.len()));
-        }
-        self.arena.extend_from_slice(&d.payload);
-        let mut buf = self.arena.split();
         let mut red = Redacted::default();
         self.runs.clear();
-        walk(st, &mut buf, &mut red, &mut self.runs);
+        walk(st, buf, &mut red, &mut self.runs);
         // Bytes the syscall moved beyond the captured prefix still advance the framing.
-        let unseen = d.len.saturating_sub(d.payload.len() as u64);
+        let unseen = d.len.saturating_sub(buf.len() as u64);
         if unseen > 0 {
             skip(st, unseen);
         }
@@ -297,7 +309,7 @@ impl Redactor {
                 dots.fill(b'.');
             }
         }
-        (buf.freeze(), red)
+        red
     }
 }
 
