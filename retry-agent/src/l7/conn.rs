@@ -18,7 +18,7 @@ use super::{
     http1::{self, H1Parser, Side},
     http2::{self, H2Dir, PREFACE},
     msg::Ctx,
-    util::BodyHasher,
+    util::{BodyHasher, Routes},
 };
 use h1::H1Conn;
 use h2::{H2Conn, H2Stream};
@@ -35,6 +35,7 @@ pub(crate) struct Emitter<'a> {
     pub inbound: &'a mut InboundByThread,
     /// Per (pid, goroutine context): when a Go probe last bound a server stream to it.
     pub handlers: &'a mut HandlerStarts,
+    pub routes: &'a mut Routes,
 }
 
 /// When each Go request goroutine last took a server stream (gRPC-go's handleStream): the
@@ -69,6 +70,7 @@ impl Emitter<'_> {
     }
 
     pub(crate) fn emit(&mut self, mut ex: Exchange) {
+        ex.route = ex.path.as_deref().map(|p| self.routes.route(p));
         if let (Some(start), Some(ctx)) = (ex.handler_start_ns, ex.goid)
             && let Some(&next) = self.handlers.0.get(&(ex.pid, ctx))
             && next > start

@@ -30,6 +30,7 @@ use crate::{
     settings::{InvalidConfig, Settings},
 };
 use conn::{Conn, Emitter, EndKind, InboundByThread};
+use util::Routes;
 use msg::Ctx;
 
 /// Settings of the L7 stage (`--l7-*`). Flattened into the commands that reassemble (`run`, `trace
@@ -156,6 +157,7 @@ pub struct Reassembler {
     conns: LruCache<ConnId, Conn, ConnHasher>,
     /// Server requests each thread has read and not answered.
     inbound: InboundByThread,
+    routes: Routes,
     handlers: conn::HandlerStarts,
 }
 
@@ -168,6 +170,7 @@ impl Reassembler {
             next_id: 0,
             conns: LruCache::with_hasher(cap, ConnHasher::default()),
             inbound: InboundByThread::default(),
+            routes: Routes::default(),
             handlers: conn::HandlerStarts::default(),
         }
     }
@@ -187,6 +190,7 @@ impl Reassembler {
                     next_id: &mut self.next_id,
                     inbound: &mut self.inbound,
                     handlers: &mut self.handlers,
+                    routes: &mut self.routes,
                 };
                 // One lookup for a known connection (nearly every event), two for a new one.
                 if let Some(c) = self.conns.get_mut(&d.conn) {
@@ -228,6 +232,7 @@ impl Reassembler {
                     next_id: &mut self.next_id,
                     inbound: &mut self.inbound,
                     handlers: &mut self.handlers,
+                    routes: &mut self.routes,
                 };
                 for id in dead {
                     if let Some(mut c) = self.conns.pop(&id) {
@@ -250,6 +255,7 @@ impl Reassembler {
             next_id: &mut self.next_id,
             inbound: &mut self.inbound,
             handlers: &mut self.handlers,
+            routes: &mut self.routes,
         };
         let ctx = Ctx {
             ts_start: ev.ts_ns,
@@ -329,6 +335,7 @@ impl Reassembler {
             next_id: &mut self.next_id,
             inbound: &mut self.inbound,
             handlers: &mut self.handlers,
+            routes: &mut self.routes,
         };
         // Least recently used first; events arrive roughly by time, so the idle ones are there.
         while let Some((_, c)) = self.conns.peek_lru() {

@@ -7,7 +7,6 @@ use super::{
         classify::{Signals, classify, classify_http},
         exchange::{Exchange, ExchangeId, Failure, Method, Protocol, RetryMarkers},
         msg::{Ctx, ReqInfo, RespInfo},
-        util::route_template,
     },
     ConnInfo,
 };
@@ -107,7 +106,8 @@ impl Pending {
             request_end_ns: self.req_end_ts,
             response_start_ns: self.resp_start.map(|c| c.ts_start),
             response_end_ns: self.resp_end_ts,
-            route: self.req.path.as_deref().map(route_template),
+            // Set by `Emitter::emit`, from its memo of recent paths.
+            route: None,
             path: self.req.path,
             query_hash: self.req.query_hash,
             authority: self.req.authority,
