@@ -30,8 +30,8 @@ use crate::{
     settings::{InvalidConfig, Settings},
 };
 use conn::{Conn, Emitter, EndKind, InboundByThread};
-use util::Routes;
 use msg::Ctx;
+use util::Routes;
 
 /// Settings of the L7 stage (`--l7-*`). Flattened into the commands that reassemble (`run`, `trace
 /// --exchanges`, `forensics`).

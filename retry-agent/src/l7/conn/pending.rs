@@ -119,7 +119,7 @@ impl Pending {
             idempotent,
             idempotency_key: self.req.idempotency_key,
             retry_markers: self.req.markers,
-            trace_id: self.req.trace.map(|(_, h)| h),
+            trace_id: self.req.trace_source.map(|_| self.req.trace_hash),
             retry_after: signals.retry_after || signals.pushback,
             claim_header: resp.claim,
             body_hash: self.body_hash,
