@@ -129,6 +129,8 @@ pub(crate) struct Conn {
     fresh: bool,
     probes: u32,
     pub(crate) last_ts: u64,
+    /// When the reassembler last moved it to the recent end of its table.
+    pub(crate) promoted_ts: u64,
     proto: Proto,
     cap: usize,
     max_inflight: usize,
@@ -217,6 +219,7 @@ impl Conn {
             fresh,
             probes: 0,
             last_ts: 0,
+            promoted_ts: 0,
             proto: Proto::Undetected(Default::default()),
             cap,
             max_inflight: max_inflight.max(1),

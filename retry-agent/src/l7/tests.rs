@@ -772,6 +772,47 @@ fn idle_and_lru_eviction() {
     assert_eq!((s.evictions(), s.closed), (3, 0));
 }
 
+/// The table is reordered lazily (at most every PROMOTE_NS per connection), yet a connection in
+/// use outlives one left idle when room is needed.
+#[test]
+fn eviction_for_room_spares_a_connection_still_in_use() {
+    let cfg = L7Config {
+        max_connections: 2,
+        ..L7Config::default()
+    };
+    let mut r = Reassembler::new(cfg);
+    let mut out = Vec::new();
+    let ms = 1_000_000;
+    for fd in [3, 4] {
+        let t = u64::from(fd) * ms;
+        r.push(
+            &conn_ev(fd, Role::Client, t, ConnEventKind::Connect { errno: 0 }),
+            &mut out,
+        );
+        r.push(&data(fd, Role::Client, OUT, t, GET), &mut out);
+    }
+    // fd 3, the older, is used again later: fd 4 is now the least recently used.
+    r.push(&data(3, Role::Client, IN, 500 * ms, OK_HELLO), &mut out);
+    assert_eq!(out.len(), 1);
+    r.push(
+        &conn_ev(
+            5,
+            Role::Client,
+            600 * ms,
+            ConnEventKind::Connect { errno: 0 },
+        ),
+        &mut out,
+    );
+    assert_eq!(r.stats().evictions_lru, 1);
+    assert_eq!(out.len(), 2);
+    assert_eq!(
+        (out[1].conn, out[1].unknown),
+        (cid(4), true),
+        "{:?}",
+        out[1]
+    );
+}
+
 #[test]
 fn garbage_never_panics_and_memory_stays_bounded() {
     let cfg = L7Config {
