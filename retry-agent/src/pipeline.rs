@@ -71,7 +71,8 @@ impl crate::settings::Settings for PipelineConfig {
 pub const EVAL_EVERY_NS: u64 = 1_000_000_000;
 
 /// Between evaluations, a push that produced evidence of disowned errors (an unclaimed verdict,
-/// or a failed call whose callee's header disowned it) triggers a burst evaluation, at most
+/// a failed call whose callee's header disowned it, or with `--decide-dependency-symptoms` any
+/// failed exchange) triggers a burst evaluation, at most
 /// this often (capture time): ownership decisions within tens of ms of their evidence instead
 /// of after the bucket completes and the next tick.
 pub const BURST_EVERY_NS: u64 = 20_000_000;
@@ -246,9 +247,13 @@ impl Pipeline {
         self.disowning |= disowning;
         let ts = ev.ts_ns();
         let due = ts >= self.next_eval_ns && ts != 0;
+        let cfg = self.decider.config();
+        // A failed exchange is evidence too where dependency symptoms are on: services that get
+        // no verdicts (untraced event loops in a hard fault) are judged from failure ratios.
+        let evidence = disowning || cfg.dependency_symptoms && failed(out, self.mark.0);
         if due {
             self.evaluate(ts, out);
-        } else if self.decider.config().burst && ts >= self.next_burst_ns && ts != 0 && disowning {
+        } else if cfg.burst && ts >= self.next_burst_ns && ts != 0 && evidence {
             self.burst(ts, out);
         }
         if let Some(tap) = &mut self.tap {
@@ -345,6 +350,15 @@ fn disowned(out: &StageOutput, mark: (usize, usize, usize, usize)) -> bool {
         || xs
             .iter()
             .any(|x| x.failed() && x.claim_header == Some(Claim::Unclaimed))
+}
+
+/// Whether an exchange this push derived failed.
+fn failed(out: &StageOutput, from: usize) -> bool {
+    out.exchanges
+        .get(from..)
+        .unwrap_or_default()
+        .iter()
+        .any(Exchange::failed)
 }
 
 /// The records one push or tick gained, in stage order: exchanges, verdicts, edge figures,

@@ -264,6 +264,9 @@ pub struct RetrySuccess {
     pub ratio: f64,
 }
 
+/// Buckets (seconds) the `recent_*` figures of [`EdgeStats`] cover.
+pub const RECENT_BUCKETS: u64 = 2;
+
 /// Figures for one edge over the engine's sliding window (rates per second), plus lifetime totals.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EdgeStats {
@@ -283,6 +286,13 @@ pub struct EdgeStats {
     /// retries / requests.
     pub retry_ratio: f64,
     pub failure_ratio: f64,
+    /// Requests and failures of the window's last [`RECENT_BUCKETS`] buckets (the current one
+    /// included when the figures are read through now): a fault's onset shows there while the
+    /// window still holds the healthy seconds before it (absent in dumps of older agents).
+    #[serde(default)]
+    pub recent_requests: u64,
+    #[serde(default)]
+    pub recent_failures: u64,
     pub retry_success: Vec<RetrySuccess>,
     /// Claims the callee's errors carried in the window.
     pub callee_claims: ClaimCounts,

@@ -87,7 +87,8 @@ pub struct DecideConfig {
     /// Where no verdict says whose a callee's errors are (its requests and calls cannot be
     /// linked: an event loop without trace context, every call of which fails in a hard fault),
     /// but it fails at least half of its requests while a dependency of it fails at least half
-    /// of its calls with errors owned below it (claimed or disowned there): stop the retries
+    /// of its calls with errors owned below it (claimed or disowned there), over the window or
+    /// its last two seconds (a fault's onset; failed exchanges trigger bursts): stop the retries
     /// into it as above an owner (basis `dependency_symptoms`) instead of capping them to the
     /// budget. Off: such edges keep their budget (owner load (1 + budget)^depth).
     #[arg(
@@ -293,6 +294,15 @@ impl Decider {
         e.failures >= self.cfg.min_failures.max(1) && e.failure_ratio >= ratio
     }
 
+    /// [`Self::failing`] over the window or over its last seconds: at a fault's onset the
+    /// window still holds the healthy seconds before it, which held a dependency-symptom
+    /// decision back ~1 s in the lab's untraced event-loop chain.
+    fn failing_lately(&self, e: &EdgeStats, ratio: f64) -> bool {
+        let recent = e.recent_failures >= self.cfg.min_failures.max(1)
+            && e.recent_failures as f64 >= e.recent_requests as f64 * ratio;
+        recent || self.failing(e, ratio)
+    }
+
     /// Callees whose errors no verdict places but that fail with a dependency (see
     /// `--decide-dependency-symptoms`): a callee failing at least half of its requests on an
     /// edge without enough claims, one of whose own edges fails at least half of its calls
@@ -316,7 +326,7 @@ impl Decider {
             .iter()
             .filter(|e| {
                 self.ownership(e) == Ownership::Unknown
-                    && self.failing(e, SYMPTOM_FAILURE_RATIO)
+                    && self.failing_lately(e, SYMPTOM_FAILURE_RATIO)
                     && !known.contains(&e.edge.callee)
             })
             .map(|e| &e.edge.callee)
@@ -327,7 +337,7 @@ impl Decider {
         let mut failing_deps: HashMap<&ServiceId, Vec<&ServiceId>> = HashMap::new();
         for d in edges
             .iter()
-            .filter(|d| self.failing(d, SYMPTOM_FAILURE_RATIO))
+            .filter(|d| self.failing_lately(d, SYMPTOM_FAILURE_RATIO))
         {
             if d.edge.caller != d.edge.callee {
                 failing_deps
@@ -426,7 +436,7 @@ impl Decider {
         }
         if self.ownership(e) == Ownership::Unknown
             && symptoms.contains(&e.edge.callee)
-            && self.failing(e, SYMPTOM_FAILURE_RATIO * scale)
+            && self.failing_lately(e, SYMPTOM_FAILURE_RATIO * scale)
         {
             return Some(Reason::CalleeUnclaimed);
         }

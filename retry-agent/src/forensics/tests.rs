@@ -145,6 +145,8 @@ mod report {
             attempts_per_request: if fault { 2.0 } else { 1.0 },
             retry_ratio: 0.5,
             failure_ratio: if fault { 0.9 } else { 0.0 },
+            recent_requests: 0,
+            recent_failures: 0,
             retry_success: vec![],
             callee_claims: ClaimCounts::default(),
             claim_sources: Default::default(),

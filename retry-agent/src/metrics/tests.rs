@@ -18,6 +18,8 @@ fn edge_stats(caller: &str, callee: &str, requests: u64, retries: u64) -> EdgeSt
         attempts_per_request: 1.0,
         retry_ratio: retries as f64 / requests as f64,
         failure_ratio: 0.0,
+        recent_requests: 0,
+        recent_failures: 0,
         retry_success: vec![RetrySuccess {
             outcome_class: OutcomeClass::Transient,
             retries,

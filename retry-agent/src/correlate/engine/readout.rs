@@ -9,7 +9,7 @@ use super::{
 use crate::{
     correlate::types::{
         ClaimCounts, ClaimSources, DependencyKind, DepthStats, Edge, EdgeStats, LinkCounts,
-        PathStats, RetrySuccess, ServiceClaim, ServiceId,
+        PathStats, RECENT_BUCKETS, RetrySuccess, ServiceClaim, ServiceId,
     },
     l7::Claim,
 };
@@ -41,6 +41,14 @@ impl Engine {
             let mut sum = EdgeBucket::default();
             for b in e.ring.range(from, to) {
                 add_bucket(&mut sum, b);
+            }
+            let (mut recent_requests, mut recent_failures) = (0, 0);
+            for b in e
+                .ring
+                .range(to.saturating_sub(RECENT_BUCKETS).max(from), to)
+            {
+                recent_requests += u64::from(b.requests);
+                recent_failures += u64::from(b.failures);
             }
             // The callee's verdicts whose caller was not seen (through the shim, which capture
             // leaves out, its callers' connections reach it from the shim's address) are
@@ -99,6 +107,8 @@ impl Engine {
                 .or_insert_with(|| (EdgeBucket::default(), empty_stats(edge, secs, fault)));
             add_bucket(&mut entry.0, &sum);
             let s = &mut entry.1;
+            s.recent_requests += recent_requests;
+            s.recent_failures += recent_failures;
             for a in &e.addrs {
                 push_bounded(&mut s.callee_addrs, *a, ADDRS_PER_ENTRY);
             }
@@ -294,6 +304,8 @@ fn empty_stats(edge: Edge, secs: f64, fault: bool) -> EdgeStats {
         attempts_per_request: 1.0,
         retry_ratio: 0.0,
         failure_ratio: 0.0,
+        recent_requests: 0,
+        recent_failures: 0,
         retry_success: Vec::new(),
         callee_claims: ClaimCounts::default(),
         claim_sources: ClaimSources::default(),

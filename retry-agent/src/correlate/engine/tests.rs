@@ -2116,6 +2116,35 @@ fn edges_through_now_include_the_current_bucket() {
     );
 }
 
+/// The recent figures cover the last two buckets of the window (the current one when read
+/// through now): a fault's onset shows there while the window holds healthy seconds.
+#[test]
+fn recent_figures_cover_the_last_two_buckets() {
+    let mut w = World::new();
+    let remote = "203.0.113.9:443";
+    // Five healthy seconds, then failures in the sixth and seventh (the seventh still open).
+    for s in 0..5 {
+        for i in 0..10 {
+            w.call_remote(
+                B,
+                200,
+                remote,
+                (1_000 + s * 1_000 + i * 50) * MS,
+                MS,
+                200,
+                None,
+            );
+        }
+    }
+    for i in 0..10 {
+        w.call_remote(B, 200, remote, (6_000 + i * 50) * MS, MS, 503, None);
+        w.call_remote(B, 200, remote, (7_000 + i * 50) * MS, MS, 503, None);
+    }
+    let e = w.edges_now("b", remote).expect("the edge");
+    assert_eq!((e.requests, e.failures), (70, 20));
+    assert_eq!((e.recent_requests, e.recent_failures), (20, 20));
+}
+
 /// A response capture lost (a dropped ring record: l7 marks the exchange unknown, with no status)
 /// is not a failure: no verdict, none in the figures. One whose error status was seen still is.
 #[test]

@@ -25,6 +25,8 @@ fn stats(requests: u64, retries: u64, claims: ClaimCounts) -> EdgeStats {
             retries as f64 / requests as f64
         },
         failure_ratio: 0.0,
+        recent_requests: 0,
+        recent_failures: 0,
         retry_success: vec![],
         callee_claims: claims,
         claim_sources: Default::default(),
@@ -524,5 +526,25 @@ fn callees_that_fail_with_an_owned_dependency_are_symptoms() {
     assert_eq!(
         decided(&mut d, &[edge("a", "b", 90, missing(90))]),
         vec![with(budget, "a")]
+    );
+    // The fault's onset: over the window only a third of b's and c's requests failed (its
+    // healthy seconds are still in it), but over the last seconds nearly all did.
+    let onset = |recent: u64| {
+        let mut edges = chain(30, 33, 35, claimed(35));
+        for e in &mut edges {
+            (e.recent_requests, e.recent_failures) = (40, recent);
+        }
+        edges
+    };
+    let mut d = Decider::new(DecideConfig::default());
+    assert_eq!(
+        decided(&mut d, &onset(38))[..2],
+        [with(stop, "a"), with(stop, "b")]
+    );
+    // Not when the last seconds fail less than half.
+    let mut d = Decider::new(DecideConfig::default());
+    assert_eq!(
+        decided(&mut d, &onset(15))[..2],
+        [with(budget, "a"), with(budget, "b")]
     );
 }
