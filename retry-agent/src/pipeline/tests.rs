@@ -59,6 +59,54 @@ fn a_burst_decides_ownership_before_the_bucket_completes() {
     }
 }
 
+/// An untraced event loop (api, two requests in flight on one thread) gets no verdicts, so its
+/// failures are the only evidence: each one triggers a burst, and the retries into it stop as
+/// soon as the shares show it failing with its owned dependency, not at the next tick.
+#[test]
+fn failures_alone_trigger_a_burst_where_no_verdict_can_say() {
+    const ONSET: u64 = 1_000_000_000 + 1_000_000 + 1000 * 10_000_000;
+    let storm = StormScenario {
+        event_loop: true,
+        secrets: false,
+        ..StormScenario::default()
+    };
+    let mut p = Pipeline::new(
+        L7Config::default(),
+        CorrelateConfig::default(),
+        DecideConfig::default(),
+    );
+    let mut out = StageOutput::default();
+    for ev in &storm.events() {
+        p.push(ev, &mut out);
+    }
+    let into_api = out
+        .decisions
+        .iter()
+        .find(|d| d.edge.callee.as_str().starts_with("api") && d.reason == Reason::CalleeUnclaimed)
+        .expect("the retries into api stop");
+    assert_eq!(
+        into_api.evidence.as_ref().map(|e| e.basis),
+        Some(crate::decide::Basis::DependencySymptoms)
+    );
+    // No verdict spoke for api until then: failures alone did.
+    let api: Vec<_> = out
+        .verdicts
+        .iter()
+        .filter(|v| v.service.as_str().starts_with("api") && v.ts_ns <= into_api.issued_at_ns)
+        .collect();
+    assert!(!api.is_empty());
+    assert!(api.iter().all(|v| v.claim == Claim::Missing), "{api:?}");
+    // Over the last two seconds (the first of them healthy) the failures pass half of api's
+    // requests ~0.5 s after the onset; without a burst the decision waits for the tick 1 s in.
+    let after = into_api.issued_at_ns.saturating_sub(ONSET);
+    assert!(
+        after < 600_000_000,
+        "onset → decision {} ms, at {} ns",
+        after / 1_000_000,
+        into_api.issued_at_ns
+    );
+}
+
 /// A tap that keeps what it is handed.
 #[derive(Clone, Default)]
 struct Keep(std::sync::Arc<std::sync::Mutex<Vec<Record>>>);

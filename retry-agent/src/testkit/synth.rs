@@ -21,6 +21,10 @@ pub struct StormScenario {
     pub secrets: bool,
     /// First timestamp.
     pub start_ns: u64,
+    /// api serves its requests two at a time on one thread, without trace context (an
+    /// untraced event loop): no call of its can be placed under a request, so its verdicts
+    /// are all `missing` and only failure shares speak for it.
+    pub event_loop: bool,
 }
 
 impl Default for StormScenario {
@@ -31,6 +35,7 @@ impl Default for StormScenario {
             fault: 1000..2000,
             secrets: true,
             start_ns: 1_000_000_000,
+            event_loop: false,
         }
     }
 }
@@ -165,6 +170,22 @@ impl StormScenario {
             ev.push(c.conn(t0, ConnEventKind::Connect { errno: 0 }));
             ev.push(s.conn(t0 + 1_000, ConnEventKind::Accept));
         }
+        if self.event_loop {
+            // A second frontend connection and a second pool connection of api's, on api's
+            // one thread; db serves each connection on a thread of its own.
+            let (fe2, api_in2) = link((100, 11, 102), 40002, (200, 22, 201), 8080);
+            let (api_out2, db2) = link((200, 23, 201), 40003, (300, 31, 302), 9090);
+            for (c, s) in [(&fe2, &api_in2), (&api_out2, &db2)] {
+                ev.push(c.conn(t0, ConnEventKind::Connect { errno: 0 }));
+                ev.push(s.conn(t0 + 1_000, ConnEventKind::Accept));
+            }
+            self.interleaved(
+                &mut ev,
+                [(&fe, &api_in), (&fe2, &api_in2)],
+                [(&api_out, &db), (&api_out2, &db2)],
+            );
+            return ev;
+        }
         let step = 20_000; // 20 µs between hops
         for i in 0..self.requests {
             let mut t = t0 + 1_000_000 + i * self.interval_ns;
@@ -205,5 +226,65 @@ impl StormScenario {
             let _ = fe_ok;
         }
         ev
+    }
+
+    /// The requests two by two, each step of the pair's exchanges taken by both in turn, so
+    /// both are in flight on api's thread from their reads to their answers.
+    fn interleaved(
+        &self,
+        ev: &mut Vec<Event>,
+        fronts: [(&Side, &Side); 2],
+        backs: [(&Side, &Side); 2],
+    ) {
+        let step = 20_000;
+        for pair in (0..self.requests).step_by(2) {
+            let mut t = self.start_ns + 1_000_000 + pair * self.interval_ns;
+            let failing = self.fault.contains(&pair);
+            for fe_attempt in 0..2u32 {
+                for (k, (fe, api_in)) in (0u64..).zip(fronts) {
+                    let req = request(
+                        "api",
+                        &format!("/orders/{}", pair + k),
+                        fe_attempt,
+                        self.secrets,
+                    );
+                    ev.push(fe.data(Direction::Egress, t, req.clone()));
+                    t += step;
+                    ev.push(api_in.data(Direction::Ingress, t, req));
+                    t += step;
+                }
+                let mut api_ok = false;
+                for db_attempt in 0..2u32 {
+                    for (api_out, db) in backs {
+                        let q = request("db", "/query", db_attempt, self.secrets);
+                        ev.push(api_out.data(Direction::Egress, t, q.clone()));
+                        t += step;
+                        ev.push(db.data(Direction::Ingress, t, q));
+                        t += step;
+                    }
+                    for (api_out, db) in backs {
+                        let r = response(!failing, self.secrets);
+                        ev.push(db.data(Direction::Egress, t, r.clone()));
+                        t += step;
+                        ev.push(api_out.data(Direction::Ingress, t, r));
+                        t += step;
+                    }
+                    if !failing {
+                        api_ok = true;
+                        break;
+                    }
+                }
+                for (fe, api_in) in fronts {
+                    let r = response(api_ok, self.secrets);
+                    ev.push(api_in.data(Direction::Egress, t, r.clone()));
+                    t += step;
+                    ev.push(fe.data(Direction::Ingress, t, r));
+                    t += step;
+                }
+                if api_ok {
+                    break;
+                }
+            }
+        }
     }
 }
