@@ -112,9 +112,19 @@ struct Child {
     trace: Option<u64>,
     /// What makes attempts "the same request" (0: none, opaque bytes).
     retry_key: u64,
-    /// A failed attempt a later retry of it recovered: the call did not fail, so it caused
-    /// nothing (the service that fails afterwards fails on its own).
-    recovered: bool,
+    /// When a later retry of this failed attempt succeeded (that retry's start): from then on
+    /// the call did not fail, so it caused nothing (the service that fails afterwards fails on
+    /// its own). Not for a request answered before then: its retry key may be shared by other
+    /// requests' calls (identical calls look like retries), and an answer given while the call
+    /// was still failed may have been caused by it.
+    recovered_at: Option<u64>,
+}
+
+impl Child {
+    /// Recovered by a retry that started by `t`.
+    fn recovered_by(&self, t: u64) -> bool {
+        self.recovered_at.is_some_and(|r| r <= t)
+    }
 }
 
 #[derive(Clone, Copy)]

@@ -83,19 +83,27 @@ fn failures_alone_trigger_a_burst_where_no_verdict_can_say() {
         .decisions
         .iter()
         .find(|d| d.edge.callee.as_str().starts_with("api") && d.reason == Reason::CalleeUnclaimed)
-        .expect("the retries into api stop");
+        .expect("the retries into api stop")
+        .clone();
     assert_eq!(
         into_api.evidence.as_ref().map(|e| e.basis),
         Some(crate::decide::Basis::DependencySymptoms)
     );
-    // No verdict spoke for api until then: failures alone did.
+    // No verdict spoke for api: failures alone did. (Its last ones in the fault were once
+    // `claimed` by `process_quiet`: the first identical call after the fault "recovered" their
+    // failed calls before they were judged.)
+    p.finish(&mut out);
     let api: Vec<_> = out
         .verdicts
         .iter()
-        .filter(|v| v.service.as_str().starts_with("api") && v.ts_ns <= into_api.issued_at_ns)
+        .filter(|v| v.service.as_str().starts_with("api") && v.claim != Claim::Missing)
         .collect();
-    assert!(!api.is_empty());
-    assert!(api.iter().all(|v| v.claim == Claim::Missing), "{api:?}");
+    assert!(api.is_empty(), "{:?}", api.first());
+    assert!(
+        out.verdicts
+            .iter()
+            .any(|v| v.service.as_str().starts_with("api"))
+    );
     // Over the last two seconds (the first of them healthy) the failures pass half of api's
     // requests ~0.5 s after the onset; without a burst the decision waits for the tick 1 s in.
     let after = into_api.issued_at_ns.saturating_sub(ONSET);

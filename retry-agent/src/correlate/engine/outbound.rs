@@ -62,7 +62,7 @@ impl Engine {
             idempotent: ex.idempotent || ex.idempotency_key,
             trace: ex.trace_id,
             retry_key: retry_key(ex, edge).unwrap_or(0),
-            recovered: false,
+            recovered_at: None,
         };
         self.record_child(ex, child, failed);
         if retry && !hedged && known_success(ex) && child.retry_key != 0 {
@@ -77,7 +77,7 @@ impl Engine {
         let before = ex.request_start_ns;
         let mark = |c: &mut Child| {
             if c.retry_key == key && c.end <= before && c.outcome.is_failure() {
-                c.recovered = true;
+                c.recovered_at.get_or_insert(before);
             }
         };
         if let Some(p) = self.procs.get_mut(&ex.pid) {

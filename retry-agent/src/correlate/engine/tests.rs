@@ -2401,3 +2401,50 @@ fn a_failed_attempt_recovered_by_its_retry_causes_nothing() {
     let v = run(503);
     assert_eq!(v.claim, Claim::Unclaimed, "{v:?}");
 }
+
+/// A success that comes after a request was answered recovers nothing for it: on an event loop
+/// (two requests in flight on its thread: the context is lost), the identical call of a later
+/// request (the same retry key) succeeding before the failed ones are judged does not make the
+/// process "quiet" for them: they were answered 503 while its calls were failing.
+#[test]
+fn a_recovery_after_the_answer_does_not_quiet_the_process() {
+    let t = 1_000 * MS;
+    let mut w = no_alo();
+    let call = |id: u64, from: u64, status: u16| {
+        X::client(
+            id,
+            B,
+            200,
+            eph(B, 7000 + id as u16),
+            addr("203.0.113.9:443"),
+            t + from * MS,
+            t + (from + 2) * MS,
+        )
+        .route("/item/42")
+        .status(status)
+        .build()
+    };
+    w.push(call(1, 1, 503));
+    w.push(call(2, 2, 503));
+    for (id, from) in [(3, 0), (5, 1)] {
+        w.push(
+            X::server(
+                id,
+                B,
+                200,
+                svc(B),
+                addr(&format!("192.168.1.1:{}", 100 + id)),
+                t + from * MS,
+                t + (from + 5) * MS,
+            )
+            .status(503)
+            .build(),
+        );
+    }
+    // The next request's identical call, 10 ms later, within the grace: a "retry" that works.
+    w.push(call(6, 15, 200));
+    for id in [3, 5] {
+        let v = w.verdict(id);
+        assert_ne!(v.claim, Claim::Claimed, "{v:?}");
+    }
+}

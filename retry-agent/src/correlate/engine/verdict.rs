@@ -21,6 +21,8 @@ struct Found {
     orphan_failed: bool,
     /// The link that found the children when thread context could not (`Context::Linked`).
     linked_by: Option<Link>,
+    /// When the request was answered: what a retry recovered later did fail for it.
+    answered: u64,
 }
 
 impl Found {
@@ -31,7 +33,7 @@ impl Found {
         }
         self.children
             .iter()
-            .filter(|c| c.outcome.is_failure() && !c.recovered && c.end <= answered)
+            .filter(|c| c.outcome.is_failure() && !c.recovered_by(answered) && c.end <= answered)
             .copied()
             .collect()
     }
@@ -52,7 +54,7 @@ fn unplaced(found: &Found) -> bool {
         && found
             .children
             .iter()
-            .all(|c| !c.outcome.is_failure() || c.recovered)
+            .all(|c| !c.outcome.is_failure() || c.recovered_by(found.answered))
 }
 
 /// How long a failed request may wait past its end for its process's concurrent requests to be
@@ -269,6 +271,7 @@ impl Engine {
             process_failed,
             orphan_failed,
             linked_by: None,
+            answered: p.end,
         }
     }
 
@@ -501,7 +504,9 @@ impl Engine {
         let mut unplaced = proc_
             .failures
             .iter()
-            .filter(|(c, _)| during(c) && !c.recovered && self.fail_close(c.edge) && !placed(c))
+            .filter(|(c, _)| {
+                during(c) && !c.recovered_by(p.end) && self.fail_close(c.edge) && !placed(c)
+            })
             .peekable();
         if unplaced.peek().is_some() {
             // A call without a trace id (a database, an SDK that lost the context) could be
@@ -519,7 +524,10 @@ impl Engine {
                 .iter()
                 .map(|(c, _)| *c)
                 .filter(|c| {
-                    c.trace == Some(trace) && !c.recovered && c.start >= p.start && c.start <= p.end
+                    c.trace == Some(trace)
+                        && !c.recovered_by(p.end)
+                        && c.start >= p.start
+                        && c.start <= p.end
                 })
                 .collect(),
         )
@@ -541,7 +549,7 @@ impl Engine {
         let before = |t: u64| t <= resp && resp - t <= gap;
         let mut found = None;
         for (c, _) in &proc_.failures {
-            if c.start >= p.req_end && c.end <= resp && before(c.end) && !c.recovered {
+            if c.start >= p.req_end && c.end <= resp && before(c.end) && !c.recovered_by(p.end) {
                 if found.is_some() {
                     return None; // two candidates
                 }
@@ -581,7 +589,7 @@ impl Engine {
             return true; // cannot prove otherwise
         }
         p.failures.iter().any(|(c, _)| {
-            c.start <= end && c.end >= start && !c.recovered && self.fail_close(c.edge)
+            c.start <= end && c.end >= start && !c.recovered_by(end) && self.fail_close(c.edge)
         })
     }
 
