@@ -140,9 +140,8 @@ impl Ring {
         Some(read_header(b.buf.get(b.start..)?)?.ts_ns)
     }
 
-    /// Append a data event whose payload `redact` masks in place once copied; returns its
-    /// charge.
-    pub(super) fn push_data(&mut self, d: &DataEvent, redact: impl FnOnce(&mut [u8])) -> usize {
+    /// Append a data event whose payload `redact` masks in place once copied.
+    pub(super) fn push_data(&mut self, d: &DataEvent, redact: impl FnOnce(&mut [u8])) {
         let len = HEADER + meta_len(d) + d.payload.len();
         let block = self.block_for(len);
         block.add(KIND_DATA, len, d.ts_exit_ns);
@@ -156,28 +155,17 @@ impl Ring {
         }
         self.records += 1;
         self.bytes += len;
-        len
     }
 
-    pub(super) fn push_exchange(&mut self, x: Exchange) -> usize {
-        let charge = HEADER + exchange_size(&x);
-        let ts = x.end_ns();
-        self.push_marker(KIND_EXCHANGE, charge, ts);
+    pub(super) fn push_exchange(&mut self, x: Exchange) {
+        self.push_marker(KIND_EXCHANGE, exchange_size(&x), x.end_ns());
         self.exchanges.push_back(x);
-        self.records += 1;
-        self.bytes += charge;
-        charge
     }
 
     /// Any record but a data event or an exchange (those have their own pushes).
-    pub(super) fn push_other(&mut self, rec: Record) -> usize {
-        let charge = HEADER + approx_size(&rec);
-        let ts = rec.ts_ns();
-        self.push_marker(KIND_OTHER, charge, ts);
+    pub(super) fn push_other(&mut self, rec: Record) {
+        self.push_marker(KIND_OTHER, approx_size(&rec), rec.ts_ns());
         self.others.push_back(rec);
-        self.records += 1;
-        self.bytes += charge;
-        charge
     }
 
     /// Let go of the oldest records while they are older than `horizon` or the charges exceed
@@ -243,11 +231,15 @@ impl Ring {
         }
     }
 
-    /// A record held outside the byte blocks: its header alone marks its place.
-    fn push_marker(&mut self, kind: u8, charge: usize, ts_ns: u64) {
+    /// A record held outside the byte blocks (`size`: its own charge): its header alone marks
+    /// its place.
+    fn push_marker(&mut self, kind: u8, size: usize, ts_ns: u64) {
+        let charge = HEADER + size;
         let block = self.block_for(HEADER);
         block.add(kind, charge, ts_ns);
         put_header(&mut block.buf, HEADER, kind, charge, ts_ns);
+        self.records += 1;
+        self.bytes += charge;
     }
 
     /// The block the next `len` bytes go into.

@@ -2366,6 +2366,23 @@ fn a_failure_on_a_thread_still_serving_waits_to_be_placed() {
     }
 }
 
+/// B's 2 ms call (thread 200) of `GET /item/42` to a remote host starting at `t`: the same
+/// retry key whoever makes it.
+fn item_call(id: u64, t: u64, status: u16) -> Exchange {
+    X::client(
+        id,
+        B,
+        200,
+        eph(B, 7000 + id as u16),
+        addr("203.0.113.9:443"),
+        t,
+        t + 2 * MS,
+    )
+    .route("/item/42")
+    .status(status)
+    .build()
+}
+
 /// An attempt that failed and was retried successfully is no cause: the service that then fails
 /// fails on its own (claimed). Without the successful retry the same failure is the cause.
 #[test]
@@ -2373,22 +2390,8 @@ fn a_failed_attempt_recovered_by_its_retry_causes_nothing() {
     let t = 1_000 * MS;
     let run = |retry_status: u16| {
         let mut w = no_alo();
-        let attempt = |id: u64, from: u64, status: u16| {
-            X::client(
-                id,
-                B,
-                200,
-                eph(B, 7000 + id as u16),
-                addr("203.0.113.9:443"),
-                t + from * MS,
-                t + (from + 2) * MS,
-            )
-            .route("/item/42")
-            .status(status)
-            .build()
-        };
-        w.push(attempt(1, 1, 503));
-        w.push(attempt(2, 4, retry_status));
+        w.push(item_call(1, t + MS, 503));
+        w.push(item_call(2, t + 4 * MS, retry_status));
         w.push(
             X::server(3, B, 200, svc(B), addr("192.168.1.1:100"), t, t + 10 * MS)
                 .status(503)
@@ -2410,22 +2413,8 @@ fn a_failed_attempt_recovered_by_its_retry_causes_nothing() {
 fn a_recovery_after_the_answer_does_not_quiet_the_process() {
     let t = 1_000 * MS;
     let mut w = no_alo();
-    let call = |id: u64, from: u64, status: u16| {
-        X::client(
-            id,
-            B,
-            200,
-            eph(B, 7000 + id as u16),
-            addr("203.0.113.9:443"),
-            t + from * MS,
-            t + (from + 2) * MS,
-        )
-        .route("/item/42")
-        .status(status)
-        .build()
-    };
-    w.push(call(1, 1, 503));
-    w.push(call(2, 2, 503));
+    w.push(item_call(1, t + MS, 503));
+    w.push(item_call(2, t + 2 * MS, 503));
     for (id, from) in [(3, 0), (5, 1)] {
         w.push(
             X::server(
@@ -2442,7 +2431,7 @@ fn a_recovery_after_the_answer_does_not_quiet_the_process() {
         );
     }
     // The next request's identical call, 10 ms later, within the grace: a "retry" that works.
-    w.push(call(6, 15, 200));
+    w.push(item_call(6, t + 15 * MS, 200));
     for id in [3, 5] {
         let v = w.verdict(id);
         assert_ne!(v.claim, Claim::Claimed, "{v:?}");
