@@ -248,12 +248,16 @@ impl Pipeline {
         let ts = ev.ts_ns();
         let due = ts >= self.next_eval_ns && ts != 0;
         let cfg = self.decider.config();
-        // A failed exchange is evidence too where dependency symptoms are on: services that get
-        // no verdicts (untraced event loops in a hard fault) are judged from failure ratios.
-        let evidence = disowning || cfg.dependency_symptoms && failed(out, self.mark.0);
         if due {
             self.evaluate(ts, out);
-        } else if cfg.burst && ts >= self.next_burst_ns && ts != 0 && evidence {
+        } else if cfg.burst
+            && ts >= self.next_burst_ns
+            && ts != 0
+            // A failed exchange is evidence too where dependency symptoms are on: services
+            // that get no verdicts (untraced event loops in a hard fault) are judged from
+            // failure ratios. Looked for only when a burst is due, not on every push.
+            && (disowning || cfg.dependency_symptoms && failed(out, self.mark.0))
+        {
             self.burst(ts, out);
         }
         if let Some(tap) = &mut self.tap {
