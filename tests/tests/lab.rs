@@ -431,6 +431,11 @@ fn lab_analysis_unit_tests_pass() {
 /// agent alike — a retry storm of timeouts in which the ground truth itself is lost); at 50
 /// req/s the same run read 94.7–97.4% and every variant 100% precision. A run whose root
 /// could not stay available is reported as such, not as wrong verdicts.
+///
+/// A busy box makes calls slow enough that callers give up (3 s): the Node hop that forwards
+/// trace context read 55% recall in CI, its failed calls made for requests its caller had
+/// abandoned placed on nobody. With two CPU hogs beside the run it read 79–95% in 4 of 6 runs;
+/// since a request cut off by its close spans until then, 100% in 3 of 3.
 #[test]
 fn verdicts_stay_right_under_concurrency() {
     let _turn = serial();
@@ -482,7 +487,11 @@ fn verdicts_stay_right_under_concurrency() {
         let s = per.get(variant).cloned().unwrap_or_default();
         let recall = s.get("recall").and_then(|v| v.as_f64()).unwrap_or(0.0);
         // Before trace links waited for concurrent requests: 1–15% for the forwarding event loops.
-        assert!(recall >= 0.6, "{variant}: recall {recall} below 60%: {s}");
+        assert!(
+            recall >= 0.6,
+            "{variant}: recall {recall} below 60%: {s}\nagent: {:?}",
+            obs.pointer("/agent/health")
+        );
     }
 }
 

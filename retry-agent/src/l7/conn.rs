@@ -571,7 +571,7 @@ impl Conn {
         let info = self.info;
         match &mut self.proto {
             Proto::Http1(h) => h.end(kind, ctx, &info, em),
-            Proto::Http2(h) => h.end(kind, &info, em),
+            Proto::Http2(h) => h.end(kind, ctx, &info, em),
             Proto::Undetected(_) | Proto::Opaque => {}
         }
     }
@@ -638,5 +638,26 @@ mod close_tests {
         assert_eq!(xs.len(), 1);
         assert_eq!(xs[0].failure, Some(Failure::Abandoned));
         assert_eq!(xs[0].outcome, OutcomeClass::Unknown);
+        assert_eq!(xs[0].ended_ns, Some(30));
+    }
+
+    /// A server that drops a request it never answered (its caller gave up first): the request
+    /// was in flight until the close, which its last byte on the wire does not say.
+    #[test]
+    fn a_request_cut_off_by_the_close_ends_with_it() {
+        let (xs, _) = run(&[
+            conn_ev(3, Role::Server, 1, ConnEventKind::Accept),
+            data(
+                3,
+                Role::Server,
+                Direction::Ingress,
+                10,
+                b"GET /b HTTP/1.1\r\nHost: b\r\n\r\n",
+            ),
+            conn_ev(3, Role::Server, 3_000, ConnEventKind::Close),
+        ]);
+        assert_eq!(xs.len(), 1);
+        assert!(xs[0].request_end_ns < 3_000, "{:?}", xs[0]);
+        assert_eq!(xs[0].ended_ns, Some(3_000));
     }
 }

@@ -242,6 +242,11 @@ pub struct Exchange {
     /// the transport). Its thread then says nothing about whose call it was.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub threads_multiplexed: bool,
+    /// The connection was closed or reset with this exchange unanswered (or mid-response):
+    /// when. Its request was in flight until then (the caller that gave up, the server that
+    /// dropped it), which its last byte on the wire understates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ns: Option<u64>,
 }
 
 impl Exchange {

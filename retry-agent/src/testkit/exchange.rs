@@ -79,6 +79,7 @@ impl ExchangeBuilder {
             handler_start_ns: None,
             handler_end_ns: None,
             threads_multiplexed: false,
+            ended_ns: None,
         })
     }
 

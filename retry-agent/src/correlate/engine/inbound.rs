@@ -1,8 +1,8 @@
 //! Inbound (server-role) exchanges: served figures, thread windows (event-loop detection),
 //! timeout mismatches, and failed requests queued for their verdict.
 use super::{
-    Child, Engine, FAILURES_PER_PROCESS, INBOUND_PER_THREAD, OVERFLOW_EDGE, Peer, Pending,
-    ThreadCtx, Window, thread_key, tuple_key,
+    Child, Engine, FAILURES_PER_PROCESS, INBOUND_PER_PROCESS, INBOUND_PER_THREAD, OVERFLOW_EDGE,
+    Peer, Pending, ThreadCtx, Window, thread_key, tuple_key,
 };
 use crate::{
     correlate::{table::hash_one, types::Verdict},
@@ -37,8 +37,10 @@ impl Engine {
         self.timeout_mismatch(ex, tuple);
 
         let thread = thread_key(ex.tid, ex.goid);
-        // A Go handler's span, where a probe saw it, bounds its calls better than the wire.
-        let end = last_ns(ex);
+        // A Go handler's span, where a probe saw it, bounds its calls better than the wire. A
+        // request its connection's end cut off was in flight until then (the lab's Node hop,
+        // whose caller gave up after 3 s: its calls were nobody's, 5 verdicts `missing`).
+        let end = last_ns(ex).max(ex.ended_ns.unwrap_or(0));
         let window = Window {
             id: ex.id,
             start: ex.handler_start_ns.unwrap_or(ex.request_start_ns),
@@ -92,7 +94,7 @@ impl Engine {
             }
             p.responses.push_back((rs, ex.id));
         }
-        if p.inbound.len() >= FAILURES_PER_PROCESS {
+        if p.inbound.len() >= INBOUND_PER_PROCESS {
             p.inbound.pop_front();
         }
         p.inbound

@@ -63,21 +63,27 @@ impl Engine {
             trace: ex.trace_id,
             retry_key: retry_key(ex, edge).unwrap_or(0),
             recovered_at: None,
+            retried_until: 0,
         };
         self.record_child(ex, child, failed);
-        if retry && !hedged && known_success(ex) && child.retry_key != 0 {
-            self.mark_recovered(ex, child.retry_key);
+        if retry && !hedged && child.retry_key != 0 {
+            self.mark_retried(ex, child.retry_key, known_success(ex));
         }
     }
 
-    /// A retry succeeded: the failed attempts before it (same process, same request) are
-    /// recovered. They stay in the histories (the edge's figures count them) but explain no
-    /// error of the request that made them.
-    fn mark_recovered(&mut self, ex: &Exchange, key: u64) {
+    /// A retry of the failed attempts before it (same process, same request): they show the
+    /// request that made them still in flight until its end, and when it succeeded they are
+    /// recovered. Recovered attempts stay in the histories (the edge's figures count them) but
+    /// explain no error of the request that made them.
+    fn mark_retried(&mut self, ex: &Exchange, key: u64, succeeded: bool) {
         let before = ex.request_start_ns;
+        let end = ex.end_ns();
         let mark = |c: &mut Child| {
             if c.retry_key == key && c.end <= before && c.outcome.is_failure() {
-                c.recovered_at.get_or_insert(before);
+                c.retried_until = c.retried_until.max(end);
+                if succeeded {
+                    c.recovered_at.get_or_insert(before);
+                }
             }
         };
         if let Some(p) = self.procs.get_mut(&ex.pid) {

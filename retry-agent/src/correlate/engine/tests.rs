@@ -2285,6 +2285,102 @@ fn trace_link_waits_past_a_late_failed_call() {
     );
 }
 
+/// ... and from the end of its newest retry: the request that retried the call is still in
+/// flight, and answers after it (the lab's concurrency run under a busy box: a 2.3 s call
+/// retried for 2 s more left 5 verdicts at the Node hop `missing`).
+#[test]
+fn trace_link_waits_past_the_retry_of_a_failed_call() {
+    let t = 1_000 * MS;
+    let mut c = cfg();
+    c.at_least_once = false;
+    c.timing_link_ms = 0;
+    let mut w = World::with(c);
+    let req = |id, trace, end_ms, status| traced_request(t, id, trace, end_ms, status);
+    let call = |id: u64, from_ms: u64, to_ms: u64, status: u16| {
+        X::client(
+            id,
+            B,
+            200,
+            eph(B, 7000 + id as u16),
+            addr("203.0.113.9:443"),
+            t + from_ms * MS,
+            t + to_ms * MS,
+        )
+        .route("/1")
+        .status(status)
+        .trace_id(2)
+        .build()
+    };
+    // Request 3's call started during request 2 and failed at 1 s; its retry ran until 4.5 s.
+    w.push(call(10, 2, 1_000, 503));
+    w.push(req(4, 9, 5, 200)); // overlapping on the thread: an event loop
+    w.push(req(2, 1, 10, 500)); // failed on its own
+    w.e.tick(t + 600 * MS, &mut w.v);
+    w.push(call(11, 1_005, 4_500, 200));
+    // Past 3 s after the failed attempt's end, within 3 s of its retry's: still waiting.
+    w.e.tick(t + 4_550 * MS, &mut w.v);
+    let judged = |w: &World| w.v.iter().find(|v| v.exchange == ExchangeId(2)).cloned();
+    assert!(judged(&w).is_none(), "waits: {:?}", w.v);
+    w.push(req(3, 2, 4_600, 200));
+    w.e.tick(t + 5_000 * MS, &mut w.v);
+    let v = judged(&w).expect("judged once request 3 is known");
+    assert_eq!(
+        (v.claim, v.link),
+        (Claim::Claimed, Link::TraceHeader),
+        "{v:?}"
+    );
+}
+
+/// A request its caller gave up on (the connection closed before the answer) was in flight
+/// until the close: a failed call it made after its last byte on the wire is placed on it.
+#[test]
+fn a_request_cut_off_by_its_close_owns_its_calls() {
+    let t = 1_000 * MS;
+    let mut c = cfg();
+    c.at_least_once = false;
+    c.timing_link_ms = 0;
+    let run = |closed: bool| {
+        let mut w = World::with(c.clone());
+        // Request 3 was read by 1 ms; its call failed from 2 to 900 ms; the caller closed at 3 s.
+        w.push(
+            X::client(
+                10,
+                B,
+                200,
+                eph(B, 7010),
+                addr("203.0.113.9:443"),
+                t + 2 * MS,
+                t + 900 * MS,
+            )
+            .route("/1")
+            .status(503)
+            .trace_id(2)
+            .build(),
+        );
+        w.push(traced_request(t, 4, 9, 5, 200)); // overlapping on the thread: an event loop
+        w.push(traced_request(t, 2, 1, 10, 500)); // failed on its own
+        let mut cut = traced_request(t, 3, 2, 1, 200);
+        cut.response_start_ns = None;
+        cut.response_end_ns = None;
+        cut.status = None;
+        cut.outcome = OutcomeClass::Unknown;
+        cut.failure = Some(Failure::ClosedNoResponse);
+        cut.ended_ns = closed.then_some(t + 3_000 * MS);
+        w.push(cut);
+        w.e.tick(t + 3_100 * MS, &mut w.v);
+        w.v.iter()
+            .find(|v| v.exchange == ExchangeId(2))
+            .map(|v| (v.claim, v.link))
+    };
+    assert_eq!(
+        run(true),
+        Some((Claim::Claimed, Link::TraceHeader)),
+        "placed on the request the close cut off"
+    );
+    // Without the close time the call is nobody's yet: request 2 still waits.
+    assert_eq!(run(false), None);
+}
+
 /// A thread per request: a call that failed on another thread while this request was served
 /// cannot be placed until that thread's own request is answered (the thread serves requests, so
 /// it most likely was serving one). The verdict waits for it, with or without trace ids; its

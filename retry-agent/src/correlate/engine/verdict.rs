@@ -149,16 +149,18 @@ impl Engine {
     }
 
     /// Until when `p` may wait for its process's concurrent requests: [`TRACE_WAIT_NS`] past
-    /// its end or past the end of the last call of the process that failed during it, whichever
-    /// is later (a request whose call failed late, or that retried it, answers that much later;
-    /// measured: a caller's request that ran 3.9 s left 3 verdicts at its hop `missing` when the
-    /// wait counted from their own end), never more than [`MAX_WAIT_NS`] past its end.
+    /// its end or past the end of the last call of the process that failed during it (or of
+    /// that call's newest retry), whichever is later (a request whose call failed late, or
+    /// that retried it, answers that much later; measured: a caller's request that ran 3.9 s
+    /// left 3 verdicts at its hop `missing` when the wait counted from their own end, and a
+    /// 2.3 s call retried for 2 s more left 5 when it counted from the failed attempt's end),
+    /// never more than [`MAX_WAIT_NS`] past its end.
     fn wait_until(&self, p: &Pending) -> u64 {
         let last_failure = self.procs.get(&p.pid).map_or(0, |x| {
             x.failures
                 .iter()
                 .filter(|(c, _)| c.start <= p.end && c.end >= p.start)
-                .map(|(c, _)| c.end)
+                .map(|(c, _)| c.end.max(c.retried_until))
                 .max()
                 .unwrap_or(0)
         });

@@ -9,7 +9,7 @@ use super::{
         msg::{Ctx, ReqInfo, RespInfo},
     },
     ConnInfo, Emitter,
-    pending::{EndKind, Pending, end_failure},
+    pending::{EndKind, Pending, end_failure, ended_at},
 };
 
 pub(super) struct H1Conn {
@@ -120,6 +120,7 @@ impl H1Conn {
             }
             let started = p.response_started();
             let f = end_failure(info.role, kind, started);
+            p.conn_ended = ended_at(kind, ctx);
             if kind == EndKind::Evicted {
                 p.unknown = true;
             }

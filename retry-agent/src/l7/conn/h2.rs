@@ -13,7 +13,7 @@ use super::{
         util::BodyHasher,
     },
     ConnInfo, Emitter,
-    pending::{EndKind, Pending, end_failure},
+    pending::{EndKind, Pending, end_failure, ended_at},
 };
 
 pub(super) struct H2Stream {
@@ -117,7 +117,7 @@ impl H2Conn {
         self.early.push((id, (context, ts)));
     }
 
-    pub(super) fn end(&mut self, kind: EndKind, info: &ConnInfo, em: &mut Emitter<'_>) {
+    pub(super) fn end(&mut self, kind: EndKind, ctx: &Ctx, info: &ConnInfo, em: &mut Emitter<'_>) {
         let mut ids: Vec<u32> = self.streams.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
@@ -127,6 +127,7 @@ impl H2Conn {
                     s.p.unknown = true;
                 }
                 let failure = end_failure(info.role, kind, started);
+                s.p.conn_ended = ended_at(kind, ctx);
                 emit(em, info, self.writers, s.p, failure);
             }
         }

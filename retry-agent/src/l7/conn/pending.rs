@@ -28,6 +28,8 @@ pub(crate) struct Pending {
     pub(super) resp_bytes: u64,
     pub(super) unknown: bool,
     pub(super) stream_id: Option<u32>,
+    /// When the connection ended with this request still in flight (close or reset).
+    pub(super) conn_ended: Option<u64>,
     /// HTTP/2: the request context a Go probe bound this stream to (`ConnEventKind::Stream`),
     /// which wins over the goroutines that happened to move its frames, and when.
     pub(super) bound: Option<(u64, u64)>,
@@ -133,6 +135,7 @@ impl Pending {
                 .map(|(_, ts)| ts),
             handler_end_ns: None,
             threads_multiplexed: false,
+            ended_ns: self.conn_ended,
         }
     }
 }
@@ -148,6 +151,12 @@ pub(crate) enum EndKind {
     Idle,
     /// Evicted for room: we simply stop knowing.
     Evicted,
+}
+
+/// When a connection that ended this way ended, for what was still in flight: a close or a
+/// reset is an event of the connection; idleness and eviction are our own bookkeeping.
+pub(super) fn ended_at(kind: EndKind, ctx: &Ctx) -> Option<u64> {
+    matches!(kind, EndKind::Close | EndKind::Reset).then_some(ctx.ts_start)
 }
 
 /// The failure of an exchange still in flight when its connection ended.
