@@ -182,6 +182,14 @@ pub struct ShimArgs {
         env = "RETRY_AGENT_SHIM_RETRY_BUDGET"
     )]
     pub retry_budget: Option<f64>,
+    /// Retries each client may make over the budget's 10 s window whatever its volume (a
+    /// low-volume client's transient faults cross a ratio by chance).
+    #[arg(
+        long = "shim-retry-budget-min",
+        env = "RETRY_AGENT_SHIM_RETRY_BUDGET_MIN",
+        default_value_t = policy::DEFAULT_BUDGET_MIN_RETRIES
+    )]
+    pub retry_budget_min: f64,
     /// Client-side adaptive throttling of retries with this K (e.g. 2). Off unless set.
     #[arg(
         long = "shim-throttle-k",
@@ -364,6 +372,12 @@ impl Settings for ShimArgs {
                 "a ratio like 0.1 (0 to 10)",
             );
         }
+        p.check(
+            (0.0..=1_000.0).contains(&self.retry_budget_min),
+            "shim-retry-budget-min",
+            self.retry_budget_min,
+            "a number of retries like 3 (0 to 1000)",
+        );
         if let Some(k) = self.throttle_k {
             p.check(
                 k > 0.0 && k.is_finite(),
@@ -455,6 +469,7 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         tracker: policy::SharedTracker::new(policy::PolicyConfig {
             window: Duration::from_millis(args.retry_window_ms),
             budget_ratio: args.retry_budget,
+            budget_min_retries: args.retry_budget_min,
             throttle_k: args.throttle_k,
             ..policy::PolicyConfig::within(args.cache_mib << 20)
         }),
