@@ -227,6 +227,19 @@ class AnalysisTests(unittest.TestCase):
         self.assertEqual(list(s["decisions_per_edge"]), ["c->d"])
         self.assertAlmostEqual(s["first_suppression_s"], 0.5, places=3)
 
+    def test_a_retry_the_callee_never_saw_was_stopped(self):
+        logs = {n["name"]: [] for n in self.sc["nodes"]}
+        # b made two attempts of request 1 (c saw one, ending at 10.3), two of request 2 (c saw
+        # both), and two of request 3 that c never saw (refused: no stop).
+        logs["b"] = [{"t": 10.2, "id": "1", "attempts": {"c": 2}},
+                     {"t": 10.0, "id": "2", "attempts": {"c": 2}},
+                     {"t": 10.1, "id": "3", "attempts": {"c": 2}}]
+        logs["c"] = [{"t": 10.25, "d": 0.05, "parent": "1"},
+                     {"t": 10.0, "d": 0.01, "parent": "2"}, {"t": 10.02, "d": 0.01, "parent": "2"}]
+        self.assertAlmostEqual(analysis.first_retry_stopped(self.sc, logs, 10.0), 0.3, places=3)
+        logs["c"].pop(0)
+        self.assertIsNone(analysis.first_retry_stopped(self.sc, logs, 10.0))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -284,6 +284,31 @@ def variant(n):
             + ("+fanout" if n.get("fanout") else ""))
 
 
+def first_retry_stopped(sc, logs, fs):
+    """Seconds from the fault's onset to the first attempt a caller made that its callee never
+    saw, by the services' own records: the caller counted k attempts of a request, the callee
+    logged fewer with that request as parent, yet at least one (so it was reachable: a refused
+    connection is no stop). Something on the way answered it (the shim, by decision or by the
+    callee's claim header). When: the end of the last attempt that got through, which the
+    stopped one followed by at most its backoff. None when no attempt was stopped."""
+    first = None
+    for n in sc["nodes"]:
+        for c in n["calls"]:
+            by_parent = defaultdict(list)
+            for r in logs.get(c, []):
+                if r.get("parent"):
+                    by_parent[r["parent"]].append(r)
+            for r in logs.get(n["name"], []):
+                k = r.get("attempts", {}).get(c)
+                seen = by_parent.get(r.get("id"), [])
+                if not isinstance(k, int) or not seen or len(seen) >= k:
+                    continue
+                at = max(x["t"] + x.get("d", 0.0) for x in seen)
+                if at >= fs - 1 and (first is None or at < first):
+                    first = at
+    return None if first is None else round(first - fs, 3)
+
+
 def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
     """Per runtime: precision = verdicts whose claim matches the ground truth / verdicts that
     took a side; recall = failures served that got a right verdict / failures served (right
@@ -372,4 +397,5 @@ def score_agent(sc, logs, verdicts, decisions, fs, t0, logs_dir):
             "health": agent_health(logs_dir),
             "unknown_services": sorted(unknown_services)[:20], "decisions_per_edge": per_edge,
             "first_suppression_s": round(first - fs, 3) if first else None,
+            "first_retry_stopped_s": first_retry_stopped(sc, logs, fs),
             "first_suppression_at": round(first - t0, 3) if first else None}

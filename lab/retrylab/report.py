@@ -35,6 +35,9 @@ def markdown(sc, result):
         str(m["root"]["latency_p99_s"]) for m in modes) + " |")
     lines.append("| fault onset → first suppression (s) | " + " | ".join(
         str(m.get("agent", {}).get("first_suppression_s", "–")) for m in modes) + " |")
+    # From the services' records: a retry the callee never saw (answered on the way).
+    lines.append("| fault onset → first retry stopped (s) | " + " | ".join(
+        str(m.get("agent", {}).get("first_retry_stopped_s", "–")) for m in modes) + " |")
     agent_modes = [m for m in modes if m.get("agent")]
     if agent_modes:
         lines += ["", "Verdicts against ground truth:", "",
