@@ -2185,6 +2185,38 @@ fn traced_request(t: u64, id: u64, trace: u64, end_ms: u64, status: u16) -> Exch
     .build()
 }
 
+/// A call of process B carrying trace id 2, from `from_ms` to `to_ms` after `t`.
+fn traced_call(t: u64, id: u64, from_ms: u64, to_ms: u64, status: u16) -> Exchange {
+    X::client(
+        id,
+        B,
+        200,
+        eph(B, 7000 + id as u16),
+        addr("203.0.113.9:443"),
+        t + from_ms * MS,
+        t + to_ms * MS,
+    )
+    .route("/1")
+    .status(status)
+    .trace_id(2)
+    .build()
+}
+
+/// Only the trace link can place a call (no at-least-once ownership, no timing link).
+fn trace_only() -> World {
+    let mut c = cfg();
+    c.at_least_once = false;
+    c.timing_link_ms = 0;
+    World::with(c)
+}
+
+/// The verdict on exchange `id`, if judged.
+fn judged(w: &World, id: u64) -> Option<(Claim, Link)> {
+    w.v.iter()
+        .find(|v| v.exchange == ExchangeId(id))
+        .map(|v| (v.claim, v.link))
+}
+
 /// A busy event loop: a failed call carrying the trace id of a concurrent request still in
 /// flight cannot be placed yet. The verdict waits for that request to be answered (then it is
 /// sound), up to `TRACE_WAIT_NS`; judged before, it was missing (the lab's concurrency scenario
@@ -2192,30 +2224,11 @@ fn traced_request(t: u64, id: u64, trace: u64, end_ms: u64, status: u16) -> Exch
 #[test]
 fn trace_link_waits_for_the_request_whose_call_failed() {
     let t = 1_000 * MS;
-    let world = || {
-        let mut c = cfg();
-        c.at_least_once = false;
-        c.timing_link_ms = 0;
-        World::with(c)
-    };
-    let call = X::client(
-        1,
-        B,
-        200,
-        eph(B, 7001),
-        addr("203.0.113.9:443"),
-        t + 2 * MS,
-        t + 4 * MS,
-    )
-    .route("/1")
-    .status(503)
-    .trace_id(2)
-    .build();
+    let call = traced_call(t, 1, 2, 4, 503);
     let req = |id, trace, end_ms, status| traced_request(t, id, trace, end_ms, status);
-    let judged = |w: &World, id: u64| w.v.iter().find(|v| v.exchange == ExchangeId(id)).cloned();
 
     // Request 4, overlapping on the thread and answered, shows it is an event loop.
-    let mut w = world();
+    let mut w = trace_only();
     w.push(call.clone());
     w.push(req(4, 9, 5, 200));
     w.push(req(2, 1, 10, 500)); // failed on its own
@@ -2223,15 +2236,14 @@ fn trace_link_waits_for_the_request_whose_call_failed() {
     assert!(judged(&w, 2).is_none(), "waits: {:?}", w.v);
     w.push(req(3, 2, 900, 502)); // the request the failed call was for, answered late
     w.e.tick(t + 1_500 * MS, &mut w.v);
-    let v = judged(&w, 2).expect("judged once request 3 is known");
     assert_eq!(
-        (v.claim, v.link),
-        (Claim::Claimed, Link::TraceHeader),
-        "{v:?}"
+        judged(&w, 2),
+        Some((Claim::Claimed, Link::TraceHeader)),
+        "judged once request 3 is known"
     );
 
     // Request 3 never answers: judged missing once the wait is over, not held for ever.
-    let mut w = world();
+    let mut w = trace_only();
     w.push(call);
     w.push(req(4, 9, 5, 200));
     w.push(req(2, 1, 10, 500));
@@ -2239,8 +2251,11 @@ fn trace_link_waits_for_the_request_whose_call_failed() {
         t + 10 * MS + super::verdict::TRACE_WAIT_NS + 300 * MS,
         &mut w.v,
     );
-    let v = judged(&w, 2).expect("judged after the wait");
-    assert_eq!(v.claim, Claim::Missing, "{v:?}");
+    assert_eq!(
+        judged(&w, 2).map(|j| j.0),
+        Some(Claim::Missing),
+        "judged after the wait"
+    );
 }
 
 /// The wait counts from the last failed call overlapping the request, not only from its end: a
@@ -2248,40 +2263,21 @@ fn trace_link_waits_for_the_request_whose_call_failed() {
 #[test]
 fn trace_link_waits_past_a_late_failed_call() {
     let t = 1_000 * MS;
-    let mut c = cfg();
-    c.at_least_once = false;
-    c.timing_link_ms = 0;
-    let mut w = World::with(c);
+    let mut w = trace_only();
     let req = |id, trace, end_ms, status| traced_request(t, id, trace, end_ms, status);
     // Request 3's call started during request 2 and failed 2.5 s later.
-    w.push(
-        X::client(
-            1,
-            B,
-            200,
-            eph(B, 7001),
-            addr("203.0.113.9:443"),
-            t + 2 * MS,
-            t + 2_500 * MS,
-        )
-        .route("/1")
-        .status(503)
-        .trace_id(2)
-        .build(),
-    );
+    w.push(traced_call(t, 1, 2, 2_500, 503));
     w.push(req(4, 9, 5, 200)); // overlapping on the thread: an event loop
     w.push(req(2, 1, 10, 500)); // failed on its own
     // Past 3 s after request 2's end, within 3 s of the call's: still waiting.
     w.e.tick(t + 4_000 * MS, &mut w.v);
-    let judged = |w: &World| w.v.iter().find(|v| v.exchange == ExchangeId(2)).cloned();
-    assert!(judged(&w).is_none(), "waits: {:?}", w.v);
+    assert_eq!(judged(&w, 2), None, "waits: {:?}", w.v);
     w.push(req(3, 2, 4_500, 502));
     w.e.tick(t + 5_000 * MS, &mut w.v);
-    let v = judged(&w).expect("judged once request 3 is known");
     assert_eq!(
-        (v.claim, v.link),
-        (Claim::Claimed, Link::TraceHeader),
-        "{v:?}"
+        judged(&w, 2),
+        Some((Claim::Claimed, Link::TraceHeader)),
+        "judged once request 3 is known"
     );
 }
 
@@ -2291,43 +2287,23 @@ fn trace_link_waits_past_a_late_failed_call() {
 #[test]
 fn trace_link_waits_past_the_retry_of_a_failed_call() {
     let t = 1_000 * MS;
-    let mut c = cfg();
-    c.at_least_once = false;
-    c.timing_link_ms = 0;
-    let mut w = World::with(c);
+    let mut w = trace_only();
     let req = |id, trace, end_ms, status| traced_request(t, id, trace, end_ms, status);
-    let call = |id: u64, from_ms: u64, to_ms: u64, status: u16| {
-        X::client(
-            id,
-            B,
-            200,
-            eph(B, 7000 + id as u16),
-            addr("203.0.113.9:443"),
-            t + from_ms * MS,
-            t + to_ms * MS,
-        )
-        .route("/1")
-        .status(status)
-        .trace_id(2)
-        .build()
-    };
     // Request 3's call started during request 2 and failed at 1 s; its retry ran until 4.5 s.
-    w.push(call(10, 2, 1_000, 503));
+    w.push(traced_call(t, 10, 2, 1_000, 503));
     w.push(req(4, 9, 5, 200)); // overlapping on the thread: an event loop
     w.push(req(2, 1, 10, 500)); // failed on its own
     w.e.tick(t + 600 * MS, &mut w.v);
-    w.push(call(11, 1_005, 4_500, 200));
+    w.push(traced_call(t, 11, 1_005, 4_500, 200));
     // Past 3 s after the failed attempt's end, within 3 s of its retry's: still waiting.
     w.e.tick(t + 4_550 * MS, &mut w.v);
-    let judged = |w: &World| w.v.iter().find(|v| v.exchange == ExchangeId(2)).cloned();
-    assert!(judged(&w).is_none(), "waits: {:?}", w.v);
+    assert_eq!(judged(&w, 2), None, "waits: {:?}", w.v);
     w.push(req(3, 2, 4_600, 200));
     w.e.tick(t + 5_000 * MS, &mut w.v);
-    let v = judged(&w).expect("judged once request 3 is known");
     assert_eq!(
-        (v.claim, v.link),
-        (Claim::Claimed, Link::TraceHeader),
-        "{v:?}"
+        judged(&w, 2),
+        Some((Claim::Claimed, Link::TraceHeader)),
+        "judged once request 3 is known"
     );
 }
 
@@ -2336,27 +2312,10 @@ fn trace_link_waits_past_the_retry_of_a_failed_call() {
 #[test]
 fn a_request_cut_off_by_its_close_owns_its_calls() {
     let t = 1_000 * MS;
-    let mut c = cfg();
-    c.at_least_once = false;
-    c.timing_link_ms = 0;
     let run = |closed: bool| {
-        let mut w = World::with(c.clone());
+        let mut w = trace_only();
         // Request 3 was read by 1 ms; its call failed from 2 to 900 ms; the caller closed at 3 s.
-        w.push(
-            X::client(
-                10,
-                B,
-                200,
-                eph(B, 7010),
-                addr("203.0.113.9:443"),
-                t + 2 * MS,
-                t + 900 * MS,
-            )
-            .route("/1")
-            .status(503)
-            .trace_id(2)
-            .build(),
-        );
+        w.push(traced_call(t, 10, 2, 900, 503));
         w.push(traced_request(t, 4, 9, 5, 200)); // overlapping on the thread: an event loop
         w.push(traced_request(t, 2, 1, 10, 500)); // failed on its own
         let mut cut = traced_request(t, 3, 2, 1, 200);
@@ -2368,9 +2327,7 @@ fn a_request_cut_off_by_its_close_owns_its_calls() {
         cut.ended_ns = closed.then_some(t + 3_000 * MS);
         w.push(cut);
         w.e.tick(t + 3_100 * MS, &mut w.v);
-        w.v.iter()
-            .find(|v| v.exchange == ExchangeId(2))
-            .map(|v| (v.claim, v.link))
+        judged(&w, 2)
     };
     assert_eq!(
         run(true),
