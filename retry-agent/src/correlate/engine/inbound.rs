@@ -30,10 +30,13 @@ impl Engine {
         // no verdict and no failure in its figures. Nor when capture lost the response: a
         // verdict on an answer nobody saw would be a guess (under load, a dropped record made
         // one of each four Go verdicts in the lab's concurrency scenario).
-        let failed = ex.failed() && !caller_gone(ex) && !ex.outcome_unseen();
-        self.book_served(ex, svc, failed);
         // Client-side tuple of this connection: (their local, their remote) = (our remote, our local).
         let tuple = tuple_key(ex.remote, ex.local);
+        let failed = ex.failed()
+            && !caller_gone(ex)
+            && !self.closed_after_its_caller(ex, tuple)
+            && !ex.outcome_unseen();
+        self.book_served(ex, svc, failed);
         self.timeout_mismatch(ex, tuple);
 
         let thread = thread_key(ex.tid, ex.goid);
@@ -205,11 +208,21 @@ impl Engine {
         }
     }
 
+    /// The server dropped a request it never answered after its caller on this node had given
+    /// up on it: the close answered the caller's (a Node server closes the connection on the
+    /// caller's FIN), so it is no failure of the server's.
+    fn closed_after_its_caller(&self, ex: &Exchange, tuple: u64) -> bool {
+        ex.response_start_ns.is_none()
+            && ex.status.is_none()
+            && matches!(self.abandoned.get(&tuple), Some(&(at, _)) if ex.ended_ns.is_some_and(|e| e >= at))
+    }
+
     pub(super) fn timeout_mismatch(&mut self, ex: &Exchange, tuple: u64) {
         let abandoned = self.abandoned.get(&tuple).copied();
         let edge = match abandoned {
-            // The caller gave up before we finished: our work was wasted.
-            Some((at, edge)) if last_ns(ex) > at => Some(edge),
+            // The caller gave up before we finished (answered, or dropped when it left): our
+            // work was wasted.
+            Some((at, edge)) if last_ns(ex).max(ex.ended_ns.unwrap_or(0)) > at => Some(edge),
             _ if caller_gone(ex) => {
                 // The peer closed or reset while we were still working (caller not on this node,
                 // or not captured): attribute to its edge if we know it.

@@ -47,7 +47,9 @@ impl Engine {
         self.count_call(&call);
         self.book_call(ex, &call);
         if ex.failure == Some(Failure::Abandoned) {
-            self.abandoned.insert(tuple, (ex.end_ns(), edge));
+            // When it gave up: its close, where l7 saw it (else its last byte).
+            self.abandoned
+                .insert(tuple, (ex.ended_ns.unwrap_or_else(|| ex.end_ns()), edge));
         }
         let child = Child {
             id: ex.id,

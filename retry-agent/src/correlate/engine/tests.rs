@@ -1255,6 +1255,33 @@ fn timeout_mismatch_when_callee_finishes_after_caller_abandons() {
     assert_eq!(w.edge("b", "c").timeout_mismatches_total, 1);
 }
 
+/// A server that drops the request its caller gave up on (it closes on the caller's FIN, as
+/// Node does) never answers: its work was wasted all the same (a mismatch), and the close is
+/// the caller's doing, not a failure of the server's (no verdict).
+#[test]
+fn a_request_dropped_after_its_caller_left_is_a_mismatch_not_a_failure() {
+    let t = 1_000 * MS;
+    let run = |closed_at_ms: Option<u64>| {
+        let mut w = World::new();
+        let local = eph(B, 4242);
+        let mut gave_up = X::client(1, B, 200, local, svc(C), t, t + 3_000 * MS)
+            .failure(Failure::Abandoned)
+            .request_end(t + MS)
+            .build();
+        gave_up.ended_ns = Some(t + 3_000 * MS);
+        w.push(gave_up);
+        let mut x = X::server(2, C, C * 10, svc(C), local, t + MS, t + 2 * MS)
+            .failure(Failure::ClosedNoResponse)
+            .build();
+        x.ended_ns = closed_at_ms.map(|ms| t + ms * MS);
+        w.push(x);
+        (w.e.stats().timeout_mismatches, w.finish().len())
+    };
+    assert_eq!(run(Some(3_001)), (1, 0));
+    // Without the close's time nothing says the server held it past the caller's patience.
+    assert_eq!(run(None), (0, 1));
+}
+
 #[test]
 fn rates_and_amplification_with_frozen_baseline() {
     let mut w = World::new();
