@@ -9,5 +9,6 @@ pub use config::{ConfigError, CorrelateConfig, ServiceMatch, ServiceOverride};
 pub use engine::Engine;
 pub use types::{
     ChildFailure, ClaimCounts, ClaimSources, DependencyKind, DepthStats, Edge, EdgeStats,
-    EngineStats, Link, LinkCounts, PathStats, RetrySuccess, ServiceClaim, ServiceId, Verdict,
+    EngineStats, Link, LinkCounts, PathStats, RetrySuccess, ServiceClaim, ServiceId, Unlinked,
+    Verdict,
 };

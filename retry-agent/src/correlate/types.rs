@@ -98,6 +98,44 @@ pub enum Link {
     Unlinked,
 }
 
+/// Why nothing placed a failed request's calls (its verdict `missing`): what stopped the trace
+/// link, the one link that can place calls of a request served among others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unlinked {
+    /// The request brought no trace id (or the process does not forward one).
+    NoTrace,
+    /// Another request of the process with the same trace id overlapped it (a caller's hedge
+    /// or retry after its timeout, a fan-out of one trace).
+    TraceShared,
+    /// A failed call meanwhile carried no trace id (a database, an SDK that lost the context).
+    UntracedCall,
+    /// A failed call carried the id of a request never seen answered within the wait.
+    WaitExpired,
+    /// The process's histories no longer reach back to the request (a busy process).
+    HistoryLost,
+}
+
+impl Unlinked {
+    pub const ALL: [Unlinked; 5] = [
+        Unlinked::NoTrace,
+        Unlinked::TraceShared,
+        Unlinked::UntracedCall,
+        Unlinked::WaitExpired,
+        Unlinked::HistoryLost,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unlinked::NoTrace => "no_trace",
+            Unlinked::TraceShared => "trace_shared",
+            Unlinked::UntracedCall => "untraced_call",
+            Unlinked::WaitExpired => "wait_expired",
+            Unlinked::HistoryLost => "history_lost",
+        }
+    }
+}
+
 impl Link {
     pub const ALL: [Link; 7] = [
         Link::Thread,
@@ -396,4 +434,7 @@ pub struct EngineStats {
     /// at their answer, not after the grace period (`Engine::judge_at_answer`).
     #[serde(default)]
     pub early_verdicts: u64,
+    /// `missing` verdicts by why no link placed their calls, indexed like `Unlinked::ALL`.
+    #[serde(default)]
+    pub unlinked: [u64; 5],
 }

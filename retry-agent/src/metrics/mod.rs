@@ -126,6 +126,7 @@ pub struct Metrics {
     timeout_mismatches: Counter,
     correlate_evictions: Counter,
     links: Family<LinkLabels, Counter>,
+    unlinked: Family<ReasonLabels, Counter>,
     tls_libraries: Gauge,
     go_programs: Gauge,
     go_programs_failed: Gauge,
@@ -174,6 +175,7 @@ impl Metrics {
             timeout_mismatches: Counter::default(),
             correlate_evictions: Counter::default(),
             links: Family::default(),
+            unlinked: Family::default(),
             tls_libraries: Gauge::default(),
             go_programs: Gauge::default(),
             go_programs_failed: Gauge::default(),
@@ -259,6 +261,11 @@ impl Metrics {
             "correlate_links",
             "Failed inbound requests thread context could not link, linked another way (timing: the call just before the response; sole_inbound: the only request the process served)",
             m.links.clone(),
+        );
+        registry.register(
+            "correlate_unlinked",
+            "Failed inbound requests judged missing because no link placed their calls, by why the trace link could not (no_trace, trace_shared, untraced_call, wait_expired, history_lost)",
+            m.unlinked.clone(),
         );
         registry.register(
             "tls_libraries",
@@ -462,6 +469,14 @@ impl Metrics {
             }),
             s.trace_links,
         );
+        for (why, n) in crate::correlate::Unlinked::ALL.iter().zip(s.unlinked) {
+            set_counter(
+                &self.unlinked.get_or_create(&ReasonLabels {
+                    reason: why.as_str(),
+                }),
+                n,
+            );
+        }
     }
 
     /// Decisions as they are issued, and the number in force.

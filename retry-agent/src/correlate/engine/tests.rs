@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use super::*;
-use crate::correlate::types::{DependencyKind, EdgeStats, Link};
+use crate::correlate::types::{DependencyKind, EdgeStats, Link, Unlinked};
 use crate::l7::Failure;
 use crate::{
     decide::{Basis, DecideConfig, Decider, Ownership, Reason},
@@ -2363,6 +2363,53 @@ fn a_request_cut_off_by_its_close_owns_its_calls() {
     );
     // Without the close time the call is nobody's yet: request 2 still waits.
     assert_eq!(run(false), None);
+}
+
+/// A `missing` verdict says why no link placed its calls (`retry_agent_correlate_unlinked_total`):
+/// an operator can tell context that was never propagated from a wait that ran out.
+#[test]
+fn missing_verdicts_count_why_the_trace_link_failed() {
+    let t = 1_000 * MS;
+    let why = |w: &World| -> Vec<&str> {
+        Unlinked::ALL
+            .iter()
+            .zip(w.e.stats().unlinked)
+            .flat_map(|(u, n)| std::iter::repeat_n(u.as_str(), n as usize))
+            .collect()
+    };
+    let after_the_wait = t + 10 * MS + super::verdict::MAX_WAIT_NS + 300 * MS;
+    // The call's request never answers: the wait runs out.
+    let mut w = trace_only();
+    w.push(traced_call(t, 1, 2, 4, 503));
+    w.push(traced_request(t, 4, 9, 5, 200));
+    w.push(traced_request(t, 2, 1, 10, 500));
+    w.e.tick(after_the_wait, &mut w.v);
+    assert_eq!(why(&w), ["wait_expired"]);
+    // The same, but the failed request brought no trace id.
+    let mut w = trace_only();
+    w.push(traced_call(t, 1, 2, 4, 503));
+    w.push(traced_request(t, 4, 9, 5, 200));
+    let mut untraced = traced_request(t, 2, 1, 10, 500);
+    untraced.trace_id = None;
+    w.push(untraced);
+    w.e.tick(after_the_wait, &mut w.v);
+    assert_eq!(why(&w), ["no_trace"]);
+    // A failed call without a trace id could be anyone's.
+    let mut w = trace_only();
+    let mut call = traced_call(t, 1, 2, 4, 503);
+    call.trace_id = None;
+    w.push(call);
+    w.push(traced_request(t, 4, 9, 5, 200));
+    w.push(traced_request(t, 2, 1, 10, 500));
+    w.e.tick(after_the_wait, &mut w.v);
+    assert_eq!(why(&w), ["untraced_call"]);
+    // Another request with the same trace id overlapped it (a caller's hedge).
+    let mut w = trace_only();
+    w.push(traced_call(t, 1, 2, 4, 503));
+    w.push(traced_request(t, 4, 1, 5, 200));
+    w.push(traced_request(t, 2, 1, 10, 500));
+    w.e.tick(after_the_wait, &mut w.v);
+    assert_eq!(why(&w), ["trace_shared"]);
 }
 
 /// A thread per request: a call that failed on another thread while this request was served

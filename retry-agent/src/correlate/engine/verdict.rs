@@ -9,7 +9,7 @@ use super::{
 use retry_common::GOROUTINE_ROOTED;
 
 use crate::{
-    correlate::types::{ChildFailure, DependencyKind, Link, ServiceId, Verdict},
+    correlate::types::{ChildFailure, DependencyKind, Link, ServiceId, Unlinked, Verdict},
     l7::{Claim, OutcomeClass},
 };
 
@@ -23,6 +23,8 @@ struct Found {
     linked_by: Option<Link>,
     /// When the request was answered: what a retry recovered later did fail for it.
     answered: u64,
+    /// Why the trace link could not place its calls, when no link did.
+    unlinked: Option<Unlinked>,
 }
 
 impl Found {
@@ -64,7 +66,7 @@ fn unplaced(found: &Found) -> bool {
 pub(super) const TRACE_WAIT_NS: u64 = 3_000_000_000;
 
 /// The most any verdict waits past its end, however long the calls it waits on ran.
-const MAX_WAIT_NS: u64 = 10_000_000_000;
+pub(super) const MAX_WAIT_NS: u64 = 10_000_000_000;
 
 /// Whether [`Engine::link`] decided, or the verdict waits (for the trace link, or for the
 /// request an unplaced failure's thread was serving).
@@ -79,7 +81,7 @@ enum TraceLink {
     Linked(Vec<Child>),
     /// Not yet provable: another in-flight request's calls failed meanwhile.
     Wait,
-    Unsound,
+    Unsound(Unlinked),
 }
 
 impl Engine {
@@ -219,6 +221,16 @@ impl Engine {
             Vec::new()
         };
         let link = verdict_link(p, found, decision.claim);
+        if decision.claim == Claim::Missing {
+            let why = found.unlinked.unwrap_or(Unlinked::NoTrace);
+            if let Some(n) = Unlinked::ALL
+                .iter()
+                .position(|&u| u == why)
+                .and_then(|i| self.stats.unlinked.get_mut(i))
+            {
+                *n += 1;
+            }
+        }
         let (service, caller) = self.book(p, decision.claim, link);
         out.push(Verdict {
             exchange: p.id,
@@ -274,6 +286,7 @@ impl Engine {
             orphan_failed,
             linked_by: None,
             answered: p.end,
+            unlinked: None,
         }
     }
 
@@ -311,6 +324,11 @@ impl Engine {
             found.context = Context::Linked;
             found.linked_by = Some(Link::SoleInbound);
             self.stats.sole_links += 1;
+        } else {
+            found.unlinked = Some(match trace {
+                TraceLink::Unsound(why) => why,
+                _ => Unlinked::WaitExpired,
+            });
         }
         Linking::Done
     }
@@ -479,20 +497,20 @@ impl Engine {
     /// requests still in flight. Until that one is answered the link cannot be proved.
     fn trace_link(&self, p: &Pending) -> TraceLink {
         let Some(trace) = p.trace else {
-            return TraceLink::Unsound;
+            return TraceLink::Unsound(Unlinked::NoTrace);
         };
         let Some(proc_) = self.procs.get(&p.pid) else {
-            return TraceLink::Unsound;
+            return TraceLink::Unsound(Unlinked::HistoryLost);
         };
         if proc_.failures_lost_until >= p.start || !proc_.inbound.iter().any(|x| x.2 == p.id) {
-            return TraceLink::Unsound;
+            return TraceLink::Unsound(Unlinked::HistoryLost);
         }
         let same_trace_overlaps = proc_
             .inbound
             .iter()
             .any(|&(s, e, id, t, _)| id != p.id && t == Some(trace) && s < p.end && p.start < e);
         if same_trace_overlaps {
-            return TraceLink::Unsound;
+            return TraceLink::Unsound(Unlinked::TraceShared);
         }
         let during = |c: &Child| c.start <= p.end && c.end >= p.start;
         let placed = |c: &Child| {
@@ -517,7 +535,7 @@ impl Engine {
             return if all_traced {
                 TraceLink::Wait
             } else {
-                TraceLink::Unsound
+                TraceLink::Unsound(Unlinked::UntracedCall)
             };
         }
         TraceLink::Linked(
