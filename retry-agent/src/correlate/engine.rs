@@ -47,7 +47,9 @@ const INBOUND_PER_THREAD: usize = 8;
 const FAILURES_PER_PROCESS: usize = 256;
 /// Inbound requests remembered per process: a verdict that waits to place a failed call (up to
 /// `MAX_WAIT_NS`) needs its own and its neighbours' entries for as long (256 lasted 5 s at
-/// the lab's Node hop and lost 4 verdicts to `missing`).
+/// the lab's Node hop and lost 4 verdicts to `missing`). Past `FAILURES_PER_PROCESS` entries
+/// only those a verdict may still wait on stay, so a quiet process keeps no more than before
+/// (48 bytes an entry).
 const INBOUND_PER_PROCESS: usize = 1024;
 const ADDRS_PER_ENTRY: usize = 4;
 const PORTS_PER_PROCESS: usize = 8;

@@ -97,7 +97,14 @@ impl Engine {
             }
             p.responses.push_back((rs, ex.id));
         }
-        if p.inbound.len() >= INBOUND_PER_PROCESS {
+        // Answered first, first out: the front is the oldest answer.
+        let keep = super::verdict::MAX_WAIT_NS + super::verdict::TRACE_WAIT_NS;
+        while p.inbound.len() >= INBOUND_PER_PROCESS
+            || (p.inbound.len() >= FAILURES_PER_PROCESS
+                && p.inbound
+                    .front()
+                    .is_some_and(|f| f.1.saturating_add(keep) < window.end))
+        {
             p.inbound.pop_front();
         }
         p.inbound

@@ -2365,6 +2365,31 @@ fn a_request_cut_off_by_its_close_owns_its_calls() {
     assert_eq!(run(false), None);
 }
 
+/// A process's inbound history grows past 256 only with answers a waiting verdict may still
+/// need (13 s of them), up to 1024.
+#[test]
+fn inbound_history_keeps_what_a_wait_may_need() {
+    let held = |gap_ms: u64| {
+        let mut w = World::new();
+        for i in 0..1_500u64 {
+            let t = 1_000 * MS + i * gap_ms * MS;
+            w.push(
+                X::server(i + 1, B, 200, svc(B), addr("192.168.1.1:100"), t, t + MS)
+                    .status(200)
+                    .build(),
+            );
+        }
+        w.e.procs.get(&B).map_or(0, |p| p.inbound.len())
+    };
+    assert_eq!(
+        held(100),
+        256,
+        "10 req/s: 25 s of answers would be 256 and more"
+    );
+    assert_eq!(held(20), 651, "50 req/s: 13 s of answers");
+    assert_eq!(held(1), 1024, "1000 req/s: the cap");
+}
+
 /// A `missing` verdict says why no link placed its calls (`retry_agent_correlate_unlinked_total`):
 /// an operator can tell context that was never propagated from a wait that ran out.
 #[test]
