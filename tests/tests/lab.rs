@@ -158,9 +158,14 @@ fn transient_fault_keeps_root_availability_under_suppression() {
         Err(why) => eprintln!("SKIP agent+shim part of the transient scenario: {why}"),
         Ok(shim) => {
             let a = lab::availability(shim);
+            // On failure, what stopped retries and when (a refused budget retry into the owner,
+            // a decision on a chance run of failures).
             assert!(
                 (base - a).abs() <= 0.01,
-                "availability {a} with the shim vs {base} without"
+                "availability {a} with the shim vs {base} without; decisions {:?}, first retry stopped {:?}, edges {:?}",
+                shim.pointer("/agent/decisions_per_edge"),
+                shim.pointer("/agent/first_retry_stopped_s"),
+                shim.get("edges")
             );
         }
     }
