@@ -2290,19 +2290,31 @@ fn trace_link_waits_for_the_request_whose_call_failed() {
 #[test]
 fn trace_link_waits_past_a_late_failed_call() {
     let t = 1_000 * MS;
-    let mut w = trace_only();
-    let req = |id, trace, end_ms, status| traced_request(t, id, trace, end_ms, status);
     // Request 3's call started during request 2 and failed 2.5 s later.
-    w.push(traced_call(t, 1, 2, 2_500, 503));
-    w.push(req(4, 9, 5, 200)); // overlapping on the thread: an event loop
-    w.push(req(2, 1, 10, 500)); // failed on its own
+    let mut w = event_loop_with(&[traced_call(t, 1, 2, 2_500, 503)], t);
     // Past 3 s after request 2's end, within 3 s of the call's: still waiting.
-    w.e.tick(t + 4_000 * MS, &mut w.v);
-    assert_eq!(judged(&w, 2), None, "waits: {:?}", w.v);
-    w.push(req(3, 2, 4_500, 502));
-    w.e.tick(t + 5_000 * MS, &mut w.v);
+    linked_once_answered(&mut w, t, 4_000, (4_500, 502));
+}
+
+/// Process B as an event loop (requests 4 and 2 overlap on its thread), request 2 failing on
+/// its own while `calls` (trace id 2: request 3's) fail.
+fn event_loop_with(calls: &[Exchange], t: u64) -> World {
+    let mut w = trace_only();
+    calls.iter().for_each(|c| w.push(c.clone()));
+    w.push(traced_request(t, 4, 9, 5, 200));
+    w.push(traced_request(t, 2, 1, 10, 500));
+    w
+}
+
+/// Request 2 still waits at `waiting_ms`; once request 3 (trace 2) is answered (`status`) at
+/// `answered_ms`, its verdict is `claimed` by the trace link.
+fn linked_once_answered(w: &mut World, t: u64, waiting_ms: u64, (answered_ms, status): (u64, u16)) {
+    w.e.tick(t + waiting_ms * MS, &mut w.v);
+    assert_eq!(judged(w, 2), None, "waits: {:?}", w.v);
+    w.push(traced_request(t, 3, 2, answered_ms, status));
+    w.e.tick(t + (answered_ms + 500) * MS, &mut w.v);
     assert_eq!(
-        judged(&w, 2),
+        judged(w, 2),
         Some((Claim::Claimed, Link::TraceHeader)),
         "judged once request 3 is known"
     );
@@ -2314,24 +2326,12 @@ fn trace_link_waits_past_a_late_failed_call() {
 #[test]
 fn trace_link_waits_past_the_retry_of_a_failed_call() {
     let t = 1_000 * MS;
-    let mut w = trace_only();
-    let req = |id, trace, end_ms, status| traced_request(t, id, trace, end_ms, status);
     // Request 3's call started during request 2 and failed at 1 s; its retry ran until 4.5 s.
-    w.push(traced_call(t, 10, 2, 1_000, 503));
-    w.push(req(4, 9, 5, 200)); // overlapping on the thread: an event loop
-    w.push(req(2, 1, 10, 500)); // failed on its own
+    let mut w = event_loop_with(&[traced_call(t, 10, 2, 1_000, 503)], t);
     w.e.tick(t + 600 * MS, &mut w.v);
     w.push(traced_call(t, 11, 1_005, 4_500, 200));
     // Past 3 s after the failed attempt's end, within 3 s of its retry's: still waiting.
-    w.e.tick(t + 4_550 * MS, &mut w.v);
-    assert_eq!(judged(&w, 2), None, "waits: {:?}", w.v);
-    w.push(req(3, 2, 4_600, 200));
-    w.e.tick(t + 5_000 * MS, &mut w.v);
-    assert_eq!(
-        judged(&w, 2),
-        Some((Claim::Claimed, Link::TraceHeader)),
-        "judged once request 3 is known"
-    );
+    linked_once_answered(&mut w, t, 4_550, (4_600, 200));
 }
 
 /// A request its caller gave up on (the connection closed before the answer) was in flight
