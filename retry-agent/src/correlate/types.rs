@@ -134,6 +134,11 @@ impl Unlinked {
             Unlinked::HistoryLost => "history_lost",
         }
     }
+
+    /// Index into [`Unlinked::ALL`] (and into `EngineStats::unlinked`).
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 impl Link {
@@ -436,5 +441,5 @@ pub struct EngineStats {
     pub early_verdicts: u64,
     /// `missing` verdicts by why no link placed their calls, indexed like `Unlinked::ALL`.
     #[serde(default)]
-    pub unlinked: [u64; 5],
+    pub unlinked: [u64; Unlinked::ALL.len()],
 }

@@ -43,7 +43,7 @@ impl Engine {
         // A Go handler's span, where a probe saw it, bounds its calls better than the wire. A
         // request its connection's end cut off was in flight until then (the lab's Node hop,
         // whose caller gave up after 3 s: its calls were nobody's, 5 verdicts `missing`).
-        let end = last_ns(ex).max(ex.ended_ns.unwrap_or(0));
+        let end = in_flight_until(ex);
         let window = Window {
             id: ex.id,
             start: ex.handler_start_ns.unwrap_or(ex.request_start_ns),
@@ -98,12 +98,12 @@ impl Engine {
             p.responses.push_back((rs, ex.id));
         }
         // Answered first, first out: the front is the oldest answer.
-        let keep = super::verdict::MAX_WAIT_NS + super::verdict::TRACE_WAIT_NS;
+        const KEEP: u64 = super::verdict::MAX_WAIT_NS + super::verdict::TRACE_WAIT_NS;
         while p.inbound.len() >= INBOUND_PER_PROCESS
             || (p.inbound.len() >= FAILURES_PER_PROCESS
                 && p.inbound
                     .front()
-                    .is_some_and(|f| f.1.saturating_add(keep) < window.end))
+                    .is_some_and(|f| f.1.saturating_add(KEEP) < window.end))
         {
             p.inbound.pop_front();
         }
@@ -229,7 +229,7 @@ impl Engine {
         let edge = match abandoned {
             // The caller gave up before we finished (answered, or dropped when it left): our
             // work was wasted.
-            Some((at, edge)) if last_ns(ex).max(ex.ended_ns.unwrap_or(0)) > at => Some(edge),
+            Some((at, edge)) if in_flight_until(ex) > at => Some(edge),
             _ if caller_gone(ex) => {
                 // The peer closed or reset while we were still working (caller not on this node,
                 // or not captured): attribute to its edge if we know it.
@@ -295,6 +295,11 @@ impl Engine {
 
 /// The latest instant an exchange is known to span: l7 may lose the response end (a close
 /// racing the last write) and keep only its start.
+/// Until when the request was in flight: its last byte, or the close that cut it off.
+fn in_flight_until(ex: &Exchange) -> u64 {
+    last_ns(ex).max(ex.ended_ns.unwrap_or(0))
+}
+
 pub(super) fn last_ns(ex: &Exchange) -> u64 {
     ex.response_end_ns
         .unwrap_or(0)

@@ -2403,38 +2403,29 @@ fn missing_verdicts_count_why_the_trace_link_failed() {
             .collect()
     };
     let after_the_wait = t + 10 * MS + super::verdict::MAX_WAIT_NS + 300 * MS;
-    // The call's request never answers: the wait runs out.
-    let mut w = trace_only();
-    w.push(traced_call(t, 1, 2, 4, 503));
-    w.push(traced_request(t, 4, 9, 5, 200));
-    w.push(traced_request(t, 2, 1, 10, 500));
-    w.e.tick(after_the_wait, &mut w.v);
-    assert_eq!(why(&w), ["wait_expired"]);
-    // The same, but the failed request brought no trace id.
-    let mut w = trace_only();
-    w.push(traced_call(t, 1, 2, 4, 503));
-    w.push(traced_request(t, 4, 9, 5, 200));
-    let mut untraced = traced_request(t, 2, 1, 10, 500);
-    untraced.trace_id = None;
-    w.push(untraced);
-    w.e.tick(after_the_wait, &mut w.v);
-    assert_eq!(why(&w), ["no_trace"]);
-    // A failed call without a trace id could be anyone's.
-    let mut w = trace_only();
-    let mut call = traced_call(t, 1, 2, 4, 503);
-    call.trace_id = None;
-    w.push(call);
-    w.push(traced_request(t, 4, 9, 5, 200));
-    w.push(traced_request(t, 2, 1, 10, 500));
-    w.e.tick(after_the_wait, &mut w.v);
-    assert_eq!(why(&w), ["untraced_call"]);
-    // Another request with the same trace id overlapped it (a caller's hedge).
-    let mut w = trace_only();
-    w.push(traced_call(t, 1, 2, 4, 503));
-    w.push(traced_request(t, 4, 1, 5, 200));
-    w.push(traced_request(t, 2, 1, 10, 500));
-    w.e.tick(after_the_wait, &mut w.v);
-    assert_eq!(why(&w), ["trace_shared"]);
+    // (the failed call's trace id, request 4's, request 2's; what request 2's verdict counts)
+    for (call, other, failed, want) in [
+        // The call's request never answers: the wait runs out.
+        (Some(2), Some(9), Some(1), "wait_expired"),
+        // The same, but the failed request brought no trace id.
+        (Some(2), Some(9), None, "no_trace"),
+        // A failed call without a trace id could be anyone's.
+        (None, Some(9), Some(1), "untraced_call"),
+        // Another request with the same trace id overlapped it (a caller's hedge).
+        (Some(2), Some(1), Some(1), "trace_shared"),
+    ] {
+        let mut w = trace_only();
+        let mut c = traced_call(t, 1, 2, 4, 503);
+        c.trace_id = call;
+        w.push(c);
+        for (id, trace, end_ms, status) in [(4, other, 5, 200), (2, failed, 10, 500)] {
+            let mut r = traced_request(t, id, 0, end_ms, status);
+            r.trace_id = trace;
+            w.push(r);
+        }
+        w.e.tick(after_the_wait, &mut w.v);
+        assert_eq!(why(&w), [want]);
+    }
 }
 
 /// A thread per request: a call that failed on another thread while this request was served

@@ -223,11 +223,7 @@ impl Engine {
         let link = verdict_link(p, found, decision.claim);
         if decision.claim == Claim::Missing {
             let why = found.unlinked.unwrap_or(Unlinked::NoTrace);
-            if let Some(n) = Unlinked::ALL
-                .iter()
-                .position(|&u| u == why)
-                .and_then(|i| self.stats.unlinked.get_mut(i))
-            {
+            if let Some(n) = self.stats.unlinked.get_mut(why.index()) {
                 *n += 1;
             }
         }
