@@ -7,12 +7,12 @@
 use std::{process::Stdio, time::Duration};
 
 use integration_tests::{
-    correlate::{capture_while, derive, named},
+    correlate::{Derived, capture_while, derive, named},
     fixture::{Proc, Ready, can_run, collect, load, node, python, python_server, serve},
 };
 use retry_agent::{
     capture::{Event, Role},
-    correlate::CorrelateConfig,
+    correlate::{CorrelateConfig, Verdict},
     decide::{DecideConfig, Decider, Reason},
     l7::Claim,
 };
@@ -335,13 +335,12 @@ async fn event_loop_overlap_is_missing_not_guessed() {
     );
 }
 
-/// The same event loop forwarding each request's `traceparent` to its call: the trace id ties
-/// every failed call to its request, so every verdict is sound (unclaimed, B's call the cause)
-/// instead of missing, with timing links off.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn event_loop_forwarding_traceparent_gets_verdicts() {
+/// The event loop above, its client sending each request with its own `traceparent` to `paths`
+/// at once; the loop forwards the trace to its call. What the agent derives of the loop's
+/// verdicts, with timing links off (the trace id alone must link). `None`: cannot run here.
+async fn traced_event_loop(paths: &[&str]) -> Option<(Vec<Verdict>, Derived)> {
     if !can_run() {
-        return;
+        return None;
     }
     let node_ok = std::process::Command::new("node")
         .arg("--version")
@@ -349,9 +348,9 @@ async fn event_loop_forwarding_traceparent_gets_verdicts() {
         .is_ok_and(|o| o.status.success());
     if !node_ok {
         eprintln!("skip: node not available");
-        return;
+        return None;
     }
-    let Some(mut cap) = load() else { return };
+    let mut cap = load()?;
     let (b, pb) = python_server("chain_service_b.py", &[]);
     let (n, pn) = serve(
         node,
@@ -359,9 +358,9 @@ async fn event_loop_forwarding_traceparent_gets_verdicts() {
         &[&pb.to_string()],
         Ready::Listening,
     );
-    let mut args = vec![pn.to_string()];
-    args.extend((1..=6).map(|i| format!("/chain/{i}")));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let port = pn.to_string();
+    let mut args = vec![port.as_str()];
+    args.extend(paths);
     let mut cmd = python("parallel_client.py", &args);
     cmd.env("SEND_TRACEPARENT", "1").stdout(Stdio::piped());
     let client = Proc::spawn(&mut cmd);
@@ -369,21 +368,26 @@ async fn event_loop_forwarding_traceparent_gets_verdicts() {
 
     let mut cfg = CorrelateConfig::default();
     cfg.at_least_once = false;
-    // Timing links off: the trace id alone must link.
     cfg.timing_link_ms = 0;
     cfg.service_names
         .push(format!("pid:{}=loop", n.pid()).parse().expect("override"));
     cfg.service_names
         .push(format!("pid:{}=svc-b", b.pid()).parse().expect("override"));
     let d = derive(&events, cfg);
-    let mine: Vec<_> = d
+    let mine: Vec<Verdict> = d
         .verdicts
         .iter()
         .filter(|v| v.service.as_str() == "loop")
+        .cloned()
         .collect();
     for v in &mine {
         eprintln!("{v:?}");
     }
+    Some((mine, d))
+}
+
+/// Every verdict of the loop is sound (unclaimed, B's call the cause) and names its own call.
+fn assert_each_names_its_own_call(mine: &[Verdict], d: &Derived) {
     assert_eq!(mine.len(), 6, "every failed request judged");
     assert!(
         mine.iter().all(|v| v.claim == Claim::Unclaimed
@@ -391,10 +395,35 @@ async fn event_loop_forwarding_traceparent_gets_verdicts() {
             && v.caused_by[0].callee.as_str() == "svc-b"),
         "{mine:?}"
     );
-    // Each verdict names its own call: six different causes.
     let mut causes: Vec<_> = mine.iter().map(|v| v.caused_by[0].exchange).collect();
     causes.sort_unstable();
     causes.dedup();
     assert_eq!(causes.len(), 6, "{mine:?}");
     assert_eq!(d.engine.stats().trace_links, 6, "{:?}", d.engine.stats());
+}
+
+/// The same event loop forwarding each request's `traceparent` to its call: the trace id ties
+/// every failed call to its request, so every verdict is sound (unclaimed, B's call the cause)
+/// instead of missing, with timing links off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_loop_forwarding_traceparent_gets_verdicts() {
+    let paths: Vec<String> = (1..=6).map(|i| format!("/chain/{i}")).collect();
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let Some((mine, d)) = traced_event_loop(&paths).await else {
+        return;
+    };
+    assert_each_names_its_own_call(&mine, &d);
+}
+
+/// Six requests for the same URL: the loop makes six identical, overlapping calls to B, one
+/// per request. They are not retries (nor hedges) of one another: each carries its own
+/// request's trace id. (Keyed on method and URL alone, five of them read as hedged retries.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_calls_of_different_traces_are_not_retries() {
+    let Some((mine, d)) = traced_event_loop(&["/chain/1"; 6]).await else {
+        return;
+    };
+    assert_each_names_its_own_call(&mine, &d);
+    let s = d.engine.stats();
+    assert_eq!((s.retries, s.hedged_retries), (0, 0), "{s:?}");
 }

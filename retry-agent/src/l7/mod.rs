@@ -23,6 +23,7 @@ pub use exchange::{
     RETRY_SUPPRESSED_HEADER, RetryMarkers, Text,
 };
 
+pub use trace::trace_of_headers;
 pub use util::{DigestKey, Keyed, digest_key, route_template, set_digest_key};
 
 use crate::{

@@ -57,6 +57,19 @@ pub(crate) fn trace_of_header(name: &[u8], value: &[u8]) -> Option<(TraceSource,
     }
 }
 
+/// The trace id of a request's headers, by the same rank as the reassembler's (so the shim and
+/// the engine call the same requests the same).
+pub fn trace_of_headers<'a>(
+    headers: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+) -> Option<u64> {
+    headers
+        .into_iter()
+        .filter(|(n, _)| TRACE_NAMES.may_hold(n))
+        .filter_map(|(n, v)| trace_of_header(n, v))
+        .min_by_key(|t| t.0)
+        .map(|t| t.1)
+}
+
 /// `{version:2}-{trace:32}-{parent:16}-{flags:2}` (version ff is invalid; a later version may
 /// append fields, the first four keep their places).
 fn traceparent(v: &[u8]) -> Option<u64> {

@@ -40,8 +40,10 @@ pub struct RequestKey {
     pub authority: String,
     /// Path and query.
     pub target: String,
-    /// `x-request-id` if the caller sends one: distinct ids are distinct logical requests.
-    pub request_id: Option<String>,
+    /// The propagated trace id (`traceparent`, B3, `x-request-id`… as the engine reads it, a
+    /// keyed hash): calls of distinct traces are distinct logical requests, a retry keeps its
+    /// first attempt's.
+    pub trace: Option<u64>,
     /// Keyed digest of the request body's first [`BODY_DIGEST_LIMIT`] bytes (`None`: no body).
     pub body: Option<u64>,
     /// Keyed digest of the caller's credentials ([`credential_digest`]); 0 when it sent none.
@@ -215,7 +217,6 @@ pub fn failure_cost(key: &RequestKey) -> usize {
         + 16
         + key.authority.len()
         + key.target.len()
-        + key.request_id.as_ref().map_or(0, String::len)
 }
 
 impl PolicyConfig {

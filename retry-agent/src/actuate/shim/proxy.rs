@@ -37,7 +37,7 @@ use super::{
 };
 use crate::{
     actuate::control::ControlView,
-    l7::{Claim, ERROR_CLAIM_HEADER},
+    l7::{Claim, ERROR_CLAIM_HEADER, trace_of_headers},
 };
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -487,11 +487,11 @@ fn key_of_parts<B>(req: &Request<B>, info: &ConnInfo, body: Option<u64>) -> Requ
             .path_and_query()
             .map(|p| p.as_str().to_string())
             .unwrap_or_default(),
-        request_id: req
-            .headers()
-            .get("x-request-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string),
+        trace: trace_of_headers(
+            req.headers()
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+        ),
         body,
         credential: policy::credential_digest(req.headers()),
     }

@@ -310,8 +310,13 @@ impl Engine {
     }
 }
 
-/// What makes two attempts "the same request": process, edge, method, authority, path, query
-/// and body. Without a method there is nothing to call the same request (opaque bytes).
+/// What makes two attempts "the same request": process, edge, method, authority, path, query,
+/// body and the propagated trace id. Without a method there is nothing to call the same request
+/// (opaque bytes). The trace id tells identical calls made for different inbound requests apart
+/// (an event loop's `GET /config` per request, which no thread context separates): retries keep
+/// the headers of their first attempt, so they keep its trace. A caller that starts a new trace
+/// per attempt (instrumented client, uninstrumented server side) has its retries seen only by
+/// their markers; calls that carry no trace id match as before.
 fn retry_key(ex: &Exchange, edge: u32) -> Option<u64> {
     if ex.protocol == Protocol::Opaque || ex.method.is_none() {
         return None;
@@ -325,6 +330,7 @@ fn retry_key(ex: &Exchange, edge: u32) -> Option<u64> {
         ex.path.as_deref().or(ex.route.as_deref()),
         ex.query_hash,
         ex.body_hash,
+        ex.trace_id,
     )))
 }
 

@@ -1061,6 +1061,45 @@ fn another_query_on_the_same_path_is_another_request() {
     assert_eq!(w.e.stats().retries, 1);
 }
 
+/// An event loop's identical calls for different inbound requests (`GET /config` per request)
+/// carry their requests' trace ids: a repeat under another trace is not a retry, even when
+/// the two requests' calls interleave; a repeat under the same trace is.
+#[test]
+fn an_identical_call_of_another_trace_is_not_a_retry() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    let config = |w: &mut World, t: u64, status: u16, trace: Option<u64>| {
+        let id = w.id();
+        let x = X::client(id, A, 100, eph(A, 1000), addr("203.0.113.9:443"), t, t + MS)
+            .route("/config")
+            .status(status);
+        match trace {
+            Some(h) => x.trace_id(h),
+            None => x,
+        }
+        .build()
+    };
+    for (at, status, trace) in [(0, 503, 1), (2, 503, 2), (4, 200, 3)] {
+        let x = config(&mut w, t + at * MS, status, Some(trace));
+        w.push(x);
+    }
+    assert_eq!(w.e.stats().retries, 0, "three requests' calls, no retry");
+    // Request 1 retries its failed call after request 2's call and request 3's success.
+    let x = config(&mut w, t + 6 * MS, 200, Some(1));
+    w.push(x);
+    assert_eq!(
+        w.e.stats().retries,
+        1,
+        "the same trace's repeat is its retry"
+    );
+    // Without trace ids a repeat after a failure still reads as a retry.
+    let x = config(&mut w, t + 8 * MS, 503, None);
+    w.push(x);
+    let x = config(&mut w, t + 10 * MS, 200, None);
+    w.push(x);
+    assert_eq!(w.e.stats().retries, 2);
+}
+
 #[test]
 fn hedged_non_idempotent_and_marker_retries() {
     let mut w = World::new();

@@ -10,7 +10,7 @@ fn key(target: &str) -> RequestKey {
         dst: "127.0.0.1:8080".parse().expect("addr"),
         authority: "svc".into(),
         target: target.into(),
-        request_id: None,
+        trace: None,
         body: None,
         credential: 0,
     }
