@@ -51,6 +51,8 @@ const FAILURES_PER_PROCESS: usize = 256;
 /// only those a verdict may still wait on stay, so a quiet process keeps no more than before
 /// (48 bytes an entry).
 const INBOUND_PER_PROCESS: usize = 1024;
+/// How long a waiting verdict may still need a process's history entries.
+const HISTORY_KEEP_NS: u64 = verdict::MAX_WAIT_NS + verdict::TRACE_WAIT_NS;
 const ADDRS_PER_ENTRY: usize = 4;
 const PORTS_PER_PROCESS: usize = 8;
 /// Failures in one bucket before its failure ratio can mark a fault.
@@ -87,6 +89,9 @@ struct ProcState {
     info: Option<ProcessInfo>,
     /// The process exited: its entry may go once nothing names it.
     exited: bool,
+    /// Capture time of the exit: its histories go one keep horizon later (no verdict waits
+    /// longer), even while its names keep the entry.
+    exited_at: u64,
     /// Ports the process served on (first seen first; bounded).
     ports: Vec<u16>,
     /// Resolved names by port (0 = the process as a caller); cleared when naming inputs change.
@@ -100,6 +105,34 @@ struct ProcState {
     inbound: VecDeque<(u64, u64, ExchangeId, Option<u64>, bool)>,
     /// End of the newest failure evicted from `failures`: spans older than this are not covered.
     failures_lost_until: u64,
+    /// End of the latest-ending request evicted from `inbound`: a request that began before
+    /// this may have overlapped one the history no longer holds (a rival, a trace sharer).
+    inbound_lost_until: u64,
+    /// Newest response start evicted from `responses`.
+    responses_lost_until: u64,
+}
+
+impl ProcState {
+    /// The inbound history holds every request of the process that overlapped `[start, _]`.
+    fn inbound_covers(&self, start: u64) -> bool {
+        self.inbound_lost_until < start
+    }
+
+    /// Let the histories go (their memory too), keeping what they covered as lost.
+    fn release_histories(&mut self) {
+        for (c, _) in &self.failures {
+            self.failures_lost_until = self.failures_lost_until.max(c.end);
+        }
+        for x in &self.inbound {
+            self.inbound_lost_until = self.inbound_lost_until.max(x.1);
+        }
+        for &(rs, _) in &self.responses {
+            self.responses_lost_until = self.responses_lost_until.max(rs);
+        }
+        self.failures = VecDeque::new();
+        self.inbound = VecDeque::new();
+        self.responses = VecDeque::new();
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -495,8 +528,13 @@ impl Engine {
         // Figures keyed by the pid stay until they age out (their names with them); the
         // context goes now, the entry when nothing refers to it.
         if let Some(p) = self.procs.get_mut(&pid) {
-            p.failures.clear();
+            // Its requests still waiting for a verdict must not read the cleared history as
+            // "no call failed".
+            for (c, _) in p.failures.drain(..) {
+                p.failures_lost_until = p.failures_lost_until.max(c.end);
+            }
             p.exited = true;
+            p.exited_at = self.now;
         }
     }
 

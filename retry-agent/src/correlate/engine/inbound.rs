@@ -1,8 +1,8 @@
 //! Inbound (server-role) exchanges: served figures, thread windows (event-loop detection),
 //! timeout mismatches, and failed requests queued for their verdict.
 use super::{
-    Child, Engine, FAILURES_PER_PROCESS, INBOUND_PER_PROCESS, INBOUND_PER_THREAD, OVERFLOW_EDGE,
-    Peer, Pending, ThreadCtx, Window, thread_key, tuple_key,
+    Child, Engine, FAILURES_PER_PROCESS, HISTORY_KEEP_NS, INBOUND_PER_PROCESS, INBOUND_PER_THREAD,
+    OVERFLOW_EDGE, Peer, Pending, ThreadCtx, Window, thread_key, tuple_key,
 };
 use crate::{
     correlate::{table::hash_one, types::Verdict},
@@ -92,20 +92,23 @@ impl Engine {
     fn record_process_history(&mut self, ex: &Exchange, window: Window, failed: bool) {
         let p = self.procs.entry(ex.pid).or_default();
         if let Some(rs) = ex.response_start_ns {
-            if p.responses.len() >= FAILURES_PER_PROCESS {
-                p.responses.pop_front();
+            if p.responses.len() >= FAILURES_PER_PROCESS
+                && let Some((old, _)) = p.responses.pop_front()
+            {
+                p.responses_lost_until = p.responses_lost_until.max(old);
             }
             p.responses.push_back((rs, ex.id));
         }
         // Answered first, first out: the front is the oldest answer.
-        const KEEP: u64 = super::verdict::MAX_WAIT_NS + super::verdict::TRACE_WAIT_NS;
         while p.inbound.len() >= INBOUND_PER_PROCESS
             || (p.inbound.len() >= FAILURES_PER_PROCESS
                 && p.inbound
                     .front()
-                    .is_some_and(|f| f.1.saturating_add(KEEP) < window.end))
+                    .is_some_and(|f| f.1.saturating_add(HISTORY_KEEP_NS) < window.end))
         {
-            p.inbound.pop_front();
+            if let Some(old) = p.inbound.pop_front() {
+                p.inbound_lost_until = p.inbound_lost_until.max(old.1);
+            }
         }
         p.inbound
             .push_back((window.start, window.end, ex.id, ex.trace_id, failed));

@@ -2467,6 +2467,75 @@ fn missing_verdicts_count_why_the_trace_link_failed() {
     }
 }
 
+/// The trace link must see every request that overlapped: a hedge sharing the long request's
+/// trace id, answered early and then evicted from the process's history by the requests
+/// answered after it, leaves the request's own entry in place. Linking then would place the
+/// hedge's failed call on it; the history no longer covers its span, so it is `missing`.
+#[test]
+fn an_evicted_overlapping_request_makes_the_trace_link_unsound() {
+    let t = 1_000 * MS;
+    let mut w = trace_only();
+    // The hedge (trace 1) over [0, 2 s]; the failed call with trace 1 at 3 s.
+    w.push(traced_request(t, 2, 1, 2_000, 200));
+    w.push(traced_call(t, 3, 3_000, 3_050, 503));
+    if let Some(c) = w.e.procs.get_mut(&B).and_then(|p| p.failures.back_mut()) {
+        c.0.trace = Some(1);
+    }
+    // 300 other requests answered from 3 s to 18 s: past the keep horizon, the hedge goes.
+    for i in 0..300 {
+        w.push(traced_request(t, 1_000 + i, 5_000 + i, 3_000 + i * 50, 200));
+    }
+    let held = |w: &World, id: u64| w.e.procs[&B].inbound.iter().any(|x| x.2 == ExchangeId(id));
+    assert!(!held(&w, 2), "the hedge left the history");
+    // The long request (trace 1) over [0, 20 s] fails.
+    w.push(traced_request(t, 4, 1, 20_000, 500));
+    w.e.tick(t + 21_000 * MS, &mut w.v);
+    assert_eq!(
+        judged(&w, 4),
+        Some((Claim::Missing, Link::Unlinked)),
+        "{:?}",
+        w.v
+    );
+    assert_eq!(w.e.stats().unlinked[Unlinked::HistoryLost.index()], 1);
+}
+
+/// A process that exits while its failed requests wait for their verdicts: its failure history
+/// goes, but what it held still counts (those calls failed). Read as "no call failed", the
+/// event loop's request was judged `claimed` by `process_quiet`.
+#[test]
+fn an_exited_process_history_is_lost_not_quiet() {
+    let t = 1_000 * MS;
+    let mut w = trace_only();
+    let mut call = traced_call(t, 1, 2, 4, 503);
+    call.trace_id = None;
+    w.push(call);
+    for (id, end_ms, status) in [(4, 5, 200), (2, 10, 500)] {
+        let mut r = traced_request(t, id, 0, end_ms, status);
+        r.trace_id = None;
+        w.push(r);
+    }
+    w.e.on_process_exit(B);
+    w.e.tick(t + 2_000 * MS, &mut w.v);
+    assert_eq!(
+        judged(&w, 2).map(|j| j.0),
+        Some(Claim::Missing),
+        "{:?}",
+        w.v
+    );
+    // Its service keeps its entry (figures name it); its histories go after the keep horizon.
+    let held = |w: &World| {
+        w.e.procs
+            .get(&B)
+            .map(|p| (p.inbound.len(), p.responses.len()))
+    };
+    assert_eq!(held(&w), Some((2, 2)));
+    // (It exited at the engine's time then: the last answer's, 10 ms.)
+    w.e.tick(t + super::HISTORY_KEEP_NS - 1_000 * MS, &mut w.v);
+    assert_eq!(held(&w), Some((2, 2)), "not before the horizon");
+    w.e.tick(t + super::HISTORY_KEEP_NS + 1_000 * MS, &mut w.v);
+    assert_eq!(held(&w), Some((0, 0)));
+}
+
 /// A thread per request: a call that failed on another thread while this request was served
 /// cannot be placed until that thread's own request is answered (the thread serves requests, so
 /// it most likely was serving one). The verdict waits for it, with or without trace ids; its

@@ -1,6 +1,6 @@
 //! Capture time: verdicts due after their grace period, buckets rolled into baselines, fault
 //! windows (baselines frozen while a fault lasts).
-use super::{Engine, FAULT_MIN_FAILURES};
+use super::{Engine, FAULT_MIN_FAILURES, HISTORY_KEEP_NS};
 use crate::correlate::types::Verdict;
 
 /// A waiting verdict is looked at again at most this often (when the grace is shorter).
@@ -70,6 +70,20 @@ impl Engine {
             }
         }
         self.rolled_epoch = Some(now_epoch);
+        self.release_exited();
+    }
+
+    /// Exited processes whose entries their names keep: past the keep horizon no verdict can
+    /// need their histories (up to ~80 KB for a busy one), so a node whose pods restart does
+    /// not hold every dead process's.
+    fn release_exited(&mut self) {
+        let horizon = self.now.saturating_sub(HISTORY_KEEP_NS);
+        for p in self.procs.values_mut() {
+            let held = !(p.failures.is_empty() && p.inbound.is_empty() && p.responses.is_empty());
+            if p.exited && p.exited_at < horizon && held {
+                p.release_histories();
+            }
+        }
     }
 
     pub(super) fn fault_active(&self) -> bool {

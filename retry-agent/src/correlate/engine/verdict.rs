@@ -460,7 +460,10 @@ impl Engine {
     pub(super) fn link_sole_inbound(&self, p: &Pending) -> Option<Vec<Child>> {
         let proc_ = self.procs.get(&p.pid)?;
         // Both histories must reach back to this request (they are bounded).
-        if proc_.failures_lost_until >= p.start || !proc_.inbound.iter().any(|x| x.2 == p.id) {
+        if proc_.failures_lost_until >= p.start
+            || !proc_.inbound_covers(p.start)
+            || !proc_.inbound.iter().any(|x| x.2 == p.id)
+        {
             return None;
         }
         let overlapped = proc_
@@ -498,7 +501,10 @@ impl Engine {
         let Some(proc_) = self.procs.get(&p.pid) else {
             return TraceLink::Unsound(Unlinked::HistoryLost);
         };
-        if proc_.failures_lost_until >= p.start || !proc_.inbound.iter().any(|x| x.2 == p.id) {
+        if proc_.failures_lost_until >= p.start
+            || !proc_.inbound_covers(p.start)
+            || !proc_.inbound.iter().any(|x| x.2 == p.id)
+        {
             return TraceLink::Unsound(Unlinked::HistoryLost);
         }
         let same_trace_overlaps = proc_
@@ -573,6 +579,10 @@ impl Engine {
             }
         }
         let c = found?;
+        // The rivals below must be knowable: an evicted response or request could be one.
+        if proc_.responses_lost_until >= c.end || !proc_.inbound_covers(c.start) {
+            return None;
+        }
         // Another response of the process written as soon after the call: it could be the one
         // the call answered.
         let competing_response = proc_
