@@ -31,6 +31,9 @@ pub const THREAD_BYTES: u64 = 1024;
 pub const PENDING_BYTES: u64 = 1536;
 /// One remembered request for retry matching.
 pub const RETRY_KEY_BYTES: u64 = 96;
+/// One inbound request in a process's history (48 bytes), with a quarter of a failed call's
+/// (112) and of a response's (16), and the deques' growth slack.
+pub const HISTORY_BYTES: u64 = 128;
 
 /// Shares of what the fixed costs leave, in sixteenths: ring, channel, recorder, l7, correlate.
 /// The ring's pages count twice in RSS (the reader maps them twice, so a record that wraps reads
@@ -39,13 +42,13 @@ pub const RETRY_KEY_BYTES: u64 = 96;
 pub const SHARES: [(&str, u64); 5] = [
     ("ring", 4),
     ("channel", 1),
-    ("recorder", 5),
+    ("recorder", 4),
     ("l7", 3),
-    ("correlate", 3),
+    ("correlate", 4),
 ];
 
 /// The flags whose default the budget replaces (long names, without dashes).
-pub const DERIVED_FLAGS: [&str; 7] = [
+pub const DERIVED_FLAGS: [&str; 8] = [
     "capture-ring-bytes",
     "capture-channel-capacity",
     "recorder-max-mib",
@@ -53,6 +56,7 @@ pub const DERIVED_FLAGS: [&str; 7] = [
     "correlate-max-threads",
     "correlate-max-pending",
     "correlate-max-retry-keys",
+    "correlate-max-history",
 ];
 
 /// The bounds a budget gives.
@@ -65,6 +69,7 @@ pub struct Caps {
     pub correlate_max_threads: usize,
     pub correlate_max_pending: usize,
     pub correlate_max_retry_keys: usize,
+    pub correlate_max_history: usize,
 }
 
 fn share(budget: MemoryBudget, part: &str) -> u64 {
@@ -92,10 +97,12 @@ impl Caps {
             ),
             recorder_max_mib: (share(budget, "recorder") / MIB).max(1),
             l7_max_connections: count(share(budget, "l7"), L7_CONNECTION_BYTES),
-            // Half the share to thread contexts, 3/8 to pending verdicts, 1/8 to retry keys.
-            correlate_max_threads: count(correlate / 2, THREAD_BYTES),
+            // 3/8 of the share to thread contexts, 3/8 to pending verdicts, 1/8 to retry keys,
+            // 1/8 to the processes' histories.
+            correlate_max_threads: count(correlate / 8 * 3, THREAD_BYTES),
             correlate_max_pending: count(correlate / 8 * 3, PENDING_BYTES),
             correlate_max_retry_keys: count(correlate / 8, RETRY_KEY_BYTES),
+            correlate_max_history: count(correlate / 8, HISTORY_BYTES),
         }
     }
 }
@@ -126,6 +133,9 @@ pub fn apply(args: &mut RunArgs, given: impl Fn(&str) -> bool) {
     }
     if set("correlate-max-retry-keys") {
         c.max_retry_keys = caps.correlate_max_retry_keys;
+    }
+    if set("correlate-max-history") {
+        c.max_history = caps.correlate_max_history;
     }
 }
 
@@ -172,7 +182,8 @@ impl Ceiling {
             l7: n(args.pipeline.l7.max_connections) * L7_CONNECTION_BYTES,
             correlate: n(c.max_threads) * THREAD_BYTES
                 + n(c.max_pending) * PENDING_BYTES
-                + n(c.max_retry_keys) * RETRY_KEY_BYTES,
+                + n(c.max_retry_keys) * RETRY_KEY_BYTES
+                + n(c.max_history) * HISTORY_BYTES,
         }
     }
 

@@ -182,7 +182,7 @@ pub struct CorrelateConfig {
         long = "correlate-max-pending",
         alias = "max-pending",
         env = "RETRY_AGENT_CORRELATE_MAX_PENDING",
-        default_value_t = 1728
+        default_value_t = 2304
     )]
     pub max_pending: usize,
     /// Distinct requests remembered for retry matching (default: derived from
@@ -191,9 +191,20 @@ pub struct CorrelateConfig {
         long = "correlate-max-retry-keys",
         alias = "max-retry-keys",
         env = "RETRY_AGENT_CORRELATE_MAX_RETRY_KEYS",
-        default_value_t = 9216
+        default_value_t = 12288
     )]
     pub max_retry_keys: usize,
+    /// Inbound requests remembered in the processes' histories, all processes together (one
+    /// process keeps up to 1024; failed calls and responses are capped at a quarter as many).
+    /// Verdicts that needed what was let go are `missing` (default: derived from
+    /// --memory-budget-mib).
+    #[arg(
+        long = "correlate-max-history",
+        alias = "max-history",
+        env = "RETRY_AGENT_CORRELATE_MAX_HISTORY",
+        default_value_t = 9216
+    )]
+    pub max_history: usize,
 }
 
 impl Default for CorrelateConfig {
@@ -215,6 +226,7 @@ impl Settings for CorrelateConfig {
         positive("correlate-max-threads", self.max_threads as u64);
         positive("correlate-max-pending", self.max_pending as u64);
         positive("correlate-max-retry-keys", self.max_retry_keys as u64);
+        positive("correlate-max-history", self.max_history as u64);
         let buckets = self.stats_window_buckets;
         p.check(
             buckets <= MAX_WINDOW_BUCKETS,

@@ -112,7 +112,58 @@ struct ProcState {
     responses_lost_until: u64,
 }
 
+/// One of a process's histories.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hist {
+    Failures,
+    Responses,
+    Inbound,
+}
+
+/// Entries in all processes' histories, within the caps `--correlate-max-history` gives
+/// (counted as entries come and go, recounted once a bucket).
+#[derive(Clone, Copy, Debug, Default)]
+struct HistTotals {
+    failures: usize,
+    responses: usize,
+    inbound: usize,
+}
+
+impl HistTotals {
+    fn get_mut(&mut self, h: Hist) -> &mut usize {
+        match h {
+            Hist::Failures => &mut self.failures,
+            Hist::Responses => &mut self.responses,
+            Hist::Inbound => &mut self.inbound,
+        }
+    }
+}
+
 impl ProcState {
+    fn hist_len(&self, h: Hist) -> usize {
+        match h {
+            Hist::Failures => self.failures.len(),
+            Hist::Responses => self.responses.len(),
+            Hist::Inbound => self.inbound.len(),
+        }
+    }
+
+    /// Let the oldest entry of `h` go, keeping how far back it no longer covers.
+    fn pop_oldest(&mut self, h: Hist) -> bool {
+        match h {
+            Hist::Failures => self.failures.pop_front().map(|(c, _)| {
+                self.failures_lost_until = self.failures_lost_until.max(c.end);
+            }),
+            Hist::Responses => self.responses.pop_front().map(|(rs, _)| {
+                self.responses_lost_until = self.responses_lost_until.max(rs);
+            }),
+            Hist::Inbound => self.inbound.pop_front().map(|x| {
+                self.inbound_lost_until = self.inbound_lost_until.max(x.1);
+            }),
+        }
+        .is_some()
+    }
+
     /// The inbound history holds every request of the process that overlapped `[start, _]`.
     fn inbound_covers(&self, start: u64) -> bool {
         self.inbound_lost_until < start
@@ -120,14 +171,8 @@ impl ProcState {
 
     /// Let the histories go (their memory too), keeping what they covered as lost.
     fn release_histories(&mut self) {
-        for (c, _) in &self.failures {
-            self.failures_lost_until = self.failures_lost_until.max(c.end);
-        }
-        for x in &self.inbound {
-            self.inbound_lost_until = self.inbound_lost_until.max(x.1);
-        }
-        for &(rs, _) in &self.responses {
-            self.responses_lost_until = self.responses_lost_until.max(rs);
+        for h in [Hist::Failures, Hist::Responses, Hist::Inbound] {
+            while self.pop_oldest(h) {}
         }
         self.failures = VecDeque::new();
         self.inbound = VecDeque::new();
@@ -355,6 +400,8 @@ pub struct Engine {
     /// (so the callee's own verdict does not count it twice).
     header_claimed: GenMap<u64, ()>,
     retry_keys: GenMap<u64, RetryState>,
+    /// Entries in all processes' histories (see [`Engine::make_room`]).
+    hist: HistTotals,
     pending: VecDeque<Pending>,
     names_issued: Map<ServiceId, ()>,
     other: ServiceId,
@@ -464,6 +511,7 @@ impl Engine {
             mismatched: GenMap::new(cfg.max_threads.max(2)),
             header_claimed: GenMap::new(cfg.max_threads.max(2)),
             retry_keys: GenMap::new(cfg.max_retry_keys.max(2)),
+            hist: HistTotals::default(),
             pending: VecDeque::new(),
             names_issued: map(),
             other: ServiceId::new("other"),
@@ -530,8 +578,8 @@ impl Engine {
         if let Some(p) = self.procs.get_mut(&pid) {
             // Its requests still waiting for a verdict must not read the cleared history as
             // "no call failed".
-            for (c, _) in p.failures.drain(..) {
-                p.failures_lost_until = p.failures_lost_until.max(c.end);
+            while p.pop_oldest(Hist::Failures) {
+                self.hist.failures = self.hist.failures.saturating_sub(1);
             }
             p.exited = true;
             p.exited_at = self.now;

@@ -60,7 +60,7 @@ pub struct RecorderConfig {
     #[arg(
         long = "recorder-max-mib",
         env = "RETRY_AGENT_RECORDER_MAX_MIB",
-        default_value_t = 11
+        default_value_t = 9
     )]
     pub max_mib: u64,
     /// Where dump files are written (created 0700 if missing; files are 0600).

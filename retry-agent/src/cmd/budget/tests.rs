@@ -32,6 +32,7 @@ fn caps_of(a: &RunArgs) -> Caps {
         correlate_max_threads: a.pipeline.correlate.max_threads,
         correlate_max_pending: a.pipeline.correlate.max_pending,
         correlate_max_retry_keys: a.pipeline.correlate.max_retry_keys,
+        correlate_max_history: a.pipeline.correlate.max_history,
     }
 }
 
@@ -55,7 +56,7 @@ fn every_cap_follows_the_budget() {
     let (s, b) = (caps_of(&small), caps_of(&big));
     // 220 − 28 fixed = 192 MiB to share, 16/3 of the default's 36 (the ring rounds to 2^n).
     assert_eq!(b.ring_bytes, 16 << 20);
-    assert_eq!(b.recorder_max_mib, 60);
+    assert_eq!(b.recorder_max_mib, 48);
     // (each count rounds down on its own)
     assert!(
         (s.channel_capacity * 16 / 3..=(s.channel_capacity + 1) * 16 / 3)
@@ -68,6 +69,7 @@ fn every_cap_follows_the_budget() {
         b.correlate_max_retry_keys,
         s.correlate_max_retry_keys * 16 / 3
     );
+    assert_eq!(b.correlate_max_history, s.correlate_max_history * 16 / 3);
     // A larger payload prefix makes each queued event dearer: fewer of them.
     let wide = run(&["--capture-payload-bytes", "4096"]);
     assert!(wide.capture.channel_capacity < s.channel_capacity / 3);
@@ -120,9 +122,9 @@ fn a_bound_given_on_its_flag_wins() {
         "--memory-budget-mib",
         "128",
         "--correlate-max-pending",
-        "1728",
+        "2304",
     ]);
-    assert_eq!(b.pipeline.correlate.max_pending, 1728);
+    assert_eq!(b.pipeline.correlate.max_pending, 2304);
     // And a ceiling over the budget is what the start-up warning reports.
     let over = run(&["--recorder-max-mib", "512"]);
     assert!(Ceiling::of(&over).total() > over.budget.bytes());
@@ -143,5 +145,5 @@ fn the_ceiling_names_every_part() {
     for part in ["fixed", "ring", "channel", "recorder", "l7", "correlate"] {
         assert!(text.contains(part), "{text}");
     }
-    assert!(text.starts_with("62.7 MiB"), "{text}");
+    assert!(text.starts_with("63.0 MiB"), "{text}");
 }

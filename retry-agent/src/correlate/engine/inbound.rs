@@ -1,8 +1,8 @@
 //! Inbound (server-role) exchanges: served figures, thread windows (event-loop detection),
 //! timeout mismatches, and failed requests queued for their verdict.
 use super::{
-    Child, Engine, FAILURES_PER_PROCESS, HISTORY_KEEP_NS, INBOUND_PER_PROCESS, INBOUND_PER_THREAD,
-    OVERFLOW_EDGE, Peer, Pending, ThreadCtx, Window, thread_key, tuple_key,
+    Child, Engine, FAILURES_PER_PROCESS, HISTORY_KEEP_NS, Hist, INBOUND_PER_PROCESS,
+    INBOUND_PER_THREAD, OVERFLOW_EDGE, Peer, Pending, ThreadCtx, Window, thread_key, tuple_key,
 };
 use crate::{
     correlate::{table::hash_one, types::Verdict},
@@ -90,28 +90,27 @@ impl Engine {
 
     /// Process-wide histories, for the links thread context cannot make.
     fn record_process_history(&mut self, ex: &Exchange, window: Window, failed: bool) {
-        let p = self.procs.entry(ex.pid).or_default();
         if let Some(rs) = ex.response_start_ns {
-            if p.responses.len() >= FAILURES_PER_PROCESS
-                && let Some((old, _)) = p.responses.pop_front()
-            {
-                p.responses_lost_until = p.responses_lost_until.max(old);
-            }
+            self.make_room(ex.pid, Hist::Responses, FAILURES_PER_PROCESS);
+            let p = self.procs.entry(ex.pid).or_default();
             p.responses.push_back((rs, ex.id));
+            self.hist.responses += 1;
         }
-        // Answered first, first out: the front is the oldest answer.
-        while p.inbound.len() >= INBOUND_PER_PROCESS
-            || (p.inbound.len() >= FAILURES_PER_PROCESS
-                && p.inbound
-                    .front()
-                    .is_some_and(|f| f.1.saturating_add(HISTORY_KEEP_NS) < window.end))
+        self.make_room(ex.pid, Hist::Inbound, INBOUND_PER_PROCESS);
+        let p = self.procs.entry(ex.pid).or_default();
+        // Answered first, first out: the front is the oldest answer. Past
+        // `FAILURES_PER_PROCESS` entries only those a wait may still need stay.
+        while p.inbound.len() >= FAILURES_PER_PROCESS
+            && p.inbound
+                .front()
+                .is_some_and(|f| f.1.saturating_add(HISTORY_KEEP_NS) < window.end)
+            && p.pop_oldest(Hist::Inbound)
         {
-            if let Some(old) = p.inbound.pop_front() {
-                p.inbound_lost_until = p.inbound_lost_until.max(old.1);
-            }
+            self.hist.inbound = self.hist.inbound.saturating_sub(1);
         }
         p.inbound
             .push_back((window.start, window.end, ex.id, ex.trace_id, failed));
+        self.hist.inbound += 1;
     }
 
     /// The request's window on its thread; one overlapping another marks an event loop.

@@ -1,7 +1,7 @@
 //! Outbound (client-role) exchanges: per-edge figures, retry / hedge detection, the children a
 //! thread's inbound request may have caused, and the process-wide failure history.
 use super::{
-    CHILDREN_PER_THREAD, Child, Engine, FAILURES_PER_PROCESS, Peer, RetryState, ThreadCtx,
+    CHILDREN_PER_THREAD, Child, Engine, FAILURES_PER_PROCESS, Hist, Peer, RetryState, ThreadCtx,
     call_key, claim_index, class_index, rooted, thread_key, tuple_key,
 };
 use crate::{
@@ -193,14 +193,11 @@ impl Engine {
     /// The call as a child of its thread (or goroutine) and, failed, in the process history.
     fn record_child(&mut self, ex: &Exchange, child: Child, failed: bool) {
         if failed {
+            self.make_room(ex.pid, Hist::Failures, FAILURES_PER_PROCESS);
             let p = self.procs.entry(ex.pid).or_default();
-            if p.failures.len() >= FAILURES_PER_PROCESS
-                && let Some((old, _)) = p.failures.pop_front()
-            {
-                p.failures_lost_until = p.failures_lost_until.max(old.end);
-            }
             p.failures
                 .push_back((child, call_key(ex) | rooted(ex.goid)));
+            self.hist.failures += 1;
         }
         let ctx = self
             .threads

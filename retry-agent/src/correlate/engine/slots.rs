@@ -1,10 +1,11 @@
 //! Slot tables: edges (caller pid → peer) and served (pid, port) slots, bounded by `max_edges`
-//! (idle slots reused, then overflow), and the process table swept of exited processes.
+//! (idle slots reused, then overflow), the process table swept of exited processes, and the
+//! processes' histories held within `max_history` all together.
 use std::net::SocketAddr;
 
 use super::{
-    ADDRS_PER_ENTRY, Baseline, EdgeBucket, EdgeState, Engine, OVERFLOW_EDGE, PORTS_PER_PROCESS,
-    Peer, SvcState, push_bounded,
+    ADDRS_PER_ENTRY, Baseline, EdgeBucket, EdgeState, Engine, Hist, HistTotals, OVERFLOW_EDGE,
+    PORTS_PER_PROCESS, Peer, SvcState, push_bounded,
 };
 use crate::correlate::table::{Map, Ring, map};
 
@@ -177,5 +178,61 @@ impl Engine {
     pub(super) fn edge_bucket(&mut self, edge: u32, t: u64) -> Option<&mut EdgeBucket> {
         let ep = self.epoch(t);
         self.edges.get_mut(edge as usize)?.ring.at(ep)
+    }
+}
+
+impl Engine {
+    /// The engine-wide cap of history `h`: `max_history` requests, a quarter as many failed
+    /// calls and responses (the per-process caps' proportions).
+    fn hist_cap(&self, h: Hist) -> usize {
+        let n = self.cfg.max_history.max(1);
+        match h {
+            Hist::Inbound => n,
+            Hist::Failures | Hist::Responses => (n / 4).max(1),
+        }
+    }
+
+    /// Room for one more entry in `pid`'s history `h`, which the caller then pushes (and
+    /// counts): the process's own oldest entry goes at its per-process cap or at the
+    /// engine-wide one; a process holding none when the engine-wide one is reached takes room
+    /// from the process holding most (a quarter of its entries at once, so the scan is rare).
+    /// Whatever goes is kept as lost, so a link that needed it says so (`missing`).
+    pub(super) fn make_room(&mut self, pid: u32, h: Hist, per_process: usize) {
+        let at_cap = *self.hist.get_mut(h) >= self.hist_cap(h);
+        let own = self.procs.get(&pid).map_or(0, |p| p.hist_len(h));
+        if own == 0 {
+            if !at_cap {
+                return;
+            }
+            let Some(victim) = self.procs.values_mut().max_by_key(|p| p.hist_len(h)) else {
+                return;
+            };
+            let mut freed = 0;
+            for _ in 0..(victim.hist_len(h) / 4).max(1) {
+                freed += usize::from(victim.pop_oldest(h));
+            }
+            let total = self.hist.get_mut(h);
+            *total = total.saturating_sub(freed);
+            self.stats.evictions += freed as u64;
+        } else if (own >= per_process || at_cap)
+            && self.procs.get_mut(&pid).is_some_and(|p| p.pop_oldest(h))
+        {
+            let total = self.hist.get_mut(h);
+            *total = total.saturating_sub(1);
+            if at_cap && own < per_process {
+                self.stats.evictions += 1;
+            }
+        }
+    }
+
+    /// Count the histories afresh (entries leave with their processes, at pid reuse...).
+    pub(super) fn recount_histories(&mut self) {
+        let mut t = HistTotals::default();
+        for p in self.procs.values() {
+            for h in [Hist::Failures, Hist::Responses, Hist::Inbound] {
+                *t.get_mut(h) += p.hist_len(h);
+            }
+        }
+        self.hist = t;
     }
 }

@@ -2499,6 +2499,46 @@ fn an_evicted_overlapping_request_makes_the_trace_link_unsound() {
     assert_eq!(w.e.stats().unlinked[Unlinked::HistoryLost.index()], 1);
 }
 
+/// The processes' histories share one cap (`--correlate-max-history`): a busy process keeps
+/// its newest entries within it, and another that starts serving takes room from the one
+/// holding most, so no number of busy processes grows them past the memory budget.
+#[test]
+fn process_histories_share_one_cap() {
+    let mut c = cfg();
+    c.max_history = 64;
+    let mut w = World::with(c);
+    let t = 1_000 * MS;
+    let held = |w: &World, pid: u32| w.e.procs.get(&pid).map_or(0, |p| p.inbound.len());
+    for i in 0..100 {
+        w.inbound(B, 200, t + i * MS, MS / 2, 200);
+    }
+    assert_eq!(held(&w, B), 64, "within the cap: its newest");
+    assert_eq!(w.e.hist.inbound, 64);
+    assert_eq!(w.e.hist.responses, 16, "a quarter as many responses");
+    let evicted = w.e.stats().evictions;
+    assert!(evicted >= 36, "what the cap let go is counted: {evicted}");
+    // Its lost span is known: a link reaching back there would say `history_lost`.
+    assert!(!w.e.procs[&B].inbound_covers(t + 30 * MS));
+    assert!(w.e.procs[&B].inbound_covers(t + 40 * MS));
+    w.inbound(C, 300, t + 200 * MS, MS / 2, 200);
+    assert_eq!(
+        (held(&w, B), held(&w, C)),
+        (48, 1),
+        "a quarter of B's made room"
+    );
+    for i in 0..40 {
+        w.inbound(C, 300, t + (201 + i) * MS, MS / 2, 200);
+    }
+    assert_eq!(held(&w, B) + held(&w, C), 64);
+    // The running count is what a recount finds.
+    let counted = w.e.hist;
+    w.e.recount_histories();
+    assert_eq!(
+        (counted.inbound, counted.responses),
+        (w.e.hist.inbound, w.e.hist.responses)
+    );
+}
+
 /// A process that exits while its failed requests wait for their verdicts: its failure history
 /// goes, but what it held still counts (those calls failed). Read as "no call failed", the
 /// event loop's request was judged `claimed` by `process_quiet`.

@@ -71,6 +71,7 @@ impl Engine {
         }
         self.rolled_epoch = Some(now_epoch);
         self.release_exited();
+        self.recount_histories();
     }
 
     /// Exited processes whose entries their names keep: past the keep horizon no verdict can
