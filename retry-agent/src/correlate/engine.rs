@@ -14,7 +14,7 @@
 //!   process named late (or renamed by config) never splits its history.
 use std::{collections::VecDeque, net::SocketAddr};
 
-use self::inbound::last_ns;
+use self::inbound::in_flight_until;
 use retry_common::GOROUTINE_ROOTED;
 
 use super::{
@@ -596,7 +596,7 @@ impl Engine {
             // Unresolved side: nothing sound to say about it.
             Role::Unknown => {}
         }
-        self.advance(last_ns(ex), out);
+        self.advance(in_flight_until(ex), out);
     }
 
     /// Advance capture time: judge inbound exchanges whose grace has passed, roll buckets.

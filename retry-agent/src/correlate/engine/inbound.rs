@@ -295,14 +295,15 @@ impl Engine {
     }
 }
 
-/// The latest instant an exchange is known to span: l7 may lose the response end (a close
-/// racing the last write) and keep only its start.
-/// Until when the request was in flight: its last byte, or the close that cut it off.
-fn in_flight_until(ex: &Exchange) -> u64 {
+/// Until when the request was in flight: its last byte, or the close that cut it off (also the
+/// capture time the engine's clock reaches with it).
+pub(super) fn in_flight_until(ex: &Exchange) -> u64 {
     last_ns(ex).max(ex.ended_ns.unwrap_or(0))
 }
 
-pub(super) fn last_ns(ex: &Exchange) -> u64 {
+/// The latest byte of an exchange seen: l7 may lose the response end (a close racing the last
+/// write) and keep only its start.
+fn last_ns(ex: &Exchange) -> u64 {
     ex.response_end_ns
         .unwrap_or(0)
         .max(ex.response_start_ns.unwrap_or(0))

@@ -2499,6 +2499,28 @@ fn an_evicted_overlapping_request_makes_the_trace_link_unsound() {
     assert_eq!(w.e.stats().unlinked[Unlinked::HistoryLost.index()], 1);
 }
 
+/// An exchange cut off by a close brings the engine's clock to the close, not only to its last
+/// byte: a verdict due by then is judged on that push, not at the next tick.
+#[test]
+fn a_close_moves_the_engine_clock() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    let failed = w.inbound(B, 200, t, 10 * MS, 500);
+    let grace = w.e.config().context_grace_ms * MS;
+    // Another request of C's, its last byte at 20 ms, its connection closed past the grace.
+    let id = w.id();
+    let mut x = X::server(id, C, 300, svc(C), addr("192.168.1.1:999"), t, t + 20 * MS)
+        .status(200)
+        .build();
+    x.ended_ns = Some(t + 20 * MS + 2 * grace);
+    w.push(x);
+    assert!(
+        judged(&w, failed).is_some(),
+        "judged at the close: {:?}",
+        w.v
+    );
+}
+
 /// The processes' histories share one cap (`--correlate-max-history`): a busy process keeps
 /// its newest entries within it, and another that starts serving takes room from the one
 /// holding most, so no number of busy processes grows them past the memory budget.
