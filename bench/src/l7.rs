@@ -21,6 +21,7 @@ pub fn run() -> Result<()> {
         http1_large(),
         grpc_unary(Hpack::Loona),
         grpc_unary(Hpack::IndexAll),
+        grpc_unary(Hpack::TracePerCall),
     ] {
         if only.as_deref().is_some_and(|o| !w.name.starts_with(o)) {
             continue;
@@ -248,6 +249,10 @@ enum Hpack {
     /// As Go's (x/net/http2/hpack) and nghttp2's encoders do: every field is added to the
     /// dynamic table once, then sent as an index: gRPC's repeated calls of one method.
     IndexAll,
+    /// Loona's request fields plus a `traceparent` with a new trace id on every call, added to
+    /// the dynamic table as Go's encoder would: no two request blocks alike, each changes the
+    /// table (the worst case: every block decoded anew).
+    TracePerCall,
 }
 
 /// A literal header field with incremental indexing, new name, no Huffman (short strings).
@@ -257,6 +262,27 @@ fn literal_indexed(out: &mut Vec<u8>, (n, v): (&[u8], &[u8])) {
     out.extend_from_slice(n);
     out.push(v.len() as u8);
     out.extend_from_slice(v);
+}
+
+/// The request fields as literals without indexing (literal names where the static table has
+/// none, so the block never refers to the dynamic table and replays whatever it holds), then a
+/// `traceparent` unique to (connection, call) with incremental indexing.
+fn traced_request_block(fields: &[(&[u8], &[u8])], conn: u32, call: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    for (n, v) in fields {
+        b.push(0x00);
+        b.push(n.len() as u8);
+        b.extend_from_slice(n);
+        b.push(v.len() as u8);
+        b.extend_from_slice(v);
+    }
+    let tp = format!(
+        "00-{:032x}-{:016x}-01",
+        (u64::from(conn) << 32) | u64::from(call),
+        call + 1
+    );
+    literal_indexed(&mut b, (b"traceparent", tp.as_bytes()));
+    b
 }
 
 /// Indexed fields for the dynamic table's entries, given as their insertion order (first
@@ -301,7 +327,7 @@ fn grpc_unary(hpack: Hpack) -> Workload {
         first.extend(frame(4, 0, 0, &[]));
         let mut answer;
         let (req_block, resp_block, trailers_block);
-        if hpack == Hpack::Loona {
+        if hpack != Hpack::IndexAll {
             first.extend(frame(1, 0x5, 1, &ce.encode(req_h)));
             answer = frame(1, 0x4, 1, &se.encode(resp_h));
             answer.extend(frame(1, 0x5, 1, &se.encode(trailers)));
@@ -343,7 +369,12 @@ fn grpc_unary(hpack: Hpack) -> Workload {
             let enc = |e: &mut loona_hpack::Encoder, b: &Option<Vec<u8>>, h: &[(&[u8], &[u8])]| {
                 b.clone().unwrap_or_else(|| e.encode(h.iter().copied()))
             };
-            batch_req.extend(frame(1, 0x4, id, &enc(&mut ce, &req_block, &req_h)));
+            let req = if hpack == Hpack::TracePerCall {
+                traced_request_block(&req_h, fd, call)
+            } else {
+                enc(&mut ce, &req_block, &req_h)
+            };
+            batch_req.extend(frame(1, 0x4, id, &req));
             batch_req.extend(frame(0, 0x1, id, &msg));
             batch_resp.extend(frame(1, 0x4, id, &enc(&mut se, &resp_block, &resp_h)));
             batch_resp.extend(frame(0, 0, id, &msg));
@@ -376,6 +407,7 @@ fn grpc_unary(hpack: Hpack) -> Workload {
         name: match hpack {
             Hpack::Loona => "grpc unary, 8 in flight, 100 B, literal fields",
             Hpack::IndexAll => "grpc unary, 8 in flight, 100 B, indexed fields",
+            Hpack::TracePerCall => "grpc unary, 8 in flight, 100 B, a new traceparent per call",
         },
         setup,
         round,

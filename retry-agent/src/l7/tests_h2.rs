@@ -677,9 +677,9 @@ fn go_probe_bindings_give_streams_their_request_context() {
         (3, 1)
     );
 }
-/// Repeated blocks of indexed fields are answered from the direction's memory, which any
-/// block that may change the dynamic table empties: the same bytes then decode anew (here to
-/// another path, the table having shifted under them).
+/// Repeated blocks of indexed fields (and literals without indexing) are answered from the
+/// direction's memory, which any block that may change the dynamic table empties: the same
+/// bytes then decode anew (here to another path, the table having shifted under them).
 #[test]
 fn repeated_indexed_blocks_decode_as_the_table_says() {
     // :method POST, :scheme http, then :path as a literal with incremental indexing (dynamic
@@ -690,12 +690,23 @@ fn repeated_indexed_blocks_decode_as_the_table_says() {
         b
     };
     let indexed = vec![0x83, 0x86, 0xbe];
+    // :path as a literal without indexing (static name 4): the table stays as it was.
+    let unindexed = |p: &[u8]| {
+        let mut b = vec![0x83, 0x86, 0x04, p.len() as u8];
+        b.extend_from_slice(p);
+        b
+    };
     let blocks = [
         literal(b"/a"),
         indexed.clone(),
         indexed.clone(),
         literal(b"/b"),
         indexed.clone(),
+        unindexed(b"/c"),
+        unindexed(b"/c"),
+        indexed.clone(),
+        unindexed(b"/d"),
+        unindexed(b"/c"),
     ];
     let mut writes = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
@@ -707,10 +718,8 @@ fn repeated_indexed_blocks_decode_as_the_table_says() {
     let (ex, stats) = run(&client_conn(3, writes));
     assert_eq!(stats.parse_errors, 0);
     let paths: Vec<_> = ex.iter().map(|x| x.path.as_deref()).collect();
-    assert_eq!(
-        paths,
-        [Some("/a"), Some("/a"), Some("/a"), Some("/b"), Some("/b")]
-    );
+    let want = ["/a", "/a", "/a", "/b", "/b", "/c", "/c", "/b", "/d", "/c"];
+    assert_eq!(paths, want.map(Some));
     assert!(
         ex.iter().all(|x| x.status == Some(200) && !x.unknown),
         "{ex:#?}"
@@ -718,17 +727,33 @@ fn repeated_indexed_blocks_decode_as_the_table_says() {
 }
 
 #[test]
-fn only_indexed_fields_leave_the_table_alone() {
-    use super::http2::indexed_only;
-    assert!(indexed_only(&[0x82, 0x86, 0xbe]));
+fn blocks_that_leave_the_table_alone_are_told_from_the_rest() {
+    use super::http2::table_preserving as kept;
+    assert!(kept(&[0x82, 0x86, 0xbe]));
     // A multi-byte index (127 + 1 + 2·128): continuation bytes until one without its high bit.
-    assert!(indexed_only(&[0xff, 0x81, 0x02, 0x88]));
-    assert!(!indexed_only(&[0xff, 0x81])); // cut inside the index
-    assert!(!indexed_only(&[0x82, 0x44, 0x01, b'/'])); // literal with incremental indexing
-    assert!(!indexed_only(&[0x20])); // dynamic table size update
-    assert!(!indexed_only(&[0x0f, 0x00])); // literal without indexing
-    assert!(!indexed_only(&[0x80])); // index 0: an error
-    assert!(!indexed_only(&[]));
+    assert!(kept(&[0xff, 0x81, 0x02, 0x88]));
+    assert!(!kept(&[0xff, 0x81])); // cut inside the index
+    assert!(!kept(&[0x82, 0x44, 0x01, b'/'])); // literal with incremental indexing
+    assert!(!kept(&[0x20])); // dynamic table size update
+    assert!(!kept(&[0x80])); // index 0: an error
+    assert!(!kept(&[]));
+    // Literals without indexing: an indexed name (`:path`, 4), a long index (content-type,
+    // 31 = 15 + 16), a literal name; Huffman or not, the length says where they end.
+    assert!(kept(&[0x04, 0x02, b'/', b'a', 0x82]));
+    assert!(kept(&[0x0f, 0x10, 0x01, b'x']));
+    assert!(kept(&[0x00, 0x02, b't', b'e', 0x83, 1, 2, 3]));
+    assert!(!kept(&[0x04, 0x05, b'/'])); // value cut
+    assert!(!kept(&[0x00, 0x02, b't'])); // name cut
+    // Never indexed (a credential): not kept, though it leaves the table alone.
+    assert!(!kept(&[0x82, 0x10, 0x01, b'a', 0x01, b'b']));
+    // Such blocks repeat exactly: loona's encoder sends a field whose name is in the static
+    // table as a literal without indexing every time (others are indexed once, then referred to).
+    let mut e = loona_hpack::Encoder::new();
+    let h: [(&[u8], &[u8]); 2] = [(b":path", b"/a.B/C"), (b"te", b"trailers")];
+    let first = e.encode(h);
+    assert!(!kept(&first), "te enters the table: {first:x?}");
+    let (two, three) = (e.encode(h), e.encode(h));
+    assert!(kept(&two) && two == three, "{two:x?}");
 }
 
 /// A client connection whose streams two threads wrote at once (one's in flight when the other
