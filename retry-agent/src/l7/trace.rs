@@ -187,6 +187,18 @@ mod tests {
         assert_ne!(short, tp);
     }
 
+    /// A later version may append fields after a `-`; the first four keep their places.
+    #[test]
+    fn a_later_version_may_append_fields() {
+        let tp = id("traceparent", TP);
+        let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(id("traceparent", later), tp);
+        assert_eq!(id("traceparent", &format!("{later}-what-next")), tp);
+        assert_eq!(id("traceparent", &format!("{later}x")), None);
+        assert_eq!(id("traceparent", &TP[..54]), None);
+        assert_eq!(id("traceparent", &TP.replacen('-', "_", 1)), None);
+    }
+
     #[test]
     fn different_traces_and_request_ids_differ() {
         let other = id(
