@@ -676,3 +676,83 @@ fn burst_of_new_h2c_connections_is_answered() {
         "the connections did not all go through the shim: {log}"
     );
 }
+
+/// A backend that answers each request with the head it received as its body, under a
+/// mixed-case response header; one request per connection.
+fn head_echo_server() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 16 << 10 {
+                    match s.read(&mut b) {
+                        Ok(1) => head.push(b[0]),
+                        _ => return,
+                    }
+                }
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nX-Reply-Case: Mixed\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    head.len()
+                );
+                let _ = s.write_all(&head);
+            });
+        }
+    });
+    addr
+}
+
+/// HTTP/1 header names through the shim: lower-cased by default, as HAProxy and Envoy send
+/// them (names are case-insensitive), in each side's own case with
+/// `--shim-preserve-header-case true`; values untouched either way.
+#[test]
+fn header_names_are_lower_cased_unless_asked_to_keep_their_case() {
+    if let Some(r) = skip_reason(&[]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let backend = head_echo_server();
+    for (tag, extra, keep) in [
+        ("CASE0", &[][..], false),
+        ("CASE1", &["--shim-preserve-header-case", "true"][..], true),
+    ] {
+        let ch = chain(tag);
+        let ctl_path = tmp(&format!("{tag}.sock"));
+        let shim = Shim::start(ShimOpts {
+            chain: &ch,
+            dports: &[backend.port()],
+            control: &ctl_path,
+            watchdog: true,
+            extra,
+        });
+        let mut s = std::net::TcpStream::connect_timeout(&backend, Duration::from_secs(3))
+            .expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        write!(
+            s,
+            "GET /case HTTP/1.1\r\nHost: rashim\r\nX-Custom-Header: Value-Kept\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write");
+        let mut resp = Vec::new();
+        let _ = s.read_to_end(&mut resp);
+        let text = String::from_utf8_lossy(&resp).to_string();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        assert!(head.starts_with("HTTP/1.1 200"), "{text}");
+        let (sent, got) = if keep {
+            ("X-Custom-Header: Value-Kept", "X-Reply-Case: Mixed")
+        } else {
+            ("x-custom-header: Value-Kept", "x-reply-case: Mixed")
+        };
+        assert!(body.contains(sent), "{tag}: the callee got {body:?}");
+        assert!(head.contains(got), "{tag}: the caller got {head:?}");
+        drop(shim);
+        // It went through the shim: its log counted an HTTP/1 connection.
+        let log = std::fs::read_to_string(std::env::temp_dir().join(format!("rashim-{ch}.log")))
+            .unwrap_or_default();
+        assert!(log.contains("http1=1"), "{tag}: {log}");
+    }
+}

