@@ -400,7 +400,7 @@ pub struct Engine {
     /// (so the callee's own verdict does not count it twice).
     header_claimed: GenMap<u64, ()>,
     retry_keys: GenMap<u64, RetryState>,
-    /// Entries in all processes' histories (see [`Engine::make_room`]).
+    /// Entries in all processes' histories (see [`Engine::room_for`]).
     hist: HistTotals,
     pending: VecDeque<Pending>,
     names_issued: Map<ServiceId, ()>,

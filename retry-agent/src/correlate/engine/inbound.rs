@@ -91,26 +91,25 @@ impl Engine {
     /// Process-wide histories, for the links thread context cannot make.
     fn record_process_history(&mut self, ex: &Exchange, window: Window, failed: bool) {
         if let Some(rs) = ex.response_start_ns {
-            self.make_room(ex.pid, Hist::Responses, FAILURES_PER_PROCESS);
-            let p = self.procs.entry(ex.pid).or_default();
-            p.responses.push_back((rs, ex.id));
-            self.hist.responses += 1;
+            self.room_for(ex.pid, Hist::Responses, FAILURES_PER_PROCESS)
+                .responses
+                .push_back((rs, ex.id));
         }
-        self.make_room(ex.pid, Hist::Inbound, INBOUND_PER_PROCESS);
-        let p = self.procs.entry(ex.pid).or_default();
+        let p = self.room_for(ex.pid, Hist::Inbound, INBOUND_PER_PROCESS);
         // Answered first, first out: the front is the oldest answer. Past
         // `FAILURES_PER_PROCESS` entries only those a wait may still need stay.
+        let mut aged = 0;
         while p.inbound.len() >= FAILURES_PER_PROCESS
             && p.inbound
                 .front()
                 .is_some_and(|f| f.1.saturating_add(HISTORY_KEEP_NS) < window.end)
             && p.pop_oldest(Hist::Inbound)
         {
-            self.hist.inbound = self.hist.inbound.saturating_sub(1);
+            aged += 1;
         }
         p.inbound
             .push_back((window.start, window.end, ex.id, ex.trace_id, failed));
-        self.hist.inbound += 1;
+        self.hist.inbound = self.hist.inbound.saturating_sub(aged);
     }
 
     /// The request's window on its thread; one overlapping another marks an event loop.

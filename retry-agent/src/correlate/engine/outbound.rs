@@ -193,11 +193,9 @@ impl Engine {
     /// The call as a child of its thread (or goroutine) and, failed, in the process history.
     fn record_child(&mut self, ex: &Exchange, child: Child, failed: bool) {
         if failed {
-            self.make_room(ex.pid, Hist::Failures, FAILURES_PER_PROCESS);
-            let p = self.procs.entry(ex.pid).or_default();
-            p.failures
+            self.room_for(ex.pid, Hist::Failures, FAILURES_PER_PROCESS)
+                .failures
                 .push_back((child, call_key(ex) | rooted(ex.goid)));
-            self.hist.failures += 1;
         }
         let ctx = self
             .threads

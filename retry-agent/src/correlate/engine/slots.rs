@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use super::{
     ADDRS_PER_ENTRY, Baseline, EdgeBucket, EdgeState, Engine, Hist, HistTotals, OVERFLOW_EDGE,
-    PORTS_PER_PROCESS, Peer, SvcState, push_bounded,
+    PORTS_PER_PROCESS, Peer, ProcState, SvcState, push_bounded,
 };
 use crate::correlate::table::{Map, Ring, map};
 
@@ -192,37 +192,41 @@ impl Engine {
         }
     }
 
-    /// Room for one more entry in `pid`'s history `h`, which the caller then pushes (and
-    /// counts): the process's own oldest entry goes at its per-process cap or at the
-    /// engine-wide one; a process holding none when the engine-wide one is reached takes room
-    /// from the process holding most (a quarter of its entries at once, so the scan is rare).
-    /// Whatever goes is kept as lost, so a link that needed it says so (`missing`).
-    pub(super) fn make_room(&mut self, pid: u32, h: Hist, per_process: usize) {
+    /// `pid`'s state, with room for one more entry in its history `h`, which the caller pushes
+    /// (it is counted here): the process's own oldest entry goes at its per-process cap or at
+    /// the engine-wide one; a process holding none when the engine-wide one is reached takes
+    /// room from the process holding most (a quarter of its entries at once, so the scan is
+    /// rare). Whatever goes is kept as lost, so a link that needed it says so (`missing`).
+    pub(super) fn room_for(&mut self, pid: u32, h: Hist, per_process: usize) -> &mut ProcState {
         let at_cap = *self.hist.get_mut(h) >= self.hist_cap(h);
         let own = self.procs.get(&pid).map_or(0, |p| p.hist_len(h));
-        if own == 0 {
-            if !at_cap {
-                return;
-            }
-            let Some(victim) = self.procs.values_mut().max_by_key(|p| p.hist_len(h)) else {
-                return;
-            };
-            let mut freed = 0;
-            for _ in 0..(victim.hist_len(h) / 4).max(1) {
-                freed += usize::from(victim.pop_oldest(h));
-            }
-            let total = self.hist.get_mut(h);
-            *total = total.saturating_sub(freed);
-            self.stats.evictions += freed as u64;
-        } else if (own >= per_process || at_cap)
-            && self.procs.get_mut(&pid).is_some_and(|p| p.pop_oldest(h))
-        {
-            let total = self.hist.get_mut(h);
+        if own == 0 && at_cap {
+            self.trim_largest(h);
+        }
+        let (total, evictions) = (self.hist.get_mut(h), &mut self.stats.evictions);
+        let p = self.procs.entry(pid).or_default();
+        if own > 0 && (own >= per_process || at_cap) && p.pop_oldest(h) {
             *total = total.saturating_sub(1);
-            if at_cap && own < per_process {
-                self.stats.evictions += 1;
+            if own < per_process {
+                *evictions += 1;
             }
         }
+        *total += 1;
+        p
+    }
+
+    /// A quarter of the largest holder's entries of `h` go (at least one).
+    fn trim_largest(&mut self, h: Hist) {
+        let Some(victim) = self.procs.values_mut().max_by_key(|p| p.hist_len(h)) else {
+            return;
+        };
+        let mut freed = 0;
+        for _ in 0..(victim.hist_len(h) / 4).max(1) {
+            freed += usize::from(victim.pop_oldest(h));
+        }
+        let total = self.hist.get_mut(h);
+        *total = total.saturating_sub(freed);
+        self.stats.evictions += freed as u64;
     }
 
     /// Count the histories afresh (entries leave with their processes, at pid reuse...).
