@@ -2477,10 +2477,9 @@ fn an_evicted_overlapping_request_makes_the_trace_link_unsound() {
     let mut w = trace_only();
     // The hedge (trace 1) over [0, 2 s]; the failed call with trace 1 at 3 s.
     w.push(traced_request(t, 2, 1, 2_000, 200));
-    w.push(traced_call(t, 3, 3_000, 3_050, 503));
-    if let Some(c) = w.e.procs.get_mut(&B).and_then(|p| p.failures.back_mut()) {
-        c.0.trace = Some(1);
-    }
+    let mut call = traced_call(t, 3, 3_000, 3_050, 503);
+    call.trace_id = Some(1);
+    w.push(call);
     // 300 other requests answered from 3 s to 18 s: past the keep horizon, the hedge goes.
     for i in 0..300 {
         w.push(traced_request(t, 1_000 + i, 5_000 + i, 3_000 + i * 50, 200));
