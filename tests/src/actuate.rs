@@ -348,12 +348,17 @@ pub fn http_get_whole(
     path: &str,
     extra_headers: &str,
 ) -> std::io::Result<String> {
+    exchange_raw(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: rashim\r\nConnection: close\r\n{extra_headers}\r\n"),
+    )
+}
+
+/// `request` written on a fresh connection; everything read back until the peer closes.
+fn exchange_raw(addr: SocketAddr, request: &str) -> std::io::Result<String> {
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: rashim\r\nConnection: close\r\n{extra_headers}\r\n"
-    )?;
+    s.write_all(request.as_bytes())?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp)?;
     Ok(String::from_utf8_lossy(&resp).to_string())
@@ -401,15 +406,12 @@ pub fn envoy_bin() -> Result<PathBuf, String> {
 
 /// One HTTP/1.1 request on a fresh connection: (status, body). For admin endpoints.
 pub fn http_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: rashim\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    let text = exchange_raw(
+        addr,
+        &format!(
+            "{method} {path} HTTP/1.1\r\nHost: rashim\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
     )?;
-    let mut resp = Vec::new();
-    s.read_to_end(&mut resp)?;
-    let text = String::from_utf8_lossy(&resp).to_string();
     let status = text
         .split_whitespace()
         .nth(1)
