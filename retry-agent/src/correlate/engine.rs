@@ -169,6 +169,14 @@ impl ProcState {
         self.inbound_lost_until < start
     }
 
+    /// Both histories still hold everything since the request `id` that started at `start`
+    /// (they are bounded): its own entry, every request that overlapped it, every failed call.
+    fn reaches_back_to(&self, start: u64, id: ExchangeId) -> bool {
+        self.failures_lost_until < start
+            && self.inbound_covers(start)
+            && self.inbound.iter().any(|x| x.2 == id)
+    }
+
     /// Let the histories go (their memory too), keeping what they covered as lost.
     fn release_histories(&mut self) {
         for h in [Hist::Failures, Hist::Responses, Hist::Inbound] {

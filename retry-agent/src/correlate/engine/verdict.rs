@@ -459,11 +459,7 @@ impl Engine {
     /// still unanswered when we judge is not known yet: the grace period is the margin.)
     pub(super) fn link_sole_inbound(&self, p: &Pending) -> Option<Vec<Child>> {
         let proc_ = self.procs.get(&p.pid)?;
-        // Both histories must reach back to this request (they are bounded).
-        if proc_.failures_lost_until >= p.start
-            || !proc_.inbound_covers(p.start)
-            || !proc_.inbound.iter().any(|x| x.2 == p.id)
-        {
+        if !proc_.reaches_back_to(p.start, p.id) {
             return None;
         }
         let overlapped = proc_
@@ -501,10 +497,7 @@ impl Engine {
         let Some(proc_) = self.procs.get(&p.pid) else {
             return TraceLink::Unsound(Unlinked::HistoryLost);
         };
-        if proc_.failures_lost_until >= p.start
-            || !proc_.inbound_covers(p.start)
-            || !proc_.inbound.iter().any(|x| x.2 == p.id)
-        {
+        if !proc_.reaches_back_to(p.start, p.id) {
             return TraceLink::Unsound(Unlinked::HistoryLost);
         }
         let same_trace_overlaps = proc_
