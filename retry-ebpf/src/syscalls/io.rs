@@ -47,7 +47,6 @@ fn payload_source(sc: u32, buf: u64, ret: i64) -> Result<(Src, u64), i32> {
 
 #[inline(always)]
 fn try_exit_io(sc: u32, ret: i64, args: &SyscallArgs) -> Result<(), i32> {
-    let ts = now();
     let pid_tgid = bpf_get_current_pid_tgid();
     let (fd, buf) = fd_and_buffer(sc, args);
     let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd };
@@ -65,8 +64,11 @@ fn try_exit_io(sc: u32, ret: i64, args: &SyscallArgs) -> Result<(), i32> {
         emit_conn(conn_kind::RESET, pid_tgid, info.fd, info.role, (-ret) as i32, states, info.generation, &info.tuple);
         return Ok(());
     }
+    // Read once the fd is known to be tracked (most I/O on a node is not); no entry program
+    // ran, so the call's only timestamp is its return.
+    let ts = now();
     let (src, total) = payload_source(sc, buf, ret)?;
-    emit_data(pid_tgid, &key, &info, sc, src, (ret, total), ts);
+    emit_data(pid_tgid, &key, &info, sc, src, (ret, total), (ts, ts));
     Ok(())
 }
 

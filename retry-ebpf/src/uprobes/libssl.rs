@@ -70,6 +70,7 @@ fn try_ssl_enter(ctx: &ProbeContext, kind: u32) -> Result<(), i32> {
 
 #[inline(always)]
 fn try_ssl_exit(ctx: &RetProbeContext) -> Result<(), i32> {
+    let ts_exit_ns = now();
     let pid_tgid = bpf_get_current_pid_tgid();
     let a = match SSL_ARGS.get_ptr(&pid_tgid) {
         // SAFETY: the value is copied out before the entry is removed.
@@ -95,7 +96,7 @@ fn try_ssl_exit(ctx: &RetProbeContext) -> Result<(), i32> {
         None => return Ok(()),
     };
     let sc = if matches!(a.kind, SSL_WRITE | SSL_WRITE_EX) { syscall::SSL_WRITE } else { syscall::SSL_READ };
-    emit_data(pid_tgid, &key, &info, sc, Src::Flat(a.buf), (n as i64, n), a.ts_enter_ns);
+    emit_data(pid_tgid, &key, &info, sc, Src::Flat(a.buf), (n as i64, n), (a.ts_enter_ns, ts_exit_ns));
     Ok(())
 }
 
