@@ -1,7 +1,7 @@
 //! The kernel's run-time statistics of eBPF programs (`kernel.bpf_stats_enabled`): how much of
 //! the workload's CPU the programs themselves take, which the agent's own CPU figure leaves out
 //! (programs run in the context of the task that made the syscall).
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
@@ -30,22 +30,73 @@ impl Drop for StatsOn {
     }
 }
 
-/// Nanoseconds the programs behind `pid`'s open program fds have run so far (0 when statistics
-/// are off or the process is gone). A program is counted once per fd the process holds on it;
-/// the agent holds one each.
-pub(crate) fn run_time_ns(pid: u32) -> u64 {
+/// Run time and run count of one program, as the kernel counts them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ProgStats {
+    pub(crate) name: String,
+    pub(crate) run_time_ns: u64,
+    pub(crate) run_cnt: u64,
+}
+
+/// The programs behind `pid`'s open program fds, by program id (empty when the process is
+/// gone). A program is listed once however many fds the process holds on it.
+pub(crate) fn programs(pid: u32) -> BTreeMap<u32, ProgStats> {
     let dir = Path::new("/proc").join(pid.to_string()).join("fdinfo");
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
+        return BTreeMap::new();
     };
-    entries
+    let field = |info: &str, key: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let mut progs = BTreeMap::new();
+    for info in entries
         .flatten()
         .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .filter(|info| info.contains("prog_tag:"))
-        .filter_map(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix("run_time_ns:"))
-                .and_then(|v| v.trim().parse::<u64>().ok())
+        // Program fds; a link fd names its program too, without the counts.
+        .filter(|info| info.contains("prog_tag:") && info.contains("run_cnt:"))
+    {
+        let Some(id) = field(&info, "prog_id:").and_then(|v| u32::try_from(v).ok()) else {
+            continue;
+        };
+        progs.insert(
+            id,
+            ProgStats {
+                name: String::new(),
+                run_time_ns: field(&info, "run_time_ns:").unwrap_or(0),
+                run_cnt: field(&info, "run_cnt:").unwrap_or(0),
+            },
+        );
+    }
+    // fdinfo has no names; the kernel's program list does.
+    for info in aya::programs::loaded_programs().flatten() {
+        if let Some(p) = progs.get_mut(&info.id()) {
+            p.name = info.name_as_str().unwrap_or("?").to_owned();
+        }
+    }
+    progs
+}
+
+/// What each program ran between two snapshots: (name, runs, ns), dearest first.
+pub(crate) fn delta(
+    before: &BTreeMap<u32, ProgStats>,
+    after: &BTreeMap<u32, ProgStats>,
+) -> Vec<(String, u64, u64)> {
+    let mut d: Vec<(String, u64, u64)> = after
+        .iter()
+        .filter_map(|(id, a)| {
+            let b = before.get(id).cloned().unwrap_or_default();
+            let runs = a.run_cnt.saturating_sub(b.run_cnt);
+            (runs > 0).then(|| {
+                (
+                    a.name.clone(),
+                    runs,
+                    a.run_time_ns.saturating_sub(b.run_time_ns),
+                )
+            })
         })
-        .sum()
+        .collect();
+    d.sort_by(|x, y| y.2.cmp(&x.2));
+    d
 }

@@ -273,6 +273,8 @@ struct Row {
     rss_peak: u64,
     events: f64,
     drops: f64,
+    /// eBPF time by program under the agent's load: (name, runs, ns), dearest first.
+    programs: Vec<(String, u64, u64)>,
 }
 
 fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
@@ -292,9 +294,10 @@ fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
     let pid = agent.proc.0.id();
     // Let the start-up scans (/proc, Go executables) settle before the load.
     thread::sleep(Duration::from_secs(2));
-    let (cpu0, bpf0) = (cpu_seconds(pid), crate::bpf_stats::run_time_ns(pid));
+    let (cpu0, progs0) = (cpu_seconds(pid), crate::bpf_stats::programs(pid));
     row.agent = wrk_url(&url)?;
-    let (cpu1, bpf1) = (cpu_seconds(pid), crate::bpf_stats::run_time_ns(pid));
+    let (cpu1, progs1) = (cpu_seconds(pid), crate::bpf_stats::programs(pid));
+    row.programs = crate::bpf_stats::delta(&progs0, &progs1);
     // Figures are published once a second.
     thread::sleep(Duration::from_millis(1500));
     row.rss_peak = rss(pid).1;
@@ -302,7 +305,8 @@ fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
     row.drops = metric(agent.api_port, "retry_agent_capture_drops_total");
     let requests = row.agent * SECONDS as f64;
     row.cpu_per_request_us = (cpu1 - cpu0) * 1e6 / requests.max(1.0);
-    row.ebpf_per_request_us = bpf1.saturating_sub(bpf0) as f64 / 1e3 / requests.max(1.0);
+    let bpf_ns: u64 = row.programs.iter().map(|p| p.2).sum();
+    row.ebpf_per_request_us = bpf_ns as f64 / 1e3 / requests.max(1.0);
     Command::new("kill")
         .args(["-INT", &pid.to_string()])
         .status()
@@ -356,6 +360,25 @@ pub fn run(bin: &Path) -> Result<()> {
     }
     if rows.is_empty() {
         bail!("no server could be measured");
+    }
+    // Where the eBPF time goes (kernel.bpf_stats_enabled): the programs that take most of it.
+    println!();
+    println!("eBPF time by program under the agent's load (runs per request × ns per run):");
+    for (s, r) in &rows {
+        let requests = (r.agent * SECONDS as f64).max(1.0);
+        let top: Vec<String> = r
+            .programs
+            .iter()
+            .take(4)
+            .map(|(name, runs, ns)| {
+                format!(
+                    "{name} {:.2} × {:.0} ns",
+                    *runs as f64 / requests,
+                    *ns as f64 / (*runs).max(1) as f64
+                )
+            })
+            .collect();
+        println!("- {}: {}", s.label(), top.join(", "));
     }
     Ok(())
 }
