@@ -401,6 +401,11 @@ pub struct Config {
     /// level 0) of any cgroup in `SCOPE_CGROUPS`, so the ancestor walk stops there.
     pub cgroup_levels: u32,
     pub offsets: KernelOffsets,
+    /// Payload prefix of a response's records (a server's writes, a client's reads) on a
+    /// connection not marked HTTP/2, ≤ `MAX_PAYLOAD`: past its head a response's bytes only
+    /// frame it, and copying them is a large share of what a large response costs the workload.
+    pub response_bytes: u32,
+    pub _pad: u32,
 }
 
 /// `Config::flags`.

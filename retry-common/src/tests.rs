@@ -78,9 +78,10 @@ fn map_key_and_value_layouts() {
         inode_sb @ 40, 4; sb_dev @ 44, 4; task_nsproxy @ 48, 4; nsproxy_net_ns @ 52, 4; net_ns @ 56, 4;
         ns_inum @ 60, 4;
     });
-    layout!(Config, size 96, {
+    layout!(Config, size 104, {
         agent_tgid @ 0, 4; payload_bytes @ 4, 4; wakeup_bytes @ 8, 4; flags @ 12, 4; exe_ino @ 16, 8;
-        exe_dev @ 24, 4; cgroup_levels @ 28, 4; offsets @ 32, 64;
+        exe_dev @ 24, 4; cgroup_levels @ 28, 4; offsets @ 32, 64; response_bytes @ 96, 4;
+        _pad @ 100, 4;
     });
 }
 

@@ -321,7 +321,11 @@ pub fn emit_data(
         None => return,
     };
     let h2 = info.flags & CONN_H2 != 0;
-    let mut want = if h2 { H2_RECORDS as u64 * MAX_PAYLOAD as u64 } else { config().payload_bytes as u64 };
+    let egress = syscall::is_egress(sc);
+    // A server's writes and a client's reads are responses.
+    let response = (info.role == retry_common::role::SERVER && egress) || (info.role == retry_common::role::CLIENT && !egress);
+    let prefix = if response { config().response_bytes } else { config().payload_bytes };
+    let mut want = if h2 { H2_RECORDS as u64 * MAX_PAYLOAD as u64 } else { prefix as u64 };
     if !h2 && want > MAX_PAYLOAD as u64 {
         want = MAX_PAYLOAD as u64;
     }
@@ -361,7 +365,7 @@ pub fn emit_data(
                 tid: pid_tgid as u32,
                 fd: info.fd,
                 role: info.role,
-                direction: if syscall::is_egress(sc) { direction::EGRESS } else { direction::INGRESS },
+                direction: if egress { direction::EGRESS } else { direction::INGRESS },
                 captured: captured as u32,
                 generation: info.generation,
                 ts_enter_ns,

@@ -64,7 +64,7 @@ const _: () = assert!(size_of::<ConnInfo>() == 72);
 const _: () = assert!(size_of::<SockOwner>() == 72);
 const _: () = assert!(size_of::<PeerKey>() == 20);
 const _: () = assert!(size_of::<ServerEst>() == 48);
-const _: () = assert!(size_of::<Config>() == 96);
+const _: () = assert!(size_of::<Config>() == 104);
 
 /// errno values the programs report or compare with.
 mod errno {

@@ -377,6 +377,67 @@ async fn payload_prefix_size_is_configurable_up_to_4k() {
     assert!(!w.is_complete());
 }
 
+/// `--capture-response-bytes`: a server's writes and a client's reads take the response prefix,
+/// the requests keep the payload prefix, on both ends of the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_prefix_is_configured_apart_from_requests() {
+    if !can_run() {
+        return;
+    }
+    let cfg = retry_agent::capture::CaptureConfig {
+        payload_bytes: 4096,
+        response_bytes: Some(512),
+        ..Default::default()
+    };
+    let Some(mut cap) = load_with(&cfg) else {
+        return;
+    };
+    let (echo, port) = python_server("echo_server.py", &[]);
+    let mut client = Proc::spawn(&mut python("big_write_client.py", &[&port.to_string()]));
+    assert!(client.wait(Duration::from_secs(10)).success());
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(2),
+        involving(&[client.pid(), echo.pid()]),
+        |_| false,
+    )
+    .await;
+    let data = data_events(&evs);
+    let of = |pid: u32, dir: Direction| -> Vec<_> {
+        data.iter()
+            .filter(|d| d.pid == pid && d.direction == dir)
+            .collect()
+    };
+    let request = of(client.pid(), Direction::Egress);
+    let request = request
+        .first()
+        .unwrap_or_else(|| panic!("request not captured\n{}", dump(&evs)));
+    assert_eq!(
+        request.payload.len(),
+        4096,
+        "a request takes the payload prefix"
+    );
+    let read = of(echo.pid(), Direction::Ingress);
+    assert!(
+        read.iter().any(|d| d.payload.len() > 512),
+        "the server's reads are requests: {:?}",
+        read.iter()
+            .map(|d| (d.len, d.payload.len()))
+            .collect::<Vec<_>>()
+    );
+    for (side, pid, dir) in [
+        ("the server's writes", echo.pid(), Direction::Egress),
+        ("the client's reads", client.pid(), Direction::Ingress),
+    ] {
+        let recs = of(pid, dir);
+        assert!(!recs.is_empty(), "{side} not captured\n{}", dump(&evs));
+        for d in recs {
+            let want = usize::try_from(d.len).unwrap_or(usize::MAX).min(512);
+            assert_eq!(d.payload.len(), want, "{side} take the response prefix");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_re_describes_the_process() {
     if !can_run() {

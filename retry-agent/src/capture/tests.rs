@@ -7,6 +7,7 @@ fn validate_reports_every_problem() {
     let cfg = CaptureConfig {
         ring_bytes: 5000,
         payload_bytes: 5000,
+        response_bytes: Some(4097),
         channel_capacity: 0,
         poll_ms: 0,
         ..Default::default()
@@ -20,6 +21,7 @@ fn validate_reports_every_problem() {
         [
             "capture-ring-bytes",
             "capture-payload-bytes",
+            "capture-response-bytes",
             "capture-ring-poll-ms",
             "capture-channel-capacity"
         ]

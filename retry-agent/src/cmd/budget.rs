@@ -110,7 +110,7 @@ impl Caps {
 /// Replaces every derived bound that `given` (a flag's long name → set on the command line or in
 /// the environment) says was not set explicitly.
 pub fn apply(args: &mut RunArgs, given: impl Fn(&str) -> bool) {
-    let caps = Caps::derive(args.budget, args.capture.payload_bytes);
+    let caps = Caps::derive(args.budget, args.capture.largest_prefix());
     let set = |flag: &str| !given(flag);
     if set("capture-ring-bytes") {
         args.capture.ring_bytes = caps.ring_bytes;
@@ -173,7 +173,7 @@ impl Ceiling {
             fixed: FIXED_BYTES,
             ring: 2 * u64::from(args.capture.ring_bytes),
             channel: n(args.capture.channel_capacity)
-                * (u64::from(args.capture.payload_bytes) + EVENT_OVERHEAD_BYTES),
+                * (u64::from(args.capture.largest_prefix()) + EVENT_OVERHEAD_BYTES),
             recorder: if args.recorder.enabled {
                 args.recorder.max_mib.saturating_mul(MIB)
             } else {
