@@ -52,6 +52,8 @@ const LIBSSL: &[&str] = &[
 enum Server {
     Haproxy,
     Nginx,
+    /// The same nginx, responses captured to 256 bytes (`--capture-response-bytes`).
+    NginxShortResponses,
     /// The agent's defaults: `--capture-go auto` (the Go uprobes only where a hit is cheap).
     Go,
     /// The same Go server, the Go uprobes on whatever they cost here.
@@ -62,9 +64,10 @@ enum Server {
 }
 
 impl Server {
-    const ALL: [Server; 6] = [
+    const ALL: [Server; 7] = [
         Server::Haproxy,
         Server::Nginx,
+        Server::NginxShortResponses,
         Server::Go,
         Server::GoUprobes,
         Server::GoNoUprobes,
@@ -75,6 +78,7 @@ impl Server {
         match self {
             Server::Haproxy => "haproxy answering itself",
             Server::Nginx => "nginx, 1 KiB file",
+            Server::NginxShortResponses => "nginx, --capture-response-bytes 256",
             Server::Go => "Go net/http hello",
             Server::GoUprobes => "Go hello, --capture-go true",
             Server::GoNoUprobes => "Go hello, --capture-go false",
@@ -92,6 +96,7 @@ impl Server {
         match self {
             Server::GoUprobes => args.extend(["--capture-go", "true"]),
             Server::GoNoUprobes => args.extend(["--capture-go", "false"]),
+            Server::NginxShortResponses => args.extend(["--capture-response-bytes", "256"]),
             _ => {}
         }
         args
@@ -108,7 +113,9 @@ impl Server {
                     format!("{scheme}://127.0.0.1:{port}/"),
                 ))
             }
-            Server::Nginx => Ok((nginx(dir, port)?, format!("http://127.0.0.1:{port}/1k.bin"))),
+            Server::Nginx | Server::NginxShortResponses => {
+                Ok((nginx(dir, port)?, format!("http://127.0.0.1:{port}/1k.bin")))
+            }
             Server::Go | Server::GoUprobes | Server::GoNoUprobes => {
                 Ok((go_hello(dir, port)?, format!("http://127.0.0.1:{port}/")))
             }

@@ -74,7 +74,7 @@ pub struct CaptureConfig {
     /// HTTP/2 connections keep their own), in bytes (at most 4096; default: as
     /// --capture-payload-bytes). Past its head a response's bytes only frame it: a node serving
     /// large responses can lower this (256 with nginx serving 1 KiB files: eBPF time per request
-    /// -24 to -33%, agent CPU -16 to -29%) at the price of response headers beyond it
+    /// -17 to -33%, agent CPU -16 to -29%) at the price of response headers beyond it
     /// (content-length, x-error-claim), whose loss leaves that response unframed.
     #[arg(
         long = "capture-response-bytes",
