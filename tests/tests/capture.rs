@@ -339,18 +339,16 @@ async fn accept_without_peer_buffer_is_tracked() {
         && d.payload.starts_with(b"NULLACCEPT-REPLY:")));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn payload_prefix_size_is_configurable_up_to_4k() {
+/// A Python client writes 10,000 patterned bytes in one call to an echo server and reads them
+/// back, under a capture loaded with `cfg`: the events of both, and (client, server) pids. None
+/// where the test cannot run.
+async fn big_write_echoed(
+    cfg: &retry_agent::capture::CaptureConfig,
+) -> Option<(Vec<Event>, u32, u32)> {
     if !can_run() {
-        return;
+        return None;
     }
-    let cfg = retry_agent::capture::CaptureConfig {
-        payload_bytes: 4096,
-        ..Default::default()
-    };
-    let Some(mut cap) = load_with(&cfg) else {
-        return;
-    };
+    let mut cap = load_with(cfg)?;
     let (echo, port) = python_server("echo_server.py", &[]);
     let mut client = Proc::spawn(&mut python("big_write_client.py", &[&port.to_string()]));
     assert!(client.wait(Duration::from_secs(10)).success());
@@ -361,9 +359,21 @@ async fn payload_prefix_size_is_configurable_up_to_4k() {
         |_| false,
     )
     .await;
+    Some((evs, client.pid(), echo.pid()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_prefix_size_is_configurable_up_to_4k() {
+    let cfg = retry_agent::capture::CaptureConfig {
+        payload_bytes: 4096,
+        ..Default::default()
+    };
+    let Some((evs, client, _)) = big_write_echoed(&cfg).await else {
+        return;
+    };
     let w = data_events(&evs)
         .into_iter()
-        .find(|d| d.pid == client.pid() && d.direction == Direction::Egress)
+        .find(|d| d.pid == client && d.direction == Direction::Egress)
         .unwrap_or_else(|| panic!("big write not captured\n{}", dump(&evs)));
     assert_eq!(w.len, 10000);
     assert_eq!(w.payload.len(), 4096, "prefix is the configured size");
@@ -381,34 +391,21 @@ async fn payload_prefix_size_is_configurable_up_to_4k() {
 /// the requests keep the payload prefix, on both ends of the same connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_prefix_is_configured_apart_from_requests() {
-    if !can_run() {
-        return;
-    }
     let cfg = retry_agent::capture::CaptureConfig {
         payload_bytes: 4096,
         response_bytes: Some(512),
         ..Default::default()
     };
-    let Some(mut cap) = load_with(&cfg) else {
+    let Some((evs, client, echo)) = big_write_echoed(&cfg).await else {
         return;
     };
-    let (echo, port) = python_server("echo_server.py", &[]);
-    let mut client = Proc::spawn(&mut python("big_write_client.py", &[&port.to_string()]));
-    assert!(client.wait(Duration::from_secs(10)).success());
-    let evs = collect(
-        &mut cap,
-        Duration::from_secs(2),
-        involving(&[client.pid(), echo.pid()]),
-        |_| false,
-    )
-    .await;
     let data = data_events(&evs);
     let of = |pid: u32, dir: Direction| -> Vec<_> {
         data.iter()
             .filter(|d| d.pid == pid && d.direction == dir)
             .collect()
     };
-    let request = of(client.pid(), Direction::Egress);
+    let request = of(client, Direction::Egress);
     let request = request
         .first()
         .unwrap_or_else(|| panic!("request not captured\n{}", dump(&evs)));
@@ -417,7 +414,7 @@ async fn response_prefix_is_configured_apart_from_requests() {
         4096,
         "a request takes the payload prefix"
     );
-    let read = of(echo.pid(), Direction::Ingress);
+    let read = of(echo, Direction::Ingress);
     assert!(
         read.iter().any(|d| d.payload.len() > 512),
         "the server's reads are requests: {:?}",
@@ -426,8 +423,8 @@ async fn response_prefix_is_configured_apart_from_requests() {
             .collect::<Vec<_>>()
     );
     for (side, pid, dir) in [
-        ("the server's writes", echo.pid(), Direction::Egress),
-        ("the client's reads", client.pid(), Direction::Ingress),
+        ("the server's writes", echo, Direction::Egress),
+        ("the client's reads", client, Direction::Ingress),
     ] {
         let recs = of(pid, dir);
         assert!(!recs.is_empty(), "{side} not captured\n{}", dump(&evs));
