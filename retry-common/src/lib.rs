@@ -83,6 +83,12 @@ pub mod role {
     pub const CLIENT: u32 = 1;
     /// The process accepted the connection.
     pub const SERVER: u32 = 2;
+
+    /// Whether bytes moving that way on that side are a response: a server's writes, a
+    /// client's reads (`Config::response_bytes`). Unknown sides carry none.
+    pub const fn carries_response(role: u32, egress: bool) -> bool {
+        (role == SERVER && egress) || (role == CLIENT && !egress)
+    }
 }
 
 /// Direction of bytes relative to the process (`DataHeader::direction`).

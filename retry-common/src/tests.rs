@@ -97,6 +97,16 @@ fn kind_tags_are_distinct_and_first() {
 }
 
 #[test]
+fn responses_are_a_servers_writes_and_a_clients_reads() {
+    assert!(role::carries_response(role::SERVER, true));
+    assert!(role::carries_response(role::CLIENT, false));
+    assert!(!role::carries_response(role::SERVER, false));
+    assert!(!role::carries_response(role::CLIENT, true));
+    assert!(!role::carries_response(role::UNKNOWN, true));
+    assert!(!role::carries_response(role::UNKNOWN, false));
+}
+
+#[test]
 fn egress_syscalls() {
     for sc in [
         syscall::WRITE,

@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use retry_common::{
     CONN_H2, ConnInfo, ConnKey, ConnRecord, DataHeader, H2_RECORDS, KIND_CONN, KIND_DATA, MAX_PAYLOAD, ProcessExitRecord,
-    SockTuple, direction, syscall,
+    SockTuple, direction, role, syscall,
 };
 
 use crate::{
@@ -322,9 +322,7 @@ pub fn emit_data(
     };
     let h2 = info.flags & CONN_H2 != 0;
     let egress = syscall::is_egress(sc);
-    // A server's writes and a client's reads are responses.
-    let response = (info.role == retry_common::role::SERVER && egress) || (info.role == retry_common::role::CLIENT && !egress);
-    let prefix = if response { config().response_bytes } else { config().payload_bytes };
+    let prefix = if role::carries_response(info.role, egress) { config().response_bytes } else { config().payload_bytes };
     let mut want = if h2 { H2_RECORDS as u64 * MAX_PAYLOAD as u64 } else { prefix as u64 };
     if !h2 && want > MAX_PAYLOAD as u64 {
         want = MAX_PAYLOAD as u64;
