@@ -31,9 +31,10 @@ pub const THREAD_BYTES: u64 = 1024;
 pub const PENDING_BYTES: u64 = 1536;
 /// One remembered request for retry matching.
 pub const RETRY_KEY_BYTES: u64 = 96;
-/// One inbound request in a process's history (48 bytes), with a quarter of a failed call's
-/// (112) and of a response's (16), and the deques' growth slack.
-pub const HISTORY_BYTES: u64 = 128;
+/// One inbound request in a process's history (48 bytes, 8 of span index, ~40 of trace index),
+/// with a quarter of a failed call's (112, 8, ~40 of retry-key index) and of a response's
+/// (16), and the deques' growth slack.
+pub const HISTORY_BYTES: u64 = 160;
 
 /// Shares of what the fixed costs leave, in sixteenths: ring, channel, recorder, l7, correlate.
 /// The ring's pages count twice in RSS (the reader maps them twice, so a record that wraps reads

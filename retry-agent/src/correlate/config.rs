@@ -194,15 +194,16 @@ pub struct CorrelateConfig {
         default_value_t = 12288
     )]
     pub max_retry_keys: usize,
-    /// Inbound requests remembered in the processes' histories, all processes together (one
-    /// process keeps up to 1024; failed calls and responses are capped at a quarter as many).
+    /// Inbound requests remembered in the processes' histories, all processes together (a busy
+    /// process may hold most of them; failed calls and responses are capped at a quarter as
+    /// many).
     /// Verdicts that needed what was let go are `missing` (default: derived from
     /// --memory-budget-mib).
     #[arg(
         long = "correlate-max-history",
         alias = "max-history",
         env = "RETRY_AGENT_CORRELATE_MAX_HISTORY",
-        default_value_t = 9216
+        default_value_t = 7372
     )]
     pub max_history: usize,
 }

@@ -14,7 +14,7 @@
 //!   process named late (or renamed by config) never splits its history.
 use std::{collections::VecDeque, net::SocketAddr};
 
-use self::inbound::in_flight_until;
+use self::{history::History, inbound::in_flight_until};
 use retry_common::GOROUTINE_ROOTED;
 
 use super::{
@@ -28,6 +28,7 @@ use crate::{
 };
 
 mod claim;
+mod history;
 mod inbound;
 mod naming;
 mod outbound;
@@ -44,13 +45,22 @@ const NS_PER_MS: u64 = 1_000_000;
 /// judged from the process-wide failure record instead).
 const CHILDREN_PER_THREAD: usize = 16;
 const INBOUND_PER_THREAD: usize = 8;
+/// Failed calls and responses a process keeps whatever their age (past it, only those a
+/// waiting verdict may still need).
 const FAILURES_PER_PROCESS: usize = 256;
+/// Failed outbound calls remembered per process: in a storm a busy process's calls fail by the
+/// thousand a second, and a failed request's links need every failed call since it started
+/// (256 lasted a quarter of a second there). Bounded all together by the engine-wide cap.
+const FAILED_CALLS_PER_PROCESS: usize = 4_096;
 /// Inbound requests remembered per process: a verdict that waits to place a failed call (up to
 /// `MAX_WAIT_NS`) needs its own and its neighbours' entries for as long (256 lasted 5 s at
-/// the lab's Node hop and lost 4 verdicts to `missing`). Past `FAILURES_PER_PROCESS` entries
-/// only those a verdict may still wait on stay, so a quiet process keeps no more than before
-/// (48 bytes an entry).
-const INBOUND_PER_PROCESS: usize = 1024;
+/// the lab's Node hop and lost 4 verdicts to `missing`; 1,024 lasted under a second at a
+/// process serving 1,500 requests a second, where a long failed request was then `missing`).
+/// Past `FAILURES_PER_PROCESS` entries only those a verdict may still wait on stay, so a quiet
+/// process keeps no more than before (48 bytes an entry); the engine-wide cap
+/// (`--correlate-max-history`) bounds all processes' together, and this only keeps one
+/// process from holding more than a busy one can use.
+const INBOUND_PER_PROCESS: usize = 16_384;
 /// How long a waiting verdict may still need a process's history entries.
 const HISTORY_KEEP_NS: u64 = verdict::MAX_WAIT_NS + verdict::TRACE_WAIT_NS;
 const ADDRS_PER_ENTRY: usize = 4;
@@ -97,12 +107,12 @@ struct ProcState {
     /// Resolved names by port (0 = the process as a caller); cleared when naming inputs change.
     names: Vec<(u16, ServiceId)>,
     /// Recent failed outbound calls, process-wide, with the thread that made them.
-    failures: VecDeque<(Child, u64)>,
+    failures: History<history::FailEntry>,
     /// Recent inbound responses of the process: (first response byte written, exchange).
     responses: VecDeque<(u64, ExchangeId)>,
     /// Recent inbound requests of the process: (start, end, exchange, propagated trace id,
-    /// failed).
-    inbound: VecDeque<(u64, u64, ExchangeId, Option<u64>, bool)>,
+    /// failed), found by trace id too.
+    inbound: History<history::InEntry>,
     /// End of the newest failure evicted from `failures`: spans older than this are not covered.
     failures_lost_until: u64,
     /// End of the latest-ending request evicted from `inbound`: a request that began before
@@ -172,9 +182,7 @@ impl ProcState {
     /// Both histories still hold everything since the request `id` that started at `start`
     /// (they are bounded): its own entry, every request that overlapped it, every failed call.
     fn reaches_back_to(&self, start: u64, id: ExchangeId) -> bool {
-        self.failures_lost_until < start
-            && self.inbound_covers(start)
-            && self.inbound.iter().any(|x| x.2 == id)
+        self.failures_lost_until < start && self.inbound_covers(start) && self.inbound.holds(id)
     }
 
     /// Let the histories go (their memory too), keeping what they covered as lost.
@@ -182,8 +190,8 @@ impl ProcState {
         for h in [Hist::Failures, Hist::Responses, Hist::Inbound] {
             while self.pop_oldest(h) {}
         }
-        self.failures = VecDeque::new();
-        self.inbound = VecDeque::new();
+        self.failures = History::default();
+        self.inbound = History::default();
         self.responses = VecDeque::new();
     }
 }

@@ -69,7 +69,10 @@ fn every_cap_follows_the_budget() {
         b.correlate_max_retry_keys,
         s.correlate_max_retry_keys * 16 / 3
     );
-    assert_eq!(b.correlate_max_history, s.correlate_max_history * 16 / 3);
+    assert!(
+        (s.correlate_max_history * 16 / 3..=(s.correlate_max_history + 1) * 16 / 3)
+            .contains(&b.correlate_max_history)
+    );
     // A larger payload prefix makes each queued event dearer: fewer of them.
     let wide = run(&["--capture-payload-bytes", "4096"]);
     assert!(wide.capture.channel_capacity < s.channel_capacity / 3);

@@ -1,8 +1,9 @@
 //! Outbound (client-role) exchanges: per-edge figures, retry / hedge detection, the children a
 //! thread's inbound request may have caused, and the process-wide failure history.
 use super::{
-    CHILDREN_PER_THREAD, Child, Engine, FAILURES_PER_PROCESS, Hist, Peer, RetryState, ThreadCtx,
-    call_key, claim_index, class_index, rooted, thread_key, tuple_key,
+    CHILDREN_PER_THREAD, Child, Engine, FAILED_CALLS_PER_PROCESS, FAILURES_PER_PROCESS,
+    HISTORY_KEEP_NS, Hist, Peer, RetryState, ThreadCtx, call_key, claim_index, class_index, rooted,
+    thread_key, tuple_key,
 };
 use crate::{
     correlate::table::hash_one,
@@ -89,7 +90,7 @@ impl Engine {
             }
         };
         if let Some(p) = self.procs.get_mut(&ex.pid) {
-            p.failures.iter_mut().for_each(|(c, _)| mark(c));
+            p.failures.update_of_key(key, |(c, _)| mark(c));
         }
         if let Some(ctx) = self.threads.get_mut(&(ex.pid, call_key(ex))) {
             ctx.children.iter_mut().for_each(mark);
@@ -193,9 +194,21 @@ impl Engine {
     /// The call as a child of its thread (or goroutine) and, failed, in the process history.
     fn record_child(&mut self, ex: &Exchange, child: Child, failed: bool) {
         if failed {
-            self.room_for(ex.pid, Hist::Failures, FAILURES_PER_PROCESS)
-                .failures
+            let p = self.room_for(ex.pid, Hist::Failures, FAILED_CALLS_PER_PROCESS);
+            // Past `FAILURES_PER_PROCESS` entries only those a wait may still need stay (as for
+            // the inbound history), so a process that failed once keeps no more than before.
+            let mut aged = 0;
+            while p.failures.len() >= FAILURES_PER_PROCESS
+                && p.failures
+                    .front()
+                    .is_some_and(|(c, _)| c.end.saturating_add(HISTORY_KEEP_NS) < child.end)
+                && p.pop_oldest(Hist::Failures)
+            {
+                aged += 1;
+            }
+            p.failures
                 .push_back((child, call_key(ex) | rooted(ex.goid)));
+            self.hist.failures = self.hist.failures.saturating_sub(aged);
         }
         let ctx = self
             .threads

@@ -160,7 +160,7 @@ impl Engine {
     fn wait_until(&self, p: &Pending) -> u64 {
         let last_failure = self.procs.get(&p.pid).map_or(0, |x| {
             x.failures
-                .iter()
+                .ending_from(p.start)
                 .filter(|(c, _)| c.start <= p.end && c.end >= p.start)
                 .map(|(c, _)| c.end.max(c.retried_until))
                 .max()
@@ -464,14 +464,14 @@ impl Engine {
         }
         let overlapped = proc_
             .inbound
-            .iter()
+            .ending_from(p.start)
             .any(|&(s, e, id, _, _)| id != p.id && s < p.end && p.start < e);
         if overlapped {
             return None;
         }
         let children: Vec<Child> = proc_
             .failures
-            .iter()
+            .ending_from(p.start)
             .map(|(c, _)| *c)
             .filter(|c| c.start >= p.start && c.end <= p.end)
             .collect();
@@ -502,8 +502,8 @@ impl Engine {
         }
         let same_trace_overlaps = proc_
             .inbound
-            .iter()
-            .any(|&(s, e, id, t, _)| id != p.id && t == Some(trace) && s < p.end && p.start < e);
+            .of_key(trace)
+            .any(|&(s, e, id, _, _)| id != p.id && s < p.end && p.start < e);
         if same_trace_overlaps {
             return TraceLink::Unsound(Unlinked::TraceShared);
         }
@@ -512,13 +512,13 @@ impl Engine {
             c.trace.is_some_and(|t| {
                 proc_
                     .inbound
-                    .iter()
-                    .any(|&(s, e, _, it, _)| it == Some(t) && s <= c.start && c.start <= e)
+                    .of_key(t)
+                    .any(|&(s, e, _, _, _)| s <= c.start && c.start <= e)
             })
         };
         let mut unplaced = proc_
             .failures
-            .iter()
+            .ending_from(p.start)
             .filter(|(c, _)| {
                 during(c) && !c.recovered_by(p.end) && self.fail_close(c.edge) && !placed(c)
             })
@@ -534,9 +534,10 @@ impl Engine {
             };
         }
         TraceLink::Linked(
+            // A call starting in the span ended in it or after.
             proc_
                 .failures
-                .iter()
+                .ending_from(p.start)
                 .map(|(c, _)| *c)
                 .filter(|c| {
                     c.trace == Some(trace)
@@ -563,7 +564,7 @@ impl Engine {
         let proc_ = self.procs.get(&p.pid)?;
         let before = |t: u64| t <= resp && resp - t <= gap;
         let mut found = None;
-        for (c, _) in &proc_.failures {
+        for (c, _) in proc_.failures.ending_from(p.req_end) {
             if c.start >= p.req_end && c.end <= resp && before(c.end) && !c.recovered_by(p.end) {
                 if found.is_some() {
                     return None; // two candidates
@@ -592,7 +593,7 @@ impl Engine {
         // 2 of 2 timing links were wrong, the call's owner answering after the verdict.
         let rival = proc_
             .inbound
-            .iter()
+            .ending_from(c.start)
             .any(|&(s, e, id, _, _)| id != p.id && s <= c.start && c.start < e);
         if rival {
             return None;
@@ -607,7 +608,7 @@ impl Engine {
         if p.failures_lost_until >= start {
             return true; // cannot prove otherwise
         }
-        p.failures.iter().any(|(c, _)| {
+        p.failures.ending_from(start).any(|(c, _)| {
             c.start <= end && c.end >= start && !c.recovered_by(end) && self.fail_close(c.edge)
         })
     }
@@ -632,7 +633,7 @@ impl Engine {
         start: u64,
         end: u64,
     ) -> impl Iterator<Item = u64> + '_ {
-        let failures = self.procs.get(&pid).map(|p| &p.failures);
+        let failures = self.procs.get(&pid).map(|p| p.failures.ending_from(start));
         failures.into_iter().flatten().filter_map(move |&(c, t)| {
             let (s, e, edge) = (c.start, c.end, c.edge);
             let traced = t & GOROUTINE_ROOTED != 0;
