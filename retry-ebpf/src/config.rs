@@ -1,5 +1,7 @@
 //! The settings userspace writes into `CONFIG` before attaching, and what they decide.
-use aya_ebpf::helpers::{bpf_get_current_ancestor_cgroup_id, bpf_get_current_task, bpf_probe_read_kernel};
+use aya_ebpf::helpers::{
+    bpf_get_current_ancestor_cgroup_id, bpf_get_current_task, bpf_probe_read_kernel,
+};
 use retry_common::{Config, MAX_CGROUP_LEVELS, config_flags};
 
 use crate::maps::{AGENT_TGIDS, CONFIG, SCOPE_CGROUPS, SCOPE_NETNS};
@@ -30,7 +32,12 @@ pub fn is_agent(pid_tgid: u64) -> bool {
 /// Whether the current task's `mm->exe_file` is the agent's executable (by inode and device).
 #[inline(always)]
 fn runs_agent_file(c: &Config) -> bool {
-    if c.exe_ino == 0 || c.offsets.task_mm == 0 || c.offsets.mm_exe_file == 0 || c.offsets.file_inode == 0 || c.offsets.inode_sb == 0 {
+    if c.exe_ino == 0
+        || c.offsets.task_mm == 0
+        || c.offsets.mm_exe_file == 0
+        || c.offsets.file_inode == 0
+        || c.offsets.inode_sb == 0
+    {
         return false;
     }
     let read = crate::ctx::read_kernel_u64;
@@ -47,7 +54,8 @@ fn runs_agent_file(c: &Config) -> bool {
         return false;
     }
     // SAFETY: as above; s_dev is a u32 (dev_t).
-    let dev: u32 = unsafe { bpf_probe_read_kernel((sb + c.offsets.sb_dev as u64) as *const u32) }.unwrap_or(0);
+    let dev: u32 =
+        unsafe { bpf_probe_read_kernel((sb + c.offsets.sb_dev as u64) as *const u32) }.unwrap_or(0);
     dev == c.exe_dev
 }
 
@@ -101,7 +109,9 @@ fn in_scoped_netns(c: &Config) -> bool {
         return false;
     }
     // SAFETY: bpf_probe_read_kernel tolerates a bad address; inum is an unsigned int.
-    let inum: u32 = unsafe { bpf_probe_read_kernel((net + o.net_ns as u64 + o.ns_inum as u64) as *const u32) }.unwrap_or(0);
+    let inum: u32 =
+        unsafe { bpf_probe_read_kernel((net + o.net_ns as u64 + o.ns_inum as u64) as *const u32) }
+            .unwrap_or(0);
     // SAFETY: as above.
     inum != 0 && unsafe { SCOPE_NETNS.get(&inum) }.is_some()
 }

@@ -3,7 +3,10 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::pt_regs,
-    helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user, generated},
+    helpers::{
+        bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated,
+    },
     programs::TracePointContext,
 };
 
@@ -40,10 +43,17 @@ pub fn syscall_args() -> Result<SyscallArgs, i32> {
     // SAFETY: the helpers take the current task; the pt_regs they return is only read through
     // bpf_probe_read_kernel, which fails cleanly on a bad address.
     unsafe {
-        let regs = generated::bpf_task_pt_regs(generated::bpf_get_current_task_btf()) as *const pt_regs;
+        let regs =
+            generated::bpf_task_pt_regs(generated::bpf_get_current_task_btf()) as *const pt_regs;
         // dx, si, di are adjacent in pt_regs: one read.
-        let [dx, si, di]: [u64; 3] = bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rdx) as *const [u64; 3]).map_err(|e| e as i32)?;
-        Ok(SyscallArgs { arg0: di, arg1: si, arg2: dx })
+        let [dx, si, di]: [u64; 3] =
+            bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rdx) as *const [u64; 3])
+                .map_err(|e| e as i32)?;
+        Ok(SyscallArgs {
+            arg0: di,
+            arg1: si,
+            arg2: dx,
+        })
     }
 }
 
@@ -74,14 +84,21 @@ pub fn read_kernel_u64(addr: u64) -> u64 {
 #[inline(always)]
 pub fn fd_walk_known() -> bool {
     let c = config();
-    c.offsets.task_files != 0 && c.offsets.files_fdt != 0 && c.offsets.fdt_fd != 0 && c.offsets.file_private_data != 0
+    c.offsets.task_files != 0
+        && c.offsets.files_fdt != 0
+        && c.offsets.fdt_fd != 0
+        && c.offsets.file_private_data != 0
 }
 
 /// `struct sock *` behind `fd` of the current task, via BTF offsets from userspace (0 if unknown).
 #[inline(always)]
 pub fn sock_of_fd(fd: u32) -> u64 {
     let c = config();
-    if c.offsets.task_files == 0 || c.offsets.files_fdt == 0 || c.offsets.fdt_fd == 0 || c.offsets.file_private_data == 0 {
+    if c.offsets.task_files == 0
+        || c.offsets.files_fdt == 0
+        || c.offsets.fdt_fd == 0
+        || c.offsets.file_private_data == 0
+    {
         return 0;
     }
     let read = read_kernel_u64;

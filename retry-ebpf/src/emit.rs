@@ -7,8 +7,8 @@ use aya_ebpf::{
     helpers::generated,
 };
 use retry_common::{
-    CONN_H2, ConnInfo, ConnKey, ConnRecord, DataHeader, H2_RECORDS, KIND_CONN, KIND_DATA, MAX_PAYLOAD, ProcessExitRecord,
-    SockTuple, direction, role, syscall,
+    CONN_H2, ConnInfo, ConnKey, ConnRecord, DataHeader, H2_RECORDS, KIND_CONN, KIND_DATA,
+    MAX_PAYLOAD, ProcessExitRecord, SockTuple, direction, role, syscall,
 };
 
 use crate::{
@@ -60,7 +60,9 @@ pub fn emit_conn(
     generation: u64,
     tuple: &SockTuple,
 ) {
-    emit_conn_from(kind, pid_tgid, fd, role, errno, states, generation, tuple, 0);
+    emit_conn_from(
+        kind, pid_tgid, fd, role, errno, states, generation, tuple, 0,
+    );
 }
 
 /// [`emit_conn`] for a connection handed down by process `parent` (0: none).
@@ -122,7 +124,12 @@ pub fn emit_stream(pid_tgid: u64, info: &ConnInfo, stream_id: u32, context: u64)
 pub fn emit_process(kind: u32, pid_tgid: u64) {
     // The current thread's name: a process gone before userspace read /proc is named by it.
     let comm = aya_ebpf::helpers::bpf_get_current_comm().unwrap_or_default();
-    let rec = ProcessExitRecord { kind, pid: (pid_tgid >> 32) as u32, ts_ns: now(), comm };
+    let rec = ProcessExitRecord {
+        kind,
+        pid: (pid_tgid >> 32) as u32,
+        ts_ns: now(),
+        comm,
+    };
     output(&rec);
 }
 
@@ -157,7 +164,9 @@ const MAX_STEPS: u64 = MAX_IOV + 2 * H2_RECORDS as u64;
 /// every entry and the callback's states converge at once; on the stack each step's precise
 /// values made it walk all MAX_STEPS of them, past its instruction limit.
 unsafe extern "C" fn copy_step(_index: u64, _ctx: *mut c_void) -> i64 {
-    let (Some(c), Some(buf)) = (COPY.get_ptr_mut(0), SCRATCH.get_ptr_mut(0)) else { return 1 };
+    let (Some(c), Some(buf)) = (COPY.get_ptr_mut(0), SCRATCH.get_ptr_mut(0)) else {
+        return 1;
+    };
     // SAFETY: this CPU's values; only this program uses them while it runs.
     let c = unsafe { &mut *c };
     let buf = buf as *mut u8;
@@ -168,7 +177,9 @@ unsafe extern "C" fn copy_step(_index: u64, _ctx: *mut c_void) -> i64 {
         if c.idx >= MAX_IOV {
             return 1;
         }
-        let Ok(iov) = read_user::<Iovec>(c.src + 16 * c.idx) else { return 1 };
+        let Ok(iov) = read_user::<Iovec>(c.src + 16 * c.idx) else {
+            return 1;
+        };
         c.base = iov.base;
         c.len = iov.len;
         c.off = 0;
@@ -195,10 +206,18 @@ unsafe extern "C" fn copy_step(_index: u64, _ctx: *mut c_void) -> i64 {
     // n ≤ MAX_PAYLOAD; the scratch tail covers the largest end.
     let slot = (c.got / MAX_PAYLOAD as u64) & (H2_RECORDS as u64 - 1);
     let at = slot * SEGMENT as u64 + size_of::<DataHeader>() as u64 + inner;
-    let n = if n > MAX_PAYLOAD as u64 { MAX_PAYLOAD as u64 } else { n };
+    let n = if n > MAX_PAYLOAD as u64 {
+        MAX_PAYLOAD as u64
+    } else {
+        n
+    };
     // SAFETY: at + n ≤ (H2_RECORDS - 1) × SEGMENT + 120 + 2 × MAX_PAYLOAD ≤ size of Scratch.
     let ok = unsafe {
-        generated::bpf_probe_read_user(buf.add(at as usize) as *mut c_void, n as u32, (c.base + c.off) as *const c_void) == 0
+        generated::bpf_probe_read_user(
+            buf.add(at as usize) as *mut c_void,
+            n as u32,
+            (c.base + c.off) as *const c_void,
+        ) == 0
     };
     if !ok {
         return 1;
@@ -222,7 +241,9 @@ fn copy_payload(src: Src, want: u64) -> u64 {
 
 #[inline(always)]
 fn copy_flat(src: u64, want: u64) -> u64 {
-    let Some(buf) = SCRATCH.get_ptr_mut(0) else { return 0 };
+    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
     // The mask restates want ≤ MAX_PAYLOAD for the verifier.
     let n = (want as usize & (2 * MAX_PAYLOAD - 1)).min(MAX_PAYLOAD);
     // SAFETY: the first slot's payload part holds MAX_PAYLOAD bytes; the helper checks the user
@@ -242,11 +263,23 @@ fn copy_walk(src: Src, want: u64) -> u64 {
         Src::Flat(p) => (1, p),
         Src::Iov(p) => (0, p),
     };
-    let Some(c) = COPY.get_ptr_mut(0) else { return 0 };
+    let Some(c) = COPY.get_ptr_mut(0) else {
+        return 0;
+    };
     // SAFETY: this CPU's value; only this program uses it while it runs.
     unsafe {
         // A flat buffer is one iovec of all the syscall's bytes, already loaded.
-        *c = CopyState { src, flat, want, got: 0, base: src, len: u64::MAX, off: 0, idx: 0, loaded: flat };
+        *c = CopyState {
+            src,
+            flat,
+            want,
+            got: 0,
+            base: src,
+            len: u64::MAX,
+            off: 0,
+            idx: 0,
+            loaded: flat,
+        };
     }
     copy_run()
 }
@@ -255,7 +288,12 @@ fn copy_walk(src: Src, want: u64) -> u64 {
 fn copy_run() -> u64 {
     // SAFETY: the callback takes its state from COPY; no context pointer is passed.
     unsafe {
-        generated::bpf_loop(MAX_STEPS as u32, copy_step as *mut c_void, core::ptr::null_mut(), 0);
+        generated::bpf_loop(
+            MAX_STEPS as u32,
+            copy_step as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
     }
     // SAFETY: this CPU's value, as above.
     COPY.get_ptr_mut(0).map_or(0, |c| unsafe { (*c).got })
@@ -322,8 +360,16 @@ pub fn emit_data(
     };
     let h2 = info.flags & CONN_H2 != 0;
     let egress = syscall::is_egress(sc);
-    let prefix = if role::carries_response(info.role, egress) { config().response_bytes } else { config().payload_bytes };
-    let mut want = if h2 { H2_RECORDS as u64 * MAX_PAYLOAD as u64 } else { prefix as u64 };
+    let prefix = if role::carries_response(info.role, egress) {
+        config().response_bytes
+    } else {
+        config().payload_bytes
+    };
+    let mut want = if h2 {
+        H2_RECORDS as u64 * MAX_PAYLOAD as u64
+    } else {
+        prefix as u64
+    };
     if !h2 && want > MAX_PAYLOAD as u64 {
         want = MAX_PAYLOAD as u64;
     }
@@ -348,9 +394,14 @@ pub fn emit_data(
     }
     let mut done: u64 = 0;
     for slot in 0..H2_RECORDS as u64 {
-        let captured = if got > done + MAX_PAYLOAD as u64 { MAX_PAYLOAD as u64 } else { got - done };
+        let captured = if got > done + MAX_PAYLOAD as u64 {
+            MAX_PAYLOAD as u64
+        } else {
+            got - done
+        };
         // A full slot with more bytes after it covers just its own bytes; the last one the rest.
-        let more = captured == MAX_PAYLOAD as u64 && got > done + captured && slot + 1 < H2_RECORDS as u64;
+        let more =
+            captured == MAX_PAYLOAD as u64 && got > done + captured && slot + 1 < H2_RECORDS as u64;
         let len = if more { captured } else { total - done };
         let at = slot * SEGMENT as u64;
         // SAFETY: slot < H2_RECORDS: the header and `captured` ≤ MAX_PAYLOAD bytes lie in the value.
@@ -363,7 +414,11 @@ pub fn emit_data(
                 tid: pid_tgid as u32,
                 fd: info.fd,
                 role: info.role,
-                direction: if egress { direction::EGRESS } else { direction::INGRESS },
+                direction: if egress {
+                    direction::EGRESS
+                } else {
+                    direction::INGRESS
+                },
                 captured: captured as u32,
                 generation: info.generation,
                 ts_enter_ns,
@@ -374,7 +429,8 @@ pub fn emit_data(
                 goroutine: crate::uprobes::go::context(pid_tgid),
             };
             core::ptr::write_unaligned(rec as *mut DataHeader, header);
-            let size = size_of::<DataHeader>() + (captured as usize & (2 * MAX_PAYLOAD - 1)).min(MAX_PAYLOAD);
+            let size = size_of::<DataHeader>()
+                + (captured as usize & (2 * MAX_PAYLOAD - 1)).min(MAX_PAYLOAD);
             let bytes = core::slice::from_raw_parts(rec as *const u8, size);
             output(bytes);
         }

@@ -47,15 +47,18 @@ mod uprobes;
 use core::mem::size_of;
 
 use retry_common::{
-    Config, ConnInfo, ConnKey, ConnRecord, DataHeader, DataRecord, MAX_PAYLOAD, PeerKey, ProcessExitRecord, ServerEst,
-    SockOwner,
+    Config, ConnInfo, ConnKey, ConnRecord, DataHeader, DataRecord, MAX_PAYLOAD, PeerKey,
+    ProcessExitRecord, ServerEst, SockOwner,
 };
 
 // Both sides must agree on layouts; retry-common's tests pin them for the host, these for BPF.
 const _: () = assert!(size_of::<DataHeader>() == 120);
 const _: () = assert!(size_of::<DataRecord>() == 120 + MAX_PAYLOAD);
 // Data records are assembled in `Scratch` (per-CPU): 4 KiB of payload does not fit the 512 B stack.
-const _: () = assert!(size_of::<maps::Scratch>() == retry_common::H2_RECORDS as usize * (120 + MAX_PAYLOAD) + MAX_PAYLOAD);
+const _: () = assert!(
+    size_of::<maps::Scratch>()
+        == retry_common::H2_RECORDS as usize * (120 + MAX_PAYLOAD) + MAX_PAYLOAD
+);
 const _: () = assert!(size_of::<ConnRecord>() == 112);
 const _: () = assert!(size_of::<retry_common::GoGrpcOffsets>() == 24);
 const _: () = assert!(size_of::<ProcessExitRecord>() == 32);

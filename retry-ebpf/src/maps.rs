@@ -5,12 +5,11 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use retry_common::{
-    arg_map,
-    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, MAX_PAYLOAD, PeerKey, ServerEst,
-    SockOwner,
-};
 use core::mem::size_of;
+use retry_common::{
+    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, MAX_PAYLOAD,
+    PeerKey, ServerEst, SockOwner, arg_map,
+};
 
 /// Size is overridden by userspace (`CaptureConfig::ring_bytes`).
 #[map]

@@ -1,6 +1,8 @@
 //! Process lifetime: exit (every thread cleans up what a syscall it never returned from left
 //! behind; the whole process reports its exit) and exec (userspace re-reads comm/exe).
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+};
 use retry_common::{KIND_PROCESS_EXEC, KIND_PROCESS_EXIT};
 
 use crate::{

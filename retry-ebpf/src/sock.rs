@@ -4,10 +4,13 @@
 //! `--shim-steer cgroup` does: the callee is the original), and reports established,
 //! failed and reset connections (it often fires outside the owner's context: `SOCKS` says whose
 //! socket it is).
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+};
 use retry_common::{
-    AF_INET, AF_INET6, ConnKey, IPPROTO_TCP, OWNER_DST_FROM_CONNECT, OWNER_ESTABLISHED, OWNER_FAILED, OWNER_IN_CONNECT,
-    PeerKey, ServerEst, SockOwner, SockTuple, conn_kind, role, tcp_state,
+    AF_INET, AF_INET6, ConnKey, IPPROTO_TCP, OWNER_DST_FROM_CONNECT, OWNER_ESTABLISHED,
+    OWNER_FAILED, OWNER_IN_CONNECT, PeerKey, ServerEst, SockOwner, SockTuple, conn_kind, role,
+    tcp_state,
 };
 
 use crate::{
@@ -36,7 +39,14 @@ struct InetSockSetState {
 
 #[inline(always)]
 fn tuple_of(a: &InetSockSetState) -> SockTuple {
-    let mut t = SockTuple { family: a.family, lport: a.sport, rport: a.dport, _pad: 0, laddr: [0; 16], raddr: [0; 16] };
+    let mut t = SockTuple {
+        family: a.family,
+        lport: a.sport,
+        rport: a.dport,
+        _pad: 0,
+        laddr: [0; 16],
+        raddr: [0; 16],
+    };
     if a.family == AF_INET6 {
         t.laddr = a.saddr_v6;
         t.raddr = a.daddr_v6;
@@ -100,15 +110,30 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
                 tuple.raddr = dst.addr;
                 flags |= OWNER_DST_FROM_CONNECT;
             }
-            let owner = SockOwner { pid_tgid, generation, fd, role: role::CLIENT, flags, errno: 0, tuple };
+            let owner = SockOwner {
+                pid_tgid,
+                generation,
+                fd,
+                role: role::CLIENT,
+                flags,
+                errno: 0,
+                tuple,
+            };
             let _ = SOCKS.insert(&a.skaddr, &owner, 0);
         }
         return Ok(());
     }
     if old == tcp_state::SYN_RECV && new == tcp_state::ESTABLISHED {
         // Server side: remember the full tuple until accept() names the peer.
-        let peer = PeerKey { family: a.family, port: a.dport, addr: tuple.raddr };
-        let est = ServerEst { skaddr: a.skaddr, tuple };
+        let peer = PeerKey {
+            family: a.family,
+            port: a.dport,
+            addr: tuple.raddr,
+        };
+        let est = ServerEst {
+            skaddr: a.skaddr,
+            tuple,
+        };
         let _ = SERVER_EST.insert(&peer, &est, 0);
         let _ = SERVER_EST_SK.insert(&a.skaddr, &est, 0);
         return Ok(());
@@ -132,7 +157,10 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     if old == tcp_state::SYN_SENT && new == tcp_state::ESTABLISHED {
         // SAFETY: map value pointer, valid for this program run.
         unsafe { (*o).flags |= OWNER_ESTABLISHED };
-        let key = ConnKey { tgid: (owner.pid_tgid >> 32) as u32, fd: owner.fd };
+        let key = ConnKey {
+            tgid: (owner.pid_tgid >> 32) as u32,
+            fd: owner.fd,
+        };
         if let Some(info) = CONNS.get_ptr_mut(&key) {
             // SAFETY: map value pointer; generation check so a reused fd is not overwritten.
             unsafe {
@@ -142,7 +170,16 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             }
         }
         if !in_connect {
-            emit_conn(conn_kind::ESTABLISHED, owner.pid_tgid, owner.fd, owner.role, 0, (old, new), owner.generation, &tuple);
+            emit_conn(
+                conn_kind::ESTABLISHED,
+                owner.pid_tgid,
+                owner.fd,
+                owner.role,
+                0,
+                (old, new),
+                owner.generation,
+                &tuple,
+            );
         }
         return Ok(());
     }
@@ -165,14 +202,35 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             return Ok(());
         }
         let errno = sk_err(a.skaddr);
-        emit_conn(conn_kind::FAILED, owner.pid_tgid, owner.fd, owner.role, errno, (old, new), owner.generation, &tuple);
-    } else if old == tcp_state::ESTABLISHED || old == tcp_state::CLOSE_WAIT || old == tcp_state::SYN_RECV {
+        emit_conn(
+            conn_kind::FAILED,
+            owner.pid_tgid,
+            owner.fd,
+            owner.role,
+            errno,
+            (old, new),
+            owner.generation,
+            &tuple,
+        );
+    } else if old == tcp_state::ESTABLISHED
+        || old == tcp_state::CLOSE_WAIT
+        || old == tcp_state::SYN_RECV
+    {
         // Straight to CLOSE from an open state: RST received or sent (abortive close).
         let mut errno = sk_err(a.skaddr);
         if errno == 0 {
             errno = ECONNRESET as i32;
         }
-        emit_conn(conn_kind::RESET, owner.pid_tgid, owner.fd, owner.role, errno, (old, new), owner.generation, &tuple);
+        emit_conn(
+            conn_kind::RESET,
+            owner.pid_tgid,
+            owner.fd,
+            owner.role,
+            errno,
+            (old, new),
+            owner.generation,
+            &tuple,
+        );
     }
     let _ = SOCKS.remove(&a.skaddr);
     Ok(())

@@ -461,7 +461,7 @@ async fn exec_re_describes_the_process() {
     })
     .await;
     let ctx = || dump(&evs);
-    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(|e| f(e));
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f);
     let before = pos(&|e| matches!(e, Event::Data(d) if d.payload.starts_with(b"BEFORE-EXEC")));
     let after = pos(&|e| matches!(e, Event::Data(d) if d.payload.starts_with(b"AFTER-EXEC")));
     let first_info = pos(&|e| matches!(e, Event::Process(_)));

@@ -107,7 +107,11 @@ fn try_connect4(ctx: &SockAddrContext) -> Option<()> {
     let (ip, port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
     let dport = u16::from_be(port as u16);
     let cfg = selected(ctx, dport)?;
-    let mut orig = SteerAddr { family: AF_INET, port: dport, addr: [0; 16] };
+    let mut orig = SteerAddr {
+        family: AF_INET,
+        port: dport,
+        addr: [0; 16],
+    };
     let b = ip.to_ne_bytes();
     orig.addr[0] = b[0];
     orig.addr[1] = b[1];
@@ -128,15 +132,26 @@ fn try_connect4(ctx: &SockAddrContext) -> Option<()> {
 fn try_connect6(ctx: &SockAddrContext) -> Option<()> {
     let sa = ctx.sock_addr;
     // SAFETY: ctx fields, read one 32-bit word at a time as the verifier requires.
-    let (w0, w1, w2, w3, port) =
-        unsafe { ((*sa).user_ip6[0], (*sa).user_ip6[1], (*sa).user_ip6[2], (*sa).user_ip6[3], (*sa).user_port) };
+    let (w0, w1, w2, w3, port) = unsafe {
+        (
+            (*sa).user_ip6[0],
+            (*sa).user_ip6[1],
+            (*sa).user_ip6[2],
+            (*sa).user_ip6[3],
+            (*sa).user_port,
+        )
+    };
     // IPv4-mapped: the shim's [::1] would be the wrong family for it; left direct.
     if w0 == 0 && w1 == 0 && w2 == 0xffffu32.to_be() {
         return None;
     }
     let dport = u16::from_be(port as u16);
     let cfg = selected(ctx, dport)?;
-    let mut orig = SteerAddr { family: AF_INET6, port: dport, addr: [0; 16] };
+    let mut orig = SteerAddr {
+        family: AF_INET6,
+        port: dport,
+        addr: [0; 16],
+    };
     let words = [w0, w1, w2, w3];
     let mut i = 0;
     while i < 4 {
@@ -200,7 +215,8 @@ pub fn ra_steer_getpeername4(ctx: SockAddrContext) -> i32 {
 pub fn ra_steer_getpeername6(ctx: SockAddrContext) -> i32 {
     if let Some(o) = steered_dst(&ctx, AF_INET6) {
         let sa = ctx.sock_addr;
-        let w = |i: usize| u32::from_ne_bytes([o.addr[i], o.addr[i + 1], o.addr[i + 2], o.addr[i + 3]]);
+        let w =
+            |i: usize| u32::from_ne_bytes([o.addr[i], o.addr[i + 1], o.addr[i + 2], o.addr[i + 3]]);
         // SAFETY: cgroup/getpeername6 may rewrite the reported address.
         unsafe {
             (*sa).user_ip6[0] = w(0);
@@ -221,7 +237,11 @@ fn try_sock_ops(ctx: &SockOpsContext) -> Option<()> {
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
     // SAFETY: plain map lookup; the value is copied out.
     let orig = *unsafe { STEER_PENDING.get(&cookie) }?;
-    let mut key = SteerAddr { family: 0, port: ctx.local_port() as u16, addr: [0; 16] };
+    let mut key = SteerAddr {
+        family: 0,
+        port: ctx.local_port() as u16,
+        addr: [0; 16],
+    };
     if ctx.family() == AF_INET as u32 {
         key.family = AF_INET;
         let b = ctx.local_ip4().to_ne_bytes();
@@ -249,7 +269,14 @@ fn try_sock_ops(ctx: &SockOpsContext) -> Option<()> {
 fn try_sk_lookup(ctx: &SkLookupContext) -> Option<()> {
     let l = ctx.lookup;
     // SAFETY: ctx fields an sk_lookup program may read; local_port is in host order.
-    let (family, proto, port, ifindex) = unsafe { ((*l).family, (*l).protocol, (*l).local_port, (*l).ingress_ifindex) };
+    let (family, proto, port, ifindex) = unsafe {
+        (
+            (*l).family,
+            (*l).protocol,
+            (*l).local_port,
+            (*l).ingress_ifindex,
+        )
+    };
     if proto != IPPROTO_TCP as u32 || ifindex == LOOPBACK_IFINDEX {
         return None;
     }

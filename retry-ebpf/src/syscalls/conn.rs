@@ -2,10 +2,13 @@
 //! connection records that say so. Whether a connect() is TCP is learned from
 //! `sock:inet_sock_set_state` firing inside it (`sock`); an accepted socket is found by the fd's
 //! `struct sock *` (BTF) or by the peer address.
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+};
 use retry_common::{
-    AF_INET, AF_INET6, AcceptArgs, ConnInfo, ConnKey, ConnectArgs, OWNER_ESTABLISHED, OWNER_FAILED, OWNER_IN_CONNECT,
-    PeerKey, ServerEst, SockOwner, SockTuple, arg_map, conn_kind, role, tcp_state,
+    AF_INET, AF_INET6, AcceptArgs, ConnInfo, ConnKey, ConnectArgs, OWNER_ESTABLISHED, OWNER_FAILED,
+    OWNER_IN_CONNECT, PeerKey, ServerEst, SockOwner, SockTuple, arg_map, conn_kind, role,
+    tcp_state,
 };
 
 use crate::{
@@ -27,8 +30,17 @@ fn try_enter_connect(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let fd = arg(ctx, 0)? as u32;
     let dst = connect_dst(arg(ctx, 1)?, arg(ctx, 2)?);
-    let args = ConnectArgs { ts_enter_ns: now(), skaddr: 0, fd, is_tcp: 0, dst, _pad: 0 };
-    CONNECT_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| arg_insert_failed(arg_map::CONNECT, e))
+    let args = ConnectArgs {
+        ts_enter_ns: now(),
+        skaddr: 0,
+        fd,
+        is_tcp: 0,
+        dst,
+        _pad: 0,
+    };
+    CONNECT_ARGS
+        .insert(&pid_tgid, &args, 0)
+        .map_err(|e| arg_insert_failed(arg_map::CONNECT, e))
 }
 
 /// `sockaddr_in`.
@@ -44,7 +56,11 @@ struct SockaddrIn {
 /// The address connect() was given (family 0 when absent, short or unreadable).
 #[inline(always)]
 fn connect_dst(uaddr: u64, len: u64) -> PeerKey {
-    let mut dst = PeerKey { family: 0, port: 0, addr: [0; 16] };
+    let mut dst = PeerKey {
+        family: 0,
+        port: 0,
+        addr: [0; 16],
+    };
     if uaddr == 0 || len < 16 {
         return dst;
     }
@@ -98,23 +114,61 @@ fn try_exit_connect(ctx: &TracePointContext) -> Result<(), i32> {
         }
     }
     if errno == 0 || errno == EINPROGRESS {
-        let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: c.fd };
-        let info = ConnInfo { generation: c.ts_enter_ns, skaddr: c.skaddr, role: role::CLIENT, fd: c.fd, tuple, flags: 0, _pad: 0 };
+        let key = ConnKey {
+            tgid: (pid_tgid >> 32) as u32,
+            fd: c.fd,
+        };
+        let info = ConnInfo {
+            generation: c.ts_enter_ns,
+            skaddr: c.skaddr,
+            role: role::CLIENT,
+            fd: c.fd,
+            tuple,
+            flags: 0,
+            _pad: 0,
+        };
         let _ = CONNS.insert(&key, &info, 0);
     }
     if failed != 0 || (errno != 0 && errno != EINPROGRESS) {
         // The socket already went to CLOSE (its entry was kept for the tuple above).
         let _ = SOCKS.remove(&c.skaddr);
     }
-    emit_conn(conn_kind::CONNECT, pid_tgid, c.fd, role::CLIENT, errno as i32, (0, 0), c.ts_enter_ns, &tuple);
+    emit_conn(
+        conn_kind::CONNECT,
+        pid_tgid,
+        c.fd,
+        role::CLIENT,
+        errno as i32,
+        (0, 0),
+        c.ts_enter_ns,
+        &tuple,
+    );
     if errno == EINPROGRESS && established {
         // The handshake finished inside the call (loopback): report it now, it will not fire again.
         let states = (tcp_state::SYN_SENT, tcp_state::ESTABLISHED);
-        emit_conn(conn_kind::ESTABLISHED, pid_tgid, c.fd, role::CLIENT, 0, states, c.ts_enter_ns, &tuple);
+        emit_conn(
+            conn_kind::ESTABLISHED,
+            pid_tgid,
+            c.fd,
+            role::CLIENT,
+            0,
+            states,
+            c.ts_enter_ns,
+            &tuple,
+        );
     }
     if errno == EINPROGRESS && failed != 0 {
         let states = (tcp_state::SYN_SENT, tcp_state::CLOSE);
-        emit_conn(conn_kind::FAILED, pid_tgid, c.fd, role::CLIENT, failed, states, c.ts_enter_ns, &tuple);
+        emit_conn(
+            conn_kind::FAILED,
+            pid_tgid,
+            c.fd,
+            role::CLIENT,
+            failed,
+            states,
+            c.ts_enter_ns,
+            &tuple,
+        );
     }
     Ok(())
 }
@@ -140,8 +194,15 @@ fn try_enter_accept(ctx: &TracePointContext) -> Result<(), i32> {
     if is_agent(pid_tgid) {
         return Ok(());
     }
-    let args = AcceptArgs { addr: arg(ctx, 1)?, ts_enter_ns: now(), fd: arg(ctx, 0)? as u32, _pad: 0 };
-    ACCEPT_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| arg_insert_failed(arg_map::ACCEPT, e))
+    let args = AcceptArgs {
+        addr: arg(ctx, 1)?,
+        ts_enter_ns: now(),
+        fd: arg(ctx, 0)? as u32,
+        _pad: 0,
+    };
+    ACCEPT_ARGS
+        .insert(&pid_tgid, &args, 0)
+        .map_err(|e| arg_insert_failed(arg_map::ACCEPT, e))
 }
 
 #[repr(C)]
@@ -178,11 +239,19 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
             let _ = SERVER_EST_SK.remove(&sk);
         }
     }
-    let mut peer = PeerKey { family: 0, port: 0, addr: [0; 16] };
+    let mut peer = PeerKey {
+        family: 0,
+        port: 0,
+        addr: [0; 16],
+    };
     if a.addr != 0 {
         // sockaddr_in is a prefix-compatible subset: family, port, then 4 address bytes at 4.
         let sa: SockaddrIn6 = read_user(a.addr)?;
-        peer = PeerKey { family: sa.family, port: u16::from_be(sa.port), addr: [0; 16] };
+        peer = PeerKey {
+            family: sa.family,
+            port: u16::from_be(sa.port),
+            addr: [0; 16],
+        };
         if sa.family == AF_INET {
             let b = sa.flowinfo.to_ne_bytes();
             peer.addr[0] = b[0];
@@ -207,14 +276,25 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         // A TCP peer address but no ESTABLISHED seen (e.g. it predates the agent): remote only.
         None if peer.family != 0 => (
             0,
-            SockTuple { family: peer.family, lport: 0, rport: peer.port, _pad: 0, laddr: [0; 16], raddr: peer.addr },
+            SockTuple {
+                family: peer.family,
+                lport: 0,
+                rport: peer.port,
+                _pad: 0,
+                laddr: [0; 16],
+                raddr: peer.addr,
+            },
         ),
         // Neither a peer address nor a known socket: cannot tell TCP from Unix; not tracked.
         None => return Ok(()),
     };
     if found.is_some() {
         // Whichever way it was found, both index entries are consumed now.
-        let key = PeerKey { family: tuple.family, port: tuple.rport, addr: tuple.raddr };
+        let key = PeerKey {
+            family: tuple.family,
+            port: tuple.rport,
+            addr: tuple.raddr,
+        };
         let _ = SERVER_EST.remove(&key);
         let _ = SERVER_EST_SK.remove(&skaddr);
     }
@@ -223,15 +303,43 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let generation = now();
-    let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: newfd };
-    let info = ConnInfo { generation, skaddr, role: role::SERVER, fd: newfd, tuple, flags: 0, _pad: 0 };
+    let key = ConnKey {
+        tgid: (pid_tgid >> 32) as u32,
+        fd: newfd,
+    };
+    let info = ConnInfo {
+        generation,
+        skaddr,
+        role: role::SERVER,
+        fd: newfd,
+        tuple,
+        flags: 0,
+        _pad: 0,
+    };
     let _ = CONNS.insert(&key, &info, 0);
     super::fork::remember_accept(key.tgid, newfd, generation);
     if skaddr != 0 {
-        let owner = SockOwner { pid_tgid, generation, fd: newfd, role: role::SERVER, flags: 0, errno: 0, tuple };
+        let owner = SockOwner {
+            pid_tgid,
+            generation,
+            fd: newfd,
+            role: role::SERVER,
+            flags: 0,
+            errno: 0,
+            tuple,
+        };
         let _ = SOCKS.insert(&skaddr, &owner, 0);
     }
-    emit_conn(conn_kind::ACCEPT, pid_tgid, newfd, role::SERVER, 0, (0, 0), generation, &tuple);
+    emit_conn(
+        conn_kind::ACCEPT,
+        pid_tgid,
+        newfd,
+        role::SERVER,
+        0,
+        (0, 0),
+        generation,
+        &tuple,
+    );
     Ok(())
 }
 
@@ -265,7 +373,10 @@ pub fn ra_exit_accept4(ctx: TracePointContext) -> u32 {
 /// Untracks `fd` of the current process, reporting the close if it was a tracked connection.
 #[inline(always)]
 pub(crate) fn forget_fd(pid_tgid: u64, fd: u32) {
-    let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd };
+    let key = ConnKey {
+        tgid: (pid_tgid >> 32) as u32,
+        fd,
+    };
     let info = match CONNS.get_ptr(&key) {
         // SAFETY: copied out before removal.
         Some(p) => unsafe { *p },
@@ -276,7 +387,16 @@ pub(crate) fn forget_fd(pid_tgid: u64, fd: u32) {
     if info.fd != fd {
         return;
     }
-    emit_conn(conn_kind::CLOSE, pid_tgid, fd, info.role, 0, (0, 0), info.generation, &info.tuple);
+    emit_conn(
+        conn_kind::CLOSE,
+        pid_tgid,
+        fd,
+        info.role,
+        0,
+        (0, 0),
+        info.generation,
+        &info.tuple,
+    );
 }
 
 #[inline(always)]

@@ -1,6 +1,8 @@
 //! fd reuse hygiene: an fd closed behind our back (close_range, exec, a missed close) must not
 //! keep its CONNS entry, or the file/pipe that reuses the number would be traced as TCP.
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+};
 use retry_common::ConnKey;
 
 use super::conn::forget_fd;

@@ -17,7 +17,9 @@
 //! - exec closes close-on-exec fds: an adopted fd that is no longer that socket is forgotten.
 //!
 //! Not covered: other inherited fds (a connection the parent accepted earlier, or connected).
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+};
 use retry_common::{ConnInfo, ConnKey, SockOwner, conn_kind};
 
 use super::conn::forget_fd;
@@ -30,7 +32,15 @@ use crate::{
 /// Called by accept's exit for every tracked connection it accepted.
 #[inline(always)]
 pub(super) fn remember_accept(tgid: u32, fd: u32, generation: u64) {
-    let _ = LAST_ACCEPT.insert(&tgid, &LastAccept { generation, fd, _pad: 0 }, 0);
+    let _ = LAST_ACCEPT.insert(
+        &tgid,
+        &LastAccept {
+            generation,
+            fd,
+            _pad: 0,
+        },
+        0,
+    );
 }
 
 /// The current process's last accepted connection, if that fd still tracks it.
@@ -60,7 +70,17 @@ fn try_process_fork(ctx: &TracePointContext) -> Result<(), i32> {
     };
     // SAFETY: `pid_t child_pid` at 20 in sched_process_fork's format.
     let child: i32 = unsafe { ctx.read_at(20)? };
-    INHERITED.insert(&(child as u32), &Inherited { info, parent: tgid, _pad: 0 }, 0).map_err(|e| e as i32)
+    INHERITED
+        .insert(
+            &(child as u32),
+            &Inherited {
+                info,
+                parent: tgid,
+                _pad: 0,
+            },
+            0,
+        )
+        .map_err(|e| e as i32)
 }
 
 #[tracepoint(category = "sched", name = "sched_process_fork")]
@@ -88,17 +108,37 @@ fn try_exit_fork(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let generation = now();
     let adopted = ConnInfo { generation, ..info };
-    CONNS.insert(&ConnKey { tgid, fd: info.fd }, &adopted, 0).map_err(|e| e as i32)?;
+    CONNS
+        .insert(&ConnKey { tgid, fd: info.fd }, &adopted, 0)
+        .map_err(|e| e as i32)?;
     remember_accept(tgid, info.fd, generation);
     if info.skaddr != 0 {
         // The child serves it now: resets seen in softirq context are its connection's.
-        let owner = SockOwner { pid_tgid, generation, fd: info.fd, role: info.role, flags: 0, errno: 0, tuple: info.tuple };
+        let owner = SockOwner {
+            pid_tgid,
+            generation,
+            fd: info.fd,
+            role: info.role,
+            flags: 0,
+            errno: 0,
+            tuple: info.tuple,
+        };
         let _ = SOCKS.insert(&info.skaddr, &owner, 0);
     }
     // To userspace an adopted connection is one the child accepted (a server connection seen
     // from its start: the parent passes it on before reading), forked from `parent` (userspace
     // describes a child gone before /proc was read by its parent).
-    emit_conn_from(conn_kind::ACCEPT, pid_tgid, info.fd, info.role, 0, (0, 0), generation, &info.tuple, parent);
+    emit_conn_from(
+        conn_kind::ACCEPT,
+        pid_tgid,
+        info.fd,
+        info.role,
+        0,
+        (0, 0),
+        generation,
+        &info.tuple,
+        parent,
+    );
     Ok(())
 }
 

@@ -3,7 +3,9 @@
 //! task's saved registers when the syscall returns (`ctx::syscall_args`), so no entry program
 //! runs and no per-thread map entry is written and removed on every I/O of every process; a
 //! call that moved nothing (EAGAIN, the common case of an event loop) stops at its return value.
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+};
 use retry_common::{ConnKey, conn_kind, syscall};
 
 use crate::{
@@ -49,7 +51,10 @@ fn payload_source(sc: u32, buf: u64, ret: i64) -> Result<(Src, u64), i32> {
 fn try_exit_io(sc: u32, ret: i64, args: &SyscallArgs) -> Result<(), i32> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (fd, buf) = fd_and_buffer(sc, args);
-    let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd };
+    let key = ConnKey {
+        tgid: (pid_tgid >> 32) as u32,
+        fd,
+    };
     let info = match CONNS.get_ptr(&key) {
         // SAFETY: copied out; a concurrent close only makes this record slightly stale.
         Some(p) => unsafe { *p },
@@ -61,7 +66,16 @@ fn try_exit_io(sc: u32, ret: i64, args: &SyscallArgs) -> Result<(), i32> {
     }
     if ret <= 0 {
         let states = (0, 0);
-        emit_conn(conn_kind::RESET, pid_tgid, info.fd, info.role, (-ret) as i32, states, info.generation, &info.tuple);
+        emit_conn(
+            conn_kind::RESET,
+            pid_tgid,
+            info.fd,
+            info.role,
+            (-ret) as i32,
+            states,
+            info.generation,
+            &info.tuple,
+        );
         return Ok(());
     }
     // Read once the fd is known to be tracked (most I/O on a node is not); no entry program
@@ -118,7 +132,13 @@ pub fn ra_exit_splice(ctx: TracePointContext) -> u32 {
     }
     let Ok(args) = syscall_args() else { return 0 };
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let sc = if CONNS.get_ptr(&ConnKey { tgid, fd: args.arg2 as u32 }).is_some() {
+    let sc = if CONNS
+        .get_ptr(&ConnKey {
+            tgid,
+            fd: args.arg2 as u32,
+        })
+        .is_some()
+    {
         syscall::SPLICE_OUT
     } else {
         syscall::SPLICE_IN

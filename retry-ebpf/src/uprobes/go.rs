@@ -62,7 +62,11 @@ static GO_SPAWN: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
 
 #[inline(always)]
 fn key(tgid: u32, addr: u64) -> GoKey {
-    GoKey { tgid, _pad: 0, addr }
+    GoKey {
+        tgid,
+        _pad: 0,
+        addr,
+    }
 }
 
 #[inline(always)]
@@ -101,7 +105,9 @@ pub fn ra_go_serve(ctx: ProbeContext) -> u32 {
 pub fn ra_go_round_trip(ctx: ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let (g, _, treq) = regs(&ctx);
-    let Some(root) = get(&GO_ROOT, &key(tgid, g)) else { return 0 };
+    let Some(root) = get(&GO_ROOT, &key(tgid, g)) else {
+        return 0;
+    };
     if let Ok(req) = read_user::<u64>(treq) {
         let _ = GO_REQ.insert(&key(tgid, req), &root, 0);
     }
@@ -188,7 +194,10 @@ fn grpc_offsets(tgid: u32) -> Option<GoGrpcOffsets> {
 /// `grpc.(*Server).handleStream(s, t ServerTransport, stream *Stream, trInfo)`: this goroutine
 /// serves `stream` (one goroutine per stream, or a worker serving one at a time). Registers:
 /// s rax, t (itab rbx, data rcx), stream rdi.
-#[uprobe(path = "go", function = "google.golang.org/grpc.(*Server).handleStream")]
+#[uprobe(
+    path = "go",
+    function = "google.golang.org/grpc.(*Server).handleStream"
+)]
 pub fn ra_go_grpc_serve(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
@@ -196,8 +205,12 @@ pub fn ra_go_grpc_serve(ctx: ProbeContext) -> u32 {
     let (g, transport, stream) = unsafe { ((*ctx.regs).r14, (*ctx.regs).rcx, (*ctx.regs).rdi) };
     mark_go(tgid);
     let _ = GO_ROOT.insert(&key(tgid, g), &g, 0);
-    let Some(o) = grpc_offsets(tgid) else { return 0 };
-    let Some(conn) = tcp_conn(tgid, transport + u64::from(o.server_conn), &o) else { return 0 };
+    let Some(o) = grpc_offsets(tgid) else {
+        return 0;
+    };
+    let Some(conn) = tcp_conn(tgid, transport + u64::from(o.server_conn), &o) else {
+        return 0;
+    };
     if let Ok(id) = read_user::<u32>(stream + u64::from(o.stream_id)) {
         emit_stream(pid_tgid, &conn, id, g | GOROUTINE_ROOTED);
     }
@@ -207,7 +220,10 @@ pub fn ra_go_grpc_serve(ctx: ProbeContext) -> u32 {
 /// At each RET of `transport.(*http2Client).NewStream`: rax is the new `*Stream` (nil on
 /// error), whose id was assigned on this goroutine before its HEADERS were queued. Its
 /// context is this goroutine's root (the bare goroutine for a call outside any request).
-#[uprobe(path = "go-ret", function = "google.golang.org/grpc/internal/transport.(*http2Client).NewStream")]
+#[uprobe(
+    path = "go-ret",
+    function = "google.golang.org/grpc/internal/transport.(*http2Client).NewStream"
+)]
 pub fn ra_go_grpc_stream_ret(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
@@ -215,9 +231,15 @@ pub fn ra_go_grpc_stream_ret(ctx: ProbeContext) -> u32 {
     if stream == 0 {
         return 0;
     }
-    let Some(o) = grpc_offsets(tgid) else { return 0 };
-    let Ok(client) = read_user::<u64>(stream + u64::from(o.stream_client)) else { return 0 };
-    let Some(conn) = tcp_conn(tgid, client + u64::from(o.client_conn), &o) else { return 0 };
+    let Some(o) = grpc_offsets(tgid) else {
+        return 0;
+    };
+    let Ok(client) = read_user::<u64>(stream + u64::from(o.stream_client)) else {
+        return 0;
+    };
+    let Some(conn) = tcp_conn(tgid, client + u64::from(o.client_conn), &o) else {
+        return 0;
+    };
     let context = get(&GO_ROOT, &key(tgid, g)).map_or(g, |root| root | GOROUTINE_ROOTED);
     if let Ok(id) = read_user::<u32>(stream + u64::from(o.stream_id)) {
         emit_stream(pid_tgid, &conn, id, context);
@@ -241,7 +263,8 @@ pub fn context(pid_tgid: u64) -> u64 {
     // SAFETY: the helpers take the current task; the pt_regs address they return is read with
     // bpf_probe_read_kernel, which fails cleanly on a bad address.
     let g: u64 = unsafe {
-        let regs = generated::bpf_task_pt_regs(generated::bpf_get_current_task_btf()) as *const aya_ebpf::bindings::pt_regs;
+        let regs = generated::bpf_task_pt_regs(generated::bpf_get_current_task_btf())
+            as *const aya_ebpf::bindings::pt_regs;
         match bpf_probe_read_kernel(core::ptr::addr_of!((*regs).r14)) {
             Ok(g) => g,
             Err(_) => return 0,

@@ -35,13 +35,23 @@ pub fn inside_ssl_call(pid_tgid: u64, fd: u32) -> bool {
     if config().flags & config_flags::TLS == 0 {
         return false;
     }
-    let Some(p) = SSL_ARGS.get_ptr_mut(&pid_tgid) else { return false };
+    let Some(p) = SSL_ARGS.get_ptr_mut(&pid_tgid) else {
+        return false;
+    };
     // SAFETY: this thread's own entry; only this thread writes it.
     let (ssl, since) = unsafe { ((*p).ssl, (*p).ts_enter_ns) };
     if now().saturating_sub(since) < SSL_CALL_STALE_NS {
         // SAFETY: as above.
         unsafe { (*p).fd = fd };
-        let _ = SSL_FDS.insert(&SslKey { tgid: (pid_tgid >> 32) as u32, _pad: 0, ssl }, &fd, 0);
+        let _ = SSL_FDS.insert(
+            &SslKey {
+                tgid: (pid_tgid >> 32) as u32,
+                _pad: 0,
+                ssl,
+            },
+            &fd,
+            0,
+        );
         return true;
     }
     // A call whose return never came (its thread was torn down mid-call and the tid
@@ -63,9 +73,20 @@ fn try_ssl_enter(ctx: &ProbeContext, kind: u32) -> Result<(), i32> {
     };
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: plain value copied out of the map.
-    let fd = unsafe { SSL_FDS.get(&SslKey { tgid, _pad: 0, ssl }) }.copied().unwrap_or(u32::MAX);
-    let args = SslArgs { ssl, buf, len_ptr, ts_enter_ns: now(), fd, kind };
-    SSL_ARGS.insert(&pid_tgid, &args, 0).map_err(|e| arg_insert_failed(arg_map::SSL, e))
+    let fd = unsafe { SSL_FDS.get(&SslKey { tgid, _pad: 0, ssl }) }
+        .copied()
+        .unwrap_or(u32::MAX);
+    let args = SslArgs {
+        ssl,
+        buf,
+        len_ptr,
+        ts_enter_ns: now(),
+        fd,
+        kind,
+    };
+    SSL_ARGS
+        .insert(&pid_tgid, &args, 0)
+        .map_err(|e| arg_insert_failed(arg_map::SSL, e))
 }
 
 #[inline(always)]
@@ -89,14 +110,29 @@ fn try_ssl_exit(ctx: &RetProbeContext) -> Result<(), i32> {
     if n == 0 || a.fd == u32::MAX {
         return Ok(());
     }
-    let key = ConnKey { tgid: (pid_tgid >> 32) as u32, fd: a.fd };
+    let key = ConnKey {
+        tgid: (pid_tgid >> 32) as u32,
+        fd: a.fd,
+    };
     let info = match CONNS.get_ptr(&key) {
         // SAFETY: copied out.
         Some(p) => unsafe { *p },
         None => return Ok(()),
     };
-    let sc = if matches!(a.kind, SSL_WRITE | SSL_WRITE_EX) { syscall::SSL_WRITE } else { syscall::SSL_READ };
-    emit_data(pid_tgid, &key, &info, sc, Src::Flat(a.buf), (n as i64, n), (a.ts_enter_ns, ts_exit_ns));
+    let sc = if matches!(a.kind, SSL_WRITE | SSL_WRITE_EX) {
+        syscall::SSL_WRITE
+    } else {
+        syscall::SSL_READ
+    };
+    emit_data(
+        pid_tgid,
+        &key,
+        &info,
+        sc,
+        Src::Flat(a.buf),
+        (n as i64, n),
+        (a.ts_enter_ns, ts_exit_ns),
+    );
     Ok(())
 }
 
