@@ -207,7 +207,11 @@ mod tests {
         assert_eq!(id("traceparent", later), tp);
         assert_eq!(id("traceparent", &format!("{later}-what-next")), tp);
         assert_eq!(id("traceparent", &format!("{later}x")), None);
-        assert_eq!(id("traceparent", &format!("{TP}-")), None, "version 00 has four");
+        assert_eq!(
+            id("traceparent", &format!("{TP}-")),
+            None,
+            "version 00 has four"
+        );
         assert_eq!(id("traceparent", &TP[..54]), None);
         assert_eq!(id("traceparent", &TP.replacen('-', "_", 1)), None);
     }

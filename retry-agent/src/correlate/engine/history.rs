@@ -55,8 +55,9 @@ pub(super) struct History<E> {
     reach: VecDeque<u64>,
     first: u64,
     /// Numbers of the entries with each key, oldest first: the first one inline (most keys
-    /// occur once), the rest after it.
-    by_key: Map<u64, (u64, Vec<u64>)>,
+    /// occur once), the rest after it (a deque: a key held thousands of times, a health check
+    /// failing without a trace id, lets its oldest go in O(1)).
+    by_key: Map<u64, (u64, VecDeque<u64>)>,
 }
 
 impl<E> Default for History<E> {
@@ -93,9 +94,9 @@ impl<E: Held> History<E> {
         if let Some(k) = e.key() {
             let n = self.first + self.entries.len() as u64;
             match self.by_key.entry(k) {
-                Entry::Occupied(mut o) => o.get_mut().1.push(n),
+                Entry::Occupied(mut o) => o.get_mut().1.push_back(n),
                 Entry::Vacant(v) => {
-                    v.insert((n, Vec::new()));
+                    v.insert((n, VecDeque::new()));
                 }
             }
         }
@@ -115,10 +116,11 @@ impl<E: Held> History<E> {
             // The front is the oldest entry with its key too: first in its list.
             let (head, rest) = o.get_mut();
             if *head == n {
-                if rest.is_empty() {
-                    o.remove();
-                } else {
-                    *head = rest.remove(0);
+                match rest.pop_front() {
+                    Some(next) => *head = next,
+                    None => {
+                        o.remove();
+                    }
                 }
             }
         }
@@ -132,7 +134,8 @@ impl<E: Held> History<E> {
         self.entries.range(i..)
     }
 
-    fn numbers(&self, k: u64) -> impl Iterator<Item = usize> + '_ {
+    /// Places of the entries with key `k`, oldest first.
+    fn numbers(&self, k: u64) -> impl DoubleEndedIterator<Item = usize> + '_ {
         self.by_key
             .get(&k)
             .into_iter()
@@ -140,14 +143,16 @@ impl<E: Held> History<E> {
             .filter_map(|&n| usize::try_from(n.checked_sub(self.first)?).ok())
     }
 
-    /// The entries with key `k`, oldest first.
-    pub(super) fn of_key(&self, k: u64) -> impl Iterator<Item = &E> {
+    /// The entries with key `k`, oldest first (`rev()` for newest first: what a verdict looks
+    /// for overlaps its recent span, and a key a caller reuses may hold thousands).
+    pub(super) fn of_key(&self, k: u64) -> impl DoubleEndedIterator<Item = &E> {
         self.numbers(k).filter_map(|i| self.entries.get(i))
     }
 
-    /// Changes the entries with key `k` (never their key or end).
-    pub(super) fn update_of_key(&mut self, k: u64, mut f: impl FnMut(&mut E)) {
-        let places: Vec<usize> = self.numbers(k).collect();
+    /// Changes the newest `at_most` entries with key `k` (never their key or end): bounded, so a
+    /// key held thousands of times costs no more per update than a history of `at_most` did.
+    pub(super) fn update_of_key(&mut self, k: u64, at_most: usize, mut f: impl FnMut(&mut E)) {
+        let places: Vec<usize> = self.numbers(k).rev().take(at_most).collect();
         for i in places {
             if let Some(e) = self.entries.get_mut(i) {
                 f(e);
@@ -190,7 +195,12 @@ mod tests {
         assert!(ids(&h, 9).is_empty());
         assert_eq!(h.pop_front().map(|x| x.2.0), Some(1));
         assert_eq!(ids(&h, 7), [4, 5]);
-        h.update_of_key(7, |x| x.4 = true);
+        h.update_of_key(7, 1, |x| x.4 = true);
+        assert_eq!(
+            h.iter().filter(|x| x.4).map(|x| x.2.0).collect::<Vec<_>>(),
+            [5]
+        );
+        h.update_of_key(7, 8, |x| x.4 = true);
         assert_eq!(h.iter().filter(|x| x.4).count(), 2);
         for _ in 0..3 {
             h.pop_front();

@@ -90,7 +90,10 @@ impl Engine {
             }
         };
         if let Some(p) = self.procs.get_mut(&ex.pid) {
-            p.failures.update_of_key(key, |(c, _)| mark(c));
+            // The newest attempts of the request: as many as a process's failures held before
+            // the history kept more (a chain longer than that is a flood, not a retry loop).
+            p.failures
+                .update_of_key(key, FAILURES_PER_PROCESS, |(c, _)| mark(c));
         }
         if let Some(ctx) = self.threads.get_mut(&(ex.pid, call_key(ex))) {
             ctx.children.iter_mut().for_each(mark);

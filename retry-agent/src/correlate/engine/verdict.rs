@@ -503,6 +503,7 @@ impl Engine {
         let same_trace_overlaps = proc_
             .inbound
             .of_key(trace)
+            .rev()
             .any(|&(s, e, id, _, _)| id != p.id && s < p.end && p.start < e);
         if same_trace_overlaps {
             return TraceLink::Unsound(Unlinked::TraceShared);
@@ -513,6 +514,7 @@ impl Engine {
                 proc_
                     .inbound
                     .of_key(t)
+                    .rev()
                     .any(|&(s, e, _, _, _)| s <= c.start && c.start <= e)
             })
         };
