@@ -152,9 +152,15 @@ impl<E: Held> History<E> {
     /// Changes the newest `at_most` entries with key `k` (never their key or end): bounded, so a
     /// key held thousands of times costs no more per update than a history of `at_most` did.
     pub(super) fn update_of_key(&mut self, k: u64, at_most: usize, mut f: impl FnMut(&mut E)) {
-        let places: Vec<usize> = self.numbers(k).rev().take(at_most).collect();
-        for i in places {
-            if let Some(e) = self.entries.get_mut(i) {
+        let Some((head, rest)) = self.by_key.get(&k) else {
+            return;
+        };
+        let newest_first = rest.iter().rev().chain(std::iter::once(head));
+        for &n in newest_first.take(at_most) {
+            let place = n
+                .checked_sub(self.first)
+                .and_then(|i| usize::try_from(i).ok());
+            if let Some(e) = place.and_then(|i| self.entries.get_mut(i)) {
                 f(e);
             }
         }
