@@ -45,8 +45,8 @@ const NS_PER_MS: u64 = 1_000_000;
 /// judged from the process-wide failure record instead).
 const CHILDREN_PER_THREAD: usize = 16;
 const INBOUND_PER_THREAD: usize = 8;
-/// Failed calls and responses a process keeps whatever their age (past it, only those a
-/// waiting verdict may still need).
+/// Responses a process keeps (a cap), and failed calls and inbound requests it keeps whatever
+/// their age (past it, only those a waiting verdict may still need stay).
 const FAILURES_PER_PROCESS: usize = 256;
 /// Failed outbound calls remembered per process: in a storm a busy process's calls fail by the
 /// thousand a second, and a failed request's links need every failed call since it started

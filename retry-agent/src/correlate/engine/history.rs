@@ -17,6 +17,9 @@ pub(super) type InEntry = (u64, u64, ExchangeId, Option<u64>, bool);
 /// One failed outbound call, with the thread (or goroutine) that made it.
 pub(super) type FailEntry = (Child, u64);
 
+/// Capacity (entries) past which a history that emptied to a quarter of it gives room back.
+const SHRINK_FROM: usize = 1024;
+
 /// What a history needs of its entries.
 pub(super) trait Held {
     /// When it ended (spans are found by it).
@@ -108,6 +111,14 @@ impl<E: Held> History<E> {
     pub(super) fn pop_front(&mut self) -> Option<E> {
         let e = self.entries.pop_front()?;
         self.reach.pop_front();
+        // A burst's room goes back once the history is a quarter of it: the engine-wide cap
+        // counts entries, not the capacity a once-busy process would otherwise keep.
+        let (len, cap) = (self.entries.len(), self.entries.capacity());
+        if cap > SHRINK_FROM && len < cap / 4 {
+            self.entries.shrink_to(len * 2);
+            self.reach.shrink_to(len * 2);
+            self.by_key.shrink_to(len * 2);
+        }
         let n = self.first;
         self.first += 1;
         if let Some(k) = e.key()
@@ -220,6 +231,32 @@ mod tests {
         // Numbering goes on after the history emptied.
         h.push_back(e(6, 7, Some(7)));
         assert_eq!(ids(&h, 7), [6]);
+    }
+
+    /// A burst's room is given back as the history empties.
+    #[test]
+    fn a_history_that_empties_gives_its_room_back() {
+        let mut h = History::default();
+        for id in 0..8 * SHRINK_FROM as u64 {
+            h.push_back(e(id, id, Some(id)));
+        }
+        let peak = h.entries.capacity();
+        while h.len() > 100 {
+            h.pop_front();
+        }
+        assert!(
+            h.entries.capacity() < peak / 4,
+            "{} of {peak}",
+            h.entries.capacity()
+        );
+        assert!(h.reach.capacity() < peak / 4);
+        let newest = 8 * SHRINK_FROM as u64 - 1;
+        assert_eq!(
+            h.of_key(newest).count(),
+            1,
+            "the index still finds what is held"
+        );
+        assert_eq!(h.ending_from(newest).count(), 1);
     }
 
     /// Answer order is not end order (a response cut off by a close ends at the close): the
