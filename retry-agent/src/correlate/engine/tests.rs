@@ -2498,6 +2498,20 @@ fn an_evicted_overlapping_request_makes_the_trace_link_unsound() {
     assert_eq!(w.e.stats().unlinked[Unlinked::HistoryLost.index()], 1);
 }
 
+/// The busy-process tests' long request (trace 1, over [0, 2 s], failed after its call with
+/// trace 1 failed): answered, it is linked by its trace, its history not lost.
+fn the_long_request_is_linked_by_its_trace(w: &mut World, t: u64) {
+    w.push(traced_request(t, 2, 1, 2_001, 500));
+    w.e.tick(t + 2_600 * MS, &mut w.v);
+    assert_eq!(
+        judged(w, 2),
+        Some((Claim::Unclaimed, Link::TraceHeader)),
+        "{:?}",
+        w.e.stats().unlinked
+    );
+    assert_eq!(w.e.stats().unlinked[Unlinked::HistoryLost.index()], 0);
+}
+
 /// A busy process: 1,500 requests a second, each with its own trace id, answered while one
 /// long request (trace 1) runs 2 s and fails after a call carrying its trace id failed. The
 /// process's history must reach back over those 3,000 entries for the trace link (with 1,024
@@ -2534,15 +2548,7 @@ fn a_busy_process_keeps_the_history_a_long_request_needs() {
         }
         w.push(short(10 + i, start_us));
     }
-    w.push(traced_request(t, 2, 1, 2_001, 500));
-    w.e.tick(t + 2_600 * MS, &mut w.v);
-    assert_eq!(
-        judged(&w, 2),
-        Some((Claim::Unclaimed, Link::TraceHeader)),
-        "{:?}",
-        w.e.stats().unlinked
-    );
-    assert_eq!(w.e.stats().unlinked[Unlinked::HistoryLost.index()], 0);
+    the_long_request_is_linked_by_its_trace(&mut w, t);
 }
 
 /// The same busy process in a storm: each of its 3,000 short requests made a call that failed
@@ -2593,14 +2599,7 @@ fn a_busy_process_in_a_storm_keeps_the_failed_calls_a_long_request_needs() {
             .build(),
         );
     }
-    w.push(traced_request(t, 2, 1, 2_001, 500));
-    w.e.tick(t + 2_600 * MS, &mut w.v);
-    assert_eq!(
-        judged(&w, 2),
-        Some((Claim::Unclaimed, Link::TraceHeader)),
-        "{:?}",
-        w.e.stats().unlinked
-    );
+    the_long_request_is_linked_by_its_trace(&mut w, t);
 }
 
 /// An exchange cut off by a close brings the engine's clock to the close, not only to its last
