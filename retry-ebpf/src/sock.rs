@@ -154,6 +154,19 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         *o
     };
     let in_connect = owner.flags & OWNER_IN_CONNECT != 0;
+    // The owner's connection event for this transition.
+    let emit = |kind: u32, errno: i32| {
+        emit_conn(
+            kind,
+            owner.pid_tgid,
+            owner.fd,
+            owner.role,
+            errno,
+            (old, new),
+            owner.generation,
+            &tuple,
+        )
+    };
     if old == tcp_state::SYN_SENT && new == tcp_state::ESTABLISHED {
         // SAFETY: map value pointer, valid for this program run.
         unsafe { (*o).flags |= OWNER_ESTABLISHED };
@@ -170,16 +183,7 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             }
         }
         if !in_connect {
-            emit_conn(
-                conn_kind::ESTABLISHED,
-                owner.pid_tgid,
-                owner.fd,
-                owner.role,
-                0,
-                (old, new),
-                owner.generation,
-                &tuple,
-            );
+            emit(conn_kind::ESTABLISHED, 0);
         }
         return Ok(());
     }
@@ -202,16 +206,7 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             return Ok(());
         }
         let errno = sk_err(a.skaddr);
-        emit_conn(
-            conn_kind::FAILED,
-            owner.pid_tgid,
-            owner.fd,
-            owner.role,
-            errno,
-            (old, new),
-            owner.generation,
-            &tuple,
-        );
+        emit(conn_kind::FAILED, errno);
     } else if old == tcp_state::ESTABLISHED
         || old == tcp_state::CLOSE_WAIT
         || old == tcp_state::SYN_RECV
@@ -221,16 +216,7 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         if errno == 0 {
             errno = ECONNRESET as i32;
         }
-        emit_conn(
-            conn_kind::RESET,
-            owner.pid_tgid,
-            owner.fd,
-            owner.role,
-            errno,
-            (old, new),
-            owner.generation,
-            &tuple,
-        );
+        emit(conn_kind::RESET, errno);
     }
     let _ = SOCKS.remove(&a.skaddr);
     Ok(())
