@@ -86,17 +86,13 @@ pub(crate) fn delta(
     let mut d: Vec<(String, u64, u64)> = after
         .iter()
         .filter_map(|(id, a)| {
-            let b = before.get(id).cloned().unwrap_or_default();
-            let runs = a.run_cnt.saturating_sub(b.run_cnt);
-            (runs > 0).then(|| {
-                (
-                    a.name.clone(),
-                    runs,
-                    a.run_time_ns.saturating_sub(b.run_time_ns),
-                )
-            })
+            let (cnt0, ns0) = before
+                .get(id)
+                .map_or((0, 0), |b| (b.run_cnt, b.run_time_ns));
+            let runs = a.run_cnt.saturating_sub(cnt0);
+            (runs > 0).then(|| (a.name.clone(), runs, a.run_time_ns.saturating_sub(ns0)))
         })
         .collect();
-    d.sort_by(|x, y| y.2.cmp(&x.2));
+    d.sort_by_key(|p| std::cmp::Reverse(p.2));
     d
 }

@@ -42,10 +42,7 @@ pub(super) fn kernel_config(
         exe_dev: exe.map_or(0, |e| e.1),
         cgroup_levels: scope.cgroup_levels(),
         offsets: btf::kernel_offsets(),
-        response_bytes: cfg
-            .response_bytes
-            .unwrap_or(cfg.payload_bytes)
-            .min(MAX_PAYLOAD as u32),
+        response_bytes: cfg.response_prefix().min(MAX_PAYLOAD as u32),
         _pad: 0,
     }
 }

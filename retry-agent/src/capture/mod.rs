@@ -186,9 +186,15 @@ pub struct CaptureConfig {
 }
 
 impl CaptureConfig {
+    /// The payload prefix of a response's records (`--capture-response-bytes`, else the
+    /// payload prefix).
+    pub fn response_prefix(&self) -> u32 {
+        self.response_bytes.unwrap_or(self.payload_bytes)
+    }
+
     /// The largest payload prefix one record carries outside HTTP/2 (what an event costs).
     pub fn largest_prefix(&self) -> u32 {
-        self.payload_bytes.max(self.response_bytes.unwrap_or(0))
+        self.payload_bytes.max(self.response_prefix())
     }
 }
 

@@ -151,7 +151,7 @@ impl<E: Held> History<E> {
             .get(&k)
             .into_iter()
             .flat_map(|(head, rest)| std::iter::once(head).chain(rest))
-            .filter_map(|&n| usize::try_from(n.checked_sub(self.first)?).ok())
+            .filter_map(|&n| place(self.first, n))
     }
 
     /// The entries with key `k`, oldest first (`rev()` for newest first: what a verdict looks
@@ -168,14 +168,16 @@ impl<E: Held> History<E> {
         };
         let newest_first = rest.iter().rev().chain(std::iter::once(head));
         for &n in newest_first.take(at_most) {
-            let place = n
-                .checked_sub(self.first)
-                .and_then(|i| usize::try_from(i).ok());
-            if let Some(e) = place.and_then(|i| self.entries.get_mut(i)) {
+            if let Some(e) = place(self.first, n).and_then(|i| self.entries.get_mut(i)) {
                 f(e);
             }
         }
     }
+}
+
+/// Where entry number `n` is when the front's number is `first` (None once it went).
+fn place(first: u64, n: u64) -> Option<usize> {
+    usize::try_from(n.checked_sub(first)?).ok()
 }
 
 impl History<InEntry> {
