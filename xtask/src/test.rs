@@ -34,8 +34,10 @@ pub fn run_tests(args: TestArgs) -> Result<()> {
         bail!("integration tests load eBPF programs and create network namespaces: run as root");
     }
     // The integration tests run the agent binary itself (trace, shim, the lab's agent modes):
-    // build it now, with this object embedded, so no test runs a stale or partial build.
+    // build it now, with this object embedded, so no test runs a stale or partial build. The
+    // memory test holds the release build (what users run) to the budget.
     build::agent(false)?;
+    build::agent(true)?;
     let mut cmd = Command::new("cargo");
     // Every integration file runs even after one fails: a failure in the lab must not hide
     // what the files after it would say.
