@@ -393,8 +393,9 @@ pub struct Config {
     pub agent_tgid: u32,
     /// Payload prefix size, ≤ `MAX_PAYLOAD`.
     pub payload_bytes: u32,
-    /// Wake the ring reader only once this many bytes wait (0 = on every record). Waking per
-    /// record (an IPI each) cost more than the rest of the program; the reader also polls.
+    /// Wake the ring reader each time another this many bytes wait (0 = on every record).
+    /// Waking per record (an IPI each) cost more than the rest of the program; the reader also
+    /// polls.
     pub wakeup_bytes: u32,
     /// `config_flags::*`.
     pub flags: u32,

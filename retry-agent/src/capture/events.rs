@@ -48,6 +48,14 @@ impl Sender {
         Flushed::Sent { dropped: 0 }
     }
 
+    /// Whether `n` more events fit under the bound (with the batch collected so far): the
+    /// reader leaves records in the kernel's ring rather than decode what it would drop.
+    /// An empty stream always has room, whatever the bound.
+    pub(super) fn has_room(&self, n: usize) -> bool {
+        let used = self.queued.load(Ordering::Acquire) + self.batch.len();
+        used == 0 || used + n <= self.capacity
+    }
+
     /// Sends the batch collected so far: as much of it as the event bound has room for, in
     /// order (the rest is dropped, like a full channel dropped events before).
     pub(super) fn flush(&mut self) -> Flushed {

@@ -107,8 +107,8 @@ pub struct CaptureConfig {
         default_value = "/proc"
     )]
     pub proc_root: PathBuf,
-    /// The kernel wakes the ring reader only once this many bytes wait (0: on every record,
-    /// which costs an interrupt per syscall); below that the reader polls.
+    /// The kernel wakes the ring reader each time another this many bytes wait (0: on every
+    /// record, which costs an interrupt per syscall); below that the reader polls.
     #[arg(long = "capture-ring-wakeup-bytes", alias = "wakeup-bytes", env = "RETRY_AGENT_CAPTURE_RING_WAKEUP_BYTES", default_value_t = 256 << 10)]
     pub wakeup_bytes: u32,
     /// How often the reader looks at the ring without a wakeup, in milliseconds (the most a

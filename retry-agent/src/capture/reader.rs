@@ -1,7 +1,7 @@
 //! The ring reader task: drains the ring buffer (woken by the kernel past a threshold, polling
 //! below it), decodes records, describes each process once (`Event::Process`), leaves out the
-//! agent's own shims, and forwards events in batches without ever blocking: what the event bound
-//! refuses is counted as a drop.
+//! agent's own shims, and forwards events in batches without ever blocking: records the event
+//! bound has no room for wait in the ring (the kernel counts what a full ring refuses).
 use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
@@ -16,6 +16,20 @@ use super::{
     own_exe::OwnExe,
     procfs,
 };
+
+/// How long the reader leaves records in the ring when the pipeline has no room for them.
+const FULL_RETRY: Duration = Duration::from_millis(1);
+
+/// How a round of draining ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Drained {
+    /// The ring is empty.
+    Empty,
+    /// The pipeline has no room: records wait in the ring.
+    Full,
+    /// The round took its share and more wait.
+    More,
+}
 
 /// Bound on `Reader::forked_from` (entries normally live one record long).
 const FORKED_FROM_MAX: usize = 4096;
@@ -64,58 +78,73 @@ impl Reader {
         // The kernel wakes us only once `wakeup_bytes` wait; below that we come and look.
         let mut poll = tokio::time::interval(self.poll_interval);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // How the last round ended: `Full` brings the reader back once the pipeline had time to
+        // make room, `More` at once (after the other arms had their turn).
+        let mut last = Drained::Empty;
         loop {
             tokio::select! {
                 guard = ring.readable_mut() => {
-                    let mut guard = match guard {
-                        Ok(g) => g,
+                    match guard {
+                        // Readiness is cleared only once nothing more can be taken now: the
+                        // kernel wakes the reader only as records arrive, so clearing with
+                        // records left would leave them to the poll.
+                        Ok(mut g) => {
+                            let Some(d) = self.drain(g.get_inner_mut()) else { return };
+                            if d != Drained::More {
+                                g.clear_ready();
+                            }
+                            last = d;
+                            continue;
+                        }
                         Err(e) => {
                             tracing::error!(error = %e, "ring buffer poll failed; capture stops");
                             return;
                         }
-                    };
-                    let Some(drained) = self.drain(guard.get_inner_mut()) else { return };
-                    // Clear readiness only once the ring is empty: the kernel wakes the reader
-                    // only when a record lands in an empty ring (adaptive notification), so
-                    // clearing with records left would stall capture for good under load.
-                    if drained {
-                        guard.clear_ready();
-                    } else {
-                        tokio::task::yield_now().await;
                     }
                 }
+                _ = tokio::task::yield_now(), if last == Drained::More => {}
+                _ = tokio::time::sleep(FULL_RETRY), if last == Drained::Full => {}
                 _ = poll.tick() => {
-                    self.stats.0.polls.fetch_add(1, Ordering::Relaxed);
                     // Records committed without a wakeup.
-                    loop {
-                        let Some(drained) = self.drain(ring.get_mut()) else { return };
-                        if drained {
-                            break;
-                        }
-                        tokio::task::yield_now().await;
-                    }
+                    self.stats.0.polls.fetch_add(1, Ordering::Relaxed);
                 }
-                _ = tick.tick() => self.refresh_drops(),
+                _ = tick.tick() => {
+                    self.refresh_drops();
+                    continue;
+                }
             }
+            let Some(d) = self.drain(ring.get_mut()) else {
+                return;
+            };
+            last = d;
         }
     }
 
-    /// Handles up to one round of records and sends what they made. `Some(true)`: the ring is
-    /// empty; `Some(false)`: more wait; `None`: the consumer is gone. Bounded so the tick and a
-    /// closed channel are noticed.
-    fn drain(&mut self, rb: &mut RingBuf<MapData>) -> Option<bool> {
-        let mut empty = false;
+    /// Handles up to one round of records and sends what they made; `None`: the consumer is
+    /// gone. Bounded so the tick and a closed channel are noticed.
+    fn drain(&mut self, rb: &mut RingBuf<MapData>) -> Option<Drained> {
+        let mut drained = Drained::More;
         for _ in 0..4096 {
             let Some(item) = rb.next() else {
-                empty = true;
+                drained = Drained::Empty;
                 break;
             };
+            // A record makes at most two events (its process's description and its own). One
+            // the channel has no room for stays in the ring, which holds far more than the
+            // channel, instead of being decoded only to be dropped: the kernel drops (and
+            // counts) only once the ring is full.
+            if !self.tx.has_room(2) {
+                // Not dropped, so not consumed: the next `next()` returns it again.
+                std::mem::forget(item);
+                drained = Drained::Full;
+                break;
+            }
             // Decoded in place: the decoder copies the payload once, into the event it owns.
             if !self.handle(&item) {
                 return None;
             }
         }
-        self.flush().then_some(empty)
+        self.flush().then_some(drained)
     }
 
     /// Sends the batch collected so far. `false`: the consumer is gone.

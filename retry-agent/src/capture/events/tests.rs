@@ -68,3 +68,22 @@ async fn a_gone_consumer_is_reported() {
     tx.push(ev(1));
     assert_eq!(tx.flush(), Flushed::Closed);
 }
+
+#[tokio::test]
+async fn room_counts_the_queue_and_the_batch_and_an_empty_stream_always_has_some() {
+    let (mut tx, mut rx) = channel(4);
+    assert!(tx.has_room(2));
+    tx.push(ev(1));
+    tx.push(ev(2));
+    assert!(tx.has_room(2));
+    assert!(!tx.has_room(3), "two in the batch, four at most");
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 0 });
+    tx.push(ev(3));
+    assert!(!tx.has_room(2), "two queued, one in the batch");
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 0 });
+    assert_eq!(pids(&rx.recv_batch().await.unwrap()), vec![1, 2]);
+    assert!(tx.has_room(2), "taking a batch frees its room");
+    // A bound smaller than a record's events must not stop the reader for good.
+    let (tx, _rx) = channel(1);
+    assert!(tx.has_room(2));
+}
