@@ -8,9 +8,9 @@ use std::{
 
 use integration_tests::{
     actuate::{release_agent_bin, skip_reason, wait_until},
-    fixture::{NetnsPair, Proc, can_run, free_port, load_with, python, wait_listening},
+    fixture::{NetnsPair, Proc, can_run, collect, free_port, load_with, python, wait_listening},
 };
-use retry_agent::capture::CaptureConfig;
+use retry_agent::capture::{CaptureConfig, Event, Role};
 use retry_common::arg_map;
 
 /// Peak resident memory of a process (VmHWM), in bytes.
@@ -101,6 +101,64 @@ fn a_flood_of_short_connections_stays_within_the_budget() {
     );
     assert!(metric(&text, "retry_agent_recorder_evictions_total").is_some());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A channel to the pipeline far smaller than a burst loses nothing while the kernel's ring has
+/// room: the reader leaves what the channel cannot take in the ring and comes back for it,
+/// instead of decoding it only to drop it. 1,000 connections run while nothing consumes the
+/// events; then every request is delivered (the client's write and the server's read), in order
+/// per connection, and nothing is counted as dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_waits_in_the_ring_while_the_pipeline_has_no_room() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut capture) = load_with(&CaptureConfig {
+        channel_capacity: 16,
+        ring_bytes: 16 << 20,
+        ..CaptureConfig::default()
+    }) else {
+        return;
+    };
+    const N: usize = 1000;
+    let port = free_port();
+    let mut flood = Proc::spawn(
+        python("conn_flood.py", &[&port.to_string(), &N.to_string(), "100"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    );
+    assert_eq!(flood.read_line().trim(), "listening");
+    assert_eq!(flood.read_line().trim(), format!("done {N}"));
+    // Only now does anything read the events.
+    let requests = collect(
+        &mut capture,
+        Duration::from_secs(60),
+        |e| matches!(e, Event::Data(d) if d.payload.starts_with(b"GET /item/")),
+        |seen| seen.len() >= 2 * N,
+    )
+    .await;
+    let stats = capture.stats();
+    assert_eq!(
+        (stats.kernel_drops, stats.channel_drops),
+        (0, 0),
+        "nothing is dropped while the ring has room"
+    );
+    assert_eq!(requests.len(), 2 * N, "every request, on both sides");
+    // The client wrote item i before item i+1 on its one thread: arrival keeps that order.
+    let client_items: Vec<usize> = requests
+        .iter()
+        .filter_map(|e| match e {
+            Event::Data(d) if d.role == Role::Client => std::str::from_utf8(&d.payload)
+                .ok()?
+                .strip_prefix("GET /item/")?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(client_items, (0..N).collect::<Vec<_>>());
 }
 
 /// With room for two threads in accept() at once, eight threads blocked there leave six
