@@ -47,8 +47,7 @@ pub fn syscall_args() -> Result<SyscallArgs, i32> {
             generated::bpf_task_pt_regs(generated::bpf_get_current_task_btf()) as *const pt_regs;
         // dx, si, di are adjacent in pt_regs: one read.
         let [dx, si, di]: [u64; 3] =
-            bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rdx) as *const [u64; 3])
-                .map_err(|e| e as i32)?;
+            bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rdx) as *const [u64; 3])?;
         Ok(SyscallArgs {
             arg0: di,
             arg1: si,
@@ -66,7 +65,7 @@ pub fn now() -> u64 {
 #[inline(always)]
 pub fn read_user<T>(addr: u64) -> Result<T, i32> {
     // SAFETY: bpf_probe_read_user validates the user address; failure is an error, not a fault.
-    unsafe { bpf_probe_read_user(addr as *const T) }.map_err(|e| e as i32)
+    unsafe { bpf_probe_read_user(addr as *const T) }
 }
 
 /// A pointer-sized kernel field at `addr` (0 for a null `addr` or a failed read), so a chain of

@@ -106,8 +106,7 @@ pub fn parse_cgroup(text: &str) -> Option<String> {
 pub fn container_id(cgroup: &str) -> Option<String> {
     cgroup
         .split(['/', '-', '.', ':'])
-        .filter(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))
-        .next_back()
+        .rfind(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))
         .map(str::to_string)
 }
 

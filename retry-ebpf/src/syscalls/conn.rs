@@ -232,12 +232,12 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     // buffer. Only TCP server sockets that reached ESTABLISHED are in SERVER_EST_SK.
     let sk = sock_of_fd(newfd);
     let mut found: Option<ServerEst> = None;
-    if sk != 0 {
-        if let Some(p) = SERVER_EST_SK.get_ptr(&sk) {
-            // SAFETY: copied out before removal.
-            found = Some(unsafe { *p });
-            let _ = SERVER_EST_SK.remove(&sk);
-        }
+    if sk != 0
+        && let Some(p) = SERVER_EST_SK.get_ptr(&sk)
+    {
+        // SAFETY: copied out before removal.
+        found = Some(unsafe { *p });
+        let _ = SERVER_EST_SK.remove(&sk);
     }
     let mut peer = PeerKey {
         family: 0,
@@ -263,11 +263,11 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         } else {
             return Ok(());
         }
-        if found.is_none() {
-            if let Some(p) = SERVER_EST.get_ptr(&peer) {
-                // SAFETY: copied out before removal.
-                found = Some(unsafe { *p });
-            }
+        if found.is_none()
+            && let Some(p) = SERVER_EST.get_ptr(&peer)
+        {
+            // SAFETY: copied out before removal.
+            found = Some(unsafe { *p });
         }
         let _ = SERVER_EST.remove(&peer);
     }

@@ -70,17 +70,15 @@ fn try_process_fork(ctx: &TracePointContext) -> Result<(), i32> {
     };
     // SAFETY: `pid_t child_pid` at 20 in sched_process_fork's format.
     let child: i32 = unsafe { ctx.read_at(20)? };
-    INHERITED
-        .insert(
-            &(child as u32),
-            &Inherited {
-                info,
-                parent: tgid,
-                _pad: 0,
-            },
-            0,
-        )
-        .map_err(|e| e as i32)
+    INHERITED.insert(
+        &(child as u32),
+        &Inherited {
+            info,
+            parent: tgid,
+            _pad: 0,
+        },
+        0,
+    )
 }
 
 #[tracepoint(category = "sched", name = "sched_process_fork")]
@@ -108,9 +106,7 @@ fn try_exit_fork(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let generation = now();
     let adopted = ConnInfo { generation, ..info };
-    CONNS
-        .insert(&ConnKey { tgid, fd: info.fd }, &adopted, 0)
-        .map_err(|e| e as i32)?;
+    CONNS.insert(&ConnKey { tgid, fd: info.fd }, &adopted, 0)?;
     remember_accept(tgid, info.fd, generation);
     if info.skaddr != 0 {
         // The child serves it now: resets seen in softirq context are its connection's.
