@@ -75,7 +75,7 @@ impl Reader {
             return;
         }
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        // The kernel wakes us only once `wakeup_bytes` wait; below that we come and look.
+        // The kernel wakes us each time another `wakeup_bytes` wait; below that we come and look.
         let mut poll = tokio::time::interval(self.poll_interval);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // How the last round ended: `Full` brings the reader back once the pipeline had time to
