@@ -54,9 +54,17 @@ pub(super) fn write_scope(ebpf: &mut Ebpf, scope: &Scope) -> Result<(), CaptureE
         name: &'static str,
     ) -> Result<BpfHashMap<&'a mut MapData, K, u8>, CaptureError> {
         let m = ebpf.map_mut(name).ok_or(CaptureError::MissingMap(name))?;
-        BpfHashMap::try_from(m).map_err(|source| CaptureError::Map { map: name, source })
+        BpfHashMap::try_from(m).map_err(|source| CaptureError::Map {
+            map: name,
+            source: Box::new(source),
+        })
     }
-    let err = |map: &'static str| move |source| CaptureError::Map { map, source };
+    let err = |map: &'static str| {
+        move |source| CaptureError::Map {
+            map,
+            source: Box::new(source),
+        }
+    };
     let mut cgroups = map::<u64>(ebpf, names::SCOPE_CGROUPS)?;
     for c in &scope.cgroups {
         cgroups
@@ -78,11 +86,11 @@ pub(super) fn write_config(ebpf: &mut Ebpf, config: &Config) -> Result<(), Captu
     let mut arr: Array<&mut MapData, Config> =
         Array::try_from(map).map_err(|source| CaptureError::Map {
             map: names::CONFIG,
-            source,
+            source: Box::new(source),
         })?;
     arr.set(0, config, 0).map_err(|source| CaptureError::Map {
         map: names::CONFIG,
-        source,
+        source: Box::new(source),
     })
 }
 
@@ -153,11 +161,11 @@ fn attach_tracepoint(
         .program_mut(prog)
         .ok_or_else(|| CaptureError::Program {
             program: prog.to_string(),
-            source: ProgramError::NotLoaded,
+            source: Box::new(ProgramError::NotLoaded),
         })?;
     let program: &mut TracePoint = program.try_into().map_err(|source| CaptureError::Program {
         program: prog.to_string(),
-        source,
+        source: Box::new(source),
     })?;
     match program.load() {
         Ok(()) => {}
@@ -168,16 +176,16 @@ fn attach_tracepoint(
             return Err(CaptureError::Verifier {
                 program: prog.to_string(),
                 log: verifier_log.to_string(),
-                source: ProgramError::LoadError {
+                source: Box::new(ProgramError::LoadError {
                     io_error,
                     verifier_log,
-                },
+                }),
             });
         }
         Err(source) => {
             return Err(CaptureError::Program {
                 program: prog.to_string(),
-                source,
+                source: Box::new(source),
             });
         }
     }
@@ -185,7 +193,7 @@ fn attach_tracepoint(
         .attach(category, tp)
         .map_err(|source| CaptureError::Program {
             program: prog.to_string(),
-            source,
+            source: Box::new(source),
         })?;
     Ok(())
 }

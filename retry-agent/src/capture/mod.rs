@@ -290,19 +290,19 @@ pub enum CaptureError {
     #[error("capture must be started inside a tokio runtime")]
     NoRuntime,
     #[error("loading the eBPF object")]
-    Load(#[source] aya::EbpfError),
+    Load(#[source] Box<aya::EbpfError>),
     #[error("the verifier rejected program {program}: {source}\nverifier log:\n{log}")]
     Verifier {
         program: String,
         log: String,
         #[source]
-        source: ProgramError,
+        source: Box<ProgramError>,
     },
     #[error("program {program}")]
     Program {
         program: String,
         #[source]
-        source: ProgramError,
+        source: Box<ProgramError>,
     },
     #[error("the eBPF object has no map {0}")]
     MissingMap(&'static str),
@@ -310,7 +310,7 @@ pub enum CaptureError {
     Map {
         map: &'static str,
         #[source]
-        source: aya::maps::MapError,
+        source: Box<aya::maps::MapError>,
     },
     #[error("polling the ring buffer")]
     Poll(#[source] std::io::Error),
@@ -380,7 +380,9 @@ impl Capture {
         for map in names::ARG_MAPS {
             loader.map_max_entries(map, cfg.arg_map_entries);
         }
-        let mut ebpf = loader.load(EBPF_OBJECT).map_err(CaptureError::Load)?;
+        let mut ebpf = loader
+            .load(EBPF_OBJECT)
+            .map_err(|e| CaptureError::Load(Box::new(e)))?;
         load::check_accounted(&ebpf, &specs)?;
 
         let agent_tgid = std::process::id();
@@ -424,32 +426,32 @@ impl Capture {
         let ring = load::take_map(&mut ebpf, names::EVENTS)?;
         let ring = RingBuf::try_from(ring).map_err(|source| CaptureError::Map {
             map: names::EVENTS,
-            source,
+            source: Box::new(source),
         })?;
         let drops = load::take_map(&mut ebpf, names::DROPS)?;
         let drops: PerCpuArray<MapData, u64> =
             PerCpuArray::try_from(drops).map_err(|source| CaptureError::Map {
                 map: names::DROPS,
-                source,
+                source: Box::new(source),
             })?;
         let arg_failures = load::take_map(&mut ebpf, names::ARG_FAILURES)?;
         let arg_failures: PerCpuArray<MapData, u64> =
             PerCpuArray::try_from(arg_failures).map_err(|source| CaptureError::Map {
                 map: names::ARG_FAILURES,
-                source,
+                source: Box::new(source),
             })?;
         let conns = load::take_map(&mut ebpf, names::CONNS)?;
         let mut conns: BpfHashMap<MapData, ConnKey, ConnInfo> = BpfHashMap::try_from(conns)
             .map_err(|source| CaptureError::Map {
                 map: names::CONNS,
-                source,
+                source: Box::new(source),
             })?;
 
         let agent_tgids = load::take_map(&mut ebpf, names::AGENT_TGIDS)?;
         let agent_tgids: BpfHashMap<MapData, u32, u8> =
             BpfHashMap::try_from(agent_tgids).map_err(|source| CaptureError::Map {
                 map: names::AGENT_TGIDS,
-                source,
+                source: Box::new(source),
             })?;
 
         // Attached before the scan, so a connection opened meanwhile is seen by one or the other.
