@@ -32,8 +32,9 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 }
 
 /// 20,000 short connections, 4,000 of them open at once on each side (the default budget's l7
-/// table holds 3,072): the agent's peak RSS stays under its 64 MiB budget, with the recorder on,
-/// and the connections its tables could not hold are counted as evictions.
+/// table holds 2,304): the agent's peak RSS stays under its 64 MiB budget, with the recorder on,
+/// and the connections its tables could not hold are counted as evictions. The release agent, as
+/// users run it: the budget is a promise about that build.
 #[test]
 fn a_flood_of_short_connections_stays_within_the_budget() {
     if !can_run() {
@@ -106,8 +107,8 @@ fn a_flood_of_short_connections_stays_within_the_budget() {
 /// A channel to the pipeline far smaller than a burst loses nothing while the kernel's ring has
 /// room: the reader leaves what the channel cannot take in the ring and comes back for it,
 /// instead of decoding it only to drop it. 1,000 connections run while nothing consumes the
-/// events; then every request is delivered (the client's write and the server's read), in order
-/// per connection, and nothing is counted as dropped.
+/// events; then every request is delivered (the client's write and the server's read), the
+/// client's in the order it wrote them, and nothing is counted as dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_waits_in_the_ring_while_the_pipeline_has_no_room() {
     if !can_run() {
