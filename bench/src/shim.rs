@@ -88,10 +88,9 @@ fn parse_dur(s: &str) -> Option<f64> {
         (v, 1.0)
     } else if let Some(v) = s.strip_suffix("ms") {
         (v, 1e3)
-    } else if let Some(v) = s.strip_suffix('s') {
-        (v, 1e6)
     } else {
-        return None;
+        let v = s.strip_suffix('s')?;
+        (v, 1e6)
     };
     num.parse::<f64>().ok().map(|n| n * mul)
 }

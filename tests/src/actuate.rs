@@ -1,5 +1,6 @@
 //! Helpers for the actuation tests (shim, HAProxy): processes that clean up after themselves,
 //! skip checks, tiny servers, and Python runners.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpListener},

@@ -2,6 +2,7 @@
 //! chain's peers are fixtures (`chain_service_{a,b}.py`, `*_client.py`, `event_loop_server.js`);
 //! what the agent derives from the captured events comes from the live `Pipeline`, the one
 //! l7 → correlate → decide driver `retry-agent run` and forensics use.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::collections::HashMap;
 
 use retry_agent::{

@@ -2,6 +2,7 @@
 //! capture in-process and collecting its events, fresh ports, peer programs (the Python and Node
 //! files under `tests/fixtures/`, parameterised by argv) started and waited for, child processes
 //! and network namespaces that clean up after themselves.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     collections::HashSet,
     net::TcpListener,
@@ -73,17 +74,12 @@ pub async fn collect(
 ) -> Vec<Event> {
     let deadline = tokio::time::Instant::now() + dur;
     let mut out = Vec::new();
-    loop {
-        match tokio::time::timeout_at(deadline, cap.events().recv()).await {
-            Ok(Some(ev)) => {
-                if keep(&ev) {
-                    out.push(ev);
-                    if done(&out) {
-                        break;
-                    }
-                }
+    while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, cap.events().recv()).await {
+        if keep(&ev) {
+            out.push(ev);
+            if done(&out) {
+                break;
             }
-            Ok(None) | Err(_) => break,
         }
     }
     out

@@ -1,4 +1,5 @@
 //! Helpers for the storm-lab tests: run `lab/lab.py` (the orchestrator) and read its result file.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},

@@ -1,5 +1,6 @@
 //! Helpers for the flight-recorder tests (tests/tests/recorder.rs): the agent's own API servers
 //! (public TCP, private Unix socket with the guarded dump route) around a recorder, and a temp dir.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use retry_agent::{

@@ -1,6 +1,7 @@
 //! Kernel capture against real traffic: `cargo test -p integration-tests --test capture` as root.
 //! Each test loads the eBPF programs in-process (`Capture::load`), drives Python/curl traffic over
 //! loopback or a veth pair between two namespaces it creates, and checks the decoded events.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{process::Stdio, time::Duration};
 
 use integration_tests::fixture::{

@@ -4,6 +4,7 @@
 //! client → A → B, small Python servers on loopback ports. When B fails, B owns its errors
 //! (claimed) and A's failures are symptoms (unclaimed, explained by B's failures); when A fails
 //! on its own (its call to B succeeded), A's failures are claimed.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{process::Stdio, time::Duration};
 
 use integration_tests::{
@@ -290,10 +291,12 @@ async fn event_loop_overlap_is_missing_not_guessed() {
     let client = Proc::spawn(python("parallel_client.py", &args).stdout(Stdio::piped()));
     let (events, _) = capture_while(&mut cap, client, &[n.pid(), b.pid()]).await;
 
-    let mut cfg = CorrelateConfig::default();
     // The loop never retries B: at-least-once would (deliberately) own B's errors; here we look
     // at linking alone.
-    cfg.at_least_once = false;
+    let mut cfg = CorrelateConfig {
+        at_least_once: false,
+        ..CorrelateConfig::default()
+    };
     cfg.service_names
         .push(format!("pid:{}=loop", n.pid()).parse().expect("override"));
     cfg.service_names
@@ -366,9 +369,11 @@ async fn traced_event_loop(paths: &[&str]) -> Option<(Vec<Verdict>, Derived)> {
     let client = Proc::spawn(&mut cmd);
     let (events, _) = capture_while(&mut cap, client, &[n.pid(), b.pid()]).await;
 
-    let mut cfg = CorrelateConfig::default();
-    cfg.at_least_once = false;
-    cfg.timing_link_ms = 0;
+    let mut cfg = CorrelateConfig {
+        at_least_once: false,
+        timing_link_ms: 0,
+        ..CorrelateConfig::default()
+    };
     cfg.service_names
         .push(format!("pid:{}=loop", n.pid()).parse().expect("override"));
     cfg.service_names

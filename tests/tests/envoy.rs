@@ -5,6 +5,7 @@
 //! the callee's service id) → a service on loopback that always answers 503. Attempts are counted
 //! from Envoy's own stats (`cluster.backend_orders.upstream_rq_total` / `_retry` /
 //! `_retry_overflow`) and from the service.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     net::SocketAddr,
     process::{Command, Stdio},

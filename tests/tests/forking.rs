@@ -3,6 +3,7 @@
 //! httpd, which also moves the socket onto stdin/stdout with dup2 and answers with sendfile):
 //! the child's I/O is captured, its exchanges are server-side ones, and the service it is is
 //! named like its parent (`comm:port`), not left as the bare address the client dialled.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     collections::BTreeSet,
     process::{Command, Stdio},

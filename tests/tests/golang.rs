@@ -2,6 +2,7 @@
 //! (`-ldflags=-s -w`): the agent finds the functions its Go uprobes need in both, at the same
 //! places, and their RET instructions; and, with the uprobes attached, a concurrent Go service
 //! gets an ownership verdict for every failed request, as a thread-per-request one does.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     path::PathBuf,
     process::{Command, Stdio},

@@ -1,5 +1,6 @@
 //! A real HAProxy (Debian package) driven by the HAProxy actuator through its runtime API.
 //! Run: `cargo test -p integration-tests --test haproxy`
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     net::SocketAddr,
     process::{Command, Stdio},

@@ -4,6 +4,7 @@
 //! (Python http.server + curl + requests + Node http; grpcio server + client), feeds the
 //! captured events through `l7::Reassembler`, and checks that the exchanges reconstructed on
 //! both sides equal what the peers themselves logged.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     process::{Command, Stdio},
     time::Duration,

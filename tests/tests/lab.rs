@@ -6,6 +6,7 @@
 //! stays within 1 percentage point of no control; verdict precision ≥ 99% for the
 //! thread-per-request (Python) services; a hop whose retries are an Envoy sidecar's stops
 //! retrying when the agent actuates that Envoy. The lab leaves nothing behind.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::sync::{Mutex, MutexGuard};
 
 use integration_tests::lab;

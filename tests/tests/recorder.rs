@@ -7,6 +7,7 @@
 //! - the dump route on the agent's private socket + `retry-agent dump` client (refused over TCP),
 //!   and SIGUSR1;
 //! - 50 parallel dump requests: single flight, rate limit, retention cap.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{os::unix::fs::PermissionsExt, process::Stdio, time::Duration};
 
 use integration_tests::{

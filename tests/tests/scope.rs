@@ -2,6 +2,7 @@
 //! programs, real clients and servers on both sides of the scope's border, in namespaces and
 //! cgroups the tests create and remove. Only the scoped side's sockets are tracked, on connect
 //! and on accept alike. `cargo test -p integration-tests --test scope` as root.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},

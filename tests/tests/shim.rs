@@ -1,5 +1,6 @@
 //! The shim with real clients, real iptables and real process deaths (root).
 //! Run: `cargo test -p integration-tests --test shim -- --test-threads=2`
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     io::{Read, Write},
     net::SocketAddr,

@@ -2,6 +2,7 @@
 //! whole cgroup is killed (`cgroup.kill`: the shim and anything with it die at once, as in a pod
 //! OOM). Root and a cgroup v2 mount needed; traffic to loopback only.
 //! Run: `cargo test -p integration-tests --test shim_cgroup`
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},

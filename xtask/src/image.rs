@@ -159,7 +159,7 @@ fn parse_ldd(text: &str) -> Result<Vec<PathBuf>> {
             bail!("a shared library is missing: {line}");
         }
         let path = match line.split_once("=>") {
-            Some((_, rest)) => rest.trim().split_whitespace().next(),
+            Some((_, rest)) => rest.split_whitespace().next(),
             None => line.split_whitespace().next(),
         };
         if let Some(p) = path.filter(|p| p.starts_with('/')) {

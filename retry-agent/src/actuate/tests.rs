@@ -41,7 +41,7 @@ impl Actuator for Flaky {
     fn apply<'a>(&'a mut self, _d: &'a [Decision]) -> ActuateFuture<'a> {
         let n = self.0.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
-            if n % 2 == 0 {
+            if n.is_multiple_of(2) {
                 Err(ActuateError::Invalid("boom".into()))
             } else {
                 Ok(())
@@ -445,7 +445,7 @@ async fn bind_refuses_a_live_socket_and_replaces_a_stale_one() {
     let a = control::ControlActuator::bind(&path).expect("bind");
     assert!(control::ControlActuator::bind(&path).is_err());
     drop(a);
-    let _stale = std::os::unix::net::UnixListener::bind(&path).map(|l| drop(l));
+    let _stale = std::os::unix::net::UnixListener::bind(&path).map(drop);
     assert!(control::ControlActuator::bind(&path).is_ok());
 }
 

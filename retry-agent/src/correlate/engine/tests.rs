@@ -103,6 +103,10 @@ impl World {
         sid
     }
     /// `caller` calls a callee that is not on this node.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a call's every field, named at each use"
+    )]
     fn call_remote(
         &mut self,
         caller: u32,
@@ -1364,8 +1368,10 @@ fn rates_and_amplification_with_frozen_baseline() {
 
 #[test]
 fn names_default_to_comm_and_port_and_overflow_to_other() {
-    let mut c = CorrelateConfig::default();
-    c.max_services = 2;
+    let mut c = CorrelateConfig {
+        max_services: 2,
+        ..CorrelateConfig::default()
+    };
     c.service_names.push("api:80=frontend".parse().unwrap());
     let mut w = World::with(c);
     for (pid, comm) in [(B, "api"), (C, "python3"), (D, "java")] {
