@@ -8,9 +8,10 @@
 //!   `*`s (Authorization, Cookie, Set-Cookie, `x-api-key`, custom gRPC metadata...). HTTP/2
 //!   names are judged decoded (`h2`: Huffman literals, dynamic-table references).
 //! - Query strings (request line, `:path`) are masked, across record boundaries too.
-//! - Bodies (HTTP/1 bodies, chunk data, HTTP/2 DATA payloads) become a keyed digest followed by
-//!   `.`s. Retry matching does not read these: the replay takes the query and body digests the
-//!   live run computed from the recorded exchanges (see `replay`).
+//! - Bodies (HTTP/1 bodies, chunk data, HTTP/2 DATA payloads) become `.`s, each run of a
+//!   request body led by its keyed digest. Retry matching does not read these: the replay takes
+//!   the query and body digests the live run computed from the recorded exchanges (see
+//!   `replay`).
 //! - What cannot be classified is masked: a head line that is not `name: value`, bytes after a
 //!   loss of framing (uncaptured bytes where framing needed them, implausible HTTP/2 frames, a
 //!   capture loss the recorder is told about) until a record starts a message again.
@@ -19,7 +20,7 @@
 use bytes::{Bytes, BytesMut};
 use foldhash::HashMap;
 
-use crate::capture::{ConnId, DataEvent, Direction};
+use crate::capture::{ConnId, DataEvent, Direction, Role};
 
 mod h1;
 mod h2;
@@ -293,9 +294,17 @@ impl Redactor {
             skip(st, unseen);
         }
         let key = crate::l7::digest_key();
+        // Response bodies are only masked: retries repeat requests, so a request body's digest
+        // tells a dump's reader which requests were the same; a response's tells them little,
+        // and hashing it was ~7% of the agent's CPU serving 1 KiB files.
+        let digest = is_request(d);
         for &(s, e) in &self.runs {
             if let Some(run) = buf.get_mut(s..e) {
                 red.body_bytes += run.len() as u64;
+                if !digest {
+                    run.fill(b'.');
+                    continue;
+                }
                 let mut h = key.hasher(DOMAIN_RUN);
                 h.write(run);
                 let digest = h.finish();
@@ -311,6 +320,15 @@ impl Redactor {
         }
         red
     }
+}
+
+/// Whether `d` carries requests (a connection picked up mid-life counts as one: its bodies keep
+/// their digests).
+fn is_request(d: &DataEvent) -> bool {
+    !matches!(
+        (d.role, d.direction),
+        (Role::Client, Direction::Ingress) | (Role::Server, Direction::Egress)
+    )
 }
 
 /// A payload as `retry-agent trace` may print it: redacted as the recorder would, with its own
