@@ -22,7 +22,12 @@ pub fn ebpf() -> Result<PathBuf> {
         // The userspace pin must not leak into the nightly build.
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("CARGO_TARGET_DIR"))?;
-    Ok(dir.join("target/bpfel-unknown-none/release/retry-ebpf"))
+    Ok(ebpf_object())
+}
+
+/// Where [`ebpf`] leaves the object (whether built yet or not).
+pub fn ebpf_object() -> PathBuf {
+    setup::root().join("retry-ebpf/target/bpfel-unknown-none/release/retry-ebpf")
 }
 
 /// Builds the agent with the freshly built object embedded.

@@ -10,6 +10,7 @@ mod build;
 mod fuzz;
 mod image;
 mod lab;
+mod lint;
 mod setup;
 mod sh;
 mod test;
@@ -37,8 +38,10 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Set up and run the whole test suite (unit, then kernel/network integration tests).
+    /// Set up and run the whole test suite (lint, unit, then kernel/network integration tests).
     Test(test::TestArgs),
+    /// rustfmt and clippy (warnings are errors), userspace and eBPF crates.
+    Lint,
     /// Benchmarks (figures, not pass/fail).
     Bench(bench::BenchArgs),
     /// The storm lab.
@@ -68,6 +71,7 @@ fn main() -> Result<()> {
         }
         Task::Image(a) => image::run(a),
         Task::Test(a) => test::run_tests(a),
+        Task::Lint => lint::run_lint(),
         Task::Bench(a) => bench::run(a),
         Task::Lab(a) => lab::run(a),
         Task::Fuzz(a) => fuzz::run(a),

@@ -1,11 +1,12 @@
-//! `cargo xtask test`: the whole suite, as CI runs it. Unit tests first (fast, no kernel), then
-//! the integration tests that load real programs and drive real traffic (root needed).
+//! `cargo xtask test`: the whole suite, as CI runs it. Lint first (`cargo xtask lint`), unit
+//! tests next (fast, no kernel), then the integration tests that load real programs and drive
+//! real traffic (root needed).
 use std::process::Command;
 
 use anyhow::{Result, bail};
 use clap::Args;
 
-use crate::{build, setup, sh::run};
+use crate::{build, lint, setup, sh::run};
 
 #[derive(Debug, Args)]
 pub struct TestArgs {
@@ -15,6 +16,9 @@ pub struct TestArgs {
     /// Only these integration test files (e.g. --only capture --only shim).
     #[arg(long)]
     only: Vec<String>,
+    /// Skip `cargo xtask lint` (rustfmt and clippy), which runs first otherwise.
+    #[arg(long)]
+    no_lint: bool,
 }
 
 pub fn run_tests(args: TestArgs) -> Result<()> {
@@ -22,6 +26,10 @@ pub fn run_tests(args: TestArgs) -> Result<()> {
         setup::all()?;
     }
     let obj = build::ebpf()?;
+    // Lint first: a minute, and a formatting slip fails here rather than after the suite.
+    if !args.no_lint {
+        lint::run_lint()?;
+    }
     let root = setup::root();
     run(Command::new("cargo")
         .args(["test", "--workspace", "--exclude", "integration-tests"])
