@@ -209,8 +209,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 if let Some(rec) = &recorder {
                     let _ = rec.with(|r| {
                         r.note_capture_loss(c.kernel_drops + c.channel_drops);
-                        let s = r.stats();
-                        metrics.observe_recorder(s.evicted_age_total + s.evicted_size_total);
+                        metrics.observe_recorder(&r.stats());
                     });
                 }
                 state.health().observe(c.events.wrapping_add(c.polls), capture.programs_attached());

@@ -142,6 +142,8 @@ pub struct Metrics {
     capture_arg_insert_failures: Family<MapLabels, Counter>,
     actuator_operations: Family<ActuatorLabels, Counter>,
     recorder_evictions: Counter,
+    recorder_bytes: Gauge,
+    recorder_history: GaugeF,
     l7_exchanges: Counter,
     l7_evictions: Counter,
     l7_stream_bindings: Family<BindingLabels, Counter>,
@@ -191,6 +193,8 @@ impl Metrics {
             capture_arg_insert_failures: Family::default(),
             actuator_operations: Family::default(),
             recorder_evictions: Counter::default(),
+            recorder_bytes: Gauge::default(),
+            recorder_history: GaugeF::default(),
             l7_exchanges: Counter::default(),
             l7_evictions: Counter::default(),
             l7_stream_bindings: Family::default(),
@@ -342,6 +346,18 @@ impl Metrics {
             "recorder_evictions",
             "Records the flight recorder's ring let go, by age or by its memory bound",
             m.recorder_evictions.clone(),
+        );
+        registry.register_with_unit(
+            "recorder",
+            "What the flight recorder's ring holds, as charged against its memory bound",
+            prometheus_client::registry::Unit::Bytes,
+            m.recorder_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "recorder_history",
+            "How far back the flight recorder's ring reaches: its newest record's time less its oldest's",
+            prometheus_client::registry::Unit::Seconds,
+            m.recorder_history.clone(),
         );
         registry.register(
             "l7_exchanges",
@@ -560,9 +576,20 @@ impl Metrics {
         }
     }
 
-    /// Records the recorder's ring evicted since start (by age and by size).
-    pub fn observe_recorder(&self, evicted: u64) {
-        set_counter(&self.recorder_evictions, evicted);
+    /// The recorder's ring: what it evicted since start (by age and by size), what it holds.
+    pub fn observe_recorder(&self, s: &crate::recorder::RecorderStats) {
+        set_counter(
+            &self.recorder_evictions,
+            s.evicted_age_total + s.evicted_size_total,
+        );
+        self.recorder_bytes
+            .set(i64::try_from(s.bytes_in_ring).unwrap_or(i64::MAX));
+        let history = if s.records_in_ring == 0 {
+            0
+        } else {
+            s.newest_ns.saturating_sub(s.oldest_ns)
+        };
+        self.recorder_history.set(history as f64 / 1e9);
     }
 
     /// l7 totals since start (exchanges emitted, connections/streams evicted).

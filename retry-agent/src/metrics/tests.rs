@@ -109,6 +109,39 @@ fn names_units_and_overflow_label() {
     assert!(!text.contains("retry_ratio_total"), "{text}");
 }
 
+/// The recorder's ring: evictions counted, and what it holds in bytes and in time.
+#[test]
+fn the_recorder_says_what_it_holds() {
+    let m = Metrics::new();
+    m.observe_recorder(&crate::recorder::RecorderStats {
+        records_in_ring: 10,
+        bytes_in_ring: 4096,
+        evicted_age_total: 2,
+        evicted_size_total: 3,
+        oldest_ns: 1_000_000_000,
+        newest_ns: 3_500_000_000,
+        ..Default::default()
+    });
+    let text = m.encode();
+    for want in [
+        "retry_agent_recorder_evictions_total 5",
+        "retry_agent_recorder_bytes 4096",
+        "retry_agent_recorder_history_seconds 2.5",
+        "# UNIT retry_agent_recorder_history_seconds seconds",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    // An empty ring reaches back nowhere, whatever its last record's time.
+    m.observe_recorder(&crate::recorder::RecorderStats {
+        newest_ns: 3_500_000_000,
+        ..Default::default()
+    });
+    assert!(
+        m.encode()
+            .contains("retry_agent_recorder_history_seconds 0.0")
+    );
+}
+
 #[test]
 fn counters_never_go_backwards() {
     let m = Metrics::new();

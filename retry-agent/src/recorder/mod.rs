@@ -328,8 +328,10 @@ impl Recorder {
     /// A data event goes into the ring as its redacted copy, written in place.
     fn admit_data(&mut self, d: &DataEvent) {
         let (redactor, mut red) = (&mut self.redactor, redact::Redacted::default());
-        self.ring
-            .push_data(d, |b| red = redactor.redact_in_place(d, None, b));
+        self.ring.push_data(d, |b| {
+            red = redactor.redact_in_place(d, None, b);
+            b.len() - red.dots_at_end
+        });
         self.stats.redacted_headers_total += red.headers;
         self.stats.redacted_body_bytes_total += red.body_bytes;
         self.stored(d.ts_exit_ns);

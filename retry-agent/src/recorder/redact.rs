@@ -123,6 +123,9 @@ const DOMAIN_RUN: u8 = 3;
 pub struct Redacted {
     pub headers: u64,
     pub body_bytes: u64,
+    /// How many of the payload's last bytes are a masked body's dots (the recorder stores
+    /// their count instead).
+    pub dots_at_end: usize,
 }
 
 /// Where a head line is.
@@ -298,11 +301,15 @@ impl Redactor {
         // tells a dump's reader which requests were the same; a response's tells them little,
         // and hashing it was ~7% of the agent's CPU serving 1 KiB files.
         let digest = is_request(d);
+        let n = buf.len();
         for &(s, e) in &self.runs {
             if let Some(run) = buf.get_mut(s..e) {
                 red.body_bytes += run.len() as u64;
                 if !digest {
                     run.fill(b'.');
+                    if e == n {
+                        red.dots_at_end = run.len();
+                    }
                     continue;
                 }
                 let mut h = key.hasher(DOMAIN_RUN);
@@ -316,6 +323,9 @@ impl Redactor {
                     *c = HEX[((digest >> (60 - 4 * i)) & 0xf) as usize];
                 }
                 dots.fill(b'.');
+                if e == n {
+                    red.dots_at_end = dots.len();
+                }
             }
         }
         red

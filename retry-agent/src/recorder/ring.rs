@@ -140,19 +140,28 @@ impl Ring {
         Some(read_header(b.buf.get(b.start..)?)?.ts_ns)
     }
 
-    /// Append a data event whose payload `redact` masks in place once copied.
-    pub(super) fn push_data(&mut self, d: &DataEvent, redact: impl FnOnce(&mut [u8])) {
-        let len = HEADER + meta_len(d) + d.payload.len();
-        let block = self.block_for(len);
-        block.add(KIND_DATA, len, d.ts_exit_ns);
+    /// Append a data event whose payload `redact` masks in place once copied; `redact` returns
+    /// how many of the payload's bytes to keep. The rest, a masked body's dots, are left out as
+    /// a capture leaves out what is past its prefix: the event's `len` still counts them, so the
+    /// reassembler frames the record as it framed the live one (bodies are skipped by counting),
+    /// and the same bound holds that much more history (a masked body is most of a response's
+    /// captured bytes).
+    pub(super) fn push_data(&mut self, d: &DataEvent, redact: impl FnOnce(&mut [u8]) -> usize) {
+        let most = HEADER + meta_len(d) + d.payload.len();
+        let block = self.block_for(most);
         let buf = &mut block.buf;
-        put_header(buf, len, KIND_DATA, len, d.ts_exit_ns);
+        let start = buf.len();
+        put_header(buf, most, KIND_DATA, most, d.ts_exit_ns);
         put_meta(buf, d);
         let at = buf.len();
         buf.extend_from_slice(&d.payload);
-        if let Some(p) = buf.get_mut(at..) {
-            redact(p);
+        let keep = buf.get_mut(at..).map_or(0, redact);
+        buf.truncate(at + keep);
+        let len = buf.len() - start;
+        if let Some(h) = buf.get_mut(start..start + HEADER) {
+            set_len(h, len);
         }
+        block.add(KIND_DATA, len, d.ts_exit_ns);
         self.records += 1;
         self.bytes += len;
     }
@@ -381,6 +390,17 @@ fn put_header(buf: &mut Vec<u8>, len: usize, kind: u8, charge: usize, ts_ns: u64
     buf.extend_from_slice(&ts_ns.to_le_bytes());
 }
 
+/// Sets a header's length and charge (a data record learns its own once redacted).
+fn set_len(h: &mut [u8], len: usize) {
+    let l = (len as u32).to_le_bytes();
+    if let Some(f) = h.get_mut(0..4) {
+        f.copy_from_slice(&l);
+    }
+    if let Some(f) = h.get_mut(5..9) {
+        f.copy_from_slice(&l);
+    }
+}
+
 fn read_header(b: &[u8]) -> Option<Header> {
     let mut r = Reader(b);
     let len = r.u32()? as usize;
@@ -596,7 +616,7 @@ mod tests {
             for g in [None, Some(42)] {
                 for p in [&b""[..], b"GET / HTTP/1.1\r\n\r\n"] {
                     let d = event(t, g, p);
-                    ring.push_data(&d, |_| {});
+                    ring.push_data(&d, |b| b.len());
                     want.push(d);
                 }
             }
@@ -617,7 +637,10 @@ mod tests {
     #[test]
     fn redaction_writes_into_the_ring() {
         let mut ring = Ring::default();
-        ring.push_data(&event(None, None, b"secret"), |b| b.fill(b'*'));
+        ring.push_data(&event(None, None, b"secret"), |b| {
+            b.fill(b'*');
+            b.len()
+        });
         let Some((_, e)) = ring.iter().next() else {
             panic!("empty ring")
         };
@@ -627,6 +650,38 @@ mod tests {
         assert_eq!(&d.payload[..], b"******");
     }
 
+    /// What the redaction says to keep is stored, the rest left out as uncaptured (the
+    /// event's `len` unchanged); the record is charged what it stores.
+    #[test]
+    fn only_the_kept_prefix_is_stored() {
+        let mut ring = Ring::default();
+        let head = b"HTTP/1.1 200 OK\r\n\r\n";
+        let mut p = head.to_vec();
+        p.extend_from_slice(&[b'x'; 3000]);
+        let d = event(None, None, &p);
+        for keep in [head.len(), 0, p.len()] {
+            ring.push_data(&d, |b| {
+                b[keep..].fill(b'.');
+                keep
+            });
+        }
+        let full = HEADER + meta_len(&d);
+        assert_eq!(ring.bytes(), 3 * full + head.len() + p.len());
+        let got: Vec<DataEvent> = ring
+            .iter()
+            .filter_map(|(_, e)| match e.to_record() {
+                Some(Record::Event(Event::Data(d))) => Some(d),
+                _ => None,
+            })
+            .collect();
+        let payloads: Vec<&[u8]> = got.iter().map(|g| &g.payload[..]).collect();
+        assert_eq!(payloads, [&head[..], b"", &p[..]]);
+        assert!(
+            got.iter().all(|g| g.len == d.len),
+            "lengths are the syscall's"
+        );
+    }
+
     #[test]
     fn blocks_are_let_go_as_records_leave() {
         let mut ring = Ring::default();
@@ -634,7 +689,7 @@ mod tests {
         for i in 0..1000u64 {
             let mut d = event(None, None, &body);
             d.ts_exit_ns = i;
-            ring.push_data(&d, |_| {});
+            ring.push_data(&d, |b| b.len());
         }
         assert!(ring.blocks.len() > 10);
         let ev = ring.evict(990, usize::MAX);

@@ -272,7 +272,10 @@ fn ring_is_bounded_by_bytes() {
         ..cfg(dir)
     })
     .unwrap();
-    let body = vec![b'x'; 4000];
+    // A request line the redaction keeps whole (a masked body would be stored as its count).
+    let mut body = b"GET /".to_vec();
+    body.extend_from_slice(&[b'x'; 3980]);
+    body.extend_from_slice(b" HTTP/1.1\r\n\r\n");
     for i in 0..1000u64 {
         r.record(Record::Event(data(3, Direction::Egress, i, &body)));
     }
@@ -280,6 +283,47 @@ fn ring_is_bounded_by_bytes() {
     assert!(st.bytes_in_ring <= 1 << 20, "{st:?}");
     assert!(st.evicted_size_total > 600, "{st:?}");
     assert!(st.records_in_ring > 200, "{st:?}");
+}
+
+/// A masked body at a record's end is not stored (the event's length still counts it): 1,000
+/// responses with 4,000-byte bodies fit in a fraction of the bound, and come back from the
+/// ring as their heads.
+#[test]
+fn masked_bodies_at_the_end_cost_the_ring_nothing() {
+    let dir = temp_dir("elided");
+    let mut r = Recorder::new(RecorderConfig {
+        max_mib: 1,
+        auto_dump: false,
+        ..cfg(dir)
+    })
+    .unwrap();
+    let head = b"HTTP/1.1 200 OK\r\nContent-Length: 4000\r\n\r\n";
+    let mut resp = head.to_vec();
+    resp.extend_from_slice(&[b'x'; 4000]);
+    for i in 0..1000u64 {
+        r.record(Record::Event(data(3, Direction::Ingress, i, &resp)));
+    }
+    let st = r.stats();
+    assert_eq!(
+        (st.records_in_ring, st.evicted_size_total),
+        (1000, 0),
+        "{st:?}"
+    );
+    assert!(st.bytes_in_ring < 1000 * 200, "{st:?}");
+    let snap = r.snapshot(DumpReason::Other("t".into()));
+    let data: Vec<_> = snap
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Event(Event::Data(d)) => Some(d),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(data.len(), 1000);
+    assert!(
+        data.iter()
+            .all(|d| d.payload == head[..] && d.len == resp.len() as u64)
+    );
 }
 
 /// Shedding a batch over the byte bound lets exchanges go with their own ring slots: what stays
