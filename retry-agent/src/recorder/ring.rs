@@ -11,48 +11,21 @@
 //! Exchanges (one per request) and the rare other records (connection events, verdicts,
 //! decisions, ticks) stay structs, in rings of their own in the same order; the byte ring holds
 //! a marker for each, so the order of all records is the byte ring's.
-use std::{
-    collections::{VecDeque, vec_deque},
-    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6},
-};
+use std::collections::{VecDeque, vec_deque};
 
+use self::codec::{
+    HEADER, Header, KIND_DATA, KIND_EXCHANGE, KIND_OTHER, decode_data, meta_len, put_meta,
+};
 use crate::{
-    capture::{ConnId, DataEvent, Direction, Event, Role, Syscall, Tuple},
+    capture::{DataEvent, Event},
     l7::Exchange,
     pipeline::Record,
 };
 
+mod codec;
+
 /// Size of a byte block (a larger record gets a block of its own size).
 const BLOCK: usize = 64 * 1024;
-/// Record header: total length (u32), kind (u8), charge (u32), time (u64).
-const HEADER: usize = 17;
-
-const KIND_DATA: u8 = 0;
-const KIND_EXCHANGE: u8 = 1;
-const KIND_OTHER: u8 = 2;
-
-const HAS_TUPLE: u8 = 1;
-const HAS_GOID: u8 = 2;
-
-/// Every [`Syscall`], indexed by its discriminant (checked by a test).
-const SYSCALLS: [Syscall; 15] = [
-    Syscall::Read,
-    Syscall::Write,
-    Syscall::Readv,
-    Syscall::Writev,
-    Syscall::Sendto,
-    Syscall::Recvfrom,
-    Syscall::Sendmsg,
-    Syscall::Recvmsg,
-    Syscall::Sendmmsg,
-    Syscall::Recvmmsg,
-    Syscall::Sendfile,
-    Syscall::Splice,
-    Syscall::SslWrite,
-    Syscall::SslRead,
-    Syscall::Other,
-];
-
 #[derive(Default)]
 struct Block {
     buf: Vec<u8>,
@@ -75,14 +48,6 @@ impl Block {
         self.charge += charge;
         self.newest_ns = self.newest_ns.max(ts_ns);
     }
-}
-
-#[derive(Clone, Copy)]
-struct Header {
-    len: usize,
-    kind: u8,
-    charge: usize,
-    ts_ns: u64,
 }
 
 /// The recorder's records, oldest first.
@@ -137,7 +102,7 @@ impl Ring {
     /// Time of the oldest record.
     pub(super) fn front_ts(&self) -> Option<u64> {
         let b = self.blocks.front()?;
-        Some(read_header(b.buf.get(b.start..)?)?.ts_ns)
+        Some(Header::read(b.buf.get(b.start..)?)?.ts_ns)
     }
 
     /// Append a data event whose payload `redact` masks in place once copied; `redact` returns
@@ -147,20 +112,24 @@ impl Ring {
     /// and the same bound holds that much more history (a masked body is most of a response's
     /// captured bytes).
     pub(super) fn push_data(&mut self, d: &DataEvent, redact: impl FnOnce(&mut [u8]) -> usize) {
+        let header = |len| Header {
+            len,
+            kind: KIND_DATA,
+            charge: len,
+            ts_ns: d.ts_exit_ns,
+        };
         let most = HEADER + meta_len(d) + d.payload.len();
         let block = self.block_for(most);
         let buf = &mut block.buf;
         let start = buf.len();
-        put_header(buf, most, KIND_DATA, most, d.ts_exit_ns);
+        header(most).put(buf);
         put_meta(buf, d);
         let at = buf.len();
         buf.extend_from_slice(&d.payload);
         let keep = buf.get_mut(at..).map_or(0, redact);
         buf.truncate(at + keep);
         let len = buf.len() - start;
-        if let Some(h) = buf.get_mut(start..start + HEADER) {
-            set_len(h, len);
-        }
+        header(len).overwrite(buf.get_mut(start..).unwrap_or_default());
         block.add(KIND_DATA, len, d.ts_exit_ns);
         self.records += 1;
         self.bytes += len;
@@ -188,7 +157,7 @@ impl Ring {
             let aged = b.newest_ns < horizon;
             if !aged && self.bytes <= target {
                 // Only its oldest records may have aged: read them one by one.
-                while let Some(h) = b.buf.get(b.start..).and_then(read_header) {
+                while let Some(h) = b.buf.get(b.start..).and_then(Header::read) {
                     if h.ts_ns >= horizon {
                         break;
                     }
@@ -246,7 +215,13 @@ impl Ring {
         let charge = HEADER + size;
         let block = self.block_for(HEADER);
         block.add(kind, charge, ts_ns);
-        put_header(&mut block.buf, HEADER, kind, charge, ts_ns);
+        Header {
+            len: HEADER,
+            kind,
+            charge,
+            ts_ns,
+        }
+        .put(&mut block.buf);
         self.records += 1;
         self.bytes += charge;
     }
@@ -288,7 +263,7 @@ impl<'a> Iterator for Iter<'a> {
             let b = self.blocks.next()?;
             self.cur = b.buf.get(b.start..)?;
         }
-        let h = read_header(self.cur)?;
+        let h = Header::read(self.cur)?;
         let (rec, rest) = self.cur.split_at_checked(h.len)?;
         self.cur = rest;
         let e = match h.kind {
@@ -382,324 +357,5 @@ fn heap_len(t: &crate::l7::Text) -> usize {
     if t.is_heap_allocated() { t.len() } else { 0 }
 }
 
-fn put_header(buf: &mut Vec<u8>, len: usize, kind: u8, charge: usize, ts_ns: u64) {
-    // Records are far below 4 GiB (a block, or one capture's payload).
-    buf.extend_from_slice(&(len as u32).to_le_bytes());
-    buf.push(kind);
-    buf.extend_from_slice(&(charge as u32).to_le_bytes());
-    buf.extend_from_slice(&ts_ns.to_le_bytes());
-}
-
-/// Sets a header's length and charge (a data record learns its own once redacted).
-fn set_len(h: &mut [u8], len: usize) {
-    let l = (len as u32).to_le_bytes();
-    if let Some(f) = h.get_mut(0..4) {
-        f.copy_from_slice(&l);
-    }
-    if let Some(f) = h.get_mut(5..9) {
-        f.copy_from_slice(&l);
-    }
-}
-
-fn read_header(b: &[u8]) -> Option<Header> {
-    let mut r = Reader(b);
-    let len = r.u32()? as usize;
-    let kind = r.u8()?;
-    let charge = r.u32()? as usize;
-    let ts_ns = r.u64()?;
-    // A record is at least its header: a shorter length could not move the walk forward.
-    (len >= HEADER).then_some(Header {
-        len,
-        kind,
-        charge,
-        ts_ns,
-    })
-}
-
-fn addr_len(a: &SocketAddr) -> usize {
-    match a {
-        SocketAddr::V4(_) => 1 + 4 + 2,
-        SocketAddr::V6(_) => 1 + 16 + 2 + 4 + 4,
-    }
-}
-
-/// Encoded size of a data event's fields before its payload.
-fn meta_len(d: &DataEvent) -> usize {
-    let fixed = 16 + 4 + 8 + 24;
-    fixed
-        + d.goid.map_or(0, |_| 8)
-        + d.tuple
-            .as_ref()
-            .map_or(0, |t| addr_len(&t.local) + addr_len(&t.remote))
-}
-
-fn put_meta(buf: &mut Vec<u8>, d: &DataEvent) {
-    let flags =
-        if d.tuple.is_some() { HAS_TUPLE } else { 0 } | if d.goid.is_some() { HAS_GOID } else { 0 };
-    buf.extend_from_slice(&d.conn.pid.to_le_bytes());
-    buf.extend_from_slice(&d.conn.fd.to_le_bytes());
-    buf.extend_from_slice(&d.conn.generation.to_le_bytes());
-    buf.extend_from_slice(&[d.role as u8, d.direction as u8, d.syscall as u8, flags]);
-    buf.extend_from_slice(&d.pid.to_le_bytes());
-    buf.extend_from_slice(&d.tid.to_le_bytes());
-    buf.extend_from_slice(&d.ts_enter_ns.to_le_bytes());
-    buf.extend_from_slice(&d.ts_exit_ns.to_le_bytes());
-    buf.extend_from_slice(&d.len.to_le_bytes());
-    if let Some(g) = d.goid {
-        buf.extend_from_slice(&g.to_le_bytes());
-    }
-    if let Some(t) = &d.tuple {
-        put_addr(buf, &t.local);
-        put_addr(buf, &t.remote);
-    }
-}
-
-fn put_addr(buf: &mut Vec<u8>, a: &SocketAddr) {
-    match a {
-        SocketAddr::V4(a) => {
-            buf.push(4);
-            buf.extend_from_slice(&a.ip().octets());
-            buf.extend_from_slice(&a.port().to_le_bytes());
-        }
-        SocketAddr::V6(a) => {
-            buf.push(6);
-            buf.extend_from_slice(&a.ip().octets());
-            buf.extend_from_slice(&a.port().to_le_bytes());
-            buf.extend_from_slice(&a.flowinfo().to_le_bytes());
-            buf.extend_from_slice(&a.scope_id().to_le_bytes());
-        }
-    }
-}
-
-/// A data event from its encoding (header excluded).
-fn decode_data(b: &[u8]) -> Option<DataEvent> {
-    let mut r = Reader(b);
-    let conn = ConnId {
-        pid: r.u32()?,
-        fd: r.u32()?,
-        generation: r.u64()?,
-    };
-    let role = match r.u8()? {
-        0 => Role::Client,
-        1 => Role::Server,
-        _ => Role::Unknown,
-    };
-    let direction = match r.u8()? {
-        0 => Direction::Egress,
-        _ => Direction::Ingress,
-    };
-    let syscall = *SYSCALLS.get(usize::from(r.u8()?))?;
-    let flags = r.u8()?;
-    let (pid, tid) = (r.u32()?, r.u32()?);
-    let (ts_enter_ns, ts_exit_ns, len) = (r.u64()?, r.u64()?, r.u64()?);
-    let goid = if flags & HAS_GOID != 0 {
-        Some(r.u64()?)
-    } else {
-        None
-    };
-    let tuple = if flags & HAS_TUPLE != 0 {
-        Some(Tuple {
-            local: r.addr()?,
-            remote: r.addr()?,
-        })
-    } else {
-        None
-    };
-    Some(DataEvent {
-        conn,
-        role,
-        direction,
-        syscall,
-        tuple,
-        pid,
-        tid,
-        goid,
-        ts_enter_ns,
-        ts_exit_ns,
-        len,
-        payload: bytes::Bytes::copy_from_slice(r.0),
-    })
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (a, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*a)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.take::<1>()?[0])
-    }
-
-    fn u16(&mut self) -> Option<u16> {
-        self.take().map(u16::from_le_bytes)
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        self.take().map(u32::from_le_bytes)
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        self.take().map(u64::from_le_bytes)
-    }
-
-    fn addr(&mut self) -> Option<SocketAddr> {
-        match self.u8()? {
-            4 => {
-                let ip = Ipv4Addr::from(self.take::<4>()?);
-                Some(SocketAddr::V4(SocketAddrV4::new(ip, self.u16()?)))
-            }
-            6 => {
-                let ip = Ipv6Addr::from(self.take::<16>()?);
-                let port = self.u16()?;
-                let (flow, scope) = (self.u32()?, self.u32()?);
-                Some(SocketAddr::V6(SocketAddrV6::new(ip, port, flow, scope)))
-            }
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_syscall_decodes_to_itself() {
-        for (i, s) in SYSCALLS.iter().enumerate() {
-            assert_eq!(*s as usize, i, "{s:?}");
-        }
-        // A variant added to Syscall must be added to SYSCALLS too.
-        assert_eq!(Syscall::Other as usize, SYSCALLS.len() - 1);
-    }
-
-    fn event(tuple: Option<Tuple>, goid: Option<u64>, payload: &[u8]) -> DataEvent {
-        DataEvent {
-            conn: ConnId {
-                pid: 7,
-                fd: 9,
-                generation: u64::MAX - 3,
-            },
-            role: Role::Unknown,
-            direction: Direction::Ingress,
-            syscall: Syscall::SslRead,
-            tuple,
-            pid: 7,
-            tid: 8,
-            goid,
-            ts_enter_ns: 100,
-            ts_exit_ns: 200,
-            len: 1 << 40,
-            payload: bytes::Bytes::copy_from_slice(payload),
-        }
-    }
-
-    #[test]
-    fn data_events_come_back_as_they_went_in() {
-        let v6 = "[fe80::1%3]:8080".parse::<SocketAddrV6>().map(|mut a| {
-            a.set_flowinfo(0x12345);
-            SocketAddr::V6(a)
-        });
-        let tuples = [
-            None,
-            Some(Tuple {
-                local: "10.0.0.1:1".parse().unwrap(),
-                remote: v6.unwrap(),
-            }),
-        ];
-        let mut ring = Ring::default();
-        let mut want = Vec::new();
-        for t in tuples {
-            for g in [None, Some(42)] {
-                for p in [&b""[..], b"GET / HTTP/1.1\r\n\r\n"] {
-                    let d = event(t, g, p);
-                    ring.push_data(&d, |b| b.len());
-                    want.push(d);
-                }
-            }
-        }
-        let got: Vec<DataEvent> = ring
-            .iter()
-            .map(|(ts, e)| {
-                assert_eq!(ts, 200);
-                match e.to_record() {
-                    Some(Record::Event(Event::Data(d))) => d,
-                    _ => panic!("not a data event"),
-                }
-            })
-            .collect();
-        assert_eq!(got, want);
-    }
-
-    #[test]
-    fn redaction_writes_into_the_ring() {
-        let mut ring = Ring::default();
-        ring.push_data(&event(None, None, b"secret"), |b| {
-            b.fill(b'*');
-            b.len()
-        });
-        let Some((_, e)) = ring.iter().next() else {
-            panic!("empty ring")
-        };
-        let Some(Record::Event(Event::Data(d))) = e.to_record() else {
-            panic!("not a data event")
-        };
-        assert_eq!(&d.payload[..], b"******");
-    }
-
-    /// What the redaction says to keep is stored, the rest left out as uncaptured (the
-    /// event's `len` unchanged); the record is charged what it stores.
-    #[test]
-    fn only_the_kept_prefix_is_stored() {
-        let mut ring = Ring::default();
-        let head = b"HTTP/1.1 200 OK\r\n\r\n";
-        let mut p = head.to_vec();
-        p.extend_from_slice(&[b'x'; 3000]);
-        let d = event(None, None, &p);
-        for keep in [head.len(), 0, p.len()] {
-            ring.push_data(&d, |b| {
-                b[keep..].fill(b'.');
-                keep
-            });
-        }
-        let full = HEADER + meta_len(&d);
-        assert_eq!(ring.bytes(), 3 * full + head.len() + p.len());
-        let got: Vec<DataEvent> = ring
-            .iter()
-            .filter_map(|(_, e)| match e.to_record() {
-                Some(Record::Event(Event::Data(d))) => Some(d),
-                _ => None,
-            })
-            .collect();
-        let payloads: Vec<&[u8]> = got.iter().map(|g| &g.payload[..]).collect();
-        assert_eq!(payloads, [&head[..], b"", &p[..]]);
-        assert!(
-            got.iter().all(|g| g.len == d.len),
-            "lengths are the syscall's"
-        );
-    }
-
-    #[test]
-    fn blocks_are_let_go_as_records_leave() {
-        let mut ring = Ring::default();
-        let body = vec![b'x'; 1000];
-        for i in 0..1000u64 {
-            let mut d = event(None, None, &body);
-            d.ts_exit_ns = i;
-            ring.push_data(&d, |b| b.len());
-        }
-        assert!(ring.blocks.len() > 10);
-        let ev = ring.evict(990, usize::MAX);
-        assert_eq!(ev.aged, 990);
-        assert_eq!(ring.len(), 10);
-        assert_eq!(ring.front_ts(), Some(990));
-        assert_eq!(ring.blocks.len(), 1, "passed blocks are freed");
-        let ev = ring.evict(0, 0);
-        assert_eq!((ev.aged, ev.sized), (0, 10));
-        assert_eq!((ring.len(), ring.bytes()), (0, 0));
-        assert!(ring.blocks.is_empty() && ring.iter().next().is_none());
-    }
-}
+mod tests;

@@ -1,0 +1,229 @@
+//! The byte layout of the ring's records: a header (length, kind, charge, time), then, for a
+//! data event, its fields and its payload. Exchanges and other records are held as structs;
+//! their header alone marks their place among the bytes.
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+use crate::capture::{ConnId, DataEvent, Direction, Role, Syscall, Tuple};
+
+/// Record header: total length (u32), kind (u8), charge (u32), time (u64).
+pub(super) const HEADER: usize = 17;
+
+pub(super) const KIND_DATA: u8 = 0;
+pub(super) const KIND_EXCHANGE: u8 = 1;
+pub(super) const KIND_OTHER: u8 = 2;
+
+const HAS_TUPLE: u8 = 1;
+const HAS_GOID: u8 = 2;
+
+/// Every [`Syscall`], indexed by its discriminant (checked by a test).
+pub(super) const SYSCALLS: [Syscall; 15] = [
+    Syscall::Read,
+    Syscall::Write,
+    Syscall::Readv,
+    Syscall::Writev,
+    Syscall::Sendto,
+    Syscall::Recvfrom,
+    Syscall::Sendmsg,
+    Syscall::Recvmsg,
+    Syscall::Sendmmsg,
+    Syscall::Recvmmsg,
+    Syscall::Sendfile,
+    Syscall::Splice,
+    Syscall::SslWrite,
+    Syscall::SslRead,
+    Syscall::Other,
+];
+
+#[derive(Clone, Copy)]
+pub(super) struct Header {
+    pub(super) len: usize,
+    pub(super) kind: u8,
+    pub(super) charge: usize,
+    pub(super) ts_ns: u64,
+}
+
+impl Header {
+    fn bytes(self) -> [u8; HEADER] {
+        let mut h = [0u8; HEADER];
+        // Records are far below 4 GiB (a block, or one capture's payload).
+        h[..4].copy_from_slice(&(self.len as u32).to_le_bytes());
+        h[4] = self.kind;
+        h[5..9].copy_from_slice(&(self.charge as u32).to_le_bytes());
+        h[9..].copy_from_slice(&self.ts_ns.to_le_bytes());
+        h
+    }
+
+    pub(super) fn put(self, buf: &mut Vec<u8>) {
+        buf.extend_from_slice(&self.bytes());
+    }
+
+    /// Writes over the header at the start of `at` (a data record learns its length once
+    /// redacted).
+    pub(super) fn overwrite(self, at: &mut [u8]) {
+        if let Some(h) = at.get_mut(..HEADER) {
+            h.copy_from_slice(&self.bytes());
+        }
+    }
+
+    pub(super) fn read(b: &[u8]) -> Option<Header> {
+        let mut r = Reader(b);
+        let len = r.u32()? as usize;
+        let kind = r.u8()?;
+        let charge = r.u32()? as usize;
+        let ts_ns = r.u64()?;
+        // A record is at least its header: a shorter length could not move the walk forward.
+        (len >= HEADER).then_some(Header {
+            len,
+            kind,
+            charge,
+            ts_ns,
+        })
+    }
+}
+
+fn addr_len(a: &SocketAddr) -> usize {
+    match a {
+        SocketAddr::V4(_) => 1 + 4 + 2,
+        SocketAddr::V6(_) => 1 + 16 + 2 + 4 + 4,
+    }
+}
+
+/// Encoded size of a data event's fields before its payload.
+pub(super) fn meta_len(d: &DataEvent) -> usize {
+    let fixed = 16 + 4 + 8 + 24;
+    fixed
+        + d.goid.map_or(0, |_| 8)
+        + d.tuple
+            .as_ref()
+            .map_or(0, |t| addr_len(&t.local) + addr_len(&t.remote))
+}
+
+pub(super) fn put_meta(buf: &mut Vec<u8>, d: &DataEvent) {
+    let flags =
+        if d.tuple.is_some() { HAS_TUPLE } else { 0 } | if d.goid.is_some() { HAS_GOID } else { 0 };
+    buf.extend_from_slice(&d.conn.pid.to_le_bytes());
+    buf.extend_from_slice(&d.conn.fd.to_le_bytes());
+    buf.extend_from_slice(&d.conn.generation.to_le_bytes());
+    buf.extend_from_slice(&[d.role as u8, d.direction as u8, d.syscall as u8, flags]);
+    buf.extend_from_slice(&d.pid.to_le_bytes());
+    buf.extend_from_slice(&d.tid.to_le_bytes());
+    buf.extend_from_slice(&d.ts_enter_ns.to_le_bytes());
+    buf.extend_from_slice(&d.ts_exit_ns.to_le_bytes());
+    buf.extend_from_slice(&d.len.to_le_bytes());
+    if let Some(g) = d.goid {
+        buf.extend_from_slice(&g.to_le_bytes());
+    }
+    if let Some(t) = &d.tuple {
+        put_addr(buf, &t.local);
+        put_addr(buf, &t.remote);
+    }
+}
+
+fn put_addr(buf: &mut Vec<u8>, a: &SocketAddr) {
+    match a {
+        SocketAddr::V4(a) => {
+            buf.push(4);
+            buf.extend_from_slice(&a.ip().octets());
+            buf.extend_from_slice(&a.port().to_le_bytes());
+        }
+        SocketAddr::V6(a) => {
+            buf.push(6);
+            buf.extend_from_slice(&a.ip().octets());
+            buf.extend_from_slice(&a.port().to_le_bytes());
+            buf.extend_from_slice(&a.flowinfo().to_le_bytes());
+            buf.extend_from_slice(&a.scope_id().to_le_bytes());
+        }
+    }
+}
+
+/// A data event from its encoding (header excluded).
+pub(super) fn decode_data(b: &[u8]) -> Option<DataEvent> {
+    let mut r = Reader(b);
+    let conn = ConnId {
+        pid: r.u32()?,
+        fd: r.u32()?,
+        generation: r.u64()?,
+    };
+    let role = match r.u8()? {
+        0 => Role::Client,
+        1 => Role::Server,
+        _ => Role::Unknown,
+    };
+    let direction = match r.u8()? {
+        0 => Direction::Egress,
+        _ => Direction::Ingress,
+    };
+    let syscall = *SYSCALLS.get(usize::from(r.u8()?))?;
+    let flags = r.u8()?;
+    let (pid, tid) = (r.u32()?, r.u32()?);
+    let (ts_enter_ns, ts_exit_ns, len) = (r.u64()?, r.u64()?, r.u64()?);
+    let goid = if flags & HAS_GOID != 0 {
+        Some(r.u64()?)
+    } else {
+        None
+    };
+    let tuple = if flags & HAS_TUPLE != 0 {
+        Some(Tuple {
+            local: r.addr()?,
+            remote: r.addr()?,
+        })
+    } else {
+        None
+    };
+    Some(DataEvent {
+        conn,
+        role,
+        direction,
+        syscall,
+        tuple,
+        pid,
+        tid,
+        goid,
+        ts_enter_ns,
+        ts_exit_ns,
+        len,
+        payload: bytes::Bytes::copy_from_slice(r.0),
+    })
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (a, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*a)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        self.take().map(u16::from_le_bytes)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+
+    fn addr(&mut self) -> Option<SocketAddr> {
+        match self.u8()? {
+            4 => {
+                let ip = Ipv4Addr::from(self.take::<4>()?);
+                Some(SocketAddr::V4(SocketAddrV4::new(ip, self.u16()?)))
+            }
+            6 => {
+                let ip = Ipv6Addr::from(self.take::<16>()?);
+                let port = self.u16()?;
+                let (flow, scope) = (self.u32()?, self.u32()?);
+                Some(SocketAddr::V6(SocketAddrV6::new(ip, port, flow, scope)))
+            }
+            _ => None,
+        }
+    }
+}
