@@ -54,26 +54,19 @@ pub(super) fn write_scope(ebpf: &mut Ebpf, scope: &Scope) -> Result<(), CaptureE
         name: &'static str,
     ) -> Result<BpfHashMap<&'a mut MapData, K, u8>, CaptureError> {
         let m = ebpf.map_mut(name).ok_or(CaptureError::MissingMap(name))?;
-        BpfHashMap::try_from(m).map_err(|source| CaptureError::Map {
-            map: name,
-            source: Box::new(source),
-        })
+        BpfHashMap::try_from(m).map_err(CaptureError::map(name))
     }
-    let err = |map: &'static str| {
-        move |source| CaptureError::Map {
-            map,
-            source: Box::new(source),
-        }
-    };
     let mut cgroups = map::<u64>(ebpf, names::SCOPE_CGROUPS)?;
     for c in &scope.cgroups {
         cgroups
             .insert(&c.id, &1u8, 0)
-            .map_err(err(names::SCOPE_CGROUPS))?;
+            .map_err(CaptureError::map(names::SCOPE_CGROUPS))?;
     }
     let mut netns = map::<u32>(ebpf, names::SCOPE_NETNS)?;
     for n in &scope.netns {
-        netns.insert(n, &1u8, 0).map_err(err(names::SCOPE_NETNS))?;
+        netns
+            .insert(n, &1u8, 0)
+            .map_err(CaptureError::map(names::SCOPE_NETNS))?;
     }
     Ok(())
 }
@@ -84,14 +77,9 @@ pub(super) fn write_config(ebpf: &mut Ebpf, config: &Config) -> Result<(), Captu
         .map_mut(names::CONFIG)
         .ok_or(CaptureError::MissingMap(names::CONFIG))?;
     let mut arr: Array<&mut MapData, Config> =
-        Array::try_from(map).map_err(|source| CaptureError::Map {
-            map: names::CONFIG,
-            source: Box::new(source),
-        })?;
-    arr.set(0, config, 0).map_err(|source| CaptureError::Map {
-        map: names::CONFIG,
-        source: Box::new(source),
-    })
+        Array::try_from(map).map_err(CaptureError::map(names::CONFIG))?;
+    arr.set(0, config, 0)
+        .map_err(CaptureError::map(names::CONFIG))
 }
 
 /// Every program aya loaded must be one of `specs` (the capture knows where it goes): a program
@@ -159,14 +147,9 @@ fn attach_tracepoint(
 ) -> Result<(), CaptureError> {
     let program = ebpf
         .program_mut(prog)
-        .ok_or_else(|| CaptureError::Program {
-            program: prog.to_string(),
-            source: Box::new(ProgramError::NotLoaded),
-        })?;
-    let program: &mut TracePoint = program.try_into().map_err(|source| CaptureError::Program {
-        program: prog.to_string(),
-        source: Box::new(source),
-    })?;
+        .ok_or(ProgramError::NotLoaded)
+        .map_err(CaptureError::program(prog))?;
+    let program: &mut TracePoint = program.try_into().map_err(CaptureError::program(prog))?;
     match program.load() {
         Ok(()) => {}
         Err(ProgramError::LoadError {
@@ -182,19 +165,11 @@ fn attach_tracepoint(
                 }),
             });
         }
-        Err(source) => {
-            return Err(CaptureError::Program {
-                program: prog.to_string(),
-                source: Box::new(source),
-            });
-        }
+        Err(source) => return Err(CaptureError::program(prog)(source)),
     }
     program
         .attach(category, tp)
-        .map_err(|source| CaptureError::Program {
-            program: prog.to_string(),
-            source: Box::new(source),
-        })?;
+        .map_err(CaptureError::program(prog))?;
     Ok(())
 }
 

@@ -324,6 +324,24 @@ pub enum CaptureError {
     Scope(#[source] ScopeError),
 }
 
+impl CaptureError {
+    /// `map` could not be opened or written: for `map_err`.
+    fn map(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Self {
+        move |source| CaptureError::Map {
+            map,
+            source: Box::new(source),
+        }
+    }
+
+    /// `program` could not be found, loaded or attached: for `map_err`.
+    fn program(program: &str) -> impl FnOnce(ProgramError) -> Self + '_ {
+        move |source| CaptureError::Program {
+            program: program.to_string(),
+            source: Box::new(source),
+        }
+    }
+}
+
 /// A running capture: programs attached, reader task running.
 pub struct Capture {
     guard: CaptureGuard,
@@ -424,35 +442,20 @@ impl Capture {
         });
 
         let ring = load::take_map(&mut ebpf, names::EVENTS)?;
-        let ring = RingBuf::try_from(ring).map_err(|source| CaptureError::Map {
-            map: names::EVENTS,
-            source: Box::new(source),
-        })?;
+        let ring = RingBuf::try_from(ring).map_err(CaptureError::map(names::EVENTS))?;
         let drops = load::take_map(&mut ebpf, names::DROPS)?;
         let drops: PerCpuArray<MapData, u64> =
-            PerCpuArray::try_from(drops).map_err(|source| CaptureError::Map {
-                map: names::DROPS,
-                source: Box::new(source),
-            })?;
+            PerCpuArray::try_from(drops).map_err(CaptureError::map(names::DROPS))?;
         let arg_failures = load::take_map(&mut ebpf, names::ARG_FAILURES)?;
         let arg_failures: PerCpuArray<MapData, u64> =
-            PerCpuArray::try_from(arg_failures).map_err(|source| CaptureError::Map {
-                map: names::ARG_FAILURES,
-                source: Box::new(source),
-            })?;
+            PerCpuArray::try_from(arg_failures).map_err(CaptureError::map(names::ARG_FAILURES))?;
         let conns = load::take_map(&mut ebpf, names::CONNS)?;
-        let mut conns: BpfHashMap<MapData, ConnKey, ConnInfo> = BpfHashMap::try_from(conns)
-            .map_err(|source| CaptureError::Map {
-                map: names::CONNS,
-                source: Box::new(source),
-            })?;
+        let mut conns: BpfHashMap<MapData, ConnKey, ConnInfo> =
+            BpfHashMap::try_from(conns).map_err(CaptureError::map(names::CONNS))?;
 
         let agent_tgids = load::take_map(&mut ebpf, names::AGENT_TGIDS)?;
         let agent_tgids: BpfHashMap<MapData, u32, u8> =
-            BpfHashMap::try_from(agent_tgids).map_err(|source| CaptureError::Map {
-                map: names::AGENT_TGIDS,
-                source: Box::new(source),
-            })?;
+            BpfHashMap::try_from(agent_tgids).map_err(CaptureError::map(names::AGENT_TGIDS))?;
 
         // Attached before the scan, so a connection opened meanwhile is seen by one or the other.
         let initial = pickup::pick_up_existing(&cfg.proc_root, agent_tgid, &scope, &mut conns);
