@@ -185,6 +185,20 @@ pub fn run() -> Result<()> {
         st.records_in_ring,
         st.evicted_size_total
     );
+    // What a dump asks of the live agent: the recorder's lock is held while the snapshot is
+    // taken (the pipeline waits), and the snapshot lives until the file is written.
+    let rss0 = rss_bytes();
+    let t0 = Instant::now();
+    let snap = steady.with(|r| r.snapshot(DumpReason::Other("bench".into())))?;
+    let held = t0.elapsed();
+    let grown = rss_bytes().saturating_sub(rss0);
+    black_box(&snap);
+    drop(snap);
+    println!(
+        "  snapshot of that ring:  lock held {:.1} ms   process RSS +{:.1} MB while the snapshot lives",
+        held.as_secs_f64() * 1e3,
+        grown as f64 / 1e6
+    );
     // A dump of one whole live run (its own ring, large enough to hold it).
     let shared = SharedRecorder::new(Recorder::new(cfg.clone())?);
     let mut p = pipeline().with_tap(shared.clone());
@@ -244,4 +258,16 @@ pub fn run() -> Result<()> {
     );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// This process's resident set (0 when /proc says nothing).
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
 }

@@ -12,7 +12,7 @@ use crate::{
     decide::{Action, Basis, DecideConfig, Decision, Evidence, Ownership, Reason},
     l7::L7Config,
     pipeline::{Pipeline, StageOutput},
-    recorder::{DumpReason, Recorder, RecorderConfig, SharedRecorder, Snapshot},
+    recorder::{DumpHeader, DumpReason, DumpWriter, Recorder, RecorderConfig, SharedRecorder},
     testkit::{StormScenario, temp_dir},
 };
 
@@ -271,16 +271,16 @@ mod report {
             issued_at_ns: 55 * S,
             ..d
         }));
-        let snap = Snapshot {
-            reason: DumpReason::OnDemand,
-            config: RecorderConfig::default(),
-            records,
-            from_ns: 0,
-            to_ns: 60 * S,
-            missing_before: 0,
-            pipeline: None,
-        };
-        snap.write_to_dir(dir).unwrap()
+        std::fs::create_dir_all(dir).unwrap();
+        let path = dir.join("incident.radump");
+        let header = DumpHeader::new(DumpReason::OnDemand, RecorderConfig::default(), 0, 60 * S);
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).unwrap();
+        for r in &records {
+            w.push(r).unwrap();
+        }
+        std::io::Write::flush(&mut w.finish().unwrap()).unwrap();
+        path
     }
 
     #[test]

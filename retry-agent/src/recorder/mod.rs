@@ -8,7 +8,8 @@
 //! - The ring is bounded by time (`window`) and bytes (`max_mib`); recording never blocks and
 //!   never fails (it only counts what it evicts).
 //! - Dump IO happens outside the recording path: [`SharedRecorder::dump`] snapshots under the
-//!   lock and writes after releasing it; storm auto-dumps write on their own thread.
+//!   lock (sharing the ring's blocks, nothing decoded or copied) and writes after releasing it;
+//!   storm auto-dumps write on their own thread.
 use std::{collections::HashMap, path::PathBuf};
 
 use clap::{ArgAction, Args};
@@ -40,7 +41,7 @@ pub use format::{DumpHeader, DumpReader, DumpWriter, FormatError, Loss, ReadOutc
 pub use replay::{Replayed, replay};
 pub use shared::SharedRecorder;
 use snapshot::ensure_dir;
-pub use snapshot::{DumpReason, Snapshot};
+pub use snapshot::{DumpReason, Snapshot, Span};
 
 /// Recorder settings (`--recorder-*`): every one a flag with an env var and a default.
 #[derive(Args, Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -447,38 +448,23 @@ impl Recorder {
         self.snapshot_range(reason, 0, u64::MAX)
     }
 
-    /// Ring records with `from_ns <= ts <= to_ns` (plus all process metadata and timeless records).
+    /// Ring records with `from_ns <= ts <= to_ns` (plus all process metadata and timeless
+    /// records). Takes no copy of the ring: its blocks are shared with the snapshot.
     pub fn snapshot_range(&self, reason: DumpReason, from_ns: u64, to_ns: u64) -> Snapshot {
         let mut pids: Vec<&ProcessInfo> = self.processes.values().collect();
         pids.sort_by_key(|p| p.pid);
-        let mut records: Vec<Record> = pids
-            .into_iter()
-            .map(|p| Record::Event(Event::Process(p.clone())))
-            .collect();
-        let mut lo = u64::MAX;
-        let mut hi = 0;
-        let mut missing_before = self.stats.evicted_age_total + self.stats.evicted_size_total;
-        for (ts_ns, e) in self.ring.iter() {
-            if ts_ns < from_ns {
-                missing_before += 1;
-            }
-            if ts_ns >= from_ns && ts_ns <= to_ns {
-                lo = lo.min(ts_ns);
-                hi = hi.max(ts_ns);
-                records.extend(e.to_record());
-            }
-        }
-        if lo > hi {
-            lo = 0;
-        }
         Snapshot {
             reason,
             config: self.cfg.clone(),
-            records,
-            from_ns: lo,
-            to_ns: hi,
-            missing_before,
             pipeline: self.pipeline.clone(),
+            processes: pids
+                .into_iter()
+                .map(|p| Record::Event(Event::Process(p.clone())))
+                .collect(),
+            ring: self.ring.freeze(from_ns),
+            from_ns,
+            to_ns,
+            evicted: self.stats.evicted_age_total + self.stats.evicted_size_total,
         }
     }
 

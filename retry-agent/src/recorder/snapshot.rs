@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{DumpHeader, DumpWriter, RecorderConfig, RecorderError, format};
+use super::{DumpHeader, DumpWriter, RecorderConfig, RecorderError, format, ring::Frozen};
 use crate::pipeline::{PipelineConfig, Record};
 
 /// Why a dump was written (goes into the header and the file name).
@@ -47,23 +47,72 @@ impl DumpReason {
     }
 }
 
-/// A consistent copy of the ring (cheap: payloads are reference-counted), written off-lock.
+/// A consistent copy of the ring, taken under the recorder's lock and written off it. Cheap to
+/// take: the ring's blocks are shared, not copied, and records are decoded one at a time as
+/// the dump is written ([`Snapshot::records`]), so a dump neither stalls the pipeline for long
+/// nor holds the ring twice over in memory.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub reason: DumpReason,
     pub config: RecorderConfig,
-    /// Process metadata first, so a replay names services from the first event on.
-    pub records: Vec<Record>,
-    pub from_ns: u64,
-    pub to_ns: u64,
-    /// Records evicted from the ring before this snapshot (or left out of its time range): a
-    /// replay then starts mid-stream and its first figures may differ from the live ones.
-    pub missing_before: u64,
     /// Settings of the pipeline that fed the recorder, if it said.
     pub pipeline: Option<PipelineConfig>,
+    /// Process metadata, first in the dump so a replay names services from the first event on.
+    pub(super) processes: Vec<Record>,
+    pub(super) ring: Frozen,
+    /// The range asked for (records outside it are left out when written).
+    pub(super) from_ns: u64,
+    pub(super) to_ns: u64,
+    /// Records the ring had already evicted when the snapshot was taken.
+    pub(super) evicted: u64,
+}
+
+/// Where a snapshot's records fall in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// The first and last time of a record in the range (0, 0 when none).
+    pub from_ns: u64,
+    pub to_ns: u64,
+    /// Records evicted before the snapshot or left out as older than the range: a replay then
+    /// starts mid-stream and its first figures may differ from the live ones.
+    pub missing_before: u64,
 }
 
 impl Snapshot {
+    /// Every record of the dump in order: the process metadata, then the ring's records in the
+    /// range, each decoded as it is asked for.
+    pub fn records(&self) -> impl Iterator<Item = Record> + '_ {
+        let (from, to) = (self.from_ns, self.to_ns);
+        self.processes.iter().cloned().chain(
+            self.ring
+                .iter()
+                .filter(move |(ts, _)| (from..=to).contains(ts))
+                .filter_map(|(_, e)| e.to_record()),
+        )
+    }
+
+    /// The records' span, from their headers alone (nothing decoded).
+    pub fn span(&self) -> Span {
+        let (mut lo, mut hi) = (u64::MAX, 0);
+        let mut missing_before = self.evicted + self.ring.skipped;
+        for (ts, _) in self.ring.iter() {
+            if ts < self.from_ns {
+                missing_before += 1;
+            } else if ts <= self.to_ns {
+                lo = lo.min(ts);
+                hi = hi.max(ts);
+            }
+        }
+        if lo > hi {
+            lo = 0;
+        }
+        Span {
+            from_ns: lo,
+            to_ns: hi,
+            missing_before,
+        }
+    }
+
     /// Write into `dir` as a new 0600 file; returns its path. The file appears under its final
     /// name only once complete (written under a hidden name, then linked), so whoever watches
     /// the directory never reads half a dump.
@@ -105,19 +154,20 @@ impl Snapshot {
             source,
         };
         let file = format::create_private(path).map_err(werr)?;
+        let span = self.span();
         let mut header = DumpHeader::new(
             self.reason.clone(),
             self.config.clone(),
-            self.from_ns,
-            self.to_ns,
+            span.from_ns,
+            span.to_ns,
         );
-        header.missing_before = self.missing_before;
+        header.missing_before = span.missing_before;
         if let Some(p) = &self.pipeline {
             header.pipeline = serde_json::to_value(p).unwrap_or(serde_json::Value::Null);
         }
         let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).map_err(werr)?;
-        for r in &self.records {
-            w.push(r).map_err(werr)?;
+        for r in self.records() {
+            w.push(&r).map_err(werr)?;
         }
         let mut inner = w.finish().map_err(werr)?;
         std::io::Write::flush(&mut inner).map_err(werr)?;

@@ -312,8 +312,7 @@ fn masked_bodies_at_the_end_cost_the_ring_nothing() {
     assert!(st.bytes_in_ring < 1000 * 200, "{st:?}");
     let snap = r.snapshot(DumpReason::Other("t".into()));
     let data: Vec<_> = snap
-        .records
-        .iter()
+        .records()
         .filter_map(|r| match r {
             Record::Event(Event::Data(d)) => Some(d),
             _ => None,
@@ -350,7 +349,8 @@ fn exchanges_leave_with_their_slots_when_the_bound_sheds() {
     assert!(st.evicted_size_total > 1000, "{st:?}");
     let snap = r.snapshot(DumpReason::Other("t".into()));
     let mut pairs = 0;
-    for w in snap.records.windows(2) {
+    let records: Vec<Record> = snap.records().collect();
+    for w in records.windows(2) {
         if let (Record::Exchange(x), Record::Event(Event::Data(d))) = (&w[0], &w[1]) {
             assert_eq!(
                 d.ts_exit_ns,
@@ -366,7 +366,7 @@ fn exchanges_leave_with_their_slots_when_the_bound_sheds() {
         "{pairs} {st:?}"
     );
     assert_eq!(
-        snap.records
+        records
             .iter()
             .filter(|r| matches!(r, Record::Exchange(_)))
             .count(),
@@ -408,8 +408,7 @@ fn exchanges_stay_in_order_through_eviction_and_ranges() {
     // The window (10 s behind the newest record, 199 s + 3 ns) kept seconds 190..=199; a range
     // inside it starts mid-ring.
     let routes = |snap: &Snapshot| -> Vec<(u64, String)> {
-        snap.records
-            .iter()
+        snap.records()
             .filter_map(|rec| match rec {
                 Record::Exchange(x) => Some((x.id.0, x.route.as_deref().unwrap_or("").to_string())),
                 _ => None,

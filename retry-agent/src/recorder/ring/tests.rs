@@ -142,3 +142,54 @@ fn blocks_are_let_go_as_records_leave() {
     assert_eq!((ring.len(), ring.bytes()), (0, 0));
     assert!(ring.blocks.is_empty() && ring.iter().next().is_none());
 }
+
+/// A frozen ring reads as the ring did when it was frozen, whatever the ring does next: the
+/// ring appends to no block a snapshot holds, and what it lets go lives on in the snapshot.
+#[test]
+fn a_frozen_ring_is_unmoved_by_what_the_ring_does_next() {
+    let mut ring = Ring::default();
+    let exchange = |i: u64| {
+        let a: std::net::SocketAddr = "127.0.0.1:1000".parse().unwrap();
+        crate::testkit::ExchangeBuilder::server(i, 1, 1, a, a, i * 10, i * 10 + 1).build()
+    };
+    let push = |ring: &mut Ring, i: u64| {
+        // ~1 KB a record: the ring spans many blocks.
+        let mut p = format!("GET /{i} HTTP/1.1\r\n\r\n").into_bytes();
+        p.resize(1000, b'x');
+        let mut d = event(None, None, &p);
+        d.ts_exit_ns = i * 10;
+        ring.push_data(&d, |b| b.len());
+        ring.push_exchange(exchange(i));
+    };
+    let read = |entries: Vec<(u64, Entry<'_>)>| -> Vec<(u64, bool)> {
+        entries
+            .into_iter()
+            .map(|(_, e)| match e.to_record() {
+                Some(Record::Exchange(x)) => (x.id.0, true),
+                Some(Record::Event(Event::Data(d))) => (d.ts_exit_ns / 10, false),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect()
+    };
+    for i in 0..100 {
+        push(&mut ring, i);
+    }
+    let frozen = ring.freeze(0);
+    let before = read(frozen.iter().collect());
+    assert_eq!(before, read(ring.iter().collect()));
+    assert_eq!(before.len(), 200);
+    // The ring goes on: new records (into new blocks), every old one let go.
+    for i in 100..300 {
+        push(&mut ring, i);
+    }
+    ring.evict(1000, usize::MAX);
+    assert_eq!(read(frozen.iter().collect()), before, "the snapshot moved");
+    let now = read(ring.iter().collect());
+    assert_eq!(now.len(), 400);
+    assert_eq!(now.first(), Some(&(100, false)));
+    // Frozen from a time on: whole blocks before it are left out and counted.
+    assert!(ring.blocks.len() > 2);
+    let late = ring.freeze(2500);
+    assert!(late.skipped > 0 && late.iter().count() as u64 + late.skipped == 400);
+    assert!(late.iter().all(|(ts, _)| ts >= 1000));
+}
