@@ -317,7 +317,7 @@ impl Recorder {
         self.admit(rec);
     }
 
-    /// Record an exchange as it is (the ring keeps exchanges unboxed).
+    /// Record an exchange (the ring keeps its encoding).
     pub fn record_exchange(&mut self, x: Exchange) {
         if !self.cfg.enabled {
             return;
@@ -340,7 +340,7 @@ impl Recorder {
 
     fn admit_exchange(&mut self, x: Exchange) {
         let ts_ns = x.end_ns();
-        self.ring.push_exchange(x);
+        self.ring.push_exchange(&x);
         self.stored(ts_ns);
     }
 

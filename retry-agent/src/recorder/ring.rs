@@ -8,11 +8,12 @@
 //! counts another 4%; now ~6%, and a data record takes ~80 bytes before its payload, so the same
 //! bound keeps 1.6× the history.
 //!
-//! Exchanges (one per request) and the rare other records (connection events, verdicts,
-//! decisions, ticks) stay structs, in rings of their own in the same order; the byte ring holds
-//! a marker for each, so the order of all records is the byte ring's.
+//! Exchanges (one per request) are encoded into the same blocks (`codec::exchange`, ~150 bytes
+//! instead of a 440-byte struct in a ring of their own). The rare other records (connection
+//! events, verdicts, decisions, ticks) stay structs, in a ring of their own in the same order;
+//! the byte ring holds a marker for each, so the order of all records is the byte ring's.
 //!
-//! Byte blocks and exchange blocks are shared (`Arc`), and a block is only appended to while
+//! Byte blocks and the other records are shared (`Arc`), and a block is only appended to while
 //! the ring alone holds it: a dump's snapshot ([`Ring::freeze`]) shares the blocks instead of
 //! decoding every record under the recorder's lock. That took 53 ms and +95 MB for a full
 //! 64 MiB ring, during which the live pipeline waited; a frozen ring is decoded one record at
@@ -21,7 +22,8 @@
 use std::{collections::VecDeque, sync::Arc};
 
 use self::codec::{
-    HEADER, Header, KIND_DATA, KIND_EXCHANGE, KIND_OTHER, decode_data, meta_len, put_meta,
+    HEADER, Header, KIND_DATA, KIND_EXCHANGE, KIND_OTHER, decode_data, decode_exchange, meta_len,
+    put_exchange, put_meta,
 };
 use crate::{
     capture::{DataEvent, Event},
@@ -39,9 +41,8 @@ struct Block {
     buf: Arc<Vec<u8>>,
     /// Where the block's first record still in the ring starts.
     start: usize,
-    /// The records from `start` on: how many, of which exchanges and others, their charges.
+    /// The records from `start` on: how many, of which others, their charges.
     records: usize,
-    exchanges: usize,
     others: usize,
     charge: usize,
     /// The newest record's time: a block older than the horizon goes whole, unread.
@@ -51,7 +52,6 @@ struct Block {
 impl Block {
     fn add(&mut self, kind: u8, charge: usize, ts_ns: u64) {
         self.records += 1;
-        self.exchanges += usize::from(kind == KIND_EXCHANGE);
         self.others += usize::from(kind == KIND_OTHER);
         self.charge += charge;
         self.newest_ns = self.newest_ns.max(ts_ns);
@@ -64,7 +64,8 @@ pub(super) struct Ring {
     blocks: VecDeque<Block>,
     /// The last block let go, reused for the next one (blocks come and go at the record rate).
     spare: Option<Vec<u8>>,
-    exchanges: Exchanges,
+    /// An exchange's encoding, before it goes into a block.
+    scratch: Vec<u8>,
     /// Shared with snapshots, as the blocks are.
     others: VecDeque<Arc<Record>>,
     records: usize,
@@ -82,17 +83,18 @@ pub(super) struct Evicted {
 pub(super) enum Entry<'a> {
     /// An encoded data event (decoded by [`Entry::to_record`]).
     Data(&'a [u8]),
-    Exchange(&'a Exchange),
+    /// An encoded exchange.
+    Exchange(&'a [u8]),
     Other(&'a Record),
 }
 
 impl Entry<'_> {
-    /// The record again (`None` only for a data record that does not decode, which the ring
+    /// The record again (`None` only for an encoding that does not decode, which the ring
     /// never writes).
     pub(super) fn to_record(&self) -> Option<Record> {
         Some(match self {
             Entry::Data(b) => Record::Event(Event::Data(decode_data(b)?)),
-            Entry::Exchange(x) => Record::Exchange(Box::new((*x).clone())),
+            Entry::Exchange(b) => Record::Exchange(Box::new(decode_exchange(b)?)),
             Entry::Other(r) => (*r).clone(),
         })
     }
@@ -145,9 +147,27 @@ impl Ring {
         self.bytes += len;
     }
 
-    pub(super) fn push_exchange(&mut self, x: Exchange) {
-        self.push_marker(KIND_EXCHANGE, exchange_size(&x), x.end_ns());
-        self.exchanges.push_back(x);
+    pub(super) fn push_exchange(&mut self, x: &Exchange) {
+        // Encoded aside first: its length decides the block.
+        let mut enc = std::mem::take(&mut self.scratch);
+        enc.clear();
+        put_exchange(&mut enc, x);
+        let len = HEADER + enc.len();
+        let ts_ns = x.end_ns();
+        let block = self.block_for(len);
+        let buf = Arc::make_mut(&mut block.buf);
+        Header {
+            len,
+            kind: KIND_EXCHANGE,
+            charge: len,
+            ts_ns,
+        }
+        .put(buf);
+        buf.extend_from_slice(&enc);
+        block.add(KIND_EXCHANGE, len, ts_ns);
+        self.records += 1;
+        self.bytes += len;
+        self.scratch = enc;
     }
 
     /// Any record but a data event or an exchange (those have their own pushes).
@@ -162,7 +182,7 @@ impl Ring {
     /// does not read the records it lets go, which sit in memory long out of the caches.
     pub(super) fn evict(&mut self, horizon: u64, target: usize) -> Evicted {
         let mut ev = Evicted::default();
-        let (mut exchanges, mut others) = (0, 0);
+        let mut others = 0;
         while let Some(b) = self.blocks.front_mut() {
             let aged = b.newest_ns < horizon;
             if !aged && self.bytes <= target {
@@ -176,10 +196,7 @@ impl Ring {
                     b.charge = b.charge.saturating_sub(h.charge);
                     self.bytes = self.bytes.saturating_sub(h.charge);
                     self.records = self.records.saturating_sub(1);
-                    if h.kind == KIND_EXCHANGE {
-                        b.exchanges -= 1;
-                        exchanges += 1;
-                    } else if h.kind == KIND_OTHER {
+                    if h.kind == KIND_OTHER {
                         b.others -= 1;
                         others += 1;
                     }
@@ -195,7 +212,6 @@ impl Ring {
             }
             self.bytes = self.bytes.saturating_sub(b.charge);
             self.records = self.records.saturating_sub(b.records);
-            exchanges += b.exchanges;
             others += b.others;
             // A block a snapshot still holds is freed with the snapshot.
             if let Some(mut done) = self
@@ -208,7 +224,6 @@ impl Ring {
                 self.spare = Some(done);
             }
         }
-        self.exchanges.drop_front(exchanges);
         self.others.drain(..others.min(self.others.len()));
         ev
     }
@@ -219,7 +234,6 @@ impl Ring {
         Iter {
             blocks: self.blocks.iter().map(|b| b.buf.get(b.start..)),
             cur: &[],
-            exchanges: self.exchanges.iter(),
             others: self.others.iter().map(|r| &**r),
         }
     }
@@ -227,13 +241,12 @@ impl Ring {
     /// The records from the first block holding one at or after `from_ns` on, frozen: the
     /// blocks are shared, not copied or decoded (what a dump's snapshot takes under the lock).
     pub(super) fn freeze(&self, from_ns: u64) -> Frozen {
-        let (mut skipped, mut exchanges, mut others) = (0, 0, 0);
+        let (mut skipped, mut others) = (0, 0);
         let mut blocks = Vec::with_capacity(self.blocks.len());
         for b in &self.blocks {
             if blocks.is_empty() && b.newest_ns < from_ns {
                 // Whole blocks before the range: left out unread, counted as missing.
                 skipped += b.records as u64;
-                exchanges += b.exchanges;
                 others += b.others;
             } else {
                 blocks.push((b.buf.clone(), b.start));
@@ -241,7 +254,6 @@ impl Ring {
         }
         Frozen {
             blocks,
-            exchanges: self.exchanges.freeze(exchanges),
             others: self.others.iter().skip(others).cloned().collect(),
             skipped,
         }
@@ -286,19 +298,17 @@ impl Ring {
     }
 }
 
-/// A ring's or a frozen ring's records in order: the byte blocks' records, each exchange or
-/// other marker taking the next struct of its own sequence.
-struct Iter<'a, B, X, O> {
+/// A ring's or a frozen ring's records in order: the byte blocks' records, each other-record
+/// marker taking the next struct of their own sequence.
+struct Iter<'a, B, O> {
     blocks: B,
     cur: &'a [u8],
-    exchanges: X,
     others: O,
 }
 
-impl<'a, B, X, O> Iterator for Iter<'a, B, X, O>
+impl<'a, B, O> Iterator for Iter<'a, B, O>
 where
     B: Iterator<Item = Option<&'a [u8]>>,
-    X: Iterator<Item = &'a Exchange>,
     O: Iterator<Item = &'a Record>,
 {
     type Item = (u64, Entry<'a>);
@@ -312,7 +322,7 @@ where
         self.cur = rest;
         let e = match h.kind {
             KIND_DATA => Entry::Data(rec.get(HEADER..)?),
-            KIND_EXCHANGE => Entry::Exchange(self.exchanges.next()?),
+            KIND_EXCHANGE => Entry::Exchange(rec.get(HEADER..)?),
             _ => Entry::Other(self.others.next()?),
         };
         Some((h.ts_ns, e))
@@ -325,7 +335,6 @@ where
 pub(super) struct Frozen {
     /// Byte blocks and where their first record still in the ring started.
     blocks: Vec<(Arc<Vec<u8>>, usize)>,
-    exchanges: Vec<(Arc<Vec<Exchange>>, usize)>,
     others: Vec<Arc<Record>>,
     /// Records of the whole blocks left out as older than the range.
     pub(super) skipped: u64,
@@ -336,10 +345,6 @@ impl Frozen {
         Iter {
             blocks: self.blocks.iter().map(|(b, start)| b.get(*start..)),
             cur: &[],
-            exchanges: self
-                .exchanges
-                .iter()
-                .flat_map(|(b, start)| b.get(*start..).unwrap_or_default()),
             others: self.others.iter().map(|r| &**r),
         }
     }
@@ -349,89 +354,9 @@ impl std::fmt::Debug for Frozen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Frozen")
             .field("blocks", &self.blocks.len())
-            .field("exchange_blocks", &self.exchanges.len())
             .field("others", &self.others.len())
             .field("skipped", &self.skipped)
             .finish()
-    }
-}
-
-/// The ring's exchanges, oldest first. Held in blocks of [`Exchanges::BLOCK`], not one deque: a
-/// deque doubles its buffer as it grows, so at the ring's steady size up to half of a large
-/// allocation sat unused (+10 MiB of peak RSS under a keep-alive load), while a block is
-/// allocated and freed whole, once per `BLOCK` exchanges. Blocks are shared with snapshots as
-/// the byte blocks are: a block is pushed to only while the ring alone holds it, and letting
-/// exchanges go moves a block's start (they are freed with their block).
-#[derive(Default)]
-struct Exchanges {
-    blocks: VecDeque<ExchangeBlock>,
-}
-
-struct ExchangeBlock {
-    items: Arc<Vec<Exchange>>,
-    /// The first exchange still in the ring.
-    start: usize,
-}
-
-impl Exchanges {
-    const BLOCK: usize = 64;
-
-    fn push_back(&mut self, x: Exchange) {
-        let open = self
-            .blocks
-            .back_mut()
-            .filter(|b| b.items.len() < Self::BLOCK)
-            .and_then(|b| Arc::get_mut(&mut b.items));
-        match open {
-            Some(items) => items.push(x),
-            None => {
-                let mut items = Vec::with_capacity(Self::BLOCK);
-                items.push(x);
-                self.blocks.push_back(ExchangeBlock {
-                    items: Arc::new(items),
-                    start: 0,
-                });
-            }
-        }
-    }
-
-    /// Let the `n` oldest exchanges go (whole blocks where it can).
-    fn drop_front(&mut self, mut n: usize) {
-        while n > 0 {
-            let Some(first) = self.blocks.front_mut() else {
-                return;
-            };
-            let left = first.items.len().saturating_sub(first.start);
-            if left <= n {
-                n -= left;
-                self.blocks.pop_front();
-            } else {
-                first.start += n;
-                return;
-            }
-        }
-    }
-
-    #[cfg(test)]
-    fn iter(&self) -> impl Iterator<Item = &Exchange> {
-        self.blocks
-            .iter()
-            .flat_map(|b| b.items.get(b.start..).unwrap_or_default())
-    }
-
-    /// The exchanges after the `skip` oldest, their blocks shared.
-    fn freeze(&self, mut skip: usize) -> Vec<(Arc<Vec<Exchange>>, usize)> {
-        let mut out = Vec::with_capacity(self.blocks.len());
-        for b in &self.blocks {
-            let left = b.items.len().saturating_sub(b.start);
-            if skip >= left {
-                skip -= left;
-                continue;
-            }
-            out.push((b.items.clone(), b.start + skip));
-            skip = 0;
-        }
-        out
     }
 }
 
@@ -449,7 +374,8 @@ fn approx_size(rec: &Record) -> usize {
                 + p.cgroup.as_ref().map_or(0, String::len)
                 + p.container_id.as_ref().map_or(0, String::len)
         }
-        Record::Exchange(x) => exchange_size(x),
+        // Exchanges go into the byte blocks; never held here.
+        Record::Exchange(_) => BASE + size_of::<Exchange>(),
         Record::Verdict(v) => {
             BASE + size_of::<crate::correlate::Verdict>() + v.caused_by.len() * 48
         }
@@ -457,20 +383,6 @@ fn approx_size(rec: &Record) -> usize {
         Record::Edges(e) => BASE + e.edges.len() * 512 + e.paths.depths.len() * 128,
         Record::Event(Event::Conn(_) | Event::ProcessExit { .. }) | Record::Tick { .. } => BASE,
     }
-}
-
-/// An exchange's charge: its place inline in the exchange ring and its strings' heap (none
-/// when short).
-fn exchange_size(x: &Exchange) -> usize {
-    size_of::<Exchange>()
-        + x.authority.as_ref().map_or(0, heap_len)
-        + x.path.as_ref().map_or(0, heap_len)
-        + x.route.as_ref().map_or(0, heap_len)
-}
-
-/// Heap bytes of an exchange's string: none when it is held inline.
-fn heap_len(t: &crate::l7::Text) -> usize {
-    if t.is_heap_allocated() { t.len() } else { 0 }
 }
 
 #[cfg(test)]

@@ -1,9 +1,12 @@
 //! The byte layout of the ring's records: a header (length, kind, charge, time), then, for a
-//! data event, its fields and its payload. Exchanges and other records are held as structs;
-//! their header alone marks their place among the bytes.
+//! data event, its fields and its payload; for an exchange, its fields (`exchange`). Other
+//! records are held as structs; their header alone marks their place among the bytes.
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
+pub(super) use self::exchange::{decode_exchange, put_exchange};
 use crate::capture::{ConnId, DataEvent, Direction, Role, Syscall, Tuple};
+
+mod exchange;
 
 /// Record header: total length (u32), kind (u8), charge (u32), time (u64).
 pub(super) const HEADER: usize = 17;
