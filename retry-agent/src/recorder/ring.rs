@@ -81,8 +81,8 @@ pub(super) struct Evicted {
 
 /// One record of the ring, as [`Ring::iter`] yields it.
 pub(super) enum Entry<'a> {
-    /// An encoded data event (decoded by [`Entry::to_record`]).
-    Data(&'a [u8]),
+    /// An encoded data event and its time (decoded by [`Entry::to_record`]).
+    Data(u64, &'a [u8]),
     /// An encoded exchange.
     Exchange(&'a [u8]),
     Other(&'a Record),
@@ -93,7 +93,7 @@ impl Entry<'_> {
     /// never writes).
     pub(super) fn to_record(&self) -> Option<Record> {
         Some(match self {
-            Entry::Data(b) => Record::Event(Event::Data(decode_data(b)?)),
+            Entry::Data(ts, b) => Record::Event(Event::Data(decode_data(*ts, b)?)),
             Entry::Exchange(b) => Record::Exchange(Box::new(decode_exchange(b)?)),
             Entry::Other(r) => (*r).clone(),
         })
@@ -321,7 +321,7 @@ where
         let (rec, rest) = self.cur.split_at_checked(h.len)?;
         self.cur = rest;
         let e = match h.kind {
-            KIND_DATA => Entry::Data(rec.get(HEADER..)?),
+            KIND_DATA => Entry::Data(h.ts_ns, rec.get(HEADER..)?),
             KIND_EXCHANGE => Entry::Exchange(rec.get(HEADER..)?),
             _ => Entry::Other(self.others.next()?),
         };

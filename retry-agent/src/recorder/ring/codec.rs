@@ -17,6 +17,10 @@ pub(super) const KIND_OTHER: u8 = 2;
 
 const HAS_TUPLE: u8 = 1;
 const HAS_GOID: u8 = 2;
+/// The entry time differs from the exit time (TLS records; a syscall's are the same clock read).
+const HAS_ENTER: u8 = 4;
+/// The thread's process is not the connection's.
+const HAS_PID: u8 = 8;
 
 /// Every [`Syscall`], indexed by its discriminant (checked by a test).
 pub(super) const SYSCALLS: [Syscall; 15] = [
@@ -91,28 +95,37 @@ fn addr_len(a: &SocketAddr) -> usize {
     }
 }
 
-/// Encoded size of a data event's fields before its payload.
+/// Encoded size of a data event's fields before its payload. Its exit time is the header's.
 pub(super) fn meta_len(d: &DataEvent) -> usize {
-    let fixed = 16 + 4 + 8 + 24;
+    let fixed = 16 + 4 + 4 + 8;
     fixed
+        + if d.ts_enter_ns != d.ts_exit_ns { 8 } else { 0 }
+        + if d.pid != d.conn.pid { 4 } else { 0 }
         + d.goid.map_or(0, |_| 8)
         + d.tuple
             .as_ref()
             .map_or(0, |t| addr_len(&t.local) + addr_len(&t.remote))
 }
 
+/// A data event's fields; its exit time goes in the record's header, whose time it is.
 pub(super) fn put_meta(buf: &mut Vec<u8>, d: &DataEvent) {
-    let flags =
-        if d.tuple.is_some() { HAS_TUPLE } else { 0 } | if d.goid.is_some() { HAS_GOID } else { 0 };
+    let (enter, pid) = (d.ts_enter_ns != d.ts_exit_ns, d.pid != d.conn.pid);
+    let flags = if d.tuple.is_some() { HAS_TUPLE } else { 0 }
+        | if d.goid.is_some() { HAS_GOID } else { 0 }
+        | if enter { HAS_ENTER } else { 0 }
+        | if pid { HAS_PID } else { 0 };
     buf.extend_from_slice(&d.conn.pid.to_le_bytes());
     buf.extend_from_slice(&d.conn.fd.to_le_bytes());
     buf.extend_from_slice(&d.conn.generation.to_le_bytes());
     buf.extend_from_slice(&[d.role as u8, d.direction as u8, d.syscall as u8, flags]);
-    buf.extend_from_slice(&d.pid.to_le_bytes());
     buf.extend_from_slice(&d.tid.to_le_bytes());
-    buf.extend_from_slice(&d.ts_enter_ns.to_le_bytes());
-    buf.extend_from_slice(&d.ts_exit_ns.to_le_bytes());
     buf.extend_from_slice(&d.len.to_le_bytes());
+    if pid {
+        buf.extend_from_slice(&d.pid.to_le_bytes());
+    }
+    if enter {
+        buf.extend_from_slice(&d.ts_enter_ns.to_le_bytes());
+    }
     if let Some(g) = d.goid {
         buf.extend_from_slice(&g.to_le_bytes());
     }
@@ -139,8 +152,8 @@ fn put_addr(buf: &mut Vec<u8>, a: &SocketAddr) {
     }
 }
 
-/// A data event from its encoding (header excluded).
-pub(super) fn decode_data(b: &[u8]) -> Option<DataEvent> {
+/// A data event from its encoding (header excluded) and its header's time.
+pub(super) fn decode_data(ts_exit_ns: u64, b: &[u8]) -> Option<DataEvent> {
     let mut r = Reader(b);
     let conn = ConnId {
         pid: r.u32()?,
@@ -158,8 +171,17 @@ pub(super) fn decode_data(b: &[u8]) -> Option<DataEvent> {
     };
     let syscall = *SYSCALLS.get(usize::from(r.u8()?))?;
     let flags = r.u8()?;
-    let (pid, tid) = (r.u32()?, r.u32()?);
-    let (ts_enter_ns, ts_exit_ns, len) = (r.u64()?, r.u64()?, r.u64()?);
+    let (tid, len) = (r.u32()?, r.u64()?);
+    let pid = if flags & HAS_PID != 0 {
+        r.u32()?
+    } else {
+        conn.pid
+    };
+    let ts_enter_ns = if flags & HAS_ENTER != 0 {
+        r.u64()?
+    } else {
+        ts_exit_ns
+    };
     let goid = if flags & HAS_GOID != 0 {
         Some(r.u64()?)
     } else {

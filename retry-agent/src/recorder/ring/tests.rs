@@ -55,9 +55,14 @@ fn data_events_come_back_as_they_went_in() {
     for t in tuples {
         for g in [None, Some(42)] {
             for p in [&b""[..], b"GET / HTTP/1.1\r\n\r\n"] {
-                let d = event(t, g, p);
-                ring.push_data(&d, |b| b.len());
-                want.push(d);
+                // Entry and exit the same clock read (a syscall's) or not (TLS); the thread's
+                // process the connection's or another (an inherited socket).
+                for (enter, pid) in [(100, 7), (200, 7), (100, 70), (200, 70)] {
+                    let mut d = event(t, g, p);
+                    (d.ts_enter_ns, d.pid) = (enter, pid);
+                    ring.push_data(&d, |b| b.len());
+                    want.push(d);
+                }
             }
         }
     }
@@ -136,7 +141,8 @@ fn blocks_are_let_go_as_records_leave() {
     assert_eq!(ev.aged, 990);
     assert_eq!(ring.len(), 10);
     assert_eq!(ring.front_ts(), Some(990));
-    assert_eq!(ring.blocks.len(), 1, "passed blocks are freed");
+    // The ten records left (~10 KB) lie in at most two blocks.
+    assert!(ring.blocks.len() <= 2, "passed blocks are freed");
     let ev = ring.evict(0, 0);
     assert_eq!((ev.aged, ev.sized), (0, 10));
     assert_eq!((ring.len(), ring.bytes()), (0, 0));
