@@ -277,6 +277,14 @@ pub fn analyse(path: &Path, opts: &Options) -> Result<IncidentReport, FormatErro
             },
         )
     };
+    let between = dump.header.as_ref().map_or(0, |h| h.missing_between);
+    if between > 0 {
+        notes.push(format!(
+            "the ring let go of {between} records between the storm's trigger and the end of the dump's \
+             window (the after-window outlasted what it holds): the replay has a gap there, and \
+             connections open across it start mid-stream after it"
+        ));
+    }
     let missing = dump.header.as_ref().map_or(0, |h| h.missing_before);
     if missing > 0 {
         notes.push(format!(

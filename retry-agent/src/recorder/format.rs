@@ -73,6 +73,11 @@ pub struct DumpHeader {
     /// Records the ring had already let go of before the first one in this dump.
     #[serde(default)]
     pub missing_before: u64,
+    /// Records the ring let go in the middle of this dump's range (a storm dump whose
+    /// after-window outlasted what the ring holds): the records on either side of the gap are
+    /// here, the ones in it are not.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub missing_between: u64,
     /// The live pipeline's settings ([`crate::pipeline::PipelineConfig`]), so a replay runs
     /// with what the agent ran with. Loose for the same reason as `config`; null if unknown.
     #[serde(default)]
@@ -92,6 +97,7 @@ impl DumpHeader {
             reason,
             config: serde_json::to_value(config).unwrap_or(serde_json::Value::Null),
             missing_before: 0,
+            missing_between: 0,
             pipeline: serde_json::Value::Null,
         }
     }
@@ -544,4 +550,8 @@ impl DumpReader {
         let len = BLOCK_HDR + clen;
         Some((Item::Block { seq, records, bad }, len))
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

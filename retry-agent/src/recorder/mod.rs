@@ -192,6 +192,12 @@ pub struct RecorderStats {
 struct PendingAuto {
     trigger_ns: u64,
     edge: String,
+    /// The ring as it was at the trigger: under load the ring turns over long before the
+    /// after-window passes, and the storm's onset is what a dump is for. Held until the dump
+    /// is written (what the ring lets go meanwhile, at most its size, stays in memory).
+    before: ring::Frozen,
+    /// Records evicted before the trigger.
+    evicted: u64,
 }
 
 /// Most processes we keep metadata for; more are dropped (the ring still has their events).
@@ -348,11 +354,27 @@ impl Recorder {
         match rec {
             Record::Exchange(x) => return self.admit_exchange(*x),
             Record::Event(Event::Data(d)) => return self.admit_data(&d),
-            Record::Decision(ref d) => self.note_decision(d),
             _ => {}
         }
+        let storm = match &rec {
+            Record::Decision(d) => self.storm_begins(d),
+            _ => None,
+        };
         let ts_ns = rec.ts_ns();
         self.ring.push_other(rec);
+        if let Some((trigger_ns, edge)) = storm {
+            // Frozen with the decision in it: under load it would be gone by the dump.
+            self.pending = Some(PendingAuto {
+                trigger_ns,
+                edge,
+                before: self.ring.freeze(
+                    trigger_ns
+                        .saturating_sub(self.cfg.auto_before_secs.saturating_mul(1_000_000_000)),
+                    0,
+                ),
+                evicted: self.evicted(),
+            });
+        }
         self.stored(ts_ns);
     }
 
@@ -381,36 +403,44 @@ impl Recorder {
         self.stats.evicted_size_total += ev.sized;
     }
 
-    fn note_decision(&mut self, d: &Decision) {
-        if !self.cfg.auto_dump || d.action != Action::SuppressRetries {
-            return;
-        }
-        if self.pending.is_none() && d.issued_at_ns >= self.auto_quiet_until_ns {
+    /// A decision that starts a storm dump: its time and edge.
+    fn storm_begins(&self, d: &Decision) -> Option<(u64, String)> {
+        let starts = self.cfg.auto_dump
+            && d.action == Action::SuppressRetries
+            && self.pending.is_none()
+            && d.issued_at_ns >= self.auto_quiet_until_ns;
+        if starts {
             tracing::info!(edge = %d.edge, "recorder: storm detected, dump follows after the after-window");
-            self.pending = Some(PendingAuto {
-                trigger_ns: d.issued_at_ns,
-                edge: d.edge.to_string(),
-            });
         }
+        starts.then(|| (d.issued_at_ns, d.edge.to_string()))
     }
 
     fn maybe_auto_dump(&mut self) {
-        let Some(p) = &self.pending else { return };
         let after_ns = self.cfg.auto_after_secs.saturating_mul(1_000_000_000);
-        if self.stats.newest_ns < p.trigger_ns.saturating_add(after_ns) {
+        if self
+            .pending
+            .as_ref()
+            .is_none_or(|p| self.stats.newest_ns < p.trigger_ns.saturating_add(after_ns))
+        {
             return;
         }
+        let Some(p) = self.pending.take() else { return };
         let from = p
             .trigger_ns
             .saturating_sub(self.cfg.auto_before_secs.saturating_mul(1_000_000_000));
         let to = p.trigger_ns.saturating_add(after_ns);
         let reason = DumpReason::Storm {
             trigger_ns: p.trigger_ns,
-            edge: p.edge.clone(),
+            edge: p.edge,
         };
-        self.pending = None;
         self.auto_quiet_until_ns = to;
-        let snap = self.snapshot_range(reason, from, to);
+        // What the ring held at the trigger, then what came after it.
+        let after = self.ring.freeze(0, p.before.end_seq);
+        let snap = Snapshot {
+            ring: vec![p.before, after],
+            evicted: p.evicted,
+            ..self.snapshot_range(reason, from, to)
+        };
         let dir = self.cfg.dump_dir.clone();
         self.stats.dumps_total += 1;
         let spawned = std::thread::Builder::new()
@@ -461,11 +491,16 @@ impl Recorder {
                 .into_iter()
                 .map(|p| Record::Event(Event::Process(p.clone())))
                 .collect(),
-            ring: self.ring.freeze(from_ns),
+            ring: vec![self.ring.freeze(from_ns, 0)],
             from_ns,
             to_ns,
-            evicted: self.stats.evicted_age_total + self.stats.evicted_size_total,
+            evicted: self.evicted(),
         }
+    }
+
+    /// Records let go so far.
+    fn evicted(&self) -> u64 {
+        self.stats.evicted_age_total + self.stats.evicted_size_total
     }
 
     /// Write the whole ring into the dump directory now (synchronous; prefer

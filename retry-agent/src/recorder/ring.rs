@@ -39,8 +39,9 @@ const BLOCK: usize = 64 * 1024;
 struct Block {
     /// Shared with snapshots; appended to only while unshared ([`Ring::block_for`]).
     buf: Arc<Vec<u8>>,
-    /// Where the block's first record still in the ring starts.
+    /// Where the block's first record still in the ring starts, and its sequence number.
     start: usize,
+    start_seq: u64,
     /// The records from `start` on: how many, of which others, their charges.
     records: usize,
     others: usize,
@@ -70,6 +71,8 @@ pub(super) struct Ring {
     others: VecDeque<Arc<Record>>,
     records: usize,
     bytes: usize,
+    /// Records ever pushed: the next record's sequence number.
+    pushed: u64,
 }
 
 /// What [`Ring::evict`] let go.
@@ -144,6 +147,7 @@ impl Ring {
         header(len).overwrite(buf.get_mut(start..).unwrap_or_default());
         block.add(KIND_DATA, len, d.ts_exit_ns);
         self.records += 1;
+        self.pushed += 1;
         self.bytes += len;
     }
 
@@ -166,6 +170,7 @@ impl Ring {
         buf.extend_from_slice(&enc);
         block.add(KIND_EXCHANGE, len, ts_ns);
         self.records += 1;
+        self.pushed += 1;
         self.bytes += len;
         self.scratch = enc;
     }
@@ -201,6 +206,7 @@ impl Ring {
                         others += 1;
                     }
                     b.start += h.len;
+                    b.start_seq += 1;
                 }
                 if b.records > 0 {
                     break;
@@ -238,17 +244,36 @@ impl Ring {
         }
     }
 
-    /// The records from the first block holding one at or after `from_ns` on, frozen: the
-    /// blocks are shared, not copied or decoded (what a dump's snapshot takes under the lock).
-    pub(super) fn freeze(&self, from_ns: u64) -> Frozen {
+    /// The records from sequence number `since_seq` on (an earlier snapshot's `end_seq`: the two
+    /// then hold every record the ring kept once), and from the first block holding one at or
+    /// after `from_ns`, frozen: the blocks are shared, not copied or decoded (what a dump's
+    /// snapshot takes under the lock).
+    pub(super) fn freeze(&self, from_ns: u64, since_seq: u64) -> Frozen {
         let (mut skipped, mut others) = (0, 0);
         let mut blocks = Vec::with_capacity(self.blocks.len());
+        let mut first_seq = None;
         for b in &self.blocks {
-            if blocks.is_empty() && b.newest_ns < from_ns {
+            if blocks.is_empty() && b.start_seq + b.records as u64 <= since_seq {
+                // Records an earlier snapshot holds: left out, not missing.
+                others += b.others;
+            } else if blocks.is_empty() && b.newest_ns < from_ns {
                 // Whole blocks before the range: left out unread, counted as missing.
                 skipped += b.records as u64;
                 others += b.others;
+            } else if blocks.is_empty() && b.start_seq < since_seq {
+                // The block where the earlier snapshot ended: walk past its records.
+                let mut at = b.start;
+                for _ in b.start_seq..since_seq {
+                    let Some(h) = b.buf.get(at..).and_then(Header::read) else {
+                        break;
+                    };
+                    others += usize::from(h.kind == KIND_OTHER);
+                    at += h.len;
+                }
+                first_seq = Some(since_seq);
+                blocks.push((b.buf.clone(), at));
             } else {
+                first_seq.get_or_insert(b.start_seq);
                 blocks.push((b.buf.clone(), b.start));
             }
         }
@@ -256,6 +281,8 @@ impl Ring {
             blocks,
             others: self.others.iter().skip(others).cloned().collect(),
             skipped,
+            first_seq: first_seq.unwrap_or(self.pushed),
+            end_seq: self.pushed,
         }
     }
 
@@ -273,6 +300,7 @@ impl Ring {
         }
         .put(Arc::make_mut(&mut block.buf));
         self.records += 1;
+        self.pushed += 1;
         self.bytes += charge;
     }
 
@@ -289,6 +317,7 @@ impl Ring {
             };
             self.blocks.push_back(Block {
                 buf: Arc::new(buf),
+                start_seq: self.pushed,
                 ..Block::default()
             });
         }
@@ -338,6 +367,9 @@ pub(super) struct Frozen {
     others: Vec<Arc<Record>>,
     /// Records of the whole blocks left out as older than the range.
     pub(super) skipped: u64,
+    /// Sequence numbers of its first record and of the record after its last.
+    pub(super) first_seq: u64,
+    pub(super) end_seq: u64,
 }
 
 impl Frozen {
@@ -356,6 +388,7 @@ impl std::fmt::Debug for Frozen {
             .field("blocks", &self.blocks.len())
             .field("others", &self.others.len())
             .field("skipped", &self.skipped)
+            .field("seq", &(self.first_seq..self.end_seq))
             .finish()
     }
 }

@@ -59,7 +59,9 @@ pub struct Snapshot {
     pub pipeline: Option<PipelineConfig>,
     /// Process metadata, first in the dump so a replay names services from the first event on.
     pub(super) processes: Vec<Record>,
-    pub(super) ring: Frozen,
+    /// The ring as frozen once, or twice for a storm (at the trigger, and once its after-window
+    /// passed), each part taking up where the one before it ended.
+    pub(super) ring: Vec<Frozen>,
     /// The range asked for (records outside it are left out when written).
     pub(super) from_ns: u64,
     pub(super) to_ns: u64,
@@ -76,6 +78,9 @@ pub struct Span {
     /// Records evicted before the snapshot or left out as older than the range: a replay then
     /// starts mid-stream and its first figures may differ from the live ones.
     pub missing_before: u64,
+    /// Records the ring let go between its parts (a storm's after-window longer than the ring
+    /// reaches): the replay has a gap there.
+    pub missing_between: u64,
 }
 
 impl Snapshot {
@@ -86,6 +91,7 @@ impl Snapshot {
         self.processes.iter().cloned().chain(
             self.ring
                 .iter()
+                .flat_map(Frozen::iter)
                 .filter(move |(ts, _)| (from..=to).contains(ts))
                 .filter_map(|(_, e)| e.to_record()),
         )
@@ -94,8 +100,13 @@ impl Snapshot {
     /// The records' span, from their headers alone (nothing decoded).
     pub fn span(&self) -> Span {
         let (mut lo, mut hi) = (u64::MAX, 0);
-        let mut missing_before = self.evicted + self.ring.skipped;
-        for (ts, _) in self.ring.iter() {
+        let mut missing_before = self.evicted + self.ring.first().map_or(0, |f| f.skipped);
+        let missing_between = self
+            .ring
+            .windows(2)
+            .map(|w| w[1].first_seq.saturating_sub(w[0].end_seq))
+            .sum();
+        for (ts, _) in self.ring.iter().flat_map(Frozen::iter) {
             if ts < self.from_ns {
                 missing_before += 1;
             } else if ts <= self.to_ns {
@@ -110,6 +121,7 @@ impl Snapshot {
             from_ns: lo,
             to_ns: hi,
             missing_before,
+            missing_between,
         }
     }
 
@@ -162,6 +174,7 @@ impl Snapshot {
             span.to_ns,
         );
         header.missing_before = span.missing_before;
+        header.missing_between = span.missing_between;
         if let Some(p) = &self.pipeline {
             header.pipeline = serde_json::to_value(p).unwrap_or(serde_json::Value::Null);
         }

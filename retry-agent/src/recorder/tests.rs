@@ -530,6 +530,55 @@ fn storm_writes_a_dump_covering_before_and_after() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Under load the ring turns over long before a storm's after-window passes: the dump still
+/// holds the onset (what the ring held at the trigger) and the end of the after-window, in
+/// order, and says how many records fell between them.
+#[test]
+fn a_storm_dump_keeps_the_onset_when_the_ring_turns_over() {
+    let dir = temp_dir("storm-turnover");
+    let mut r = Recorder::new(RecorderConfig {
+        max_mib: 1,
+        auto_before_secs: 5,
+        auto_after_secs: 5,
+        ..cfg(dir.clone())
+    })
+    .unwrap();
+    let ms = 1_000_000u64;
+    // ~1 KB a record (a masked header value is kept, masked): the 1 MiB ring holds ~2.5 s at
+    // 400 records a second, half the after-window.
+    let head = format!("GET /x HTTP/1.1\r\nX-Pad: {}\r\n\r\n", "v".repeat(1000));
+    for t in 0..12_000u64 {
+        let ts = t * 2500 * 1000; // 400 a second, for 30 s
+        r.record(Record::Event(data(
+            3,
+            Direction::Egress,
+            ts,
+            head.as_bytes(),
+        )));
+        if ts == 20_000 * ms {
+            r.record(decision(ts));
+        }
+    }
+    let done = r.wait_auto_dumps();
+    assert_eq!(done.len(), 1);
+    let out = DumpReader::open(done[0].as_ref().unwrap()).unwrap();
+    let h = out.header.unwrap();
+    let ts: Vec<u64> = out.records.iter().map(Record::ts_ns).collect();
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]), "out of order");
+    // The onset: the seconds before the trigger the ring still held then.
+    let onset = ts
+        .iter()
+        .filter(|&&t| t >= 18_000 * ms && t < 20_000 * ms)
+        .count();
+    assert!(onset > 700, "{onset} records of the onset");
+    // The end of the after-window, and the gap between (what the ring let go meanwhile).
+    assert_eq!(ts.last(), Some(&(25_000 * ms)));
+    assert!(ts.iter().all(|&t| !(21_000 * ms..22_000 * ms).contains(&t)));
+    assert!(h.missing_between > 500, "{h:?}");
+    assert!(out.records.iter().any(|r| matches!(r, Record::Decision(_))));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn replay_of_a_dump_reproduces_the_live_pipeline() {
     use crate::{correlate::CorrelateConfig, decide::DecideConfig, l7::L7Config};

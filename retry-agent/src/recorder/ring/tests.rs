@@ -180,7 +180,7 @@ fn a_frozen_ring_is_unmoved_by_what_the_ring_does_next() {
     for i in 0..100 {
         push(&mut ring, i);
     }
-    let frozen = ring.freeze(0);
+    let frozen = ring.freeze(0, 0);
     let before = read(frozen.iter().collect());
     assert_eq!(before, read(ring.iter().collect()));
     assert_eq!(before.len(), 200);
@@ -195,7 +195,7 @@ fn a_frozen_ring_is_unmoved_by_what_the_ring_does_next() {
     assert_eq!(now.first(), Some(&(100, false)));
     // Frozen from a time on: whole blocks before it are left out and counted.
     assert!(ring.blocks.len() > 2);
-    let late = ring.freeze(2500);
+    let late = ring.freeze(2500, 0);
     assert!(late.skipped > 0 && late.iter().count() as u64 + late.skipped == 400);
     assert!(late.iter().all(|(ts, _)| ts >= 1000));
 }
@@ -345,4 +345,53 @@ fn a_cut_exchange_does_not_decode() {
         bad[i] ^= 0xff;
         let _ = codec::decode_exchange(&bad);
     }
+}
+
+/// A second snapshot from the first one's end holds every record after it once; what the ring
+/// let go in between is the gap between their sequence numbers.
+#[test]
+fn a_snapshot_from_an_earlier_ones_end_takes_up_where_it_ended() {
+    let push = |ring: &mut Ring, i: u64| {
+        let mut p = format!("GET /{i} HTTP/1.1\r\n\r\n").into_bytes();
+        p.resize(1000, b'x');
+        let mut d = event(None, None, &p);
+        d.ts_exit_ns = i;
+        ring.push_data(&d, |b| b.len());
+        if i.is_multiple_of(10) {
+            ring.push_other(Record::Tick { now_ns: i });
+        }
+    };
+    let times = |f: &Frozen| -> Vec<u64> { f.iter().map(|(ts, _)| ts).collect() };
+    let mut ring = Ring::default();
+    for i in 0..300 {
+        push(&mut ring, i);
+    }
+    let first = ring.freeze(0, 0);
+    assert_eq!((first.first_seq, first.end_seq), (0, 330));
+    // Nothing let go: the second part is exactly what came after, markers and all.
+    for i in 300..400 {
+        push(&mut ring, i);
+    }
+    let second = ring.freeze(0, first.end_seq);
+    assert_eq!((second.first_seq, second.end_seq), (330, 440));
+    let mut both = times(&first);
+    both.extend(times(&second));
+    let mut want: Vec<u64> = Vec::new();
+    for i in 0..400 {
+        want.push(i);
+        if i.is_multiple_of(10) {
+            want.push(i);
+        }
+    }
+    assert_eq!(both, want);
+    assert!(second.iter().all(|(_, e)| e.to_record().is_some()));
+    // The ring turns over: the part after the first one starts where the ring now starts.
+    for i in 400..2000 {
+        push(&mut ring, i);
+    }
+    ring.evict(1500, usize::MAX);
+    let third = ring.freeze(0, first.end_seq);
+    assert!(third.first_seq > first.end_seq);
+    assert_eq!(times(&third).first(), Some(&1500));
+    assert_eq!(third.iter().count() as u64, third.end_seq - third.first_seq);
 }
