@@ -367,11 +367,7 @@ impl Recorder {
             self.pending = Some(PendingAuto {
                 trigger_ns,
                 edge,
-                before: self.ring.freeze(
-                    trigger_ns
-                        .saturating_sub(self.cfg.auto_before_secs.saturating_mul(1_000_000_000)),
-                    0,
-                ),
+                before: self.ring.freeze(self.storm_range(trigger_ns).0, 0),
                 evicted: self.evicted(),
             });
         }
@@ -416,19 +412,12 @@ impl Recorder {
     }
 
     fn maybe_auto_dump(&mut self) {
-        let after_ns = self.cfg.auto_after_secs.saturating_mul(1_000_000_000);
-        if self
-            .pending
-            .as_ref()
-            .is_none_or(|p| self.stats.newest_ns < p.trigger_ns.saturating_add(after_ns))
-        {
+        let due = |p: &PendingAuto| self.stats.newest_ns >= self.storm_range(p.trigger_ns).1;
+        if !self.pending.as_ref().is_some_and(due) {
             return;
         }
         let Some(p) = self.pending.take() else { return };
-        let from = p
-            .trigger_ns
-            .saturating_sub(self.cfg.auto_before_secs.saturating_mul(1_000_000_000));
-        let to = p.trigger_ns.saturating_add(after_ns);
+        let (from, to) = self.storm_range(p.trigger_ns);
         let reason = DumpReason::Storm {
             trigger_ns: p.trigger_ns,
             edge: p.edge,
@@ -436,11 +425,7 @@ impl Recorder {
         self.auto_quiet_until_ns = to;
         // What the ring held at the trigger, then what came after it.
         let after = self.ring.freeze(0, p.before.end_seq);
-        let snap = Snapshot {
-            ring: vec![p.before, after],
-            evicted: p.evicted,
-            ..self.snapshot_range(reason, from, to)
-        };
+        let snap = self.snapshot_of(reason, vec![p.before, after], (from, to), p.evicted);
         let dir = self.cfg.dump_dir.clone();
         self.stats.dumps_total += 1;
         let spawned = std::thread::Builder::new()
@@ -481,6 +466,18 @@ impl Recorder {
     /// Ring records with `from_ns <= ts <= to_ns` (plus all process metadata and timeless
     /// records). Takes no copy of the ring: its blocks are shared with the snapshot.
     pub fn snapshot_range(&self, reason: DumpReason, from_ns: u64, to_ns: u64) -> Snapshot {
+        let ring = vec![self.ring.freeze(from_ns, 0)];
+        self.snapshot_of(reason, ring, (from_ns, to_ns), self.evicted())
+    }
+
+    /// A snapshot of frozen parts of the ring, with the process metadata as it is now.
+    fn snapshot_of(
+        &self,
+        reason: DumpReason,
+        ring: Vec<ring::Frozen>,
+        (from_ns, to_ns): (u64, u64),
+        evicted: u64,
+    ) -> Snapshot {
         let mut pids: Vec<&ProcessInfo> = self.processes.values().collect();
         pids.sort_by_key(|p| p.pid);
         Snapshot {
@@ -491,11 +488,20 @@ impl Recorder {
                 .into_iter()
                 .map(|p| Record::Event(Event::Process(p.clone())))
                 .collect(),
-            ring: vec![self.ring.freeze(from_ns, 0)],
+            ring,
             from_ns,
             to_ns,
-            evicted: self.evicted(),
+            evicted,
         }
+    }
+
+    /// A storm dump's range around its trigger.
+    fn storm_range(&self, trigger_ns: u64) -> (u64, u64) {
+        let ns = |secs: u64| secs.saturating_mul(1_000_000_000);
+        (
+            trigger_ns.saturating_sub(ns(self.cfg.auto_before_secs)),
+            trigger_ns.saturating_add(ns(self.cfg.auto_after_secs)),
+        )
     }
 
     /// Records let go so far.
