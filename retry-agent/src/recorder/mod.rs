@@ -192,9 +192,10 @@ pub struct RecorderStats {
 struct PendingAuto {
     trigger_ns: u64,
     edge: String,
-    /// The ring as it was at the trigger: under load the ring turns over long before the
-    /// after-window passes, and the storm's onset is what a dump is for. Held until the dump
-    /// is written (what the ring lets go meanwhile, at most its size, stays in memory).
+    /// The newest half of the ring at the trigger: under load the ring turns over long before
+    /// the after-window passes, and the storm's onset is what a dump is for. Held until the
+    /// dump is written (what the ring lets go of it meanwhile stays in memory: at most half the
+    /// ring's bound again).
     before: ring::Frozen,
     /// Records evicted before the trigger.
     evicted: u64,
@@ -367,7 +368,9 @@ impl Recorder {
             self.pending = Some(PendingAuto {
                 trigger_ns,
                 edge,
-                before: self.ring.freeze(self.storm_range(trigger_ns).0, 0),
+                before: self
+                    .ring
+                    .freeze(self.storm_range(trigger_ns).0, 0, self.max_bytes / 2),
                 evicted: self.evicted(),
             });
         }
@@ -423,9 +426,14 @@ impl Recorder {
             edge: p.edge,
         };
         self.auto_quiet_until_ns = to;
-        // What the ring held at the trigger, then what came after it.
-        let after = self.ring.freeze(0, p.before.end_seq);
-        let snap = self.snapshot_of(reason, vec![p.before, after], (from, to), p.evicted);
+        let snap = if self.ring.front_seq() <= p.before.first_seq {
+            // The ring still holds the onset: it alone is the dump.
+            self.snapshot_range(reason, from, to)
+        } else {
+            // The onset as the ring held it at the trigger, then what came after it.
+            let after = self.ring.freeze(0, p.before.end_seq, usize::MAX);
+            self.snapshot_of(reason, vec![p.before, after], (from, to), p.evicted)
+        };
         let dir = self.cfg.dump_dir.clone();
         self.stats.dumps_total += 1;
         let spawned = std::thread::Builder::new()
@@ -466,7 +474,7 @@ impl Recorder {
     /// Ring records with `from_ns <= ts <= to_ns` (plus all process metadata and timeless
     /// records). Takes no copy of the ring: its blocks are shared with the snapshot.
     pub fn snapshot_range(&self, reason: DumpReason, from_ns: u64, to_ns: u64) -> Snapshot {
-        let ring = vec![self.ring.freeze(from_ns, 0)];
+        let ring = vec![self.ring.freeze(from_ns, 0, usize::MAX)];
         self.snapshot_of(reason, ring, (from_ns, to_ns), self.evicted())
     }
 

@@ -113,6 +113,11 @@ impl Ring {
         self.bytes
     }
 
+    /// Sequence number of the oldest record (the next one's when empty).
+    pub(super) fn front_seq(&self) -> u64 {
+        self.blocks.front().map_or(self.pushed, |b| b.start_seq)
+    }
+
     /// Time of the oldest record.
     pub(super) fn front_ts(&self) -> Option<u64> {
         let b = self.blocks.front()?;
@@ -245,19 +250,24 @@ impl Ring {
     }
 
     /// The records from sequence number `since_seq` on (an earlier snapshot's `end_seq`: the two
-    /// then hold every record the ring kept once), and from the first block holding one at or
-    /// after `from_ns`, frozen: the blocks are shared, not copied or decoded (what a dump's
-    /// snapshot takes under the lock).
-    pub(super) fn freeze(&self, from_ns: u64, since_seq: u64) -> Frozen {
+    /// then hold every record the ring kept once), from the first block holding one at or
+    /// after `from_ns`, and at most the newest `max_bytes` of them (by whole blocks), frozen:
+    /// the blocks are shared, not copied or decoded (what a dump's snapshot takes under the
+    /// lock).
+    pub(super) fn freeze(&self, from_ns: u64, since_seq: u64, max_bytes: usize) -> Frozen {
         let (mut skipped, mut others) = (0, 0);
         let mut blocks = Vec::with_capacity(self.blocks.len());
         let mut first_seq = None;
+        let mut left = self.bytes;
         for b in &self.blocks {
+            let over = left > max_bytes;
+            left = left.saturating_sub(b.charge);
             if blocks.is_empty() && b.start_seq + b.records as u64 <= since_seq {
                 // Records an earlier snapshot holds: left out, not missing.
                 others += b.others;
-            } else if blocks.is_empty() && b.newest_ns < from_ns {
-                // Whole blocks before the range: left out unread, counted as missing.
+            } else if blocks.is_empty() && (b.newest_ns < from_ns || over) {
+                // Whole blocks before the range or past the bytes asked for: left out unread,
+                // counted as missing.
                 skipped += b.records as u64;
                 others += b.others;
             } else if blocks.is_empty() && b.start_seq < since_seq {

@@ -180,7 +180,7 @@ fn a_frozen_ring_is_unmoved_by_what_the_ring_does_next() {
     for i in 0..100 {
         push(&mut ring, i);
     }
-    let frozen = ring.freeze(0, 0);
+    let frozen = ring.freeze(0, 0, usize::MAX);
     let before = read(frozen.iter().collect());
     assert_eq!(before, read(ring.iter().collect()));
     assert_eq!(before.len(), 200);
@@ -195,7 +195,7 @@ fn a_frozen_ring_is_unmoved_by_what_the_ring_does_next() {
     assert_eq!(now.first(), Some(&(100, false)));
     // Frozen from a time on: whole blocks before it are left out and counted.
     assert!(ring.blocks.len() > 2);
-    let late = ring.freeze(2500, 0);
+    let late = ring.freeze(2500, 0, usize::MAX);
     assert!(late.skipped > 0 && late.iter().count() as u64 + late.skipped == 400);
     assert!(late.iter().all(|(ts, _)| ts >= 1000));
 }
@@ -366,13 +366,13 @@ fn a_snapshot_from_an_earlier_ones_end_takes_up_where_it_ended() {
     for i in 0..300 {
         push(&mut ring, i);
     }
-    let first = ring.freeze(0, 0);
+    let first = ring.freeze(0, 0, usize::MAX);
     assert_eq!((first.first_seq, first.end_seq), (0, 330));
     // Nothing let go: the second part is exactly what came after, markers and all.
     for i in 300..400 {
         push(&mut ring, i);
     }
-    let second = ring.freeze(0, first.end_seq);
+    let second = ring.freeze(0, first.end_seq, usize::MAX);
     assert_eq!((second.first_seq, second.end_seq), (330, 440));
     let mut both = times(&first);
     both.extend(times(&second));
@@ -390,7 +390,7 @@ fn a_snapshot_from_an_earlier_ones_end_takes_up_where_it_ended() {
         push(&mut ring, i);
     }
     ring.evict(1500, usize::MAX);
-    let third = ring.freeze(0, first.end_seq);
+    let third = ring.freeze(0, first.end_seq, usize::MAX);
     assert!(third.first_seq > first.end_seq);
     assert_eq!(times(&third).first(), Some(&1500));
     assert_eq!(third.iter().count() as u64, third.end_seq - third.first_seq);
