@@ -432,3 +432,58 @@ async fn identical_calls_of_different_traces_are_not_retries() {
     let s = d.engine.stats();
     assert_eq!((s.retries, s.hedged_retries), (0, 0), "{s:?}");
 }
+
+/// Identical calls in flight at once, from a real client: eight threads polling one URL
+/// together are first attempts; a hedge (the same request on a second connection while the
+/// first is slow, the loser closed unanswered) is a hedged retry. Before hedges needed a
+/// dropped loser, the eight pollers read as seven hedged retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_calls_in_flight_are_hedges_only_when_one_is_dropped() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load() else { return };
+    // Only its `/slow/N` (a second, then 200) is used: B is never called.
+    let (a, pa) = python_server("chain_service_a.py", &["9"]);
+    let client = Proc::spawn(
+        python("hedging_client.py", &[&pa.to_string(), "8", "2"]).stdout(Stdio::piped()),
+    );
+    let client_pid = client.pid();
+    let (events, lines) = capture_while(&mut cap, client, &[a.pid()]).await;
+    assert_eq!(
+        lines.iter().filter(|l| *l == "poll 200").count(),
+        8,
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("/slow/hedge-"))
+            .all(|l| l.ends_with("won by first 200")),
+        "{lines:?}"
+    );
+    let d = derive(
+        &events,
+        named(
+            CorrelateConfig::default(),
+            &[(a.pid(), "svc-a"), (client_pid, "hedger")],
+        ),
+    );
+    let s = d.engine.stats();
+    let edges = d.engine.edges();
+    let edge = edges
+        .iter()
+        .find(|e| e.edge.to_string() == "hedger->svc-a")
+        .unwrap_or_else(|| panic!("edge hedger -> svc-a in {edges:?}"));
+    eprintln!("{edge:?}\nstats {s:?}");
+    assert_eq!(
+        (s.retries, s.hedged_retries),
+        (2, 2),
+        "one hedge per round, none among the pollers: {s:?}"
+    );
+    assert_eq!(
+        (edge.requests_total, edge.retries_total),
+        (12, 2),
+        "8 polls and 2 rounds of two attempts: {edge:?}"
+    );
+}

@@ -375,6 +375,8 @@ struct RetryState {
     outcome: OutcomeClass,
     attempt: u32,
     thread: u64,
+    /// The caller gave it up (closed or cancelled while waiting): a hedge's loser.
+    given_up: bool,
 }
 
 #[derive(Clone, Copy)]

@@ -124,6 +124,17 @@ pub enum Failure {
     Abandoned,
 }
 
+impl Failure {
+    /// The caller gave the request up: closed while waiting, or reset the stream with CANCEL.
+    /// What a hedging client does to the attempt that lost.
+    pub fn given_up(self) -> bool {
+        matches!(
+            self,
+            Failure::Abandoned | Failure::RstStream(super::classify::h2_error::CANCEL)
+        )
+    }
+}
+
 /// Error-claim a response carried (from the shim's header), or that our verdict gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

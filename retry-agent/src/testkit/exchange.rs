@@ -130,6 +130,13 @@ impl ExchangeBuilder {
         self
     }
 
+    /// The caller gave it up at `t` (its close or cancel), before any response.
+    pub fn given_up_at(self, t: u64) -> Self {
+        let mut b = self.failure(Failure::Abandoned);
+        b.0.ended_ns = Some(t);
+        b
+    }
+
     /// The request was fully read (server) or written (client) at `t`.
     pub fn request_done(mut self, t: u64) -> Self {
         self.0.request_end_ns = t;

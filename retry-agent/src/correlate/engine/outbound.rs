@@ -226,6 +226,11 @@ impl Engine {
 
     /// Attempt k+1 of the same request on the same edge: returns (retry, hedged, class of the
     /// failure retried, gap since the previous attempt ended in seconds).
+    ///
+    /// Two identical calls in flight at once are a hedge only when one of them was given up
+    /// (closed while waiting, or its stream cancelled): that is what hedging clients do to the
+    /// loser (gRPC, Envoy, Go's hedgers), and what many workers polling the same URL never do.
+    /// A hedger that lets the loser run to its end is seen only by its markers.
     pub(super) fn detect_retry(
         &mut self,
         ex: &Exchange,
@@ -236,17 +241,24 @@ impl Engine {
             return (marker, false, marker.then_some(OutcomeClass::Unknown), None);
         };
         let start = ex.request_start_ns;
-        let end = ex.end_ns();
+        let given_up = ex.failure.is_some_and(Failure::given_up);
+        // A given-up attempt was in flight until its close, not only until its last request byte.
+        let end = match ex.ended_ns {
+            Some(closed) if given_up => closed.max(ex.end_ns()),
+            _ => ex.end_ns(),
+        };
         let window = self.retry_window_ns;
         let prev = self.retry_keys.get(&key).copied();
         let mut out = (false, false, None, None);
         let mut attempt = 1;
         match prev {
             Some(p) if start >= p.start => {
-                if p.end > start && start - p.start <= window {
-                    // The previous attempt was still in flight: a hedge (or a per-try timeout).
-                    out = (true, true, Some(OutcomeClass::Unknown), None);
-                    attempt = p.attempt + 1;
+                if p.end > start {
+                    // The previous attempt was still in flight: a hedge, if either was dropped.
+                    if start - p.start <= window && (given_up || p.given_up) {
+                        out = (true, true, Some(OutcomeClass::Unknown), None);
+                        attempt = p.attempt + 1;
+                    }
                 } else if p.outcome.is_failure()
                     && start - p.end <= window
                     && !self.context_ended(ex.pid, p, start)
@@ -259,16 +271,19 @@ impl Engine {
             Some(p) => {
                 // Reported out of order: this attempt started first and was still running when
                 // the recorded one started, so the recorded one was its hedge. Fix the books.
-                if end > p.start && p.start - start <= window && p.attempt == 1 {
+                if end > p.start
+                    && p.start - start <= window
+                    && p.attempt == 1
+                    && (given_up || p.given_up)
+                {
                     let ep = self.epoch(p.start);
-                    if let Some(b) = self
-                        .edges
-                        .get_mut(edge as usize)
-                        .and_then(|e| e.ring.at(ep))
-                    {
-                        b.first = b.first.saturating_sub(1);
-                        b.retries += 1;
-                        b.hedged += 1;
+                    if let Some(e) = self.edges.get_mut(edge as usize) {
+                        e.retries_total += 1;
+                        if let Some(b) = e.ring.at(ep) {
+                            b.first = b.first.saturating_sub(1);
+                            b.retries += 1;
+                            b.hedged += 1;
+                        }
                     }
                     self.stats.retries += 1;
                     self.stats.hedged_retries += 1;
@@ -302,6 +317,7 @@ impl Engine {
                 outcome: ex.outcome,
                 attempt,
                 thread,
+                given_up,
             },
         );
         out

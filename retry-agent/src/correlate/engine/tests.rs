@@ -1108,7 +1108,8 @@ fn an_identical_call_of_another_trace_is_not_a_retry() {
 fn hedged_non_idempotent_and_marker_retries() {
     let mut w = World::new();
     let t = 1_000 * MS;
-    // Attempt 2 starts at 1 s while attempt 1 (2.5 s) still runs: per-try timeout hedging.
+    // Attempt 2 starts at 1 s while attempt 1 still runs (per-try timeout hedging); it answers
+    // at 1.1 s and the client drops attempt 1 then.
     let id = w.id();
     let a2 = X::client(
         id,
@@ -1129,12 +1130,12 @@ fn hedged_non_idempotent_and_marker_retries() {
         eph(A, 1),
         addr("203.0.113.9:443"),
         t,
-        t + 2_500 * MS,
+        t + 1_100 * MS,
     )
-    .status(200)
+    .given_up_at(t + 1_100 * MS)
     .build();
     w.push(a2);
-    w.push(a1); // reported later: it finished later
+    w.push(a1); // reported later: it was closed after attempt 2 answered
     // A POST retried without an idempotency key.
     let id = w.id();
     w.push(
@@ -1231,6 +1232,47 @@ fn hedged_non_idempotent_and_marker_retries() {
     assert_eq!(
         (e.requests, e.retries, e.first_attempts, e.hedged_retries),
         (7, 4, 3, 1)
+    );
+}
+
+/// Many workers (or one event loop's connections) calling the same URL at once: identical,
+/// overlapping, every one answered. Not hedges of one another; a hedge drops its loser.
+#[test]
+fn identical_calls_in_flight_together_are_hedges_only_when_one_is_dropped() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    let call = |w: &mut World, port: u16, from: u64, to: u64| {
+        let id = w.id();
+        X::client(id, A, 100, eph(A, port), addr("203.0.113.9:443"), from, to)
+    };
+    // Four pollers, 1 ms apart, each 10 ms long, all answered: four first attempts.
+    for i in 0..4u16 {
+        let x = call(
+            &mut w,
+            1 + i,
+            t + u64::from(i) * MS,
+            t + (10 + u64::from(i)) * MS,
+        )
+        .status(200)
+        .build();
+        w.push(x);
+    }
+    assert_eq!((w.e.stats().retries, w.e.stats().hedged_retries), (0, 0));
+    // A hedge: attempt 2 at +100 ms while attempt 1 is slow; attempt 1 answers at +300 ms and
+    // the client closes attempt 2 then (reported after attempt 1).
+    let t = t + 1_000 * MS;
+    let x = call(&mut w, 10, t, t + 300 * MS).status(200).build();
+    w.push(x);
+    let x = call(&mut w, 11, t + 100 * MS, t + 300 * MS)
+        .given_up_at(t + 300 * MS)
+        .build();
+    w.push(x);
+    assert_eq!((w.e.stats().retries, w.e.stats().hedged_retries), (1, 1));
+    w.e.tick(t + 5_000 * MS, &mut w.v);
+    let e = w.edge("a", "203.0.113.9:443");
+    assert_eq!(
+        (e.requests, e.retries, e.first_attempts, e.hedged_retries),
+        (6, 1, 5, 1)
     );
 }
 
