@@ -111,17 +111,24 @@ pub enum Local {
     Reset,
 }
 
-/// The local answer to a suppressed retry: the status (or grpc-status) the last attempt got,
-/// or 503 / UNAVAILABLE when only a marker made it a retry; always with `x-retry-suppressed`,
-/// and nothing else from the failure (its headers and body were another caller's).
-pub fn local_reply(
-    reason: SuppressReason,
-    reply: Option<FailureReply>,
-    grpc: bool,
-) -> Result<Local, http::Error> {
-    let why = HeaderValue::from_static(reason.as_str());
+/// What a suppressed retry is answered with, whatever carries it (hyper, the h2c relay).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalAnswer {
+    /// The last attempt was reset (HTTP): so is this one.
+    Reset,
+    Http(StatusCode),
+    /// A gRPC status (never OK), in a trailers-only response.
+    Grpc(u32),
+}
+
+/// The grpc-message of a local gRPC answer.
+pub const GRPC_SUPPRESSED_MESSAGE: &str = "retry suppressed by retry-agent";
+
+/// The status (or grpc-status) the last attempt got, or 503 / UNAVAILABLE when only a marker
+/// made it a retry.
+pub fn local_answer(reply: Option<FailureReply>, grpc: bool) -> LocalAnswer {
     let (status, gstatus) = match reply {
-        Some(FailureReply::Reset) if !grpc => return Ok(Local::Reset),
+        Some(FailureReply::Reset) if !grpc => return LocalAnswer::Reset,
         Some(FailureReply::Reset) | None => (StatusCode::SERVICE_UNAVAILABLE, None),
         Some(FailureReply::Response {
             status,
@@ -129,23 +136,41 @@ pub fn local_reply(
         }) => (status, grpc_status),
     };
     if grpc {
-        let b = Response::builder()
-            .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, "application/grpc")
-            .header(RETRY_SUPPRESSED_HEADER, why.clone());
-        let mut trailers = HeaderMap::new();
-        let code = gstatus.filter(|s| *s != 0).unwrap_or(14);
-        trailers.insert("grpc-status", HeaderValue::from(code));
-        trailers.insert(
-            "grpc-message",
-            HeaderValue::from_static("retry suppressed by retry-agent"),
-        );
-        trailers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("-1"));
-        trailers.insert(RETRY_SUPPRESSED_HEADER, why);
-        return Ok(Local::Reply(
-            b.body(TrailersOnly(Some(trailers)).boxed_unsync())?,
-        ));
+        LocalAnswer::Grpc(gstatus.filter(|s| *s != 0).unwrap_or(14))
+    } else {
+        LocalAnswer::Http(status)
     }
+}
+
+/// The local answer to a suppressed retry ([`local_answer`]), always with `x-retry-suppressed`,
+/// and nothing else from the failure (its headers and body were another caller's).
+pub fn local_reply(
+    reason: SuppressReason,
+    reply: Option<FailureReply>,
+    grpc: bool,
+) -> Result<Local, http::Error> {
+    let why = HeaderValue::from_static(reason.as_str());
+    let status = match local_answer(reply, grpc) {
+        LocalAnswer::Reset => return Ok(Local::Reset),
+        LocalAnswer::Http(status) => status,
+        LocalAnswer::Grpc(code) => {
+            let b = Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/grpc")
+                .header(RETRY_SUPPRESSED_HEADER, why.clone());
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", HeaderValue::from(code));
+            trailers.insert(
+                "grpc-message",
+                HeaderValue::from_static(GRPC_SUPPRESSED_MESSAGE),
+            );
+            trailers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("-1"));
+            trailers.insert(RETRY_SUPPRESSED_HEADER, why);
+            return Ok(Local::Reply(
+                b.body(TrailersOnly(Some(trailers)).boxed_unsync())?,
+            ));
+        }
+    };
     let resp = Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "text/plain")

@@ -58,13 +58,11 @@ fn serve_thread(listeners: Vec<std::net::TcpListener>, ctx: Arc<proxy::Ctx>) {
             return;
         }
     };
-    // The thread's upstream h2 connections, shared by its downstream connections.
-    let pool = Arc::new(proxy::pool::H2Pool::default());
     rt.block_on(async move {
         let mut loops = Vec::new();
         for l in listeners {
             match TcpListener::from_std(l) {
-                Ok(l) => loops.push(tokio::spawn(accept_loop(l, ctx.clone(), pool.clone()))),
+                Ok(l) => loops.push(tokio::spawn(accept_loop(l, ctx.clone()))),
                 Err(e) => tracing::error!(error = %e, "cannot register a listener"),
             }
         }
@@ -74,11 +72,11 @@ fn serve_thread(listeners: Vec<std::net::TcpListener>, ctx: Arc<proxy::Ctx>) {
     });
 }
 
-async fn accept_loop(l: TcpListener, ctx: Arc<proxy::Ctx>, pool: Arc<proxy::pool::H2Pool>) {
+async fn accept_loop(l: TcpListener, ctx: Arc<proxy::Ctx>) {
     loop {
         match l.accept().await {
             Ok((s, peer)) => {
-                tokio::spawn(proxy::handle(s, peer, ctx.clone(), pool.clone()));
+                tokio::spawn(proxy::handle(s, peer, ctx.clone()));
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.

@@ -537,6 +537,11 @@ impl SharedTracker {
         }
     }
 
+    /// Some failure is remembered: a request may be a retry the shim answers (unless marked).
+    pub fn remembers_failures(&self) -> bool {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
     fn idle(&self) -> bool {
         !self.policies && self.failures.load(std::sync::atomic::Ordering::Relaxed) == 0
     }

@@ -20,16 +20,13 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response, header};
 use http_body_util::BodyExt;
 use hyper::{body::Incoming, client::conn as cconn, server::conn as sconn, service::service_fn};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf},
     net::TcpStream,
 };
 
-use self::{
-    pool::{H2Pool, InFlight},
-    tee::{Tee, Watch},
-};
+use self::tee::{Tee, Watch};
 use super::{
     answer::{self, Local, ReqBody, RespBody},
     net,
@@ -214,8 +211,7 @@ async fn detect(client: &mut TcpStream, timeout: Duration) -> (Bytes, Detected) 
 }
 
 /// Serves one redirected connection to completion. Never panics; errors end the connection.
-/// `pool` is the io thread's upstream h2 connections.
-pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, pool: Arc<H2Pool>) {
+pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
     bump(&ctx.stats.connections);
     let orig = match net::original_dst_via(&client, peer, ctx.kernel_steering.as_deref()) {
         Ok(o)
@@ -231,56 +227,38 @@ pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, pool: Ar
             return;
         }
     };
-    // A destination with an open shared h2 connection is known to be reachable: dial only if
-    // this connection turns out not to speak h2c.
-    let mut upstream = if pool.has_open(orig) {
-        None
-    } else {
-        match dial(&client, peer, orig, &ctx).await {
-            Some(u) => Some(u),
-            None => return,
-        }
+    let Some(upstream) = dial(&client, peer, orig, &ctx).await else {
+        return;
     };
     let _ = client.set_nodelay(true);
     let mut client = client;
     let (prefix, kind) = detect(&mut client, ctx.detect_timeout).await;
-    if kind != Detected::H2 && upstream.is_none() {
-        upstream = match dial(&client, peer, orig, &ctx).await {
-            Some(u) => Some(u),
-            None => return,
-        };
-    }
     // The client's socket reached the original destination under REDIRECT, our own address
     // under kernel steering (which rewrote its connect).
     let dialled = match ctx.kernel_steering {
         Some(_) => client.local_addr().unwrap_or(orig),
         None => orig,
     };
-    let io = Prefixed::new(prefix, client);
-    let r = match (kind, upstream) {
-        (Detected::H2, upstream) => {
+    let conn = ConnInfo {
+        peer,
+        orig,
+        caller: net::caller_of(peer, dialled),
+    };
+    let r = match kind {
+        Detected::H2 => {
             bump(&ctx.stats.h2);
-            let conn = ConnInfo {
-                peer,
-                orig,
-                caller: net::caller_of(peer, dialled),
-            };
-            serve_h2(io, upstream, conn, ctx.clone(), &pool).await
+            relay::relay(client, prefix, upstream, conn, ctx.clone()).await
         }
-        (Detected::Opaque, Some(upstream)) => {
+        Detected::Opaque => {
             bump(&ctx.stats.opaque);
-            splice(io, upstream).await.map_err(ProxyError::Connect)
+            splice(Prefixed::new(prefix, client), upstream)
+                .await
+                .map_err(ProxyError::Connect)
         }
-        (Detected::Http1, Some(upstream)) => {
+        Detected::Http1 => {
             bump(&ctx.stats.http1);
-            let conn = ConnInfo {
-                peer,
-                orig,
-                caller: net::caller_of(peer, dialled),
-            };
-            serve_http1(io, upstream, conn, ctx.clone()).await
+            serve_http1(Prefixed::new(prefix, client), upstream, conn, ctx.clone()).await
         }
-        (_, None) => return, // dialled above for every kind but h2c
     };
     if let Err(e) = r {
         tracing::debug!(%peer, %orig, error = %e, "connection ended with an error");
@@ -322,6 +300,8 @@ pub enum ProxyError {
     SuppressedReset,
     #[error("bad request target: {0}")]
     Uri(#[from] http::Error),
+    #[error("h2c relay: {0}")]
+    Relay(&'static str),
 }
 
 struct ConnInfo {
@@ -391,7 +371,7 @@ async fn serve_http1(
         let (up, info, ctx) = (up.clone(), info.clone(), ctx.clone());
         async move {
             let ctx2 = ctx.clone();
-            exchange(req, &info, &ctx, false, move |req| {
+            exchange(req, &info, &ctx, move |req| {
                 let (up, ctx) = (up.clone(), ctx2.clone());
                 async move {
                     let mut g = up.sender.lock().await;
@@ -410,7 +390,7 @@ async fn serve_http1(
                         return Err(ProxyError::SuppressedReset);
                     };
                     s.ready().await?;
-                    Ok((s.send_request(req).await?, None))
+                    Ok(s.send_request(req).await?)
                 }
             })
             .await
@@ -423,44 +403,6 @@ async fn serve_http1(
         .auto_date_header(false)
         .serve_connection(TokioIo::new(io), svc);
     drive(server, upconn).await
-}
-
-/// h2c: the downstream connection's streams go to the io thread's shared upstream connections
-/// to `orig`; `upstream`, dialled before detection, becomes one of them if none has room.
-async fn serve_h2(
-    io: Prefixed<TcpStream>,
-    upstream: Option<TcpStream>,
-    info: ConnInfo,
-    ctx: Arc<Ctx>,
-    pool: &Arc<H2Pool>,
-) -> Result<(), ProxyError> {
-    let lease = Arc::new(pool.lease(info.orig));
-    // Dropped unused when a shared connection has room (the callee sees a connection close
-    // without a byte, as when a client's pool opens one too many).
-    if let Some(s) = upstream
-        && !lease.has_room()
-    {
-        lease.adopt(pool::handshake(s).await?);
-    }
-    let info = Arc::new(info);
-    let svc = service_fn(move |req: Request<Incoming>| {
-        let (lease, info, ctx) = (lease.clone(), info.clone(), ctx.clone());
-        async move {
-            let ctx2 = ctx.clone();
-            exchange(req, &info, &ctx, true, move |req| async move {
-                let (resp, inflight) = lease.send(req, &ctx2).await?;
-                Ok((resp, Some(inflight)))
-            })
-            .await
-        }
-    });
-    sconn::http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        // A transparent proxy adds no header the callee did not send.
-        .auto_date_header(false)
-        .serve_connection(TokioIo::new(io), svc)
-        .await
-        .map_err(ProxyError::from)
 }
 
 fn is_grpc(h: &HeaderMap) -> bool {
@@ -481,23 +423,38 @@ fn key_of_parts<B>(req: &Request<B>, info: &ConnInfo, body: Option<u64>) -> Requ
                 .map(str::to_string)
         })
         .unwrap_or_default();
+    let target = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    RequestKey {
+        body,
+        ..key_of_fields(info, req.method().clone(), authority, target, req.headers())
+    }
+}
+
+/// The request's key from its method, authority, target and headers, without its body.
+fn key_of_fields(
+    info: &ConnInfo,
+    method: http::Method,
+    authority: String,
+    target: String,
+    headers: &HeaderMap,
+) -> RequestKey {
     RequestKey {
         caller: info.caller,
-        method: req.method().clone(),
+        method,
         dst: info.orig,
         authority,
-        target: req
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str().to_string())
-            .unwrap_or_default(),
+        target,
         trace: trace_of_headers(
-            req.headers()
+            headers
                 .iter()
                 .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
         ),
-        body,
-        credential: policy::credential_digest(req.headers()),
+        body: None,
+        credential: policy::credential_digest(headers),
     }
 }
 
@@ -506,12 +463,11 @@ async fn exchange<F, Fut>(
     req: Request<Incoming>,
     info: &ConnInfo,
     ctx: &Arc<Ctx>,
-    h2: bool,
     send: F,
 ) -> Result<Response<RespBody>, ProxyError>
 where
     F: FnOnce(Request<ReqBody>) -> Fut,
-    Fut: std::future::Future<Output = Result<(Response<Incoming>, Option<InFlight>), ProxyError>>,
+    Fut: std::future::Future<Output = Result<Response<Incoming>, ProxyError>>,
 {
     bump(&ctx.stats.requests);
     // The body's first bytes are part of "the same request": another message to the same
@@ -521,7 +477,7 @@ where
     let req = Request::from_parts(parts, ());
     let now = Instant::now();
     let key = key_of_parts(&req, info, digest);
-    let mut req = req.map(|()| body);
+    let req = req.map(|()| body);
     let grpc = is_grpc(req.headers());
     let marked = policy::retry_markers(req.headers()).says_retry();
     let suppressed = ctx.view.suppression(&info.orig, now);
@@ -540,26 +496,7 @@ where
         Verdict::Forward { retry: true } => bump(&ctx.stats.retries_forwarded),
         Verdict::Forward { retry: false } => {}
     }
-    if h2 && req.uri().scheme().is_none() {
-        // The h2 client needs :scheme and :authority; h2c is plain http to the original dst.
-        let auth = if key.authority.is_empty() {
-            info.orig.to_string()
-        } else {
-            key.authority.clone()
-        };
-        let pq = req
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/")
-            .to_string();
-        *req.uri_mut() = http::Uri::builder()
-            .scheme("http")
-            .authority(auth)
-            .path_and_query(pq)
-            .build()?;
-    }
-    let (resp, inflight) = match send(req).await {
+    let resp = match send(req).await {
         Ok(r) => r,
         Err(e) => {
             bump(&ctx.stats.upstream_errors);
@@ -607,7 +544,6 @@ where
             pushback,
         }),
         done: false,
-        _inflight: inflight,
     };
     Ok(Response::from_parts(parts, tee.boxed_unsync()))
 }
@@ -625,7 +561,7 @@ fn annotate_failure(h: &mut HeaderMap, stamp: Option<Claim>, pushback: bool) {
     }
 }
 
-pub mod pool;
+mod relay;
 mod tee;
 #[cfg(test)]
 mod tests;

@@ -13,7 +13,7 @@ use http::StatusCode;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::{Ctx, annotate_failure, pool::InFlight};
+use super::{Ctx, annotate_failure};
 use crate::{
     actuate::shim::policy::{self, FailureReply, RequestKey},
     l7::Claim,
@@ -63,8 +63,6 @@ pub(super) struct Tee {
     pub(super) inner: Incoming,
     pub(super) watch: Option<Watch>,
     pub(super) done: bool,
-    /// The upstream h2 stream's place on its shared connection, given back with the body.
-    pub(super) _inflight: Option<InFlight>,
 }
 
 impl Body for Tee {

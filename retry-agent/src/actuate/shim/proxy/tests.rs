@@ -1,6 +1,5 @@
 //! Protocol detection on first bytes.
 use super::*;
-use http::StatusCode;
 
 #[test]
 fn classify_first_bytes() {
@@ -41,46 +40,6 @@ fn annotate_keeps_an_existing_claim() {
     );
 }
 
-/// A local h2c server answering 200 to everything; counts the connections it accepted.
-async fn h2_server() -> (SocketAddr, Arc<AtomicU64>) {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let accepted = Arc::new(AtomicU64::new(0));
-    let n = accepted.clone();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            n.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(async move {
-                let svc = service_fn(|_req: Request<Incoming>| async {
-                    Ok::<_, std::convert::Infallible>(Response::new(
-                        http_body_util::Empty::<Bytes>::new(),
-                    ))
-                });
-                let _ = sconn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
-            });
-        }
-    });
-    (addr, accepted)
-}
-
-fn ctx() -> Ctx {
-    Ctx {
-        view: crate::actuate::control::ControlView::new(),
-        tracker: policy::SharedTracker::new(policy::PolicyConfig::default()),
-        mark: 0,
-        listen_port: 0,
-        kernel_steering: None,
-        connect_timeout: Duration::from_secs(5),
-        detect_timeout: Duration::from_millis(100),
-        preserve_header_case: false,
-        stats: Stats::default(),
-    }
-}
-
 fn get(orig: SocketAddr) -> Request<ReqBody> {
     Request::builder()
         .uri(format!("http://{orig}/"))
@@ -90,50 +49,6 @@ fn get(orig: SocketAddr) -> Request<ReqBody> {
                 .boxed_unsync(),
         )
         .expect("request")
-}
-
-/// Streams of two downstream connections to one destination share one upstream connection;
-/// it lives while a downstream connection does, and the next one dials afresh.
-#[tokio::test]
-async fn h2_upstream_is_shared_while_a_downstream_connection_lives() {
-    let (orig, accepted) = h2_server().await;
-    let ctx = ctx();
-    let p = Arc::new(pool::H2Pool::default());
-    let a = p.lease(orig);
-    let b = p.lease(orig);
-    for lease in [&a, &b, &a, &b] {
-        let (resp, _inflight) = lease.send(get(orig), &ctx).await.expect("response");
-        assert_eq!(resp.status(), StatusCode::OK);
-    }
-    assert_eq!(accepted.load(Ordering::Relaxed), 1);
-    assert!(p.has_open(orig));
-    drop((a, b));
-    assert!(!p.has_open(orig), "no downstream connection: none kept");
-    let c = p.lease(orig);
-    let (resp, _inflight) = c.send(get(orig), &ctx).await.expect("response");
-    assert_eq!(resp.status(), StatusCode::OK);
-    assert_eq!(accepted.load(Ordering::Relaxed), 2);
-}
-
-/// A connection full of our streams gets a second one beside it rather than queueing.
-#[tokio::test]
-async fn h2_upstream_full_of_streams_opens_another() {
-    let (orig, accepted) = h2_server().await;
-    let ctx = ctx();
-    let p = Arc::new(pool::H2Pool::default());
-    let a = p.lease(orig);
-    let mut held = Vec::new();
-    for _ in 0..pool::STREAMS_PER_CONN {
-        held.push(a.send(get(orig), &ctx).await.expect("response").1);
-    }
-    assert_eq!(accepted.load(Ordering::Relaxed), 1);
-    let extra = a.send(get(orig), &ctx).await.expect("response");
-    assert_eq!(accepted.load(Ordering::Relaxed), 2);
-    // Streams that ended make room again on the first.
-    drop(held);
-    drop(extra);
-    let _ = a.send(get(orig), &ctx).await.expect("response");
-    assert_eq!(accepted.load(Ordering::Relaxed), 2);
 }
 
 /// The same call under two traces is two requests (one's failure makes no retry of the

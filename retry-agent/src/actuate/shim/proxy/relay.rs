@@ -1,0 +1,834 @@
+//! h2c as frames: one upstream connection per client connection, stream ids, SETTINGS, flow
+//! control, PING and GOAWAY passed through as the two ends sent them, so the callee and the
+//! caller negotiate with each other as they would without the shim. The relay reads what it
+//! must and changes as little as it can:
+//!
+//! - Client header blocks are decoded (an HPACK decoder in step with the callee's) for the
+//!   request's key and forwarded byte for byte. A request that may be a suppressed retry (a
+//!   marker, or some failure is remembered) waits for its body's first bytes, as the key needs
+//!   them; other requests go at once and their key is completed as their body passes.
+//! - A suppressed retry never reaches the callee: its frames are left out and the relay answers
+//!   on the client's stream with literals that leave the client's HPACK table alone. A block
+//!   left out may have added to the callee's table, so every later client block on that
+//!   connection is re-encoded as literals without indexing (the callee's table is then never
+//!   referenced). The DATA of a left-out stream is credited back to the client (WINDOW_UPDATE),
+//!   since the callee, which never saw it, never will.
+//! - Response header blocks are decoded (in step with the client's decoder) for the status,
+//!   grpc-status and claim; a failure's block gets the claim and the gRPC pushback appended as a
+//!   CONTINUATION of literals without indexing.
+//!
+//! Blocks are forwarded whole, so a local answer is never written inside another stream's
+//! HEADERS / CONTINUATION run. A frame the relay cannot read makes it stop reading and pass the
+//! rest of the connection through untouched (fail open), unless a block was already left out
+//! (the callee could not read what follows): then the connection ends.
+use std::{borrow::Cow, collections::HashMap, sync::Arc, time::Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use loona_hpack::Decoder;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+use self::frame::{
+    CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, Head, INTERNAL_ERROR, NO_ERROR,
+    PUSH_PROMISE, RST_STREAM,
+};
+use super::{ConnInfo, Ctx, ProxyError, bump, is_grpc, key_of_fields};
+use crate::{
+    actuate::shim::{
+        answer::{self, BODY_WAIT, LocalAnswer},
+        policy::{self, BodyDigest, FailureReply, RequestKey, SuppressReason, Verdict},
+    },
+    l7::{Claim, ERROR_CLAIM_HEADER, RETRY_SUPPRESSED_HEADER},
+};
+
+pub mod frame;
+#[cfg(test)]
+mod tests;
+
+const PREFACE_LEN: usize = 24;
+/// What one read asks for: a frame of the default maximum size and its header, about. Buffers
+/// start there and grow only for what a burst needs.
+const READ_CHUNK: usize = 16 * 1024;
+/// Bytes waiting to be written toward one side before the relay stops reading the other.
+const OUT_HIGH: usize = 1 << 20;
+/// Bytes a held request may have queued behind it before it is decided with what it has.
+const HOLD_MAX: usize = 1 << 20;
+/// Streams followed at once (the callee's SETTINGS_MAX_CONCURRENT_STREAMS bounds real ones);
+/// past this a new stream is relayed unobserved.
+const MAX_STREAMS: usize = 4096;
+/// Left-out stream ids remembered, so their late frames never reach the callee.
+const MAX_DROPPED: usize = 1024;
+
+/// A decoded header block: fields in order, as spans of one buffer reused per connection.
+#[derive(Default)]
+struct Fields {
+    buf: Vec<u8>,
+    spans: Vec<(usize, usize, usize)>,
+}
+
+impl Fields {
+    fn clear(&mut self) {
+        self.buf.clear();
+        self.spans.clear();
+    }
+    fn push(&mut self, name: &[u8], value: &[u8]) {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(name);
+        self.buf.extend_from_slice(value);
+        self.spans.push((start, name.len(), value.len()));
+    }
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.spans.iter().filter_map(|&(s, n, v)| {
+            Some((self.buf.get(s..s + n)?, self.buf.get(s + n..s + n + v)?))
+        })
+    }
+    fn get(&self, name: &[u8]) -> Option<&[u8]> {
+        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+    /// The regular (non-pseudo) fields as a header map; fields http cannot hold are skipped.
+    fn headers(&self) -> HeaderMap {
+        let mut h = HeaderMap::with_capacity(self.spans.len());
+        for (n, v) in self.iter().filter(|(n, _)| !n.starts_with(b":")) {
+            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n), HeaderValue::from_bytes(v)) {
+                h.append(n, v);
+            }
+        }
+        h
+    }
+    /// Every field as a literal without indexing.
+    fn encode(&self) -> BytesMut {
+        let mut b = BytesMut::with_capacity(self.buf.len() + 4 * self.spans.len());
+        for (n, v) in self.iter() {
+            frame::put_literal(&mut b, n, v);
+        }
+        b
+    }
+}
+
+/// What the relay follows of one request.
+struct Stream {
+    /// Until the body digest is complete: the key without it.
+    key: RequestKey,
+    digest: Option<BodyDigest>,
+    marked: bool,
+    grpc: bool,
+    /// The agent's claim for the callee and whether to push back, fixed when the request came.
+    stamp: Option<Claim>,
+    pushback: bool,
+    status: Option<StatusCode>,
+    grpc_status: Option<u32>,
+    claim: Claim,
+    /// The outcome is still to be recorded.
+    watch: bool,
+    /// The tracker has counted the request (held ones when decided, others once keyed).
+    counted: bool,
+}
+
+/// A request whose HEADERS wait (undecided, still in the client buffer) for its body.
+struct Held {
+    stream: u32,
+    /// Bytes of its HEADERS and CONTINUATION frames at the front of the client buffer.
+    block_len: usize,
+    end_stream: bool,
+    deadline: tokio::time::Instant,
+    st: Stream,
+}
+
+/// What reading one side's buffer came to.
+enum Step {
+    /// Need more bytes (or the held request's deadline).
+    More,
+    /// A frame that cannot be read: pass the rest through.
+    Unreadable(&'static str),
+}
+
+struct Relay {
+    ctx: Arc<Ctx>,
+    info: ConnInfo,
+    req_dec: Decoder<'static>,
+    resp_dec: Decoder<'static>,
+    /// The last client block decoded (a held request's, until it is decided).
+    req_fields: Fields,
+    resp_fields: Fields,
+    streams: HashMap<u32, Stream>,
+    dropped: std::collections::VecDeque<u32>,
+    last_client_stream: u32,
+    reencode: bool,
+    blind: bool,
+    preface_left: usize,
+    held: Option<Held>,
+    to_server: BytesMut,
+    to_client: BytesMut,
+}
+
+/// Relays one h2c connection; `prefix` is what detection read from the client already.
+pub(super) async fn relay(
+    mut client: TcpStream,
+    prefix: Bytes,
+    mut upstream: TcpStream,
+    info: ConnInfo,
+    ctx: Arc<Ctx>,
+) -> Result<(), ProxyError> {
+    let _ = upstream.set_nodelay(true);
+    let mut r = Relay::new(ctx, info);
+    let mut cbuf = BytesMut::with_capacity(READ_CHUNK);
+    cbuf.extend_from_slice(&prefix);
+    let mut sbuf = BytesMut::with_capacity(READ_CHUNK);
+    let (mut cr, mut cw) = client.split();
+    let (mut sr, mut sw) = upstream.split();
+    let (mut client_eof, mut server_eof) = (false, false);
+    r.on_client(&mut cbuf, false);
+    loop {
+        for b in [&mut cbuf, &mut sbuf] {
+            if b.capacity() - b.len() < READ_CHUNK / 4 {
+                b.reserve(READ_CHUNK);
+            }
+        }
+        for b in [&mut r.to_server, &mut r.to_client] {
+            // A burst's buffer is not kept by an idle connection.
+            if b.is_empty() && b.capacity() > 4 * READ_CHUNK {
+                *b = BytesMut::new();
+            }
+        }
+        let deadline = r.held.as_ref().map(|h| h.deadline);
+        let read_client = !client_eof && r.to_server.len() < OUT_HIGH;
+        let read_server = !server_eof && r.to_client.len() < OUT_HIGH;
+        tokio::select! {
+            n = cr.read_buf(&mut cbuf), if read_client => {
+                match n {
+                    Ok(n) if n > 0 => r.on_client(&mut cbuf, false),
+                    _ => client_eof = true,
+                }
+            }
+            n = sr.read_buf(&mut sbuf), if read_server => {
+                match n {
+                    Ok(n) if n > 0 => r.on_server(&mut sbuf),
+                    _ => server_eof = true,
+                }
+            }
+            w = sw.write(&r.to_server), if !r.to_server.is_empty() => {
+                r.to_server.advance(w?);
+            }
+            w = cw.write(&r.to_client), if !r.to_client.is_empty() => {
+                r.to_client.advance(w?);
+            }
+            () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
+                if deadline.is_some() => r.on_client(&mut cbuf, true),
+        }
+        if client_eof {
+            // The caller is gone: what it sent goes on, nothing comes back to it.
+            let rest = r.release_all(&mut cbuf);
+            sw.write_all(&rest).await?;
+            let _ = sw.shutdown().await;
+            return Ok(());
+        }
+        if server_eof {
+            r.upstream_ended();
+            cw.write_all(&r.to_client).await?;
+            let _ = cw.shutdown().await;
+            return Ok(());
+        }
+        if r.blind && r.reencode {
+            return Err(ProxyError::Relay("unreadable frame after a left-out block"));
+        }
+    }
+}
+
+impl Relay {
+    fn new(ctx: Arc<Ctx>, info: ConnInfo) -> Relay {
+        Relay {
+            ctx,
+            info,
+            req_dec: Decoder::new(),
+            resp_dec: Decoder::new(),
+            req_fields: Fields::default(),
+            resp_fields: Fields::default(),
+            streams: HashMap::new(),
+            dropped: Default::default(),
+            last_client_stream: 0,
+            reencode: false,
+            blind: false,
+            preface_left: PREFACE_LEN,
+            held: None,
+            to_server: BytesMut::new(),
+            to_client: BytesMut::new(),
+        }
+    }
+
+    /// Client bytes: relay every complete frame; `force` decides a held request now.
+    fn on_client(&mut self, buf: &mut BytesMut, force: bool) {
+        if let Err(Step::Unreadable(why)) = self.client_frames(buf, force) {
+            tracing::debug!(peer = %self.info.peer, why, "h2c relay: passing the client's bytes through");
+            self.blind = true;
+        }
+        if self.blind {
+            // What was held goes on with the rest, as it came.
+            self.held = None;
+            self.to_server.extend_from_slice(buf);
+            buf.clear();
+        }
+    }
+
+    fn client_frames(&mut self, buf: &mut BytesMut, mut force: bool) -> Result<(), Step> {
+        if self.blind {
+            return Ok(());
+        }
+        if self.preface_left > 0 {
+            let n = self.preface_left.min(buf.len());
+            self.to_server.extend_from_slice(&buf.split_to(n));
+            self.preface_left -= n;
+            if self.preface_left > 0 {
+                return Ok(());
+            }
+        }
+        loop {
+            if self.held.is_some() {
+                if buf.len() > HOLD_MAX {
+                    force = true;
+                }
+                match self.try_release(buf, force) {
+                    Ok(()) => {}
+                    Err(Step::More) => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                force = false;
+                continue;
+            }
+            let Some(head) = Head::parse(buf) else {
+                return Ok(());
+            };
+            if head.kind == HEADERS {
+                let Some(len) = block_extent(buf, &head)? else {
+                    return Ok(());
+                };
+                self.decode_block(buf, len, Side::Request)?;
+                self.client_block(buf, head, len)?;
+                continue;
+            }
+            if head.kind == CONTINUATION {
+                return Err(Step::Unreadable("CONTINUATION outside a header block"));
+            }
+            if buf.len() < head.total() {
+                return Ok(());
+            }
+            let f = buf.split_to(head.total());
+            if self.is_dropped(head.stream) {
+                if head.kind == DATA && head.len > 0 {
+                    // The callee never saw it, so never credits it: we do.
+                    frame::put_window_update(&mut self.to_client, 0, head.len as u32);
+                }
+                continue;
+            }
+            match head.kind {
+                DATA => self.client_data(&head, &f)?,
+                // The caller gave the request up: no outcome of the callee's to record.
+                RST_STREAM => {
+                    self.streams.remove(&head.stream);
+                }
+                _ => {}
+            }
+            self.to_server.extend_from_slice(&f);
+        }
+    }
+
+    /// A decoded client block (request headers or trailers) at the front of `buf`.
+    fn client_block(&mut self, buf: &mut BytesMut, head: Head, len: usize) -> Result<(), Step> {
+        let end_stream = head.has(END_STREAM);
+        if self.is_dropped(head.stream) {
+            buf.advance(len);
+            return Ok(());
+        }
+        let new = head.stream > self.last_client_stream && head.stream % 2 == 1;
+        if !new {
+            // Trailers (or a block of a stream we do not follow): on as they are.
+            self.send_block(buf, head, len);
+            if end_stream {
+                self.settle(head.stream);
+            }
+            return Ok(());
+        }
+        self.last_client_stream = head.stream;
+        bump(&self.ctx.stats.requests);
+        let Some(st) = self.request_of_fields() else {
+            // No method: not a request we can key. On it goes.
+            self.send_block(buf, head, len);
+            return Ok(());
+        };
+        let may_answer = st.marked || self.ctx.tracker.remembers_failures();
+        if end_stream || may_answer {
+            // Decided now when it has no body; else once its body's first bytes are here.
+            self.held = Some(Held {
+                stream: head.stream,
+                block_len: len,
+                end_stream,
+                deadline: tokio::time::Instant::now() + BODY_WAIT,
+                st,
+            });
+            return Ok(());
+        }
+        self.send_block(buf, head, len);
+        if self.streams.len() < MAX_STREAMS {
+            self.streams.insert(head.stream, st);
+        }
+        Ok(())
+    }
+
+    /// DATA on a followed stream feeds its key's body digest.
+    fn client_data(&mut self, head: &Head, f: &[u8]) -> Result<(), Step> {
+        let Some(st) = self.streams.get_mut(&head.stream) else {
+            return Ok(());
+        };
+        if let Some(d) = st.digest.as_mut() {
+            let payload = f.get(frame::HEADER_LEN..).unwrap_or_default();
+            let r = frame::content(head, payload).map_err(|_| Step::Unreadable("DATA padding"))?;
+            let more = d.feed(payload.get(r).unwrap_or_default());
+            if !more || head.has(END_STREAM) {
+                settle(&self.ctx, &self.info, st);
+            }
+        }
+        Ok(())
+    }
+
+    /// A followed request's key is complete (its digest full, its body or its wait over):
+    /// the tracker counts it now, if it has not (it went on already, whatever it says).
+    fn settle(&mut self, stream: u32) {
+        if let Some(st) = self.streams.get_mut(&stream) {
+            settle(&self.ctx, &self.info, st);
+        }
+    }
+
+    /// The held request, once its body's first bytes are buffered (or `force`): decided.
+    fn try_release(&mut self, buf: &mut BytesMut, force: bool) -> Result<(), Step> {
+        let Some(h) = self.held.as_mut() else {
+            return Ok(());
+        };
+        let mut ready = h.end_stream;
+        let mut ended = h.end_stream;
+        let mut digest = BodyDigest::default();
+        let mut at = h.block_len;
+        while !ready {
+            let Some(head) = buf.get(at..).and_then(Head::parse) else {
+                break;
+            };
+            let Some(f) = buf.get(at..at + head.total()) else {
+                break;
+            };
+            at += head.total();
+            if head.stream != h.stream {
+                continue;
+            }
+            match head.kind {
+                DATA => {
+                    let payload = &f[frame::HEADER_LEN..];
+                    let r = frame::content(&head, payload)
+                        .map_err(|_| Step::Unreadable("DATA padding"))?;
+                    let more = digest.feed(payload.get(r).unwrap_or_default());
+                    ended = head.has(END_STREAM);
+                    ready = !more || ended;
+                }
+                // Trailers or a reset: the body has ended.
+                HEADERS | RST_STREAM => {
+                    ended = true;
+                    ready = true;
+                }
+                _ => {}
+            }
+        }
+        if !ready && !force {
+            return Err(Step::More);
+        }
+        let Some(mut h) = self.held.take() else {
+            return Ok(());
+        };
+        h.st.key.body = digest.finish();
+        h.st.digest = None;
+        h.st.counted = true;
+        let now = Instant::now();
+        let suppressed = self.ctx.view.suppression(&self.info.orig, now);
+        let v = self
+            .ctx
+            .tracker
+            .on_request(&h.st.key, h.st.marked, suppressed, now);
+        let head = Head::parse(buf).ok_or(Step::Unreadable("held block vanished"))?;
+        match v {
+            Verdict::Answer { reason, reply } => {
+                bump(&self.ctx.stats.suppressed);
+                tracing::debug!(peer = %self.info.peer, orig = %self.info.orig, reason = reason.as_str(), "retry answered locally");
+                buf.advance(h.block_len);
+                // The callee's HPACK table may have missed what that block added.
+                self.reencode = true;
+                self.drop_stream(h.stream);
+                self.answer(h.stream, reason, reply, h.st.grpc, ended);
+            }
+            Verdict::Forward { retry } => {
+                if retry {
+                    bump(&self.ctx.stats.retries_forwarded);
+                }
+                self.send_block(buf, head, h.block_len);
+                if self.streams.len() < MAX_STREAMS {
+                    self.streams.insert(h.stream, h.st);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The block at the front of `buf` (`len` bytes of frames) to the callee: as it is, or
+    /// re-encoded once a block was left out.
+    fn send_block(&mut self, buf: &mut BytesMut, head: Head, len: usize) {
+        let frames = buf.split_to(len);
+        if self.reencode {
+            let block = self.req_fields.encode();
+            frame::put_block(&mut self.to_server, head.stream, head.flags, &block);
+        } else {
+            self.to_server.extend_from_slice(&frames);
+        }
+    }
+
+    fn is_dropped(&self, stream: u32) -> bool {
+        self.dropped.binary_search(&stream).is_ok()
+    }
+
+    fn drop_stream(&mut self, stream: u32) {
+        if self.dropped.len() >= MAX_DROPPED {
+            self.dropped.pop_front();
+        }
+        // Ids only grow, so the list stays sorted.
+        self.dropped.push_back(stream);
+    }
+
+    /// A suppressed retry's answer on the client's stream; its request, if still open, is
+    /// closed with NO_ERROR (the answer is complete, nothing more is wanted).
+    fn answer(
+        &mut self,
+        stream: u32,
+        reason: SuppressReason,
+        reply: Option<FailureReply>,
+        grpc: bool,
+        request_ended: bool,
+    ) {
+        let why = reason.as_str().as_bytes();
+        let mut b = BytesMut::with_capacity(160);
+        match answer::local_answer(reply, grpc) {
+            LocalAnswer::Reset => {
+                frame::put_rst(&mut self.to_client, stream, INTERNAL_ERROR);
+                return;
+            }
+            LocalAnswer::Http(status) => {
+                frame::put_literal(&mut b, b":status", status.as_str().as_bytes());
+                frame::put_literal(&mut b, b"content-type", b"text/plain");
+                frame::put_literal(&mut b, b"content-length", b"0");
+                frame::put_literal(&mut b, RETRY_SUPPRESSED_HEADER.as_bytes(), why);
+            }
+            LocalAnswer::Grpc(code) => {
+                // Trailers-only: status and trailers in one block.
+                frame::put_literal(&mut b, b":status", b"200");
+                frame::put_literal(&mut b, b"content-type", b"application/grpc");
+                frame::put_literal(&mut b, b"grpc-status", code.to_string().as_bytes());
+                frame::put_literal(
+                    &mut b,
+                    b"grpc-message",
+                    answer::GRPC_SUPPRESSED_MESSAGE.as_bytes(),
+                );
+                frame::put_literal(&mut b, b"grpc-retry-pushback-ms", b"-1");
+                frame::put_literal(&mut b, RETRY_SUPPRESSED_HEADER.as_bytes(), why);
+            }
+        }
+        frame::put_block(&mut self.to_client, stream, END_STREAM, &b);
+        if !request_ended {
+            frame::put_rst(&mut self.to_client, stream, NO_ERROR);
+        }
+    }
+
+    /// Everything still buffered from the client, as it would go (the held request forwarded).
+    fn release_all(&mut self, buf: &mut BytesMut) -> BytesMut {
+        if self.held.is_some() {
+            self.on_client(buf, true);
+        }
+        let mut rest = std::mem::take(&mut self.to_server);
+        rest.extend_from_slice(buf);
+        buf.clear();
+        rest
+    }
+
+    /// Server bytes: relay every complete frame, reading response blocks and ends.
+    fn on_server(&mut self, buf: &mut BytesMut) {
+        if !self.blind
+            && let Err(Step::Unreadable(why)) = self.server_frames(buf)
+        {
+            tracing::debug!(orig = %self.info.orig, why, "h2c relay: passing the callee's bytes through");
+            self.blind = true;
+        }
+        if self.blind {
+            self.to_client.extend_from_slice(buf);
+            buf.clear();
+        }
+    }
+
+    fn server_frames(&mut self, buf: &mut BytesMut) -> Result<(), Step> {
+        loop {
+            let Some(head) = Head::parse(buf) else {
+                return Ok(());
+            };
+            if matches!(head.kind, HEADERS | PUSH_PROMISE) {
+                let Some(len) = block_extent(buf, &head)? else {
+                    return Ok(());
+                };
+                self.decode_block(buf, len, Side::Response)?;
+                let frames = buf.split_to(len);
+                if head.kind == HEADERS {
+                    self.server_block(&head, frames);
+                } else {
+                    self.to_client.extend_from_slice(&frames);
+                }
+                continue;
+            }
+            if head.kind == CONTINUATION {
+                return Err(Step::Unreadable("CONTINUATION outside a header block"));
+            }
+            if buf.len() < head.total() {
+                return Ok(());
+            }
+            let f = buf.split_to(head.total());
+            self.to_client.extend_from_slice(&f);
+            match head.kind {
+                DATA if head.has(END_STREAM) => self.commit(head.stream, false),
+                RST_STREAM => self.commit(head.stream, true),
+                _ => {}
+            }
+        }
+    }
+
+    /// A decoded response block: headers (the status, a trailers-only gRPC status) or
+    /// trailers; a failure's block gets the claim and the pushback.
+    fn server_block(&mut self, head: &Head, mut frames: BytesMut) {
+        let Some(st) = self.streams.get_mut(&head.stream) else {
+            self.to_client.extend_from_slice(&frames);
+            return;
+        };
+        let fields = &self.resp_fields;
+        let mut annotate = false;
+        if st.status.is_none() {
+            let status = fields
+                .get(b":status")
+                .and_then(|s| StatusCode::from_bytes(s).ok());
+            if status.is_some_and(|s| s.is_informational()) {
+                self.to_client.extend_from_slice(&frames);
+                return;
+            }
+            st.status = status;
+            settle(&self.ctx, &self.info, st);
+        }
+        let grpc_status = fields
+            .get(b"grpc-status")
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|s| s.trim().parse().ok());
+        let has_claim = fields.get(ERROR_CLAIM_HEADER.as_bytes()).is_some();
+        if let Some(c) = fields
+            .get(ERROR_CLAIM_HEADER.as_bytes())
+            .and_then(Claim::parse)
+        {
+            st.claim = c;
+        }
+        if st.grpc {
+            st.grpc_status = grpc_status.or(st.grpc_status);
+            if st.grpc_status.is_none() && fields.get(b"grpc-status").is_some() {
+                st.grpc_status = Some(2); // unparseable status: UNKNOWN, a failure
+            }
+            annotate = grpc_status.is_some_and(|s| s != 0);
+        } else if st.status.is_some_and(policy::status_is_failure) {
+            annotate = true;
+        } else if st.watch {
+            // Success: forget any earlier failure of this request.
+            st.watch = false;
+            self.ctx.tracker.on_outcome(&st.key, None, Instant::now());
+        }
+        let stamp = st.stamp.filter(|_| !has_claim);
+        let pushback = st.pushback;
+        if annotate && (stamp.is_some() || pushback) {
+            let mut b = BytesMut::with_capacity(64);
+            if let Some(c) = stamp {
+                frame::put_literal(&mut b, ERROR_CLAIM_HEADER.as_bytes(), c.as_str().as_bytes());
+            }
+            if pushback {
+                frame::put_literal(&mut b, b"grpc-retry-pushback-ms", b"-1");
+            }
+            clear_last_end_headers(&mut frames);
+            self.to_client.extend_from_slice(&frames);
+            frame::put_head(
+                &mut self.to_client,
+                b.len(),
+                CONTINUATION,
+                END_HEADERS,
+                head.stream,
+            );
+            self.to_client.extend_from_slice(&b);
+        } else {
+            self.to_client.extend_from_slice(&frames);
+        }
+        if head.has(END_STREAM) {
+            self.commit(head.stream, false);
+        }
+    }
+
+    /// The response ended (or was reset): its outcome is recorded and the stream forgotten.
+    fn commit(&mut self, stream: u32, reset: bool) {
+        let Some(mut st) = self.streams.remove(&stream) else {
+            return;
+        };
+        settle(&self.ctx, &self.info, &mut st);
+        if !st.watch {
+            return;
+        }
+        let failed = if st.grpc {
+            st.grpc_status.is_none_or(|s| s != 0)
+        } else {
+            st.status.is_none_or(policy::status_is_failure)
+        };
+        let outcome = match st.status {
+            Some(status) if !reset && failed => Some((
+                FailureReply::Response {
+                    status,
+                    grpc_status: st.grpc_status,
+                },
+                st.claim,
+            )),
+            Some(_) if !reset => None,
+            _ => Some((FailureReply::Reset, st.claim)),
+        };
+        self.ctx
+            .tracker
+            .on_outcome(&st.key, outcome, Instant::now());
+    }
+
+    /// The callee closed: every request still waiting for it was reset.
+    fn upstream_ended(&mut self) {
+        let open: Vec<u32> = self.streams.keys().copied().collect();
+        for s in open {
+            self.commit(s, true);
+        }
+    }
+
+    /// Decodes the block of `len` bytes of frames at the front of `buf` into `self.fields`.
+    fn decode_block(&mut self, buf: &[u8], len: usize, side: Side) -> Result<(), Step> {
+        let mut block = Vec::new();
+        let mut at = 0;
+        while at < len {
+            let head = buf
+                .get(at..)
+                .and_then(Head::parse)
+                .ok_or(Step::Unreadable("header block cut"))?;
+            let payload = buf
+                .get(at + frame::HEADER_LEN..at + head.total())
+                .ok_or(Step::Unreadable("header block cut"))?;
+            let r = frame::content(&head, payload)
+                .map_err(|_| Step::Unreadable("header block padding"))?;
+            block.extend_from_slice(payload.get(r).unwrap_or_default());
+            at += head.total();
+        }
+        let (dec, fields) = match side {
+            Side::Request => (&mut self.req_dec, &mut self.req_fields),
+            Side::Response => (&mut self.resp_dec, &mut self.resp_fields),
+        };
+        fields.clear();
+        dec.decode_with_cb(&block, |n: Cow<[u8]>, v: Cow<[u8]>| fields.push(&n, &v))
+            .map_err(|_| Step::Unreadable("HPACK"))
+    }
+
+    /// The request the decoded block opens, keyed as far as its headers go.
+    fn request_of_fields(&mut self) -> Option<Stream> {
+        let f = &self.req_fields;
+        let method = http::Method::from_bytes(f.get(b":method")?).ok()?;
+        let headers = f.headers();
+        let authority = f
+            .get(b":authority")
+            .or_else(|| f.get(b"host"))
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .unwrap_or_default();
+        let target = String::from_utf8_lossy(f.get(b":path").unwrap_or_default()).into_owned();
+        let now = Instant::now();
+        let grpc = is_grpc(&headers);
+        let key = key_of_fields(&self.info, method, authority, target, &headers);
+        let suppressed = self.ctx.view.suppression(&self.info.orig, now);
+        Some(Stream {
+            key,
+            digest: Some(BodyDigest::default()),
+            marked: policy::retry_markers(&headers).says_retry(),
+            grpc,
+            stamp: self.ctx.view.claim(&self.info.orig, now),
+            // As the hyper path: only where retries must stop.
+            pushback: grpc && suppressed == Some(crate::decide::Reason::CalleeUnclaimed),
+            status: None,
+            grpc_status: None,
+            claim: Claim::Missing,
+            watch: true,
+            counted: false,
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    Request,
+    Response,
+}
+
+/// The key's body digest is as complete as it will be; the request is counted.
+fn settle(ctx: &Ctx, info: &ConnInfo, st: &mut Stream) {
+    if let Some(d) = st.digest.take() {
+        st.key.body = d.finish();
+    }
+    if st.counted {
+        return;
+    }
+    st.counted = true;
+    let now = Instant::now();
+    let v = ctx.tracker.on_request(
+        &st.key,
+        st.marked,
+        ctx.view.suppression(&info.orig, now),
+        now,
+    );
+    if matches!(v, Verdict::Forward { retry: true }) {
+        bump(&ctx.stats.retries_forwarded);
+    }
+}
+
+/// Bytes of the header block starting at the front of `buf` (its HEADERS or PUSH_PROMISE and
+/// CONTINUATION frames through END_HEADERS), once all are buffered.
+fn block_extent(buf: &[u8], first: &Head) -> Result<Option<usize>, Step> {
+    let mut at = 0;
+    let mut head = *first;
+    loop {
+        if buf.len() < at + head.total() {
+            return Ok(None);
+        }
+        at += head.total();
+        if head.has(END_HEADERS) {
+            return Ok(Some(at));
+        }
+        let Some(next) = buf.get(at..).and_then(Head::parse) else {
+            return Ok(None);
+        };
+        if next.kind != CONTINUATION || next.stream != first.stream {
+            return Err(Step::Unreadable("header block interrupted"));
+        }
+        head = next;
+    }
+}
+
+/// Clears END_HEADERS on the last frame of a block, so a CONTINUATION of ours can follow.
+fn clear_last_end_headers(frames: &mut BytesMut) {
+    let mut at = 0;
+    let mut last = None;
+    while let Some(h) = frames.get(at..).and_then(Head::parse) {
+        last = Some(at);
+        at += h.total();
+    }
+    if let Some(flags) = last.and_then(|l| frames.get_mut(l + 4)) {
+        *flags &= !END_HEADERS;
+    }
+}

@@ -1,0 +1,246 @@
+//! HTTP/2 frames as the relay needs them (RFC 9113 §4, §6): the 9-byte header, a header
+//! block's fragment inside HEADERS / PUSH_PROMISE / CONTINUATION, and the frames the relay
+//! writes itself, with header fields encoded as HPACK literals that leave the peer's dynamic
+//! table alone (RFC 7541 §6.2.2), so a block of ours never puts the two ends' tables out of step.
+use bytes::{BufMut, BytesMut};
+
+pub const HEADER_LEN: usize = 9;
+/// The size every peer accepts (SETTINGS_MAX_FRAME_SIZE's floor): frames we write stay within.
+pub const MIN_MAX_FRAME: usize = 16_384;
+
+pub const DATA: u8 = 0x0;
+pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
+pub const PUSH_PROMISE: u8 = 0x5;
+pub const WINDOW_UPDATE: u8 = 0x8;
+pub const CONTINUATION: u8 = 0x9;
+
+pub const END_STREAM: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
+pub const PADDED: u8 = 0x8;
+pub const PRIORITY: u8 = 0x20;
+
+/// RST_STREAM codes the relay sends.
+pub const NO_ERROR: u32 = 0x0;
+pub const INTERNAL_ERROR: u32 = 0x2;
+
+/// A frame's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    pub len: usize,
+    pub kind: u8,
+    pub flags: u8,
+    pub stream: u32,
+}
+
+impl Head {
+    /// The header at the start of `b`, if all 9 bytes are there.
+    pub fn parse(b: &[u8]) -> Option<Head> {
+        let h = b.get(..HEADER_LEN)?;
+        Some(Head {
+            len: usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]),
+            kind: h[3],
+            flags: h[4],
+            stream: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
+        })
+    }
+
+    /// Header and payload.
+    pub fn total(&self) -> usize {
+        HEADER_LEN + self.len
+    }
+
+    pub fn has(&self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+}
+
+/// Why a frame cannot be read as the protocol says.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FrameError {
+    #[error("padding longer than the frame")]
+    Padding,
+    #[error("frame shorter than its fixed fields")]
+    Short,
+}
+
+/// The part of a DATA, HEADERS or PUSH_PROMISE payload that is not padding, priority or the
+/// promised stream id: the data, or the header block fragment.
+pub fn content(head: &Head, payload: &[u8]) -> Result<std::ops::Range<usize>, FrameError> {
+    let mut start = 0;
+    let mut end = payload.len();
+    if matches!(head.kind, DATA | HEADERS | PUSH_PROMISE) && head.has(PADDED) {
+        let pad = usize::from(*payload.first().ok_or(FrameError::Short)?);
+        start = 1;
+        end = end.checked_sub(pad).ok_or(FrameError::Padding)?;
+    }
+    match head.kind {
+        HEADERS if head.has(PRIORITY) => start += 5,
+        PUSH_PROMISE => start += 4,
+        _ => {}
+    }
+    if start > end {
+        return Err(FrameError::Short);
+    }
+    Ok(start..end)
+}
+
+pub fn put_head(out: &mut BytesMut, len: usize, kind: u8, flags: u8, stream: u32) {
+    out.put_u8((len >> 16) as u8);
+    out.put_u8((len >> 8) as u8);
+    out.put_u8(len as u8);
+    out.put_u8(kind);
+    out.put_u8(flags);
+    out.put_u32(stream & 0x7fff_ffff);
+}
+
+pub fn put_rst(out: &mut BytesMut, stream: u32, code: u32) {
+    put_head(out, 4, RST_STREAM, 0, stream);
+    out.put_u32(code);
+}
+
+pub fn put_window_update(out: &mut BytesMut, stream: u32, increment: u32) {
+    put_head(out, 4, WINDOW_UPDATE, 0, stream);
+    out.put_u32(increment & 0x7fff_ffff);
+}
+
+/// A header block of ours as HEADERS (`flags` may add END_STREAM) and as many CONTINUATION
+/// frames as the block needs.
+pub fn put_block(out: &mut BytesMut, stream: u32, flags: u8, block: &[u8]) {
+    let mut chunks = block.chunks(MIN_MAX_FRAME).peekable();
+    let mut kind = HEADERS;
+    let mut first_flags = flags & END_STREAM;
+    if chunks.peek().is_none() {
+        put_head(out, 0, HEADERS, first_flags | END_HEADERS, stream);
+        return;
+    }
+    while let Some(c) = chunks.next() {
+        let last = chunks.peek().is_none();
+        let f = first_flags | if last { END_HEADERS } else { 0 };
+        put_head(out, c.len(), kind, f, stream);
+        out.put_slice(c);
+        kind = CONTINUATION;
+        first_flags = 0;
+    }
+}
+
+/// HPACK integer with an `n`-bit prefix, the first byte's other bits being `mark`.
+fn put_int(out: &mut BytesMut, mark: u8, n: u8, mut v: usize) {
+    let max = (1usize << n) - 1;
+    if v < max {
+        out.put_u8(mark | v as u8);
+        return;
+    }
+    out.put_u8(mark | max as u8);
+    v -= max;
+    while v >= 128 {
+        out.put_u8((v % 128 + 128) as u8);
+        v /= 128;
+    }
+    out.put_u8(v as u8);
+}
+
+/// A field as a literal without indexing, its name spelled out: the receiver's dynamic table is
+/// left as it was.
+pub fn put_literal(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+    out.put_u8(0x00);
+    put_int(out, 0x00, 7, name.len());
+    out.put_slice(name);
+    put_int(out, 0x00, 7, value.len());
+    out.put_slice(value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_goes_out_and_comes_back() {
+        let mut b = BytesMut::new();
+        put_head(
+            &mut b,
+            70_000,
+            HEADERS,
+            END_HEADERS | END_STREAM,
+            0x8000_0007,
+        );
+        let h = Head::parse(&b).expect("head");
+        assert_eq!(
+            h,
+            Head {
+                len: 70_000,
+                kind: HEADERS,
+                flags: END_HEADERS | END_STREAM,
+                stream: 7
+            }
+        );
+        assert_eq!(Head::parse(&b[..8]), None);
+    }
+
+    #[test]
+    fn content_skips_padding_priority_and_the_promised_id() {
+        let h = |kind, flags, len| Head {
+            len,
+            kind,
+            flags,
+            stream: 1,
+        };
+        // Pad length 2, then "abc", then two bytes of padding.
+        let p = b"\x02abc\0\0";
+        assert_eq!(content(&h(DATA, PADDED, 6), p), Ok(1..4));
+        assert_eq!(content(&h(DATA, 0, 6), p), Ok(0..6));
+        // Padded and with priority: pad length, 5 bytes of priority, the fragment.
+        let p = b"\x01\0\0\0\x03\x10xy\0";
+        assert_eq!(content(&h(HEADERS, PADDED | PRIORITY, 9), p), Ok(6..8));
+        assert_eq!(content(&h(PUSH_PROMISE, 0, 6), b"\0\0\0\x02ab"), Ok(4..6));
+        assert_eq!(
+            content(&h(DATA, PADDED, 2), b"\x05a"),
+            Err(FrameError::Padding)
+        );
+        assert_eq!(
+            content(&h(HEADERS, PRIORITY, 3), b"abc"),
+            Err(FrameError::Short)
+        );
+        assert_eq!(content(&h(DATA, PADDED, 0), b""), Err(FrameError::Short));
+    }
+
+    #[test]
+    fn literals_decode_and_leave_the_table_alone() {
+        let mut b = BytesMut::new();
+        put_literal(&mut b, b":status", b"503");
+        let long = vec![b'v'; 300];
+        put_literal(&mut b, b"x-long", &long);
+        let mut d = loona_hpack::Decoder::new();
+        let got = d.decode(&b).expect("decodes");
+        assert_eq!(
+            got,
+            vec![
+                (b":status".to_vec(), b"503".to_vec()),
+                (b"x-long".to_vec(), long)
+            ]
+        );
+        // Nothing was added: index 62 (the first dynamic entry) does not exist.
+        assert!(d.decode(&[0x80 | 62]).is_err());
+    }
+
+    #[test]
+    fn a_long_block_is_split_into_continuations() {
+        let block = vec![0u8; MIN_MAX_FRAME + 10];
+        let mut b = BytesMut::new();
+        put_block(&mut b, 3, END_STREAM, &block);
+        let h1 = Head::parse(&b).expect("first");
+        assert_eq!(
+            (h1.kind, h1.flags, h1.len),
+            (HEADERS, END_STREAM, MIN_MAX_FRAME)
+        );
+        let h2 = Head::parse(&b[h1.total()..]).expect("second");
+        assert_eq!((h2.kind, h2.flags, h2.len), (CONTINUATION, END_HEADERS, 10));
+        assert_eq!(b.len(), h1.total() + h2.total());
+        let mut e = BytesMut::new();
+        put_block(&mut e, 3, END_STREAM, &[]);
+        assert_eq!(
+            Head::parse(&e).map(|h| (h.kind, h.flags, h.len)),
+            Some((HEADERS, END_STREAM | END_HEADERS, 0))
+        );
+    }
+}

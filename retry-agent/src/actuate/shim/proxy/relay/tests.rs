@@ -1,0 +1,347 @@
+//! The relay between a real h2 client and a real h2 server (hyper's, over loopback sockets).
+use std::{
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use hyper::{body::Incoming, service::service_fn};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::super::{ConnInfo, Ctx, Stats};
+use crate::actuate::{
+    control::ControlView,
+    shim::policy::{self, CallerId},
+};
+
+type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
+type Resp = UnsyncBoxBody<Bytes, std::convert::Infallible>;
+
+/// A body of one data frame (if any) and then trailers: how gRPC answers.
+struct WithTrailers(Option<Bytes>, Option<HeaderMap>);
+
+impl Body for WithTrailers {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(d) = self.0.take() {
+            return Poll::Ready(Some(Ok(Frame::data(d))));
+        }
+        Poll::Ready(self.1.take().map(|t| Ok(Frame::trailers(t))))
+    }
+}
+
+/// The callee: `/echo` sends the request body back, `/fail` answers 503, `/grpc.Svc/Fail`
+/// answers a message and then UNAVAILABLE in its trailers, anything else 200. Every request it
+/// sees is logged with its headers.
+async fn callee() -> (SocketAddr, Seen) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let log = log.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        if let Ok(mut seen) = log.lock() {
+                            seen.push((path.clone(), req.headers().clone()));
+                        }
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                        let body = body.unwrap_or_default();
+                        let r: Response<Resp> = match path.as_str() {
+                            "/echo" => Response::new(Full::new(body).boxed_unsync()),
+                            "/fail" => Response::builder()
+                                .status(503)
+                                .body(Full::new(Bytes::from_static(b"no")).boxed_unsync())
+                                .expect("response"),
+                            "/grpc.Svc/Fail" => {
+                                let mut t = HeaderMap::new();
+                                t.insert("grpc-status", "14".parse().expect("value"));
+                                Response::builder()
+                                    .header("content-type", "application/grpc")
+                                    .body(
+                                        WithTrailers(
+                                            Some(Bytes::from_static(b"\0\0\0\0\0")),
+                                            Some(t),
+                                        )
+                                        .boxed_unsync(),
+                                    )
+                                    .expect("response")
+                            }
+                            _ => Response::new(Full::new(Bytes::from_static(b"ok")).boxed_unsync()),
+                        };
+                        Ok::<_, std::convert::Infallible>(r)
+                    }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+fn ctx() -> Arc<Ctx> {
+    Arc::new(Ctx {
+        view: ControlView::new(),
+        tracker: policy::SharedTracker::new(policy::PolicyConfig::default()),
+        mark: 0,
+        listen_port: 0,
+        kernel_steering: None,
+        connect_timeout: Duration::from_secs(5),
+        detect_timeout: Duration::from_millis(100),
+        preserve_header_case: false,
+        stats: Stats::default(),
+    })
+}
+
+/// The relay in front of `orig`: every connection to the returned address is relayed there.
+async fn relay_to(orig: SocketAddr, ctx: Arc<Ctx>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, peer)) = l.accept().await {
+            let up = TcpStream::connect(orig).await.expect("callee");
+            let info = ConnInfo {
+                peer,
+                orig,
+                caller: CallerId::Addr(peer.ip()),
+            };
+            tokio::spawn(super::relay(s, Bytes::new(), up, info, ctx.clone()));
+        }
+    });
+    addr
+}
+
+type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+
+async fn client(addr: SocketAddr) -> Sender {
+    let s = TcpStream::connect(addr).await.expect("relay");
+    let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    send
+}
+
+/// Status, headers and body (trailers merged into the headers).
+async fn call(
+    send: &mut Sender,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &'static [u8],
+) -> (StatusCode, HeaderMap, Bytes) {
+    let mut b = Request::builder()
+        .method("POST")
+        .uri(format!("http://callee{path}"));
+    for (n, v) in headers {
+        b = b.header(*n, *v);
+    }
+    let req = b
+        .body(Full::new(Bytes::from_static(body)))
+        .expect("request");
+    send.ready().await.expect("ready");
+    let resp = send.send_request(req).await.expect("response");
+    let (parts, body) = resp.into_parts();
+    let collected = body.collect().await.expect("body");
+    let mut headers = parts.headers;
+    if let Some(t) = collected.trailers() {
+        headers.extend(t.clone());
+    }
+    (parts.status, headers, collected.to_bytes())
+}
+
+fn paths(seen: &Seen) -> Vec<String> {
+    seen.lock()
+        .map(|s| s.iter().map(|(p, _)| p.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn header(h: &HeaderMap, n: &str) -> Option<String> {
+    h.get(n).and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// The agent says: retries to `orig` must stop (its errors are unclaimed symptoms) and the
+/// callee's own errors are `claim`.
+fn suppress(ctx: &Ctx, orig: SocketAddr, claim: &str) {
+    let snap = serde_json::json!({
+        "v": crate::actuate::wire::VERSION,
+        "seq": 1,
+        "sent_unix_ms": 0,
+        "suppress": [{
+            "decision_id": 1, "caller": "a", "callee": "b", "callee_addrs": [orig],
+            "reason": "callee_unclaimed", "remaining_ms": 60_000
+        }],
+        "claims": [{ "service": "b", "addrs": [orig], "claim": claim, "remaining_ms": 60_000 }]
+    });
+    let snap = serde_json::from_value(snap).expect("snapshot");
+    ctx.view.replace(&snap, std::time::Instant::now());
+}
+
+/// Requests and answers cross unchanged: several at once on one connection, and bodies
+/// larger than the default flow-control windows both ways.
+#[tokio::test]
+async fn streams_and_windows_pass_through() {
+    let (orig, seen) = callee().await;
+    let ctx = ctx();
+    let mut send = client(relay_to(orig, ctx.clone()).await).await;
+    let (status, _, body) = call(&mut send, "/ok", &[], b"").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    let big: &'static [u8] = Box::leak(vec![7u8; 300_000].into_boxed_slice());
+    let mut calls = Vec::new();
+    for i in 0..8 {
+        let mut s = send.clone();
+        calls.push(tokio::spawn(async move {
+            let n = i.to_string();
+            call(&mut s, "/echo", &[("x-n", &n)], big).await
+        }));
+    }
+    for c in calls {
+        let (status, _, body) = c.await.expect("call");
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body.len(), big.len());
+    }
+    assert_eq!(paths(&seen).len(), 9);
+    assert_eq!(
+        ctx.stats
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed),
+        9
+    );
+}
+
+/// On a suppressed edge: the failure carries the callee's claim; the same request again is
+/// answered by the relay and never reaches the callee; later requests on the connection still
+/// reach it with their headers intact, though the left-out block added to the client's HPACK
+/// table (its `x-attempt: 2`) what the callee's never got.
+#[tokio::test]
+async fn a_suppressed_retry_stays_here_and_the_connection_goes_on() {
+    let (orig, seen) = callee().await;
+    let ctx = ctx();
+    suppress(&ctx, orig, "claimed");
+    let mut send = client(relay_to(orig, ctx.clone()).await).await;
+
+    let (status, h, _) = call(&mut send, "/fail", &[("x-attempt", "1")], b"order 1").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&h, "x-error-claim").as_deref(), Some("claimed"));
+
+    let (status, h, body) = call(&mut send, "/fail", &[("x-attempt", "2")], b"order 1").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        header(&h, crate::l7::RETRY_SUPPRESSED_HEADER).as_deref(),
+        Some("callee_unclaimed")
+    );
+    assert!(body.is_empty());
+    assert_eq!(paths(&seen), vec!["/fail"], "the retry stayed here");
+
+    // Another order is another request; `x-attempt: 2` is now an index into the client's table.
+    let (status, _, _) = call(&mut send, "/fail", &[("x-attempt", "2")], b"order 2").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _, body) = call(&mut send, "/echo", &[("x-attempt", "2")], b"hello").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
+    let seen = seen.lock().expect("log").clone();
+    let got: Vec<_> = seen
+        .iter()
+        .map(|(p, h)| (p.as_str(), header(h, "x-attempt")))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("/fail", Some("1".into())),
+            ("/fail", Some("2".into())),
+            ("/echo", Some("2".into()))
+        ]
+    );
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((n(&ctx.stats.requests), n(&ctx.stats.suppressed)), (4, 1));
+}
+
+/// gRPC: a failure's trailers get the claim and the pushback; its retry is answered with a
+/// trailers-only UNAVAILABLE carrying the pushback.
+#[tokio::test]
+async fn grpc_failures_get_pushback_and_their_retries_a_local_status() {
+    let (orig, seen) = callee().await;
+    let ctx = ctx();
+    suppress(&ctx, orig, "claimed");
+    let mut send = client(relay_to(orig, ctx.clone()).await).await;
+    let grpc = [("content-type", "application/grpc"), ("te", "trailers")];
+    let (status, h, _) = call(&mut send, "/grpc.Svc/Fail", &grpc, b"\0\0\0\0\x01a").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(header(&h, "grpc-status").as_deref(), Some("14"));
+    assert_eq!(header(&h, "grpc-retry-pushback-ms").as_deref(), Some("-1"));
+    assert_eq!(header(&h, "x-error-claim").as_deref(), Some("claimed"));
+
+    let (status, h, body) = call(&mut send, "/grpc.Svc/Fail", &grpc, b"\0\0\0\0\x01a").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.is_empty());
+    assert_eq!(header(&h, "grpc-status").as_deref(), Some("14"));
+    assert_eq!(header(&h, "grpc-retry-pushback-ms").as_deref(), Some("-1"));
+    assert_eq!(
+        header(&h, crate::l7::RETRY_SUPPRESSED_HEADER).as_deref(),
+        Some("callee_unclaimed")
+    );
+    assert_eq!(paths(&seen), vec!["/grpc.Svc/Fail"]);
+    // A different message to the same method is a different request.
+    let (_, h, _) = call(&mut send, "/grpc.Svc/Fail", &grpc, b"\0\0\0\0\x01b").await;
+    assert!(header(&h, crate::l7::RETRY_SUPPRESSED_HEADER).is_none());
+    assert_eq!(paths(&seen).len(), 2);
+}
+
+/// Bytes that are not HTTP/2 after the preface: the relay stops reading and passes them on,
+/// and the callee (a plain echo here) gets every byte in order, a request it held for its
+/// body (a marked retry, and no body comes) included.
+#[tokio::test]
+async fn unreadable_frames_pass_through_untouched() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let echo = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let orig = echo.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let addr = relay_to(orig, ctx()).await;
+    let mut s = TcpStream::connect(addr).await.expect("relay");
+    let mut sent = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    let mut block = bytes::BytesMut::new();
+    for (n, v) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":authority", "callee"),
+        (":path", "/x"),
+        ("x-retry-attempt", "1"),
+    ] {
+        super::frame::put_literal(&mut block, n.as_bytes(), v.as_bytes());
+    }
+    let mut f = bytes::BytesMut::new();
+    super::frame::put_block(&mut f, 1, 0, &block);
+    sent.extend_from_slice(&f);
+    // A CONTINUATION with no block before it, then garbage.
+    sent.extend_from_slice(&[0, 0, 1, 0x9, 0x4, 0, 0, 0, 1, 0xff]);
+    sent.extend_from_slice(b"not a frame at all");
+    s.write_all(&sent).await.expect("write");
+    let mut got = vec![0u8; sent.len()];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+        .await
+        .expect("in time")
+        .expect("read");
+    assert_eq!(got, sent);
+}
