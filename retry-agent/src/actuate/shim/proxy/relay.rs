@@ -647,7 +647,7 @@ impl Relay {
             self.ctx.tracker.on_outcome(&st.key, None, Instant::now());
         }
         let stamp = st.stamp.filter(|_| !has_claim);
-        let pushback = st.pushback;
+        let pushback = st.pushback && fields.get(b"grpc-retry-pushback-ms").is_none();
         if annotate && (stamp.is_some() || pushback) {
             let mut b = BytesMut::with_capacity(64);
             if let Some(c) = stamp {

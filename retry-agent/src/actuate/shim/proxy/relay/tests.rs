@@ -228,7 +228,7 @@ async fn streams_and_windows_pass_through() {
 /// On a suppressed edge: the failure carries the callee's claim; the same request again is
 /// answered by the relay and never reaches the callee; later requests on the connection still
 /// reach it with their headers intact, though the left-out block added to the client's HPACK
-/// table (its `x-attempt: 2`) what the callee's never got.
+/// table (its `x-note: 2`) what the callee's never got.
 #[tokio::test]
 async fn a_suppressed_retry_stays_here_and_the_connection_goes_on() {
     let (orig, seen) = callee().await;
@@ -236,11 +236,11 @@ async fn a_suppressed_retry_stays_here_and_the_connection_goes_on() {
     suppress(&ctx, orig, "claimed");
     let mut send = client(relay_to(orig, ctx.clone()).await).await;
 
-    let (status, h, _) = call(&mut send, "/fail", &[("x-attempt", "1")], b"order 1").await;
+    let (status, h, _) = call(&mut send, "/fail", &[("x-note", "1")], b"order 1").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&h, "x-error-claim").as_deref(), Some("claimed"));
 
-    let (status, h, body) = call(&mut send, "/fail", &[("x-attempt", "2")], b"order 1").await;
+    let (status, h, body) = call(&mut send, "/fail", &[("x-note", "2")], b"order 1").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
         header(&h, crate::l7::RETRY_SUPPRESSED_HEADER).as_deref(),
@@ -249,15 +249,15 @@ async fn a_suppressed_retry_stays_here_and_the_connection_goes_on() {
     assert!(body.is_empty());
     assert_eq!(paths(&seen), vec!["/fail"], "the retry stayed here");
 
-    // Another order is another request; `x-attempt: 2` is now an index into the client's table.
-    let (status, _, _) = call(&mut send, "/fail", &[("x-attempt", "2")], b"order 2").await;
+    // Another order is another request; `x-note: 2` is now an index into the client's table.
+    let (status, _, _) = call(&mut send, "/fail", &[("x-note", "2")], b"order 2").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    let (status, _, body) = call(&mut send, "/echo", &[("x-attempt", "2")], b"hello").await;
+    let (status, _, body) = call(&mut send, "/echo", &[("x-note", "2")], b"hello").await;
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
     let seen = seen.lock().expect("log").clone();
     let got: Vec<_> = seen
         .iter()
-        .map(|(p, h)| (p.as_str(), header(h, "x-attempt")))
+        .map(|(p, h)| (p.as_str(), header(h, "x-note")))
         .collect();
     assert_eq!(
         got,
