@@ -345,3 +345,171 @@ async fn unreadable_frames_pass_through_untouched() {
         .expect("read");
     assert_eq!(got, sent);
 }
+
+/// Conversations drawn at random (requests to a few keys, so retries and suppressed ones
+/// come up; blocks split into CONTINUATIONs, padding, trailers, resets, odd frames) with a byte
+/// flipped now and then, fed in arbitrary pieces, held requests forced at random: the relay
+/// never panics, and writes no more than it read plus its own frames.
+#[test]
+fn arbitrary_conversations_never_panic_the_relay() {
+    use super::frame::{self, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let _g = rt.enter();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n.max(1)
+    };
+    let block = |fields: &[(&str, &str)]| {
+        let mut b = bytes::BytesMut::new();
+        for (n, v) in fields {
+            frame::put_literal(&mut b, n.as_bytes(), v.as_bytes());
+        }
+        b
+    };
+    // A block as HEADERS, split in two with a CONTINUATION half the time.
+    let put = |w: &mut bytes::BytesMut, stream: u32, end: bool, b: &[u8], split: bool| {
+        let es = if end { END_STREAM } else { 0 };
+        if split && b.len() > 1 {
+            let (x, y) = b.split_at(b.len() / 2);
+            frame::put_head(w, x.len(), HEADERS, es, stream);
+            w.extend_from_slice(x);
+            frame::put_head(w, y.len(), CONTINUATION, END_HEADERS, stream);
+            w.extend_from_slice(y);
+        } else {
+            frame::put_head(w, b.len(), HEADERS, es | END_HEADERS, stream);
+            w.extend_from_slice(b);
+        }
+    };
+    let orig: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let mut seen = [0u64; 4];
+    for round in 0..3_000 {
+        let ctx = ctx();
+        if round % 2 == 0 {
+            suppress(&ctx, orig, "unclaimed");
+        }
+        let info = ConnInfo {
+            peer: "127.0.0.1:40000".parse().expect("addr"),
+            orig,
+            caller: CallerId::Addr("127.0.0.1".parse().expect("ip")),
+        };
+        let mut r = super::Relay::new(ctx, info);
+        let (mut c, mut s) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+        let mut read = 0;
+        let mut feed = |r: &mut super::Relay,
+                        mut w: bytes::BytesMut,
+                        client: bool,
+                        next: &mut dyn FnMut(u64) -> u64| {
+            if next(8) == 0 && !w.is_empty() {
+                let i = next(w.len() as u64) as usize;
+                w[i] ^= 1 << next(8);
+            }
+            read += w.len();
+            while !w.is_empty() {
+                let n = (next(64) + 1) as usize;
+                let piece = w.split_to(n.min(w.len()));
+                if client {
+                    c.extend_from_slice(&piece);
+                    r.on_client(&mut c, next(4) == 0);
+                } else {
+                    s.extend_from_slice(&piece);
+                    r.on_server(&mut s);
+                }
+            }
+        };
+        let mut w = bytes::BytesMut::from(&b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..]);
+        frame::put_head(&mut w, 0, 0x4, 0, 0);
+        feed(&mut r, w, true, &mut next);
+        for k in 0..(next(8) + 1) as u32 {
+            let stream = 2 * k + 1;
+            let grpc = next(2) == 0;
+            let path = format!("/p{}", next(2));
+            let mut fields = vec![
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path.as_str()),
+                (":authority", "b"),
+            ];
+            if grpc {
+                fields.push(("content-type", "application/grpc"));
+            }
+            if next(6) == 0 {
+                fields.push(("x-retry-attempt", "1"));
+            }
+            let bodyless = next(4) == 0;
+            let mut w = bytes::BytesMut::new();
+            put(&mut w, stream, bodyless, &block(&fields), next(2) == 0);
+            if !bodyless {
+                let body = [b'b', next(2) as u8];
+                if next(4) == 0 {
+                    // Padded: pad length 2, the body, two bytes of padding.
+                    frame::put_head(&mut w, 5, DATA, END_STREAM | 0x8, stream);
+                    w.extend_from_slice(&[2, body[0], body[1], 0, 0]);
+                } else {
+                    frame::put_head(&mut w, 2, DATA, END_STREAM, stream);
+                    w.extend_from_slice(&body);
+                }
+            }
+            if next(10) == 0 {
+                frame::put_rst(&mut w, stream, 8);
+            }
+            if next(10) == 0 {
+                frame::put_head(&mut w, 3, 0x2a, 0, 0);
+                w.extend_from_slice(b"ext");
+            }
+            feed(&mut r, w, true, &mut next);
+            let mut w = bytes::BytesMut::new();
+            let status = if next(2) == 0 { "503" } else { "200" };
+            let gs = if next(2) == 0 { "14" } else { "0" };
+            if grpc && next(2) == 0 {
+                put(
+                    &mut w,
+                    stream,
+                    true,
+                    &block(&[(":status", "200"), ("grpc-status", gs)]),
+                    next(2) == 0,
+                );
+            } else {
+                put(
+                    &mut w,
+                    stream,
+                    false,
+                    &block(&[(":status", status)]),
+                    next(2) == 0,
+                );
+                frame::put_head(&mut w, 1, DATA, if grpc { 0 } else { END_STREAM }, stream);
+                w.extend_from_slice(b"x");
+                if grpc {
+                    put(&mut w, stream, true, &block(&[("grpc-status", gs)]), false);
+                }
+            }
+            if next(12) == 0 {
+                frame::put_rst(&mut w, stream, 2);
+            }
+            feed(&mut r, w, false, &mut next);
+        }
+        r.on_client(&mut c, true);
+        r.upstream_ended();
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        seen[0] += u64::from(r.blind);
+        seen[1] += n(&r.ctx.stats.requests);
+        seen[2] += n(&r.ctx.stats.suppressed);
+        seen[3] += u64::from(r.reencode && !r.blind);
+        let written = r.to_server.len() + r.to_client.len();
+        // Its own frames: local answers, credits, claims (a few hundred bytes per stream).
+        assert!(
+            written <= read + 4096,
+            "round {round}: read {read}, wrote {written}"
+        );
+    }
+    // The draw reaches every path: unreadable input, requests, answers, re-encoding.
+    assert!(
+        seen.iter().all(|&n| n > 20),
+        "blind, requests, suppressed, re-encoded: {seen:?}"
+    );
+}
