@@ -205,11 +205,10 @@ pub struct ShimArgs {
         default_value_t = 300
     )]
     pub detect_timeout_ms: u64,
-    /// HTTP/1: forward header names in the case each side wrote them. Off by default, as in
-    /// HAProxy and Envoy: names are case-insensitive (RFC 9110 §5.1) and go out lower-cased;
-    /// keeping every request's spelling costs ~4% of the shim's HTTP/1 throughput. Turn it on
-    /// for peers that read header names case-sensitively.
+    /// Accepted for configurations that set it, and without effect: the shim relays HTTP/1
+    /// heads as each side wrote them, so header names always keep their case.
     #[arg(
+        hide = true,
         long = "shim-preserve-header-case",
         env = "RETRY_AGENT_SHIM_PRESERVE_HEADER_CASE",
         default_value_t = false,
@@ -489,7 +488,6 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         kernel_steering: orig_dsts.map(Arc::new),
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),
         detect_timeout: Duration::from_millis(args.detect_timeout_ms),
-        preserve_header_case: args.preserve_header_case,
         stats: proxy::Stats::default(),
     });
 

@@ -611,33 +611,5 @@ pub fn retry_markers(h: &HeaderMap) -> crate::l7::RetryMarkers {
     }
 }
 
-/// gRPC status from a header map (trailers, or headers of a trailers-only response).
-pub fn grpc_status(h: &HeaderMap) -> Option<u32> {
-    h.get("grpc-status")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.trim().parse().ok())
-}
-
-/// The error claim a response carries.
-pub fn claim_of(h: &HeaderMap) -> Option<Claim> {
-    h.get(crate::l7::ERROR_CLAIM_HEADER)
-        .and_then(|v| Claim::parse(v.as_bytes()))
-}
-
-/// Headers that must not be copied into a locally built reply (framing is recomputed).
-pub fn is_hop_or_framing(n: &HeaderName) -> bool {
-    matches!(
-        n.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "te"
-            | "trailer"
-            | "upgrade"
-            | "content-length"
-    )
-}
-
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,4 @@
-//! Protocol detection on first bytes.
+//! Protocol detection on first bytes, and the request key.
 use super::*;
 
 #[test]
@@ -21,36 +21,6 @@ fn classify_first_bytes() {
     );
 }
 
-#[test]
-fn annotate_keeps_an_existing_claim() {
-    let mut h = HeaderMap::new();
-    annotate_failure(&mut h, Some(Claim::Unclaimed), false);
-    assert_eq!(
-        h.get(ERROR_CLAIM_HEADER).map(|v| v.as_bytes()),
-        Some(&b"unclaimed"[..])
-    );
-    annotate_failure(&mut h, Some(Claim::Claimed), true);
-    assert_eq!(
-        h.get(ERROR_CLAIM_HEADER).map(|v| v.as_bytes()),
-        Some(&b"unclaimed"[..])
-    );
-    assert_eq!(
-        h.get("grpc-retry-pushback-ms").map(|v| v.as_bytes()),
-        Some(&b"-1"[..])
-    );
-}
-
-fn get(orig: SocketAddr) -> Request<ReqBody> {
-    Request::builder()
-        .uri(format!("http://{orig}/"))
-        .body(
-            http_body_util::Empty::<Bytes>::new()
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        )
-        .expect("request")
-}
-
 /// The same call under two traces is two requests (one's failure makes no retry of the
 /// other); the trace id is read as the engine reads it (`traceparent` over `x-request-id`).
 #[test]
@@ -62,14 +32,14 @@ fn the_request_key_tells_traces_apart() {
         caller: CallerId::Addr("127.0.0.1".parse().expect("ip")),
     };
     let with = |headers: &[(&str, &str)]| {
-        let mut r = get(orig);
+        let mut h = HeaderMap::new();
         for (n, v) in headers {
-            r.headers_mut().insert(
+            h.insert(
                 http::HeaderName::from_bytes(n.as_bytes()).expect("name"),
                 http::HeaderValue::from_str(v).expect("value"),
             );
         }
-        key_of_parts(&r, &info, None)
+        key_of_fields(&info, http::Method::GET, "b".into(), "/".into(), &h)
     };
     let tp = |t: &str| format!("00-{t}-00f067aa0ba902b7-01");
     let (t1, t2) = (

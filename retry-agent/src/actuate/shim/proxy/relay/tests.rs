@@ -105,7 +105,6 @@ fn ctx() -> Arc<Ctx> {
         kernel_steering: None,
         connect_timeout: Duration::from_secs(5),
         detect_timeout: Duration::from_millis(100),
-        preserve_header_case: false,
         stats: Stats::default(),
     })
 }
