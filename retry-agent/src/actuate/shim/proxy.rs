@@ -1,5 +1,5 @@
 //! One redirected connection: detect the protocol, then splice (opaque) or relay HTTP (`h1`,
-//! `relay` for h2c).
+//! `h2`).
 //!
 //! Detection favours availability: anything that is not clearly HTTP/1.x or the h2c preface
 //! within the detection timeout (TLS, server-speaks-first protocols, CONNECT, Upgrade) is spliced
@@ -238,7 +238,7 @@ pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
     let r = match kind {
         Detected::H2 => {
             bump(&ctx.stats.h2);
-            relay::relay(client, prefix, upstream, conn, ctx.clone()).await
+            h2::relay(client, prefix, upstream, conn, ctx.clone()).await
         }
         Detected::Opaque => {
             bump(&ctx.stats.opaque);
@@ -331,6 +331,6 @@ fn key_of_fields(
 }
 
 mod h1;
-mod relay;
+mod h2;
 #[cfg(test)]
 mod tests;

@@ -135,7 +135,7 @@ pub(super) async fn relay(
     let mut cbuf = BytesMut::with_capacity(READ_CHUNK);
     cbuf.extend_from_slice(&prefix);
     let mut sbuf = BytesMut::with_capacity(READ_CHUNK);
-    let (mut client_eof, mut server_eof) = (false, false);
+    let (mut client_eof, mut server_eof, mut client_shut) = (false, false, false);
     r.on_client(&mut cbuf, false);
     let end = {
         let (mut cr, mut cw) = client.split();
@@ -172,7 +172,7 @@ pub(super) async fn relay(
                         _ => server_eof = true,
                     }
                 }
-                w = sw.write(&r.to_server), if !r.to_server.is_empty() => {
+                w = sw.write(&r.to_server), if !r.to_server.is_empty() && !client_shut => {
                     r.to_server.advance(w?);
                 }
                 w = cw.write(&r.to_client), if !r.to_client.is_empty() => {
@@ -181,16 +181,19 @@ pub(super) async fn relay(
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
                     if deadline.is_some() => r.on_client(&mut cbuf, true),
             }
-            if client_eof {
-                // The caller is gone (or done sending): what it sent goes on; its answers
-                // cannot reach it once it closed, so the connection ends here as it would.
+            if client_eof && !client_shut {
+                // The caller is done sending: what it sent goes on, then its FIN. Answers
+                // still come back until the callee closes (a half-close, as without the shim;
+                // if the caller closed altogether, writing to it fails and ends this).
                 if r.held.is_some() {
                     r.on_client(&mut cbuf, true);
                 }
+                r.to_server.extend_from_slice(&cbuf);
+                cbuf.clear();
                 sw.write_all(&r.to_server).await?;
-                sw.write_all(&cbuf).await?;
+                r.to_server.clear();
                 let _ = sw.shutdown().await;
-                return Ok(());
+                client_shut = true;
             }
             if server_eof {
                 r.upstream_ended();

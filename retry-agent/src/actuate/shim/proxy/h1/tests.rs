@@ -57,6 +57,8 @@ async fn callee() -> (SocketAddr, Seen) {
                     }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
+                    // Answers a client that half-closed after its request.
+                    .half_close(true)
                     .serve_connection(TokioIo::new(s), svc)
                     .await;
             });
@@ -279,6 +281,30 @@ async fn a_local_answer_closes_when_asked_to() {
         r.is_err() || got.is_empty(),
         "a reset, not an answer: {:?}",
         String::from_utf8_lossy(&got)
+    );
+}
+
+/// A client that sends its request and then shuts its side (a half-close) still gets the
+/// answer, and the connection ends when the callee's does.
+#[tokio::test]
+async fn a_half_closed_client_still_gets_its_answer() {
+    let (orig, _) = callee().await;
+    let mut s = TcpStream::connect(relay_to(orig, ctx()).await)
+        .await
+        .expect("relay");
+    s.write_all(b"GET /ok HTTP/1.1\r\nHost: b\r\n\r\n")
+        .await
+        .expect("write");
+    s.shutdown().await.expect("half-close");
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+        .await
+        .expect("ended in time")
+        .expect("read");
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.starts_with("HTTP/1.1 200") && text.ends_with("ok"),
+        "{text}"
     );
 }
 
