@@ -214,12 +214,33 @@ pub(super) async fn relay(
 }
 
 impl Relay {
+    /// Reading stops: the rest passes through as it is, unless the client's bytes are in the
+    /// middle of a request left out (the callee would read the rest of its body as requests of
+    /// their own): then the connection is reset.
+    fn unreadable(&mut self, why: &'static str) {
+        if matches!(self.req, ReqState::Skip(_)) {
+            tracing::debug!(peer = %self.info.peer, why, "http1 relay: unreadable inside a left-out request; resetting");
+            self.end = Some(End::Reset);
+            self.to_server.clear();
+        } else {
+            tracing::debug!(peer = %self.info.peer, why, "http1 relay: passing the rest through");
+            self.blind = true;
+        }
+    }
+
     fn on_client(&mut self, buf: &mut BytesMut, force: bool) {
+        if self.end == Some(End::Reset) {
+            buf.clear();
+            return;
+        }
         if !self.blind
             && let Err(why) = self.client_bytes(buf, force)
         {
-            tracing::debug!(peer = %self.info.peer, why, "http1 relay: passing the client's bytes through");
-            self.blind = true;
+            self.unreadable(why);
+        }
+        if self.end == Some(End::Reset) {
+            buf.clear();
+            return;
         }
         if self.blind {
             self.held = None;
@@ -408,11 +429,18 @@ impl Relay {
     }
 
     fn on_server(&mut self, buf: &mut BytesMut) {
+        if self.end == Some(End::Reset) {
+            buf.clear();
+            return;
+        }
         if !self.blind
             && let Err(why) = self.server_bytes(buf)
         {
-            tracing::debug!(orig = %self.info.orig, why, "http1 relay: passing the callee's bytes through");
-            self.blind = true;
+            self.unreadable(why);
+        }
+        if self.end == Some(End::Reset) {
+            buf.clear();
+            return;
         }
         if self.blind {
             self.held = None;

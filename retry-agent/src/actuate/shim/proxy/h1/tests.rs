@@ -284,6 +284,32 @@ async fn a_local_answer_closes_when_asked_to() {
     );
 }
 
+/// A left-out retry whose body stops framing: the callee must not read the rest of it as
+/// requests (a body can hold anything), so the connection is reset instead of passed through.
+#[tokio::test]
+async fn a_left_out_body_that_breaks_is_never_passed_on() {
+    let (orig, seen) = callee().await;
+    let ctx = ctx();
+    suppress(&ctx, orig, "claimed");
+    let mut s = TcpStream::connect(relay_to(orig, ctx).await)
+        .await
+        .expect("relay");
+    let req = "POST /m HTTP/1.1\r\nHost: b\r\nx-retry-attempt: 1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n";
+    s.write_all(req.as_bytes()).await.expect("write");
+    // Decided (answered here) once its wait is over; then the chunks stop making sense.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(b"GET /smuggled HTTP/1.1\r\nHost: b\r\n\r\n")
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        seen.lock().expect("log").is_empty(),
+        "nothing reached the callee"
+    );
+}
+
 /// A client that sends its request and then shuts its side (a half-close) still gets the
 /// answer, and the connection ends when the callee's does.
 #[tokio::test]
