@@ -372,6 +372,13 @@ impl Relay {
                 .walk(buf.get(len..).unwrap_or_default(), |b| full |= !d.feed(b))
                 .map_err(|_| "malformed request body")?;
             if !(step.ended || full || force || buf.len() > HOLD_MAX) {
+                if self.held.is_none() && self.queue.is_empty() && expects_continue(&headers) {
+                    // The client sends its body, which the key needs, only once told to: told
+                    // here. (If the request goes on, the callee's own 100 is one more interim
+                    // answer, which clients read past.)
+                    self.to_client
+                        .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                }
                 self.held.get_or_insert_with(tokio::time::Instant::now);
                 return Ok(false);
             }
@@ -638,6 +645,14 @@ fn ends_with_chunked(v: &[u8]) -> bool {
     v.rsplit(|&b| b == b',')
         .next()
         .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
+fn expects_continue(h: &HeaderMap) -> bool {
+    h.get(http::header::EXPECT).is_some_and(|v| {
+        v.as_bytes()
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"100-continue")
+    })
 }
 
 /// Whether the connection closes after this request's response: `Connection: close`, or

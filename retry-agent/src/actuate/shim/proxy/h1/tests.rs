@@ -310,6 +310,36 @@ async fn a_left_out_body_that_breaks_is_never_passed_on() {
     );
 }
 
+/// A retry that waits for `100 Continue` before its body: the relay, which needs the body for
+/// the key, says it, and the retry is recognised and answered here.
+#[tokio::test]
+async fn a_retry_waiting_to_continue_is_told_to_and_answered() {
+    let (orig, seen) = callee().await;
+    let ctx = ctx();
+    suppress(&ctx, orig, "claimed");
+    let mut s = TcpStream::connect(relay_to(orig, ctx).await)
+        .await
+        .expect("relay");
+    s.write_all(
+        b"POST /m HTTP/1.1\r\nHost: b\r\nx-retry-attempt: 1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut buf = [0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf))
+        .await
+        .expect("told to continue in time")
+        .expect("read");
+    assert_eq!(&buf[..n], b"HTTP/1.1 100 Continue\r\n\r\n");
+    let text = exchange(&mut s, b"hello", 1).await;
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(
+        text.contains("x-retry-suppressed: callee_unclaimed"),
+        "{text}"
+    );
+    assert!(seen.lock().expect("log").is_empty());
+}
+
 /// A client that sends its request and then shuts its side (a half-close) still gets the
 /// answer, and the connection ends when the callee's does.
 #[tokio::test]
