@@ -333,4 +333,6 @@ fn key_of_fields(
 mod h1;
 mod h2;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;

@@ -229,22 +229,32 @@ impl Relay {
     }
 
     fn on_client(&mut self, buf: &mut BytesMut, force: bool) {
-        if self.end == Some(End::Reset) {
-            buf.clear();
-            return;
-        }
-        if !self.blind
+        if self.readable()
             && let Err(why) = self.client_bytes(buf, force)
         {
             self.unreadable(why);
         }
+        self.pass_rest(buf, true);
+    }
+
+    /// Still reading: not passing bytes through, not resetting.
+    fn readable(&self) -> bool {
+        !self.blind && self.end != Some(End::Reset)
+    }
+
+    /// What reading left in `buf`: passed on once the relay stopped reading, dropped once it
+    /// resets the connection, else kept for more bytes.
+    fn pass_rest(&mut self, buf: &mut BytesMut, toward_server: bool) {
         if self.end == Some(End::Reset) {
             buf.clear();
-            return;
-        }
-        if self.blind {
+        } else if self.blind {
             self.held = None;
-            self.to_server.extend_from_slice(buf);
+            let out = if toward_server {
+                &mut self.to_server
+            } else {
+                &mut self.to_client
+            };
+            out.extend_from_slice(buf);
             buf.clear();
         }
     }
@@ -436,24 +446,12 @@ impl Relay {
     }
 
     fn on_server(&mut self, buf: &mut BytesMut) {
-        if self.end == Some(End::Reset) {
-            buf.clear();
-            return;
-        }
-        if !self.blind
+        if self.readable()
             && let Err(why) = self.server_bytes(buf)
         {
             self.unreadable(why);
         }
-        if self.end == Some(End::Reset) {
-            buf.clear();
-            return;
-        }
-        if self.blind {
-            self.held = None;
-            self.to_client.extend_from_slice(buf);
-            buf.clear();
-        }
+        self.pass_rest(buf, false);
     }
 
     fn server_bytes(&mut self, buf: &mut BytesMut) -> Result<(), &'static str> {

@@ -16,11 +16,8 @@ use tokio::{
     net::{TcpListener, TcpStream},
 };
 
-use super::super::{ConnInfo, Ctx, Stats};
-use crate::actuate::{
-    control::ControlView,
-    shim::policy::{self, CallerId},
-};
+use super::super::test_support::{conn_to, ctx, relay_to, suppress};
+use crate::actuate::shim::policy;
 
 type Seen = Arc<Mutex<Vec<(String, HeaderMap, Bytes)>>>;
 
@@ -67,51 +64,6 @@ async fn callee() -> (SocketAddr, Seen) {
     (addr, seen)
 }
 
-fn ctx() -> Arc<Ctx> {
-    Arc::new(Ctx {
-        view: ControlView::new(),
-        tracker: policy::SharedTracker::new(policy::PolicyConfig::default()),
-        mark: 0,
-        listen_port: 0,
-        kernel_steering: None,
-        connect_timeout: Duration::from_secs(5),
-        detect_timeout: Duration::from_millis(100),
-        stats: Stats::default(),
-    })
-}
-
-async fn relay_to(orig: SocketAddr, ctx: Arc<Ctx>) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((s, peer)) = l.accept().await {
-            let up = TcpStream::connect(orig).await.expect("callee");
-            let info = ConnInfo {
-                peer,
-                orig,
-                caller: CallerId::Addr(peer.ip()),
-            };
-            tokio::spawn(super::relay(s, Bytes::new(), up, info, ctx.clone()));
-        }
-    });
-    addr
-}
-
-fn suppress(ctx: &Ctx, orig: SocketAddr, claim: &str) {
-    let snap = serde_json::json!({
-        "v": crate::actuate::wire::VERSION,
-        "seq": 1,
-        "sent_unix_ms": 0,
-        "suppress": [{
-            "decision_id": 1, "caller": "a", "callee": "b", "callee_addrs": [orig],
-            "reason": "callee_unclaimed", "remaining_ms": 60_000
-        }],
-        "claims": [{ "service": "b", "addrs": [orig], "claim": claim, "remaining_ms": 60_000 }]
-    });
-    let snap = serde_json::from_value(snap).expect("snapshot");
-    ctx.view.replace(&snap, std::time::Instant::now());
-}
-
 /// Sends `req` and reads until `n` status lines have come and the connection is quiet (or
 /// closes).
 async fn exchange(s: &mut TcpStream, req: &[u8], responses: usize) -> String {
@@ -136,7 +88,7 @@ async fn exchange(s: &mut TcpStream, req: &[u8], responses: usize) -> String {
 async fn messages_of_every_framing_pass_in_order() {
     let (orig, seen) = callee().await;
     let ctx = ctx();
-    let mut s = TcpStream::connect(relay_to(orig, ctx.clone()).await)
+    let mut s = TcpStream::connect(relay_to(orig, ctx.clone(), super::relay).await)
         .await
         .expect("relay");
     let reqs = concat!(
@@ -180,7 +132,7 @@ async fn a_suppressed_retry_is_answered_here_in_order() {
     let (orig, seen) = callee().await;
     let ctx = ctx();
     suppress(&ctx, orig, "claimed");
-    let mut s = TcpStream::connect(relay_to(orig, ctx.clone()).await)
+    let mut s = TcpStream::connect(relay_to(orig, ctx.clone(), super::relay).await)
         .await
         .expect("relay");
     let fail = |body: &str| {
@@ -229,7 +181,7 @@ async fn a_local_answer_closes_when_asked_to() {
     let (orig, seen) = callee().await;
     let ctx = ctx();
     suppress(&ctx, orig, "claimed");
-    let addr = relay_to(orig, ctx.clone()).await;
+    let addr = relay_to(orig, ctx.clone(), super::relay).await;
     for req in [
         "GET /m HTTP/1.1\r\nHost: b\r\nx-retry-attempt: 1\r\nConnection: close\r\n\r\n",
         "GET /m HTTP/1.0\r\nHost: b\r\nx-retry-attempt: 1\r\n\r\n",
@@ -256,11 +208,7 @@ async fn a_local_answer_closes_when_asked_to() {
     // The last attempt of /r was reset (its connection cut): its retry is reset too.
     ctx.tracker.on_outcome(
         &super::super::key_of_fields(
-            &ConnInfo {
-                peer: "127.0.0.1:1".parse().expect("addr"),
-                orig,
-                caller: CallerId::Addr("127.0.0.1".parse().expect("ip")),
-            },
+            &conn_to(orig),
             http::Method::GET,
             "b".into(),
             "/r".into(),
@@ -291,7 +239,7 @@ async fn a_left_out_body_that_breaks_is_never_passed_on() {
     let (orig, seen) = callee().await;
     let ctx = ctx();
     suppress(&ctx, orig, "claimed");
-    let mut s = TcpStream::connect(relay_to(orig, ctx).await)
+    let mut s = TcpStream::connect(relay_to(orig, ctx, super::relay).await)
         .await
         .expect("relay");
     let req = "POST /m HTTP/1.1\r\nHost: b\r\nx-retry-attempt: 1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n";
@@ -317,7 +265,7 @@ async fn a_retry_waiting_to_continue_is_told_to_and_answered() {
     let (orig, seen) = callee().await;
     let ctx = ctx();
     suppress(&ctx, orig, "claimed");
-    let mut s = TcpStream::connect(relay_to(orig, ctx).await)
+    let mut s = TcpStream::connect(relay_to(orig, ctx, super::relay).await)
         .await
         .expect("relay");
     s.write_all(
@@ -345,7 +293,7 @@ async fn a_retry_waiting_to_continue_is_told_to_and_answered() {
 #[tokio::test]
 async fn a_half_closed_client_still_gets_its_answer() {
     let (orig, _) = callee().await;
-    let mut s = TcpStream::connect(relay_to(orig, ctx()).await)
+    let mut s = TcpStream::connect(relay_to(orig, ctx(), super::relay).await)
         .await
         .expect("relay");
     s.write_all(b"GET /ok HTTP/1.1\r\nHost: b\r\n\r\n")
@@ -369,7 +317,7 @@ async fn a_half_closed_client_still_gets_its_answer() {
 #[tokio::test]
 async fn a_real_client_keeps_its_connection() {
     let (orig, _) = callee().await;
-    let s = TcpStream::connect(relay_to(orig, ctx()).await)
+    let s = TcpStream::connect(relay_to(orig, ctx(), super::relay).await)
         .await
         .expect("relay");
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
@@ -410,7 +358,7 @@ async fn upgrades_pass_through_untouched() {
             });
         }
     });
-    let mut s = TcpStream::connect(relay_to(orig, ctx()).await)
+    let mut s = TcpStream::connect(relay_to(orig, ctx(), super::relay).await)
         .await
         .expect("relay");
     let sent = b"GET /ws HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n\x81\x05hello\xff\x00";
@@ -448,11 +396,7 @@ fn arbitrary_conversations_never_panic_the_relay() {
         if round % 2 == 0 {
             suppress(&ctx, orig, "unclaimed");
         }
-        let info = ConnInfo {
-            peer: "127.0.0.1:40000".parse().expect("addr"),
-            orig,
-            caller: CallerId::Addr("127.0.0.1".parse().expect("ip")),
-        };
+        let info = conn_to(orig);
         let mut r = super::Relay {
             ctx,
             info,

@@ -15,11 +15,7 @@ use hyper::{body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::super::{ConnInfo, Ctx, Stats};
-use crate::actuate::{
-    control::ControlView,
-    shim::policy::{self, CallerId},
-};
+use super::super::test_support::{conn_to, ctx, relay_to, suppress};
 
 type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
 type Resp = UnsyncBoxBody<Bytes, std::convert::Infallible>;
@@ -96,37 +92,6 @@ async fn callee() -> (SocketAddr, Seen) {
     (addr, seen)
 }
 
-fn ctx() -> Arc<Ctx> {
-    Arc::new(Ctx {
-        view: ControlView::new(),
-        tracker: policy::SharedTracker::new(policy::PolicyConfig::default()),
-        mark: 0,
-        listen_port: 0,
-        kernel_steering: None,
-        connect_timeout: Duration::from_secs(5),
-        detect_timeout: Duration::from_millis(100),
-        stats: Stats::default(),
-    })
-}
-
-/// The relay in front of `orig`: every connection to the returned address is relayed there.
-async fn relay_to(orig: SocketAddr, ctx: Arc<Ctx>) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((s, peer)) = l.accept().await {
-            let up = TcpStream::connect(orig).await.expect("callee");
-            let info = ConnInfo {
-                peer,
-                orig,
-                caller: CallerId::Addr(peer.ip()),
-            };
-            tokio::spawn(super::relay(s, Bytes::new(), up, info, ctx.clone()));
-        }
-    });
-    addr
-}
-
 type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
 
 async fn client(addr: SocketAddr) -> Sender {
@@ -175,30 +140,13 @@ fn header(h: &HeaderMap, n: &str) -> Option<String> {
     h.get(n).and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
-/// The agent says: retries to `orig` must stop (its errors are unclaimed symptoms) and the
-/// callee's own errors are `claim`.
-fn suppress(ctx: &Ctx, orig: SocketAddr, claim: &str) {
-    let snap = serde_json::json!({
-        "v": crate::actuate::wire::VERSION,
-        "seq": 1,
-        "sent_unix_ms": 0,
-        "suppress": [{
-            "decision_id": 1, "caller": "a", "callee": "b", "callee_addrs": [orig],
-            "reason": "callee_unclaimed", "remaining_ms": 60_000
-        }],
-        "claims": [{ "service": "b", "addrs": [orig], "claim": claim, "remaining_ms": 60_000 }]
-    });
-    let snap = serde_json::from_value(snap).expect("snapshot");
-    ctx.view.replace(&snap, std::time::Instant::now());
-}
-
 /// Requests and answers cross unchanged: several at once on one connection, and bodies
 /// larger than the default flow-control windows both ways.
 #[tokio::test]
 async fn streams_and_windows_pass_through() {
     let (orig, seen) = callee().await;
     let ctx = ctx();
-    let mut send = client(relay_to(orig, ctx.clone()).await).await;
+    let mut send = client(relay_to(orig, ctx.clone(), super::relay).await).await;
     let (status, _, body) = call(&mut send, "/ok", &[], b"").await;
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
     let big: &'static [u8] = Box::leak(vec![7u8; 300_000].into_boxed_slice());
@@ -233,7 +181,7 @@ async fn a_suppressed_retry_stays_here_and_the_connection_goes_on() {
     let (orig, seen) = callee().await;
     let ctx = ctx();
     suppress(&ctx, orig, "claimed");
-    let mut send = client(relay_to(orig, ctx.clone()).await).await;
+    let mut send = client(relay_to(orig, ctx.clone(), super::relay).await).await;
 
     let (status, h, _) = call(&mut send, "/fail", &[("x-note", "1")], b"order 1").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
@@ -277,7 +225,7 @@ async fn grpc_failures_get_pushback_and_their_retries_a_local_status() {
     let (orig, seen) = callee().await;
     let ctx = ctx();
     suppress(&ctx, orig, "claimed");
-    let mut send = client(relay_to(orig, ctx.clone()).await).await;
+    let mut send = client(relay_to(orig, ctx.clone(), super::relay).await).await;
     let grpc = [("content-type", "application/grpc"), ("te", "trailers")];
     let (status, h, _) = call(&mut send, "/grpc.Svc/Fail", &grpc, b"\0\0\0\0\x01a").await;
     assert_eq!(status, StatusCode::OK);
@@ -317,7 +265,7 @@ async fn unreadable_frames_pass_through_untouched() {
             });
         }
     });
-    let addr = relay_to(orig, ctx()).await;
+    let addr = relay_to(orig, ctx(), super::relay).await;
     let mut s = TcpStream::connect(addr).await.expect("relay");
     let mut sent = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     let mut block = bytes::BytesMut::new();
@@ -392,11 +340,7 @@ fn arbitrary_conversations_never_panic_the_relay() {
         if round % 2 == 0 {
             suppress(&ctx, orig, "unclaimed");
         }
-        let info = ConnInfo {
-            peer: "127.0.0.1:40000".parse().expect("addr"),
-            orig,
-            caller: CallerId::Addr("127.0.0.1".parse().expect("ip")),
-        };
+        let info = conn_to(orig);
         let mut r = super::Relay::new(ctx, info);
         let (mut c, mut s) = (bytes::BytesMut::new(), bytes::BytesMut::new());
         let mut read = 0;
