@@ -58,7 +58,6 @@ struct InFlight {
     marked: bool,
     counted: bool,
     head: bool,
-    stamp: Option<Claim>,
     /// Answered here: written when the responses before it are done.
     local: Option<Local>,
     status: Option<StatusCode>,
@@ -356,7 +355,6 @@ impl Relay {
             marked,
             counted: false,
             head: is_head,
-            stamp: self.ctx.view.claim(&self.info.orig, now),
             local: None,
             status: None,
             claim: Claim::Missing,
@@ -531,7 +529,12 @@ impl Relay {
         settle(&self.ctx, &self.info, x);
         let head = buf.split_to(len);
         let failed = policy::status_is_failure(status);
-        match x.stamp.filter(|_| failed && !has_claim) {
+        // The agent's claim as it stands now: a claim published while the request was in
+        // flight is the one its caller's retry must see.
+        let stamp = (failed && !has_claim)
+            .then(|| self.ctx.view.claim(&self.info.orig, Instant::now()))
+            .flatten();
+        match stamp {
             Some(stamp) => {
                 // The claim goes in before the blank line that ends the head.
                 let end = head.len().saturating_sub(2);

@@ -115,8 +115,7 @@ struct Stream {
     digest: Option<BodyDigest>,
     marked: bool,
     grpc: bool,
-    /// The agent's claim for the callee and whether to push back, fixed when the request came.
-    stamp: Option<Claim>,
+    /// Whether a failure gets the pushback (the edge was suppressed when the request came).
     pushback: bool,
     status: Option<StatusCode>,
     grpc_status: Option<u32>,
@@ -646,7 +645,11 @@ impl Relay {
             st.watch = false;
             self.ctx.tracker.on_outcome(&st.key, None, Instant::now());
         }
-        let stamp = st.stamp.filter(|_| !has_claim);
+        // The agent's claim as it stands now: a claim published while the request was in
+        // flight is the one its caller's retry must see.
+        let stamp = (annotate && !has_claim)
+            .then(|| self.ctx.view.claim(&self.info.orig, Instant::now()))
+            .flatten();
         let pushback = st.pushback && fields.get(b"grpc-retry-pushback-ms").is_none();
         if annotate && (stamp.is_some() || pushback) {
             let mut b = BytesMut::with_capacity(64);
@@ -758,7 +761,6 @@ impl Relay {
             digest: Some(BodyDigest::default()),
             marked: policy::retry_markers(&headers).says_retry(),
             grpc,
-            stamp: self.ctx.view.claim(&self.info.orig, now),
             // As the hyper path: only where retries must stop.
             pushback: grpc && suppressed == Some(crate::decide::Reason::CalleeUnclaimed),
             status: None,

@@ -21,8 +21,9 @@ use crate::actuate::shim::policy;
 
 type Seen = Arc<Mutex<Vec<(String, HeaderMap, Bytes)>>>;
 
-/// The callee (hyper, keep-alive): `/fail` answers 503, `/echo` sends the body back chunked,
-/// anything else 200 "ok". Logs every request it sees with its headers and body.
+/// The callee (hyper, keep-alive): `/fail` answers 503, `/slow-fail` 502 after 300 ms, `/echo`
+/// sends the body back, anything else 200 "ok". Logs every request it sees with its headers
+/// and body.
 async fn callee() -> (SocketAddr, Seen) {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = l.local_addr().expect("addr");
@@ -48,6 +49,13 @@ async fn callee() -> (SocketAddr, Seen) {
                                 .body(Full::new(Bytes::from_static(b"no")))
                                 .expect("response"),
                             "/echo" => Response::new(Full::new(body)),
+                            "/slow-fail" => {
+                                tokio::time::sleep(Duration::from_millis(300)).await;
+                                Response::builder()
+                                    .status(502)
+                                    .body(Full::new(Bytes::from_static(b"no")))
+                                    .expect("response")
+                            }
                             _ => Response::new(Full::new(Bytes::from_static(b"ok"))),
                         };
                         Ok::<_, std::convert::Infallible>(r)
@@ -310,6 +318,25 @@ async fn a_half_closed_client_still_gets_its_answer() {
         text.starts_with("HTTP/1.1 200") && text.ends_with("ok"),
         "{text}"
     );
+}
+
+/// The agent's claim published while a request is in flight is the one its failure carries:
+/// the caller's retry of it must see it (the lab's depth-4 stops its first retry on it).
+#[tokio::test]
+async fn a_claim_published_during_the_request_is_on_its_failure() {
+    let (orig, _) = callee().await;
+    let ctx = ctx();
+    let mut s = TcpStream::connect(relay_to(orig, ctx.clone(), super::relay).await)
+        .await
+        .expect("relay");
+    s.write_all(b"GET /slow-fail HTTP/1.1\r\nHost: b\r\n\r\n")
+        .await
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    suppress(&ctx, orig, "unclaimed");
+    let text = exchange(&mut s, b"", 1).await;
+    assert!(text.starts_with("HTTP/1.1 502"), "{text}");
+    assert!(text.contains("x-error-claim: unclaimed\r\n"), "{text}");
 }
 
 /// hyper's client through the relay: keep-alive requests on one connection, a large body
