@@ -536,6 +536,9 @@ impl Relay {
             .flatten();
         match stamp {
             Some(stamp) => {
+                // What the caller is told is what its retry is judged by (an unclaimed failure's
+                // retry is answered here even without a decision).
+                x.claim = stamp;
                 // The claim goes in before the blank line that ends the head.
                 let end = head.len().saturating_sub(2);
                 self.to_client.extend_from_slice(&head[..end]);

@@ -654,6 +654,8 @@ impl Relay {
         if annotate && (stamp.is_some() || pushback) {
             let mut b = BytesMut::with_capacity(64);
             if let Some(c) = stamp {
+                // What the caller is told is what its retry is judged by.
+                st.claim = c;
                 frame::put_literal(&mut b, ERROR_CLAIM_HEADER.as_bytes(), c.as_str().as_bytes());
             }
             if pushback {

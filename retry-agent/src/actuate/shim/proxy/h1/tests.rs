@@ -337,6 +337,20 @@ async fn a_claim_published_during_the_request_is_on_its_failure() {
     let text = exchange(&mut s, b"", 1).await;
     assert!(text.starts_with("HTTP/1.1 502"), "{text}");
     assert!(text.contains("x-error-claim: unclaimed\r\n"), "{text}");
+    // And its retry is judged by it: unclaimed, so answered here, even with no decision.
+    ctx.view.replace(
+        &serde_json::from_value(serde_json::json!({
+            "v": crate::actuate::wire::VERSION, "seq": 2, "sent_unix_ms": 0,
+            "claims": [{ "service": "b", "addrs": [orig], "claim": "unclaimed", "remaining_ms": 60_000 }]
+        }))
+        .expect("snapshot"),
+        std::time::Instant::now(),
+    );
+    let text = exchange(&mut s, b"GET /slow-fail HTTP/1.1\r\nHost: b\r\n\r\n", 1).await;
+    assert!(
+        text.contains("x-retry-suppressed: callee_unclaimed"),
+        "{text}"
+    );
 }
 
 /// hyper's client through the relay: keep-alive requests on one connection, a large body
