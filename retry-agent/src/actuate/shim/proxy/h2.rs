@@ -23,8 +23,10 @@
 //! (the callee could not read what follows): then the connection ends.
 use std::{borrow::Cow, collections::HashMap, sync::Arc, time::Instant};
 
+use self::fields::Fields;
+
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::StatusCode;
 use loona_hpack::Decoder;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -33,7 +35,7 @@ use tokio::{
 
 use self::frame::{
     CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, Head, INTERNAL_ERROR, NO_ERROR,
-    PUSH_PROMISE, RST_STREAM,
+    RST_STREAM,
 };
 use super::{ConnInfo, Ctx, ProxyError, bump, is_grpc, key_of_fields};
 use crate::{
@@ -41,10 +43,12 @@ use crate::{
         answer::{self, BODY_WAIT, LocalAnswer},
         policy::{self, BodyDigest, FailureReply, RequestKey, SuppressReason, Verdict},
     },
-    l7::{Claim, ERROR_CLAIM_HEADER, RETRY_SUPPRESSED_HEADER},
+    l7::{Claim, RETRY_SUPPRESSED_HEADER},
 };
 
+mod fields;
 pub mod frame;
+mod response;
 #[cfg(test)]
 mod tests;
 
@@ -61,52 +65,6 @@ const HOLD_MAX: usize = 1 << 20;
 const MAX_STREAMS: usize = 4096;
 /// Left-out stream ids remembered, so their late frames never reach the callee.
 const MAX_DROPPED: usize = 1024;
-
-/// A decoded header block: fields in order, as spans of one buffer reused per connection.
-#[derive(Default)]
-struct Fields {
-    buf: Vec<u8>,
-    spans: Vec<(usize, usize, usize)>,
-}
-
-impl Fields {
-    fn clear(&mut self) {
-        self.buf.clear();
-        self.spans.clear();
-    }
-    fn push(&mut self, name: &[u8], value: &[u8]) {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(name);
-        self.buf.extend_from_slice(value);
-        self.spans.push((start, name.len(), value.len()));
-    }
-    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.spans.iter().filter_map(|&(s, n, v)| {
-            Some((self.buf.get(s..s + n)?, self.buf.get(s + n..s + n + v)?))
-        })
-    }
-    fn get(&self, name: &[u8]) -> Option<&[u8]> {
-        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
-    }
-    /// The regular (non-pseudo) fields as a header map; fields http cannot hold are skipped.
-    fn headers(&self) -> HeaderMap {
-        let mut h = HeaderMap::with_capacity(self.spans.len());
-        for (n, v) in self.iter().filter(|(n, _)| !n.starts_with(b":")) {
-            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n), HeaderValue::from_bytes(v)) {
-                h.append(n, v);
-            }
-        }
-        h
-    }
-    /// Every field as a literal without indexing.
-    fn encode(&self) -> BytesMut {
-        let mut b = BytesMut::with_capacity(self.buf.len() + 4 * self.spans.len());
-        for (n, v) in self.iter() {
-            frame::put_literal(&mut b, n, v);
-        }
-        b
-    }
-}
 
 /// What the relay follows of one request.
 struct Stream {
@@ -553,170 +511,6 @@ impl Relay {
         rest
     }
 
-    /// Server bytes: relay every complete frame, reading response blocks and ends.
-    fn on_server(&mut self, buf: &mut BytesMut) {
-        if !self.blind
-            && let Err(Step::Unreadable(why)) = self.server_frames(buf)
-        {
-            tracing::debug!(orig = %self.info.orig, why, "h2c relay: passing the callee's bytes through");
-            self.blind = true;
-        }
-        if self.blind {
-            self.to_client.extend_from_slice(buf);
-            buf.clear();
-        }
-    }
-
-    fn server_frames(&mut self, buf: &mut BytesMut) -> Result<(), Step> {
-        loop {
-            let Some(head) = Head::parse(buf) else {
-                return Ok(());
-            };
-            if matches!(head.kind, HEADERS | PUSH_PROMISE) {
-                let Some(len) = block_extent(buf, &head)? else {
-                    return Ok(());
-                };
-                self.decode_block(buf, len, Side::Response)?;
-                let frames = buf.split_to(len);
-                if head.kind == HEADERS {
-                    self.server_block(&head, frames);
-                } else {
-                    self.to_client.extend_from_slice(&frames);
-                }
-                continue;
-            }
-            if head.kind == CONTINUATION {
-                return Err(Step::Unreadable("CONTINUATION outside a header block"));
-            }
-            if buf.len() < head.total() {
-                return Ok(());
-            }
-            let f = buf.split_to(head.total());
-            self.to_client.extend_from_slice(&f);
-            match head.kind {
-                DATA if head.has(END_STREAM) => self.commit(head.stream, false),
-                RST_STREAM => self.commit(head.stream, true),
-                _ => {}
-            }
-        }
-    }
-
-    /// A decoded response block: headers (the status, a trailers-only gRPC status) or
-    /// trailers; a failure's block gets the claim and the pushback.
-    fn server_block(&mut self, head: &Head, mut frames: BytesMut) {
-        let Some(st) = self.streams.get_mut(&head.stream) else {
-            self.to_client.extend_from_slice(&frames);
-            return;
-        };
-        let fields = &self.resp_fields;
-        let mut annotate = false;
-        if st.status.is_none() {
-            let status = fields
-                .get(b":status")
-                .and_then(|s| StatusCode::from_bytes(s).ok());
-            if status.is_some_and(|s| s.is_informational()) {
-                self.to_client.extend_from_slice(&frames);
-                return;
-            }
-            st.status = status;
-            settle(&self.ctx, &self.info, st);
-        }
-        let grpc_status = fields
-            .get(b"grpc-status")
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|s| s.trim().parse().ok());
-        let has_claim = fields.get(ERROR_CLAIM_HEADER.as_bytes()).is_some();
-        if let Some(c) = fields
-            .get(ERROR_CLAIM_HEADER.as_bytes())
-            .and_then(Claim::parse)
-        {
-            st.claim = c;
-        }
-        if st.grpc {
-            st.grpc_status = grpc_status.or(st.grpc_status);
-            if st.grpc_status.is_none() && fields.get(b"grpc-status").is_some() {
-                st.grpc_status = Some(2); // unparseable status: UNKNOWN, a failure
-            }
-            annotate = grpc_status.is_some_and(|s| s != 0);
-        } else if st.status.is_some_and(policy::status_is_failure) {
-            annotate = true;
-        } else if st.watch {
-            // Success: forget any earlier failure of this request.
-            st.watch = false;
-            self.ctx.tracker.on_outcome(&st.key, None, Instant::now());
-        }
-        // The agent's claim as it stands now: a claim published while the request was in
-        // flight is the one its caller's retry must see.
-        let stamp = (annotate && !has_claim)
-            .then(|| self.ctx.view.claim(&self.info.orig, Instant::now()))
-            .flatten();
-        let pushback = st.pushback && fields.get(b"grpc-retry-pushback-ms").is_none();
-        if annotate && (stamp.is_some() || pushback) {
-            let mut b = BytesMut::with_capacity(64);
-            if let Some(c) = stamp {
-                // What the caller is told is what its retry is judged by.
-                st.claim = c;
-                frame::put_literal(&mut b, ERROR_CLAIM_HEADER.as_bytes(), c.as_str().as_bytes());
-            }
-            if pushback {
-                frame::put_literal(&mut b, b"grpc-retry-pushback-ms", b"-1");
-            }
-            clear_last_end_headers(&mut frames);
-            self.to_client.extend_from_slice(&frames);
-            frame::put_head(
-                &mut self.to_client,
-                b.len(),
-                CONTINUATION,
-                END_HEADERS,
-                head.stream,
-            );
-            self.to_client.extend_from_slice(&b);
-        } else {
-            self.to_client.extend_from_slice(&frames);
-        }
-        if head.has(END_STREAM) {
-            self.commit(head.stream, false);
-        }
-    }
-
-    /// The response ended (or was reset): its outcome is recorded and the stream forgotten.
-    fn commit(&mut self, stream: u32, reset: bool) {
-        let Some(mut st) = self.streams.remove(&stream) else {
-            return;
-        };
-        settle(&self.ctx, &self.info, &mut st);
-        if !st.watch {
-            return;
-        }
-        let failed = if st.grpc {
-            st.grpc_status.is_none_or(|s| s != 0)
-        } else {
-            st.status.is_none_or(policy::status_is_failure)
-        };
-        let outcome = match st.status {
-            Some(status) if !reset && failed => Some((
-                FailureReply::Response {
-                    status,
-                    grpc_status: st.grpc_status,
-                },
-                st.claim,
-            )),
-            Some(_) if !reset => None,
-            _ => Some((FailureReply::Reset, st.claim)),
-        };
-        self.ctx
-            .tracker
-            .on_outcome(&st.key, outcome, Instant::now());
-    }
-
-    /// The callee closed: every request still waiting for it was reset.
-    fn upstream_ended(&mut self) {
-        let open: Vec<u32> = self.streams.keys().copied().collect();
-        for s in open {
-            self.commit(s, true);
-        }
-    }
-
     /// Decodes the block of `len` bytes of frames at the front of `buf` into `self.fields`.
     fn decode_block(&mut self, buf: &[u8], len: usize, side: Side) -> Result<(), Step> {
         let mut block = Vec::new();
@@ -821,18 +615,5 @@ fn block_extent(buf: &[u8], first: &Head) -> Result<Option<usize>, Step> {
             return Err(Step::Unreadable("header block interrupted"));
         }
         head = next;
-    }
-}
-
-/// Clears END_HEADERS on the last frame of a block, so a CONTINUATION of ours can follow.
-fn clear_last_end_headers(frames: &mut BytesMut) {
-    let mut at = 0;
-    let mut last = None;
-    while let Some(h) = frames.get(at..).and_then(Head::parse) {
-        last = Some(at);
-        at += h.total();
-    }
-    if let Some(flags) = last.and_then(|l| frames.get_mut(l + 4)) {
-        *flags &= !END_HEADERS;
     }
 }

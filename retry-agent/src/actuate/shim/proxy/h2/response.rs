@@ -1,0 +1,198 @@
+//! The callee's side of the h2c relay: response header blocks read for the status, gRPC
+//! status and claim, a failure's block given the claim and pushback, outcomes recorded where
+//! streams end.
+use std::time::Instant;
+
+use bytes::BytesMut;
+use http::StatusCode;
+
+use super::{
+    Relay, Side, Step, block_extent,
+    frame::{
+        self, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, Head, PUSH_PROMISE, RST_STREAM,
+    },
+    settle,
+};
+use crate::{
+    actuate::shim::policy::{self, FailureReply},
+    l7::{Claim, ERROR_CLAIM_HEADER},
+};
+
+impl Relay {
+    /// Server bytes: relay every complete frame, reading response blocks and ends.
+    pub(super) fn on_server(&mut self, buf: &mut BytesMut) {
+        if !self.blind
+            && let Err(Step::Unreadable(why)) = self.server_frames(buf)
+        {
+            tracing::debug!(orig = %self.info.orig, why, "h2c relay: passing the callee's bytes through");
+            self.blind = true;
+        }
+        if self.blind {
+            self.to_client.extend_from_slice(buf);
+            buf.clear();
+        }
+    }
+
+    fn server_frames(&mut self, buf: &mut BytesMut) -> Result<(), Step> {
+        loop {
+            let Some(head) = Head::parse(buf) else {
+                return Ok(());
+            };
+            if matches!(head.kind, HEADERS | PUSH_PROMISE) {
+                let Some(len) = block_extent(buf, &head)? else {
+                    return Ok(());
+                };
+                self.decode_block(buf, len, Side::Response)?;
+                let frames = buf.split_to(len);
+                if head.kind == HEADERS {
+                    self.server_block(&head, frames);
+                } else {
+                    self.to_client.extend_from_slice(&frames);
+                }
+                continue;
+            }
+            if head.kind == CONTINUATION {
+                return Err(Step::Unreadable("CONTINUATION outside a header block"));
+            }
+            if buf.len() < head.total() {
+                return Ok(());
+            }
+            let f = buf.split_to(head.total());
+            self.to_client.extend_from_slice(&f);
+            match head.kind {
+                DATA if head.has(END_STREAM) => self.commit(head.stream, false),
+                RST_STREAM => self.commit(head.stream, true),
+                _ => {}
+            }
+        }
+    }
+
+    /// A decoded response block: headers (the status, a trailers-only gRPC status) or
+    /// trailers; a failure's block gets the claim and the pushback.
+    fn server_block(&mut self, head: &Head, mut frames: BytesMut) {
+        let Some(st) = self.streams.get_mut(&head.stream) else {
+            self.to_client.extend_from_slice(&frames);
+            return;
+        };
+        let fields = &self.resp_fields;
+        let mut annotate = false;
+        if st.status.is_none() {
+            let status = fields
+                .get(b":status")
+                .and_then(|s| StatusCode::from_bytes(s).ok());
+            if status.is_some_and(|s| s.is_informational()) {
+                self.to_client.extend_from_slice(&frames);
+                return;
+            }
+            st.status = status;
+            settle(&self.ctx, &self.info, st);
+        }
+        let grpc_status = fields
+            .get(b"grpc-status")
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|s| s.trim().parse().ok());
+        let has_claim = fields.get(ERROR_CLAIM_HEADER.as_bytes()).is_some();
+        if let Some(c) = fields
+            .get(ERROR_CLAIM_HEADER.as_bytes())
+            .and_then(Claim::parse)
+        {
+            st.claim = c;
+        }
+        if st.grpc {
+            st.grpc_status = grpc_status.or(st.grpc_status);
+            if st.grpc_status.is_none() && fields.get(b"grpc-status").is_some() {
+                st.grpc_status = Some(2); // unparseable status: UNKNOWN, a failure
+            }
+            annotate = grpc_status.is_some_and(|s| s != 0);
+        } else if st.status.is_some_and(policy::status_is_failure) {
+            annotate = true;
+        } else if st.watch {
+            // Success: forget any earlier failure of this request.
+            st.watch = false;
+            self.ctx.tracker.on_outcome(&st.key, None, Instant::now());
+        }
+        // The agent's claim as it stands now: a claim published while the request was in
+        // flight is the one its caller's retry must see.
+        let stamp = (annotate && !has_claim)
+            .then(|| self.ctx.view.claim(&self.info.orig, Instant::now()))
+            .flatten();
+        let pushback = st.pushback && fields.get(b"grpc-retry-pushback-ms").is_none();
+        if annotate && (stamp.is_some() || pushback) {
+            let mut b = BytesMut::with_capacity(64);
+            if let Some(c) = stamp {
+                // What the caller is told is what its retry is judged by.
+                st.claim = c;
+                frame::put_literal(&mut b, ERROR_CLAIM_HEADER.as_bytes(), c.as_str().as_bytes());
+            }
+            if pushback {
+                frame::put_literal(&mut b, b"grpc-retry-pushback-ms", b"-1");
+            }
+            clear_last_end_headers(&mut frames);
+            self.to_client.extend_from_slice(&frames);
+            frame::put_head(
+                &mut self.to_client,
+                b.len(),
+                CONTINUATION,
+                END_HEADERS,
+                head.stream,
+            );
+            self.to_client.extend_from_slice(&b);
+        } else {
+            self.to_client.extend_from_slice(&frames);
+        }
+        if head.has(END_STREAM) {
+            self.commit(head.stream, false);
+        }
+    }
+
+    /// The response ended (or was reset): its outcome is recorded and the stream forgotten.
+    fn commit(&mut self, stream: u32, reset: bool) {
+        let Some(mut st) = self.streams.remove(&stream) else {
+            return;
+        };
+        settle(&self.ctx, &self.info, &mut st);
+        if !st.watch {
+            return;
+        }
+        let failed = if st.grpc {
+            st.grpc_status.is_none_or(|s| s != 0)
+        } else {
+            st.status.is_none_or(policy::status_is_failure)
+        };
+        let outcome = match st.status {
+            Some(status) if !reset && failed => Some((
+                FailureReply::Response {
+                    status,
+                    grpc_status: st.grpc_status,
+                },
+                st.claim,
+            )),
+            Some(_) if !reset => None,
+            _ => Some((FailureReply::Reset, st.claim)),
+        };
+        self.ctx
+            .tracker
+            .on_outcome(&st.key, outcome, Instant::now());
+    }
+
+    /// The callee closed: every request still waiting for it was reset.
+    pub(super) fn upstream_ended(&mut self) {
+        let open: Vec<u32> = self.streams.keys().copied().collect();
+        for s in open {
+            self.commit(s, true);
+        }
+    }
+}
+
+/// Clears END_HEADERS on the last frame of a block, so a CONTINUATION of ours can follow.
+fn clear_last_end_headers(frames: &mut BytesMut) {
+    let mut at = 0;
+    let mut last = None;
+    while let Some(h) = frames.get(at..).and_then(Head::parse) {
+        last = Some(at);
+        at += h.total();
+    }
+    if let Some(flags) = last.and_then(|l| frames.get_mut(l + 4)) {
+        *flags &= !END_HEADERS;
+    }
+}
