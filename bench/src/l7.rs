@@ -10,7 +10,7 @@ use anyhow::Result;
 use bytes::Bytes;
 use retry_agent::{
     capture::{ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, Role, Syscall},
-    l7::{Exchange, L7Config, Reassembler},
+    l7::{Exchange, L7Config, Reassembler, hpack::huffman},
 };
 
 pub fn run() -> Result<()> {
@@ -22,6 +22,7 @@ pub fn run() -> Result<()> {
         grpc_unary(Hpack::Loona),
         grpc_unary(Hpack::IndexAll),
         grpc_unary(Hpack::TracePerCall),
+        grpc_unary(Hpack::TracePerCallHuffman),
     ] {
         if only.as_deref().is_some_and(|o| !w.name.starts_with(o)) {
             continue;
@@ -253,35 +254,47 @@ enum Hpack {
     /// the dynamic table as Go's encoder would: no two request blocks alike, each changes the
     /// table (the worst case: every block decoded anew).
     TracePerCall,
+    /// The same with every string Huffman-coded, as real clients send them (gRPC's, Go's,
+    /// hyper's, Envoy's encoders Huffman-code a string whenever that is shorter).
+    TracePerCallHuffman,
 }
 
 /// A literal header field with incremental indexing, new name, no Huffman (short strings).
 fn literal_indexed(out: &mut Vec<u8>, (n, v): (&[u8], &[u8])) {
     out.push(0x40);
-    out.push(n.len() as u8);
-    out.extend_from_slice(n);
-    out.push(v.len() as u8);
-    out.extend_from_slice(v);
+    string(out, n, false);
+    string(out, v, false);
+}
+
+/// A string literal shorter than 127 octets as sent, Huffman-coded or not.
+fn string(out: &mut Vec<u8>, s: &[u8], huff: bool) {
+    if huff {
+        out.push(0x80 | huffman::encoded_len(s) as u8);
+        huffman::encode(s, out);
+    } else {
+        out.push(s.len() as u8);
+        out.extend_from_slice(s);
+    }
 }
 
 /// The request fields as literals without indexing (literal names where the static table has
 /// none, so the block never refers to the dynamic table and replays whatever it holds), then a
 /// `traceparent` unique to (connection, call) with incremental indexing.
-fn traced_request_block(fields: &[(&[u8], &[u8])], conn: u32, call: u32) -> Vec<u8> {
+fn traced_request_block(fields: &[(&[u8], &[u8])], conn: u32, call: u32, huff: bool) -> Vec<u8> {
     let mut b = Vec::new();
     for (n, v) in fields {
         b.push(0x00);
-        b.push(n.len() as u8);
-        b.extend_from_slice(n);
-        b.push(v.len() as u8);
-        b.extend_from_slice(v);
+        string(&mut b, n, huff);
+        string(&mut b, v, huff);
     }
     let tp = format!(
         "00-{:032x}-{:016x}-01",
         (u64::from(conn) << 32) | u64::from(call),
         call + 1
     );
-    literal_indexed(&mut b, (b"traceparent", tp.as_bytes()));
+    b.push(0x40);
+    string(&mut b, b"traceparent", huff);
+    string(&mut b, tp.as_bytes(), huff);
     b
 }
 
@@ -369,8 +382,8 @@ fn grpc_unary(hpack: Hpack) -> Workload {
             let enc = |e: &mut loona_hpack::Encoder, b: &Option<Vec<u8>>, h: &[(&[u8], &[u8])]| {
                 b.clone().unwrap_or_else(|| e.encode(h.iter().copied()))
             };
-            let req = if hpack == Hpack::TracePerCall {
-                traced_request_block(&req_h, fd, call)
+            let req = if matches!(hpack, Hpack::TracePerCall | Hpack::TracePerCallHuffman) {
+                traced_request_block(&req_h, fd, call, hpack == Hpack::TracePerCallHuffman)
             } else {
                 enc(&mut ce, &req_block, &req_h)
             };
@@ -408,6 +421,9 @@ fn grpc_unary(hpack: Hpack) -> Workload {
             Hpack::Loona => "grpc unary, 8 in flight, 100 B, literal fields",
             Hpack::IndexAll => "grpc unary, 8 in flight, 100 B, indexed fields",
             Hpack::TracePerCall => "grpc unary, 8 in flight, 100 B, a new traceparent per call",
+            Hpack::TracePerCallHuffman => {
+                "grpc unary, 8 in flight, 100 B, a new traceparent per call, Huffman-coded"
+            }
         },
         setup,
         round,

@@ -5,9 +5,8 @@
 //! mid-connection, block larger than the captured prefix) the dynamic table is unknowable for
 //! the rest of the connection, so later blocks are reported as unknown instead of decoded with
 //! a table that may be wrong. Frame payloads we do not need are skipped by counting.
-use std::borrow::Cow;
-
 use super::{
+    hpack,
     http1::{Side, recycle},
     msg::{
         Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method,
@@ -184,7 +183,7 @@ pub(crate) struct H2Dir {
     block_cut: bool,
     block_start: Ctx,
     in_block: bool,
-    decoder: loona_hpack::Decoder<'static>,
+    decoder: hpack::Decoder,
     /// False once the dynamic table is unknowable.
     hpack_ok: bool,
     cap: usize,
@@ -195,8 +194,7 @@ impl H2Dir {
     /// `preface`: this is the client direction of a connection seen from its start.
     /// `hpack_ok`: false when capture started mid-connection.
     pub(crate) fn new(side: Side, preface: bool, hpack_ok: bool, cap: usize) -> Self {
-        let mut decoder = loona_hpack::Decoder::new();
-        decoder.set_max_allowed_table_size(MAX_HPACK_TABLE);
+        let decoder = hpack::Decoder::new(MAX_HPACK_TABLE);
         H2Dir {
             side,
             state: if preface {
@@ -550,12 +548,10 @@ impl H2Dir {
         };
         let mut req = ReqInfo::default();
         let mut resp = RespInfo::default();
-        let res =
-            self.decoder
-                .decode_with_cb(bytes, |n: Cow<'_, [u8]>, v: Cow<'_, [u8]>| match side {
-                    Side::Request => apply_h2_request_header(&mut req, &n, &v),
-                    Side::Response => apply_response_header(&mut resp, &n, &v),
-                });
+        let res = self.decoder.decode(bytes, |n, v| match side {
+            Side::Request => apply_h2_request_header(&mut req, n, v),
+            Side::Response => apply_response_header(&mut resp, n, v),
+        });
         if partial {
             req.unknown = true;
             resp.unknown = true;

@@ -8,6 +8,7 @@ mod classify;
 mod conn;
 pub mod exchange;
 mod http1;
+pub mod hpack;
 mod http2;
 mod msg;
 mod trace;

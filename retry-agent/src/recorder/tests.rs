@@ -9,25 +9,8 @@ use crate::{
     capture::{ConnId, DataEvent, Direction, Role, Syscall},
     decide::Reason,
     pipeline::{Pipeline, Record, StageOutput},
-    testkit::{synth, temp_dir},
+    testkit::{Rng, synth, temp_dir},
 };
-
-/// Small deterministic RNG (xorshift64*): seeded, so a failure reproduces.
-pub(crate) struct Rng(u64);
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed.max(1))
-    }
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 fn cfg(dir: PathBuf) -> RecorderConfig {
     RecorderConfig {

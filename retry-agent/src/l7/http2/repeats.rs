@@ -1,6 +1,9 @@
 //! The header blocks a direction may answer from memory: which blocks leave the HPACK dynamic
 //! table alone (a walk of their representations, RFC 7541 §6), and the last ones decoded.
-use super::Block;
+use super::{
+    super::hpack::{Repr, read_int, read_str},
+    Block,
+};
 
 /// The last header blocks this direction decoded that left the dynamic table alone, with what
 /// they decoded to. While every block since was of that kind the same bytes decode to the same
@@ -43,32 +46,6 @@ impl Repeats {
     }
 }
 
-/// An HPACK integer with an `n`-bit prefix at the start of `b` (RFC 7541 §5.1): its value and
-/// the rest of `b`. None when cut, or larger than any length a block of ours can hold.
-fn hpack_int(b: &[u8], n: u32) -> Option<(usize, &[u8])> {
-    let (&first, mut rest) = b.split_first()?;
-    let max = (1usize << n) - 1;
-    let mut v = usize::from(first) & max;
-    if v < max {
-        return Some((v, rest));
-    }
-    for shift in [0u32, 7, 14, 21] {
-        let (&c, r) = rest.split_first()?;
-        rest = r;
-        v += usize::from(c & 0x7f) << shift;
-        if c & 0x80 == 0 {
-            return Some((v, rest));
-        }
-    }
-    None
-}
-
-/// A string literal (length with a 7-bit prefix, Huffman or not): the rest of `b` after it.
-fn skip_hpack_string(b: &[u8]) -> Option<&[u8]> {
-    let (len, rest) = hpack_int(b, 7)?;
-    rest.get(len..)
-}
-
 /// Whether a header block leaves the dynamic table as it found it and carries no never-indexed
 /// field: only indexed fields (§6.1, index not 0) and literals without indexing (§6.2.2).
 pub(crate) fn table_preserving(b: &[u8]) -> bool {
@@ -100,30 +77,29 @@ fn indexed_only(mut b: &[u8]) -> bool {
 /// Indexed fields and literals without indexing. Out of line: inlined into `decode` it made
 /// the sink's moves compile worse (the indexed bench lost ~5%).
 #[inline(never)]
-fn with_unindexed_literals(mut b: &[u8]) -> bool {
+fn with_unindexed_literals(b: &[u8]) -> bool {
     if b.is_empty() {
         return false;
     }
-    while let Some(&first) = b.first() {
-        let rest = if first & 0x80 != 0 {
+    let mut p = 0;
+    while let Some(&first) = b.get(p) {
+        let next = match Repr::of(first) {
             // Indexed; index 0 is an error.
-            match hpack_int(b, 7) {
-                Some((i, r)) if i != 0 => Some(r),
-                _ => None,
-            }
-        } else if first & 0xf0 == 0 {
-            // Literal without indexing: an indexed name (4-bit prefix) or a literal one, then
-            // the value.
-            hpack_int(b, 4).and_then(|(name, r)| {
-                let r = if name == 0 { skip_hpack_string(r)? } else { r };
-                skip_hpack_string(r)
-            })
-        } else {
-            // With incremental indexing (01), a size update (001), never indexed (0001).
-            None
+            Repr::Indexed => read_int(b, p, 7)
+                .ok()
+                .filter(|&(i, _)| i != 0)
+                .map(|(_, q)| q),
+            // Literal without indexing (0000; 0001 is never indexed): an indexed name or a
+            // literal one, then the value.
+            Repr::Literal if first & 0x10 == 0 => read_int(b, p, 4).ok().and_then(|(name, q)| {
+                let q = if name == 0 { read_str(b, q).ok()?.2 } else { q };
+                read_str(b, q).ok().map(|(_, _, q)| q)
+            }),
+            // With incremental indexing, a size update, never indexed.
+            _ => None,
         };
-        match rest {
-            Some(r) => b = r,
+        match next {
+            Some(q) => p = q,
             None => return false,
         }
     }

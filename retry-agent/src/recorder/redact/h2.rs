@@ -2,17 +2,13 @@
 //! the *decoded* name (HPACK: Huffman-coded names and values, dynamic-table references), with
 //! the same allow-list as HTTP/1.
 //!
-//! The redactor runs its own HPACK decoder per connection and direction (loona-hpack, as l7
-//! does), so a name sent as a Huffman literal or as a dynamic-table index is known. A header
+//! The redactor runs its own HPACK decoder per connection and direction (l7's), so a name sent as a Huffman literal or as a dynamic-table index is known. A header
 //! block that does not arrive whole in one record is masked whole, but still fed to the decoder
 //! once complete, so the table stays in step. When the table cannot be trusted (a block decoded
 //! with an error, uncaptured bytes inside a block, capture started mid-connection), fields whose
 //! name comes from the dynamic table are masked: what cannot be classified is not kept.
-use std::{borrow::Cow, sync::OnceLock};
-
-use loona_hpack::{Decoder, huffman::HuffmanDecoder};
-
 use super::{Redacted, mask_query};
+use crate::l7::hpack::{self, Decoder, STATIC_TABLE, huffman, read_int};
 
 pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Largest header block held to keep the decoder in step (beyond it the table is given up).
@@ -51,7 +47,7 @@ pub(super) struct H2 {
     /// Fragments of the current header block, when held.
     held: Vec<u8>,
     holding: bool,
-    decoder: Decoder<'static>,
+    decoder: Decoder,
     /// The decoder's dynamic table is in step with the sender's.
     hpack_ok: bool,
 }
@@ -67,9 +63,8 @@ impl H2 {
     /// `preface`: the connection preface is expected first. `hpack_ok`: the decoder starts in
     /// step (a connection seen from its start).
     pub(super) fn new(preface: bool, hpack_ok: bool) -> Self {
-        let mut decoder = Decoder::new();
         // Peers may announce a larger table than the default; the decoder must not refuse it.
-        decoder.set_max_allowed_table_size(1 << 20);
+        let decoder = Decoder::new(1 << 20);
         H2 {
             preface_left: if preface { PREFACE.len() } else { 0 },
             hdr: [0; 9],
@@ -232,7 +227,7 @@ impl H2 {
         self.frame = frame;
         self.frame.clear();
         if !self.continuing {
-            if self.hpack_ok && self.decoder.decode_with_cb(&self.held, |_, _| {}).is_err() {
+            if self.hpack_ok && self.decoder.decode(&self.held, |_, _| {}).is_err() {
                 self.hpack_ok = false;
             }
             self.held.clear();
@@ -255,11 +250,7 @@ impl H2 {
         };
         let decoded = if self.hpack_ok {
             let mut names: Vec<Vec<u8>> = Vec::new();
-            match self
-                .decoder
-                .decode_with_cb(block, |n: Cow<'_, [u8]>, _v: Cow<'_, [u8]>| {
-                    names.push(n.into_owned())
-                }) {
+            match self.decoder.decode(block, |n, _| names.push(n.to_vec())) {
                 Ok(()) => Some(names),
                 Err(_) => {
                     self.hpack_ok = false;
@@ -343,55 +334,15 @@ fn fragment(p: &[u8], kind: u8, flags: u8) -> Option<&[u8]> {
     p.get(from..to)
 }
 
-/// HPACK integer (RFC 7541 §5.1) at `at` with an `prefix`-bit prefix: (value, next index).
-pub(super) fn hpack_int(b: &[u8], at: usize, prefix: u8) -> Option<(u64, usize)> {
-    let max = (1u64 << prefix) - 1;
-    let first = u64::from(*b.get(at)?) & max;
-    if first < max {
-        return Some((first, at + 1));
-    }
-    let mut v = max;
-    let mut shift = 0u32;
-    let mut p = at + 1;
-    loop {
-        let c = *b.get(p)?;
-        v = v.checked_add(u64::from(c & 0x7f).checked_shl(shift)?)?;
-        p += 1;
-        if c & 0x80 == 0 {
-            return Some((v, p));
-        }
-        shift += 7;
-        if shift > 56 {
-            return None;
-        }
-    }
-}
-
 /// A string literal at `at`: (huffman, bytes start, bytes end).
-pub(super) fn hpack_str(b: &[u8], at: usize) -> Option<(bool, usize, usize)> {
-    let huff = *b.get(at)? & 0x80 != 0;
-    let (len, start) = hpack_int(b, at, 7)?;
-    let end = start.checked_add(usize::try_from(len).ok()?)?;
-    (end <= b.len()).then_some((huff, start, end))
+fn hpack_str(b: &[u8], at: usize) -> Option<(bool, usize, usize)> {
+    let (huff, raw, end) = hpack::read_str(b, at).ok()?;
+    Some((huff, end - raw.len(), end))
 }
 
-/// Names of the static table (RFC 7541 Appendix A), read from the decoder itself.
-fn static_name(idx: u64) -> Option<&'static [u8]> {
-    static NAMES: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
-    let names = NAMES.get_or_init(|| {
-        (1u8..=61)
-            .map(|i| {
-                let mut d = Decoder::new();
-                let mut name = Vec::new();
-                let _ = d.decode_with_cb(&[0x80 | i], |n: Cow<'_, [u8]>, _v: Cow<'_, [u8]>| {
-                    name = n.into_owned()
-                });
-                name
-            })
-            .collect()
-    });
-    let i = usize::try_from(idx).ok()?.checked_sub(1)?;
-    names.get(i).map(Vec::as_slice)
+/// A name of the static table (RFC 7541 Appendix A), by its index.
+fn static_name(idx: usize) -> Option<&'static [u8]> {
+    STATIC_TABLE.get(idx.checked_sub(1)?).map(|&(n, _)| n)
 }
 
 /// The name a literal field carries: indexed (static only when the decoder is not trusted) or
@@ -405,12 +356,9 @@ fn literal_name(b: &[u8], huff: bool, from: usize, to: usize) -> Option<Vec<u8>>
     }
 }
 
-/// Huffman-decode with one decoder per thread (building one builds its code map).
 fn huffman_decode(raw: &[u8]) -> Option<Vec<u8>> {
-    thread_local! {
-        static HUFFMAN: std::cell::RefCell<HuffmanDecoder> = std::cell::RefCell::new(HuffmanDecoder::new());
-    }
-    HUFFMAN.with(|h| h.try_borrow_mut().ok().and_then(|mut h| h.decode(raw).ok()))
+    let mut out = Vec::new();
+    huffman::decode(raw, &mut out).ok().map(|()| out)
 }
 
 /// Walk the fields of a whole header block, masking every literal value whose name is not on
@@ -423,7 +371,7 @@ fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
         let Some(&c) = b.get(p) else { return };
         if c & 0x80 != 0 {
             // Indexed field: no literal bytes here (a dynamic entry was masked when it was sent).
-            match hpack_int(b, p, 7) {
+            match read_int(b, p, 7).ok() {
                 Some((_, np)) => p = np,
                 None => return mask_rest(b, p, red),
             }
@@ -432,14 +380,14 @@ fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
         }
         if c & 0xe0 == 0x20 {
             // Dynamic table size update: not a field.
-            match hpack_int(b, p, 5) {
+            match read_int(b, p, 5).ok() {
                 Some((_, np)) => p = np,
                 None => return mask_rest(b, p, red),
             }
             continue;
         }
         let prefix = if c & 0x40 != 0 { 6 } else { 4 };
-        let Some((idx, np)) = hpack_int(b, p, prefix) else {
+        let Some((idx, np)) = read_int(b, p, prefix).ok() else {
             return mask_rest(b, p, red);
         };
         p = np;

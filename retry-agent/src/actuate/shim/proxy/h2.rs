@@ -21,13 +21,12 @@
 //! HEADERS / CONTINUATION run. A frame the relay cannot read makes it stop reading and pass the
 //! rest of the connection through untouched (fail open), unless a block was already left out
 //! (the callee could not read what follows): then the connection ends.
-use std::{borrow::Cow, collections::HashMap, sync::Arc, time::Instant};
+use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use self::fields::Fields;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::StatusCode;
-use loona_hpack::Decoder;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
@@ -43,8 +42,13 @@ use crate::{
         answer::{self, BODY_WAIT, LocalAnswer},
         policy::{self, BodyDigest, FailureReply, RequestKey, SuppressReason, Verdict},
     },
-    l7::{Claim, RETRY_SUPPRESSED_HEADER},
+    l7::{Claim, RETRY_SUPPRESSED_HEADER, hpack::Decoder},
 };
+
+/// Largest HPACK table a peer may ask for that the relay follows; past it the connection is
+/// unreadable and passed through untouched, as l7 gives up such a table (bounded memory per
+/// connection: loona's decoder followed any size a peer announced).
+const MAX_HPACK_TABLE: usize = 64 * 1024;
 
 mod fields;
 pub mod frame;
@@ -105,8 +109,8 @@ enum Step {
 struct Relay {
     ctx: Arc<Ctx>,
     info: ConnInfo,
-    req_dec: Decoder<'static>,
-    resp_dec: Decoder<'static>,
+    req_dec: Decoder,
+    resp_dec: Decoder,
     /// The last client block decoded (a held request's, until it is decided).
     req_fields: Fields,
     resp_fields: Fields,
@@ -199,8 +203,8 @@ impl Relay {
         Relay {
             ctx,
             info,
-            req_dec: Decoder::new(),
-            resp_dec: Decoder::new(),
+            req_dec: Decoder::new(MAX_HPACK_TABLE),
+            resp_dec: Decoder::new(MAX_HPACK_TABLE),
             req_fields: Fields::default(),
             resp_fields: Fields::default(),
             streams: HashMap::new(),
@@ -533,7 +537,7 @@ impl Relay {
             Side::Response => (&mut self.resp_dec, &mut self.resp_fields),
         };
         fields.clear();
-        dec.decode_with_cb(&block, |n: Cow<[u8]>, v: Cow<[u8]>| fields.push(&n, &v))
+        dec.decode(&block, |n, v| fields.push(n, v))
             .map_err(|_| Step::Unreadable("HPACK"))
     }
 
