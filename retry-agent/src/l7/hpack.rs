@@ -279,6 +279,19 @@ impl Decoder {
         block: &[u8],
         mut field: impl FnMut(&[u8], &[u8]),
     ) -> Result<(), HpackError> {
+        self.decode_some(block, |_| true, |n, v| field(n, v.unwrap_or_default()))
+    }
+
+    /// As [`Decoder::decode`], but the value of a literal that does not enter the table is
+    /// decoded only when `wants(name)`, and handed over as `None` otherwise: a reader that looks
+    /// at a few fields skips the Huffman decoding of the others (a value that enters the table is
+    /// always decoded: a later block may refer to it). A skipped value's octets are not checked.
+    pub fn decode_some(
+        &mut self,
+        block: &[u8],
+        wants: impl Fn(&[u8]) -> bool,
+        mut field: impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Result<(), HpackError> {
         let mut p = 0;
         while let Some(&first) = block.get(p) {
             let repr = Repr::of(first);
@@ -290,7 +303,7 @@ impl Decoder {
                         return Err(HpackError::BadIndex(0));
                     }
                     let (n, v) = self.table.get(index)?;
-                    field(n, v);
+                    field(n, Some(v));
                 }
                 Repr::SizeUpdate => {
                     if index > self.max_allowed {
@@ -315,18 +328,24 @@ impl Decoder {
                     };
                     let (huff, raw, after) = read_str(block, p)?;
                     p = after;
-                    let value = string(huff, raw, value_buf)?;
-                    field(name, value);
-                    if repr == Repr::Incremental {
-                        let mut bytes = Vec::with_capacity(name.len() + value.len());
-                        bytes.extend_from_slice(name);
-                        bytes.extend_from_slice(value);
-                        let e = Entry {
-                            bytes: bytes.into_boxed_slice(),
-                            name_len: name.len(),
+                    if repr == Repr::Literal {
+                        let value = if wants(name) {
+                            Some(string(huff, raw, value_buf)?)
+                        } else {
+                            None
                         };
-                        table.insert(e);
+                        field(name, value);
+                        continue;
                     }
+                    let value = string(huff, raw, value_buf)?;
+                    field(name, Some(value));
+                    let mut bytes = Vec::with_capacity(name.len() + value.len());
+                    bytes.extend_from_slice(name);
+                    bytes.extend_from_slice(value);
+                    table.insert(Entry {
+                        bytes: bytes.into_boxed_slice(),
+                        name_len: name.len(),
+                    });
                 }
             }
         }

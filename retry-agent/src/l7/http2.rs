@@ -10,7 +10,7 @@ use super::{
     http1::{Side, recycle},
     msg::{
         Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method,
-        path_string,
+        path_string, request_header_read, response_header_read,
     },
     util::{MAX_AUTHORITY, bounded_string, path_of_target, query_hash_of_target},
 };
@@ -548,10 +548,25 @@ impl H2Dir {
         };
         let mut req = ReqInfo::default();
         let mut resp = RespInfo::default();
-        let res = self.decoder.decode(bytes, |n, v| match side {
-            Side::Request => apply_h2_request_header(&mut req, n, v),
-            Side::Response => apply_response_header(&mut resp, n, v),
-        });
+        // Values of fields nothing here reads are not decoded (Huffman costs most of HPACK).
+        let res = match side {
+            Side::Request => self.decoder.decode_some(
+                bytes,
+                |n| n.first() == Some(&b':') || request_header_read(n),
+                |n, v| {
+                    if let Some(v) = v {
+                        apply_h2_request_header(&mut req, n, v)
+                    }
+                },
+            ),
+            Side::Response => self
+                .decoder
+                .decode_some(bytes, response_header_read, |n, v| {
+                    if let Some(v) = v {
+                        apply_response_header(&mut resp, n, v)
+                    }
+                }),
+        };
         if partial {
             req.unknown = true;
             resp.unknown = true;

@@ -123,6 +123,17 @@ pub(crate) fn apply_request_header(req: &mut ReqInfo, name: &[u8], value: &[u8])
     }
 }
 
+/// Whether [`apply_request_header`] might read this header's value: a reader that decodes
+/// values on demand (HPACK's Huffman) skips the others.
+pub(crate) fn request_header_read(name: &[u8]) -> bool {
+    REQUEST_NAMES.may_hold(name)
+}
+
+/// Whether [`apply_response_header`] might read this header's value.
+pub(crate) fn response_header_read(name: &[u8]) -> bool {
+    RESPONSE_NAMES.may_hold(name)
+}
+
 /// [`apply_request_header`] without the length filter.
 fn apply_request_header_named(req: &mut ReqInfo, name: &[u8], value: &[u8]) {
     let n = name;

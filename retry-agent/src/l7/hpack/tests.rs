@@ -367,3 +367,37 @@ fn damaged_blocks_never_panic_and_read_as_loona_reads_them() {
     }
     assert!(agreed > 300, "only {agreed} damaged blocks compared");
 }
+
+#[test]
+fn values_not_wanted_are_skipped_and_the_table_still_follows() {
+    let mut rng = Rng::new(37);
+    let mut skipped = 0;
+    for _ in 0..100 {
+        let mut enc = Enc::new();
+        let mut some = Decoder::new(DEFAULT_TABLE_SIZE);
+        for _ in 0..20 {
+            let sent = random_fields(&mut rng);
+            let block = enc.block(&mut rng, &sent);
+            let mut got = Vec::new();
+            some.decode_some(
+                &block,
+                |n| n.starts_with(b":"),
+                |n, v| got.push((n.to_vec(), v.map(<[u8]>::to_vec))),
+            )
+            .unwrap();
+            assert_eq!(got.len(), sent.len());
+            for ((n, v), (sn, sv)) in got.iter().zip(&sent) {
+                assert_eq!(n, sn);
+                match v {
+                    Some(v) => assert_eq!(v, sv),
+                    None => {
+                        assert!(!n.starts_with(b":"), "{n:?} was wanted");
+                        skipped += 1;
+                    }
+                }
+            }
+            assert_eq!(some.table_size(), (enc.size, enc.max));
+        }
+    }
+    assert!(skipped > 100, "only {skipped} values skipped");
+}

@@ -7,6 +7,8 @@
 //! once complete, so the table stays in step. When the table cannot be trusted (a block decoded
 //! with an error, uncaptured bytes inside a block, capture started mid-connection), fields whose
 //! name comes from the dynamic table are masked: what cannot be classified is not kept.
+use std::borrow::Cow;
+
 use super::{Redacted, mask_query};
 use crate::l7::hpack::{self, Decoder, STATIC_TABLE, huffman, read_int};
 
@@ -50,6 +52,52 @@ pub(super) struct H2 {
     decoder: Decoder,
     /// The decoder's dynamic table is in step with the sender's.
     hpack_ok: bool,
+    /// What the decoder read of the block being masked.
+    decoded: Decoded,
+}
+
+/// What the decoder read of a header block: each field's name and, for `:path`, its value (the
+/// query is masked from it), in buffers kept from block to block. Other values are not decoded.
+#[derive(Default)]
+struct Decoded {
+    bytes: Vec<u8>,
+    /// Per field: its name's end in `bytes` (it starts where the previous field ended), and
+    /// the end of a decoded value after it.
+    fields: Vec<(usize, Option<usize>)>,
+}
+
+impl Decoded {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.fields.clear();
+    }
+
+    fn push(&mut self, name: &[u8], value: Option<&[u8]>) {
+        self.bytes.extend_from_slice(name);
+        let name_end = self.bytes.len();
+        let value_end = value.map(|v| {
+            self.bytes.extend_from_slice(v);
+            self.bytes.len()
+        });
+        self.fields.push((name_end, value_end));
+    }
+
+    fn start(&self, field: usize) -> usize {
+        field
+            .checked_sub(1)
+            .and_then(|i| self.fields.get(i))
+            .map_or(0, |&(n, v)| v.unwrap_or(n))
+    }
+
+    fn name(&self, field: usize) -> Option<&[u8]> {
+        let &(end, _) = self.fields.get(field)?;
+        self.bytes.get(self.start(field)..end)
+    }
+
+    fn value(&self, field: usize) -> Option<&[u8]> {
+        let &(name_end, value_end) = self.fields.get(field)?;
+        self.bytes.get(name_end..value_end?)
+    }
 }
 
 /// What a frame header says about the frame.
@@ -80,6 +128,7 @@ impl H2 {
             holding: false,
             decoder,
             hpack_ok,
+            decoded: Decoded::default(),
         }
     }
 
@@ -248,19 +297,17 @@ impl H2 {
         let Some(block) = payload.get_mut(from..to) else {
             return;
         };
-        let decoded = if self.hpack_ok {
-            let mut names: Vec<Vec<u8>> = Vec::new();
-            match self.decoder.decode(block, |n, _| names.push(n.to_vec())) {
-                Ok(()) => Some(names),
-                Err(_) => {
-                    self.hpack_ok = false;
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        mask_fields(block, decoded.as_deref(), red);
+        let decoded = &mut self.decoded;
+        decoded.clear();
+        if self.hpack_ok
+            && self
+                .decoder
+                .decode_some(block, |n| n == b":path", |n, v| decoded.push(n, v))
+                .is_err()
+        {
+            self.hpack_ok = false;
+        }
+        mask_fields(block, self.hpack_ok.then_some(&self.decoded), red);
     }
 }
 
@@ -362,8 +409,8 @@ fn huffman_decode(raw: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Walk the fields of a whole header block, masking every literal value whose name is not on
-/// the allow-list. `decoded`: the names in order, when the decoder read the block in step.
-fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
+/// the allow-list. `decoded`: what the decoder read, when it read the block in step.
+fn mask_fields(b: &mut [u8], decoded: Option<&Decoded>, red: &mut Redacted) {
     let mut p = 0usize;
     let mut field = 0usize;
     let n = b.len();
@@ -391,7 +438,8 @@ fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
             return mask_rest(b, p, red);
         };
         p = np;
-        let from_decoder = decoded.and_then(|d| d.get(field));
+        let from_decoder = decoded.and_then(|d| d.name(field));
+        let path_value = decoded.and_then(|d| d.value(field));
         let mut literal = None;
         if idx == 0 {
             let Some((huff, s, e)) = hpack_str(b, p) else {
@@ -401,9 +449,9 @@ fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
             literal = Some((huff, s, e));
         }
         let name = match (from_decoder, literal) {
-            (Some(d), _) => Some(d.clone()),
-            (None, Some((huff, s, e))) => literal_name(b, huff, s, e),
-            (None, None) => static_name(idx).map(<[u8]>::to_vec),
+            (Some(d), _) => Some(Cow::Borrowed(d)),
+            (None, Some((huff, s, e))) => literal_name(b, huff, s, e).map(Cow::Owned),
+            (None, None) => static_name(idx).map(Cow::Borrowed),
         };
         let Some((huff, s, e)) = hpack_str(b, p) else {
             return mask_rest(b, p, red);
@@ -413,7 +461,7 @@ fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
         field += 1;
         let name = name.as_deref().unwrap_or_default();
         if name == b":path" {
-            mask_path(b, lead, huff, s, e, red);
+            mask_path(b, (lead, s, e), huff, path_value, red);
         } else if !super::keep_value(name) {
             red.headers += 1;
             // Plain (not Huffman) so the masked value still decodes, in no more octets.
@@ -428,8 +476,15 @@ fn mask_fields(b: &mut [u8], decoded: Option<&[Vec<u8>]>, red: &mut Redacted) {
 }
 
 /// `:path` keeps the path and loses the query. A Huffman-coded value is rewritten plain when
-/// the path and `?` fit in its octets; otherwise it is masked whole.
-fn mask_path(b: &mut [u8], lead: usize, huff: bool, s: usize, e: usize, red: &mut Redacted) {
+/// the path and `?` fit in its octets; otherwise it is masked whole. `(lead, s, e)`: where the
+/// string starts, and its octets; `decoded`: its value, when the decoder read it.
+fn mask_path(
+    b: &mut [u8],
+    (lead, s, e): (usize, usize, usize),
+    huff: bool,
+    decoded: Option<&[u8]>,
+    red: &mut Redacted,
+) {
     if !huff {
         if let Some(v) = b.get_mut(s..e)
             && mask_query(v)
@@ -438,7 +493,10 @@ fn mask_path(b: &mut [u8], lead: usize, huff: bool, s: usize, e: usize, red: &mu
         }
         return;
     }
-    let decoded = b.get(s..e).and_then(huffman_decode);
+    let decoded = match decoded {
+        Some(d) => Some(Cow::Borrowed(d)),
+        None => b.get(s..e).and_then(huffman_decode).map(Cow::Owned),
+    };
     let Some(decoded) = decoded else {
         red.headers += 1;
         if let Some(l) = b.get_mut(lead) {
