@@ -175,6 +175,10 @@ fn cpu_us(pid: Option<u32>) -> f64 {
 enum Proto {
     Http1,
     H2c,
+    /// h2c, each request to one of 4,096 paths with a query, as real traffic: h2load (nghttp2)
+    /// sends `:path` as a Huffman-coded literal the table never keeps, so every request's is
+    /// decoded (one path, as `H2c`, is a static-table index after the first request).
+    H2cPaths,
 }
 
 struct Load<'a> {
@@ -188,7 +192,8 @@ impl Load<'_> {
         let cpu0 = cpu_us(proxy);
         let mut f = match proto {
             Proto::Http1 => self.wrk(port, secs)?,
-            Proto::H2c => self.h2load(port, secs)?,
+            Proto::H2c => self.h2load(port, secs, false)?,
+            Proto::H2cPaths => self.h2load(port, secs, true)?,
         };
         let requests = f.rps * secs as f64;
         f.cpu_us = (cpu_us(proxy) - cpu0) / requests;
@@ -218,9 +223,25 @@ impl Load<'_> {
     }
 
     /// h2c with prior knowledge, one stream in flight per connection (as wrk's keep-alive).
-    fn h2load(&self, port: u16, secs: u64) -> Result<Figures> {
+    fn h2load(&self, port: u16, secs: u64, paths: bool) -> Result<Figures> {
         let log = self.dir.join(format!("h2load-{port}.log"));
         let _ = std::fs::remove_file(&log);
+        let target = if paths {
+            let list = self.dir.join(format!("uris-{port}.txt"));
+            let uris: String = (0..4096u32)
+                .map(|i| {
+                    format!(
+                        "http://127.0.0.1:{port}/orders/{}/items?page={}&sort=desc\n",
+                        i.wrapping_mul(2_654_435_761) % 1_000_000,
+                        i % 50
+                    )
+                })
+                .collect();
+            std::fs::write(&list, uris)?;
+            vec!["-i".to_string(), list.display().to_string()]
+        } else {
+            vec![format!("http://127.0.0.1:{port}/")]
+        };
         let out = Command::new("h2load")
             .args([
                 "-t2",
@@ -229,7 +250,7 @@ impl Load<'_> {
                 &format!("-D{secs}"),
             ])
             .arg(format!("--log-file={}", log.display()))
-            .arg(format!("http://127.0.0.1:{port}/"))
+            .args(&target)
             .output()
             .context("running h2load")?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -455,7 +476,11 @@ pub fn run(bin: &Path) -> Result<()> {
         load1.trim()
     );
     let mut rows = Vec::new();
-    for (proto, name, p) in [(Proto::Http1, "http1", &h1), (Proto::H2c, "h2c", &h2)] {
+    for (proto, name, p) in [
+        (Proto::Http1, "http1", &h1),
+        (Proto::H2c, "h2c", &h2),
+        (Proto::H2cPaths, "h2c, 4096 paths", &h2),
+    ] {
         let port_of = [p.direct, p.haproxy, p.envoy, p.shim];
         for (port, (_, pid)) in port_of.iter().zip(pids) {
             load.run(proto, *port, 1, pid)?; // warm-up: connections, pools, caches
