@@ -386,6 +386,16 @@ struct RecentVerdict {
     end: u64,
 }
 
+/// A call its caller gave up on: when, on which edge, and whether it was a hedge's loser.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AbandonedCall {
+    pub(super) at: u64,
+    pub(super) edge: u32,
+    /// An identical call overlapped it and one of the two was dropped: the caller dropped this
+    /// one on purpose once its twin answered, whatever its timeouts.
+    pub(super) hedge: bool,
+}
+
 pub struct Engine {
     cfg: CorrelateConfig,
     stats: EngineStats,
@@ -410,8 +420,8 @@ pub struct Engine {
     client_socks: GenMap<u64, u32>,
     /// Client tuple → the callee's latest verdict on that connection.
     recent_verdicts: GenMap<u64, RecentVerdict>,
-    /// Client tuple → (abandoned at, edge).
-    abandoned: GenMap<u64, (u64, u32)>,
+    /// Client tuple → the call given up on it (HTTP/1: its connection closed while waiting).
+    abandoned: GenMap<u64, AbandonedCall>,
     /// Client tuples already counted as a timeout mismatch.
     mismatched: GenMap<u64, ()>,
     /// Client tuples whose failure a local callee's claim header already counted on the edge

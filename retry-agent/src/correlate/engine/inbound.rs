@@ -222,15 +222,18 @@ impl Engine {
     fn closed_after_its_caller(&self, ex: &Exchange, tuple: u64) -> bool {
         ex.response_start_ns.is_none()
             && ex.status.is_none()
-            && matches!(self.abandoned.get(&tuple), Some(&(at, _)) if ex.ended_ns.is_some_and(|e| e >= at))
+            && matches!(self.abandoned.get(&tuple), Some(a) if ex.ended_ns.is_some_and(|e| e >= a.at))
     }
 
     pub(super) fn timeout_mismatch(&mut self, ex: &Exchange, tuple: u64) {
         let abandoned = self.abandoned.get(&tuple).copied();
         let edge = match abandoned {
+            // A hedge's loser: its caller dropped it once the twin answered. The work was the
+            // hedge's price, not a sign of timeouts shorter than this service's work.
+            Some(a) if a.hedge => None,
             // The caller gave up before we finished (answered, or dropped when it left): our
             // work was wasted.
-            Some((at, edge)) if in_flight_until(ex) > at => Some(edge),
+            Some(a) if in_flight_until(ex) > a.at => Some(a.edge),
             _ if caller_gone(ex) => {
                 // The peer closed or reset while we were still working (caller not on this node,
                 // or not captured): attribute to its edge if we know it.

@@ -1,9 +1,9 @@
 //! Outbound (client-role) exchanges: per-edge figures, retry / hedge detection, the children a
 //! thread's inbound request may have caused, and the process-wide failure history.
 use super::{
-    CHILDREN_PER_THREAD, Child, Engine, FAILED_CALLS_PER_PROCESS, FAILURES_PER_PROCESS,
-    HISTORY_KEEP_NS, Hist, Peer, RetryState, ThreadCtx, call_key, claim_index, class_index, rooted,
-    thread_key, tuple_key,
+    AbandonedCall, CHILDREN_PER_THREAD, Child, Engine, FAILED_CALLS_PER_PROCESS,
+    FAILURES_PER_PROCESS, HISTORY_KEEP_NS, Hist, Peer, RetryState, ThreadCtx, call_key,
+    claim_index, class_index, rooted, thread_key, tuple_key,
 };
 use crate::{
     correlate::table::hash_one,
@@ -33,7 +33,7 @@ impl Engine {
             let k = self.ns_key(ex.pid, local);
             self.client_socks.insert(k, ex.pid);
         }
-        let (retry, hedged, prev_class, gap) = self.detect_retry(ex, edge);
+        let (retry, hedged, prev_class, gap, in_hedge) = self.detect_retry(ex, edge);
         let failed = ex.failed();
         let call = Call {
             edge,
@@ -49,8 +49,15 @@ impl Engine {
         self.book_call(ex, &call);
         if ex.failure == Some(Failure::Abandoned) {
             // When it gave up: its close, where l7 saw it (else its last byte).
-            self.abandoned
-                .insert(tuple, (ex.ended_ns.unwrap_or_else(|| ex.end_ns()), edge));
+            let at = ex.ended_ns.unwrap_or_else(|| ex.end_ns());
+            self.abandoned.insert(
+                tuple,
+                AbandonedCall {
+                    at,
+                    edge,
+                    hedge: in_hedge,
+                },
+            );
         }
         let child = Child {
             id: ex.id,
@@ -235,10 +242,11 @@ impl Engine {
         &mut self,
         ex: &Exchange,
         edge: u32,
-    ) -> (bool, bool, Option<OutcomeClass>, Option<f64>) {
+    ) -> (bool, bool, Option<OutcomeClass>, Option<f64>, bool) {
         let marker = ex.retry_markers.says_retry();
         let Some(key) = retry_key(ex, edge) else {
-            return (marker, false, marker.then_some(OutcomeClass::Unknown), None);
+            let class = marker.then_some(OutcomeClass::Unknown);
+            return (marker, false, class, None, false);
         };
         let start = ex.request_start_ns;
         let given_up = ex.failure.is_some_and(Failure::given_up);
@@ -251,6 +259,8 @@ impl Engine {
         let prev = self.retry_keys.get(&key).copied();
         let mut out = (false, false, None, None);
         let mut attempt = 1;
+        // One of two identical calls in flight together, one of them dropped (either one).
+        let mut in_hedge = false;
         match prev {
             Some(p) if start >= p.start => {
                 if p.end > start {
@@ -258,6 +268,7 @@ impl Engine {
                     if start - p.start <= window && (given_up || p.given_up) {
                         out = (true, true, Some(OutcomeClass::Unknown), None);
                         attempt = p.attempt + 1;
+                        in_hedge = true;
                     }
                 } else if p.outcome.is_failure()
                     && start - p.end <= window
@@ -290,11 +301,12 @@ impl Engine {
                     if let Some(r) = self.retry_keys.get_mut(&key) {
                         r.attempt = 2;
                     }
+                    in_hedge = true;
                 }
                 return if marker {
-                    (true, false, Some(OutcomeClass::Unknown), None)
+                    (true, false, Some(OutcomeClass::Unknown), None, in_hedge)
                 } else {
-                    (false, false, None, None)
+                    (false, false, None, None, in_hedge)
                 };
             }
             None => {}
@@ -320,7 +332,7 @@ impl Engine {
                 given_up,
             },
         );
-        out
+        (out.0, out.1, out.2, out.3, in_hedge)
     }
 
     /// The inbound request that made attempt `p` was answered before `start`: a repeat now is

@@ -1340,6 +1340,73 @@ fn timeout_mismatch_when_callee_finishes_after_caller_abandons() {
     assert_eq!(w.edge("b", "c").timeout_mismatches_total, 1);
 }
 
+#[test]
+fn a_hedges_dropped_twin_is_no_timeout_mismatch() {
+    // B hedges its calls to C: 100 ms after the first attempt it sends a twin, and drops (closes)
+    // whichever has not answered when the other does, while C still works on it. Either twin may
+    // be the one dropped; a call given up with no twin stays a mismatch.
+    let mut w = World::new();
+    for (round, first_dropped) in [(0u16, true), (1, false), (2, true)] {
+        let t = 1_000 * MS + u64::from(round) * 2_000 * MS;
+        let (first, twin) = (eph(B, 4300 + 2 * round), eph(B, 4301 + 2 * round));
+        let answered = t + 150 * MS;
+        let (dropped, dropped_start) = if first_dropped {
+            (first, t)
+        } else {
+            (twin, t + 100 * MS)
+        };
+        let (won, won_start) = if first_dropped {
+            (twin, t + 100 * MS)
+        } else {
+            (first, t)
+        };
+        let hedged = round < 2;
+        if hedged {
+            let id = w.id();
+            w.push(
+                X::client(id, B, 200, won, svc(C), won_start, answered)
+                    .status(200)
+                    .build(),
+            );
+        }
+        let id = w.id();
+        w.push(
+            X::client(id, B, 200, dropped, svc(C), dropped_start, answered)
+                .given_up_at(answered)
+                .build(),
+        );
+        // C answers the dropped one at +400 ms, into a closed connection.
+        let id = w.id();
+        w.push(
+            X::server(
+                id,
+                C,
+                C * 10,
+                svc(C),
+                dropped,
+                dropped_start + MS,
+                t + 400 * MS,
+            )
+            .status(200)
+            .build(),
+        );
+        if hedged {
+            let id = w.id();
+            w.push(
+                X::server(id, C, C * 10, svc(C), won, won_start + MS, answered - MS)
+                    .status(200)
+                    .build(),
+            );
+        }
+    }
+    assert_eq!(w.e.stats().hedged_retries, 2);
+    assert_eq!(
+        w.e.stats().timeout_mismatches,
+        1,
+        "only the call with no twin"
+    );
+}
+
 /// A server that drops the request its caller gave up on (it closes on the caller's FIN, as
 /// Node does) never answers: its work was wasted all the same (a mismatch), and the close is
 /// the caller's doing, not a failure of the server's (no verdict).
