@@ -21,6 +21,9 @@ mod tests;
 /// The dynamic table size a decoder starts with (SETTINGS_HEADER_TABLE_SIZE's default).
 pub const DEFAULT_TABLE_SIZE: usize = 4096;
 
+/// Largest scratch buffer a decoder keeps between blocks.
+const MAX_KEPT_BUFFER: usize = 1024;
+
 /// Why a header block did not decode. After any of them the dynamic table may differ from the
 /// sender's: the block's later fields were not read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -287,6 +290,23 @@ impl Decoder {
     /// at a few fields skips the Huffman decoding of the others (a value that enters the table is
     /// always decoded: a later block may refer to it). A skipped value's octets are not checked.
     pub fn decode_some(
+        &mut self,
+        block: &[u8],
+        wants: impl Fn(&[u8]) -> bool,
+        field: impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Result<(), HpackError> {
+        let res = self.decode_fields(block, wants, field);
+        // A decoder lives as long as its connection and there may be thousands: a rare long
+        // string's buffer is not kept.
+        for buf in [&mut self.name_buf, &mut self.value_buf] {
+            if buf.capacity() > MAX_KEPT_BUFFER {
+                *buf = Vec::new();
+            }
+        }
+        res
+    }
+
+    fn decode_fields(
         &mut self,
         block: &[u8],
         wants: impl Fn(&[u8]) -> bool,

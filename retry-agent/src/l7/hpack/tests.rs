@@ -401,3 +401,18 @@ fn values_not_wanted_are_skipped_and_the_table_still_follows() {
     }
     assert!(skipped > 100, "only {skipped} values skipped");
 }
+
+#[test]
+fn a_long_string_leaves_no_large_buffer_behind() {
+    let mut d = Decoder::new(DEFAULT_TABLE_SIZE);
+    let long = vec![b'c'; 5000];
+    let mut block = vec![0x00];
+    Enc::string(&mut block, b"cookie", true);
+    Enc::string(&mut block, &long, true);
+    assert_eq!(
+        fields(&mut d, &block).unwrap(),
+        vec![(b"cookie".to_vec(), long)]
+    );
+    assert!(d.value_buf.capacity() <= MAX_KEPT_BUFFER);
+    assert!(d.name_buf.capacity() <= MAX_KEPT_BUFFER);
+}

@@ -15,6 +15,8 @@ use crate::l7::hpack::{self, Decoder, STATIC_TABLE, huffman, read_int};
 pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Largest header block held to keep the decoder in step (beyond it the table is given up).
 const MAX_HELD: usize = 64 * 1024;
+/// Largest buffer of decoded names kept from one block to the next.
+const MAX_KEPT_NAMES: usize = 4096;
 
 const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
@@ -308,6 +310,10 @@ impl H2 {
             self.hpack_ok = false;
         }
         mask_fields(block, self.hpack_ok.then_some(&self.decoded), red);
+        if self.decoded.bytes.capacity() > MAX_KEPT_NAMES {
+            // Per connection and direction: a rare large block's buffer is not kept.
+            self.decoded = Decoded::default();
+        }
     }
 }
 
