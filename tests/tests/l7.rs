@@ -384,6 +384,25 @@ async fn concurrent_grpc_calls_on_one_channel_all_decode() {
     server_lines.sort();
     assert_eq!(h2_calls(&ex, client.pid(), Role::Client), client_lines);
     assert_eq!(h2_calls(&ex, server_pid, Role::Server), server_lines);
+    // Each call's `traceparent` is new and Huffman-coded by grpcio's encoder (as every HTTP/2
+    // client's literals are): read alike on both sides, one trace per call.
+    let traces = |pid: u32, role: Role| {
+        let mut t: Vec<Option<u64>> = ex
+            .iter()
+            .filter(|e| e.pid == pid && e.role == role && e.protocol == Protocol::Http2)
+            .map(|e| e.trace_id)
+            .collect();
+        t.sort_unstable();
+        t
+    };
+    let client_traces = traces(client.pid(), Role::Client);
+    assert!(
+        client_traces.iter().all(Option::is_some),
+        "a call without its trace id"
+    );
+    let distinct: std::collections::HashSet<_> = client_traces.iter().collect();
+    assert_eq!(distinct.len(), 400);
+    assert_eq!(traces(server_pid, Role::Server), client_traces);
     // The premise: syscalls of the run moved more than the default prefix (one syscall's
     // records share its connection and exit time).
     let mut per_syscall: std::collections::HashMap<_, u64> = std::collections::HashMap::new();
