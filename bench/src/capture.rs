@@ -83,12 +83,17 @@ fn bench_pem(dir: &Path) -> Result<std::path::PathBuf> {
 }
 
 pub(crate) fn haproxy(dir: &Path, port: u16, tls: bool) -> Result<Killed> {
-    let cfg = dir.join("haproxy.cfg");
-    let ssl = if tls {
+    let bind = if tls {
         format!(" ssl crt {}", bench_pem(dir)?.display())
     } else {
         String::new()
     };
+    haproxy_bind(dir, port, &bind)
+}
+
+/// HAProxy answering itself on `port`, `bind` added to its bind line (`ssl …`, `proto h2`).
+pub(crate) fn haproxy_bind(dir: &Path, port: u16, ssl: &str) -> Result<Killed> {
+    let cfg = dir.join("haproxy.cfg");
     std::fs::write(
         &cfg,
         format!(

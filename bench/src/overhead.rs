@@ -1,8 +1,10 @@
 //! `cargo xtask bench overhead`: what the agent costs a busy service, against what attaching
 //! tracepoints costs at all, in one run.
 //!
-//! For each server (haproxy answering itself, nginx serving a 1 KiB file, Go net/http hello, and
-//! haproxy over TLS) a wrk keep-alive load runs three ways, side by side:
+//! For each server (haproxy answering itself, nginx serving a 1 KiB file, Go net/http hello,
+//! haproxy over TLS, and haproxy over h2c) a keep-alive load (wrk; h2load for h2c, each request to
+//! one of 4,096 paths, so every `:path` is a Huffman-coded literal to decode, as in real traffic)
+//! runs three ways, side by side:
 //! - **none**: nothing attached;
 //! - **floor**: bpftrace with empty programs on the same tracepoints the agent's object attaches
 //!   (read from the object), plus empty uprobes on the libssl symbols for the TLS row: the cost of
@@ -28,8 +30,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::capture::{
-    CONNECTIONS, Killed, SECONDS, Said, cpu_seconds, free_port, haproxy, spawn_until, wait_port,
-    wrk_url,
+    CONNECTIONS, Killed, SECONDS, Said, cpu_seconds, free_port, haproxy, haproxy_bind, spawn_until,
+    wait_port, wrk_url,
 };
 
 /// The libssl functions the agent's TLS programs probe (entry and return).
@@ -61,10 +63,12 @@ enum Server {
     /// The same Go server, the agent without its Go uprobes: what they cost.
     GoNoUprobes,
     HaproxyTls,
+    /// HAProxy answering h2c; h2load over 4,096 paths.
+    HaproxyH2c,
 }
 
 impl Server {
-    const ALL: [Server; 7] = [
+    const ALL: [Server; 8] = [
         Server::Haproxy,
         Server::Nginx,
         Server::NginxShortResponses,
@@ -72,6 +76,7 @@ impl Server {
         Server::GoUprobes,
         Server::GoNoUprobes,
         Server::HaproxyTls,
+        Server::HaproxyH2c,
     ];
 
     fn label(self) -> &'static str {
@@ -83,6 +88,7 @@ impl Server {
             Server::GoUprobes => "Go hello, --capture-go true",
             Server::GoNoUprobes => "Go hello, --capture-go false",
             Server::HaproxyTls => "haproxy over TLS",
+            Server::HaproxyH2c => "haproxy h2c, 4096 paths (h2load)",
         }
     }
 
@@ -119,7 +125,49 @@ impl Server {
             Server::Go | Server::GoUprobes | Server::GoNoUprobes => {
                 Ok((go_hello(dir, port)?, format!("http://127.0.0.1:{port}/")))
             }
+            Server::HaproxyH2c => {
+                let list = dir.join("uris.txt");
+                let uris: String = (0..4096u32)
+                    .map(|i| {
+                        format!(
+                            "http://127.0.0.1:{port}/orders/{}/items?page={}&sort=desc\n",
+                            i.wrapping_mul(2_654_435_761) % 1_000_000,
+                            i % 50
+                        )
+                    })
+                    .collect();
+                std::fs::write(&list, uris)?;
+                Ok((
+                    haproxy_bind(dir, port, " proto h2")?,
+                    list.display().to_string(),
+                ))
+            }
         }
+    }
+
+    /// Requests/s of one run of this server's load against `target` (a URL, or h2c's list).
+    fn load(self, target: &str) -> Result<f64> {
+        if self != Server::HaproxyH2c {
+            return wrk_url(target);
+        }
+        let out = Command::new("h2load")
+            .args([
+                "-t1",
+                &format!("-c{CONNECTIONS}"),
+                "-m1",
+                &format!("-D{SECONDS}"),
+                "-i",
+                target,
+            ])
+            .output()
+            .context("running h2load (apt-get install nghttp2-client)")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find_map(|l| l.strip_prefix("finished in "))
+            .and_then(|l| l.split(", ").nth(1))
+            .and_then(|v| v.strip_suffix(" req/s"))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no req/s in h2load output:\n{text}"))
     }
 }
 
@@ -287,22 +335,22 @@ struct Row {
 fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
     let (_server, url) = server.start(dir)?;
     // Warm-up: first connections, page cache, CPU frequency.
-    let _ = wrk_url(&url)?;
+    let _ = server.load(&url)?;
     let mut row = Row {
-        none: wrk_url(&url)?,
+        none: server.load(&url)?,
         ..Row::default()
     };
     let _stats = crate::bpf_stats::StatsOn::enable();
     {
         let _floor = floor(server.tls())?;
-        row.floor = wrk_url(&url)?;
+        row.floor = server.load(&url)?;
     }
     let agent = start_agent(bin, dir, &server.agent_args())?;
     let pid = agent.proc.0.id();
     // Let the start-up scans (/proc, Go executables) settle before the load.
     thread::sleep(Duration::from_secs(2));
     let (cpu0, progs0) = (cpu_seconds(pid), crate::bpf_stats::programs(pid));
-    row.agent = wrk_url(&url)?;
+    row.agent = server.load(&url)?;
     let (cpu1, progs1) = (cpu_seconds(pid), crate::bpf_stats::programs(pid));
     row.programs = crate::bpf_stats::delta(&progs0, &progs1);
     // Figures are published once a second.
@@ -338,7 +386,7 @@ pub fn run(bin: &Path) -> Result<()> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "bench overhead: wrk -t1 -c{CONNECTIONS} -d{SECONDS}s keep-alive on loopback; floor = bpftrace, empty programs on the agent's {} tracepoints (+ libssl uprobes for TLS); agent = `retry-agent run` defaults",
+        "bench overhead: wrk -t1 -c{CONNECTIONS} -d{SECONDS}s keep-alive on loopback (h2c: h2load -t1 -c{CONNECTIONS} -m1 -D{SECONDS}); floor = bpftrace, empty programs on the agent's {} tracepoints (+ libssl uprobes for TLS); agent = `retry-agent run` defaults",
         retry_agent::capture::tracepoints()
             .map(|t| t.len())
             .unwrap_or(0)
