@@ -2,9 +2,10 @@
 //! the *decoded* name (HPACK: Huffman-coded names and values, dynamic-table references), with
 //! the same allow-list as HTTP/1.
 //!
-//! The redactor runs its own HPACK decoder per connection and direction (l7's), so a name sent as a Huffman literal or as a dynamic-table index is known. A header
-//! block that does not arrive whole in one record is masked whole, but still fed to the decoder
-//! once complete, so the table stays in step. When the table cannot be trusted (a block decoded
+//! The redactor runs its own HPACK decoder per connection and direction (l7's `hpack`), so a
+//! name sent as a Huffman literal or as a dynamic-table index is known. A header block that does
+//! not arrive whole in one record is masked whole, but still fed to the decoder once complete, so
+//! the table stays in step. When the table cannot be trusted (a block decoded
 //! with an error, uncaptured bytes inside a block, capture started mid-connection), fields whose
 //! name comes from the dynamic table are masked: what cannot be classified is not kept.
 use std::borrow::Cow;
@@ -409,6 +410,7 @@ fn literal_name(b: &[u8], huff: bool, from: usize, to: usize) -> Option<Vec<u8>>
     }
 }
 
+/// A Huffman-coded string, decoded (None: not a valid code).
 fn huffman_decode(raw: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     huffman::decode(raw, &mut out).ok().map(|()| out)
