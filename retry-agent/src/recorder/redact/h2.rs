@@ -16,8 +16,8 @@ use crate::l7::hpack::{self, Decoder, STATIC_TABLE, huffman, read_int};
 pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Largest header block held to keep the decoder in step (beyond it the table is given up).
 const MAX_HELD: usize = 64 * 1024;
-/// Largest buffer of decoded names kept from one block to the next.
-const MAX_KEPT_NAMES: usize = 4096;
+/// Largest buffer (held block, frame, decoded names) kept from one block to the next.
+const MAX_KEPT: usize = 4096;
 
 const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
@@ -73,6 +73,15 @@ impl Decoded {
     fn clear(&mut self) {
         self.bytes.clear();
         self.fields.clear();
+    }
+
+    /// Emptied, and its buffers let go when a large block grew them.
+    fn release(&mut self) {
+        release(&mut self.bytes);
+        self.fields.clear();
+        if self.fields.capacity() > 256 {
+            self.fields = Vec::new();
+        }
     }
 
     fn push(&mut self, name: &[u8], value: Option<&[u8]>) {
@@ -144,8 +153,8 @@ impl H2 {
             // Part of a header block is gone: the table can no longer be followed.
             self.hpack_ok = false;
             self.holding = false;
-            self.held.clear();
-            self.frame.clear();
+            release(&mut self.held);
+            release(&mut self.frame);
         }
         self.left -= n as u32;
         self.fresh = false;
@@ -277,12 +286,12 @@ impl H2 {
             self.hpack_ok = false;
         }
         self.frame = frame;
-        self.frame.clear();
+        release(&mut self.frame);
         if !self.continuing {
             if self.hpack_ok && self.decoder.decode(&self.held, |_, _| {}).is_err() {
                 self.hpack_ok = false;
             }
-            self.held.clear();
+            release(&mut self.held);
             self.holding = false;
         }
     }
@@ -311,10 +320,16 @@ impl H2 {
             self.hpack_ok = false;
         }
         mask_fields(block, self.hpack_ok.then_some(&self.decoded), red);
-        if self.decoded.bytes.capacity() > MAX_KEPT_NAMES {
-            // Per connection and direction: a rare large block's buffer is not kept.
-            self.decoded = Decoded::default();
-        }
+        self.decoded.release();
+    }
+}
+
+/// Empty a buffer kept per connection and direction, and let it go if a rare large block grew it
+/// past [`MAX_KEPT`]: thousands of connections would otherwise each hold their largest block.
+fn release(b: &mut Vec<u8>) {
+    b.clear();
+    if b.capacity() > MAX_KEPT {
+        *b = Vec::new();
     }
 }
 
@@ -539,5 +554,73 @@ fn mask_rest(b: &mut [u8], p: usize, red: &mut Redacted) {
     red.headers += 1;
     if let Some(r) = b.get_mut(p..) {
         r.fill(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A string's length with a 7-bit prefix (RFC 7541 §5.1), not Huffman-coded.
+    fn len7(out: &mut Vec<u8>, n: usize) {
+        if n < 127 {
+            out.push(n as u8);
+            return;
+        }
+        out.push(0x7f);
+        let mut rest = n - 127;
+        while rest >= 128 {
+            out.push((rest % 128) as u8 | 0x80);
+            rest /= 128;
+        }
+        out.push(rest as u8);
+    }
+
+    /// A 20 KiB header block that arrives in two records is held, decoded and masked; the
+    /// buffers it grew are let go after it, and the next block still decodes in step.
+    #[test]
+    fn a_large_block_leaves_no_large_buffer_behind() {
+        // x-custom: 1,000 octets, into the table; x-pad: 19,000, without indexing.
+        let mut block = vec![0x40, 8];
+        block.extend_from_slice(b"x-custom");
+        len7(&mut block, 1_000);
+        block.extend(std::iter::repeat_n(b'V', 1_000));
+        block.extend_from_slice(&[0x00, 5]);
+        block.extend_from_slice(b"x-pad");
+        len7(&mut block, 19_000);
+        block.extend(std::iter::repeat_n(b'P', 19_000));
+        let len = block.len() as u32;
+        let mut wire = vec![
+            (len >> 16) as u8,
+            (len >> 8) as u8,
+            len as u8,
+            HEADERS,
+            END_HEADERS,
+        ];
+        wire.extend_from_slice(&1u32.to_be_bytes());
+        wire.extend_from_slice(&block);
+        // The next block refers to the entry: dynamic index 62, then a static one.
+        wire.extend_from_slice(&[0, 0, 2, HEADERS, END_HEADERS, 0, 0, 0, 3, 0x80 | 62, 0x82]);
+        let mut h = H2::new(false, true);
+        let mut red = Redacted::default();
+        let mut body = Vec::new();
+        let (first, second) = wire.split_at_mut(5_000);
+        h.bytes(first, 0, &mut red, &mut body).unwrap();
+        assert!(h.holding, "the block is held across records");
+        h.bytes(second, 0, &mut red, &mut body).unwrap();
+        assert!(h.hpack_ok, "both blocks decoded in step");
+        assert_eq!(h.decoder.table_size().0, 8 + 1_000 + 32);
+        for (what, cap) in [
+            ("held", h.held.capacity()),
+            ("frame", h.frame.capacity()),
+            ("names", h.decoded.bytes.capacity()),
+        ] {
+            assert!(cap <= MAX_KEPT, "{what} keeps {cap} bytes");
+        }
+        assert!(
+            !wire.iter().any(|&c| c == b'V' || c == b'P'),
+            "values masked"
+        );
     }
 }
