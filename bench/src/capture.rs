@@ -121,6 +121,22 @@ fn wrk(port: u16, tls: bool) -> Result<f64> {
     wrk_url(&format!("{scheme}://127.0.0.1:{port}/"))
 }
 
+/// Writes `path`: 4,096 URLs on `port` with distinct paths and queries, for `h2load -i`. Each
+/// `:path` is then a literal the HPACK table never keeps (nghttp2 does not index `:path`), so
+/// every request's is decoded, as in real traffic; one URL is a static-table index.
+pub(crate) fn h2load_paths(path: &Path, port: u16) -> Result<()> {
+    let uris: String = (0..4096u32)
+        .map(|i| {
+            format!(
+                "http://127.0.0.1:{port}/orders/{}/items?page={}&sort=desc\n",
+                i.wrapping_mul(2_654_435_761) % 1_000_000,
+                i % 50
+            )
+        })
+        .collect();
+    std::fs::write(path, uris).with_context(|| format!("writing {}", path.display()))
+}
+
 /// Requests/s of one wrk run against `url` (one thread, [`CONNECTIONS`] keep-alive connections).
 pub(crate) fn wrk_url(url: &str) -> Result<f64> {
     let out = Command::new("wrk")

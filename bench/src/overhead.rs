@@ -30,8 +30,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::capture::{
-    CONNECTIONS, Killed, SECONDS, Said, cpu_seconds, free_port, haproxy, haproxy_bind, spawn_until,
-    wait_port, wrk_url,
+    CONNECTIONS, Killed, SECONDS, Said, cpu_seconds, free_port, h2load_paths, haproxy,
+    haproxy_bind, spawn_until, wait_port, wrk_url,
 };
 
 /// The libssl functions the agent's TLS programs probe (entry and return).
@@ -127,16 +127,7 @@ impl Server {
             }
             Server::HaproxyH2c => {
                 let list = dir.join("uris.txt");
-                let uris: String = (0..4096u32)
-                    .map(|i| {
-                        format!(
-                            "http://127.0.0.1:{port}/orders/{}/items?page={}&sort=desc\n",
-                            i.wrapping_mul(2_654_435_761) % 1_000_000,
-                            i % 50
-                        )
-                    })
-                    .collect();
-                std::fs::write(&list, uris)?;
+                h2load_paths(&list, port)?;
                 Ok((
                     haproxy_bind(dir, port, " proto h2")?,
                     list.display().to_string(),

@@ -228,16 +228,7 @@ impl Load<'_> {
         let _ = std::fs::remove_file(&log);
         let target = if paths {
             let list = self.dir.join(format!("uris-{port}.txt"));
-            let uris: String = (0..4096u32)
-                .map(|i| {
-                    format!(
-                        "http://127.0.0.1:{port}/orders/{}/items?page={}&sort=desc\n",
-                        i.wrapping_mul(2_654_435_761) % 1_000_000,
-                        i % 50
-                    )
-                })
-                .collect();
-            std::fs::write(&list, uris)?;
+            crate::capture::h2load_paths(&list, port)?;
             vec!["-i".to_string(), list.display().to_string()]
         } else {
             vec![format!("http://127.0.0.1:{port}/")]
