@@ -26,9 +26,12 @@ use tokio::{
 
 use super::{
     net,
-    policy::{self, CallerId, RequestKey},
+    policy::{self, CallerId, FailureReply, RequestKey},
 };
-use crate::{actuate::control::ControlView, l7::trace_of_headers};
+use crate::{
+    actuate::control::ControlView,
+    l7::{Claim, trace_of_headers},
+};
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const METHODS: [&[u8]; 8] = [
@@ -328,6 +331,36 @@ fn key_of_fields(
         body: None,
         credential: policy::credential_digest(headers),
     }
+}
+
+/// What a response's end tells the tracker: `None` for a success, else how it failed and its
+/// claim. `failed`: the status (or gRPC status) says failure; `reset`: the response was cut.
+fn outcome(
+    status: Option<http::StatusCode>,
+    grpc_status: Option<u32>,
+    failed: bool,
+    reset: bool,
+    claim: Claim,
+) -> Option<(FailureReply, Claim)> {
+    match status {
+        Some(status) if !reset && failed => Some((
+            FailureReply::Response {
+                status,
+                grpc_status,
+            },
+            claim,
+        )),
+        Some(_) if !reset => None,
+        _ => Some((FailureReply::Reset, claim)),
+    }
+}
+
+/// The claim to stamp on a failure the callee did not claim itself: the agent's, as it stands
+/// now (one published while the request was in flight is the one its caller's retry must see).
+fn stamp(ctx: &Ctx, info: &ConnInfo, failed: bool, has_claim: bool) -> Option<Claim> {
+    (failed && !has_claim)
+        .then(|| ctx.view.claim(&info.orig, std::time::Instant::now()))
+        .flatten()
 }
 
 mod h1;

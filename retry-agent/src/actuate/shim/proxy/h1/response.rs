@@ -7,12 +7,13 @@ use bytes::{BufMut, BytesMut};
 use http::StatusCode;
 
 use super::{
+    super::{outcome, stamp},
     MAX_FIELDS, MAX_HEAD, Relay, RespState,
     body::{Chunked, Framing},
     ends_with_chunked, settle,
 };
 use crate::{
-    actuate::shim::policy::{self, FailureReply},
+    actuate::shim::policy,
     l7::{Claim, ERROR_CLAIM_HEADER},
 };
 
@@ -75,8 +76,9 @@ impl Relay {
             self.to_client.extend_from_slice(&buf.split_to(len));
             return Ok(true);
         }
-        let has_claim = field(ERROR_CLAIM_HEADER).is_some();
-        let claim = field(ERROR_CLAIM_HEADER).and_then(Claim::parse);
+        let claim_field = field(ERROR_CLAIM_HEADER);
+        let has_claim = claim_field.is_some();
+        let claim = claim_field.and_then(Claim::parse);
         let chunked = field("transfer-encoding").is_some_and(ends_with_chunked);
         let length = field("content-length")
             .and_then(|v| std::str::from_utf8(v).ok())
@@ -103,12 +105,7 @@ impl Relay {
         settle(&self.ctx, &self.info, x);
         let head = buf.split_to(len);
         let failed = policy::status_is_failure(status);
-        // The agent's claim as it stands now: a claim published while the request was in
-        // flight is the one its caller's retry must see.
-        let stamp = (failed && !has_claim)
-            .then(|| self.ctx.view.claim(&self.info.orig, Instant::now()))
-            .flatten();
-        match stamp {
+        match stamp(&self.ctx, &self.info, failed, has_claim) {
             Some(stamp) => {
                 // What the caller is told is what its retry is judged by (an unclaimed failure's
                 // retry is answered here even without a decision).
@@ -143,17 +140,8 @@ impl Relay {
         };
         settle(&self.ctx, &self.info, &mut x);
         if x.watch {
-            let outcome = match x.status {
-                Some(status) if !reset && policy::status_is_failure(status) => Some((
-                    FailureReply::Response {
-                        status,
-                        grpc_status: None,
-                    },
-                    x.claim,
-                )),
-                Some(_) if !reset => None,
-                _ => Some((FailureReply::Reset, x.claim)),
-            };
+            let failed = x.status.is_none_or(policy::status_is_failure);
+            let outcome = outcome(x.status, None, failed, reset, x.claim);
             self.ctx.tracker.on_outcome(&x.key, outcome, Instant::now());
         }
         self.flush_local();

@@ -7,6 +7,7 @@ use bytes::BytesMut;
 use http::StatusCode;
 
 use super::{
+    super::{outcome, stamp},
     Relay, Side, Step, block_extent,
     frame::{
         self, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, Head, PUSH_PROMISE, RST_STREAM,
@@ -14,7 +15,7 @@ use super::{
     settle,
 };
 use crate::{
-    actuate::shim::policy::{self, FailureReply},
+    actuate::shim::policy,
     l7::{Claim, ERROR_CLAIM_HEADER},
 };
 
@@ -91,11 +92,8 @@ impl Relay {
             .get(b"grpc-status")
             .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|s| s.trim().parse().ok());
-        let has_claim = fields.get(ERROR_CLAIM_HEADER.as_bytes()).is_some();
-        if let Some(c) = fields
-            .get(ERROR_CLAIM_HEADER.as_bytes())
-            .and_then(Claim::parse)
-        {
+        let claim_field = fields.get(ERROR_CLAIM_HEADER.as_bytes());
+        if let Some(c) = claim_field.and_then(Claim::parse) {
             st.claim = c;
         }
         if st.grpc {
@@ -111,11 +109,7 @@ impl Relay {
             st.watch = false;
             self.ctx.tracker.on_outcome(&st.key, None, Instant::now());
         }
-        // The agent's claim as it stands now: a claim published while the request was in
-        // flight is the one its caller's retry must see.
-        let stamp = (annotate && !has_claim)
-            .then(|| self.ctx.view.claim(&self.info.orig, Instant::now()))
-            .flatten();
+        let stamp = stamp(&self.ctx, &self.info, annotate, claim_field.is_some());
         let pushback = st.pushback && fields.get(b"grpc-retry-pushback-ms").is_none();
         if annotate && (stamp.is_some() || pushback) {
             let mut b = BytesMut::with_capacity(64);
@@ -159,17 +153,7 @@ impl Relay {
         } else {
             st.status.is_none_or(policy::status_is_failure)
         };
-        let outcome = match st.status {
-            Some(status) if !reset && failed => Some((
-                FailureReply::Response {
-                    status,
-                    grpc_status: st.grpc_status,
-                },
-                st.claim,
-            )),
-            Some(_) if !reset => None,
-            _ => Some((FailureReply::Reset, st.claim)),
-        };
+        let outcome = outcome(st.status, st.grpc_status, failed, reset, st.claim);
         self.ctx
             .tracker
             .on_outcome(&st.key, outcome, Instant::now());
