@@ -143,6 +143,7 @@ pub struct Metrics {
     actuator_operations: Family<ActuatorLabels, Counter>,
     recorder_evictions: Counter,
     recorder_bytes: Gauge,
+    recorder_held_bytes: Gauge,
     recorder_history: GaugeF,
     l7_exchanges: Counter,
     l7_evictions: Counter,
@@ -194,6 +195,7 @@ impl Metrics {
             actuator_operations: Family::default(),
             recorder_evictions: Counter::default(),
             recorder_bytes: Gauge::default(),
+            recorder_held_bytes: Gauge::default(),
             recorder_history: GaugeF::default(),
             l7_exchanges: Counter::default(),
             l7_evictions: Counter::default(),
@@ -352,6 +354,12 @@ impl Metrics {
             "What the flight recorder's ring holds, as charged against its memory bound",
             prometheus_client::registry::Unit::Bytes,
             m.recorder_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "recorder_held",
+            "What dumps being written (or a storm's held onset) still hold of what the ring let go, counted against the same memory bound",
+            prometheus_client::registry::Unit::Bytes,
+            m.recorder_held_bytes.clone(),
         );
         registry.register_with_unit(
             "recorder_history",
@@ -584,6 +592,8 @@ impl Metrics {
         );
         self.recorder_bytes
             .set(i64::try_from(s.bytes_in_ring).unwrap_or(i64::MAX));
+        self.recorder_held_bytes
+            .set(i64::try_from(s.bytes_held_by_dumps).unwrap_or(i64::MAX));
         let history = if s.records_in_ring == 0 {
             0
         } else {

@@ -116,6 +116,7 @@ fn the_recorder_says_what_it_holds() {
     m.observe_recorder(&crate::recorder::RecorderStats {
         records_in_ring: 10,
         bytes_in_ring: 4096,
+        bytes_held_by_dumps: 65536,
         evicted_age_total: 2,
         evicted_size_total: 3,
         oldest_ns: 1_000_000_000,
@@ -126,6 +127,7 @@ fn the_recorder_says_what_it_holds() {
     for want in [
         "retry_agent_recorder_evictions_total 5",
         "retry_agent_recorder_bytes 4096",
+        "retry_agent_recorder_held_bytes 65536",
         "retry_agent_recorder_history_seconds 2.5",
         "# UNIT retry_agent_recorder_history_seconds seconds",
     ] {

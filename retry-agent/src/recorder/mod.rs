@@ -175,6 +175,9 @@ pub struct RecorderStats {
     pub records_total: u64,
     pub records_in_ring: u64,
     pub bytes_in_ring: u64,
+    /// Blocks the ring let go that a dump being written or a storm's held onset still holds
+    /// (as of the last eviction): within the same bound as the ring.
+    pub bytes_held_by_dumps: u64,
     /// Evicted because they aged out of the window.
     pub evicted_age_total: u64,
     /// Evicted early because the byte bound was hit.
@@ -194,8 +197,8 @@ struct PendingAuto {
     edge: String,
     /// The newest half of the ring at the trigger: under load the ring turns over long before
     /// the after-window passes, and the storm's onset is what a dump is for. Held until the
-    /// dump is written (what the ring lets go of it meanwhile stays in memory: at most half the
-    /// ring's bound again).
+    /// dump is written; what the ring lets go of it meanwhile counts against the ring's bound,
+    /// so the ring keeps at least the other half for the after-window.
     before: ring::Frozen,
     /// Records evicted before the trigger.
     evicted: u64,
@@ -384,11 +387,17 @@ impl Recorder {
         self.maybe_auto_dump();
     }
 
-    /// Let go of what is too old or over the byte bound. Over the bound, the ring sheds down to
-    /// [`EVICT_SLACK`] below it at once: one pass per batch instead of one per push.
+    /// Let go of what is too old or over the byte bound, which also counts what dumps still
+    /// hold of the blocks the ring let go (a dump being written, a storm's onset). Over the
+    /// bound, the ring sheds down to [`EVICT_SLACK`] below it at once: one pass per batch
+    /// instead of one per push.
     fn evict(&mut self) {
         let horizon = self.stats.newest_ns.saturating_sub(self.window_ns);
-        let over = self.ring.bytes() > self.max_bytes;
+        let mut over = self.ring.bytes() + self.ring.held_at_most() > self.max_bytes;
+        if over && self.ring.held_at_most() > 0 {
+            // Counted again only when it matters: dumps may have let blocks go.
+            over = self.ring.bytes() + self.ring.recount_held() > self.max_bytes;
+        }
         if !over && self.ring.front_ts().is_none_or(|ts| ts >= horizon) {
             return;
         }
@@ -539,6 +548,7 @@ impl Recorder {
         RecorderStats {
             records_in_ring: self.ring.len() as u64,
             bytes_in_ring: self.ring.bytes() as u64,
+            bytes_held_by_dumps: self.ring.held() as u64,
             oldest_ns: self.ring.front_ts().unwrap_or(0),
             ..self.stats
         }

@@ -17,9 +17,15 @@
 //! the ring alone holds it: a dump's snapshot ([`Ring::freeze`]) shares the blocks instead of
 //! decoding every record under the recorder's lock. That took 53 ms and +95 MB for a full
 //! 64 MiB ring, during which the live pipeline waited; a frozen ring is decoded one record at
-//! a time as the dump is written, and what it costs is the blocks the ring lets go meanwhile,
-//! at most the ring's own size.
-use std::{collections::VecDeque, sync::Arc};
+//! a time as the dump is written. What it costs is the blocks the ring lets go meanwhile: the
+//! ring keeps them on its books (`retired`) until every snapshot let them go, and its bound
+//! counts them, so a dump or a storm's held onset never takes the recorder past its bound
+//! (under load the ring then keeps less new history until the writer, which lets each block
+//! go once written, is done).
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Weak},
+};
 
 use self::codec::{
     HEADER, Header, KIND_DATA, KIND_EXCHANGE, KIND_OTHER, decode_data, decode_exchange, meta_len,
@@ -73,6 +79,11 @@ pub(super) struct Ring {
     bytes: usize,
     /// Records ever pushed: the next record's sequence number.
     pushed: u64,
+    /// Blocks let go while a snapshot held them, and what they hold: memory the ring's bound
+    /// still counts until the last snapshot holding one lets it go.
+    retired: Vec<(Weak<Vec<u8>>, usize)>,
+    /// Their sum, as of the last [`Ring::held`] (an upper bound: snapshots let go meanwhile).
+    retired_bytes: usize,
 }
 
 /// What [`Ring::evict`] let go.
@@ -111,6 +122,28 @@ impl Ring {
     /// The sum of the records' charges.
     pub(super) fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Bytes of blocks the ring let go that snapshots still hold, at most (cheap: a sum kept
+    /// as blocks are retired; [`Ring::recount_held`] counts again).
+    pub(super) fn held_at_most(&self) -> usize {
+        self.retired_bytes
+    }
+
+    /// Bytes of blocks the ring let go that snapshots still hold now.
+    pub(super) fn held(&self) -> usize {
+        self.retired
+            .iter()
+            .filter(|(block, _)| block.strong_count() > 0)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Forgets the retired blocks every snapshot let go; returns what the rest hold.
+    pub(super) fn recount_held(&mut self) -> usize {
+        self.retired.retain(|(block, _)| block.strong_count() > 0);
+        self.retired_bytes = self.retired.iter().map(|(_, n)| n).sum();
+        self.retired_bytes
     }
 
     /// Sequence number of the oldest record (the next one's when empty).
@@ -186,16 +219,18 @@ impl Ring {
         self.others.push_back(Arc::new(rec));
     }
 
-    /// Let go of the oldest records while they are older than `horizon` or the charges exceed
-    /// `target`: stops at the first record that is neither (records are in arrival order). Over
-    /// `target`, whole blocks go (the bound is met within a block's worth of bytes): evicting
-    /// does not read the records it lets go, which sit in memory long out of the caches.
+    /// Let go of the oldest records while they are older than `horizon` or the charges, with
+    /// what snapshots hold of the blocks let go before ([`Ring::held`]), exceed `target`: stops
+    /// at the first record that is neither (records are in arrival order). Over `target`, whole
+    /// blocks go (the bound is met within a block's worth of bytes): evicting does not read the
+    /// records it lets go, which sit in memory long out of the caches. A block a snapshot holds
+    /// frees nothing when it goes (it joins the retired ones), so newer blocks go after it.
     pub(super) fn evict(&mut self, horizon: u64, target: usize) -> Evicted {
         let mut ev = Evicted::default();
         let mut others = 0;
         while let Some(b) = self.blocks.front_mut() {
             let aged = b.newest_ns < horizon;
-            if !aged && self.bytes <= target {
+            if !aged && self.bytes + self.retired_bytes <= target {
                 // Only its oldest records may have aged: read them one by one.
                 while let Some(h) = b.buf.get(b.start..).and_then(Header::read) {
                     if h.ts_ns >= horizon {
@@ -224,15 +259,19 @@ impl Ring {
             self.bytes = self.bytes.saturating_sub(b.charge);
             self.records = self.records.saturating_sub(b.records);
             others += b.others;
-            // A block a snapshot still holds is freed with the snapshot.
-            if let Some(mut done) = self
-                .blocks
-                .pop_front()
-                .and_then(|b| Arc::try_unwrap(b.buf).ok())
-                && done.capacity() == BLOCK
-            {
-                done.clear();
-                self.spare = Some(done);
+            match self.blocks.pop_front().map(|b| Arc::try_unwrap(b.buf)) {
+                Some(Ok(mut done)) if done.capacity() == BLOCK => {
+                    done.clear();
+                    self.spare = Some(done);
+                }
+                // A block a snapshot still holds is freed with the snapshot; until then it
+                // counts.
+                Some(Err(held)) => {
+                    let n = held.capacity();
+                    self.retired_bytes += n;
+                    self.retired.push((Arc::downgrade(&held), n));
+                }
+                _ => {}
             }
         }
         self.others.drain(..others.min(self.others.len()));
@@ -242,11 +281,10 @@ impl Ring {
     /// Every record, oldest first, with its time (dumps read a frozen ring instead).
     #[cfg(test)]
     pub(super) fn iter(&self) -> impl Iterator<Item = (u64, Entry<'_>)> {
-        Iter {
-            blocks: self.blocks.iter().map(|b| b.buf.get(b.start..)),
-            cur: &[],
-            others: self.others.iter().map(|r| &**r),
-        }
+        Iter::new(
+            self.blocks.iter().map(|b| b.buf.get(b.start..)),
+            self.others.iter().map(|r| &**r),
+        )
     }
 
     /// The records from sequence number `since_seq` on (an earlier snapshot's `end_seq`: the two
@@ -338,17 +376,30 @@ impl Ring {
 }
 
 /// A ring's or a frozen ring's records in order: the byte blocks' records, each other-record
-/// marker taking the next struct of their own sequence.
-struct Iter<'a, B, O> {
+/// marker taking the next struct of their own sequence (which may outlive the blocks: a dump
+/// lets each block go once read, [`Frozen::drain`]).
+struct Iter<'a, 'o: 'a, B, O> {
     blocks: B,
     cur: &'a [u8],
     others: O,
+    _others: std::marker::PhantomData<&'o Record>,
 }
 
-impl<'a, B, O> Iterator for Iter<'a, B, O>
+impl<'a, 'o: 'a, B, O> Iter<'a, 'o, B, O> {
+    fn new(blocks: B, others: O) -> Self {
+        Iter {
+            blocks,
+            cur: &[],
+            others,
+            _others: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'a, 'o: 'a, B, O> Iterator for Iter<'a, 'o, B, O>
 where
     B: Iterator<Item = Option<&'a [u8]>>,
-    O: Iterator<Item = &'a Record>,
+    O: Iterator<Item = &'o Record>,
 {
     type Item = (u64, Entry<'a>);
 
@@ -384,11 +435,26 @@ pub(super) struct Frozen {
 
 impl Frozen {
     pub(super) fn iter(&self) -> impl Iterator<Item = (u64, Entry<'_>)> {
-        Iter {
-            blocks: self.blocks.iter().map(|(b, start)| b.get(*start..)),
-            cur: &[],
-            others: self.others.iter().map(|r| &**r),
+        Iter::new(
+            self.blocks.iter().map(|(b, start)| b.get(*start..)),
+            self.others.iter().map(|r| &**r),
+        )
+    }
+
+    /// Every record in order, as [`Frozen::iter`], each byte block let go as soon as its
+    /// records were read: a dump being written holds less and less of the ring's memory, and
+    /// the ring, whose bound counts what snapshots hold, gets it back as the writer goes.
+    pub(super) fn drain<E>(
+        self,
+        mut f: impl FnMut(u64, Entry<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut others = self.others.iter().map(|r| &**r);
+        for (block, start) in self.blocks {
+            for (ts, e) in Iter::new(std::iter::once(block.get(start..)), others.by_ref()) {
+                f(ts, e)?;
+            }
         }
+        Ok(())
     }
 }
 

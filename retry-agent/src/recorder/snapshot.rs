@@ -49,8 +49,9 @@ impl DumpReason {
 
 /// A consistent copy of the ring, taken under the recorder's lock and written off it. Cheap to
 /// take: the ring's blocks are shared, not copied, and records are decoded one at a time as
-/// the dump is written ([`Snapshot::records`]), so a dump neither stalls the pipeline for long
-/// nor holds the ring twice over in memory.
+/// the dump is written, so a dump neither stalls the pipeline for long nor holds the ring twice
+/// over in memory: the blocks the ring lets go while a snapshot holds them count against the
+/// ring's bound, and writing lets each block go once its records are in the file.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub reason: DumpReason,
@@ -85,7 +86,8 @@ pub struct Span {
 
 impl Snapshot {
     /// Every record of the dump in order: the process metadata, then the ring's records in the
-    /// range, each decoded as it is asked for.
+    /// range, each decoded as it is asked for (writing a dump drains the snapshot instead).
+    #[cfg(test)]
     pub fn records(&self) -> impl Iterator<Item = Record> + '_ {
         let (from, to) = (self.from_ns, self.to_ns);
         self.processes.iter().cloned().chain(
@@ -128,7 +130,7 @@ impl Snapshot {
     /// Write into `dir` as a new 0600 file; returns its path. The file appears under its final
     /// name only once complete (written under a hidden name, then linked), so whoever watches
     /// the directory never reads half a dump.
-    pub fn write_to_dir(&self, dir: &Path) -> Result<PathBuf, RecorderError> {
+    pub fn write_to_dir(self, dir: &Path) -> Result<PathBuf, RecorderError> {
         ensure_dir(dir)?;
         let node = format::node_name();
         let wall_ms = format::unix_ms();
@@ -159,8 +161,9 @@ impl Snapshot {
         result
     }
 
-    /// Write to exactly `path` (must not exist), mode 0600.
-    pub fn write_file(&self, path: &Path) -> Result<(), RecorderError> {
+    /// Write to exactly `path` (must not exist), mode 0600. Each of the ring's blocks is let go
+    /// once its records are written.
+    pub fn write_file(self, path: &Path) -> Result<(), RecorderError> {
         let werr = |source| RecorderError::Write {
             path: path.to_path_buf(),
             source,
@@ -179,8 +182,17 @@ impl Snapshot {
             header.pipeline = serde_json::to_value(p).unwrap_or(serde_json::Value::Null);
         }
         let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).map_err(werr)?;
-        for r in self.records() {
-            w.push(&r).map_err(werr)?;
+        for r in &self.processes {
+            w.push(r).map_err(werr)?;
+        }
+        let (from, to) = (self.from_ns, self.to_ns);
+        for part in self.ring {
+            part.drain(
+                |ts, e| match (from..=to).contains(&ts).then(|| e.to_record()) {
+                    Some(Some(r)) => w.push(&r).map_err(werr),
+                    _ => Ok(()),
+                },
+            )?;
         }
         let mut inner = w.finish().map_err(werr)?;
         std::io::Write::flush(&mut inner).map_err(werr)?;

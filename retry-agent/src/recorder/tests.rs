@@ -268,6 +268,56 @@ fn ring_is_bounded_by_bytes() {
     assert!(st.records_in_ring > 200, "{st:?}");
 }
 
+/// A dump being written holds the blocks it was taken from: what the ring lets go of them
+/// meanwhile counts against the same bound, so the recorder does not hold its bound twice over
+/// (it did: a ring frozen, then turned over, held both), the ring keeps what the dump leaves of
+/// the bound, the dump still has every record it was taken with, and once it is written the
+/// ring grows back. (A dump of a full ring leaves nothing until the writer lets its first
+/// blocks go: `ring::tests::retired_blocks_count_until_the_snapshot_lets_them_go`.)
+#[test]
+fn a_dump_being_written_counts_against_the_bound() {
+    let dir = temp_dir("held");
+    let mut r = Recorder::new(RecorderConfig {
+        max_mib: 1,
+        auto_dump: false,
+        ..cfg(dir.clone())
+    })
+    .unwrap();
+    let mut line = b"GET /".to_vec();
+    line.extend_from_slice(&[b'x'; 3980]);
+    line.extend_from_slice(b" HTTP/1.1\r\n\r\n");
+    let push = |r: &mut Recorder, from: u64, to: u64| {
+        for i in from..to {
+            r.record(Record::Event(data(3, Direction::Egress, i, &line)));
+        }
+    };
+    // ~600 KB: more than half the bound.
+    push(&mut r, 0, 150);
+    let snap = r.snapshot(DumpReason::Other("held".into()));
+    let taken = snap.records().count();
+    assert_eq!(taken, 150);
+    push(&mut r, 150, 1200);
+    let st = r.stats();
+    assert!(st.bytes_held_by_dumps > 1 << 19, "{st:?}");
+    assert!(
+        st.bytes_in_ring + st.bytes_held_by_dumps <= 1 << 20,
+        "{st:?}"
+    );
+    // What the dump leaves: ~400 KB, the newest records.
+    assert!(
+        (50..120).contains(&st.records_in_ring) && st.oldest_ns > 1000,
+        "{st:?}"
+    );
+    let path = snap.write_to_dir(&dir).unwrap();
+    let out = DumpReader::open(&path).unwrap();
+    assert_eq!(out.records.len(), taken);
+    push(&mut r, 1200, 1600);
+    let st = r.stats();
+    assert_eq!(st.bytes_held_by_dumps, 0, "{st:?}");
+    assert!(st.bytes_in_ring > 900 << 10, "{st:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A masked body at a record's end is not stored (the event's length still counts it): 1,000
 /// responses with 4,000-byte bodies fit in a fraction of the bound, and come back from the
 /// ring as their heads.

@@ -200,6 +200,55 @@ fn a_frozen_ring_is_unmoved_by_what_the_ring_does_next() {
     assert!(late.iter().all(|(ts, _)| ts >= 1000));
 }
 
+/// Blocks the ring lets go while a snapshot holds them stay on its books until the snapshot
+/// lets them go; draining a snapshot lets each block go once its records were read, so the
+/// ring's bound (which counts them) gets the memory back as a dump is written.
+#[test]
+fn retired_blocks_count_until_the_snapshot_lets_them_go() {
+    let mut ring = Ring::default();
+    let push = |ring: &mut Ring, i: u64| {
+        let mut d = event(None, None, &[b'x'; 1000]);
+        d.ts_exit_ns = i;
+        ring.push_data(&d, |b| b.len());
+    };
+    for i in 0..300 {
+        push(&mut ring, i);
+    }
+    let frozen = ring.freeze(0, 0, usize::MAX);
+    let blocks = frozen.blocks.len();
+    assert!(blocks >= 4, "{blocks} blocks");
+    assert_eq!(
+        ring.held(),
+        0,
+        "still in the ring: counted once, as its records"
+    );
+    // The ring lets every frozen block go: nothing is freed, all of it is counted.
+    ring.evict(300, usize::MAX);
+    assert_eq!(ring.len(), 0);
+    assert_eq!(ring.held(), blocks * BLOCK);
+    assert_eq!(ring.recount_held(), blocks * BLOCK);
+    // Over a bound the held blocks alone exceed, new records do not stay.
+    for i in 300..400 {
+        push(&mut ring, i);
+    }
+    ring.evict(0, blocks * BLOCK);
+    assert_eq!(ring.len(), 0, "the held blocks take the whole bound");
+    // Drained: each block is let go once read, while the next ones are still held.
+    let first = Arc::downgrade(&frozen.blocks[0].0);
+    let mut read = 0;
+    frozen
+        .drain(|ts, _| {
+            if ts == 299 {
+                assert_eq!(first.strong_count(), 0, "the first block was let go");
+            }
+            read += 1;
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+    assert_eq!(read, 300);
+    assert_eq!((ring.held(), ring.recount_held()), (0, 0));
+}
+
 /// An exchange with every optional field set and every flag raised, each to a value no other
 /// field has: a field the codec dropped or swapped would not come back equal.
 fn full_exchange() -> Exchange {
