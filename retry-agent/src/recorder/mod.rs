@@ -175,8 +175,8 @@ pub struct RecorderStats {
     pub records_total: u64,
     pub records_in_ring: u64,
     pub bytes_in_ring: u64,
-    /// Blocks the ring let go that a dump being written or a storm's held onset still holds
-    /// (as of the last eviction): within the same bound as the ring.
+    /// Bytes of the blocks the ring let go that a dump being written or a storm's held onset
+    /// still holds: within the same bound as the ring.
     pub bytes_held_by_dumps: u64,
     /// Evicted because they aged out of the window.
     pub evicted_age_total: u64,

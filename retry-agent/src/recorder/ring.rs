@@ -82,7 +82,8 @@ pub(super) struct Ring {
     /// Blocks let go while a snapshot held them, and what they hold: memory the ring's bound
     /// still counts until the last snapshot holding one lets it go.
     retired: Vec<(Weak<Vec<u8>>, usize)>,
-    /// Their sum, as of the last [`Ring::held`] (an upper bound: snapshots let go meanwhile).
+    /// Their sum, as of the last [`Ring::recount_held`] (an upper bound: snapshots may have let
+    /// blocks go since).
     retired_bytes: usize,
 }
 
