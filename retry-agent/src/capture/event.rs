@@ -247,15 +247,36 @@ mod bytes_serde {
     use serde::{Deserialize, Deserializer, Serializer, de::Error};
 
     pub fn serialize<S: Serializer>(b: &Bytes, s: S) -> Result<S::Ok, S::Error> {
-        let mut out = String::with_capacity(b.len());
-        for &c in b.iter() {
-            match c {
-                b'\\' => out.push_str("\\\\"),
-                0x20..=0x7e => out.push(c as char),
-                _ => out.push_str(&format!("\\x{c:02x}")),
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        // Printable runs are copied whole and escapes written by hand: a dump writes every
+        // payload through here, and a `format!` per `\r` and `\n` of every head took a fifth
+        // of a dump's writing time (`retry-bench recorder`: 1.21–1.28 → 0.97–0.98 s).
+        let mut out = Vec::with_capacity(b.len() + 16);
+        let mut rest: &[u8] = b;
+        while !rest.is_empty() {
+            let run = rest
+                .iter()
+                .position(|&c| c == b'\\' || !(0x20..=0x7e).contains(&c))
+                .unwrap_or(rest.len());
+            let (printable, tail) = rest.split_at(run);
+            out.extend_from_slice(printable);
+            let Some((&c, tail)) = tail.split_first() else {
+                break;
+            };
+            if c == b'\\' {
+                out.extend_from_slice(b"\\\\");
+            } else {
+                out.extend_from_slice(&[
+                    b'\\',
+                    b'x',
+                    HEX[usize::from(c >> 4)],
+                    HEX[usize::from(c & 0xf)],
+                ]);
             }
+            rest = tail;
         }
-        s.serialize_str(&out)
+        // Only printable ASCII was written.
+        s.serialize_str(std::str::from_utf8(&out).unwrap_or_default())
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
@@ -316,5 +337,29 @@ mod tests {
         assert!(s.contains(r#"GET \\\\\\x00\\xff"#), "{s}");
         let back: Event = serde_json::from_str(&s).unwrap();
         assert_eq!(back, ev);
+    }
+
+    /// Every octet, in runs and alone, at the ends and between printable runs, comes back;
+    /// the encoding is the one dumps have always had (`\\`, `\xNN`, the rest as is).
+    #[test]
+    fn every_octet_round_trips_in_the_dump_encoding() {
+        let mut all: Vec<u8> = (0..=255u8).collect();
+        all.extend_from_slice(b"GET / HTTP/1.1\r\n");
+        all.extend((0..=255u8).rev().flat_map(|c| [c, b'a', c, c]));
+        let b = Bytes::from(all);
+        let text = bytes_serde::serialize(&b, serde_json::value::Serializer).unwrap();
+        let text = text.as_str().unwrap();
+        assert!(text.bytes().all(|c| (0x20..=0x7e).contains(&c)), "{text}");
+        assert!(text.starts_with(r"\x00\x01"), "{text}");
+        assert!(
+            text.contains(r"HTTP/1.1\x0d\x0a") && text.contains(r" !"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r"\\a\\\\") && text.ends_with(r"\x00a\x00\x00"),
+            "{text}"
+        );
+        let back = bytes_serde::deserialize(serde_json::Value::from(text)).unwrap();
+        assert_eq!(back, b);
     }
 }
