@@ -31,24 +31,20 @@ fn metric(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// 20,000 short connections, 4,000 of them open at once on each side (the default budget's l7
-/// table holds 2,304): the agent's peak RSS stays under its 64 MiB budget, with the recorder on,
-/// and the connections its tables could not hold are counted as evictions. The release agent, as
-/// users run it: the budget is a promise about that build.
-#[test]
-fn a_flood_of_short_connections_stays_within_the_budget() {
-    if !can_run() {
-        return;
-    }
-    let bin = release_agent_bin();
+/// The release agent, as users run it (the budget is a promise about that build), with its
+/// files in a new directory named `name`, the recorder's storm dumps off and `extra` flags;
+/// returns it once its API answers, with the API's port and the directory.
+fn release_agent(name: &str, extra: &[&str]) -> (Proc, u16, std::path::PathBuf) {
     let api = free_port();
-    let dir = std::env::temp_dir().join(format!("ra-memory-test-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let agent = Proc::spawn(
-        Command::new(&bin)
+        Command::new(release_agent_bin())
             .args(["run", "--api-addr", &format!("127.0.0.1:{api}")])
             .args(["--actuate", "decision-log", "--capture-go", "false"])
+            .args(["--recorder-auto-dump", "false"])
+            .args(extra)
             .arg("--actuate-decision-log")
             .arg(dir.join("decisions.jsonl"))
             .arg("--actuate-control-socket")
@@ -59,12 +55,23 @@ fn a_flood_of_short_connections_stays_within_the_budget() {
             .arg(&dir)
             .arg("--recorder-digest-key-file")
             .arg(dir.join("key"))
-            .arg("--recorder-auto-dump")
-            .arg("false")
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );
     wait_listening(&format!("127.0.0.1:{api}"), None);
+    (agent, api, dir)
+}
+
+/// 20,000 short connections, 4,000 of them open at once on each side (the default budget's l7
+/// table holds 2,304): the agent's peak RSS stays under its 64 MiB budget, with the recorder on,
+/// and the connections its tables could not hold are counted as evictions. The release agent, as
+/// users run it: the budget is a promise about that build.
+#[test]
+fn a_flood_of_short_connections_stays_within_the_budget() {
+    if !can_run() {
+        return;
+    }
+    let (agent, api, dir) = release_agent("ra-memory-test", &[]);
 
     let port = free_port();
     let started = Instant::now();
@@ -113,30 +120,7 @@ fn a_dump_under_load_stays_within_the_recorders_bound() {
     if !can_run() {
         return;
     }
-    let bin = release_agent_bin();
-    let api = free_port();
-    let dir = std::env::temp_dir().join(format!("ra-memory-dump-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let agent = Proc::spawn(
-        Command::new(&bin)
-            .args(["run", "--api-addr", &format!("127.0.0.1:{api}")])
-            .args(["--actuate", "decision-log", "--capture-go", "false"])
-            .args(["--recorder-max-mib", "24", "--recorder-auto-dump", "false"])
-            .arg("--actuate-decision-log")
-            .arg(dir.join("decisions.jsonl"))
-            .arg("--actuate-control-socket")
-            .arg(dir.join("control.sock"))
-            .arg("--api-socket")
-            .arg(dir.join("api.sock"))
-            .arg("--recorder-dump-dir")
-            .arg(&dir)
-            .arg("--recorder-digest-key-file")
-            .arg(dir.join("key"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    );
-    wait_listening(&format!("127.0.0.1:{api}"), None);
+    let (agent, api, dir) = release_agent("ra-memory-dump", &["--recorder-max-mib", "24"]);
     let port = free_port();
     let cfg = dir.join("haproxy.cfg");
     std::fs::write(
@@ -182,7 +166,7 @@ fn a_dump_under_load_stays_within_the_recorders_bound() {
     );
     std::thread::sleep(Duration::from_secs(1));
     let before = peak_rss(agent.pid());
-    let out = Command::new(&bin)
+    let out = Command::new(release_agent_bin())
         .args(["dump", "--api"])
         .arg(format!("unix:{}", dir.join("api.sock").display()))
         .output()
