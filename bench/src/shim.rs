@@ -6,6 +6,9 @@
 //! Paths, per protocol:
 //! - direct:  client → backend
 //! - haproxy: client → HAProxy (`mode http`, plain forwarding, `http-reuse always`) → backend
+//! - haproxy, no reuse: the same with `http-reuse never`, each client connection's requests on
+//!   upstream connections of its own — the shim's model, printed to read the h2c gap by (where
+//!   `always` multiplexes many clients' streams onto few upstream connections); not a target
 //! - envoy:   client → Envoy (http_connection_manager + router, no retries) → backend
 //! - shim:    client → (iptables REDIRECT) → retry-agent shim → backend
 //!
@@ -270,6 +273,9 @@ impl Load<'_> {
 struct Ports {
     direct: u16,
     haproxy: u16,
+    /// HAProxy with `http-reuse never`: each client connection's requests on upstream
+    /// connections of its own, the shim's model (a reading aid, not a target).
+    haproxy_own: u16,
     envoy: u16,
     shim: u16,
 }
@@ -351,6 +357,7 @@ pub fn run(bin: &Path) -> Result<()> {
         Ok(Ports {
             direct: free_port()?,
             haproxy: free_port()?,
+            haproxy_own: free_port()?,
             envoy: free_port()?,
             shim: free_port()?,
         })
@@ -374,9 +381,20 @@ pub fn run(bin: &Path) -> Result<()> {
         format!(
             "{defaults}frontend fwd_h1\n    bind 127.0.0.1:{}\n    default_backend be_h1\n\
              frontend fwd_h2\n    bind 127.0.0.1:{} proto h2\n    default_backend be_h2\n\
+             frontend own_h1\n    bind 127.0.0.1:{}\n    default_backend own_h1\n\
+             frontend own_h2\n    bind 127.0.0.1:{} proto h2\n    default_backend own_h2\n\
              backend be_h1\n    http-reuse always\n    server s1 127.0.0.1:{}\n\
-             backend be_h2\n    http-reuse always\n    server s1 127.0.0.1:{} proto h2\n",
-            h1.haproxy, h2.haproxy, h1.direct, h2.direct
+             backend be_h2\n    http-reuse always\n    server s1 127.0.0.1:{} proto h2\n\
+             backend own_h1\n    http-reuse never\n    server s1 127.0.0.1:{}\n\
+             backend own_h2\n    http-reuse never\n    server s1 127.0.0.1:{} proto h2\n",
+            h1.haproxy,
+            h2.haproxy,
+            h1.haproxy_own,
+            h2.haproxy_own,
+            h1.direct,
+            h2.direct,
+            h1.direct,
+            h2.direct
         ),
     )?;
     let envoy_cfg = dir.join("envoy.yaml");
@@ -441,7 +459,15 @@ pub fn run(bin: &Path) -> Result<()> {
             .spawn()?,
     );
     if ![
-        h1.direct, h2.direct, h1.haproxy, h2.haproxy, h1.envoy, h2.envoy, shim_port,
+        h1.direct,
+        h2.direct,
+        h1.haproxy,
+        h2.haproxy,
+        h1.haproxy_own,
+        h2.haproxy_own,
+        h1.envoy,
+        h2.envoy,
+        shim_port,
     ]
     .into_iter()
     .all(wait_port)
@@ -457,6 +483,7 @@ pub fn run(bin: &Path) -> Result<()> {
     let pids = [
         ("direct", None),
         ("haproxy", Some(hap.0.id())),
+        ("haproxy, no reuse", Some(hap.0.id())),
         ("envoy", Some(env.0.id())),
         ("shim", Some(shim.0.id())),
     ];
@@ -472,7 +499,7 @@ pub fn run(bin: &Path) -> Result<()> {
         (Proto::H2c, "h2c", &h2),
         (Proto::H2cPaths, "h2c, 4096 paths", &h2),
     ] {
-        let port_of = [p.direct, p.haproxy, p.envoy, p.shim];
+        let port_of = [p.direct, p.haproxy, p.haproxy_own, p.envoy, p.shim];
         for (port, (_, pid)) in port_of.iter().zip(pids) {
             load.run(proto, *port, 1, pid)?; // warm-up: connections, pools, caches
         }
@@ -516,6 +543,13 @@ pub fn run(bin: &Path) -> Result<()> {
                 s.rps / h.rps,
                 s.p99_us / h.p99_us,
                 s.p99_us / e.p99_us
+            );
+        }
+        if let (Some(s), Some(h)) = (get("shim"), get("haproxy, no reuse")) {
+            println!(
+                "{proto}: in the shim's connection model (HAProxy with `http-reuse never`): shim/haproxy req/s {:.2}, p99 {:.2}\n",
+                s.rps / h.rps,
+                s.p99_us / h.p99_us
             );
         }
     }
