@@ -143,7 +143,7 @@ impl Ring {
     /// Forgets the retired blocks every snapshot let go; returns what the rest hold.
     pub(super) fn recount_held(&mut self) -> usize {
         self.retired.retain(|(block, _)| block.strong_count() > 0);
-        self.retired_bytes = self.retired.iter().map(|(_, n)| n).sum();
+        self.retired_bytes = self.held();
         self.retired_bytes
     }
 
@@ -379,25 +379,23 @@ impl Ring {
 /// A ring's or a frozen ring's records in order: the byte blocks' records, each other-record
 /// marker taking the next struct of their own sequence (which may outlive the blocks: a dump
 /// lets each block go once read, [`Frozen::drain`]).
-struct Iter<'a, 'o: 'a, B, O> {
+struct Iter<'a, B, O> {
     blocks: B,
     cur: &'a [u8],
     others: O,
-    _others: std::marker::PhantomData<&'o Record>,
 }
 
-impl<'a, 'o: 'a, B, O> Iter<'a, 'o, B, O> {
+impl<B, O> Iter<'_, B, O> {
     fn new(blocks: B, others: O) -> Self {
         Iter {
             blocks,
             cur: &[],
             others,
-            _others: std::marker::PhantomData,
         }
     }
 }
 
-impl<'a, 'o: 'a, B, O> Iterator for Iter<'a, 'o, B, O>
+impl<'a, 'o: 'a, B, O> Iterator for Iter<'a, B, O>
 where
     B: Iterator<Item = Option<&'a [u8]>>,
     O: Iterator<Item = &'o Record>,
