@@ -36,6 +36,12 @@ struct Cli {
     /// capture, shim, overhead: the retry-agent binary to start (xtask builds it with the eBPF object).
     #[arg(long)]
     agent_bin: Option<PathBuf>,
+    /// overhead: the rows to measure (all when not given).
+    #[arg(long, value_delimiter = ',')]
+    rows: Vec<overhead::Server>,
+    /// overhead: rounds per row (none → floor → agent in each); medians and ranges are printed.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
 }
 
 fn main() -> Result<()> {
@@ -57,7 +63,7 @@ fn main() -> Result<()> {
         What::Correlate => correlate::run(),
         What::Shim => shim::run(&agent_bin()?),
         What::Recorder => recorder::run(),
-        What::Overhead => overhead::run(&agent_bin()?),
+        What::Overhead => overhead::run(&agent_bin()?, &cli.rows, cli.rounds),
     }
 }
 

@@ -18,6 +18,12 @@
 //! (`kernel.bpf_stats_enabled`, on for the floor and agent runs alike), its peak RSS and its
 //! capture drops. Figures only, never pass/fail: the
 //! machine is shared, so compare ratios from one run.
+//!
+//! `--rounds N` measures each row N times, none → floor → agent in each round (a fresh agent per
+//! round), and prints the median of each figure and of the per-round ratios, with the ratios'
+//! range: on a shared machine one round's floor can be hit by a neighbour (a TLS floor at 0.38
+//! of no instrumentation), and only figures taken side by side in one round compare.
+//! `--rows tls,haproxy` measures only those rows.
 use std::{
     io::{Read, Write},
     net::TcpStream,
@@ -50,25 +56,29 @@ const LIBSSL: &[&str] = &[
     "/usr/lib64/libssl.so.3",
 ];
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Server {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Server {
     Haproxy,
     Nginx,
     /// The same nginx, responses captured to 256 bytes (`--capture-response-bytes`).
+    #[value(name = "nginx-256")]
     NginxShortResponses,
     /// The agent's defaults: `--capture-go auto` (the Go uprobes only where a hit is cheap).
     Go,
     /// The same Go server, the Go uprobes on whatever they cost here.
     GoUprobes,
     /// The same Go server, the agent without its Go uprobes: what they cost.
+    #[value(name = "go-off")]
     GoNoUprobes,
+    #[value(name = "tls")]
     HaproxyTls,
     /// HAProxy answering h2c; h2load over 4,096 paths.
+    #[value(name = "h2c")]
     HaproxyH2c,
 }
 
 impl Server {
-    const ALL: [Server; 8] = [
+    pub const ALL: [Server; 8] = [
         Server::Haproxy,
         Server::Nginx,
         Server::NginxShortResponses,
@@ -309,8 +319,9 @@ fn metric(api_port: u16, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// One round's figures: none, floor and agent side by side.
 #[derive(Default)]
-struct Row {
+struct Round {
     none: f64,
     floor: f64,
     agent: f64,
@@ -323,25 +334,88 @@ struct Row {
     programs: Vec<(String, u64, u64)>,
 }
 
-fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
+impl Round {
+    fn floor_ratio(&self) -> f64 {
+        ratio(self.floor, self.none)
+    }
+    fn agent_ratio(&self) -> f64 {
+        ratio(self.agent, self.floor)
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { 0.0 }
+}
+
+/// A row: its rounds (at least one).
+struct Row {
+    rounds: Vec<Round>,
+}
+
+impl Row {
+    /// The median of one figure over the rounds.
+    fn median(&self, f: impl Fn(&Round) -> f64) -> f64 {
+        let mut v: Vec<f64> = self.rounds.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    }
+
+    /// A ratio's median and, over several rounds, its range.
+    fn ratio_text(&self, f: impl Fn(&Round) -> f64 + Copy) -> String {
+        let m = self.median(f);
+        if self.rounds.len() < 2 {
+            return format!("{m:.2}");
+        }
+        let lo = self.rounds.iter().map(f).fold(f64::INFINITY, f64::min);
+        let hi = self.rounds.iter().map(f).fold(f64::NEG_INFINITY, f64::max);
+        format!("{m:.2} ({lo:.2}–{hi:.2})")
+    }
+
+    /// The round whose agent/floor is the median's (or nearest): its program breakdown.
+    fn typical(&self) -> Option<&Round> {
+        let m = self.median(Round::agent_ratio);
+        self.rounds.iter().min_by(|a, b| {
+            (a.agent_ratio() - m)
+                .abs()
+                .total_cmp(&(b.agent_ratio() - m).abs())
+        })
+    }
+}
+
+fn measure(server: Server, bin: &Path, dir: &Path, rounds: usize) -> Result<Row> {
     let (_server, url) = server.start(dir)?;
     // Warm-up: first connections, page cache, CPU frequency.
     let _ = server.load(&url)?;
-    let mut row = Row {
-        none: server.load(&url)?,
-        ..Row::default()
+    let mut row = Row { rounds: Vec::new() };
+    for i in 0..rounds.max(1) {
+        if rounds > 1 {
+            eprintln!("bench overhead: {}, round {}…", server.label(), i + 1);
+        }
+        row.rounds.push(round(server, &url, bin, dir)?);
+    }
+    Ok(row)
+}
+
+fn round(server: Server, url: &str, bin: &Path, dir: &Path) -> Result<Round> {
+    let mut row = Round {
+        none: server.load(url)?,
+        ..Round::default()
     };
     let _stats = crate::bpf_stats::StatsOn::enable();
     {
         let _floor = floor(server.tls())?;
-        row.floor = server.load(&url)?;
+        row.floor = server.load(url)?;
     }
     let agent = start_agent(bin, dir, &server.agent_args())?;
     let pid = agent.proc.0.id();
     // Let the start-up scans (/proc, Go executables) settle before the load.
     thread::sleep(Duration::from_secs(2));
     let (cpu0, progs0) = (cpu_seconds(pid), crate::bpf_stats::programs(pid));
-    row.agent = server.load(&url)?;
+    row.agent = server.load(url)?;
     let (cpu1, progs1) = (cpu_seconds(pid), crate::bpf_stats::programs(pid));
     row.programs = crate::bpf_stats::delta(&progs0, &progs1);
     // Figures are published once a second.
@@ -361,26 +435,37 @@ fn measure(server: Server, bin: &Path, dir: &Path) -> Result<Row> {
     Ok(row)
 }
 
-pub fn run(bin: &Path) -> Result<()> {
+/// `rows`: the rows to measure (empty: all); `rounds`: how many times each.
+pub fn run(bin: &Path, rows_wanted: &[Server], rounds: usize) -> Result<()> {
     if !crate::is_root() {
         bail!("bench overhead loads eBPF programs: run as root");
     }
     let dir: PathBuf = std::env::temp_dir().join(format!("raover-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut rows = Vec::new();
-    for server in Server::ALL {
+    let servers = Server::ALL
+        .into_iter()
+        .filter(|s| rows_wanted.is_empty() || rows_wanted.contains(s));
+    for server in servers {
         eprintln!("bench overhead: {}…", server.label());
-        match measure(server, bin, &dir) {
+        match measure(server, bin, &dir, rounds) {
             Ok(r) => rows.push((server, r)),
             Err(e) => eprintln!("bench overhead: {} skipped: {e:#}", server.label()),
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "bench overhead: wrk -t1 -c{CONNECTIONS} -d{SECONDS}s keep-alive on loopback (h2c: h2load -t1 -c{CONNECTIONS} -m1 -D{SECONDS}); floor = bpftrace, empty programs on the agent's {} tracepoints (+ libssl uprobes for TLS); agent = `retry-agent run` defaults",
+        "bench overhead: wrk -t1 -c{CONNECTIONS} -d{SECONDS}s keep-alive on loopback (h2c: h2load -t1 -c{CONNECTIONS} -m1 -D{SECONDS}); floor = bpftrace, empty programs on the agent's {} tracepoints (+ libssl uprobes for TLS); agent = `retry-agent run` defaults; {}",
         retry_agent::capture::tracepoints()
             .map(|t| t.len())
-            .unwrap_or(0)
+            .unwrap_or(0),
+        if rounds > 1 {
+            format!(
+                "median of {rounds} rounds (none → floor → agent in each), ratios per round: median (range)"
+            )
+        } else {
+            "one round".to_string()
+        }
     );
     println!();
     println!(
@@ -388,20 +473,22 @@ pub fn run(bin: &Path) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (s, r) in &rows {
-        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+        let events = r.median(|x| x.events / (x.agent * SECONDS as f64).max(1.0));
+        let rss_peak = r.rounds.iter().map(|x| x.rss_peak).max().unwrap_or(0);
+        let drops: f64 = r.rounds.iter().map(|x| x.drops).sum();
         println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} µs | {:.2} µs | {:.0} MiB | {:.1} | {:.0} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {} | {} | {:.1} µs | {:.2} µs | {:.0} MiB | {:.1} | {:.0} |",
             s.label(),
-            r.none,
-            r.floor,
-            r.agent,
-            ratio(r.floor, r.none),
-            ratio(r.agent, r.floor),
-            r.cpu_per_request_us,
-            r.ebpf_per_request_us,
-            r.rss_peak as f64 / (1 << 20) as f64,
-            r.events / (r.agent * SECONDS as f64).max(1.0),
-            r.drops
+            r.median(|x| x.none),
+            r.median(|x| x.floor),
+            r.median(|x| x.agent),
+            r.ratio_text(Round::floor_ratio),
+            r.ratio_text(Round::agent_ratio),
+            r.median(|x| x.cpu_per_request_us),
+            r.median(|x| x.ebpf_per_request_us),
+            rss_peak as f64 / (1 << 20) as f64,
+            events,
+            drops
         );
     }
     if rows.is_empty() {
@@ -411,6 +498,7 @@ pub fn run(bin: &Path) -> Result<()> {
     println!();
     println!("eBPF time by program under the agent's load (runs per request × ns per run):");
     for (s, r) in &rows {
+        let Some(r) = r.typical() else { continue };
         let requests = (r.agent * SECONDS as f64).max(1.0);
         let top: Vec<String> = r
             .programs
@@ -427,4 +515,44 @@ pub fn run(bin: &Path) -> Result<()> {
         println!("- {}: {}", s.label(), top.join(", "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(none: f64, floor: f64, agent: f64) -> Round {
+        Round {
+            none,
+            floor,
+            agent,
+            ..Round::default()
+        }
+    }
+
+    #[test]
+    fn rounds_give_medians_of_figures_and_of_their_own_ratios() {
+        // The second round's floor was hit by a neighbour: its agent/floor (1.5) is not read as
+        // the row's, and the median of the ratios is not the ratio of the medians.
+        let row = Row {
+            rounds: vec![
+                round(100.0, 95.0, 57.0),
+                round(100.0, 40.0, 60.0),
+                round(90.0, 90.0, 54.0),
+            ],
+        };
+        assert_eq!(row.median(|r| r.none), 100.0);
+        assert_eq!(row.median(Round::agent_ratio), 0.6);
+        assert_eq!(row.ratio_text(Round::agent_ratio), "0.60 (0.60–1.50)");
+        assert_eq!(row.typical().map(|r| r.floor), Some(95.0));
+        let two = Row {
+            rounds: vec![round(100.0, 80.0, 40.0), round(100.0, 100.0, 60.0)],
+        };
+        assert_eq!(two.median(|r| r.floor), 90.0);
+        let one = Row {
+            rounds: vec![round(100.0, 0.0, 60.0)],
+        };
+        // A floor that measured nothing gives no ratio, and one round no range.
+        assert_eq!(one.ratio_text(Round::agent_ratio), "0.00");
+    }
 }

@@ -27,6 +27,12 @@ pub struct BenchArgs {
     /// include the TLS uprobes.
     #[arg(long)]
     tls: bool,
+    /// overhead: only these rows (haproxy, nginx, nginx-256, go, go-uprobes, go-off, tls, h2c).
+    #[arg(long)]
+    rows: Option<String>,
+    /// overhead: rounds per row; medians and the ratios' ranges are printed.
+    #[arg(long)]
+    rounds: Option<usize>,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -49,6 +55,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             &what,
         ])
         .args(args.tls.then_some("--tls"));
+    if let Some(rows) = &args.rows {
+        cmd.args(["--rows", rows]);
+    }
+    if let Some(n) = args.rounds {
+        cmd.args(["--rounds", &n.to_string()]);
+    }
     if matches!(args.what, What::Overhead) {
         setup::bench_packages()?;
     }
