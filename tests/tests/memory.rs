@@ -24,6 +24,15 @@ fn peak_rss(pid: u32) -> u64 {
     kib << 10
 }
 
+/// The agent's `/metrics` page (empty if it did not answer).
+fn metrics_text(api: u16) -> String {
+    let out = Command::new("curl")
+        .args(["-s", &format!("http://127.0.0.1:{api}/metrics")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
@@ -86,11 +95,7 @@ fn a_flood_of_short_connections_stays_within_the_budget() {
     let took = started.elapsed();
     // Published once a second.
     std::thread::sleep(Duration::from_millis(2500));
-    let out = Command::new("curl")
-        .args(["-s", &format!("http://127.0.0.1:{api}/metrics")])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = metrics_text(api);
     let peak = peak_rss(agent.pid());
     eprintln!(
         "flood of 20000 connections in {took:?}: agent peak RSS {} KiB",
@@ -148,21 +153,15 @@ fn a_dump_under_load_stays_within_the_recorders_bound() {
             .spawn()
             .expect("wrk (cargo xtask setup installs it)"),
     );
-    let metrics = || {
-        let out = Command::new("curl")
-            .args(["-s", &format!("http://127.0.0.1:{api}/metrics")])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
     // The ring full: it has let records go for its size.
     assert!(
         wait_until(Duration::from_secs(20), || {
-            metric(&metrics(), "retry_agent_recorder_evictions_total").is_some_and(|n| n > 1e5)
+            metric(&metrics_text(api), "retry_agent_recorder_evictions_total")
+                .is_some_and(|n| n > 1e5)
         })
         .is_some(),
         "the ring never filled:\n{}",
-        metrics()
+        metrics_text(api)
     );
     std::thread::sleep(Duration::from_secs(1));
     let before = peak_rss(agent.pid());
@@ -179,7 +178,7 @@ fn a_dump_under_load_stays_within_the_recorders_bound() {
     // The ring turns over once more after the dump.
     std::thread::sleep(Duration::from_secs(2));
     let after = peak_rss(agent.pid());
-    let text = metrics();
+    let text = metrics_text(api);
     eprintln!(
         "dump of a full 24 MiB recorder under load: peak RSS {} → {} KiB",
         before >> 10,
