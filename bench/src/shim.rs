@@ -17,7 +17,9 @@
 //! tokio's default). Printed: requests/s, p50/p99/p99.9 latency added over direct, and the
 //! proxy's CPU time per request (utime+stime of the proxy process over the run, so the client's
 //! and the backend's CPU are not in it). Figures, not a test. `RA_BENCH_PROFILE=debug` benches a
-//! debug build (default: release), `RA_BENCH_SECS` the duration per path.
+//! debug build (default: release), `RA_BENCH_SECS` the duration per path, `RA_BENCH_ROUNDS` how
+//! many times every path runs (medians printed, and each ratio's median and range over the
+//! rounds' own ratios: on a shared machine one run's figures can be a neighbour's).
 use std::{
     net::TcpListener,
     path::{Path, PathBuf},
@@ -122,6 +124,28 @@ fn parse_wrk(out: &str) -> Option<Figures> {
 
 /// wrk keeps a full latency histogram; its Lua `done` hook reads the 99.9th percentile (µs).
 const WRK_SCRIPT: &str = "done = function(summary, latency, requests)\n  io.write(string.format(\"RA_P999 %d\\n\", latency:percentile(99.9)))\nend\n";
+
+/// The median of the figures that are numbers (NaN when none is).
+fn median(v: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.filter(|x| !x.is_nan()).collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// A ratio's median over rounds and, over several, its range.
+fn ratio_text(v: &[f64]) -> String {
+    let m = median(v.iter().copied());
+    if v.len() < 2 {
+        return format!("{m:.2}");
+    }
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{m:.2} ({lo:.2}–{hi:.2})")
+}
 
 /// The `q`-quantile of sorted samples (nearest rank).
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -269,6 +293,9 @@ impl Load<'_> {
     }
 }
 
+/// One path's figures, one per round.
+type PathRounds = (&'static str, Vec<Figures>);
+
 /// Ports of one protocol's paths.
 struct Ports {
     direct: u16,
@@ -349,6 +376,11 @@ pub fn run(bin: &Path) -> Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
+    let rounds: usize = std::env::var("RA_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let bin = bin.to_path_buf();
 
     let dir = std::env::temp_dir().join(format!("rabench-shim-{}", std::process::id()));
@@ -493,63 +525,95 @@ pub fn run(bin: &Path) -> Result<()> {
         load.conns,
         load1.trim()
     );
-    let mut rows = Vec::new();
-    for (proto, name, p) in [
+    let protos = [
         (Proto::Http1, "http1", &h1),
         (Proto::H2c, "h2c", &h2),
         (Proto::H2cPaths, "h2c, 4096 paths", &h2),
-    ] {
-        let port_of = [p.direct, p.haproxy, p.haproxy_own, p.envoy, p.shim];
-        for (port, (_, pid)) in port_of.iter().zip(pids) {
-            load.run(proto, *port, 1, pid)?; // warm-up: connections, pools, caches
+    ];
+    let mut rows: Vec<(&str, Vec<PathRounds>)> = protos
+        .iter()
+        .map(|(_, name, _)| {
+            (
+                *name,
+                pids.iter().map(|(path, _)| (*path, Vec::new())).collect(),
+            )
+        })
+        .collect();
+    for round in 0..rounds {
+        if rounds > 1 {
+            eprintln!("round {} of {rounds}…", round + 1);
         }
-        let mut figs = Vec::new();
-        for (port, (path, pid)) in port_of.iter().zip(pids) {
-            figs.push((path, load.run(proto, *port, secs, pid)?));
+        for ((proto, _, p), (_, figs)) in protos.iter().zip(rows.iter_mut()) {
+            let port_of = [p.direct, p.haproxy, p.haproxy_own, p.envoy, p.shim];
+            for (port, (_, pid)) in port_of.iter().zip(pids) {
+                load.run(*proto, *port, 1, pid)?; // warm-up: connections, pools, caches
+            }
+            for ((port, (_, pid)), (_, got)) in port_of.iter().zip(pids).zip(figs.iter_mut()) {
+                got.push(load.run(*proto, *port, secs, pid)?);
+            }
         }
-        rows.push((name, figs));
     }
     let load2 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
 
+    if rounds > 1 {
+        println!(
+            "median of {rounds} rounds (every path once per round); ratios: median of the rounds' own (range)\n"
+        );
+    }
     println!(
         "| proto | path | req/s | p50 µs | p99 µs | p99.9 µs | +p50 µs | +p99 µs | +p99.9 µs | proxy CPU µs/req |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (proto, figs) in &rows {
-        let Some((_, direct)) = figs.first().copied() else {
+        let med = |v: &[Figures], f: fn(&Figures) -> f64| median(v.iter().map(f));
+        let Some((_, direct)) = figs.first() else {
             continue;
         };
-        for (path, f) in figs {
+        for (path, v) in figs {
+            let cpu = med(v, |f| f.cpu_us);
             println!(
                 "| {proto} | {path} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
-                f.rps,
-                f.p50_us,
-                f.p99_us,
-                f.p999_us,
-                f.p50_us - direct.p50_us,
-                f.p99_us - direct.p99_us,
-                f.p999_us - direct.p999_us,
-                if f.cpu_us.is_nan() {
+                med(v, |f| f.rps),
+                med(v, |f| f.p50_us),
+                med(v, |f| f.p99_us),
+                med(v, |f| f.p999_us),
+                med(v, |f| f.p50_us) - med(direct, |f| f.p50_us),
+                med(v, |f| f.p99_us) - med(direct, |f| f.p99_us),
+                med(v, |f| f.p999_us) - med(direct, |f| f.p999_us),
+                if cpu.is_nan() {
                     "-".to_string()
                 } else {
-                    format!("{:.1}", f.cpu_us)
+                    format!("{cpu:.1}")
                 }
             );
         }
-        let get = |n: &str| figs.iter().find(|(p, _)| *p == n).map(|(_, f)| *f);
+        let get = |n: &str| {
+            figs.iter()
+                .find(|(p, _)| *p == n)
+                .map(|(_, v)| v.as_slice())
+        };
+        // A ratio of two paths, round by round (figures taken minutes apart do not compare).
+        let ratio = |a: &[Figures], b: &[Figures], f: fn(&Figures) -> f64| {
+            ratio_text(
+                &a.iter()
+                    .zip(b)
+                    .map(|(x, y)| f(x) / f(y))
+                    .collect::<Vec<_>>(),
+            )
+        };
         if let (Some(s), Some(h), Some(e)) = (get("shim"), get("haproxy"), get("envoy")) {
             println!(
-                "\n{proto}: shim/haproxy req/s {:.2} (target ≥ 0.9), p99 {:.2} (target ≤ 1.1); shim/envoy p99 {:.2} (target ≤ 1.0)\n",
-                s.rps / h.rps,
-                s.p99_us / h.p99_us,
-                s.p99_us / e.p99_us
+                "\n{proto}: shim/haproxy req/s {} (target ≥ 0.9), p99 {} (target ≤ 1.1); shim/envoy p99 {} (target ≤ 1.0)\n",
+                ratio(s, h, |f| f.rps),
+                ratio(s, h, |f| f.p99_us),
+                ratio(s, e, |f| f.p99_us)
             );
         }
         if let (Some(s), Some(h)) = (get("shim"), get("haproxy, no reuse")) {
             println!(
-                "{proto}: in the shim's connection model (HAProxy with `http-reuse never`): shim/haproxy req/s {:.2}, p99 {:.2}\n",
-                s.rps / h.rps,
-                s.p99_us / h.p99_us
+                "{proto}: in the shim's connection model (HAProxy with `http-reuse never`): shim/haproxy req/s {}, p99 {}\n",
+                ratio(s, h, |f| f.rps),
+                ratio(s, h, |f| f.p99_us)
             );
         }
     }
@@ -576,6 +640,16 @@ mod tests {
         assert_eq!(f.p999_us, 7010.0);
         assert!(parse_wrk("nothing").is_none());
         assert_eq!(parse_dur("1.5s"), Some(1.5e6));
+    }
+
+    #[test]
+    fn rounds_give_medians_and_ratio_ranges() {
+        // The direct path has no proxy CPU: its NaN is no figure, not the median.
+        assert!(median([f64::NAN, f64::NAN].into_iter()).is_nan());
+        assert_eq!(median([3.0, f64::NAN, 1.0, 2.0].into_iter()), 2.0);
+        assert_eq!(median([4.0, 1.0].into_iter()), 2.5);
+        assert_eq!(ratio_text(&[0.8]), "0.80");
+        assert_eq!(ratio_text(&[0.9, 0.7, 1.2]), "0.90 (0.70–1.20)");
     }
 
     #[test]
