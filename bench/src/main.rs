@@ -13,6 +13,7 @@ mod correlate;
 mod l7;
 mod overhead;
 mod recorder;
+mod rounds;
 mod shim;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

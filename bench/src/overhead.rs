@@ -355,24 +355,12 @@ struct Row {
 impl Row {
     /// The median of one figure over the rounds.
     fn median(&self, f: impl Fn(&Round) -> f64) -> f64 {
-        let mut v: Vec<f64> = self.rounds.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => 0.0,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
+        crate::rounds::median(self.rounds.iter().map(f))
     }
 
     /// A ratio's median and, over several rounds, its range.
-    fn ratio_text(&self, f: impl Fn(&Round) -> f64 + Copy) -> String {
-        let m = self.median(f);
-        if self.rounds.len() < 2 {
-            return format!("{m:.2}");
-        }
-        let lo = self.rounds.iter().map(f).fold(f64::INFINITY, f64::min);
-        let hi = self.rounds.iter().map(f).fold(f64::NEG_INFINITY, f64::max);
-        format!("{m:.2} ({lo:.2}–{hi:.2})")
+    fn ratio_text(&self, f: impl Fn(&Round) -> f64) -> String {
+        crate::rounds::ratio_text(&self.rounds.iter().map(f).collect::<Vec<_>>())
     }
 
     /// The round whose agent/floor is the median's (or nearest): its program breakdown.

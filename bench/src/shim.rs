@@ -28,6 +28,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::rounds::{median, ratio_text};
 use anyhow::{Context, Result, bail};
 
 struct Kill(Child);
@@ -124,28 +125,6 @@ fn parse_wrk(out: &str) -> Option<Figures> {
 
 /// wrk keeps a full latency histogram; its Lua `done` hook reads the 99.9th percentile (µs).
 const WRK_SCRIPT: &str = "done = function(summary, latency, requests)\n  io.write(string.format(\"RA_P999 %d\\n\", latency:percentile(99.9)))\nend\n";
-
-/// The median of the figures that are numbers (NaN when none is).
-fn median(v: impl Iterator<Item = f64>) -> f64 {
-    let mut v: Vec<f64> = v.filter(|x| !x.is_nan()).collect();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-/// A ratio's median over rounds and, over several, its range.
-fn ratio_text(v: &[f64]) -> String {
-    let m = median(v.iter().copied());
-    if v.len() < 2 {
-        return format!("{m:.2}");
-    }
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    format!("{m:.2} ({lo:.2}–{hi:.2})")
-}
 
 /// The `q`-quantile of sorted samples (nearest rank).
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -640,16 +619,6 @@ mod tests {
         assert_eq!(f.p999_us, 7010.0);
         assert!(parse_wrk("nothing").is_none());
         assert_eq!(parse_dur("1.5s"), Some(1.5e6));
-    }
-
-    #[test]
-    fn rounds_give_medians_and_ratio_ranges() {
-        // The direct path has no proxy CPU: its NaN is no figure, not the median.
-        assert!(median([f64::NAN, f64::NAN].into_iter()).is_nan());
-        assert_eq!(median([3.0, f64::NAN, 1.0, 2.0].into_iter()), 2.0);
-        assert_eq!(median([4.0, 1.0].into_iter()), 2.5);
-        assert_eq!(ratio_text(&[0.8]), "0.80");
-        assert_eq!(ratio_text(&[0.9, 0.7, 1.2]), "0.90 (0.70–1.20)");
     }
 
     #[test]
