@@ -389,38 +389,38 @@ fn measure(server: Server, bin: &Path, dir: &Path, rounds: usize) -> Result<Row>
 }
 
 fn round(server: Server, url: &str, bin: &Path, dir: &Path) -> Result<Round> {
-    let mut row = Round {
+    let mut r = Round {
         none: server.load(url)?,
         ..Round::default()
     };
     let _stats = crate::bpf_stats::StatsOn::enable();
     {
         let _floor = floor(server.tls())?;
-        row.floor = server.load(url)?;
+        r.floor = server.load(url)?;
     }
     let agent = start_agent(bin, dir, &server.agent_args())?;
     let pid = agent.proc.0.id();
     // Let the start-up scans (/proc, Go executables) settle before the load.
     thread::sleep(Duration::from_secs(2));
     let (cpu0, progs0) = (cpu_seconds(pid), crate::bpf_stats::programs(pid));
-    row.agent = server.load(url)?;
+    r.agent = server.load(url)?;
     let (cpu1, progs1) = (cpu_seconds(pid), crate::bpf_stats::programs(pid));
-    row.programs = crate::bpf_stats::delta(&progs0, &progs1);
+    r.programs = crate::bpf_stats::delta(&progs0, &progs1);
     // Figures are published once a second.
     thread::sleep(Duration::from_millis(1500));
-    row.rss_peak = rss(pid).1;
-    row.events = metric(agent.api_port, "retry_agent_capture_events_total");
-    row.drops = metric(agent.api_port, "retry_agent_capture_drops_total");
-    let requests = row.agent * SECONDS as f64;
-    row.cpu_per_request_us = (cpu1 - cpu0) * 1e6 / requests.max(1.0);
-    let bpf_ns: u64 = row.programs.iter().map(|p| p.2).sum();
-    row.ebpf_per_request_us = bpf_ns as f64 / 1e3 / requests.max(1.0);
+    r.rss_peak = rss(pid).1;
+    r.events = metric(agent.api_port, "retry_agent_capture_events_total");
+    r.drops = metric(agent.api_port, "retry_agent_capture_drops_total");
+    let requests = r.agent * SECONDS as f64;
+    r.cpu_per_request_us = (cpu1 - cpu0) * 1e6 / requests.max(1.0);
+    let bpf_ns: u64 = r.programs.iter().map(|p| p.2).sum();
+    r.ebpf_per_request_us = bpf_ns as f64 / 1e3 / requests.max(1.0);
     Command::new("kill")
         .args(["-INT", &pid.to_string()])
         .status()
         .context("signalling the agent")?;
     drop(agent);
-    Ok(row)
+    Ok(r)
 }
 
 /// `rows`: the rows to measure (empty: all); `rounds`: how many times each.
