@@ -40,8 +40,9 @@ struct Cli {
     /// overhead: the rows to measure (all when not given).
     #[arg(long, value_delimiter = ',')]
     rows: Vec<overhead::Server>,
-    /// overhead: rounds per row (none → floor → agent in each); medians and ranges are printed.
-    #[arg(long, default_value_t = 1)]
+    /// overhead, shim: how many times every row or path runs (overhead: none → floor → agent in
+    /// each round); medians and each ratio's range over the rounds' own ratios are printed.
+    #[arg(long, env = "RA_BENCH_ROUNDS", default_value_t = 1)]
     rounds: usize,
 }
 
@@ -58,13 +59,15 @@ fn main() -> Result<()> {
             bail!("this bench starts the agent: pass --agent-bin (cargo xtask bench builds it)")
         }
     };
+    // Zero rounds would measure nothing: one is the least.
+    let rounds = cli.rounds.max(1);
     match cli.what {
         What::Capture => capture::run(&agent_bin()?, cli.tls),
         What::L7 => l7::run(),
         What::Correlate => correlate::run(),
-        What::Shim => shim::run(&agent_bin()?),
+        What::Shim => shim::run(&agent_bin()?, rounds),
         What::Recorder => recorder::run(),
-        What::Overhead => overhead::run(&agent_bin()?, &cli.rows, cli.rounds),
+        What::Overhead => overhead::run(&agent_bin()?, &cli.rows, rounds),
     }
 }
 

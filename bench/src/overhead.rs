@@ -379,7 +379,7 @@ fn measure(server: Server, bin: &Path, dir: &Path, rounds: usize) -> Result<Row>
     // Warm-up: first connections, page cache, CPU frequency.
     let _ = server.load(&url)?;
     let mut row = Row { rounds: Vec::new() };
-    for i in 0..rounds.max(1) {
+    for i in 0..rounds {
         if rounds > 1 {
             eprintln!("bench overhead: {}, round {}…", server.label(), i + 1);
         }
@@ -423,7 +423,7 @@ fn round(server: Server, url: &str, bin: &Path, dir: &Path) -> Result<Round> {
     Ok(r)
 }
 
-/// `rows`: the rows to measure (empty: all); `rounds`: how many times each.
+/// `rows`: the rows to measure (empty: all); `rounds`: how many times each (at least one).
 pub fn run(bin: &Path, rows_wanted: &[Server], rounds: usize) -> Result<()> {
     if !crate::is_root() {
         bail!("bench overhead loads eBPF programs: run as root");

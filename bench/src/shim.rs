@@ -17,8 +17,8 @@
 //! tokio's default). Printed: requests/s, p50/p99/p99.9 latency added over direct, and the
 //! proxy's CPU time per request (utime+stime of the proxy process over the run, so the client's
 //! and the backend's CPU are not in it). Figures, not a test. `RA_BENCH_PROFILE=debug` benches a
-//! debug build (default: release), `RA_BENCH_SECS` the duration per path, `RA_BENCH_ROUNDS` how
-//! many times every path runs (medians printed, and each ratio's median and range over the
+//! debug build (default: release), `RA_BENCH_SECS` the duration per path, `--rounds` (or
+//! `RA_BENCH_ROUNDS`) how many times every path runs (medians printed, and each ratio's median and range over the
 //! rounds' own ratios: on a shared machine one run's figures can be a neighbour's).
 use std::{
     net::TcpListener,
@@ -332,7 +332,8 @@ fn envoy_bin() -> Result<PathBuf> {
         .context("no Envoy binary: run through `cargo xtask bench shim`")
 }
 
-pub fn run(bin: &Path) -> Result<()> {
+/// `rounds`: how many times every path runs (at least one).
+pub fn run(bin: &Path, rounds: usize) -> Result<()> {
     let uid = Command::new("id")
         .arg("-u")
         .output()
@@ -355,11 +356,6 @@ pub fn run(bin: &Path) -> Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
-    let rounds: usize = std::env::var("RA_BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1)
-        .max(1);
     let bin = bin.to_path_buf();
 
     let dir = std::env::temp_dir().join(format!("rabench-shim-{}", std::process::id()));

@@ -30,7 +30,8 @@ pub struct BenchArgs {
     /// overhead: only these rows (haproxy, nginx, nginx-256, go, go-uprobes, go-off, tls, h2c).
     #[arg(long)]
     rows: Option<String>,
-    /// overhead: rounds per row; medians and the ratios' ranges are printed.
+    /// overhead, shim: rounds (every row or path once per round); medians and the ratios'
+    /// ranges are printed.
     #[arg(long)]
     rounds: Option<usize>,
 }
