@@ -275,6 +275,17 @@ impl H2Dir {
                 State::Header => {
                     if self.hdr_got == 0 {
                         self.frame_start = *ctx;
+                        // The common case: the whole frame lies in these bytes. Read where it
+                        // lies instead of copied into the header and payload buffers first
+                        // (those copies and their state steps were most of the frame walk).
+                        if let Some(h) = FrameHeader::parse(data)
+                            && let Some(rest) = data.get(9..)
+                            && let Some(payload) = rest.get(..h.len as usize)
+                        {
+                            data = rest.get(h.len as usize..).unwrap_or_default();
+                            self.whole_frame(h, payload, ctx, sink);
+                            continue;
+                        }
                     }
                     let n = (9 - self.hdr_got).min(data.len());
                     let (head, rest) = data.split_at(n);
@@ -343,21 +354,62 @@ impl H2Dir {
         sink.lost(ctx);
     }
 
-    fn begin_frame(&mut self, ctx: &Ctx, sink: &mut impl H2Sink) {
-        let Some(h) = FrameHeader::parse(&self.hdr) else {
+    /// A frame whose header and payload are all in one syscall's captured bytes: the same steps
+    /// as [`Self::begin_frame`], the payload's bytes and [`Self::end_frame`], without buffering.
+    fn whole_frame(&mut self, h: FrameHeader, payload: &[u8], ctx: &Ctx, sink: &mut impl H2Sink) {
+        if !self.enter_frame(h, ctx, sink) {
             return;
+        }
+        self.state = State::Header;
+        if h.kind == DATA {
+            // The pad-length byte is not content (the padding itself is fed, as when buffered).
+            let content = if h.flags & FLAG_PADDED != 0 {
+                payload.get(1..).unwrap_or_default()
+            } else {
+                payload
+            };
+            if !content.is_empty() {
+                sink.data_bytes(h.stream, content);
+            }
+        }
+        // What `payload_bytes` would have kept of it.
+        let limit = match h.kind {
+            _ if !self.keep => 0,
+            GOAWAY => 8,
+            _ => self.cap,
         };
+        let cut = self.keep && payload.len() > limit && h.kind != GOAWAY;
+        let kept = payload.get(..limit.min(payload.len())).unwrap_or_default();
+        self.end_frame_kind(h, kept, cut, ctx, sink);
+        if !self.in_block {
+            self.block = recycle(std::mem::take(&mut self.block));
+        }
+    }
+
+    /// A frame's header is read: checked against the header block in progress (false: the
+    /// connection lost its framing) and its kind's handling chosen.
+    fn enter_frame(&mut self, h: FrameHeader, ctx: &Ctx, sink: &mut impl H2Sink) -> bool {
         self.frame = h;
         // A header block must continue with CONTINUATION frames on its stream only.
         if self.in_block && (h.kind != CONTINUATION || h.stream != self.block_stream) {
             sink.parse_error();
             self.lose(ctx, sink);
-            return;
+            return false;
         }
         self.keep = matches!(
             h.kind,
             HEADERS | CONTINUATION | PUSH_PROMISE | RST_STREAM | GOAWAY
         );
+        true
+    }
+
+    fn begin_frame(&mut self, ctx: &Ctx, sink: &mut impl H2Sink) {
+        let Some(h) = FrameHeader::parse(&self.hdr) else {
+            return;
+        };
+        if !self.enter_frame(h, ctx, sink) {
+            return;
+        }
         self.payload.clear();
         self.payload_cut = false;
         self.data_skip = if h.kind == DATA && h.flags & FLAG_PADDED != 0 {
@@ -405,14 +457,23 @@ impl H2Dir {
     fn end_frame(&mut self, ctx: &Ctx, sink: &mut impl H2Sink) {
         self.state = State::Header;
         let h = self.frame;
-        self.end_frame_kind(h, ctx, sink);
-        self.payload = recycle(std::mem::take(&mut self.payload));
+        let payload = std::mem::take(&mut self.payload);
+        self.end_frame_kind(h, &payload, self.payload_cut, ctx, sink);
+        self.payload = recycle(payload);
         if !self.in_block {
             self.block = recycle(std::mem::take(&mut self.block));
         }
     }
 
-    fn end_frame_kind(&mut self, h: FrameHeader, ctx: &Ctx, sink: &mut impl H2Sink) {
+    /// A frame ended; `payload`: what was kept of it (see `keep`), `payload_cut`: less than all.
+    fn end_frame_kind(
+        &mut self,
+        h: FrameHeader,
+        payload: &[u8],
+        payload_cut: bool,
+        ctx: &Ctx,
+        sink: &mut impl H2Sink,
+    ) {
         match h.kind {
             DATA => sink.data_end(
                 h.stream,
@@ -421,8 +482,7 @@ impl H2Dir {
                 ctx,
             ),
             HEADERS | PUSH_PROMISE => {
-                let payload = std::mem::take(&mut self.payload);
-                let fragment = header_fragment(&payload, h);
+                let fragment = header_fragment(payload, h);
                 self.block.clear();
                 self.block_stream = h.stream;
                 self.block_end_stream = h.kind == HEADERS && h.flags & FLAG_END_STREAM != 0;
@@ -435,7 +495,7 @@ impl H2Dir {
                     // The whole block is this frame's fragment (nearly always): decoded where
                     // it lies instead of copied into the block buffer first.
                     // (The payload is already held to the cap, so the block is too.)
-                    self.block_cut = fragment.is_none() || self.payload_cut;
+                    self.block_cut = fragment.is_none() || payload_cut;
                     self.end_block_of(fragment.unwrap_or_default(), ctx, sink);
                 } else {
                     self.block_cut = false;
@@ -443,28 +503,25 @@ impl H2Dir {
                         Some(f) => self.push_fragment(f),
                         None => self.block_cut = true,
                     }
-                    self.block_cut |= self.payload_cut;
+                    self.block_cut |= payload_cut;
                 }
-                self.payload = payload;
             }
             CONTINUATION => {
-                let payload = std::mem::take(&mut self.payload);
-                self.push_fragment(&payload);
-                self.payload = payload;
-                self.block_cut |= self.payload_cut;
+                self.push_fragment(payload);
+                self.block_cut |= payload_cut;
                 if h.flags & FLAG_END_HEADERS != 0 {
                     self.end_block(ctx, sink);
                 }
             }
             RST_STREAM => {
-                let code = be32(&self.payload, 0).unwrap_or_else(|| {
+                let code = be32(payload, 0).unwrap_or_else(|| {
                     sink.truncated();
                     0
                 });
                 sink.rst(h.stream, code, ctx);
             }
             GOAWAY => {
-                if let (Some(last), Some(code)) = (be32(&self.payload, 0), be32(&self.payload, 4)) {
+                if let (Some(last), Some(code)) = (be32(payload, 0), be32(payload, 4)) {
                     sink.goaway(last & 0x7fff_ffff, code, ctx);
                 } else {
                     sink.truncated();

@@ -402,6 +402,55 @@ fn truncated_header_block_makes_later_streams_unknown() {
     assert_eq!(stats.truncations, 1);
 }
 
+/// A header block larger than the connection's buffer, captured whole in one syscall: read
+/// where it lies, it is cut at the same byte as when its frame arrives in pieces and is
+/// buffered (same exchanges, same truncation count).
+#[test]
+fn block_over_the_buffer_cap_is_cut_alike_whole_or_in_pieces() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let mut h1 = req_headers("/svc/Big");
+    h1.push(("x-big", "v".repeat(3000)));
+    let mut w = vec![(OUT, c.headers(1, true, &hs(&h1)))];
+    w.push((
+        IN,
+        s.headers(1, true, &[(":status", "200"), ("grpc-status", "0")]),
+    ));
+    w.push((OUT, c.headers(3, true, &hs(&req_headers("/svc/After")))));
+    w.push((
+        IN,
+        s.headers(3, true, &[(":status", "200"), ("grpc-status", "0")]),
+    ));
+    let ev = client_conn(3, w);
+    let run_capped = |ev: &[Event]| {
+        let mut r = Reassembler::new(L7Config {
+            conn_buffer_bytes: 1024,
+            ..L7Config::default()
+        });
+        let mut out = Vec::new();
+        for e in ev {
+            r.push(e, &mut out);
+        }
+        (out, r.stats().truncations)
+    };
+    let (ex, truncations) = run_capped(&ev);
+    assert_eq!(ex.len(), 2, "{ex:#?}");
+    assert!(ex[0].unknown);
+    assert_eq!(ex[0].path.as_deref(), Some("/svc/Big"));
+    assert!(
+        ex[1].unknown && ex[1].path.is_none(),
+        "the table is unknowable after the cut"
+    );
+    assert_eq!(ex[1].status, Some(200));
+    assert_eq!(truncations, 1);
+    for n in [7, 1000] {
+        assert_eq!(
+            run_capped(&super::tests::split(&ev, n)),
+            (ex.clone(), truncations),
+            "{n}-byte pieces"
+        );
+    }
+}
+
 #[test]
 fn close_with_open_streams() {
     let (mut c, _) = (Peer::new(), Peer::new());
