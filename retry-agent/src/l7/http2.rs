@@ -389,7 +389,6 @@ impl H2Dir {
     /// A frame's header is read: checked against the header block in progress (false: the
     /// connection lost its framing) and its kind's handling chosen.
     fn enter_frame(&mut self, h: FrameHeader, ctx: &Ctx, sink: &mut impl H2Sink) -> bool {
-        self.frame = h;
         // A header block must continue with CONTINUATION frames on its stream only.
         if self.in_block && (h.kind != CONTINUATION || h.stream != self.block_stream) {
             sink.parse_error();
@@ -410,6 +409,8 @@ impl H2Dir {
         if !self.enter_frame(h, ctx, sink) {
             return;
         }
+        // Read by the payload's steps and at its end (a whole frame needs no copy of it).
+        self.frame = h;
         self.payload.clear();
         self.payload_cut = false;
         self.data_skip = if h.kind == DATA && h.flags & FLAG_PADDED != 0 {
