@@ -348,6 +348,7 @@ struct Pending {
     svc: u32,
     /// Client side's (local, remote) tuple hash, i.e. ours reversed.
     tuple: u64,
+    local: Option<SocketAddr>,
     remote: Option<SocketAddr>,
     outcome: OutcomeClass,
     status: Option<u16>,
@@ -418,6 +419,10 @@ pub struct Engine {
     listeners: GenMap<u64, (u32, u16)>,
     /// (netns-if-loopback, local address) of client sockets → caller pid.
     client_socks: GenMap<u64, u32>,
+    /// The same with the remote address too: exact where `client_socks` is not, as Linux gives
+    /// one source port to connections to different destinations (two processes' calls on
+    /// loopback can share a local address). See [`Engine::caller_pid`].
+    client_conns: GenMap<u64, u32>,
     /// Client tuple → the callee's latest verdict on that connection.
     recent_verdicts: GenMap<u64, RecentVerdict>,
     /// Client tuple → the call given up on it (HTTP/1: its connection closed while waiting).
@@ -534,6 +539,7 @@ impl Engine {
             svc_index: map(),
             listeners: GenMap::new(cfg.max_threads.max(2)),
             client_socks: GenMap::new(cfg.max_threads.max(2)),
+            client_conns: GenMap::new(cfg.max_threads.max(2)),
             recent_verdicts: GenMap::new(cfg.max_threads.max(2)),
             abandoned: GenMap::new(cfg.max_threads.max(2)),
             mismatched: GenMap::new(cfg.max_threads.max(2)),

@@ -163,6 +163,7 @@ impl Engine {
             end: window.end,
             svc,
             tuple,
+            local: ex.local,
             remote: ex.remote,
             outcome: ex.outcome,
             status: ex.status,
@@ -237,9 +238,7 @@ impl Engine {
             _ if caller_gone(ex) => {
                 // The peer closed or reset while we were still working (caller not on this node,
                 // or not captured): attribute to its edge if we know it.
-                let caller = ex
-                    .remote
-                    .and_then(|r| self.client_socks.get(&self.ns_key(ex.pid, r)).copied());
+                let caller = self.caller_pid(ex.pid, ex.local, ex.remote);
                 Some(match caller {
                     Some(c) => {
                         let svc_port = ex.local.map_or(0, |a| a.port());

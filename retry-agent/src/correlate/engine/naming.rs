@@ -26,6 +26,23 @@ impl Engine {
         hash_one((ns, addr))
     }
 
+    /// The local process whose client socket is the other end of a served connection (`pid`'s,
+    /// with the served side's `local` and `remote` addresses): the exact connection first, then
+    /// any client socket on the remote address (a destination translated on the way, as a
+    /// Service VIP or a redirect is, never matches exactly).
+    pub(super) fn caller_pid(
+        &self,
+        pid: u32,
+        local: Option<SocketAddr>,
+        remote: Option<SocketAddr>,
+    ) -> Option<u32> {
+        let at = self.ns_key(pid, remote?);
+        local
+            .and_then(|l| self.client_conns.get(&hash_one((at, l))))
+            .or_else(|| self.client_socks.get(&at))
+            .copied()
+    }
+
     /// Name of a process serving on `port` (0 = as a caller: its first served port, if any).
     pub(super) fn name(&mut self, pid: u32, port: u16) -> ServiceId {
         if let Some(p) = self.procs.get(&pid)

@@ -32,6 +32,9 @@ impl Engine {
         if let Some(local) = ex.local {
             let k = self.ns_key(ex.pid, local);
             self.client_socks.insert(k, ex.pid);
+            if let Some(remote) = ex.remote {
+                self.client_conns.insert(hash_one((k, remote)), ex.pid);
+            }
         }
         let (retry, hedged, prev_class, gap, in_hedge) = self.detect_retry(ex, edge);
         let failed = ex.failed();

@@ -2968,3 +2968,59 @@ fn a_recovery_after_the_answer_does_not_quiet_the_process() {
         assert_ne!(v.claim, Claim::Claimed, "{v:?}");
     }
 }
+
+/// Linux gives one source port to connections to different destinations, so on loopback two
+/// processes' calls can share a local address: the callee's verdict names the process whose
+/// connection it served, not the last one seen on that address. A destination translated on
+/// the way (a Service VIP) still finds its caller by the address alone.
+#[test]
+fn callers_sharing_a_local_address_are_told_apart_by_their_destination() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    let shared = addr("127.0.0.1:40000");
+    let (a_at, b_at) = (addr("127.0.0.1:8010"), addr("127.0.0.1:8020"));
+    // A calls B, which fails on its own.
+    let b_id = w.id();
+    w.push(
+        X::server(b_id, B, B * 10, b_at, shared, t + MS / 10, t + MS)
+            .status(503)
+            .build(),
+    );
+    let id = w.id();
+    w.push(
+        X::client(id, A, A * 10, shared, b_at, t, t + MS + MS / 10)
+            .status(503)
+            .build(),
+    );
+    // C calls A from the same local address (another destination), seen after A's call.
+    let id = w.id();
+    w.push(
+        X::server(id, A, A * 10 + 1, a_at, shared, t + 2 * MS, t + 3 * MS)
+            .status(200)
+            .build(),
+    );
+    let id = w.id();
+    w.push(
+        X::client(id, C, C * 10, shared, a_at, t + 2 * MS, t + 3 * MS)
+            .status(200)
+            .build(),
+    );
+    // D calls B through a VIP: B sees D's address, D's call names the VIP.
+    let (d_local, vip) = (addr("10.0.0.4:40001"), addr("10.96.0.1:80"));
+    let id = w.id();
+    w.push(
+        X::client(id, D, D * 10, d_local, vip, t + 4 * MS, t + 5 * MS)
+            .status(503)
+            .build(),
+    );
+    let via_vip = w.id();
+    w.push(
+        X::server(via_vip, B, B * 10, svc(B), d_local, t + 4 * MS, t + 5 * MS)
+            .status(503)
+            .build(),
+    );
+    w.e.tick(t + 2_000 * MS, &mut w.v);
+    let caller = |w: &mut World, id| w.verdict(id).caller.map(|c| c.as_str().to_owned());
+    assert_eq!(caller(&mut w, b_id).as_deref(), Some("a"));
+    assert_eq!(caller(&mut w, via_vip).as_deref(), Some("d"));
+}

@@ -403,9 +403,7 @@ impl Engine {
             *n += 1;
         }
         // The caller's edge learns the claim its callee (us) gave.
-        let caller = p
-            .remote
-            .and_then(|r| self.client_socks.get(&self.ns_key(p.pid, r)).copied());
+        let caller = self.caller_pid(p.pid, p.local, p.remote);
         let (svc_pid, svc_port) = self
             .svcs
             .get(p.svc as usize)
