@@ -81,10 +81,11 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
     );
     for v in &d.verdicts {
         eprintln!(
-            "verdict {} {} {:?} caused_by {:?}",
+            "verdict {} {} {:?} caller {:?} caused_by {:?}",
             v.service,
             path_of(v),
             v.claim,
+            v.caller,
             v.caused_by
         );
     }
@@ -92,9 +93,11 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
     xs.sort_by_key(|x| x.request_start_ns);
     for x in xs {
         eprintln!(
-            "A {:?} {:?} tid {} rtid {:?} {:?} {:?} {:?} {}..{} rs {:?} re {}",
+            "A {:?} {:?} {:?} → {:?} tid {} rtid {:?} {:?} {:?} {:?} {}..{} rs {:?} re {}",
             x.id,
             x.role,
+            x.local,
+            x.remote,
             x.tid,
             x.response_tid,
             x.path,
@@ -119,10 +122,17 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
             .iter()
             .all(|v| v.claim == Claim::Claimed && path_of(v).starts_with("/fail/"))
     );
+    let not_from_a: Vec<_> = b_verdicts
+        .iter()
+        .filter(|v| v.caller.as_ref().map(|c| c.as_str()) != Some("svc-a"))
+        .map(|v| {
+            let x = d.exchanges.get(&v.exchange);
+            (path_of(v), v.caller.clone(), x.map(|x| (x.local, x.remote)))
+        })
+        .collect();
     assert!(
-        b_verdicts
-            .iter()
-            .all(|v| v.caller.as_ref().map(|c| c.as_str()) == Some("svc-a"))
+        not_from_a.is_empty(),
+        "B's verdicts not on A's calls (path, caller, B's local and remote): {not_from_a:?}"
     );
 
     // A's chained failures are symptoms of B's, with both failed attempts as the cause.
