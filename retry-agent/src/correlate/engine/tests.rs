@@ -74,6 +74,12 @@ impl World {
     fn push(&mut self, x: Exchange) {
         self.e.push(&x, &mut self.v);
     }
+    /// The exchange `x` builds under a new id, answered `status`; returns the id.
+    fn answered(&mut self, status: u16, x: impl FnOnce(u64) -> X) -> u64 {
+        let id = self.id();
+        self.push(x(id).status(status).build());
+        id
+    }
     /// `caller` calls `callee` (both local) on the caller's thread `tid`; the callee answers
     /// `status`. Returns the callee's server exchange id. Pushed in completion order.
     fn call(&mut self, caller: u32, tid: u32, callee: u32, t: u64, dur: u64, status: u16) -> u64 {
@@ -2980,45 +2986,21 @@ fn callers_sharing_a_local_address_are_told_apart_by_their_destination() {
     let shared = addr("127.0.0.1:40000");
     let (a_at, b_at) = (addr("127.0.0.1:8010"), addr("127.0.0.1:8020"));
     // A calls B, which fails on its own.
-    let b_id = w.id();
-    w.push(
-        X::server(b_id, B, B * 10, b_at, shared, t + MS / 10, t + MS)
-            .status(503)
-            .build(),
-    );
-    let id = w.id();
-    w.push(
+    let b_id = w.answered(503, |id| {
+        X::server(id, B, B * 10, b_at, shared, t + MS / 10, t + MS)
+    });
+    w.answered(503, |id| {
         X::client(id, A, A * 10, shared, b_at, t, t + MS + MS / 10)
-            .status(503)
-            .build(),
-    );
+    });
     // C calls A from the same local address (another destination), seen after A's call.
-    let id = w.id();
-    w.push(
-        X::server(id, A, A * 10 + 1, a_at, shared, t + 2 * MS, t + 3 * MS)
-            .status(200)
-            .build(),
-    );
-    let id = w.id();
-    w.push(
-        X::client(id, C, C * 10, shared, a_at, t + 2 * MS, t + 3 * MS)
-            .status(200)
-            .build(),
-    );
+    let (t2, t3) = (t + 2 * MS, t + 3 * MS);
+    w.answered(200, |id| X::server(id, A, A * 10 + 1, a_at, shared, t2, t3));
+    w.answered(200, |id| X::client(id, C, C * 10, shared, a_at, t2, t3));
     // D calls B through a VIP: B sees D's address, D's call names the VIP.
     let (d_local, vip) = (addr("10.0.0.4:40001"), addr("10.96.0.1:80"));
-    let id = w.id();
-    w.push(
-        X::client(id, D, D * 10, d_local, vip, t + 4 * MS, t + 5 * MS)
-            .status(503)
-            .build(),
-    );
-    let via_vip = w.id();
-    w.push(
-        X::server(via_vip, B, B * 10, svc(B), d_local, t + 4 * MS, t + 5 * MS)
-            .status(503)
-            .build(),
-    );
+    let (t4, t5) = (t + 4 * MS, t + 5 * MS);
+    w.answered(503, |id| X::client(id, D, D * 10, d_local, vip, t4, t5));
+    let via_vip = w.answered(503, |id| X::server(id, B, B * 10, svc(B), d_local, t4, t5));
     w.e.tick(t + 2_000 * MS, &mut w.v);
     let caller = |w: &mut World, id| w.verdict(id).caller.map(|c| c.as_str().to_owned());
     assert_eq!(caller(&mut w, b_id).as_deref(), Some("a"));
