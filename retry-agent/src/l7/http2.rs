@@ -372,15 +372,26 @@ impl H2Dir {
                 sink.data_bytes(h.stream, content);
             }
         }
-        // What `payload_bytes` would have kept of it.
-        let limit = match h.kind {
-            _ if !self.keep => 0,
-            GOAWAY => 8,
-            _ => self.cap,
+        let (n, cut) = if self.keep {
+            self.kept_of(h.kind, 0, payload.len())
+        } else {
+            (0, false)
         };
-        let cut = self.keep && payload.len() > limit && h.kind != GOAWAY;
-        let kept = payload.get(..limit.min(payload.len())).unwrap_or_default();
-        self.end_frame_kind(h, kept, cut, ctx, sink);
+        self.end_frame_kind(h, payload.get(..n).unwrap_or_default(), cut, ctx, sink);
+        self.release_block();
+    }
+
+    /// Of `n` more payload bytes of a kept frame of `kind`, `held` kept already: how many are
+    /// kept (up to the cap), and whether leaving the rest out cuts the payload. GOAWAY's debug
+    /// data is not needed: its first 8 bytes are kept, and leaving the rest out is no cut.
+    fn kept_of(&self, kind: u8, held: usize, n: usize) -> (usize, bool) {
+        let limit = if kind == GOAWAY { 8 } else { self.cap };
+        let room = limit.saturating_sub(held);
+        (n.min(room), n > room && kind != GOAWAY)
+    }
+
+    /// A frame ended outside a header block: the block buffer is not kept large.
+    fn release_block(&mut self) {
         if !self.in_block {
             self.block = recycle(std::mem::take(&mut self.block));
         }
@@ -439,20 +450,10 @@ impl H2Dir {
         if !self.keep {
             return;
         }
-        // GOAWAY debug data is not needed: keep its first 8 bytes.
-        let limit = if self.frame.kind == GOAWAY {
-            8
-        } else {
-            self.cap
-        };
-        let room = limit.saturating_sub(self.payload.len());
-        if chunk.len() > room {
-            if self.frame.kind != GOAWAY {
-                self.payload_cut = true;
-            }
-            chunk = chunk.get(..room).unwrap_or_default();
-        }
-        self.payload.extend_from_slice(chunk);
+        let (n, cut) = self.kept_of(self.frame.kind, self.payload.len(), chunk.len());
+        self.payload_cut |= cut;
+        self.payload
+            .extend_from_slice(chunk.get(..n).unwrap_or_default());
     }
 
     fn end_frame(&mut self, ctx: &Ctx, sink: &mut impl H2Sink) {
@@ -461,9 +462,7 @@ impl H2Dir {
         let payload = std::mem::take(&mut self.payload);
         self.end_frame_kind(h, &payload, self.payload_cut, ctx, sink);
         self.payload = recycle(payload);
-        if !self.in_block {
-            self.block = recycle(std::mem::take(&mut self.block));
-        }
+        self.release_block();
     }
 
     /// A frame ended; `payload`: what was kept of it (see `keep`), `payload_cut`: less than all.
