@@ -18,8 +18,9 @@
 //! proxy's CPU time per request (utime+stime of the proxy process over the run, so the client's
 //! and the backend's CPU are not in it). Figures, not a test. `RA_BENCH_PROFILE=debug` benches a
 //! debug build (default: release), `RA_BENCH_SECS` the duration per path, `--rounds` (or
-//! `RA_BENCH_ROUNDS`) how many times every path runs (medians printed, and each ratio's median and range over the
-//! rounds' own ratios: on a shared machine one run's figures can be a neighbour's).
+//! `RA_BENCH_ROUNDS`) how many times every path runs (medians printed, and each ratio's median
+//! and range over the rounds' own ratios: on a shared machine one run's figures can be a
+//! neighbour's).
 use std::{
     net::TcpListener,
     path::{Path, PathBuf},
