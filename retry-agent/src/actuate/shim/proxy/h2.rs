@@ -52,6 +52,7 @@ const MAX_HPACK_TABLE: usize = 64 * 1024;
 
 mod fields;
 pub mod frame;
+//POOLED
 mod response;
 #[cfg(test)]
 mod tests;
@@ -366,38 +367,7 @@ impl Relay {
         let Some(h) = self.held.as_mut() else {
             return Ok(());
         };
-        let mut ready = h.end_stream;
-        let mut ended = h.end_stream;
-        let mut digest = BodyDigest::default();
-        let mut at = h.block_len;
-        while !ready {
-            let Some(head) = buf.get(at..).and_then(Head::parse) else {
-                break;
-            };
-            let Some(f) = buf.get(at..at + head.total()) else {
-                break;
-            };
-            at += head.total();
-            if head.stream != h.stream {
-                continue;
-            }
-            match head.kind {
-                DATA => {
-                    let payload = &f[frame::HEADER_LEN..];
-                    let r = frame::content(&head, payload)
-                        .map_err(|_| Step::Unreadable("DATA padding"))?;
-                    let more = digest.feed(payload.get(r).unwrap_or_default());
-                    ended = head.has(END_STREAM);
-                    ready = !more || ended;
-                }
-                // Trailers or a reset: the body has ended.
-                HEADERS | RST_STREAM => {
-                    ended = true;
-                    ready = true;
-                }
-                _ => {}
-            }
-        }
+        let (ready, ended, digest) = body_ahead(buf, h.stream, h.block_len, h.end_stream)?;
         if !ready && !force {
             return Err(Step::More);
         }
@@ -461,8 +431,7 @@ impl Relay {
         self.dropped.push_back(stream);
     }
 
-    /// A suppressed retry's answer on the client's stream; its request, if still open, is
-    /// closed with NO_ERROR (the answer is complete, nothing more is wanted).
+    /// A suppressed retry's answer on the client's stream.
     fn answer(
         &mut self,
         stream: u32,
@@ -471,37 +440,14 @@ impl Relay {
         grpc: bool,
         request_ended: bool,
     ) {
-        let why = reason.as_str().as_bytes();
-        let mut b = BytesMut::with_capacity(160);
-        match answer::local_answer(reply, grpc) {
-            LocalAnswer::Reset => {
-                frame::put_rst(&mut self.to_client, stream, INTERNAL_ERROR);
-                return;
-            }
-            LocalAnswer::Http(status) => {
-                frame::put_literal(&mut b, b":status", status.as_str().as_bytes());
-                frame::put_literal(&mut b, b"content-type", b"text/plain");
-                frame::put_literal(&mut b, b"content-length", b"0");
-                frame::put_literal(&mut b, RETRY_SUPPRESSED_HEADER.as_bytes(), why);
-            }
-            LocalAnswer::Grpc(code) => {
-                // Trailers-only: status and trailers in one block.
-                frame::put_literal(&mut b, b":status", b"200");
-                frame::put_literal(&mut b, b"content-type", b"application/grpc");
-                frame::put_literal(&mut b, b"grpc-status", code.to_string().as_bytes());
-                frame::put_literal(
-                    &mut b,
-                    b"grpc-message",
-                    answer::GRPC_SUPPRESSED_MESSAGE.as_bytes(),
-                );
-                frame::put_literal(&mut b, b"grpc-retry-pushback-ms", b"-1");
-                frame::put_literal(&mut b, RETRY_SUPPRESSED_HEADER.as_bytes(), why);
-            }
-        }
-        frame::put_block(&mut self.to_client, stream, END_STREAM, &b);
-        if !request_ended {
-            frame::put_rst(&mut self.to_client, stream, NO_ERROR);
-        }
+        put_answer(
+            &mut self.to_client,
+            stream,
+            reason,
+            reply,
+            grpc,
+            request_ended,
+        );
     }
 
     /// Everything still buffered from the client, as it would go (the held request forwarded).
@@ -517,58 +463,16 @@ impl Relay {
 
     /// Decodes the block of `len` bytes of frames at the front of `buf` into `self.fields`.
     fn decode_block(&mut self, buf: &[u8], len: usize, side: Side) -> Result<(), Step> {
-        let mut block = Vec::new();
-        let mut at = 0;
-        while at < len {
-            let head = buf
-                .get(at..)
-                .and_then(Head::parse)
-                .ok_or(Step::Unreadable("header block cut"))?;
-            let payload = buf
-                .get(at + frame::HEADER_LEN..at + head.total())
-                .ok_or(Step::Unreadable("header block cut"))?;
-            let r = frame::content(&head, payload)
-                .map_err(|_| Step::Unreadable("header block padding"))?;
-            block.extend_from_slice(payload.get(r).unwrap_or_default());
-            at += head.total();
-        }
         let (dec, fields) = match side {
             Side::Request => (&mut self.req_dec, &mut self.req_fields),
             Side::Response => (&mut self.resp_dec, &mut self.resp_fields),
         };
-        fields.clear();
-        dec.decode(&block, |n, v| fields.push(n, v))
-            .map_err(|_| Step::Unreadable("HPACK"))
+        decode_into(dec, fields, buf, len)
     }
 
     /// The request the decoded block opens, keyed as far as its headers go.
     fn request_of_fields(&mut self) -> Option<Stream> {
-        let f = &self.req_fields;
-        let method = http::Method::from_bytes(f.get(b":method")?).ok()?;
-        let headers = f.headers();
-        let authority = f
-            .get(b":authority")
-            .or_else(|| f.get(b"host"))
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .unwrap_or_default();
-        let target = String::from_utf8_lossy(f.get(b":path").unwrap_or_default()).into_owned();
-        let now = Instant::now();
-        let grpc = is_grpc(&headers);
-        let key = key_of_fields(&self.info, method, authority, target, &headers);
-        let suppressed = self.ctx.view.suppression(&self.info.orig, now);
-        Some(Stream {
-            key,
-            digest: Some(BodyDigest::default()),
-            marked: policy::retry_markers(&headers).says_retry(),
-            grpc,
-            // As the hyper path: only where retries must stop.
-            pushback: grpc && suppressed == Some(crate::decide::Reason::CalleeUnclaimed),
-            status: None,
-            grpc_status: None,
-            claim: Claim::Missing,
-            watch: true,
-            counted: false,
-        })
+        request_of(&self.ctx, &self.info, &self.req_fields)
     }
 }
 
@@ -576,6 +480,100 @@ impl Relay {
 enum Side {
     Request,
     Response,
+}
+
+/// The request the decoded block opens, keyed as far as its headers go.
+fn request_of(ctx: &Ctx, info: &ConnInfo, f: &Fields) -> Option<Stream> {
+    let method = http::Method::from_bytes(f.get(b":method")?).ok()?;
+    let headers = f.headers();
+    let authority = f
+        .get(b":authority")
+        .or_else(|| f.get(b"host"))
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .unwrap_or_default();
+    let target = String::from_utf8_lossy(f.get(b":path").unwrap_or_default()).into_owned();
+    let now = Instant::now();
+    let grpc = is_grpc(&headers);
+    let key = key_of_fields(info, method, authority, target, &headers);
+    let suppressed = ctx.view.suppression(&info.orig, now);
+    Some(Stream {
+        key,
+        digest: Some(BodyDigest::default()),
+        marked: policy::retry_markers(&headers).says_retry(),
+        grpc,
+        // As the hyper path: only where retries must stop.
+        pushback: grpc && suppressed == Some(crate::decide::Reason::CalleeUnclaimed),
+        status: None,
+        grpc_status: None,
+        claim: Claim::Missing,
+        watch: true,
+        counted: false,
+    })
+}
+
+/// A suppressed retry's answer on the client's stream; its request, if still open, is
+/// closed with NO_ERROR (the answer is complete, nothing more is wanted).
+fn put_answer(
+    out: &mut BytesMut,
+    stream: u32,
+    reason: SuppressReason,
+    reply: Option<FailureReply>,
+    grpc: bool,
+    request_ended: bool,
+) {
+    let why = reason.as_str().as_bytes();
+    let mut b = BytesMut::with_capacity(160);
+    match answer::local_answer(reply, grpc) {
+        LocalAnswer::Reset => {
+            frame::put_rst(out, stream, INTERNAL_ERROR);
+            return;
+        }
+        LocalAnswer::Http(status) => {
+            frame::put_literal(&mut b, b":status", status.as_str().as_bytes());
+            frame::put_literal(&mut b, b"content-type", b"text/plain");
+            frame::put_literal(&mut b, b"content-length", b"0");
+            frame::put_literal(&mut b, RETRY_SUPPRESSED_HEADER.as_bytes(), why);
+        }
+        LocalAnswer::Grpc(code) => {
+            // Trailers-only: status and trailers in one block.
+            frame::put_literal(&mut b, b":status", b"200");
+            frame::put_literal(&mut b, b"content-type", b"application/grpc");
+            frame::put_literal(&mut b, b"grpc-status", code.to_string().as_bytes());
+            frame::put_literal(
+                &mut b,
+                b"grpc-message",
+                answer::GRPC_SUPPRESSED_MESSAGE.as_bytes(),
+            );
+            frame::put_literal(&mut b, b"grpc-retry-pushback-ms", b"-1");
+            frame::put_literal(&mut b, RETRY_SUPPRESSED_HEADER.as_bytes(), why);
+        }
+    }
+    frame::put_block(out, stream, END_STREAM, &b);
+    if !request_ended {
+        frame::put_rst(out, stream, NO_ERROR);
+    }
+}
+
+/// Decodes the block of `len` bytes of frames at the front of `buf` into `fields`.
+fn decode_into(dec: &mut Decoder, fields: &mut Fields, buf: &[u8], len: usize) -> Result<(), Step> {
+    let mut block = Vec::new();
+    let mut at = 0;
+    while at < len {
+        let head = buf
+            .get(at..)
+            .and_then(Head::parse)
+            .ok_or(Step::Unreadable("header block cut"))?;
+        let payload = buf
+            .get(at + frame::HEADER_LEN..at + head.total())
+            .ok_or(Step::Unreadable("header block cut"))?;
+        let r =
+            frame::content(&head, payload).map_err(|_| Step::Unreadable("header block padding"))?;
+        block.extend_from_slice(payload.get(r).unwrap_or_default());
+        at += head.total();
+    }
+    fields.clear();
+    dec.decode(&block, |n, v| fields.push(n, v))
+        .map_err(|_| Step::Unreadable("HPACK"))
 }
 
 /// The key's body digest is as complete as it will be; the request is counted.
@@ -597,6 +595,49 @@ fn settle(ctx: &Ctx, info: &ConnInfo, st: &mut Stream) {
     if matches!(v, Verdict::Forward { retry: true }) {
         bump(&ctx.stats.retries_forwarded);
     }
+}
+
+/// Whether the held request's body (the block of `block_len` bytes at the front of `buf` opens
+/// `stream`) has its first bytes buffered behind it: (ready, ended, the digest of what is).
+fn body_ahead(
+    buf: &[u8],
+    stream: u32,
+    block_len: usize,
+    end_stream: bool,
+) -> Result<(bool, bool, BodyDigest), Step> {
+    let mut ready = end_stream;
+    let mut ended = end_stream;
+    let mut digest = BodyDigest::default();
+    let mut at = block_len;
+    while !ready {
+        let Some(head) = buf.get(at..).and_then(Head::parse) else {
+            break;
+        };
+        let Some(f) = buf.get(at..at + head.total()) else {
+            break;
+        };
+        at += head.total();
+        if head.stream != stream {
+            continue;
+        }
+        match head.kind {
+            DATA => {
+                let payload = &f[frame::HEADER_LEN..];
+                let r =
+                    frame::content(&head, payload).map_err(|_| Step::Unreadable("DATA padding"))?;
+                let more = digest.feed(payload.get(r).unwrap_or_default());
+                ended = head.has(END_STREAM);
+                ready = !more || ended;
+            }
+            // Trailers or a reset: the body has ended.
+            HEADERS | RST_STREAM => {
+                ended = true;
+                ready = true;
+            }
+            _ => {}
+        }
+    }
+    Ok((ready, ended, digest))
 }
 
 /// Bytes of the header block starting at the front of `buf` (its HEADERS or PUSH_PROMISE and

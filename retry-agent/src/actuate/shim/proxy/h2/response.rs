@@ -7,8 +7,9 @@ use bytes::BytesMut;
 use http::StatusCode;
 
 use super::{
-    super::{outcome, stamp},
-    Relay, Side, Step, block_extent,
+    super::{ConnInfo, Ctx, outcome, stamp},
+    Relay, Side, Step, Stream, block_extent,
+    fields::Fields,
     frame::{
         self, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, Head, PUSH_PROMISE, RST_STREAM,
     },
@@ -75,64 +76,24 @@ impl Relay {
             self.to_client.extend_from_slice(&frames);
             return;
         };
-        let fields = &self.resp_fields;
-        let mut annotate = false;
-        if st.status.is_none() {
-            let status = fields
-                .get(b":status")
-                .and_then(|s| StatusCode::from_bytes(s).ok());
-            if status.is_some_and(|s| s.is_informational()) {
+        match read_response(&self.ctx, &self.info, st, &self.resp_fields) {
+            Read::Annotate(b) => {
+                clear_last_end_headers(&mut frames);
+                self.to_client.extend_from_slice(&frames);
+                frame::put_head(
+                    &mut self.to_client,
+                    b.len(),
+                    CONTINUATION,
+                    END_HEADERS,
+                    head.stream,
+                );
+                self.to_client.extend_from_slice(&b);
+            }
+            Read::Informational => {
                 self.to_client.extend_from_slice(&frames);
                 return;
             }
-            st.status = status;
-            settle(&self.ctx, &self.info, st);
-        }
-        let grpc_status = fields
-            .get(b"grpc-status")
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|s| s.trim().parse().ok());
-        let claim_field = fields.get(ERROR_CLAIM_HEADER.as_bytes());
-        if let Some(c) = claim_field.and_then(Claim::parse) {
-            st.claim = c;
-        }
-        if st.grpc {
-            st.grpc_status = grpc_status.or(st.grpc_status);
-            if st.grpc_status.is_none() && fields.get(b"grpc-status").is_some() {
-                st.grpc_status = Some(2); // unparseable status: UNKNOWN, a failure
-            }
-            annotate = grpc_status.is_some_and(|s| s != 0);
-        } else if st.status.is_some_and(policy::status_is_failure) {
-            annotate = true;
-        } else if st.watch {
-            // Success: forget any earlier failure of this request.
-            st.watch = false;
-            self.ctx.tracker.on_outcome(&st.key, None, Instant::now());
-        }
-        let stamp = stamp(&self.ctx, &self.info, annotate, claim_field.is_some());
-        let pushback = st.pushback && fields.get(b"grpc-retry-pushback-ms").is_none();
-        if annotate && (stamp.is_some() || pushback) {
-            let mut b = BytesMut::with_capacity(64);
-            if let Some(c) = stamp {
-                // What the caller is told is what its retry is judged by.
-                st.claim = c;
-                frame::put_literal(&mut b, ERROR_CLAIM_HEADER.as_bytes(), c.as_str().as_bytes());
-            }
-            if pushback {
-                frame::put_literal(&mut b, b"grpc-retry-pushback-ms", b"-1");
-            }
-            clear_last_end_headers(&mut frames);
-            self.to_client.extend_from_slice(&frames);
-            frame::put_head(
-                &mut self.to_client,
-                b.len(),
-                CONTINUATION,
-                END_HEADERS,
-                head.stream,
-            );
-            self.to_client.extend_from_slice(&b);
-        } else {
-            self.to_client.extend_from_slice(&frames);
+            Read::Pass => self.to_client.extend_from_slice(&frames),
         }
         if head.has(END_STREAM) {
             self.commit(head.stream, false);
@@ -141,22 +102,9 @@ impl Relay {
 
     /// The response ended (or was reset): its outcome is recorded and the stream forgotten.
     fn commit(&mut self, stream: u32, reset: bool) {
-        let Some(mut st) = self.streams.remove(&stream) else {
-            return;
-        };
-        settle(&self.ctx, &self.info, &mut st);
-        if !st.watch {
-            return;
+        if let Some(st) = self.streams.remove(&stream) {
+            record_outcome(&self.ctx, &self.info, st, reset);
         }
-        let failed = if st.grpc {
-            st.grpc_status.is_none_or(|s| s != 0)
-        } else {
-            st.status.is_none_or(policy::status_is_failure)
-        };
-        let outcome = outcome(st.status, st.grpc_status, failed, reset, st.claim);
-        self.ctx
-            .tracker
-            .on_outcome(&st.key, outcome, Instant::now());
     }
 
     /// The callee closed: every request still waiting for it was reset.
@@ -166,6 +114,84 @@ impl Relay {
             self.commit(s, true);
         }
     }
+}
+
+/// What a response block came to.
+pub(super) enum Read {
+    /// A 1xx: on as it is; the final status is still to come.
+    Informational,
+    /// On as it is.
+    Pass,
+    /// A failure's block: these fields (literals) go after it.
+    Annotate(BytesMut),
+}
+
+/// Reads a decoded response block (headers, a trailers-only gRPC status, or trailers) into the
+/// stream's state: the status, gRPC status and claim; a success forgets the request's earlier
+/// failure; a failure's block is to get the claim and the pushback.
+pub(super) fn read_response(ctx: &Ctx, info: &ConnInfo, st: &mut Stream, fields: &Fields) -> Read {
+    if st.status.is_none() {
+        let status = fields
+            .get(b":status")
+            .and_then(|s| StatusCode::from_bytes(s).ok());
+        if status.is_some_and(|s| s.is_informational()) {
+            return Read::Informational;
+        }
+        st.status = status;
+        settle(ctx, info, st);
+    }
+    let grpc_status = fields
+        .get(b"grpc-status")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|s| s.trim().parse().ok());
+    let claim_field = fields.get(ERROR_CLAIM_HEADER.as_bytes());
+    if let Some(c) = claim_field.and_then(Claim::parse) {
+        st.claim = c;
+    }
+    let mut annotate = false;
+    if st.grpc {
+        st.grpc_status = grpc_status.or(st.grpc_status);
+        if st.grpc_status.is_none() && fields.get(b"grpc-status").is_some() {
+            st.grpc_status = Some(2); // unparseable status: UNKNOWN, a failure
+        }
+        annotate = grpc_status.is_some_and(|s| s != 0);
+    } else if st.status.is_some_and(policy::status_is_failure) {
+        annotate = true;
+    } else if st.watch {
+        // Success: forget any earlier failure of this request.
+        st.watch = false;
+        ctx.tracker.on_outcome(&st.key, None, Instant::now());
+    }
+    let stamp = stamp(ctx, info, annotate, claim_field.is_some());
+    let pushback = st.pushback && fields.get(b"grpc-retry-pushback-ms").is_none();
+    if !(annotate && (stamp.is_some() || pushback)) {
+        return Read::Pass;
+    }
+    let mut b = BytesMut::with_capacity(64);
+    if let Some(c) = stamp {
+        // What the caller is told is what its retry is judged by.
+        st.claim = c;
+        frame::put_literal(&mut b, ERROR_CLAIM_HEADER.as_bytes(), c.as_str().as_bytes());
+    }
+    if pushback {
+        frame::put_literal(&mut b, b"grpc-retry-pushback-ms", b"-1");
+    }
+    Read::Annotate(b)
+}
+
+/// A response ended (or was reset): its outcome goes to the tracker.
+pub(super) fn record_outcome(ctx: &Ctx, info: &ConnInfo, mut st: Stream, reset: bool) {
+    settle(ctx, info, &mut st);
+    if !st.watch {
+        return;
+    }
+    let failed = if st.grpc {
+        st.grpc_status.is_none_or(|s| s != 0)
+    } else {
+        st.status.is_none_or(policy::status_is_failure)
+    };
+    let outcome = outcome(st.status, st.grpc_status, failed, reset, st.claim);
+    ctx.tracker.on_outcome(&st.key, outcome, Instant::now());
 }
 
 /// Clears END_HEADERS on the last frame of a block, so a CONTINUATION of ours can follow.
