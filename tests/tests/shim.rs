@@ -161,26 +161,39 @@ fn ipv6_callee_retries_are_answered_locally() {
     let _ = std::fs::remove_file(&ctl_path);
 }
 
+/// The shim's flags for h2c streams multiplexed onto pooled upstream connections.
+const SHARED_UPSTREAM: &[&str] = &["--shim-h2-upstream", "shared"];
+
 /// grpcio with a service-config retry policy (4 attempts on UNAVAILABLE): on a suppressed edge
 /// the shim adds `grpc-retry-pushback-ms: -1` to the failure's trailers and the client stops.
 #[test]
 fn grpc_pushback_trailer_stops_client_retries() {
+    grpc_pushback_stops_retries("grpc", &[]);
+}
+
+/// The same with HTTP/2 terminated in the shim and the calls on a pooled upstream connection.
+#[test]
+fn grpc_pushback_trailer_stops_client_retries_over_a_shared_upstream() {
+    grpc_pushback_stops_retries("grpcs", SHARED_UPSTREAM);
+}
+
+fn grpc_pushback_stops_retries(tag: &str, extra: &[&str]) {
     if let Some(r) = skip_reason(&["grpc"]) {
         eprintln!("skip: {r}");
         return;
     }
     let rt = rt();
     let _g = rt.enter();
-    let ctl_path = tmp("grpc.sock");
+    let ctl_path = tmp(&format!("{tag}.sock"));
     let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
     let port = free_port();
-    let ch = chain("GRPC");
+    let ch = chain(&tag.to_uppercase());
     let shim = Shim::start(ShimOpts {
         chain: &ch,
         dports: &[port],
         control: &ctl_path,
         watchdog: true,
-        extra: &[],
+        extra,
     });
     let n = 4;
 
@@ -195,7 +208,7 @@ fn grpc_pushback_trailer_stops_client_retries() {
     );
 
     let dst: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    rt.block_on(ctl.apply(&[suppress("rashim-grpc", dst, 60_000)]))
+    rt.block_on(ctl.apply(&[suppress(&format!("rashim-{tag}"), dst, 60_000)]))
         .expect("apply");
     // The view is updated within a millisecond or so; give it a generous moment.
     std::thread::sleep(Duration::from_millis(200));
@@ -234,25 +247,34 @@ fn grpc_pushback_trailer_stops_client_retries() {
 /// shim. (A key of `:path` alone answered every later call with the first one's failure.)
 #[test]
 fn different_grpc_requests_to_a_failing_method_are_forwarded() {
+    distinct_grpc_requests_are_forwarded("grpcd", &[]);
+}
+
+#[test]
+fn different_grpc_requests_to_a_failing_method_are_forwarded_over_a_shared_upstream() {
+    distinct_grpc_requests_are_forwarded("grpcds", SHARED_UPSTREAM);
+}
+
+fn distinct_grpc_requests_are_forwarded(tag: &str, extra: &[&str]) {
     if let Some(r) = skip_reason(&["grpc"]) {
         eprintln!("skip: {r}");
         return;
     }
     let rt = rt();
     let _g = rt.enter();
-    let ctl_path = tmp("grpcd.sock");
+    let ctl_path = tmp(&format!("{tag}.sock"));
     let mut ctl = ControlActuator::bind(&ctl_path).expect("control socket");
     let port = free_port();
-    let ch = chain("GRPCD");
+    let ch = chain(&tag.to_uppercase());
     let mut shim = Shim::start(ShimOpts {
         chain: &ch,
         dports: &[port],
         control: &ctl_path,
         watchdog: true,
-        extra: &[],
+        extra,
     });
     let dst: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    rt.block_on(ctl.apply(&[suppress("rashim-grpcd", dst, 60_000)]))
+    rt.block_on(ctl.apply(&[suppress(&format!("rashim-{tag}"), dst, 60_000)]))
         .expect("apply");
     std::thread::sleep(Duration::from_millis(200));
     let n = 6;

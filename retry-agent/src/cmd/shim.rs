@@ -215,6 +215,19 @@ pub struct ShimArgs {
         action = clap::ArgAction::Set
     )]
     pub preserve_header_case: bool,
+    /// h2c to the callee: `own` relays each client connection's frames over an upstream
+    /// connection of its own (the callee sees its callers' connections and settings); `shared`
+    /// terminates HTTP/2 and multiplexes the streams onto pooled upstream connections, one per
+    /// eight callers per destination and io thread, as HAProxy's `http-reuse always` does
+    /// (lower latency and CPU under load; behind a Service VIP, where a pod is picked per
+    /// connection, a node's calls then reach fewer pods).
+    #[arg(
+        long = "shim-h2-upstream",
+        env = "RETRY_AGENT_SHIM_H2_UPSTREAM",
+        value_enum,
+        default_value_t = proxy::H2Upstream::Own
+    )]
+    pub h2_upstream: proxy::H2Upstream,
     /// Upstream connect timeout.
     #[arg(
         long = "shim-connect-timeout-ms",
@@ -489,6 +502,7 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),
         detect_timeout: Duration::from_millis(args.detect_timeout_ms),
         stats: proxy::Stats::default(),
+        h2_upstream: args.h2_upstream,
     });
 
     for (i, ls) in per_thread.into_iter().enumerate() {

@@ -56,6 +56,22 @@ pub struct Ctx {
     pub connect_timeout: Duration,
     pub detect_timeout: Duration,
     pub stats: Stats,
+    /// h2c: each client connection relayed over its own upstream connection, or its streams
+    /// multiplexed onto the io thread's pooled ones.
+    pub h2_upstream: H2Upstream,
+}
+
+/// How h2c reaches the callee (`--shim-h2-upstream`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum H2Upstream {
+    /// One upstream connection per client connection, frames relayed as the two ends sent
+    /// them (`h2`): the callee sees its callers' connections and settings.
+    #[default]
+    Own,
+    /// HTTP/2 terminated frame by frame on both sides, client streams multiplexed onto the io
+    /// thread's pooled connections to the destination, eight callers per connection
+    /// (`h2/pooled`), as HAProxy's `http-reuse always` does.
+    Shared,
 }
 
 #[derive(Debug, Default)]
@@ -239,6 +255,10 @@ pub async fn handle(client: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
         caller: net::caller_of(peer, dialled),
     };
     let r = match kind {
+        Detected::H2 if ctx.h2_upstream == H2Upstream::Shared => {
+            bump(&ctx.stats.h2);
+            h2::pooled::relay(client, prefix, upstream, conn, ctx.clone()).await
+        }
         Detected::H2 => {
             bump(&ctx.stats.h2);
             h2::relay(client, prefix, upstream, conn, ctx.clone()).await

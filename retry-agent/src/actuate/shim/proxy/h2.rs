@@ -52,7 +52,7 @@ const MAX_HPACK_TABLE: usize = 64 * 1024;
 
 mod fields;
 pub mod frame;
-//POOLED
+pub(super) mod pooled;
 mod response;
 #[cfg(test)]
 mod tests;

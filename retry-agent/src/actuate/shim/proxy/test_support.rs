@@ -21,6 +21,7 @@ pub fn ctx() -> Arc<Ctx> {
         connect_timeout: Duration::from_secs(5),
         detect_timeout: Duration::from_millis(100),
         stats: Stats::default(),
+        h2_upstream: Default::default(),
     })
 }
 

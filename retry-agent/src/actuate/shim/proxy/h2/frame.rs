@@ -12,6 +12,9 @@ pub const DATA: u8 = 0x0;
 pub const HEADERS: u8 = 0x1;
 pub const RST_STREAM: u8 = 0x3;
 pub const PUSH_PROMISE: u8 = 0x5;
+pub const SETTINGS: u8 = 0x4;
+pub const PING: u8 = 0x6;
+pub const GOAWAY: u8 = 0x7;
 pub const WINDOW_UPDATE: u8 = 0x8;
 pub const CONTINUATION: u8 = 0x9;
 
@@ -19,10 +22,20 @@ pub const END_STREAM: u8 = 0x1;
 pub const END_HEADERS: u8 = 0x4;
 pub const PADDED: u8 = 0x8;
 pub const PRIORITY: u8 = 0x20;
+/// SETTINGS and PING acknowledgements.
+pub const ACK: u8 = 0x1;
 
 /// RST_STREAM codes the relay sends.
 pub const NO_ERROR: u32 = 0x0;
+pub const PROTOCOL_ERROR: u32 = 0x1;
 pub const INTERNAL_ERROR: u32 = 0x2;
+pub const REFUSED_STREAM: u32 = 0x7;
+pub const CANCEL: u32 = 0x8;
+
+/// SETTINGS parameters the relays send or follow (RFC 9113 §6.5.2).
+pub const SETTINGS_ENABLE_PUSH: u16 = 0x2;
+pub const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
+pub const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
 
 /// A frame's header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +115,35 @@ pub fn put_rst(out: &mut BytesMut, stream: u32, code: u32) {
 pub fn put_window_update(out: &mut BytesMut, stream: u32, increment: u32) {
     put_head(out, 4, WINDOW_UPDATE, 0, stream);
     out.put_u32(increment & 0x7fff_ffff);
+}
+
+/// A SETTINGS frame of these parameters.
+pub fn put_settings(out: &mut BytesMut, params: &[(u16, u32)]) {
+    put_head(out, 6 * params.len(), SETTINGS, 0, 0);
+    for &(id, v) in params {
+        out.put_u16(id);
+        out.put_u32(v);
+    }
+}
+
+/// A SETTINGS payload's parameters; `None` when its length is not a whole number of them.
+pub fn settings_params(payload: &[u8]) -> Option<impl Iterator<Item = (u16, u32)> + '_> {
+    let (params, rest) = payload.as_chunks::<6>();
+    rest.is_empty().then(|| {
+        params.iter().map(|p| {
+            (
+                u16::from_be_bytes([p[0], p[1]]),
+                u32::from_be_bytes([p[2], p[3], p[4], p[5]]),
+            )
+        })
+    })
+}
+
+/// GOAWAY: streams up to `last` may have been processed; `code` says why.
+pub fn put_goaway(out: &mut BytesMut, last: u32, code: u32) {
+    put_head(out, 8, GOAWAY, 0, 0);
+    out.put_u32(last & 0x7fff_ffff);
+    out.put_u32(code);
 }
 
 /// A header block of ours as HEADERS (`flags` may add END_STREAM) and as many CONTINUATION

@@ -1,5 +1,8 @@
-//! The relay between a real h2 client and a real h2 server (hyper's, over loopback sockets).
+//! The relay between a real h2 client and a real h2 server (hyper's, over loopback sockets),
+//! in both upstream modes: frames over a connection per client connection (`relay`), and
+//! HTTP/2 terminated with streams on pooled connections (`pooled::relay`).
 use std::{
+    future::Future,
     net::SocketAddr,
     pin::Pin,
     sync::{Arc, Mutex},
@@ -15,7 +18,28 @@ use hyper::{body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::super::test_support::{conn_to, ctx, relay_to, suppress};
+use super::super::{
+    ConnInfo, Ctx, ProxyError,
+    test_support::{conn_to, ctx, relay_to, suppress},
+};
+
+type RelayFuture = Pin<Box<dyn Future<Output = Result<(), ProxyError>> + Send>>;
+
+/// The relay of one upstream mode: `shared` is `--shim-h2-upstream shared`.
+fn relay_of(
+    shared: bool,
+) -> impl Fn(TcpStream, Bytes, TcpStream, ConnInfo, Arc<Ctx>) -> RelayFuture + Send + 'static {
+    move |client, prefix, up, info, ctx| -> RelayFuture {
+        if shared {
+            Box::pin(super::pooled::relay(client, prefix, up, info, ctx))
+        } else {
+            Box::pin(super::relay(client, prefix, up, info, ctx))
+        }
+    }
+}
+
+/// The header the test callee adds to what it logs: which of its connections served a request.
+const CONN_SEEN: &str = "x-test-callee-connection";
 
 type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
 type Resp = UnsyncBoxBody<Bytes, std::convert::Infallible>;
@@ -39,22 +63,27 @@ impl Body for WithTrailers {
 
 /// The callee: `/echo` sends the request body back, `/fail` answers 503, `/grpc.Svc/Fail`
 /// answers a message and then UNAVAILABLE in its trailers, anything else 200. Every request it
-/// sees is logged with its headers.
+/// sees is logged with its headers and the connection it came on ([`CONN_SEEN`]).
 async fn callee() -> (SocketAddr, Seen) {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = l.local_addr().expect("addr");
     let seen: Seen = Arc::default();
     let log = seen.clone();
     tokio::spawn(async move {
+        let mut n = 0u32;
         while let Ok((s, _)) = l.accept().await {
             let log = log.clone();
+            n += 1;
+            let conn = n;
             tokio::spawn(async move {
                 let svc = service_fn(move |req: Request<Incoming>| {
                     let log = log.clone();
                     async move {
                         let path = req.uri().path().to_string();
+                        let mut logged = req.headers().clone();
+                        logged.insert(CONN_SEEN, conn.into());
                         if let Ok(mut seen) = log.lock() {
-                            seen.push((path.clone(), req.headers().clone()));
+                            seen.push((path.clone(), logged));
                         }
                         let body = req.into_body().collect().await.map(|b| b.to_bytes());
                         let body = body.unwrap_or_default();
@@ -144,9 +173,18 @@ fn header(h: &HeaderMap, n: &str) -> Option<String> {
 /// larger than the default flow-control windows both ways.
 #[tokio::test]
 async fn streams_and_windows_pass_through() {
+    streams_and_windows_pass_through_in(false).await;
+}
+
+#[tokio::test]
+async fn streams_and_windows_pass_through_pooled_upstream() {
+    streams_and_windows_pass_through_in(true).await;
+}
+
+async fn streams_and_windows_pass_through_in(shared: bool) {
     let (orig, seen) = callee().await;
     let ctx = ctx();
-    let mut send = client(relay_to(orig, ctx.clone(), super::relay).await).await;
+    let mut send = client(relay_to(orig, ctx.clone(), relay_of(shared)).await).await;
     let (status, _, body) = call(&mut send, "/ok", &[], b"").await;
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
     let big: &'static [u8] = Box::leak(vec![7u8; 300_000].into_boxed_slice());
@@ -178,10 +216,19 @@ async fn streams_and_windows_pass_through() {
 /// table (its `x-note: 2`) what the callee's never got.
 #[tokio::test]
 async fn a_suppressed_retry_stays_here_and_the_connection_goes_on() {
+    a_suppressed_retry_stays_here_in(false).await;
+}
+
+#[tokio::test]
+async fn a_suppressed_retry_stays_here_pooled_upstream() {
+    a_suppressed_retry_stays_here_in(true).await;
+}
+
+async fn a_suppressed_retry_stays_here_in(shared: bool) {
     let (orig, seen) = callee().await;
     let ctx = ctx();
     suppress(&ctx, orig, "claimed");
-    let mut send = client(relay_to(orig, ctx.clone(), super::relay).await).await;
+    let mut send = client(relay_to(orig, ctx.clone(), relay_of(shared)).await).await;
 
     let (status, h, _) = call(&mut send, "/fail", &[("x-note", "1")], b"order 1").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
@@ -222,10 +269,19 @@ async fn a_suppressed_retry_stays_here_and_the_connection_goes_on() {
 /// trailers-only UNAVAILABLE carrying the pushback.
 #[tokio::test]
 async fn grpc_failures_get_pushback_and_their_retries_a_local_status() {
+    grpc_failures_get_pushback_in(false).await;
+}
+
+#[tokio::test]
+async fn grpc_failures_get_pushback_pooled_upstream() {
+    grpc_failures_get_pushback_in(true).await;
+}
+
+async fn grpc_failures_get_pushback_in(shared: bool) {
     let (orig, seen) = callee().await;
     let ctx = ctx();
     suppress(&ctx, orig, "claimed");
-    let mut send = client(relay_to(orig, ctx.clone(), super::relay).await).await;
+    let mut send = client(relay_to(orig, ctx.clone(), relay_of(shared)).await).await;
     let grpc = [("content-type", "application/grpc"), ("te", "trailers")];
     let (status, h, _) = call(&mut send, "/grpc.Svc/Fail", &grpc, b"\0\0\0\0\x01a").await;
     assert_eq!(status, StatusCode::OK);
@@ -247,6 +303,148 @@ async fn grpc_failures_get_pushback_and_their_retries_a_local_status() {
     let (_, h, _) = call(&mut send, "/grpc.Svc/Fail", &grpc, b"\0\0\0\0\x01b").await;
     assert!(header(&h, crate::l7::RETRY_SUPPRESSED_HEADER).is_none());
     assert_eq!(paths(&seen).len(), 2);
+}
+
+/// Ten caller connections open at once, two requests each: relayed frame by frame, the callee
+/// serves them on ten connections of the shim's; pooled, on two (eight callers per pooled
+/// connection), the other dialled connections closed unused.
+#[tokio::test]
+async fn pooled_upstream_serves_many_callers_on_few_connections() {
+    for (shared, want) in [(false, 10), (true, 2)] {
+        let (orig, seen) = callee().await;
+        let addr = relay_to(orig, ctx(), relay_of(shared)).await;
+        let mut callers = Vec::new();
+        for _ in 0..10 {
+            let mut send = client(addr).await;
+            for _ in 0..2 {
+                let (status, _, _) = call(&mut send, "/ok", &[], b"").await;
+                assert_eq!(status, StatusCode::OK);
+            }
+            // Kept open: a pooled connection counts the callers it carries.
+            callers.push(send);
+        }
+        let seen = seen.lock().expect("log").clone();
+        assert_eq!(seen.len(), 20);
+        let mut conns: Vec<_> = seen
+            .iter()
+            .filter_map(|(_, h)| header(h, CONN_SEEN))
+            .collect();
+        conns.sort();
+        conns.dedup();
+        assert_eq!(
+            conns.len(),
+            want,
+            "shared upstream: {shared}, served on {conns:?}"
+        );
+    }
+}
+
+/// Pooled: a caller that resets its stream while the callee has not answered is not an
+/// outcome of the callee's, and a callee that resets a stream is passed on as a reset.
+#[tokio::test]
+async fn pooled_upstream_passes_resets_on() {
+    // A callee that resets every stream it is sent.
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let orig = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = ::h2::server::handshake(s).await else {
+                    return;
+                };
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    respond.send_reset(::h2::Reason::REFUSED_STREAM);
+                }
+            });
+        }
+    });
+    let ctx = ctx();
+    let mut send = client(relay_to(orig, ctx.clone(), relay_of(true)).await).await;
+    let req = Request::post("http://callee/x")
+        .body(Full::new(Bytes::from_static(b"a")))
+        .expect("request");
+    send.ready().await.expect("ready");
+    let err = send.send_request(req).await.expect_err("reset");
+    let reason = std::error::Error::source(&err)
+        .and_then(|e| e.downcast_ref::<::h2::Error>())
+        .and_then(::h2::Error::reason);
+    assert_eq!(reason, Some(::h2::Reason::REFUSED_STREAM), "{err:?}");
+    // The connection goes on.
+    send.ready().await.expect("ready again");
+}
+
+/// An h2 callee (the `h2` crate's server) whose connections each take `per_conn` requests and
+/// then go away (GOAWAY, then close), allowing `max_streams` at once and answering each after
+/// `delay`; returns its address and how many connections it accepted.
+async fn going_away_callee(
+    per_conn: usize,
+    max_streams: u32,
+    delay: Duration,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let orig = l.local_addr().expect("addr");
+    let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let n = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tokio::spawn(async move {
+                let Ok(mut conn) = ::h2::server::Builder::new()
+                    .max_concurrent_streams(max_streams)
+                    .handshake::<_, Bytes>(s)
+                    .await
+                else {
+                    return;
+                };
+                let mut served = 0;
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    served += 1;
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let resp = Response::builder().status(200).body(()).expect("response");
+                        let _ = respond.send_response(resp, true);
+                    });
+                    if served == per_conn {
+                        conn.graceful_shutdown();
+                    }
+                }
+            });
+        }
+    });
+    (orig, conns)
+}
+
+/// Pooled: a callee connection that goes away after each request is replaced, and the
+/// caller's connection goes on with every request answered.
+#[tokio::test]
+async fn pooled_upstream_is_replaced_after_goaway() {
+    let (orig, conns) = going_away_callee(1, 100, Duration::ZERO).await;
+    let mut send = client(relay_to(orig, ctx(), relay_of(true)).await).await;
+    for _ in 0..3 {
+        let (status, _, _) = call(&mut send, "/ok", &[], b"").await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(conns.load(std::sync::atomic::Ordering::Relaxed), 3);
+}
+
+/// Pooled: streams past the callee's concurrent-stream limit wait in the shim and all are
+/// answered, on one connection.
+#[tokio::test]
+async fn pooled_upstream_waits_for_the_callees_stream_limit() {
+    let (orig, conns) = going_away_callee(usize::MAX, 1, Duration::from_millis(20)).await;
+    let send = client(relay_to(orig, ctx(), relay_of(true)).await).await;
+    let mut calls = Vec::new();
+    for _ in 0..6 {
+        let mut s = send.clone();
+        calls.push(tokio::spawn(
+            async move { call(&mut s, "/ok", &[], b"").await },
+        ));
+    }
+    for c in calls {
+        let (status, _, _) = c.await.expect("call");
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(conns.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
 
 /// Bytes that are not HTTP/2 after the preface: the relay stops reading and passes them on,
