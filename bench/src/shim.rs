@@ -11,6 +11,8 @@
 //!   `always` multiplexes many clients' streams onto few upstream connections); not a target
 //! - envoy:   client → Envoy (http_connection_manager + router, no retries) → backend
 //! - shim:    client → (iptables REDIRECT) → retry-agent shim → backend
+//! - shim, shared upstream (h2c only): a second shim with `--shim-h2-upstream shared`, the
+//!   callers' streams multiplexed onto pooled upstream connections, as `http-reuse always` does
 //!
 //! The backend is HAProxy answering `http-request return` (fast and steady). Each proxy keeps its
 //! default thread count for 2 cores (HAProxy: one per CPU; Envoy: `--concurrency 2`; the shim:
@@ -178,7 +180,7 @@ fn cpu_us(pid: Option<u32>) -> f64 {
     (ticks(11) + ticks(12)) * 1e6 / hz
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Proto {
     Http1,
     H2c,
@@ -285,6 +287,8 @@ struct Ports {
     haproxy_own: u16,
     envoy: u16,
     shim: u16,
+    /// The shim with `--shim-h2-upstream shared` (h2c only).
+    shim_shared: u16,
 }
 
 fn envoy_config(h1: &Ports, h2: &Ports) -> String {
@@ -368,6 +372,7 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
             haproxy_own: free_port()?,
             envoy: free_port()?,
             shim: free_port()?,
+            shim_shared: free_port()?,
         })
     };
     let (h1, h2) = (ports()?, ports()?);
@@ -379,8 +384,9 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         &be_cfg,
         format!(
             "{defaults}frontend backend_fe\n    bind 127.0.0.1:{}\n    bind 127.0.0.1:{}\n    bind 127.0.0.1:{} proto h2\n    \
-             bind 127.0.0.1:{} proto h2\n    http-request return status 200 content-type text/plain string ok\n",
-            h1.direct, h1.shim, h2.direct, h2.shim
+             bind 127.0.0.1:{} proto h2\n    bind 127.0.0.1:{} proto h2\n    \
+             http-request return status 200 content-type text/plain string ok\n",
+            h1.direct, h1.shim, h2.direct, h2.shim, h2.shim_shared
         ),
     )?;
     let fwd_cfg = dir.join("forwarder.cfg");
@@ -443,29 +449,36 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         bin: bin.clone(),
         chain: chain.clone(),
     };
+    // One shim per h2c upstream mode, each steering its own backend ports.
+    let chain_shared = format!("{chain}S");
+    let _cleanup_shared = Cleanup {
+        bin: bin.clone(),
+        chain: chain_shared.clone(),
+    };
+    let start_shim = |port: u16, chain: &str, dports: String, mode: &str| -> Result<Kill> {
+        let run = dir.join(format!("shim-{mode}"));
+        std::fs::create_dir_all(&run)?;
+        Ok(Kill(
+            Command::new(&bin)
+                .args(["--log", "warn", "shim", "--port", &port.to_string()])
+                .args(["--chain", chain, "--dport", &dports])
+                .args(["--shim-h2-upstream", mode, "--control-socket"])
+                .arg(run.join("no-agent.sock"))
+                .arg("--run-dir")
+                .arg(&run)
+                .stdout(Stdio::null())
+                .spawn()?,
+        ))
+    };
     let shim_port = free_port()?;
-    let shim = Kill(
-        Command::new(&bin)
-            .args([
-                "--log",
-                "warn",
-                "shim",
-                "--port",
-                &shim_port.to_string(),
-                "--chain",
-                &chain,
-            ])
-            .args([
-                "--dport",
-                &format!("{},{}", h1.shim, h2.shim),
-                "--control-socket",
-            ])
-            .arg(dir.join("no-agent.sock"))
-            .arg("--run-dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
+    let shim = start_shim(shim_port, &chain, format!("{},{}", h1.shim, h2.shim), "own")?;
+    let shared_port = free_port()?;
+    let shim_shared = start_shim(
+        shared_port,
+        &chain_shared,
+        h2.shim_shared.to_string(),
+        "shared",
+    )?;
     if ![
         h1.direct,
         h2.direct,
@@ -476,6 +489,7 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         h1.envoy,
         h2.envoy,
         shim_port,
+        shared_port,
     ]
     .into_iter()
     .all(wait_port)
@@ -494,6 +508,7 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         ("haproxy, no reuse", Some(hap.0.id())),
         ("envoy", Some(env.0.id())),
         ("shim", Some(shim.0.id())),
+        ("shim, shared upstream", Some(shim_shared.0.id())),
     ];
     let load1 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     eprintln!(
@@ -520,12 +535,22 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
             eprintln!("round {} of {rounds}…", round + 1);
         }
         for ((proto, _, p), (_, figs)) in protos.iter().zip(rows.iter_mut()) {
-            let port_of = [p.direct, p.haproxy, p.haproxy_own, p.envoy, p.shim];
-            for (port, (_, pid)) in port_of.iter().zip(pids) {
-                load.run(*proto, *port, 1, pid)?; // warm-up: connections, pools, caches
+            // The upstream mode is h2c's only: HTTP/1 has one shim path.
+            let shared = (*proto != Proto::Http1).then_some(p.shim_shared);
+            let port_of = [p.direct, p.haproxy, p.haproxy_own, p.envoy, p.shim]
+                .map(Some)
+                .into_iter()
+                .chain([shared]);
+            let paths: Vec<_> = port_of.zip(pids).collect();
+            for (port, (_, pid)) in &paths {
+                if let Some(port) = port {
+                    load.run(*proto, *port, 1, *pid)?; // warm-up: connections, pools, caches
+                }
             }
-            for ((port, (_, pid)), (_, got)) in port_of.iter().zip(pids).zip(figs.iter_mut()) {
-                got.push(load.run(*proto, *port, secs, pid)?);
+            for ((port, (_, pid)), (_, got)) in paths.iter().zip(figs.iter_mut()) {
+                if let Some(port) = port {
+                    got.push(load.run(*proto, *port, secs, *pid)?);
+                }
             }
         }
     }
@@ -545,7 +570,7 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         let Some((_, direct)) = figs.first() else {
             continue;
         };
-        for (path, v) in figs {
+        for (path, v) in figs.iter().filter(|(_, v)| !v.is_empty()) {
             let cpu = med(v, |f| f.cpu_us);
             println!(
                 "| {proto} | {path} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
@@ -580,6 +605,18 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         if let (Some(s), Some(h), Some(e)) = (get("shim"), get("haproxy"), get("envoy")) {
             println!(
                 "\n{proto}: shim/haproxy req/s {} (target ≥ 0.9), p99 {} (target ≤ 1.1); shim/envoy p99 {} (target ≤ 1.0)\n",
+                ratio(s, h, |f| f.rps),
+                ratio(s, h, |f| f.p99_us),
+                ratio(s, e, |f| f.p99_us)
+            );
+        }
+        if let (Some(s), Some(h), Some(e)) = (
+            get("shim, shared upstream").filter(|v| !v.is_empty()),
+            get("haproxy"),
+            get("envoy"),
+        ) {
+            println!(
+                "{proto}: shim with --shim-h2-upstream shared / haproxy req/s {}, p99 {}; /envoy p99 {}\n",
                 ratio(s, h, |f| f.rps),
                 ratio(s, h, |f| f.p99_us),
                 ratio(s, e, |f| f.p99_us)
