@@ -556,6 +556,20 @@ fn put_answer(
 
 /// Decodes the block of `len` bytes of frames at the front of `buf` into `fields`.
 fn decode_into(dec: &mut Decoder, fields: &mut Fields, buf: &[u8], len: usize) -> Result<(), Step> {
+    fields.clear();
+    // Most blocks are one HEADERS frame: decoded where they lie.
+    if let Some(head) = Head::parse(buf)
+        && head.total() == len
+    {
+        let payload = buf
+            .get(frame::HEADER_LEN..len)
+            .ok_or(Step::Unreadable("header block cut"))?;
+        let r =
+            frame::content(&head, payload).map_err(|_| Step::Unreadable("header block padding"))?;
+        return dec
+            .decode(payload.get(r).unwrap_or_default(), |n, v| fields.push(n, v))
+            .map_err(|_| Step::Unreadable("HPACK"));
+    }
     let mut block = Vec::new();
     let mut at = 0;
     while at < len {
@@ -571,7 +585,6 @@ fn decode_into(dec: &mut Decoder, fields: &mut Fields, buf: &[u8], len: usize) -
         block.extend_from_slice(payload.get(r).unwrap_or_default());
         at += head.total();
     }
-    fields.clear();
     dec.decode(&block, |n, v| fields.push(n, v))
         .map_err(|_| Step::Unreadable("HPACK"))
 }

@@ -373,21 +373,29 @@ async fn pooled_upstream_passes_resets_on() {
     send.ready().await.expect("ready again");
 }
 
+type Count = Arc<std::sync::atomic::AtomicUsize>;
+
+fn count(c: &Count) -> usize {
+    c.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// An h2 callee (the `h2` crate's server) whose connections each take `per_conn` requests and
 /// then go away (GOAWAY, then close), allowing `max_streams` at once and answering each after
-/// `delay`; returns its address and how many connections it accepted.
+/// `delay`; returns its address, how many connections it accepted and how many ended.
 async fn going_away_callee(
     per_conn: usize,
     max_streams: u32,
     delay: Duration,
-) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+) -> (SocketAddr, Count, Count) {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let orig = l.local_addr().expect("addr");
-    let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let n = conns.clone();
+    let conns = Count::default();
+    let ended = Count::default();
+    let (n, e) = (conns.clone(), ended.clone());
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
             n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let e = e.clone();
             tokio::spawn(async move {
                 let Ok(mut conn) = ::h2::server::Builder::new()
                     .max_concurrent_streams(max_streams)
@@ -408,30 +416,55 @@ async fn going_away_callee(
                         conn.graceful_shutdown();
                     }
                 }
+                e.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             });
         }
     });
-    (orig, conns)
+    (orig, conns, ended)
 }
 
 /// Pooled: a callee connection that goes away after each request is replaced, and the
 /// caller's connection goes on with every request answered.
 #[tokio::test]
 async fn pooled_upstream_is_replaced_after_goaway() {
-    let (orig, conns) = going_away_callee(1, 100, Duration::ZERO).await;
+    let (orig, conns, _) = going_away_callee(1, 100, Duration::ZERO).await;
     let mut send = client(relay_to(orig, ctx(), relay_of(true)).await).await;
     for _ in 0..3 {
         let (status, _, _) = call(&mut send, "/ok", &[], b"").await;
         assert_eq!(status, StatusCode::OK);
     }
-    assert_eq!(conns.load(std::sync::atomic::Ordering::Relaxed), 3);
+    assert_eq!(count(&conns), 3);
+}
+
+/// Pooled: a connection no caller uses any more is closed once idle (300 ms under test), not
+/// kept to every destination ever seen; one a caller still holds is kept.
+#[tokio::test]
+async fn pooled_upstream_closes_when_no_caller_uses_it() {
+    let (orig, conns, ended) = going_away_callee(usize::MAX, 100, Duration::ZERO).await;
+    let addr = relay_to(orig, ctx(), relay_of(true)).await;
+    let mut send = client(addr).await;
+    let (status, _, _) = call(&mut send, "/ok", &[], b"").await;
+    assert_eq!(status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        (count(&conns), count(&ended)),
+        (1, 0),
+        "closed under a caller"
+    );
+    drop(send);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        (count(&conns), count(&ended)),
+        (1, 1),
+        "kept with no caller"
+    );
 }
 
 /// Pooled: streams past the callee's concurrent-stream limit wait in the shim and all are
 /// answered, on one connection.
 #[tokio::test]
 async fn pooled_upstream_waits_for_the_callees_stream_limit() {
-    let (orig, conns) = going_away_callee(usize::MAX, 1, Duration::from_millis(20)).await;
+    let (orig, conns, _) = going_away_callee(usize::MAX, 1, Duration::from_millis(20)).await;
     let send = client(relay_to(orig, ctx(), relay_of(true)).await).await;
     let mut calls = Vec::new();
     for _ in 0..6 {
@@ -444,7 +477,7 @@ async fn pooled_upstream_waits_for_the_callees_stream_limit() {
         let (status, _, _) = c.await.expect("call");
         assert_eq!(status, StatusCode::OK);
     }
-    assert_eq!(conns.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(count(&conns), 1);
 }
 
 /// Bytes that are not HTTP/2 after the preface: the relay stops reading and passes them on,

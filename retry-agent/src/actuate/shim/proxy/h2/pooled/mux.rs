@@ -39,6 +39,11 @@ use super::{
 };
 use crate::l7::hpack::Decoder;
 
+/// A pooled connection no caller has used for this long is closed (as HAProxy purges idle
+/// server connections): a node's shim does not keep one open to every destination it ever saw.
+const POOL_IDLE: std::time::Duration =
+    std::time::Duration::from_millis(if cfg!(test) { 300 } else { 10_000 });
+
 /// The callee's defaults until its SETTINGS say otherwise (RFC 9113 §6.5.2).
 const DEFAULT_WINDOW: i64 = 65_535;
 
@@ -166,6 +171,8 @@ impl Mux {
         let _ = self
             .clients
             .try_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        // The task then starts its idle clock.
+        self.wake.notify_one();
     }
 
     /// Whether new streams may go on this connection.
@@ -564,7 +571,7 @@ async fn drive(mux: Arc<Mux>, sock: TcpStream) {
     let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
     let mut wbuf = BytesMut::new();
     let why = loop {
-        {
+        let idle = {
             let mut st = mux.st.lock();
             if wbuf.is_empty() {
                 std::mem::swap(&mut wbuf, &mut st.out);
@@ -572,7 +579,8 @@ async fn drive(mux: Arc<Mux>, sock: TcpStream) {
             if st.closed && st.routes.is_empty() && wbuf.is_empty() {
                 break "drained after GOAWAY";
             }
-        }
+            st.routes.is_empty() && mux.clients() == 0 && wbuf.is_empty()
+        };
         if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
             rbuf.reserve(READ_CHUNK);
         }
@@ -590,11 +598,25 @@ async fn drive(mux: Arc<Mux>, sock: TcpStream) {
                 Err(_) => break "write to the callee failed",
             },
             () = mux.wake.notified(), if wbuf.is_empty() => {}
+            () = tokio::time::sleep(POOL_IDLE), if idle => {
+                let mut st = mux.st.lock();
+                if st.routes.is_empty() && mux.clients() == 0 {
+                    // Closed first: no caller picks it from the pool from here on.
+                    st.closed = true;
+                    let mut bye = BytesMut::new();
+                    frame::put_goaway(&mut bye, 0, frame::NO_ERROR);
+                    wbuf = bye;
+                    break "idle";
+                }
+            }
         }
     };
     tracing::debug!(orig = %mux.orig, why, "h2c pooled connection ended");
     mux.st.lock().end();
     super::forget(&mux);
+    if why == "idle" {
+        let _ = w.write_all(&wbuf).await;
+    }
     let _ = w.shutdown().await;
 }
 
