@@ -238,7 +238,7 @@ pub(in super::super) async fn relay(
             let _ = cw.write_all(&c.out).await;
             break Ok(());
         }
-        if c.mux.as_ref().is_none_or(|m| !m.usable()) && !cbuf.is_empty() {
+        if c.mux.as_ref().is_none_or(|m| !m.usable()) && c.waits_for_connection(&cbuf) {
             match mux_for(c.info.orig, &ctx, &mut None).await {
                 Ok(m) => {
                     if let Some(old) = c.mux.replace(m) {
@@ -319,6 +319,14 @@ impl Client {
         }
     }
 
+    /// Whether what is buffered cannot go on without a live pooled connection: a held request,
+    /// or a block that opens a stream.
+    fn waits_for_connection(&self, buf: &[u8]) -> bool {
+        self.held.is_some()
+            || Head::parse(buf)
+                .is_some_and(|h| h.kind == HEADERS && !self.streams.contains_key(&h.stream))
+    }
+
     /// Its streams still open on pooled connections are cancelled there.
     fn detach(&mut self) {
         if let Some(m) = &self.mux {
@@ -369,13 +377,18 @@ impl Client {
                 force = false;
                 continue;
             }
-            // A new stream needs a live pooled connection: the relay's loop finds one first.
-            if self.mux.as_ref().is_none_or(|m| !m.usable()) {
-                return Ok(());
-            }
             let Some(head) = Head::parse(buf) else {
                 return Ok(());
             };
+            // A new stream needs a live pooled connection: the relay's loop finds one first.
+            // Frames of streams already open go on meanwhile (to the connection they are on,
+            // which may be draining after a GOAWAY).
+            if head.kind == HEADERS
+                && !self.streams.contains_key(&head.stream)
+                && self.mux.as_ref().is_none_or(|m| !m.usable())
+            {
+                return Ok(());
+            }
             if head.kind == HEADERS {
                 let len = match block_extent(buf, &head) {
                     Ok(Some(len)) => len,
