@@ -50,6 +50,8 @@ use crate::{
 /// connection: loona's decoder followed any size a peer announced).
 const MAX_HPACK_TABLE: usize = 64 * 1024;
 
+#[cfg(test)]
+mod conversation;
 mod fields;
 pub mod frame;
 pub(super) mod pooled;
@@ -116,7 +118,7 @@ struct Relay {
     req_fields: Fields,
     resp_fields: Fields,
     streams: HashMap<u32, Stream>,
-    dropped: std::collections::VecDeque<u32>,
+    dropped: Dropped,
     last_client_stream: u32,
     reencode: bool,
     blind: bool,
@@ -209,7 +211,7 @@ impl Relay {
             req_fields: Fields::default(),
             resp_fields: Fields::default(),
             streams: HashMap::new(),
-            dropped: Default::default(),
+            dropped: Dropped::default(),
             last_client_stream: 0,
             reencode: false,
             blind: false,
@@ -277,7 +279,7 @@ impl Relay {
                 return Ok(());
             }
             let f = buf.split_to(head.total());
-            if self.is_dropped(head.stream) {
+            if self.dropped.has(head.stream) {
                 if head.kind == DATA && head.len > 0 {
                     // The callee never saw it, so never credits it: we do.
                     frame::put_window_update(&mut self.to_client, 0, head.len as u32);
@@ -299,7 +301,7 @@ impl Relay {
     /// A decoded client block (request headers or trailers) at the front of `buf`.
     fn client_block(&mut self, buf: &mut BytesMut, head: Head, len: usize) -> Result<(), Step> {
         let end_stream = head.has(END_STREAM);
-        if self.is_dropped(head.stream) {
+        if self.dropped.has(head.stream) {
             buf.advance(len);
             return Ok(());
         }
@@ -391,7 +393,7 @@ impl Relay {
                 buf.advance(h.block_len);
                 // The callee's HPACK table may have missed what that block added.
                 self.reencode = true;
-                self.drop_stream(h.stream);
+                self.dropped.add(h.stream);
                 self.answer(h.stream, reason, reply, h.st.grpc, ended);
             }
             Verdict::Forward { retry } => {
@@ -417,18 +419,6 @@ impl Relay {
         } else {
             self.to_server.extend_from_slice(&frames);
         }
-    }
-
-    fn is_dropped(&self, stream: u32) -> bool {
-        self.dropped.binary_search(&stream).is_ok()
-    }
-
-    fn drop_stream(&mut self, stream: u32) {
-        if self.dropped.len() >= MAX_DROPPED {
-            self.dropped.pop_front();
-        }
-        // Ids only grow, so the list stays sorted.
-        self.dropped.push_back(stream);
     }
 
     /// A suppressed retry's answer on the client's stream.
@@ -651,6 +641,42 @@ fn body_ahead(
         }
     }
     Ok((ready, ended, digest))
+}
+
+/// Client streams left out (suppressed retries), the newest [`MAX_DROPPED`], so their late
+/// frames never reach the callee.
+#[derive(Default)]
+struct Dropped(std::collections::VecDeque<u32>);
+
+impl Dropped {
+    fn has(&self, stream: u32) -> bool {
+        self.0.binary_search(&stream).is_ok()
+    }
+
+    fn add(&mut self, stream: u32) {
+        if self.0.len() >= MAX_DROPPED {
+            self.0.pop_front();
+        }
+        // Ids only grow, so the list stays sorted.
+        self.0.push_back(stream);
+    }
+}
+
+/// The header block at the front of `buf`, opened by `head`, decoded into `fields` once all
+/// its frames are buffered: its length in bytes, or `None` until then.
+fn read_block(
+    dec: &mut Decoder,
+    fields: &mut Fields,
+    buf: &[u8],
+    head: &Head,
+) -> Result<Option<usize>, &'static str> {
+    let len = match block_extent(buf, head) {
+        Ok(Some(len)) => len,
+        Ok(None) | Err(Step::More) => return Ok(None),
+        Err(Step::Unreadable(why)) => return Err(why),
+    };
+    decode_into(dec, fields, buf, len).map_err(|_| "HPACK")?;
+    Ok(Some(len))
 }
 
 /// Bytes of the header block starting at the front of `buf` (its HEADERS or PUSH_PROMISE and

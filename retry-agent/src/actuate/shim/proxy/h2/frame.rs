@@ -139,6 +139,18 @@ pub fn settings_params(payload: &[u8]) -> Option<impl Iterator<Item = (u16, u32)
     })
 }
 
+/// The answer to a PING (`payload`: its 8 bytes, echoed).
+pub fn put_ping_ack(out: &mut BytesMut, payload: &[u8]) {
+    put_head(out, payload.len(), PING, ACK, 0);
+    out.extend_from_slice(payload);
+}
+
+/// A WINDOW_UPDATE's increment (its reserved bit cleared); `None` for a short payload.
+pub fn window_increment(payload: &[u8]) -> Option<i64> {
+    let b: [u8; 4] = payload.get(..4)?.try_into().ok()?;
+    Some(i64::from(u32::from_be_bytes(b) & 0x7fff_ffff))
+}
+
 /// GOAWAY: streams up to `last` may have been processed; `code` says why.
 pub fn put_goaway(out: &mut BytesMut, last: u32, code: u32) {
     put_head(out, 8, GOAWAY, 0, 0);

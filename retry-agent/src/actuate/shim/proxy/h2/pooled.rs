@@ -40,15 +40,15 @@ use tokio::{
 use self::mux::Mux;
 use super::{
     super::{ConnInfo, Ctx, ProxyError, bump, net},
-    BODY_WAIT, HOLD_MAX, Held, MAX_DROPPED, MAX_HPACK_TABLE, OUT_HIGH, PREFACE_LEN, READ_CHUNK,
-    Step, Stream, block_extent, body_ahead, decode_into,
+    BODY_WAIT, Dropped, HOLD_MAX, Held, MAX_HPACK_TABLE, OUT_HIGH, PREFACE_LEN, READ_CHUNK, Step,
+    Stream, body_ahead,
     fields::Fields,
     frame::{
         self, ACK, CONTINUATION, DATA, END_STREAM, HEADERS, Head, PING, PROTOCOL_ERROR,
         PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_INITIAL_WINDOW_SIZE,
         SETTINGS_MAX_CONCURRENT_STREAMS, WINDOW_UPDATE,
     },
-    put_answer, request_of,
+    put_answer, read_block, request_of,
     response::{Read, read_response, record_outcome},
     settle,
 };
@@ -166,15 +166,60 @@ impl Inbox {
     }
 }
 
-/// What waits for the client's window, in the order the callee sent it.
-enum Pending {
+/// What waits for one side's windows on a stream, in the order it came: DATA content and
+/// header blocks (trailers may not pass the data before them).
+enum Queued {
     Data {
         data: Bytes,
         end: bool,
-        /// Window to give back to the callee once the last of `data` went on.
+        /// Window to give back to the sender once the last of `data` went on (padding
+        /// included, which never goes on).
         flow: u32,
     },
     Block(BytesMut, bool),
+}
+
+/// Writes what `q` holds for `stream` into `out`, DATA within the stream's `window` and the
+/// connection's `conn`, in frames of at most the size every peer accepts; returns the window
+/// the sender gets back for what went.
+fn flush_queue(
+    out: &mut BytesMut,
+    stream: u32,
+    q: &mut VecDeque<Queued>,
+    window: &mut i64,
+    conn: &mut i64,
+) -> u32 {
+    let mut credit = 0u32;
+    while let Some(p) = q.front_mut() {
+        match p {
+            Queued::Block(b, end) => {
+                frame::put_block(out, stream, if *end { END_STREAM } else { 0 }, b);
+                q.pop_front();
+            }
+            Queued::Data { data, end, flow } => {
+                let room = (*window).min(*conn).max(0) as usize;
+                let n = data.len().min(room).min(frame::MIN_MAX_FRAME);
+                if n == 0 && !data.is_empty() {
+                    break;
+                }
+                let last = n == data.len();
+                let flags = if last && *end { END_STREAM } else { 0 };
+                frame::put_head(out, n, DATA, flags, stream);
+                out.extend_from_slice(&data[..n]);
+                data.advance(n);
+                *window -= n as i64;
+                *conn -= n as i64;
+                if last {
+                    credit += *flow;
+                    q.pop_front();
+                } else {
+                    credit += n as u32;
+                    *flow -= n as u32;
+                }
+            }
+        }
+    }
+    credit
 }
 
 /// One client stream.
@@ -186,7 +231,7 @@ struct CStream {
     policy: Option<Stream>,
     /// What the client lets us send on it.
     window: i64,
-    pending: VecDeque<Pending>,
+    pending: VecDeque<Queued>,
     req_ended: bool,
     resp_ended: bool,
 }
@@ -200,7 +245,7 @@ struct Client {
     fields: Fields,
     streams: HashMap<u32, CStream>,
     last_stream: u32,
-    dropped: VecDeque<u32>,
+    dropped: Dropped,
     held: Option<Held>,
     preface_left: usize,
     out: BytesMut,
@@ -307,7 +352,7 @@ impl Client {
             fields: Fields::default(),
             streams: HashMap::new(),
             last_stream: 0,
-            dropped: VecDeque::new(),
+            dropped: Dropped::default(),
             held: None,
             preface_left: PREFACE_LEN,
             out,
@@ -390,13 +435,9 @@ impl Client {
                 return Ok(());
             }
             if head.kind == HEADERS {
-                let len = match block_extent(buf, &head) {
-                    Ok(Some(len)) => len,
-                    Ok(None) => return Ok(()),
-                    Err(Step::Unreadable(why)) => return Err(why),
-                    Err(Step::More) => return Ok(()),
+                let Some(len) = read_block(&mut self.dec, &mut self.fields, buf, &head)? else {
+                    return Ok(());
                 };
-                decode_into(&mut self.dec, &mut self.fields, buf, len).map_err(|_| "HPACK")?;
                 self.client_block(buf, head, len)?;
                 continue;
             }
@@ -415,12 +456,9 @@ impl Client {
                     }
                 }
                 SETTINGS if head.flags & ACK == 0 => self.client_settings(&payload)?,
-                PING if head.flags & ACK == 0 => {
-                    frame::put_head(&mut self.out, payload.len(), PING, ACK, 0);
-                    self.out.extend_from_slice(&payload);
-                }
+                PING if head.flags & ACK == 0 => frame::put_ping_ack(&mut self.out, &payload),
                 WINDOW_UPDATE => {
-                    let n = i64::from(read_u32(&payload).ok_or("WINDOW_UPDATE")? & 0x7fff_ffff);
+                    let n = frame::window_increment(&payload).ok_or("WINDOW_UPDATE")?;
                     if head.stream == 0 {
                         self.conn_window += n;
                         self.flush_blocked();
@@ -445,7 +483,7 @@ impl Client {
         len: usize,
     ) -> Result<(), &'static str> {
         let end = head.has(END_STREAM);
-        if self.is_dropped(head.stream) {
+        if self.dropped.has(head.stream) {
             buf.advance(len);
             return Ok(());
         }
@@ -547,7 +585,7 @@ impl Client {
             Verdict::Answer { reason, reply } => {
                 bump(&self.ctx.stats.suppressed);
                 tracing::debug!(peer = %self.info.peer, orig = %self.info.orig, reason = reason.as_str(), "retry answered locally");
-                self.drop_stream(h.stream);
+                self.dropped.add(h.stream);
                 put_answer(&mut self.out, h.stream, reason, reply, h.st.grpc, ended);
             }
             Verdict::Forward { retry } => {
@@ -631,7 +669,7 @@ impl Client {
                     let Some(s) = self.streams.get_mut(&stream) else {
                         continue;
                     };
-                    s.pending.push_back(Pending::Data { data, end, flow });
+                    s.pending.push_back(Queued::Data { data, end, flow });
                     if end {
                         s.resp_ended = true;
                         if let Some(st) = s.policy.take() {
@@ -674,7 +712,7 @@ impl Client {
                 Read::Pass => {}
             }
         }
-        s.pending.push_back(Pending::Block(block, end));
+        s.pending.push_back(Queued::Block(block, end));
         if end && !informational {
             s.resp_ended = true;
             if let Some(st) = s.policy.take() {
@@ -690,37 +728,13 @@ impl Client {
         let Some(s) = self.streams.get_mut(&stream) else {
             return;
         };
-        let mut credit = 0u32;
-        while let Some(p) = s.pending.front_mut() {
-            match p {
-                Pending::Block(b, end) => {
-                    frame::put_block(&mut self.out, stream, if *end { END_STREAM } else { 0 }, b);
-                    s.pending.pop_front();
-                }
-                Pending::Data { data, end, flow } => {
-                    let room = s.window.min(self.conn_window).max(0) as usize;
-                    let n = data.len().min(room).min(frame::MIN_MAX_FRAME);
-                    if n == 0 && !data.is_empty() {
-                        break;
-                    }
-                    let last = n == data.len();
-                    let flags = if last && *end { END_STREAM } else { 0 };
-                    frame::put_head(&mut self.out, n, DATA, flags, stream);
-                    self.out.extend_from_slice(&data[..n]);
-                    data.advance(n);
-                    s.window -= n as i64;
-                    self.conn_window -= n as i64;
-                    if last {
-                        // The padding's share too.
-                        credit += *flow;
-                        s.pending.pop_front();
-                    } else {
-                        credit += n as u32;
-                        *flow -= n as u32;
-                    }
-                }
-            }
-        }
+        let credit = flush_queue(
+            &mut self.out,
+            stream,
+            &mut s.pending,
+            &mut s.window,
+            &mut self.conn_window,
+        );
         if !s.pending.is_empty() && !self.blocked.contains(&stream) {
             self.blocked.push_back(stream);
         }
@@ -745,18 +759,6 @@ impl Client {
         {
             self.streams.remove(&stream);
         }
-    }
-
-    fn is_dropped(&self, stream: u32) -> bool {
-        self.dropped.binary_search(&stream).is_ok()
-    }
-
-    fn drop_stream(&mut self, stream: u32) {
-        if self.dropped.len() >= MAX_DROPPED {
-            self.dropped.pop_front();
-        }
-        // Ids only grow, so the list stays sorted.
-        self.dropped.push_back(stream);
     }
 }
 

@@ -530,40 +530,17 @@ async fn unreadable_frames_pass_through_untouched() {
 /// never panics, and writes no more than it read plus its own frames.
 #[test]
 fn arbitrary_conversations_never_panic_the_relay() {
-    use super::frame::{self, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS};
+    use super::{
+        conversation::{Rng, request, response},
+        frame,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .expect("runtime");
     let _g = rt.enter();
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n.max(1)
-    };
-    let block = |fields: &[(&str, &str)]| {
-        let mut b = bytes::BytesMut::new();
-        for (n, v) in fields {
-            frame::put_literal(&mut b, n.as_bytes(), v.as_bytes());
-        }
-        b
-    };
-    // A block as HEADERS, split in two with a CONTINUATION half the time.
-    let put = |w: &mut bytes::BytesMut, stream: u32, end: bool, b: &[u8], split: bool| {
-        let es = if end { END_STREAM } else { 0 };
-        if split && b.len() > 1 {
-            let (x, y) = b.split_at(b.len() / 2);
-            frame::put_head(w, x.len(), HEADERS, es, stream);
-            w.extend_from_slice(x);
-            frame::put_head(w, y.len(), CONTINUATION, END_HEADERS, stream);
-            w.extend_from_slice(y);
-        } else {
-            frame::put_head(w, b.len(), HEADERS, es | END_HEADERS, stream);
-            w.extend_from_slice(b);
-        }
-    };
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
+    let mut next = move |n: u64| rng.below(n);
     let orig: SocketAddr = "127.0.0.1:9".parse().expect("addr");
     let mut seen = [0u64; 4];
     for round in 0..3_000 {
@@ -599,69 +576,12 @@ fn arbitrary_conversations_never_panic_the_relay() {
         let mut w = bytes::BytesMut::from(&b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..]);
         frame::put_head(&mut w, 0, 0x4, 0, 0);
         feed(&mut r, w, true, &mut next);
+        let mut draw = Rng::new(next(u64::MAX));
         for k in 0..(next(8) + 1) as u32 {
             let stream = 2 * k + 1;
-            let grpc = next(2) == 0;
-            let path = format!("/p{}", next(2));
-            let mut fields = vec![
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", path.as_str()),
-                (":authority", "b"),
-            ];
-            if grpc {
-                fields.push(("content-type", "application/grpc"));
-            }
-            if next(6) == 0 {
-                fields.push(("x-retry-attempt", "1"));
-            }
-            let bodyless = next(4) == 0;
-            let mut w = bytes::BytesMut::new();
-            put(&mut w, stream, bodyless, &block(&fields), next(2) == 0);
-            if !bodyless {
-                let body = [b'b', next(2) as u8];
-                if next(4) == 0 {
-                    // Padded: pad length 2, the body, two bytes of padding.
-                    frame::put_head(&mut w, 5, DATA, END_STREAM | 0x8, stream);
-                    w.extend_from_slice(&[2, body[0], body[1], 0, 0]);
-                } else {
-                    frame::put_head(&mut w, 2, DATA, END_STREAM, stream);
-                    w.extend_from_slice(&body);
-                }
-            }
-            if next(10) == 0 {
-                frame::put_rst(&mut w, stream, 8);
-            }
-            if next(10) == 0 {
-                frame::put_head(&mut w, 3, 0x2a, 0, 0);
-                w.extend_from_slice(b"ext");
-            }
+            let (w, grpc) = request(&mut draw, stream);
             feed(&mut r, w, true, &mut next);
-            let mut w = bytes::BytesMut::new();
-            let status = if next(2) == 0 { "503" } else { "200" };
-            let gs = if next(2) == 0 { "14" } else { "0" };
-            if grpc && next(2) == 0 {
-                put(
-                    &mut w,
-                    stream,
-                    true,
-                    &block(&[(":status", "200"), ("grpc-status", gs)]),
-                    next(2) == 0,
-                );
-            } else {
-                put(
-                    &mut w,
-                    stream,
-                    false,
-                    &block(&[(":status", status)]),
-                    next(2) == 0,
-                );
-                frame::put_head(&mut w, 1, DATA, if grpc { 0 } else { END_STREAM }, stream);
-                w.extend_from_slice(b"x");
-                if grpc {
-                    put(&mut w, stream, true, &block(&[("grpc-status", gs)]), false);
-                }
-            }
+            let mut w = response(&mut draw, stream, grpc);
             if next(12) == 0 {
                 frame::put_rst(&mut w, stream, 2);
             }

@@ -26,7 +26,7 @@ use tokio::{
 use super::{
     super::{
         super::H2_PREFACE,
-        MAX_HPACK_TABLE, READ_CHUNK, Step, block_extent, decode_into,
+        MAX_HPACK_TABLE, READ_CHUNK,
         fields::Fields,
         frame::{
             self, ACK, CANCEL, CONTINUATION, DATA, END_STREAM, GOAWAY, HEADERS, Head,
@@ -34,8 +34,9 @@ use super::{
             SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
             WINDOW_UPDATE,
         },
+        read_block,
     },
-    CONN_CREDIT_BATCH, CONN_WINDOW, Event, Inbox, STREAM_WINDOW, read_u32,
+    CONN_CREDIT_BATCH, CONN_WINDOW, Event, Inbox, Queued, STREAM_WINDOW, flush_queue, read_u32,
 };
 use crate::l7::hpack::Decoder;
 
@@ -56,26 +57,13 @@ pub(super) struct Mux {
     clients: AtomicUsize,
 }
 
-/// What waits for a window, in the order the client sent it.
-enum Chunk {
-    Data {
-        data: Bytes,
-        end: bool,
-    },
-    /// Trailers: after the data before them.
-    Block {
-        block: BytesMut,
-        end: bool,
-    },
-}
-
 struct Route {
     inbox: Arc<Inbox>,
     /// The client's id of the stream.
     stream: u32,
     /// What the callee lets us send on this stream.
     window: i64,
-    queued: VecDeque<Chunk>,
+    queued: VecDeque<Queued>,
     /// HEADERS went out (else it waits for the callee's concurrent-stream limit).
     opened: bool,
     req_ended: bool,
@@ -234,9 +222,10 @@ impl Mux {
             return data.len();
         };
         r.req_ended |= end;
-        r.queued.push_back(Chunk::Data {
+        r.queued.push_back(Queued::Data {
             data: Bytes::copy_from_slice(data),
             end,
+            flow: data.len() as u32,
         });
         let sent = st.flush(id, false);
         st.close_if_done(id);
@@ -252,7 +241,7 @@ impl Mux {
             return;
         };
         r.req_ended |= end;
-        r.queued.push_back(Chunk::Block { block, end });
+        r.queued.push_back(Queued::Block(block, end));
         st.flush(id, false);
         st.close_if_done(id);
         drop(st);
@@ -315,43 +304,23 @@ impl State {
         if !r.opened {
             return 0;
         }
-        let mut sent = 0;
-        while let Some(c) = r.queued.front_mut() {
-            match c {
-                Chunk::Block { block, end } => {
-                    frame::put_block(&mut self.out, id, if *end { END_STREAM } else { 0 }, block);
-                    r.queued.pop_front();
-                }
-                Chunk::Data { data, end } => {
-                    let room = r.window.min(self.conn_window).max(0) as usize;
-                    let n = data.len().min(room).min(frame::MIN_MAX_FRAME);
-                    if n < data.len() && n == 0 {
-                        break;
-                    }
-                    let last = n == data.len();
-                    let flags = if last && *end { END_STREAM } else { 0 };
-                    frame::put_head(&mut self.out, n, DATA, flags, id);
-                    self.out.extend_from_slice(&data[..n]);
-                    data.advance(n);
-                    r.window -= n as i64;
-                    self.conn_window -= n as i64;
-                    sent += n;
-                    if last {
-                        r.queued.pop_front();
-                    }
-                }
-            }
-        }
+        let sent = flush_queue(
+            &mut self.out,
+            id,
+            &mut r.queued,
+            &mut r.window,
+            &mut self.conn_window,
+        );
         if !r.queued.is_empty() && !self.waiting.contains(&id) {
             self.waiting.push_back(id);
         }
         if later && sent > 0 {
             r.inbox.push(Event::Credit {
                 stream: r.stream,
-                n: sent as u32,
+                n: sent,
             });
         }
-        sent
+        sent as usize
     }
 
     /// Streams waiting for a window, after one opened.
@@ -401,13 +370,9 @@ impl State {
                 return Ok(());
             };
             if head.kind == HEADERS {
-                let len = match block_extent(buf, &head) {
-                    Ok(Some(len)) => len,
-                    Ok(None) => return Ok(()),
-                    Err(Step::Unreadable(why)) => return Err(why),
-                    Err(Step::More) => return Ok(()),
+                let Some(len) = read_block(&mut self.dec, &mut self.fields, buf, &head)? else {
+                    return Ok(());
                 };
-                decode_into(&mut self.dec, &mut self.fields, buf, len).map_err(|_| "HPACK")?;
                 buf.advance(len);
                 self.on_block(head);
                 continue;
@@ -424,12 +389,9 @@ impl State {
                     self.on_reset(head.stream, code);
                 }
                 SETTINGS if head.flags & ACK == 0 => self.on_settings(&payload)?,
-                PING if head.flags & ACK == 0 => {
-                    frame::put_head(&mut self.out, payload.len(), PING, ACK, 0);
-                    self.out.extend_from_slice(&payload);
-                }
+                PING if head.flags & ACK == 0 => frame::put_ping_ack(&mut self.out, &payload),
                 WINDOW_UPDATE => {
-                    let n = i64::from(read_u32(&payload).ok_or("WINDOW_UPDATE")? & 0x7fff_ffff);
+                    let n = frame::window_increment(&payload).ok_or("WINDOW_UPDATE")?;
                     if head.stream == 0 {
                         self.conn_window += n;
                     } else if let Some(r) = self.routes.get_mut(&head.stream) {

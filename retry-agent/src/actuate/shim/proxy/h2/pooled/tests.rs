@@ -7,7 +7,10 @@ use bytes::BytesMut;
 
 use super::{Client, mux::Detached, read_u32};
 use crate::actuate::shim::proxy::{
-    h2::frame::{self, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, Head, RST_STREAM},
+    h2::{
+        conversation::{Rng, request, response},
+        frame::{self, Head, RST_STREAM},
+    },
     test_support::{conn_to, ctx, suppress},
 };
 
@@ -15,29 +18,6 @@ use crate::actuate::shim::proxy::{
 fn u32_needs_four_bytes() {
     assert_eq!(read_u32(&[0, 0, 1, 0, 9]), Some(256));
     assert_eq!(read_u32(&[0, 0, 1]), None);
-}
-
-fn block(fields: &[(&str, &str)]) -> BytesMut {
-    let mut b = BytesMut::new();
-    for (n, v) in fields {
-        frame::put_literal(&mut b, n.as_bytes(), v.as_bytes());
-    }
-    b
-}
-
-/// A block as HEADERS, or split in two with a CONTINUATION.
-fn put(w: &mut BytesMut, stream: u32, end: bool, b: &[u8], split: bool) {
-    let es = if end { END_STREAM } else { 0 };
-    if split && b.len() > 1 {
-        let (x, y) = b.split_at(b.len() / 2);
-        frame::put_head(w, x.len(), HEADERS, es, stream);
-        w.extend_from_slice(x);
-        frame::put_head(w, y.len(), CONTINUATION, END_HEADERS, stream);
-        w.extend_from_slice(y);
-    } else {
-        frame::put_head(w, b.len(), HEADERS, es | END_HEADERS, stream);
-        w.extend_from_slice(b);
-    }
 }
 
 /// Frames of `kind` in `b`, by stream.
@@ -64,13 +44,8 @@ fn arbitrary_conversations_never_panic_or_leak_streams() {
         .build()
         .expect("runtime");
     let _g = rt.enter();
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n.max(1)
-    };
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
+    let mut next = move |n: u64| rng.below(n);
     let orig: SocketAddr = "127.0.0.1:9".parse().expect("addr");
     // requests, suppressed, failed connections, clean rounds, streams the callee reset
     let mut seen = [0u64; 5];
@@ -110,61 +85,18 @@ fn arbitrary_conversations_never_panic_or_leak_streams() {
         frame::put_settings(&mut w, &[(frame::SETTINGS_MAX_CONCURRENT_STREAMS, 2)]);
         mux.feed_callee(&mut w).expect("callee SETTINGS");
         let mut callee_reset = false;
+        let mut draw = Rng::new(next(u64::MAX));
         for k in 0..(next(6) + 1) as u32 {
             let stream = 2 * k + 1;
-            let grpc = next(2) == 0;
-            let path = format!("/p{}", next(2));
-            let mut fields = vec![
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", path.as_str()),
-                (":authority", "b"),
-            ];
-            if grpc {
-                fields.push(("content-type", "application/grpc"));
-            }
-            if next(6) == 0 {
-                fields.push(("x-retry-attempt", "1"));
-            }
-            let bodyless = next(4) == 0;
             let before = mux.last_id();
-            let mut w = BytesMut::new();
-            put(&mut w, stream, bodyless, &block(&fields), next(2) == 0);
-            if !bodyless {
-                let body = [b'b', next(2) as u8];
-                if next(4) == 0 {
-                    // Padded: pad length 2, the body, two bytes of padding.
-                    frame::put_head(&mut w, 5, DATA, END_STREAM | 0x8, stream);
-                    w.extend_from_slice(&[2, body[0], body[1], 0, 0]);
-                } else {
-                    frame::put_head(&mut w, 2, DATA, END_STREAM, stream);
-                    w.extend_from_slice(&body);
-                }
-            }
-            if next(10) == 0 {
-                frame::put_rst(&mut w, stream, 8);
-            }
+            let (w, grpc) = request(&mut draw, stream);
             feed_client(&mut c, &mut cbuf, w, &mut next, &mut corrupted);
             // The held request, if any, decided (as its deadline would).
             c.on_client(&mut cbuf, true);
             let Some(id) = mux.last_id().filter(|id| Some(*id) != before) else {
                 continue;
             };
-            let mut w = BytesMut::new();
-            let status = if next(2) == 0 { "503" } else { "200" };
-            let gs = if next(2) == 0 { "14" } else { "0" };
-            put(
-                &mut w,
-                id,
-                false,
-                &block(&[(":status", status)]),
-                next(2) == 0,
-            );
-            frame::put_head(&mut w, 1, DATA, if grpc { 0 } else { END_STREAM }, id);
-            w.extend_from_slice(b"x");
-            if grpc {
-                put(&mut w, id, true, &block(&[("grpc-status", gs)]), false);
-            }
+            let mut w = response(&mut draw, id, grpc);
             if next(12) == 0 {
                 frame::put_rst(&mut w, id, 2);
                 callee_reset = true;
