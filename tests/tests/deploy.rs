@@ -409,6 +409,12 @@ fn the_cgroup_shim_follows_the_chart_and_the_shims_settings() {
         vec![PathBuf::from("/sys/fs/cgroup/system.slice/billing.service")]
     );
     assert_eq!(args.port, int(&values()["shim"]["port"]) as u16);
+    // h2c keeps one upstream connection per caller unless the values say otherwise.
+    assert_eq!(
+        args.h2_upstream,
+        retry_agent::actuate::shim::proxy::H2Upstream::Own
+    );
+    assert_eq!(values()["shim"]["h2Upstream"].as_str(), Some("own"));
 
     let sc = shim.security_context.as_ref().unwrap();
     let caps = sc.capabilities.as_ref().unwrap();
