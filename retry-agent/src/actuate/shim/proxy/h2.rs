@@ -23,26 +23,22 @@
 //! (the callee could not read what follows): then the connection ends.
 use std::{collections::HashMap, sync::Arc, time::Instant};
 
-use self::fields::Fields;
-
 use bytes::{Buf, Bytes, BytesMut};
-use http::StatusCode;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
 };
 
-use self::frame::{
-    CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, Head, INTERNAL_ERROR, NO_ERROR,
-    RST_STREAM,
+use self::{
+    block::{block_extent, decode_into},
+    fields::Fields,
+    frame::{CONTINUATION, DATA, END_STREAM, HEADERS, Head, RST_STREAM},
+    stream::{Dropped, Held, Stream, body_ahead, put_answer, request_of, settle},
 };
-use super::{ConnInfo, Ctx, ProxyError, bump, is_grpc, key_of_fields};
+use super::{ConnInfo, Ctx, ProxyError, bump};
 use crate::{
-    actuate::shim::{
-        answer::{self, BODY_WAIT, LocalAnswer},
-        policy::{self, BodyDigest, FailureReply, RequestKey, SuppressReason, Verdict},
-    },
-    l7::{Claim, RETRY_SUPPRESSED_HEADER, hpack::Decoder},
+    actuate::shim::{answer::BODY_WAIT, policy::Verdict},
+    l7::hpack::Decoder,
 };
 
 /// Largest HPACK table a peer may ask for that the relay follows; past it the connection is
@@ -52,10 +48,12 @@ const MAX_HPACK_TABLE: usize = 64 * 1024;
 
 #[cfg(test)]
 mod conversation;
+mod block;
 mod fields;
 pub mod frame;
 pub(super) mod pooled;
 mod response;
+mod stream;
 #[cfg(test)]
 mod tests;
 
@@ -70,36 +68,6 @@ const HOLD_MAX: usize = 1 << 20;
 /// Streams followed at once (the callee's SETTINGS_MAX_CONCURRENT_STREAMS bounds real ones);
 /// past this a new stream is relayed unobserved.
 const MAX_STREAMS: usize = 4096;
-/// Left-out stream ids remembered, so their late frames never reach the callee.
-const MAX_DROPPED: usize = 1024;
-
-/// What the relay follows of one request.
-struct Stream {
-    /// Until the body digest is complete: the key without it.
-    key: RequestKey,
-    digest: Option<BodyDigest>,
-    marked: bool,
-    grpc: bool,
-    /// Whether a failure gets the pushback (the edge was suppressed when the request came).
-    pushback: bool,
-    status: Option<StatusCode>,
-    grpc_status: Option<u32>,
-    claim: Claim,
-    /// The outcome is still to be recorded.
-    watch: bool,
-    /// The tracker has counted the request (held ones when decided, others once keyed).
-    counted: bool,
-}
-
-/// A request whose HEADERS wait (undecided, still in the client buffer) for its body.
-struct Held {
-    stream: u32,
-    /// Bytes of its HEADERS and CONTINUATION frames at the front of the client buffer.
-    block_len: usize,
-    end_stream: bool,
-    deadline: tokio::time::Instant,
-    st: Stream,
-}
 
 /// What reading one side's buffer came to.
 enum Step {
@@ -316,7 +284,7 @@ impl Relay {
         }
         self.last_client_stream = head.stream;
         bump(&self.ctx.stats.requests);
-        let Some(st) = self.request_of_fields() else {
+        let Some(st) = request_of(&self.ctx, &self.info, &self.req_fields) else {
             // No method: not a request we can key. On it goes.
             self.send_block(buf, head, len);
             return Ok(());
@@ -394,7 +362,14 @@ impl Relay {
                 // The callee's HPACK table may have missed what that block added.
                 self.reencode = true;
                 self.dropped.add(h.stream);
-                self.answer(h.stream, reason, reply, h.st.grpc, ended);
+                put_answer(
+                    &mut self.to_client,
+                    h.stream,
+                    reason,
+                    reply,
+                    h.st.grpc,
+                    ended,
+                );
             }
             Verdict::Forward { retry } => {
                 if retry {
@@ -421,25 +396,6 @@ impl Relay {
         }
     }
 
-    /// A suppressed retry's answer on the client's stream.
-    fn answer(
-        &mut self,
-        stream: u32,
-        reason: SuppressReason,
-        reply: Option<FailureReply>,
-        grpc: bool,
-        request_ended: bool,
-    ) {
-        put_answer(
-            &mut self.to_client,
-            stream,
-            reason,
-            reply,
-            grpc,
-            request_ended,
-        );
-    }
-
     /// Everything still buffered from the client, as it would go (the held request forwarded).
     fn release_all(&mut self, buf: &mut BytesMut) -> BytesMut {
         if self.held.is_some() {
@@ -459,245 +415,10 @@ impl Relay {
         };
         decode_into(dec, fields, buf, len)
     }
-
-    /// The request the decoded block opens, keyed as far as its headers go.
-    fn request_of_fields(&mut self) -> Option<Stream> {
-        request_of(&self.ctx, &self.info, &self.req_fields)
-    }
 }
 
 #[derive(Clone, Copy)]
 enum Side {
     Request,
     Response,
-}
-
-/// The request the decoded block opens, keyed as far as its headers go.
-fn request_of(ctx: &Ctx, info: &ConnInfo, f: &Fields) -> Option<Stream> {
-    let method = http::Method::from_bytes(f.get(b":method")?).ok()?;
-    let headers = f.headers();
-    let authority = f
-        .get(b":authority")
-        .or_else(|| f.get(b"host"))
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .unwrap_or_default();
-    let target = String::from_utf8_lossy(f.get(b":path").unwrap_or_default()).into_owned();
-    let now = Instant::now();
-    let grpc = is_grpc(&headers);
-    let key = key_of_fields(info, method, authority, target, &headers);
-    let suppressed = ctx.view.suppression(&info.orig, now);
-    Some(Stream {
-        key,
-        digest: Some(BodyDigest::default()),
-        marked: policy::retry_markers(&headers).says_retry(),
-        grpc,
-        // As the hyper path: only where retries must stop.
-        pushback: grpc && suppressed == Some(crate::decide::Reason::CalleeUnclaimed),
-        status: None,
-        grpc_status: None,
-        claim: Claim::Missing,
-        watch: true,
-        counted: false,
-    })
-}
-
-/// A suppressed retry's answer on the client's stream; its request, if still open, is
-/// closed with NO_ERROR (the answer is complete, nothing more is wanted).
-fn put_answer(
-    out: &mut BytesMut,
-    stream: u32,
-    reason: SuppressReason,
-    reply: Option<FailureReply>,
-    grpc: bool,
-    request_ended: bool,
-) {
-    let why = reason.as_str().as_bytes();
-    let mut b = BytesMut::with_capacity(160);
-    match answer::local_answer(reply, grpc) {
-        LocalAnswer::Reset => {
-            frame::put_rst(out, stream, INTERNAL_ERROR);
-            return;
-        }
-        LocalAnswer::Http(status) => {
-            frame::put_literal(&mut b, b":status", status.as_str().as_bytes());
-            frame::put_literal(&mut b, b"content-type", b"text/plain");
-            frame::put_literal(&mut b, b"content-length", b"0");
-            frame::put_literal(&mut b, RETRY_SUPPRESSED_HEADER.as_bytes(), why);
-        }
-        LocalAnswer::Grpc(code) => {
-            // Trailers-only: status and trailers in one block.
-            frame::put_literal(&mut b, b":status", b"200");
-            frame::put_literal(&mut b, b"content-type", b"application/grpc");
-            frame::put_literal(&mut b, b"grpc-status", code.to_string().as_bytes());
-            frame::put_literal(
-                &mut b,
-                b"grpc-message",
-                answer::GRPC_SUPPRESSED_MESSAGE.as_bytes(),
-            );
-            frame::put_literal(&mut b, b"grpc-retry-pushback-ms", b"-1");
-            frame::put_literal(&mut b, RETRY_SUPPRESSED_HEADER.as_bytes(), why);
-        }
-    }
-    frame::put_block(out, stream, END_STREAM, &b);
-    if !request_ended {
-        frame::put_rst(out, stream, NO_ERROR);
-    }
-}
-
-/// Decodes the block of `len` bytes of frames at the front of `buf` into `fields`.
-fn decode_into(dec: &mut Decoder, fields: &mut Fields, buf: &[u8], len: usize) -> Result<(), Step> {
-    fields.clear();
-    // Most blocks are one HEADERS frame: decoded where they lie.
-    if let Some(head) = Head::parse(buf)
-        && head.total() == len
-    {
-        let payload = buf
-            .get(frame::HEADER_LEN..len)
-            .ok_or(Step::Unreadable("header block cut"))?;
-        let r =
-            frame::content(&head, payload).map_err(|_| Step::Unreadable("header block padding"))?;
-        return dec
-            .decode(payload.get(r).unwrap_or_default(), |n, v| fields.push(n, v))
-            .map_err(|_| Step::Unreadable("HPACK"));
-    }
-    let mut block = Vec::new();
-    let mut at = 0;
-    while at < len {
-        let head = buf
-            .get(at..)
-            .and_then(Head::parse)
-            .ok_or(Step::Unreadable("header block cut"))?;
-        let payload = buf
-            .get(at + frame::HEADER_LEN..at + head.total())
-            .ok_or(Step::Unreadable("header block cut"))?;
-        let r =
-            frame::content(&head, payload).map_err(|_| Step::Unreadable("header block padding"))?;
-        block.extend_from_slice(payload.get(r).unwrap_or_default());
-        at += head.total();
-    }
-    dec.decode(&block, |n, v| fields.push(n, v))
-        .map_err(|_| Step::Unreadable("HPACK"))
-}
-
-/// The key's body digest is as complete as it will be; the request is counted.
-fn settle(ctx: &Ctx, info: &ConnInfo, st: &mut Stream) {
-    if let Some(d) = st.digest.take() {
-        st.key.body = d.finish();
-    }
-    if st.counted {
-        return;
-    }
-    st.counted = true;
-    let now = Instant::now();
-    let v = ctx.tracker.on_request(
-        &st.key,
-        st.marked,
-        ctx.view.suppression(&info.orig, now),
-        now,
-    );
-    if matches!(v, Verdict::Forward { retry: true }) {
-        bump(&ctx.stats.retries_forwarded);
-    }
-}
-
-/// Whether the held request's body (the block of `block_len` bytes at the front of `buf` opens
-/// `stream`) has its first bytes buffered behind it: (ready, ended, the digest of what is).
-fn body_ahead(
-    buf: &[u8],
-    stream: u32,
-    block_len: usize,
-    end_stream: bool,
-) -> Result<(bool, bool, BodyDigest), Step> {
-    let mut ready = end_stream;
-    let mut ended = end_stream;
-    let mut digest = BodyDigest::default();
-    let mut at = block_len;
-    while !ready {
-        let Some(head) = buf.get(at..).and_then(Head::parse) else {
-            break;
-        };
-        let Some(f) = buf.get(at..at + head.total()) else {
-            break;
-        };
-        at += head.total();
-        if head.stream != stream {
-            continue;
-        }
-        match head.kind {
-            DATA => {
-                let payload = &f[frame::HEADER_LEN..];
-                let r =
-                    frame::content(&head, payload).map_err(|_| Step::Unreadable("DATA padding"))?;
-                let more = digest.feed(payload.get(r).unwrap_or_default());
-                ended = head.has(END_STREAM);
-                ready = !more || ended;
-            }
-            // Trailers or a reset: the body has ended.
-            HEADERS | RST_STREAM => {
-                ended = true;
-                ready = true;
-            }
-            _ => {}
-        }
-    }
-    Ok((ready, ended, digest))
-}
-
-/// Client streams left out (suppressed retries), the newest [`MAX_DROPPED`], so their late
-/// frames never reach the callee.
-#[derive(Default)]
-struct Dropped(std::collections::VecDeque<u32>);
-
-impl Dropped {
-    fn has(&self, stream: u32) -> bool {
-        self.0.binary_search(&stream).is_ok()
-    }
-
-    fn add(&mut self, stream: u32) {
-        if self.0.len() >= MAX_DROPPED {
-            self.0.pop_front();
-        }
-        // Ids only grow, so the list stays sorted.
-        self.0.push_back(stream);
-    }
-}
-
-/// The header block at the front of `buf`, opened by `head`, decoded into `fields` once all
-/// its frames are buffered: its length in bytes, or `None` until then.
-fn read_block(
-    dec: &mut Decoder,
-    fields: &mut Fields,
-    buf: &[u8],
-    head: &Head,
-) -> Result<Option<usize>, &'static str> {
-    let len = match block_extent(buf, head) {
-        Ok(Some(len)) => len,
-        Ok(None) | Err(Step::More) => return Ok(None),
-        Err(Step::Unreadable(why)) => return Err(why),
-    };
-    decode_into(dec, fields, buf, len).map_err(|_| "HPACK")?;
-    Ok(Some(len))
-}
-
-/// Bytes of the header block starting at the front of `buf` (its HEADERS or PUSH_PROMISE and
-/// CONTINUATION frames through END_HEADERS), once all are buffered.
-fn block_extent(buf: &[u8], first: &Head) -> Result<Option<usize>, Step> {
-    let mut at = 0;
-    let mut head = *first;
-    loop {
-        if buf.len() < at + head.total() {
-            return Ok(None);
-        }
-        at += head.total();
-        if head.has(END_HEADERS) {
-            return Ok(Some(at));
-        }
-        let Some(next) = buf.get(at..).and_then(Head::parse) else {
-            return Ok(None);
-        };
-        if next.kind != CONTINUATION || next.stream != first.stream {
-            return Err(Step::Unreadable("header block interrupted"));
-        }
-        head = next;
-    }
 }

@@ -41,14 +41,16 @@ use self::mux::Mux;
 use super::{
     super::{ConnInfo, Ctx, ProxyError, bump, net},
     BODY_WAIT, Dropped, HOLD_MAX, Held, MAX_HPACK_TABLE, OUT_HIGH, PREFACE_LEN, READ_CHUNK, Step,
-    Stream, body_ahead,
+    Stream,
+    block::read_block,
+    body_ahead,
     fields::Fields,
     frame::{
         self, ACK, CONTINUATION, DATA, END_STREAM, HEADERS, Head, PING, PROTOCOL_ERROR,
         PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_INITIAL_WINDOW_SIZE,
         SETTINGS_MAX_CONCURRENT_STREAMS, WINDOW_UPDATE,
     },
-    put_answer, read_block, request_of,
+    put_answer, request_of,
     response::{Read, read_response, record_outcome},
     settle,
 };

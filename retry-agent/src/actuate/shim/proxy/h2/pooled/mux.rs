@@ -27,6 +27,7 @@ use super::{
     super::{
         super::H2_PREFACE,
         MAX_HPACK_TABLE, READ_CHUNK,
+        block::read_block,
         fields::Fields,
         frame::{
             self, ACK, CANCEL, CONTINUATION, DATA, END_STREAM, GOAWAY, HEADERS, Head,
@@ -34,7 +35,6 @@ use super::{
             SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
             WINDOW_UPDATE,
         },
-        read_block,
     },
     CONN_CREDIT_BATCH, CONN_WINDOW, Event, Inbox, Queued, STREAM_WINDOW, flush_queue, read_u32,
 };
