@@ -22,9 +22,7 @@
 //!   the streams it carried (REFUSED_STREAM for those it never saw, which a client may retry);
 //!   the client connections go on over a new one.
 use std::{
-    cell::RefCell,
     collections::{HashMap, VecDeque},
-    net::SocketAddr,
     sync::Arc,
     time::Instant,
 };
@@ -37,9 +35,12 @@ use tokio::{
     sync::Notify,
 };
 
-use self::mux::Mux;
+use self::{
+    mux::Mux,
+    pool::{forget, mux_for},
+};
 use super::{
-    super::{ConnInfo, Ctx, ProxyError, bump, net},
+    super::{ConnInfo, Ctx, ProxyError, bump},
     BODY_WAIT, Dropped, HOLD_MAX, Held, MAX_HPACK_TABLE, OUT_HIGH, PREFACE_LEN, READ_CHUNK, Step,
     Stream,
     block::read_block,
@@ -50,13 +51,13 @@ use super::{
         PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_INITIAL_WINDOW_SIZE,
         SETTINGS_MAX_CONCURRENT_STREAMS, WINDOW_UPDATE,
     },
-    put_answer, request_of,
-    response::{Read, read_response, record_outcome},
-    settle,
+    put_answer, request_of, settle,
 };
 use crate::{actuate::shim::policy::Verdict, l7::hpack::Decoder};
 
 mod mux;
+mod pool;
+mod response;
 
 /// The window each stream gets, both ways (the default 64 KiB would cap a stream's throughput
 /// at one window per round trip through the shim).
@@ -67,67 +68,6 @@ const CONN_CREDIT_BATCH: u32 = 1 << 20;
 /// Streams a client may have open at once on its connection to the shim.
 const CLIENT_MAX_STREAMS: u32 = 256;
 const DEFAULT_WINDOW: i64 = 65_535;
-
-/// Client connections one pooled connection carries before the next client gets a new one.
-/// Behind a Service VIP kube-proxy picks a pod per connection: one connection per destination
-/// would send all of a node's calls to one pod per io thread; this keeps them spread over
-/// callers / 8 pods, as h2c's own clients spread theirs, while most of HAProxy's gain stays.
-const CALLERS_PER_CONN: usize = 8;
-
-thread_local! {
-    /// This io thread's connections, by original destination.
-    static POOL: RefCell<HashMap<SocketAddr, Vec<Arc<Mux>>>> = RefCell::new(HashMap::new());
-}
-
-/// A connection of the io thread's to `orig` for one more client: the pooled one with the
-/// fewest, while it has fewer than [`CALLERS_PER_CONN`], else a new one over `dialled` (the
-/// client's own, dialled before detection) or dialled now.
-async fn mux_for(
-    orig: SocketAddr,
-    ctx: &Ctx,
-    dialled: &mut Option<TcpStream>,
-) -> std::io::Result<Arc<Mux>> {
-    let pooled = || {
-        POOL.with(|p| {
-            let mut p = p.borrow_mut();
-            let conns = p.entry(orig).or_default();
-            conns.retain(|m| m.usable());
-            let m = conns.iter().min_by_key(|m| m.clients())?;
-            (m.clients() < CALLERS_PER_CONN).then(|| {
-                m.attach();
-                m.clone()
-            })
-        })
-    };
-    if let Some(m) = pooled() {
-        return Ok(m);
-    }
-    let sock = match dialled.take() {
-        Some(s) => s,
-        None => net::connect_marked(orig, ctx.mark, ctx.connect_timeout).await?,
-    };
-    // Another client may have started one while this one dialled.
-    if let Some(m) = pooled() {
-        return Ok(m);
-    }
-    let m = Mux::start(orig, sock);
-    m.attach();
-    POOL.with(|p| p.borrow_mut().entry(orig).or_default().push(m.clone()));
-    Ok(m)
-}
-
-/// A connection that ended leaves the pool.
-fn forget(m: &Arc<Mux>) {
-    POOL.with(|p| {
-        let mut p = p.borrow_mut();
-        if let Some(conns) = p.get_mut(&m.orig()) {
-            conns.retain(|v| !Arc::ptr_eq(v, m));
-            if conns.is_empty() {
-                p.remove(&m.orig());
-            }
-        }
-    });
-}
 
 /// What a pooled connection hands a client relay, in the order the callee sent it.
 enum Event {
@@ -242,6 +182,8 @@ struct Client {
     ctx: Arc<Ctx>,
     info: ConnInfo,
     inbox: Arc<Inbox>,
+    /// The inbox's last batch, emptied, kept for the next.
+    events: Vec<Event>,
     mux: Option<Arc<Mux>>,
     dec: Decoder,
     fields: Fields,
@@ -285,7 +227,7 @@ pub(in super::super) async fn relay(
             let _ = cw.write_all(&c.out).await;
             break Ok(());
         }
-        if c.mux.as_ref().is_none_or(|m| !m.usable()) && c.waits_for_connection(&cbuf) {
+        if c.waits_for_connection(&cbuf) && c.mux.as_ref().is_none_or(|m| !m.usable()) {
             match mux_for(c.info.orig, &ctx, &mut None).await {
                 Ok(m) => {
                     if let Some(old) = c.mux.replace(m) {
@@ -349,6 +291,7 @@ impl Client {
                 events: Mutex::new(Vec::new()),
                 wake: Notify::new(),
             }),
+            events: Vec::new(),
             mux: None,
             dec: Decoder::new(MAX_HPACK_TABLE),
             fields: Fields::default(),
@@ -609,7 +552,8 @@ impl Client {
             self.received = 0;
         }
         let r = frame::content(head, payload).map_err(|_| "DATA padding")?;
-        let data = payload.get(r).unwrap_or_default();
+        // A view of the frame, not a copy: it goes on as it is or waits for a window.
+        let data = payload.slice(r);
         let end = head.has(END_STREAM);
         let Some(s) = self.streams.get_mut(&head.stream) else {
             // A left-out or finished stream: nothing goes on.
@@ -618,15 +562,15 @@ impl Client {
         if let Some(st) = s.policy.as_mut()
             && let Some(d) = st.digest.as_mut()
         {
-            let more = d.feed(data);
+            let more = d.feed(&data);
             if !more || end {
                 settle(&self.ctx, &self.info, st);
             }
         }
         s.req_ended |= end;
-        let sent = s.mux.data(s.id, data, end);
         // Padding never goes on: its share of the window comes back at once.
-        let credit = sent + (head.len - data.len());
+        let padding = head.len - data.len();
+        let credit = s.mux.data(s.id, data, end) + padding;
         if !s.req_ended && credit > 0 {
             frame::put_window_update(&mut self.out, head.stream, credit as u32);
         }
@@ -650,106 +594,6 @@ impl Client {
         frame::put_head(&mut self.out, 0, SETTINGS, ACK, 0);
         self.flush_blocked();
         Ok(())
-    }
-
-    /// What the pooled connections handed this client.
-    fn on_events(&mut self) {
-        let events = std::mem::take(&mut *self.inbox.events.lock());
-        for e in events {
-            match e {
-                Event::Head {
-                    stream,
-                    fields,
-                    end,
-                } => self.response_block(stream, &fields, end),
-                Event::Data {
-                    stream,
-                    data,
-                    end,
-                    flow,
-                } => {
-                    let Some(s) = self.streams.get_mut(&stream) else {
-                        continue;
-                    };
-                    s.pending.push_back(Queued::Data { data, end, flow });
-                    if end {
-                        s.resp_ended = true;
-                        if let Some(st) = s.policy.take() {
-                            record_outcome(&self.ctx, &self.info, st, false);
-                        }
-                    }
-                    self.flush(stream);
-                }
-                Event::Reset { stream, code } => {
-                    let Some(s) = self.streams.remove(&stream) else {
-                        continue;
-                    };
-                    frame::put_rst(&mut self.out, stream, code);
-                    if !s.resp_ended
-                        && let Some(st) = s.policy
-                    {
-                        record_outcome(&self.ctx, &self.info, st, true);
-                    }
-                }
-                Event::Credit { stream, n } => {
-                    if self.streams.get(&stream).is_some_and(|s| !s.req_ended) {
-                        frame::put_window_update(&mut self.out, stream, n);
-                    }
-                }
-            }
-        }
-    }
-
-    /// A response block for `stream`: read by the policy, re-encoded for the client.
-    fn response_block(&mut self, stream: u32, fields: &Fields, end: bool) {
-        let Some(s) = self.streams.get_mut(&stream) else {
-            return;
-        };
-        let mut block = fields.encode();
-        let mut informational = false;
-        if let Some(st) = s.policy.as_mut() {
-            match read_response(&self.ctx, &self.info, st, fields) {
-                Read::Annotate(extra) => block.extend_from_slice(&extra),
-                Read::Informational => informational = true,
-                Read::Pass => {}
-            }
-        }
-        s.pending.push_back(Queued::Block(block, end));
-        if end && !informational {
-            s.resp_ended = true;
-            if let Some(st) = s.policy.take() {
-                record_outcome(&self.ctx, &self.info, st, false);
-            }
-        }
-        self.flush(stream);
-    }
-
-    /// Sends what `stream` has waiting, within the client's windows; gives the callee its
-    /// window back for what went.
-    fn flush(&mut self, stream: u32) {
-        let Some(s) = self.streams.get_mut(&stream) else {
-            return;
-        };
-        let credit = flush_queue(
-            &mut self.out,
-            stream,
-            &mut s.pending,
-            &mut s.window,
-            &mut self.conn_window,
-        );
-        if !s.pending.is_empty() && !self.blocked.contains(&stream) {
-            self.blocked.push_back(stream);
-        }
-        s.mux.credit(s.id, credit);
-        self.close_if_done(stream);
-    }
-
-    fn flush_blocked(&mut self) {
-        for _ in 0..self.blocked.len() {
-            if let Some(s) = self.blocked.pop_front() {
-                self.flush(s);
-            }
-        }
     }
 
     /// Forgets `stream` once both sides ended and the client has the whole response.

@@ -215,18 +215,15 @@ impl Mux {
     /// The client's DATA content for stream `id`: sent within the callee's windows, the rest
     /// queued. Returns the bytes sent now (the caller credits its client for them; those sent
     /// later are credited through the inbox).
-    pub(super) fn data(&self, id: u32, data: &[u8], end: bool) -> usize {
+    pub(super) fn data(&self, id: u32, data: Bytes, end: bool) -> usize {
         let mut st = self.st.lock();
         let Some(r) = st.routes.get_mut(&id) else {
             // The callee reset it: nothing goes on, and nothing holds the client's window.
             return data.len();
         };
         r.req_ended |= end;
-        r.queued.push_back(Queued::Data {
-            data: Bytes::copy_from_slice(data),
-            end,
-            flow: data.len() as u32,
-        });
+        let flow = data.len() as u32;
+        r.queued.push_back(Queued::Data { data, end, flow });
         let sent = st.flush(id, false);
         st.close_if_done(id);
         drop(st);
