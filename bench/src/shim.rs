@@ -10,9 +10,11 @@
 //!   upstream connections of its own — the shim's model, printed to read the h2c gap by (where
 //!   `always` multiplexes many clients' streams onto few upstream connections); not a target
 //! - envoy:   client → Envoy (http_connection_manager + router, no retries) → backend
-//! - shim:    client → (iptables REDIRECT) → retry-agent shim → backend
-//! - shim, shared upstream (h2c only): a second shim with `--shim-h2-upstream shared`, the
-//!   callers' streams multiplexed onto pooled upstream connections, as `http-reuse always` does
+//! - shim:    client → (iptables REDIRECT) → retry-agent shim (its defaults: h2c callers'
+//!   streams multiplexed onto pooled upstream connections, as `http-reuse always` does) → backend
+//! - shim, own upstream (h2c only): a second shim with `--shim-h2-upstream own`, each client
+//!   connection's frames relayed over an upstream connection of its own (read it against
+//!   `haproxy, no reuse`)
 //!
 //! The backend is HAProxy answering `http-request return` (fast and steady). Each proxy keeps its
 //! default thread count for 2 cores (HAProxy: one per CPU; Envoy: `--concurrency 2`; the shim:
@@ -287,8 +289,8 @@ struct Ports {
     haproxy_own: u16,
     envoy: u16,
     shim: u16,
-    /// The shim with `--shim-h2-upstream shared` (h2c only).
-    shim_shared: u16,
+    /// The shim with `--shim-h2-upstream own` (h2c only).
+    shim_own: u16,
 }
 
 fn envoy_config(h1: &Ports, h2: &Ports) -> String {
@@ -372,7 +374,7 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
             haproxy_own: free_port()?,
             envoy: free_port()?,
             shim: free_port()?,
-            shim_shared: free_port()?,
+            shim_own: free_port()?,
         })
     };
     let (h1, h2) = (ports()?, ports()?);
@@ -386,7 +388,7 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
             "{defaults}frontend backend_fe\n    bind 127.0.0.1:{}\n    bind 127.0.0.1:{}\n    bind 127.0.0.1:{} proto h2\n    \
              bind 127.0.0.1:{} proto h2\n    bind 127.0.0.1:{} proto h2\n    \
              http-request return status 200 content-type text/plain string ok\n",
-            h1.direct, h1.shim, h2.direct, h2.shim, h2.shim_shared
+            h1.direct, h1.shim, h2.direct, h2.shim, h2.shim_own
         ),
     )?;
     let fwd_cfg = dir.join("forwarder.cfg");
@@ -449,20 +451,22 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         bin: bin.clone(),
         chain: chain.clone(),
     };
-    // One shim per h2c upstream mode, each steering its own backend ports.
-    let chain_shared = format!("{chain}S");
-    let _cleanup_shared = Cleanup {
+    // The shim on its defaults, and one with the other h2c upstream mode, each steering its
+    // own backend ports.
+    let chain_own = format!("{chain}O");
+    let _cleanup_own = Cleanup {
         bin: bin.clone(),
-        chain: chain_shared.clone(),
+        chain: chain_own.clone(),
     };
-    let start_shim = |port: u16, chain: &str, dports: String, mode: &str| -> Result<Kill> {
-        let run = dir.join(format!("shim-{mode}"));
+    let start_shim = |port: u16, chain: &str, dports: String, mode: &[&str]| -> Result<Kill> {
+        let run = dir.join(format!("shim-{}", mode.len()));
         std::fs::create_dir_all(&run)?;
         Ok(Kill(
             Command::new(&bin)
                 .args(["--log", "warn", "shim", "--port", &port.to_string()])
                 .args(["--chain", chain, "--dport", &dports])
-                .args(["--shim-h2-upstream", mode, "--control-socket"])
+                .args(mode)
+                .arg("--control-socket")
                 .arg(run.join("no-agent.sock"))
                 .arg("--run-dir")
                 .arg(&run)
@@ -471,13 +475,13 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         ))
     };
     let shim_port = free_port()?;
-    let shim = start_shim(shim_port, &chain, format!("{},{}", h1.shim, h2.shim), "own")?;
-    let shared_port = free_port()?;
-    let shim_shared = start_shim(
-        shared_port,
-        &chain_shared,
-        h2.shim_shared.to_string(),
-        "shared",
+    let shim = start_shim(shim_port, &chain, format!("{},{}", h1.shim, h2.shim), &[])?;
+    let own_port = free_port()?;
+    let shim_own = start_shim(
+        own_port,
+        &chain_own,
+        h2.shim_own.to_string(),
+        &["--shim-h2-upstream", "own"],
     )?;
     if ![
         h1.direct,
@@ -489,7 +493,7 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         h1.envoy,
         h2.envoy,
         shim_port,
-        shared_port,
+        own_port,
     ]
     .into_iter()
     .all(wait_port)
@@ -508,7 +512,7 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         ("haproxy, no reuse", Some(hap.0.id())),
         ("envoy", Some(env.0.id())),
         ("shim", Some(shim.0.id())),
-        ("shim, shared upstream", Some(shim_shared.0.id())),
+        ("shim, own upstream", Some(shim_own.0.id())),
     ];
     let load1 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     eprintln!(
@@ -536,11 +540,11 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         }
         for ((proto, _, p), (_, figs)) in protos.iter().zip(rows.iter_mut()) {
             // The upstream mode is h2c's only: HTTP/1 has one shim path.
-            let shared = (*proto != Proto::Http1).then_some(p.shim_shared);
+            let own = (*proto != Proto::Http1).then_some(p.shim_own);
             let port_of = [p.direct, p.haproxy, p.haproxy_own, p.envoy, p.shim]
                 .map(Some)
                 .into_iter()
-                .chain([shared]);
+                .chain([own]);
             let paths: Vec<_> = port_of.zip(pids).collect();
             for (port, (_, pid)) in &paths {
                 if let Some(port) = port {
@@ -610,19 +614,17 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
                 ratio(s, e, |f| f.p99_us)
             );
         }
-        if let (Some(s), Some(h), Some(e)) = (
-            get("shim, shared upstream").filter(|v| !v.is_empty()),
-            get("haproxy"),
-            get("envoy"),
-        ) {
+        let own = get("shim, own upstream").filter(|v| !v.is_empty());
+        if let (Some(s), Some(h), Some(e)) = (own, get("haproxy"), get("envoy")) {
             println!(
-                "{proto}: shim with --shim-h2-upstream shared / haproxy req/s {}, p99 {}; /envoy p99 {}\n",
+                "{proto}: shim with --shim-h2-upstream own / haproxy req/s {}, p99 {}; /envoy p99 {}\n",
                 ratio(s, h, |f| f.rps),
                 ratio(s, h, |f| f.p99_us),
                 ratio(s, e, |f| f.p99_us)
             );
         }
-        if let (Some(s), Some(h)) = (get("shim"), get("haproxy, no reuse")) {
+        // HTTP/1's shim keeps a connection per caller whatever the h2c mode.
+        if let (Some(s), Some(h)) = (own.or(get("shim")), get("haproxy, no reuse")) {
             println!(
                 "{proto}: in the shim's connection model (HAProxy with `http-reuse never`): shim/haproxy req/s {}, p99 {}\n",
                 ratio(s, h, |f| f.rps),

@@ -409,12 +409,25 @@ fn the_cgroup_shim_follows_the_chart_and_the_shims_settings() {
         vec![PathBuf::from("/sys/fs/cgroup/system.slice/billing.service")]
     );
     assert_eq!(args.port, int(&values()["shim"]["port"]) as u16);
-    // h2c keeps one upstream connection per caller unless the values say otherwise.
+    // h2c's callers share pooled upstream connections unless the values say otherwise, with
+    // the chart's pool settings, which are the shim's own defaults.
     assert_eq!(
         args.h2_upstream,
-        retry_agent::actuate::shim::proxy::H2Upstream::Own
+        retry_agent::actuate::shim::proxy::H2Upstream::Shared
     );
-    assert_eq!(values()["shim"]["h2Upstream"].as_str(), Some("own"));
+    assert_eq!(values()["shim"]["h2Upstream"].as_str(), Some("shared"));
+    let pool = retry_agent::actuate::shim::proxy::H2Pool::default();
+    assert_eq!(
+        (args.h2_pool_callers, args.h2_pool_idle_ms as u128),
+        (pool.callers_per_conn, pool.idle.as_millis())
+    );
+    assert_eq!(
+        (
+            int(&values()["shim"]["h2PoolCallers"]) as usize,
+            int(&values()["shim"]["h2PoolIdleMs"]) as u128
+        ),
+        (pool.callers_per_conn, pool.idle.as_millis())
+    );
 
     let sc = shim.security_context.as_ref().unwrap();
     let caps = sc.capabilities.as_ref().unwrap();

@@ -161,14 +161,16 @@ fn ipv6_callee_retries_are_answered_locally() {
     let _ = std::fs::remove_file(&ctl_path);
 }
 
-/// The shim's flags for h2c streams multiplexed onto pooled upstream connections.
+/// The shim's flags for h2c streams multiplexed onto pooled upstream connections (its default,
+/// said so the test stays what it is named for), and for an upstream connection per caller.
 const SHARED_UPSTREAM: &[&str] = &["--shim-h2-upstream", "shared"];
+const OWN_UPSTREAM: &[&str] = &["--shim-h2-upstream", "own"];
 
 /// grpcio with a service-config retry policy (4 attempts on UNAVAILABLE): on a suppressed edge
 /// the shim adds `grpc-retry-pushback-ms: -1` to the failure's trailers and the client stops.
 #[test]
-fn grpc_pushback_trailer_stops_client_retries() {
-    grpc_pushback_stops_retries("grpc", &[]);
+fn grpc_pushback_trailer_stops_client_retries_over_own_upstreams() {
+    grpc_pushback_stops_retries("grpc", OWN_UPSTREAM);
 }
 
 /// The same with HTTP/2 terminated in the shim and the calls on a pooled upstream connection.
@@ -246,8 +248,8 @@ fn grpc_pushback_stops_retries(tag: &str, extra: &[&str]) {
 /// reach the service and get its own answer; only a repeat of the last one is answered by the
 /// shim. (A key of `:path` alone answered every later call with the first one's failure.)
 #[test]
-fn different_grpc_requests_to_a_failing_method_are_forwarded() {
-    distinct_grpc_requests_are_forwarded("grpcd", &[]);
+fn different_grpc_requests_to_a_failing_method_are_forwarded_over_own_upstreams() {
+    distinct_grpc_requests_are_forwarded("grpcd", OWN_UPSTREAM);
 }
 
 #[test]
@@ -300,6 +302,66 @@ fn distinct_grpc_requests_are_forwarded(tag: &str, extra: &[&str]) {
     assert!(
         log.contains(" suppressed=1 "),
         "the repeat, and only it, was answered by the shim: {log}"
+    );
+    drop(ctl);
+    let _ = std::fs::remove_file(&ctl_path);
+}
+
+/// A callee that ends every connection after 200 ms (grpcio's `max_connection_age`: GOAWAY,
+/// then the connection drains) under grpcio clients on four channels for three seconds: every
+/// call is answered with its own body, in both h2c modes. Pooled, the shim goes on over new
+/// connections while old ones drain and refuses (REFUSED_STREAM, which grpcio sends again)
+/// only what the callee never saw.
+#[test]
+fn grpc_calls_go_on_while_the_callee_keeps_ending_connections_over_own_upstreams() {
+    grpc_goaway_storm("grpcg", OWN_UPSTREAM);
+}
+
+#[test]
+fn grpc_calls_go_on_while_the_callee_keeps_ending_connections_over_a_shared_upstream() {
+    grpc_goaway_storm("grpcgs", SHARED_UPSTREAM);
+}
+
+fn grpc_goaway_storm(tag: &str, extra: &[&str]) {
+    if let Some(r) = skip_reason(&["grpc"]) {
+        eprintln!("skip: {r}");
+        return;
+    }
+    let rt = rt();
+    let _g = rt.enter();
+    let ctl_path = tmp(&format!("{tag}.sock"));
+    let ctl = ControlActuator::bind(&ctl_path).expect("control socket");
+    let port = free_port();
+    let ch = chain(&tag.to_uppercase());
+    let mut shim = Shim::start(ShimOpts {
+        chain: &ch,
+        dports: &[port],
+        control: &ctl_path,
+        watchdog: true,
+        extra,
+    });
+    let out = python_json(
+        "shim_grpc_goaway.py",
+        &[port.to_string(), "3".into(), "4".into()],
+    );
+    eprintln!("{tag}: {out}");
+    let calls = out["calls"].as_u64().expect("calls");
+    assert!(calls >= 100, "the clients kept calling: {out}");
+    assert_eq!(
+        out["codes"]["OK"].as_u64(),
+        Some(calls),
+        "every call answered with its own body: {out}"
+    );
+    assert!(
+        out["peers"].as_u64().expect("peers") >= 4,
+        "the callee ended connections and the shim went on over new ones: {out}"
+    );
+    assert!(shim.stop(), "shim did not stop cleanly");
+    let log = std::fs::read_to_string(std::env::temp_dir().join(format!("rashim-{ch}.log")))
+        .unwrap_or_default();
+    assert!(
+        !log.contains(" requests=0 "),
+        "the calls went through the shim: {log}"
     );
     drop(ctl);
     let _ = std::fs::remove_file(&ctl_path);

@@ -467,6 +467,35 @@ fn a_scope_that_names_nothing_is_invalid() {
     assert!(ok.into_result().is_ok());
 }
 
+/// The pooled h2c connections' settings reach the shim's context as typed values, their
+/// defaults are the context's, and zero is refused for either.
+#[test]
+fn shim_h2_pool_settings() {
+    use crate::actuate::shim::proxy::H2Pool;
+    let d = ShimArgs::default();
+    assert_eq!(
+        (d.h2_pool_callers, d.h2_pool_idle_ms),
+        (H2Pool::default().callers_per_conn, 10_000)
+    );
+    let flags = |a: ShimArgs| match a.validate() {
+        Ok(()) => Vec::new(),
+        Err(e) => e.0.iter().map(|p| p.flag.to_string()).collect::<Vec<_>>(),
+    };
+    let ok = ShimArgs {
+        dports: vec![8080],
+        ..Default::default()
+    };
+    assert_eq!(flags(ok.clone()), Vec::<String>::new());
+    assert_eq!(
+        flags(ShimArgs {
+            h2_pool_callers: 0,
+            h2_pool_idle_ms: 0,
+            ..ok
+        }),
+        ["shim-h2-pool-callers", "shim-h2-pool-idle-ms"]
+    );
+}
+
 /// `--shim-steer cgroup` selects by cgroup directory (and port) and inbound port; iptables
 /// selectors and a non-loopback listener are refused with it, and its cgroups need it.
 #[test]

@@ -215,19 +215,36 @@ pub struct ShimArgs {
         action = clap::ArgAction::Set
     )]
     pub preserve_header_case: bool,
-    /// h2c to the callee: `own` relays each client connection's frames over an upstream
-    /// connection of its own (the callee sees its callers' connections and settings); `shared`
-    /// terminates HTTP/2 and multiplexes the streams onto pooled upstream connections, one per
-    /// eight callers per destination and io thread, as HAProxy's `http-reuse always` does
-    /// (lower latency and CPU under load; behind a Service VIP, where a pod is picked per
-    /// connection, a node's calls then reach fewer pods).
+    /// h2c to the callee: `shared` terminates HTTP/2 and multiplexes the streams onto pooled
+    /// upstream connections, one per `--shim-h2-pool-callers` callers per destination and io
+    /// thread, as HAProxy's `http-reuse always` and Envoy do (HAProxy's latency at less CPU;
+    /// behind a Service VIP, where a pod is picked per connection, a node's calls reach fewer
+    /// pods); `own` relays each client connection's frames over an upstream connection of its
+    /// own (the callee sees its callers' connections and settings).
     #[arg(
         long = "shim-h2-upstream",
         env = "RETRY_AGENT_SHIM_H2_UPSTREAM",
         value_enum,
-        default_value_t = proxy::H2Upstream::Own
+        default_value_t = proxy::H2Upstream::Shared
     )]
     pub h2_upstream: proxy::H2Upstream,
+    /// `--shim-h2-upstream shared`: client connections one pooled upstream connection carries
+    /// before the next client gets a new one (fewer: a VIP's calls reach more pods; more: the
+    /// callee serves fewer, busier connections).
+    #[arg(
+        long = "shim-h2-pool-callers",
+        env = "RETRY_AGENT_SHIM_H2_POOL_CALLERS",
+        default_value_t = proxy::H2Pool::default().callers_per_conn
+    )]
+    pub h2_pool_callers: usize,
+    /// `--shim-h2-upstream shared`: a pooled upstream connection no client used for this long
+    /// is closed (as HAProxy's `pool-purge-delay`).
+    #[arg(
+        long = "shim-h2-pool-idle-ms",
+        env = "RETRY_AGENT_SHIM_H2_POOL_IDLE_MS",
+        default_value_t = proxy::H2Pool::default().idle.as_millis() as u64
+    )]
+    pub h2_pool_idle_ms: u64,
     /// Upstream connect timeout.
     #[arg(
         long = "shim-connect-timeout-ms",
@@ -347,6 +364,18 @@ impl Settings for ShimArgs {
             "shim-inbound-dst",
             dsts(),
             "only with --shim-steer iptables (cgroup steering takes only local arrivals already)",
+        );
+        p.check(
+            self.h2_pool_callers > 0,
+            "shim-h2-pool-callers",
+            self.h2_pool_callers,
+            "at least 1",
+        );
+        p.check(
+            self.h2_pool_idle_ms > 0,
+            "shim-h2-pool-idle-ms",
+            self.h2_pool_idle_ms,
+            "at least 1",
         );
         if self.steer == SteerMode::Cgroup {
             let n = self.steer_cgroups.len() + self.inbound_ports.len();
@@ -503,6 +532,10 @@ pub async fn run(args: ShimArgs) -> anyhow::Result<()> {
         detect_timeout: Duration::from_millis(args.detect_timeout_ms),
         stats: proxy::Stats::default(),
         h2_upstream: args.h2_upstream,
+        h2_pool: proxy::H2Pool {
+            callers_per_conn: args.h2_pool_callers,
+            idle: Duration::from_millis(args.h2_pool_idle_ms),
+        },
     });
 
     for (i, ls) in per_thread.into_iter().enumerate() {

@@ -59,6 +59,29 @@ pub struct Ctx {
     /// h2c: each client connection relayed over its own upstream connection, or its streams
     /// multiplexed onto the io thread's pooled ones.
     pub h2_upstream: H2Upstream,
+    pub h2_pool: H2Pool,
+}
+
+/// The pooled h2c connections of `--shim-h2-upstream shared`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct H2Pool {
+    /// Client connections one pooled connection carries before the next client gets a new
+    /// one. Behind a Service VIP kube-proxy picks a pod per connection: one connection per
+    /// destination would send all of a node's calls to one pod per io thread; this keeps them
+    /// spread over callers / this many pods, while most of HAProxy's gain stays.
+    pub callers_per_conn: usize,
+    /// A pooled connection no caller used for this long is closed (HAProxy's
+    /// `pool-purge-delay`): a node's shim does not keep one open to every destination it saw.
+    pub idle: Duration,
+}
+
+impl Default for H2Pool {
+    fn default() -> Self {
+        H2Pool {
+            callers_per_conn: 8,
+            idle: Duration::from_secs(10),
+        }
+    }
 }
 
 /// How h2c reaches the callee (`--shim-h2-upstream`).
@@ -66,11 +89,13 @@ pub struct Ctx {
 pub enum H2Upstream {
     /// One upstream connection per client connection, frames relayed as the two ends sent
     /// them (`h2`): the callee sees its callers' connections and settings.
-    #[default]
     Own,
     /// HTTP/2 terminated frame by frame on both sides, client streams multiplexed onto the io
-    /// thread's pooled connections to the destination, eight callers per connection
-    /// (`h2/pooled`), as HAProxy's `http-reuse always` does.
+    /// thread's pooled connections to the destination, eight callers per connection by
+    /// default (`h2/pooled`), as HAProxy's `http-reuse always` and Envoy's connection pools
+    /// do: the default, since a callee serving a few busy connections instead of one per
+    /// caller is where the proxies' h2c latency comes from.
+    #[default]
     Shared,
 }
 

@@ -22,6 +22,11 @@ pub fn ctx() -> Arc<Ctx> {
         detect_timeout: Duration::from_millis(100),
         stats: Stats::default(),
         h2_upstream: Default::default(),
+        // Short, so the idle close can be seen within a test.
+        h2_pool: super::H2Pool {
+            idle: Duration::from_millis(300),
+            ..Default::default()
+        },
     })
 }
 

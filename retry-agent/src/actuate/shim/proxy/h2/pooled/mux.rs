@@ -13,6 +13,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
+    time::Duration,
 };
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -40,11 +41,6 @@ use super::{
 };
 use crate::l7::hpack::Decoder;
 
-/// A pooled connection no caller has used for this long is closed (as HAProxy purges idle
-/// server connections): a node's shim does not keep one open to every destination it ever saw.
-const POOL_IDLE: std::time::Duration =
-    std::time::Duration::from_millis(if cfg!(test) { 300 } else { 10_000 });
-
 /// The callee's defaults until its SETTINGS say otherwise (RFC 9113 §6.5.2).
 const DEFAULT_WINDOW: i64 = 65_535;
 
@@ -55,6 +51,9 @@ pub(super) struct Mux {
     orig: SocketAddr,
     /// Client relays that open their new streams here.
     clients: AtomicUsize,
+    /// Closed once no caller used it for this long (as HAProxy purges idle server
+    /// connections): a node's shim does not keep one open to every destination it ever saw.
+    idle: Duration,
 }
 
 struct Route {
@@ -99,15 +98,15 @@ struct State {
 
 impl Mux {
     /// A connection to `orig` over `sock`, driven by a task of the current runtime.
-    pub(super) fn start(orig: SocketAddr, sock: TcpStream) -> Arc<Mux> {
+    pub(super) fn start(orig: SocketAddr, sock: TcpStream, idle: Duration) -> Arc<Mux> {
         let _ = sock.set_nodelay(true);
-        let mux = Mux::new(orig);
+        let mux = Mux::new(orig, idle);
         tokio::spawn(drive(mux.clone(), sock));
         mux
     }
 
     /// The connection's state, its preface and SETTINGS queued, before any socket.
-    fn new(orig: SocketAddr) -> Arc<Mux> {
+    fn new(orig: SocketAddr, idle: Duration) -> Arc<Mux> {
         let mut out = BytesMut::with_capacity(READ_CHUNK);
         out.put_slice(H2_PREFACE);
         frame::put_settings(
@@ -138,6 +137,7 @@ impl Mux {
             wake: Notify::new(),
             orig,
             clients: AtomicUsize::new(0),
+            idle,
         })
     }
 
@@ -557,7 +557,7 @@ async fn drive(mux: Arc<Mux>, sock: TcpStream) {
                 Err(_) => break "write to the callee failed",
             },
             () = mux.wake.notified(), if wbuf.is_empty() => {}
-            () = tokio::time::sleep(POOL_IDLE), if idle => {
+            () = tokio::time::sleep(mux.idle), if idle => {
                 let mut st = mux.st.lock();
                 if st.routes.is_empty() && mux.clients() == 0 {
                     // Closed first: no caller picks it from the pool from here on.
@@ -586,7 +586,7 @@ pub(super) struct Detached(pub Arc<Mux>);
 #[cfg(test)]
 impl Detached {
     pub(super) fn new(orig: SocketAddr) -> Detached {
-        Detached(Mux::new(orig))
+        Detached(Mux::new(orig, Duration::from_millis(300)))
     }
     /// The callee's bytes, as the task would read them.
     pub(super) fn feed_callee(&self, buf: &mut BytesMut) -> Result<(), &'static str> {

@@ -9,19 +9,13 @@ use super::{
     mux::Mux,
 };
 
-/// Client connections one pooled connection carries before the next client gets a new one.
-/// Behind a Service VIP kube-proxy picks a pod per connection: one connection per destination
-/// would send all of a node's calls to one pod per io thread; this keeps them spread over
-/// callers / 8 pods, as h2c's own clients spread theirs, while most of HAProxy's gain stays.
-const CALLERS_PER_CONN: usize = 8;
-
 thread_local! {
     /// This io thread's connections, by original destination.
     static POOL: RefCell<HashMap<SocketAddr, Vec<Arc<Mux>>>> = RefCell::new(HashMap::new());
 }
 
 /// A connection of the io thread's to `orig` for one more client: the pooled one with the
-/// fewest, while it has fewer than [`CALLERS_PER_CONN`], else a new one over `dialled` (the
+/// fewest, while it has fewer than the pool's callers per connection, else a new one over `dialled` (the
 /// client's own, dialled before detection) or dialled now.
 pub(super) async fn mux_for(
     orig: SocketAddr,
@@ -34,7 +28,7 @@ pub(super) async fn mux_for(
             let conns = p.entry(orig).or_default();
             conns.retain(|m| m.usable());
             let m = conns.iter().min_by_key(|m| m.clients())?;
-            (m.clients() < CALLERS_PER_CONN).then(|| {
+            (m.clients() < ctx.h2_pool.callers_per_conn).then(|| {
                 m.attach();
                 m.clone()
             })
@@ -51,7 +45,7 @@ pub(super) async fn mux_for(
     if let Some(m) = pooled() {
         return Ok(m);
     }
-    let m = Mux::start(orig, sock);
+    let m = Mux::start(orig, sock, ctx.h2_pool.idle);
     m.attach();
     POOL.with(|p| p.borrow_mut().entry(orig).or_default().push(m.clone()));
     Ok(m)
