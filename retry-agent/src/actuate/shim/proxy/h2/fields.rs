@@ -40,11 +40,12 @@ impl Fields {
         }
         h
     }
-    /// Every field as a literal without indexing.
+    /// Every field as the static table allows, never through the dynamic one
+    /// ([`frame::put_field`]).
     pub(super) fn encode(&self) -> BytesMut {
         let mut b = BytesMut::with_capacity(self.buf.len() + 4 * self.spans.len());
         for (n, v) in self.iter() {
-            frame::put_literal(&mut b, n, v);
+            frame::put_field(&mut b, n, v);
         }
         b
     }

@@ -2,6 +2,7 @@
 //! block's fragment inside HEADERS / PUSH_PROMISE / CONTINUATION, and the frames the relay
 //! writes itself, with header fields encoded as HPACK literals that leave the peer's dynamic
 //! table alone (RFC 7541 §6.2.2), so a block of ours never puts the two ends' tables out of step.
+use crate::l7::hpack::STATIC_TABLE;
 use bytes::{BufMut, BytesMut};
 
 pub const HEADER_LEN: usize = 9;
@@ -194,6 +195,33 @@ fn put_int(out: &mut BytesMut, mark: u8, n: u8, mut v: usize) {
     out.put_u8(v as u8);
 }
 
+/// A field as briefly as the static table allows without touching the dynamic one: an entry of
+/// the table as its index (`:method POST`, `:status 200`), a name of the table by its index and
+/// the value as a literal without indexing, any other as [`put_literal`]. The receiver's
+/// dynamic table is left as it was, so a block can be left out or sent later without putting
+/// either end out of step; the receiver reads a few bytes where it read the names spelled out.
+pub fn put_field(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+    // Entries of one name are adjacent in the table: the first by name, then its values.
+    let Some(first) = STATIC_TABLE
+        .iter()
+        .position(|(n, _)| n.len() == name.len() && *n == name)
+    else {
+        return put_literal(out, name, value);
+    };
+    let same_name = STATIC_TABLE
+        .get(first..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(|(n, _)| *n == name);
+    if let Some(i) = same_name.clone().position(|(_, v)| *v == value) {
+        put_int(out, 0x80, 7, first + i + 1);
+        return;
+    }
+    put_int(out, 0x00, 4, first + 1);
+    put_int(out, 0x00, 7, value.len());
+    out.put_slice(value);
+}
+
 /// A field as a literal without indexing, its name spelled out: the receiver's dynamic table is
 /// left as it was.
 pub fn put_literal(out: &mut BytesMut, name: &[u8], value: &[u8]) {
@@ -256,6 +284,32 @@ mod tests {
             Err(FrameError::Short)
         );
         assert_eq!(content(&h(DATA, PADDED, 0), b""), Err(FrameError::Short));
+    }
+
+    /// Every static entry, every static name with another value, and names the table lacks:
+    /// each decodes to what went in, the dynamic table stays empty, and the table's own fields
+    /// take a byte or two.
+    #[test]
+    fn fields_use_the_static_table_and_leave_the_dynamic_one_alone() {
+        let mut fields: Vec<(Vec<u8>, Vec<u8>)> = STATIC_TABLE
+            .iter()
+            .flat_map(|(n, v)| [(n.to_vec(), v.to_vec()), (n.to_vec(), b"other".to_vec())])
+            .collect();
+        fields.push((b"x-request-id".to_vec(), vec![b'r'; 200]));
+        fields.push((b"grpc-timeout".to_vec(), b"1S".to_vec()));
+        let mut b = BytesMut::new();
+        for (n, v) in &fields {
+            put_field(&mut b, n, v);
+        }
+        let mut d = loona_hpack::Decoder::new();
+        assert_eq!(d.decode(&b).expect("decodes"), fields);
+        assert!(d.decode(&[0x80 | 62]).is_err(), "nothing was indexed");
+        let mut one = BytesMut::new();
+        put_field(&mut one, b":method", b"POST");
+        assert_eq!(&one[..], &[0x83]);
+        one.clear();
+        put_field(&mut one, b":path", b"/shop.v1.Orders/Get");
+        assert_eq!(one.len(), 2 + b"/shop.v1.Orders/Get".len());
     }
 
     #[test]
