@@ -22,10 +22,11 @@ pub fn ctx() -> Arc<Ctx> {
         detect_timeout: Duration::from_millis(100),
         stats: Stats::default(),
         h2_upstream: Default::default(),
-        // Short, so the idle close can be seen within a test.
+        // Eight callers a connection, whatever the default, as the tests count them; an idle
+        // close short enough to be seen within a test.
         h2_pool: super::H2Pool {
+            callers_per_conn: 8,
             idle: Duration::from_millis(300),
-            ..Default::default()
         },
     })
 }
