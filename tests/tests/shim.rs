@@ -363,15 +363,31 @@ fn grpc_goaway_storm(tag: &str, extra: &[&str]) {
         "the callee ended connections and the shim went on over new ones: {out}"
     );
     let log = g.stop();
-    let requests = log
-        .rsplit(" requests=")
-        .next()
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse::<u64>().ok());
+    let requests = stat(&log, "requests");
     assert!(
         requests.is_some_and(|r| r >= calls),
         "every call went through the shim ({requests:?} requests for {calls} calls): {log}"
     );
+    let (pooled, refused) = (stat(&log, "h2_pooled"), stat(&log, "h2_refused"));
+    eprintln!("{tag}: pooled connections dialled {pooled:?}, streams refused {refused:?}");
+    if extra == SHARED_UPSTREAM {
+        assert!(
+            pooled.is_some_and(|p| p >= 4),
+            "the shim dialled a new pooled connection as the callee ended each: {log}"
+        );
+    } else {
+        assert_eq!(pooled, Some(0), "no pool with own upstreams: {log}");
+    }
+}
+
+/// A counter of the shim's last stats line (`name=N`).
+fn stat(log: &str, name: &str) -> Option<u64> {
+    log.rsplit(&format!(" {name}="))
+        .next()?
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {

@@ -69,8 +69,9 @@ pub struct H2Pool {
     /// one. Behind a Service VIP kube-proxy picks a pod per connection: one connection per
     /// destination would send all of a node's calls to one pod per io thread; this keeps them
     /// spread over callers / this many pods. Sixteen: the bench's 32 callers on two io threads
-    /// then share one connection per thread, which met HAProxy's p99 in both runs (0.97–1.08×)
-    /// where eight (two per thread) gave 1.04–1.18× over four; HAProxy itself caps nothing.
+    /// then share one connection per thread, which met HAProxy's p99 in three runs
+    /// (0.97–1.08×) where eight (two per thread) gave 1.04–1.18× over four; HAProxy itself
+    /// caps nothing.
     pub callers_per_conn: usize,
     /// A pooled connection no caller used for this long is closed (HAProxy's
     /// `pool-purge-delay`): a node's shim does not keep one open to every destination it saw.
@@ -112,13 +113,18 @@ pub struct Stats {
     pub suppressed: AtomicU64,
     pub upstream_errors: AtomicU64,
     pub not_redirected: AtomicU64,
+    /// Pooled h2c connections dialled (`shared`).
+    pub h2_pooled: AtomicU64,
+    /// h2c streams refused toward their callers (REFUSED_STREAM: the callee never saw them,
+    /// after its GOAWAY or a lost pooled connection; the caller may send them again).
+    pub h2_refused: AtomicU64,
 }
 
 impl Stats {
     pub fn summary(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "connections={} opaque={} http1={} h2={} requests={} retries_forwarded={} suppressed={} upstream_errors={} not_redirected={}",
+            "connections={} opaque={} http1={} h2={} requests={} retries_forwarded={} suppressed={} upstream_errors={} not_redirected={} h2_pooled={} h2_refused={}",
             g(&self.connections),
             g(&self.opaque),
             g(&self.http1),
@@ -127,7 +133,9 @@ impl Stats {
             g(&self.retries_forwarded),
             g(&self.suppressed),
             g(&self.upstream_errors),
-            g(&self.not_redirected)
+            g(&self.not_redirected),
+            g(&self.h2_pooled),
+            g(&self.h2_refused)
         )
     }
 }

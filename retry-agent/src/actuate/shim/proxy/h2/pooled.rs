@@ -1,6 +1,7 @@
-//! h2c multiplexed (`--shim-h2-upstream shared`): HTTP/2 terminated frame by frame on both
-//! sides, every client connection's streams carried on the io thread's one connection to the
-//! original destination (`mux`), as HAProxy's `http-reuse always` does. The callee then serves
+//! h2c multiplexed (`--shim-h2-upstream shared`, the default): HTTP/2 terminated frame by
+//! frame on both sides, every client connection's streams carried on one of the io thread's
+//! pooled connections to the original destination (`mux`; which one in `pool`), as HAProxy's
+//! `http-reuse always` does. The callee then serves
 //! a few busy connections instead of one per caller, which is where HAProxy's h2c latency comes
 //! from; the `h2` crate did the same at three times the CPU per stream (stop 38's spike).
 //!
@@ -10,8 +11,9 @@
 //! outcomes recorded where responses end. What differs is what terminating takes:
 //!
 //! - Each side has its own SETTINGS, windows, PINGs and HPACK state. Blocks are decoded on the
-//!   side they came from and re-encoded as literals without indexing for the other, so a block
-//!   left out (a suppressed retry) never puts a table out of step.
+//!   side they came from and re-encoded for the other through the static table only
+//!   (`frame::put_field`), so a block left out (a suppressed retry) never puts a table out of
+//!   step.
 //! - Flow control per hop: a stream's DATA goes on within the receiving side's windows, the
 //!   rest waits in the shim, and the sender's stream window is given back as its bytes go on
 //!   (so a slow reader holds only its own streams' windows). Connection windows are given back
@@ -478,6 +480,7 @@ impl Client {
         let block = self.fields.encode();
         let Some(id) = mux.open(&self.inbox, stream, &block, end) else {
             // The connection closed between the relay's check and now: the client may retry.
+            bump(&self.ctx.stats.h2_refused);
             frame::put_rst(&mut self.out, stream, REFUSED_STREAM);
             return;
         };

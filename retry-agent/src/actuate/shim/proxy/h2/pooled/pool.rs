@@ -5,7 +5,7 @@ use std::{cell::RefCell, collections::HashMap, net::SocketAddr, sync::Arc};
 use tokio::net::TcpStream;
 
 use super::{
-    super::super::{Ctx, net},
+    super::super::{Ctx, bump, net},
     mux::Mux,
 };
 
@@ -46,6 +46,7 @@ pub(super) async fn mux_for(
         return Ok(m);
     }
     let m = Mux::start(orig, sock, ctx.h2_pool.idle);
+    bump(&ctx.stats.h2_pooled);
     m.attach();
     POOL.with(|p| p.borrow_mut().entry(orig).or_default().push(m.clone()));
     Ok(m)

@@ -3,8 +3,9 @@
 //! resets, the caller's window given back), in the order the callee sent it.
 use super::{
     super::{
+        super::bump,
         fields::Fields,
-        frame,
+        frame::{self, REFUSED_STREAM},
         response::{Read, read_response, record_outcome},
     },
     Client, Event, Queued, flush_queue,
@@ -46,6 +47,9 @@ impl Client {
                         continue;
                     };
                     frame::put_rst(&mut self.out, stream, code);
+                    if code == REFUSED_STREAM {
+                        bump(&self.ctx.stats.h2_refused);
+                    }
                     if !s.resp_ended
                         && let Some(st) = s.policy
                     {
