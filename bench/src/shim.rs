@@ -458,14 +458,14 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         bin: bin.clone(),
         chain: chain_own.clone(),
     };
-    let start_shim = |port: u16, chain: &str, dports: String, mode: &[&str]| -> Result<Kill> {
-        let run = dir.join(format!("shim-{}", mode.len()));
+    let start_shim = |name: &str, port: u16, chain: &str, dports: String, flags: &[&str]| {
+        let run = dir.join(format!("shim-{name}"));
         std::fs::create_dir_all(&run)?;
-        Ok(Kill(
+        anyhow::Ok(Kill(
             Command::new(&bin)
                 .args(["--log", "warn", "shim", "--port", &port.to_string()])
                 .args(["--chain", chain, "--dport", &dports])
-                .args(mode)
+                .args(flags)
                 .arg("--control-socket")
                 .arg(run.join("no-agent.sock"))
                 .arg("--run-dir")
@@ -475,9 +475,11 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
         ))
     };
     let shim_port = free_port()?;
-    let shim = start_shim(shim_port, &chain, format!("{},{}", h1.shim, h2.shim), &[])?;
+    let dports = format!("{},{}", h1.shim, h2.shim);
+    let shim = start_shim("defaults", shim_port, &chain, dports, &[])?;
     let own_port = free_port()?;
     let shim_own = start_shim(
+        "own",
         own_port,
         &chain_own,
         h2.shim_own.to_string(),
