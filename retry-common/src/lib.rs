@@ -24,6 +24,8 @@ pub enum EventKind {
     ProcessExit = 3,
     /// A process replaced its image (execve): its metadata changed. Same layout as exit.
     ProcessExec = 4,
+    /// A quiet HTTP/1 exchange the kernel summarised (`SummaryRecord`).
+    Summary = 5,
 }
 
 /// `EventKind` values as raw integers, for matching on the first `u32` of a record.
@@ -31,6 +33,7 @@ pub const KIND_DATA: u32 = EventKind::Data as u32;
 pub const KIND_CONN: u32 = EventKind::Conn as u32;
 pub const KIND_PROCESS_EXIT: u32 = EventKind::ProcessExit as u32;
 pub const KIND_PROCESS_EXEC: u32 = EventKind::ProcessExec as u32;
+pub const KIND_SUMMARY: u32 = EventKind::Summary as u32;
 
 /// Which syscall moved the bytes (`DataHeader::syscall`).
 pub mod syscall {
@@ -200,6 +203,30 @@ pub struct DataRecord {
     pub payload: [u8; MAX_PAYLOAD],
 }
 
+/// Bytes of a summarised request kept in its `SummaryRecord`: the request line (method, path,
+/// query) as far as it goes; its headers are not sent.
+pub const SUMMARY_LINE: usize = 192;
+/// Largest request prefix the kernel holds back while it waits for the response
+/// (`--capture-summarize`); a request that captured more is sent as it is.
+pub const HELD_BYTES: usize = 1024;
+
+/// One HTTP/1 exchange that went quietly (`--capture-summarize`): the kernel held its request's
+/// record back until the response's first bytes showed a 2xx or 3xx status, nothing around it
+/// had failed, and sent this instead of the two records. `request` is the held request's
+/// header (`captured`: bytes of `line` that are valid), `response` the header the response's
+/// first record would have had (`captured` 0); the response's later records are not sent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SummaryRecord {
+    /// `KIND_SUMMARY`.
+    pub kind: u32,
+    /// The response's status code, as its status line says.
+    pub status: u32,
+    pub response: DataHeader,
+    pub request: DataHeader,
+    pub line: [u8; SUMMARY_LINE],
+}
+
 /// A connection lifecycle record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -275,6 +302,12 @@ pub struct ConnInfo {
 /// HTTP/2 prefix, split over several records (`H2_RECORDS`), so the header blocks of a write
 /// batching many streams stay whole and the HPACK table known.
 pub const CONN_H2: u32 = 1;
+/// `--capture-summarize`: the connection's last request record is held in the kernel's `HELD`
+/// map, waiting for its response's status.
+pub const CONN_HELD: u32 = 2;
+/// `--capture-summarize`: the response in progress belongs to a summarised exchange: its
+/// further records are not sent (until the next request).
+pub const CONN_QUIET: u32 = 4;
 /// Records one syscall of an HTTP/2 connection is split into at most, each carrying up to
 /// `MAX_PAYLOAD` bytes: a syscall larger than `H2_RECORDS × MAX_PAYLOAD` still ends in a gap.
 pub const H2_RECORDS: u32 = 4;
@@ -412,7 +445,12 @@ pub struct Config {
     /// connection not marked HTTP/2, ≤ `MAX_PAYLOAD`: past its head a response's bytes only
     /// frame it, and copying them is a large share of what a large response costs the workload.
     pub response_bytes: u32,
-    pub _pad: u32,
+    /// With `config_flags::SUMMARIZE`: one request in this many is sent whole even when it
+    /// could be summarised (0: none), so figures that need whole heads keep a sample.
+    pub summary_sample: u32,
+    /// With `config_flags::SUMMARIZE`: how long a destination whose answer was a failure (or a
+    /// reset) stays "hot" — its exchanges sent whole, so retries and their outcomes are seen.
+    pub summary_hot_ns: u64,
 }
 
 /// `Config::flags`.
@@ -429,6 +467,9 @@ pub mod config_flags {
     /// The Go uprobes are on: data records look up the goroutine a Go process did the I/O for
     /// (without them that lookup would be paid on every record for nothing).
     pub const GO: u32 = 8;
+    /// Quiet HTTP/1 exchanges are summarised in the kernel (`SummaryRecord`) instead of being
+    /// sent as their request's and response's records.
+    pub const SUMMARIZE: u32 = 16;
 }
 
 /// Where a gRPC-go program keeps what its stream probes read (value of the Go object's
@@ -547,6 +588,7 @@ mod pod {
     // no byte is uninitialised; the layout tests below pin that.
     unsafe impl aya::Pod for SockTuple {}
     unsafe impl aya::Pod for DataHeader {}
+    unsafe impl aya::Pod for SummaryRecord {}
     unsafe impl aya::Pod for ConnRecord {}
     unsafe impl aya::Pod for GoGrpcOffsets {}
     unsafe impl aya::Pod for ProcessExitRecord {}

@@ -40,6 +40,13 @@ fn data_record_layout() {
 }
 
 #[test]
+fn summary_record_layout() {
+    layout!(SummaryRecord, size 8 + 2 * 120 + SUMMARY_LINE, {
+        kind @ 0, 4; status @ 4, 4; response @ 8, 120; request @ 128, 120; line @ 248, SUMMARY_LINE;
+    });
+}
+
+#[test]
 fn conn_record_layout() {
     layout!(ConnRecord, size 112, {
         kind @ 0, 4; conn_kind @ 4, 4; pid @ 8, 4; tid @ 12, 4; fd @ 16, 4; role @ 20, 4;
@@ -78,10 +85,10 @@ fn map_key_and_value_layouts() {
         inode_sb @ 40, 4; sb_dev @ 44, 4; task_nsproxy @ 48, 4; nsproxy_net_ns @ 52, 4; net_ns @ 56, 4;
         ns_inum @ 60, 4;
     });
-    layout!(Config, size 104, {
+    layout!(Config, size 112, {
         agent_tgid @ 0, 4; payload_bytes @ 4, 4; wakeup_bytes @ 8, 4; flags @ 12, 4; exe_ino @ 16, 8;
         exe_dev @ 24, 4; cgroup_levels @ 28, 4; offsets @ 32, 64; response_bytes @ 96, 4;
-        _pad @ 100, 4;
+        summary_sample @ 100, 4; summary_hot_ns @ 104, 8;
     });
 }
 
@@ -91,6 +98,8 @@ fn kind_tags_are_distinct_and_first() {
     assert_eq!(KIND_CONN, 2);
     assert_eq!(KIND_PROCESS_EXIT, 3);
     assert_eq!(KIND_PROCESS_EXEC, 4);
+    assert_eq!(KIND_SUMMARY, 5);
+    assert_eq!(offset_of!(SummaryRecord, kind), 0);
     assert_eq!(offset_of!(DataHeader, kind), 0);
     assert_eq!(offset_of!(ConnRecord, kind), 0);
     assert_eq!(offset_of!(ProcessExitRecord, kind), 0);

@@ -28,6 +28,7 @@
 //!   handed over at `sched_process_fork`, adopted at the child's first return from the fork.
 //! - `sock`: `sock:inet_sock_set_state`: tuples, established, failed and reset connections.
 //! - `sched`: process exit and exec.
+//! - `summary`: `--capture-summarize`, quiet HTTP/1 exchanges sent as one summary record.
 //! - `uprobes::libssl`: OpenSSL SSL_read/SSL_write plaintext.
 //!
 //! A second object, `retry-steer` (`steer/main.rs`), holds the shim's kernel steering (cgroup
@@ -41,6 +42,7 @@ mod emit;
 mod maps;
 mod sched;
 mod sock;
+mod summary;
 mod syscalls;
 mod uprobes;
 
@@ -67,7 +69,9 @@ const _: () = assert!(size_of::<ConnInfo>() == 72);
 const _: () = assert!(size_of::<SockOwner>() == 72);
 const _: () = assert!(size_of::<PeerKey>() == 20);
 const _: () = assert!(size_of::<ServerEst>() == 48);
-const _: () = assert!(size_of::<Config>() == 104);
+const _: () = assert!(size_of::<Config>() == 112);
+const _: () =
+    assert!(size_of::<retry_common::SummaryRecord>() == 8 + 2 * 120 + retry_common::SUMMARY_LINE);
 
 /// errno values the programs report or compare with.
 mod errno {

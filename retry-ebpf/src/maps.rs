@@ -7,9 +7,12 @@ use aya_ebpf::{
 };
 use core::mem::size_of;
 use retry_common::{
-    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, MAX_PAYLOAD,
-    PeerKey, ServerEst, SockOwner, arg_map,
+    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, HELD_BYTES,
+    MAX_PAYLOAD, PeerKey, ServerEst, SockOwner, arg_map,
 };
+
+/// `BPF_F_NO_PREALLOC`: hash entries allocated as they are inserted.
+const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Size is overridden by userspace (`CaptureConfig::ring_bytes`).
 #[map]
@@ -160,3 +163,30 @@ pub static SSL_ARGS: HashMap<u64, SslArgs> = HashMap::with_max_entries(16384, 0)
 /// no syscall).
 #[map]
 pub static SSL_FDS: LruHashMap<SslKey, u32> = LruHashMap::with_max_entries(65536, 0);
+
+/// A request record held back by `--capture-summarize` (`summary`): its header and its bytes,
+/// as it would have gone to the ring.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Held {
+    pub header: DataHeader,
+    pub bytes: [u8; HELD_BYTES],
+}
+
+/// Requests held back until their response's status decides (`summary`), by connection (the
+/// tgid and the fd it was opened as). Not preallocated: a node pays for the requests in flight,
+/// not for the bound. A full map holds nothing more (the request is sent as it is); an entry
+/// goes when its response comes, at the next request, at close and at reset.
+#[map]
+pub static HELD: HashMap<ConnKey, Held> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+/// When a thread (pid_tgid) last saw one of its calls fail (a failure status, a reset): a
+/// request it answers that started before is sent whole, so its verdict sees its own answer.
+#[map]
+pub static HOT_THREADS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+/// When a destination last answered a client on this node with a failure or reset it: its
+/// exchanges are sent whole for `Config::summary_hot_ns`, so retries and their outcomes are seen.
+#[map]
+pub static HOT_PEERS: LruHashMap<PeerKey, u64> = LruHashMap::with_max_entries(8192, 0);
+/// Per-CPU count of summarisable requests, for `Config::summary_sample`.
+#[map]
+pub static SUMMARY_SEEN: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);

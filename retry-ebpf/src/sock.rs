@@ -216,6 +216,11 @@ fn try_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         if errno == 0 {
             errno = ECONNRESET as i32;
         }
+        // A request held for its answer goes before the reset that ends it.
+        crate::summary::release_if_on(&retry_common::ConnKey {
+            tgid: (owner.pid_tgid >> 32) as u32,
+            fd: owner.fd,
+        });
         emit(conn_kind::RESET, errno);
     }
     let _ = SOCKS.remove(&a.skaddr);

@@ -9,14 +9,49 @@ use std::{process::Stdio, time::Duration};
 
 use integration_tests::{
     correlate::{Derived, capture_while, derive, named},
-    fixture::{Proc, Ready, can_run, collect, load, node, python, python_server, serve},
+    fixture::{Proc, Ready, can_run, collect, load, load_with, node, python, python_server, serve},
 };
 use retry_agent::{
-    capture::{Event, Role},
+    capture::{CaptureConfig, Event, GoMode, Role},
     correlate::{CorrelateConfig, Verdict},
     decide::{DecideConfig, Decider, Reason},
     l7::Claim,
 };
+
+/// The chain's run: A and B serve, urllib asks A for a warm-up, `/chain/1..6`, `/own/1..6` and
+/// `extra`; the events of the three processes and the client's lines.
+struct ChainRun {
+    a: Proc,
+    b: Proc,
+    events: Vec<Event>,
+    lines: Vec<String>,
+}
+
+async fn run_chain(cap: &mut retry_agent::capture::Capture, extra: &[String]) -> ChainRun {
+    let (b, pb) = python_server("chain_service_b.py", &[]);
+    let (a, pa) = python_server("chain_service_a.py", &[&pb.to_string()]);
+    // A warm-up request first: the capture may still be settling on the first connection.
+    let mut paths = vec!["/warmup".to_string()];
+    paths.extend((1..=6).map(|i| format!("/chain/{i}")));
+    paths.extend((1..=6).map(|i| format!("/own/{i}")));
+    paths.extend(extra.iter().cloned());
+    let mut args = vec![pa.to_string()];
+    args.extend(paths.iter().cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let client = Proc::spawn(python("urllib_client.py", &args).stdout(Stdio::piped()));
+    let (events, lines) = capture_while(cap, client, &[a.pid(), b.pid()]).await;
+    assert_eq!(
+        lines.len(),
+        paths.len(),
+        "the client logged every request: {lines:?}"
+    );
+    ChainRun {
+        a,
+        b,
+        events,
+        lines,
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chain_owner_claims_and_symptoms_are_unclaimed() {
@@ -24,24 +59,91 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
         return;
     }
     let Some(mut cap) = load() else { return };
-    let (b, pb) = python_server("chain_service_b.py", &[]);
-    let (a, pa) = python_server("chain_service_a.py", &[&pb.to_string()]);
-    let sa = pa.to_string();
+    check_chain(&run_chain(&mut cap, &[]).await, 0);
+}
 
-    // A warm-up request first: the capture may still be settling on the first connection.
-    let mut paths = vec!["/warmup".to_string()];
-    paths.extend((1..=6).map(|i| format!("/chain/{i}")));
-    paths.extend((1..=6).map(|i| format!("/own/{i}")));
-    let mut args = vec![sa.clone()];
-    args.extend(paths.iter().cloned());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let client = Proc::spawn(python("urllib_client.py", &args).stdout(Stdio::piped()));
-    let (events, lines) = capture_while(&mut cap, client, &[a.pid(), b.pid()]).await;
-    assert_eq!(
-        lines.len(),
-        13,
-        "the client logged every request: {lines:?}"
-    );
+/// The same chain with `--capture-summarize`: the quiet exchanges (the warm-up, B's answers to
+/// `/ok/`) leave the kernel as summaries, every failure and what it passed through whole,
+/// and the verdicts and edge figures are those of the whole capture. `/swallow/7..9`: A calls
+/// B's `/fail/` once and answers 200 anyway — its answer follows its own call's failure, so the
+/// kernel sends it whole too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chain_verdicts_are_the_same_from_kernel_summaries() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load_with(&CaptureConfig {
+        go: GoMode::On,
+        summarize: true,
+        summary_sample: 0,
+        ..CaptureConfig::default()
+    }) else {
+        return;
+    };
+    let swallow: Vec<String> = (7..=9).map(|i| format!("/swallow/{i}")).collect();
+    let run = run_chain(&mut cap, &swallow).await;
+    let summarised: Vec<(u32, String, u16)> = run
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Summary(s) => Some((
+                s.request.pid,
+                String::from_utf8_lossy(&s.request.payload).into_owned(),
+                s.status,
+            )),
+            _ => None,
+        })
+        .collect();
+    eprintln!("summaries: {summarised:?}");
+    let count = |pid: u32, path: &str| {
+        summarised
+            .iter()
+            .filter(|(p, line, _)| *p == pid && line.contains(path))
+            .count()
+    };
+    let (a, b) = (run.a.pid(), run.b.pid());
+    // A's six calls to B's /ok/ from B's end; from A's they went whole, as B had answered A
+    // with failures just before (a hot destination: what A sends it may be retries). The
+    // warm-up from A's end and the client's.
+    assert_eq!(count(b, " /ok/"), 6, "{summarised:?}");
+    assert_eq!(count(a, " /ok/"), 0, "{summarised:?}");
+    assert_eq!(count(a, " /warmup "), 1, "{summarised:?}");
+    assert!(summarised.iter().all(|(_, _, st)| (200..400).contains(st)));
+    for failing in ["/fail/", "/chain/", "/own/", "/swallow/"] {
+        assert!(
+            summarised
+                .iter()
+                .all(|(_, line, _)| !line.contains(failing)),
+            "{failing} went whole: {summarised:?}"
+        );
+    }
+    let d = check_chain(&run, swallow.len());
+    // A's fail-open answers were read whole: their requests' own bytes reached l7.
+    let swallowed = d
+        .exchanges
+        .values()
+        .filter(|x| {
+            x.pid == a
+                && x.role == Role::Server
+                && x.path
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with("/swallow/"))
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(swallowed.len(), 3, "{swallowed:?}");
+    assert!(swallowed.iter().all(|x| x.status == Some(200)));
+}
+
+/// What the chain must give, whole or summarised: B owns its failures, A's chained ones are
+/// symptoms, A's own are claimed, and the edge figures count every request (`swallowed`: the
+/// run's extra `/swallow/` requests, each one more failed call from A to B).
+fn check_chain(run: &ChainRun, swallowed: usize) -> Derived {
+    let ChainRun {
+        a,
+        b,
+        events,
+        lines,
+    } = run;
     assert!(
         lines
             .iter()
@@ -61,7 +163,7 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
         CorrelateConfig::default(),
         &[(a.pid(), "svc-a"), (b.pid(), "svc-b")],
     );
-    let d = derive(&events, cfg);
+    let d = derive(events, cfg);
     let path_of = |v: &retry_agent::correlate::Verdict| {
         d.exchanges
             .get(&v.exchange)
@@ -116,7 +218,11 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
         .iter()
         .filter(|v| v.service.as_str() == "svc-b")
         .collect();
-    assert_eq!(b_verdicts.len(), 12, "two attempts per chained request");
+    assert_eq!(
+        b_verdicts.len(),
+        12 + swallowed,
+        "two attempts per chained request, one per swallowed one"
+    );
     assert!(
         b_verdicts
             .iter()
@@ -190,7 +296,7 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
         .unwrap_or_else(|| panic!("edge svc-a -> svc-b in {edges:?}"));
     eprintln!("{ab:?}");
     assert_eq!(ab.retries_total, 6);
-    assert_eq!(ab.requests_total, 18);
+    assert_eq!(ab.requests_total, 18 + swallowed as u64);
     let mut decider = Decider::new(DecideConfig {
         min_requests: 1,
         ..DecideConfig::default()
@@ -202,6 +308,7 @@ async fn chain_owner_claims_and_symptoms_are_unclaimed() {
             .all(|x| x.reason != Reason::CalleeUnclaimed),
         "{decisions:?}"
     );
+    d
 }
 
 /// The caller gives up (0.3 s timeout) while A still works (1 s): a timeout mismatch on the

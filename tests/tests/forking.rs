@@ -25,13 +25,10 @@ const PATHS: [&str; 3] = ["/a.html", "/b.html", "/c.html"];
 /// test cannot know in advance), or describes a process (for names).
 fn about_port(port: u16) -> impl FnMut(&Event) -> bool {
     move |e| match e {
-        Event::Data(d) => d
-            .tuple
-            .is_some_and(|t| t.local.port() == port || t.remote.port() == port),
-        Event::Conn(c) => c
-            .tuple
-            .is_some_and(|t| t.local.port() == port || t.remote.port() == port),
         Event::Process(_) | Event::ProcessExit { .. } => true,
+        _ => e
+            .tuple()
+            .is_some_and(|t| t.local.port() == port || t.remote.port() == port),
     }
 }
 

@@ -5,11 +5,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use bytes::{Bytes, BytesMut};
 use retry_common::{
     AF_INET, AF_INET6, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT,
-    ProcessExitRecord, SockTuple, conn_kind, direction, role, syscall,
+    KIND_SUMMARY, ProcessExitRecord, SUMMARY_LINE, SockTuple, SummaryRecord, conn_kind, direction,
+    role, syscall,
 };
 
 use super::event::{
-    ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, Role, Syscall, Tuple,
+    ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, Role, SummaryEvent, Syscall,
+    Tuple,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -99,6 +101,7 @@ pub fn decode_in(raw: &[u8], arena: Option<&mut PayloadArena>) -> Result<Event, 
     match kind {
         KIND_DATA => decode_data(raw, arena).map(Event::Data),
         KIND_CONN => decode_conn(raw).map(Event::Conn),
+        KIND_SUMMARY => decode_summary(raw, arena).map(|s| Event::Summary(Box::new(s))),
         KIND_PROCESS_EXIT => {
             let r: ProcessExitRecord = read(raw, "process exit record")?;
             Ok(Event::ProcessExit {
@@ -148,6 +151,66 @@ fn decode_data(raw: &[u8], arena: Option<&mut PayloadArena>) -> Result<DataEvent
             Some(a) => a.copy(payload),
             None => Bytes::copy_from_slice(payload),
         },
+    })
+}
+
+/// A summary record: its two headers are data headers (the request's followed by its line),
+/// each read as a data record of its own and checked to be one.
+fn decode_summary(
+    raw: &[u8],
+    arena: Option<&mut PayloadArena>,
+) -> Result<SummaryEvent, DecodeError> {
+    let r: SummaryRecord = read(raw, "summary record")?;
+    let at = std::mem::offset_of!(SummaryRecord, request);
+    if r.request.kind != KIND_DATA || r.response.kind != KIND_DATA {
+        return Err(DecodeError::UnknownValue {
+            what: "summary's data header kind",
+            value: if r.request.kind != KIND_DATA {
+                r.request.kind
+            } else {
+                r.response.kind
+            },
+        });
+    }
+    // Only the request line: the bytes the kernel sent after it are the start of its headers,
+    // which a summary does not carry (nor must anything downstream see them).
+    let sent = usize::try_from(r.request.captured)
+        .unwrap_or(usize::MAX)
+        .min(SUMMARY_LINE);
+    let line = r.line.get(..sent).unwrap_or_default();
+    let mut line_len = memchr::memchr(b'\n', line).unwrap_or(line.len());
+    if line_len > 0 && line.get(line_len - 1) == Some(&b'\r') {
+        line_len -= 1;
+    }
+    let mut head = r.request;
+    head.captured = line_len as u32;
+    let mut rec = [0u8; size_of::<DataHeader>() + SUMMARY_LINE];
+    // SAFETY: `DataHeader` is Pod; `rec` holds one and SUMMARY_LINE bytes more.
+    unsafe { std::ptr::write_unaligned(rec.as_mut_ptr().cast::<DataHeader>(), head) };
+    if let (Some(dst), Some(src)) = (
+        rec.get_mut(size_of::<DataHeader>()..size_of::<DataHeader>() + line_len),
+        line.get(..line_len),
+    ) {
+        dst.copy_from_slice(src);
+    }
+    let request = decode_data(
+        rec.get(..size_of::<DataHeader>() + line_len)
+            .unwrap_or_default(),
+        arena,
+    )?;
+    let mut response = decode_data(
+        raw.get(std::mem::offset_of!(SummaryRecord, response)..at)
+            .unwrap_or_default(),
+        None,
+    )?;
+    response.payload = Bytes::new();
+    Ok(SummaryEvent {
+        request,
+        response,
+        status: u16::try_from(r.status).map_err(|_| DecodeError::UnknownValue {
+            what: "summary status",
+            value: r.status,
+        })?,
     })
 }
 

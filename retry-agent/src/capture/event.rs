@@ -210,6 +210,19 @@ impl ProcessInfo {
     }
 }
 
+/// A quiet HTTP/1 exchange the kernel sent as one record (`--capture-summarize`): its answer's
+/// status was a 2xx or 3xx and nothing around it had failed, so neither message's bytes came.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SummaryEvent {
+    /// The request's record as the kernel held it, with only the start of its bytes (the
+    /// request line, up to `retry_common::SUMMARY_LINE` bytes) in `payload`.
+    pub request: DataEvent,
+    /// The response's first record, without its bytes.
+    pub response: DataEvent,
+    /// The response's status code.
+    pub status: u16,
+}
+
 /// Everything the capture layer emits.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -217,13 +230,19 @@ pub enum Event {
     Data(DataEvent),
     Conn(ConnEvent),
     Process(ProcessInfo),
-    ProcessExit { pid: u32, ts_ns: u64 },
+    ProcessExit {
+        pid: u32,
+        ts_ns: u64,
+    },
+    /// Boxed: twice a data event, and rare next to the others an event vector moves.
+    Summary(Box<SummaryEvent>),
 }
 
 impl Event {
     pub fn ts_ns(&self) -> u64 {
         match self {
             Event::Data(d) => d.ts_exit_ns,
+            Event::Summary(s) => s.response.ts_exit_ns,
             Event::Conn(c) => c.ts_ns,
             Event::ProcessExit { ts_ns, .. } => *ts_ns,
             Event::Process(_) => 0,
@@ -233,9 +252,20 @@ impl Event {
     pub fn pid(&self) -> u32 {
         match self {
             Event::Data(d) => d.pid,
+            Event::Summary(s) => s.request.pid,
             Event::Conn(c) => c.pid,
             Event::ProcessExit { pid, .. } => *pid,
             Event::Process(p) => p.pid,
+        }
+    }
+
+    /// The connection's ends, for events about a connection that knows them.
+    pub fn tuple(&self) -> Option<Tuple> {
+        match self {
+            Event::Data(d) => d.tuple,
+            Event::Summary(s) => s.request.tuple,
+            Event::Conn(c) => c.tuple,
+            Event::Process(_) | Event::ProcessExit { .. } => None,
         }
     }
 }

@@ -33,6 +33,9 @@ pub(super) fn kernel_config(
     if !scope.netns.is_empty() {
         flags |= config_flags::SCOPE_NETNS;
     }
+    if cfg.summarize {
+        flags |= config_flags::SUMMARIZE;
+    }
     Config {
         agent_tgid,
         payload_bytes: cfg.payload_bytes.min(MAX_PAYLOAD as u32),
@@ -43,7 +46,8 @@ pub(super) fn kernel_config(
         cgroup_levels: scope.cgroup_levels(),
         offsets: btf::kernel_offsets(),
         response_bytes: cfg.response_prefix().min(MAX_PAYLOAD as u32),
-        _pad: 0,
+        summary_sample: cfg.summary_sample,
+        summary_hot_ns: cfg.summary_hot_secs.saturating_mul(1_000_000_000),
     }
 }
 

@@ -33,8 +33,8 @@ use tokio::{io::unix::AsyncFd, task::JoinHandle};
 use crate::settings::{InvalidConfig, Settings};
 
 pub use event::{
-    ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, ProcessInfo, Role, Syscall,
-    Tuple,
+    ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, ProcessInfo, Role, SummaryEvent,
+    Syscall, Tuple,
 };
 pub use events::Events;
 pub use programs::ProgramsError;
@@ -183,6 +183,31 @@ pub struct CaptureConfig {
         value_delimiter = ','
     )]
     pub netns: Vec<String>,
+    /// Send a quiet HTTP/1 exchange from the kernel as one summary record (its request line,
+    /// status and times) instead of its request's and response's bytes: the kernel holds each
+    /// request back until its response's status line, and sends both whole when the answer is
+    /// a failure, when the answering thread saw one of its own calls fail, or when the client
+    /// called a destination that failed recently (--capture-summary-hot-secs). Summarised
+    /// exchanges carry no headers (no trace ids) and are recorded without their bytes.
+    #[arg(long = "capture-summarize", env = "RETRY_AGENT_CAPTURE_SUMMARIZE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub summarize: bool,
+    /// With --capture-summarize: one summarisable request in this many is sent whole anyway
+    /// (0: none), so whole heads keep a sample.
+    #[arg(
+        long = "capture-summary-sample",
+        env = "RETRY_AGENT_CAPTURE_SUMMARY_SAMPLE",
+        default_value_t = 64
+    )]
+    pub summary_sample: u32,
+    /// With --capture-summarize: how long, in seconds, a destination that answered a client on
+    /// this node with a failure or a reset has its exchanges sent whole (retries and what they
+    /// met are seen).
+    #[arg(
+        long = "capture-summary-hot-secs",
+        env = "RETRY_AGENT_CAPTURE_SUMMARY_HOT_SECS",
+        default_value_t = 30
+    )]
+    pub summary_hot_secs: u64,
 }
 
 impl CaptureConfig {

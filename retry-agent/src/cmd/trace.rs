@@ -82,7 +82,7 @@ impl Filter {
                     out.push(ev);
                 }
             }
-            Event::Data(_) | Event::Conn(_) => {
+            Event::Data(_) | Event::Conn(_) | Event::Summary(_) => {
                 if !self.pids.is_empty() && !self.pids.contains(&pid) {
                     return;
                 }
@@ -98,12 +98,7 @@ impl Filter {
                     }
                 }
                 if !self.ports.is_empty() {
-                    let tuple = match &ev {
-                        Event::Data(d) => d.tuple,
-                        Event::Conn(c) => c.tuple,
-                        _ => None,
-                    };
-                    let Some(t) = tuple else { return };
+                    let Some(t) = ev.tuple() else { return };
                     if !self.ports.contains(&t.local.port())
                         && !self.ports.contains(&t.remote.port())
                     {
@@ -156,8 +151,15 @@ pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
                     Some(r) => shown.drain(..).for_each(|ev| r.push(&ev, &mut exchanges)),
                     None => {
                         for mut ev in shown.drain(..) {
-                            if let (Some(r), Event::Data(d)) = (redactor.as_mut(), &mut ev) {
-                                d.payload = crate::recorder::redact::redact_for_display(r, d);
+                            match (redactor.as_mut(), &mut ev) {
+                                (Some(r), Event::Data(d)) => {
+                                    d.payload = crate::recorder::redact::redact_for_display(r, d);
+                                }
+                                (Some(_), Event::Summary(s)) => {
+                                    s.request.payload =
+                                        crate::recorder::redact::redact_request_line(&s.request.payload).0;
+                                }
+                                _ => {}
                             }
                             serde_json::to_writer(&mut out, &ev).context("encoding event")?;
                             out.write_all(b"\n").ok();

@@ -10,14 +10,15 @@ mod pending;
 
 use foldhash::HashMap;
 
-use crate::capture::{ConnId, DataEvent, Direction, Role, Syscall, Tuple};
+use crate::capture::{ConnId, DataEvent, Direction, Role, SummaryEvent, Syscall, Tuple};
 
 use super::{
     L7Stats,
+    classify::Signals,
     exchange::{Exchange, ExchangeId, Protocol},
     http1::{self, H1Parser, Side},
     http2::{self, H2Dir, PREFACE},
-    msg::Ctx,
+    msg::{Ctx, RespInfo},
     util::{BodyHasher, Routes},
 };
 use h1::H1Conn;
@@ -137,6 +138,20 @@ pub(crate) struct Conn {
     /// TLS plaintext has been seen (from the TLS library's probes): only that is parsed from
     /// now on; the connection's syscall bytes are ciphertext.
     tls: bool,
+}
+
+/// The context of one record's bytes: a write's start is its call's entry (the process began
+/// sending), a read's its exit (the bytes had arrived).
+fn ctx_of(d: &DataEvent) -> Ctx {
+    Ctx {
+        ts_start: match d.direction {
+            Direction::Egress => d.ts_enter_ns,
+            Direction::Ingress => d.ts_exit_ns,
+        },
+        ts_end: d.ts_exit_ns,
+        tid: d.tid,
+        goid: d.goid,
+    }
 }
 
 fn dir_index(d: Direction) -> usize {
@@ -274,15 +289,7 @@ impl Conn {
         }
         self.last_ts = self.last_ts.max(d.ts_exit_ns);
         self.set_tuple(d.tuple);
-        let ctx = Ctx {
-            ts_start: match d.direction {
-                Direction::Egress => d.ts_enter_ns,
-                Direction::Ingress => d.ts_exit_ns,
-            },
-            ts_end: d.ts_exit_ns,
-            tid: d.tid,
-            goid: d.goid,
-        };
+        let ctx = ctx_of(d);
         let payload = d
             .payload
             .get(
@@ -297,6 +304,42 @@ impl Conn {
             return;
         }
         self.feed(d.direction, payload, gap, &ctx, true, em);
+    }
+
+    /// A quiet exchange the kernel summarised: the exchange its request line and status make.
+    /// The kernel sends one only between whole messages of an HTTP/1 connection (it held the
+    /// request, and anything else of the connection would have sent it first), so the
+    /// connection's parsers are left as they are.
+    pub(crate) fn summary(&mut self, s: &SummaryEvent, em: &mut Emitter<'_>) {
+        let (req, resp) = (&s.request, &s.response);
+        self.last_ts = self.last_ts.max(resp.ts_exit_ns);
+        self.set_tuple(req.tuple);
+        let info = ConnInfo {
+            protocol: Protocol::Http1,
+            ..self.info
+        };
+        let line = req.payload.as_ref();
+        let line = memchr::memchr(b'\n', line).map_or(line, |end| line.get(..end).unwrap_or(line));
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(head) = http1::request_line(line) else {
+            em.stats.parse_errors += 1;
+            return;
+        };
+        let (req_ctx, resp_ctx) = (ctx_of(req), ctx_of(resp));
+        let mut p = Pending::new(0, head, &req_ctx);
+        p.req_bytes = req.len;
+        p.resp = Some(RespInfo {
+            signals: Signals {
+                status: Some(s.status),
+                ..Signals::default()
+            },
+            ..RespInfo::default()
+        });
+        p.resp_start = Some(resp_ctx);
+        p.resp_end_ts = Some(resp.ts_exit_ns);
+        p.resp_bytes = resp.len;
+        em.request_read(&info, &req_ctx);
+        em.emit(p.into_exchange(&info, None));
     }
 
     fn feed(

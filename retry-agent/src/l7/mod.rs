@@ -28,7 +28,7 @@ pub use trace::trace_of_headers;
 pub use util::{DigestKey, Keyed, digest_key, route_template, set_digest_key};
 
 use crate::{
-    capture::{ConnEvent, ConnEventKind, ConnId, Event, Role},
+    capture::{ConnEvent, ConnEventKind, ConnId, Event, Role, SummaryEvent},
     settings::{InvalidConfig, Settings},
 };
 use conn::{Conn, Emitter, EndKind, InboundByThread};
@@ -230,6 +230,7 @@ impl Reassembler {
                     }
                 }
             }
+            Event::Summary(s) => self.summary(s, out),
             Event::Conn(c) => self.conn_event(c, out),
             Event::ProcessExit { pid, ts_ns } => {
                 let dead: Vec<ConnId> = self
@@ -264,6 +265,44 @@ impl Reassembler {
             Event::Process(_) => {}
         }
         self.stats.connections = self.conns.len() as u64;
+    }
+
+    /// A summarised exchange (`Event::Summary`), on its connection (new or known).
+    fn summary(&mut self, s: &SummaryEvent, out: &mut Vec<Exchange>) {
+        let mut em = Emitter {
+            out,
+            stats: &mut self.stats,
+            next_id: &mut self.next_id,
+            inbound: &mut self.inbound,
+            handlers: &mut self.handlers,
+            routes: &mut self.routes,
+        };
+        let (req, ts) = (&s.request, s.response.ts_exit_ns);
+        // As for data: promoted in the recency order at most every PROMOTE_NS.
+        if let Some(c) = self.conns.peek_mut(&req.conn) {
+            let promote = ts >= c.promoted_ts.saturating_add(PROMOTE_NS);
+            if promote {
+                c.promoted_ts = ts;
+            }
+            c.summary(s, &mut em);
+            if promote {
+                self.conns.promote(&req.conn);
+            }
+            return;
+        }
+        let c = Conn::new(
+            req.conn,
+            req.pid,
+            req.role,
+            req.tuple,
+            false,
+            self.cfg.conn_buffer_bytes,
+            self.cfg.max_inflight,
+        );
+        insert(&mut self.conns, req.conn, c, &mut em);
+        if let Some(c) = self.conns.get_mut(&req.conn) {
+            c.summary(s, &mut em);
+        }
     }
 
     fn conn_event(&mut self, ev: &ConnEvent, out: &mut Vec<Exchange>) {

@@ -1231,3 +1231,96 @@ fn server_requests_served_alone_on_their_thread_are_marked() {
         ]
     );
 }
+
+/// A kernel summary of one exchange on connection `fd`: request line `line` read (server) or
+/// written (client) at `ts`, answered `status` at `ts + 50`.
+pub(super) fn summary(fd: u32, role: Role, ts: u64, line: &[u8], status: u16) -> Event {
+    let (req_dir, resp_dir) = match role {
+        Role::Client => (Direction::Egress, Direction::Ingress),
+        _ => (Direction::Ingress, Direction::Egress),
+    };
+    let part = |dir, ts, len, bytes: &[u8]| match data_trunc(fd, role, dir, ts, 7, bytes, len) {
+        Event::Data(d) => d,
+        _ => unreachable!(),
+    };
+    Event::Summary(Box::new(crate::capture::SummaryEvent {
+        request: part(req_dir, ts, 300, line),
+        response: part(resp_dir, ts + 50, 1200, b""),
+        status,
+    }))
+}
+
+#[test]
+fn a_kernel_summary_is_one_exchange_between_whole_ones() {
+    let events = [
+        conn_ev(3, Role::Server, 1, ConnEventKind::Accept),
+        data(
+            3,
+            Role::Server,
+            Direction::Ingress,
+            10,
+            b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        data(
+            3,
+            Role::Server,
+            Direction::Egress,
+            20,
+            b"HTTP/1.1 503 No\r\nContent-Length: 0\r\n\r\n",
+        ),
+        summary(3, Role::Server, 30, b"GET /items/42?page=2 HTTP/1.1", 200),
+        data(
+            3,
+            Role::Server,
+            Direction::Ingress,
+            100,
+            b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        data(
+            3,
+            Role::Server,
+            Direction::Egress,
+            110,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        ),
+        // A connection l7 has not met yet (the summary is its first sight), and a line that is
+        // not a request (counted, no exchange).
+        summary(4, Role::Client, 200, b"POST /orders HTTP/1.1", 201),
+        summary(4, Role::Client, 300, b"\x16\x03\x01 garbage", 200),
+    ];
+    let (xs, stats) = run(&events);
+    let paths: Vec<_> = xs.iter().map(|x| (x.path.as_deref(), x.status)).collect();
+    assert_eq!(
+        paths,
+        [
+            (Some("/a"), Some(503)),
+            (Some("/items/42"), Some(200)),
+            (Some("/b"), Some(200)),
+            (Some("/orders"), Some(201)),
+        ]
+    );
+    let s = &xs[1];
+    assert_eq!(s.protocol, Protocol::Http1);
+    assert_eq!(s.route.as_deref(), Some("/items/{id}"));
+    assert!(
+        s.query_hash.is_some(),
+        "the query is digested as from a whole head"
+    );
+    assert_eq!(s.method, Some(Method::Get));
+    assert!(s.idempotent);
+    assert_eq!(s.outcome, OutcomeClass::Success);
+    assert!(!s.unknown);
+    assert_eq!((s.request_start_ns, s.response_end_ns), (35, Some(85)));
+    assert_eq!((s.request_bytes, s.response_bytes), (300, 1200));
+    assert!(
+        s.sole_on_thread,
+        "read and answered with nothing in between"
+    );
+    assert_eq!(s.trace_id, None, "a summary carries no headers");
+    let c = &xs[3];
+    assert_eq!(
+        (c.role, c.method.clone(), c.idempotent),
+        (Role::Client, Some(Method::Post), false)
+    );
+    assert_eq!(stats.parse_errors, 1);
+}

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use self::ring::Ring;
 use crate::{
-    capture::{DataEvent, Event, ProcessInfo},
+    capture::{DataEvent, Event, ProcessInfo, SummaryEvent},
     decide::{Action, Decision},
     l7::Exchange,
     pipeline::{Derived, Input, PipelineConfig, Record},
@@ -315,6 +315,7 @@ impl Recorder {
                 return;
             }
             Event::Data(d) => return self.admit_data(d),
+            Event::Summary(s) => return self.admit_summary(s),
             Event::ProcessExit { pid, ts_ns } => {
                 self.redactor.forget_pid(*pid);
                 Record::Event(Event::ProcessExit {
@@ -348,6 +349,19 @@ impl Recorder {
         self.stored(d.ts_exit_ns);
     }
 
+    /// A kernel summary goes into the ring with its request line's query masked.
+    fn admit_summary(&mut self, s: &SummaryEvent) {
+        // On the stack: a summary's line is at most SUMMARY_LINE bytes.
+        let mut buf = [0u8; retry_common::SUMMARY_LINE];
+        let n = s.request.payload.len().min(buf.len());
+        let line = buf.get_mut(..n).unwrap_or_default();
+        line.copy_from_slice(s.request.payload.get(..n).unwrap_or_default());
+        let red = redact::redact_request_line_in_place(line);
+        self.ring.push_summary(s, line);
+        self.stats.redacted_headers_total += red.headers;
+        self.stored(s.response.ts_exit_ns);
+    }
+
     fn admit_exchange(&mut self, x: Exchange) {
         let ts_ns = x.end_ns();
         self.ring.push_exchange(&x);
@@ -358,6 +372,7 @@ impl Recorder {
         match rec {
             Record::Exchange(x) => return self.admit_exchange(*x),
             Record::Event(Event::Data(d)) => return self.admit_data(&d),
+            Record::Event(Event::Summary(s)) => return self.admit_summary(&s),
             _ => {}
         }
         let storm = match &rec {

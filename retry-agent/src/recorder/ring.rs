@@ -28,11 +28,11 @@ use std::{
 };
 
 use self::codec::{
-    HEADER, Header, KIND_DATA, KIND_EXCHANGE, KIND_OTHER, decode_data, decode_exchange, meta_len,
-    put_exchange, put_meta,
+    HEADER, Header, KIND_DATA, KIND_EXCHANGE, KIND_OTHER, KIND_SUMMARY, decode_data,
+    decode_exchange, decode_summary, meta_len, put_exchange, put_meta, put_summary, summary_len,
 };
 use crate::{
-    capture::{DataEvent, Event},
+    capture::{DataEvent, Event, SummaryEvent},
     l7::Exchange,
     pipeline::Record,
 };
@@ -98,6 +98,8 @@ pub(super) struct Evicted {
 pub(super) enum Entry<'a> {
     /// An encoded data event and its time (decoded by [`Entry::to_record`]).
     Data(u64, &'a [u8]),
+    /// An encoded kernel summary and its time.
+    Summary(u64, &'a [u8]),
     /// An encoded exchange.
     Exchange(&'a [u8]),
     Other(&'a Record),
@@ -109,6 +111,9 @@ impl Entry<'_> {
     pub(super) fn to_record(&self) -> Option<Record> {
         Some(match self {
             Entry::Data(ts, b) => Record::Event(Event::Data(decode_data(*ts, b)?)),
+            Entry::Summary(ts, b) => {
+                Record::Event(Event::Summary(Box::new(decode_summary(*ts, b)?)))
+            }
             Entry::Exchange(b) => Record::Exchange(Box::new(decode_exchange(b)?)),
             Entry::Other(r) => (*r).clone(),
         })
@@ -185,6 +190,27 @@ impl Ring {
         let len = buf.len() - start;
         header(len).overwrite(buf.get_mut(start..).unwrap_or_default());
         block.add(KIND_DATA, len, d.ts_exit_ns);
+        self.records += 1;
+        self.pushed += 1;
+        self.bytes += len;
+    }
+
+    /// Append a kernel summary with `line`, its request line as redacted.
+    pub(super) fn push_summary(&mut self, s: &SummaryEvent, line: &[u8]) {
+        let len = HEADER + summary_len(s) - s.request.payload.len() + line.len();
+        let ts_ns = s.response.ts_exit_ns;
+        let block = self.block_for(len);
+        // Unshared (`block_for`): no copy.
+        let buf = Arc::make_mut(&mut block.buf);
+        Header {
+            len,
+            kind: KIND_SUMMARY,
+            charge: len,
+            ts_ns,
+        }
+        .put(buf);
+        put_summary(buf, s, line);
+        block.add(KIND_SUMMARY, len, ts_ns);
         self.records += 1;
         self.pushed += 1;
         self.bytes += len;
@@ -411,6 +437,7 @@ where
         self.cur = rest;
         let e = match h.kind {
             KIND_DATA => Entry::Data(h.ts_ns, rec.get(HEADER..)?),
+            KIND_SUMMARY => Entry::Summary(h.ts_ns, rec.get(HEADER..)?),
             KIND_EXCHANGE => Entry::Exchange(rec.get(HEADER..)?),
             _ => Entry::Other(self.others.next()?),
         };
@@ -476,6 +503,9 @@ fn approx_size(rec: &Record) -> usize {
     const BASE: usize = size_of::<Record>();
     match rec {
         Record::Event(Event::Data(d)) => BASE + d.payload.len(),
+        Record::Event(Event::Summary(s)) => {
+            BASE + size_of::<crate::capture::SummaryEvent>() + s.request.payload.len()
+        }
         Record::Event(Event::Process(p)) => {
             BASE + p.comm.len()
                 + p.exe.as_ref().map_or(0, String::len)

@@ -951,3 +951,53 @@ mod redaction {
         }
     }
 }
+
+#[test]
+fn a_kernel_summary_reaches_a_dump_with_its_query_masked() {
+    let dir = temp_dir("summary");
+    let mut r = Recorder::new(RecorderConfig {
+        auto_dump: false,
+        ..cfg(dir.clone())
+    })
+    .unwrap();
+    let part = |ev: Event| match ev {
+        Event::Data(d) => d,
+        _ => unreachable!(),
+    };
+    let s = crate::capture::SummaryEvent {
+        request: part(data(
+            3,
+            Direction::Egress,
+            10,
+            b"GET /pay?card=SECRETCARD HTTP/1.1",
+        )),
+        response: DataEvent {
+            payload: Bytes::new(),
+            ..part(data(3, Direction::Ingress, 20, b""))
+        },
+        status: 200,
+    };
+    r.record(Record::Event(data(3, Direction::Egress, 1, SECRET_REQ)));
+    r.record(Record::Event(Event::Summary(Box::new(s.clone()))));
+    r.record(Record::Event(data(3, Direction::Ingress, 30, SECRET_RESP)));
+    let raw = std::fs::read(r.dump(DumpReason::OnDemand).unwrap()).unwrap();
+    let out = DumpReader::read(&raw).unwrap();
+    assert_eq!(out.records.len(), 3, "{:?}", out.records);
+    let Record::Event(Event::Summary(got)) = &out.records[1] else {
+        panic!("not the summary: {:?}", out.records[1])
+    };
+    assert_eq!(
+        &got.request.payload[..],
+        b"GET /pay?*************** HTTP/1.1"
+    );
+    let masked = crate::capture::SummaryEvent {
+        request: DataEvent {
+            payload: got.request.payload.clone(),
+            ..s.request.clone()
+        },
+        ..s
+    };
+    assert_eq!(**got, masked, "everything but the query as it was");
+    assert!(!String::from_utf8_lossy(&raw).contains("SECRET"));
+    let _ = std::fs::remove_dir_all(dir);
+}

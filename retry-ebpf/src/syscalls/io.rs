@@ -10,9 +10,10 @@ use retry_common::{ConnKey, conn_kind, syscall};
 
 use crate::{
     ctx::{SyscallArgs, exit_ret, now, read_user, syscall_args},
-    emit::{Src, emit_conn, emit_data},
+    emit::{Src, emit_conn},
     errno::{ECONNRESET, EPIPE},
     maps::CONNS,
+    summary,
     uprobes::libssl,
 };
 
@@ -55,16 +56,22 @@ fn try_exit_io(sc: u32, ret: i64, args: &SyscallArgs) -> Result<(), i32> {
         tgid: (pid_tgid >> 32) as u32,
         fd,
     };
-    let info = match CONNS.get_ptr(&key) {
-        // SAFETY: copied out; a concurrent close only makes this record slightly stale.
-        Some(p) => unsafe { *p },
-        None => return Ok(()),
+    let Some(conn) = CONNS.get_ptr_mut(&key) else {
+        return Ok(());
     };
+    // SAFETY: copied out; a concurrent close only makes this record slightly stale.
+    let info = unsafe { *conn };
     // The ciphertext under an SSL call in progress: the SSL probes report its plaintext.
     if libssl::inside_ssl_call(pid_tgid, fd) {
         return Ok(());
     }
     if ret <= 0 {
+        // What was held goes before the reset that ends it; the reset is this thread's failure.
+        summary::release_if_on(&ConnKey {
+            tgid: key.tgid,
+            fd: info.fd,
+        });
+        summary::mark_failed(pid_tgid, &info, now());
         let states = (0, 0);
         emit_conn(
             conn_kind::RESET,
@@ -82,7 +89,7 @@ fn try_exit_io(sc: u32, ret: i64, args: &SyscallArgs) -> Result<(), i32> {
     // ran, so the call's only timestamp is its return.
     let ts = now();
     let (src, total) = payload_source(sc, buf, ret)?;
-    emit_data(pid_tgid, &key, &info, sc, src, (ret, total), (ts, ts));
+    summary::data(pid_tgid, &key, conn, &info, sc, src, (ret, total), (ts, ts));
     Ok(())
 }
 

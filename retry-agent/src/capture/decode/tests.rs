@@ -332,3 +332,90 @@ fn payloads_from_the_arena_equal_copied_ones() {
         assert_eq!(&d.payload[..], &payload[..]);
     }
 }
+
+fn summary_record(line: &[u8], status: u32) -> Vec<u8> {
+    let request = DataHeader {
+        kind: KIND_DATA,
+        syscall: syscall::RECVFROM,
+        pid: 10,
+        tid: 11,
+        fd: 5,
+        role: role::SERVER,
+        direction: direction::INGRESS,
+        captured: line.len() as u32,
+        generation: 77,
+        ts_enter_ns: 100,
+        ts_exit_ns: 100,
+        ret: 300,
+        len: 300,
+        tuple: v4_tuple(),
+        goroutine: 0,
+    };
+    let response = DataHeader {
+        syscall: syscall::SENDTO,
+        tid: 12,
+        direction: direction::EGRESS,
+        captured: 0,
+        ts_enter_ns: 180,
+        ts_exit_ns: 180,
+        ret: 2000,
+        len: 2000,
+        ..request
+    };
+    let mut r = retry_common::SummaryRecord {
+        kind: retry_common::KIND_SUMMARY,
+        status,
+        response,
+        request,
+        line: [0; retry_common::SUMMARY_LINE],
+    };
+    r.line[..line.len()].copy_from_slice(line);
+    as_bytes(&r)
+}
+
+#[test]
+fn a_summary_is_its_two_records_and_only_the_request_line() {
+    let raw = summary_record(
+        b"GET /a/1?token=x HTTP/1.1\r\nAuthorization: Bearer s\r\n",
+        204,
+    );
+    let Ok(Event::Summary(s)) = decode(&raw) else {
+        panic!("not a summary: {:?}", decode(&raw))
+    };
+    assert_eq!(s.status, 204);
+    let (q, a) = (&s.request, &s.response);
+    assert_eq!(q.conn, a.conn);
+    assert_eq!(
+        (q.role, q.direction, q.tid),
+        (Role::Server, Direction::Ingress, 11)
+    );
+    assert_eq!((a.direction, a.tid), (Direction::Egress, 12));
+    assert_eq!(
+        (q.ts_exit_ns, q.len, a.ts_exit_ns, a.len),
+        (100, 300, 180, 2000)
+    );
+    // What the kernel sent past the line (the start of the headers) is not kept.
+    assert_eq!(&q.payload[..], b"GET /a/1?token=x HTTP/1.1");
+    assert!(a.payload.is_empty());
+    assert_eq!(Event::Summary(s.clone()).ts_ns(), 180);
+    assert_eq!(Event::Summary(s).pid(), 10);
+}
+
+#[test]
+fn malformed_summaries_are_errors() {
+    let good = summary_record(b"GET / HTTP/1.1\r\n", 200);
+    for cut in [4, 100, good.len() - 1] {
+        assert!(decode(&good[..cut]).is_err(), "cut at {cut}");
+    }
+    assert!(decode(&summary_record(b"GET / HTTP/1.1\r\n", 70_000)).is_err());
+    // An inner header that is not a data header (the kernel's copy failed).
+    let mut bad = good.clone();
+    let at = std::mem::offset_of!(retry_common::SummaryRecord, request);
+    bad[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+    assert!(decode(&bad).is_err());
+    // A line longer than the record holds is cut to it, never read past it.
+    let mut long = good;
+    let captured = at + std::mem::offset_of!(DataHeader, captured);
+    long[captured..captured + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(decode(&long).is_ok());
+}

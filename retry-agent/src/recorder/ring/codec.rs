@@ -1,10 +1,11 @@
 //! The byte layout of the ring's records: a header (length, kind, charge, time), then, for a
-//! data event, its fields and its payload; for an exchange, its fields (`exchange`). Other
-//! records are held as structs; their header alone marks their place among the bytes.
+//! data event, its fields and its payload; for a kernel summary, its status, both messages'
+//! fields and its request line; for an exchange, its fields (`exchange`). Other records are
+//! held as structs; their header alone marks their place among the bytes.
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 pub(super) use self::exchange::{decode_exchange, put_exchange};
-use crate::capture::{ConnId, DataEvent, Direction, Role, Syscall, Tuple};
+use crate::capture::{ConnId, DataEvent, Direction, Role, SummaryEvent, Syscall, Tuple};
 
 mod exchange;
 
@@ -14,6 +15,7 @@ pub(super) const HEADER: usize = 17;
 pub(super) const KIND_DATA: u8 = 0;
 pub(super) const KIND_EXCHANGE: u8 = 1;
 pub(super) const KIND_OTHER: u8 = 2;
+pub(super) const KIND_SUMMARY: u8 = 3;
 
 const HAS_TUPLE: u8 = 1;
 const HAS_GOID: u8 = 2;
@@ -152,9 +154,50 @@ fn put_addr(buf: &mut Vec<u8>, a: &SocketAddr) {
     }
 }
 
+/// Encoded size of a summary (header excluded): status, request exit time, both messages'
+/// fields, the request line.
+pub(super) fn summary_len(s: &SummaryEvent) -> usize {
+    2 + 8 + meta_len(&s.request) + meta_len(&s.response) + s.request.payload.len()
+}
+
+/// A summary's fields (the response's exit time is the header's), then its request line.
+pub(super) fn put_summary(buf: &mut Vec<u8>, s: &SummaryEvent, line: &[u8]) {
+    buf.extend_from_slice(&s.status.to_le_bytes());
+    buf.extend_from_slice(&s.request.ts_exit_ns.to_le_bytes());
+    put_meta(buf, &s.request);
+    put_meta(buf, &s.response);
+    buf.extend_from_slice(line);
+}
+
+/// A summary from its encoding (header excluded) and its header's time.
+pub(super) fn decode_summary(ts_exit_ns: u64, b: &[u8]) -> Option<SummaryEvent> {
+    let mut r = Reader(b);
+    let status = r.u16()?;
+    let request_exit = r.u64()?;
+    let request = read_meta(&mut r, request_exit)?;
+    let response = read_meta(&mut r, ts_exit_ns)?;
+    Some(SummaryEvent {
+        request: DataEvent {
+            payload: bytes::Bytes::copy_from_slice(r.0),
+            ..request
+        },
+        response,
+        status,
+    })
+}
+
 /// A data event from its encoding (header excluded) and its header's time.
 pub(super) fn decode_data(ts_exit_ns: u64, b: &[u8]) -> Option<DataEvent> {
     let mut r = Reader(b);
+    let d = read_meta(&mut r, ts_exit_ns)?;
+    Some(DataEvent {
+        payload: bytes::Bytes::copy_from_slice(r.0),
+        ..d
+    })
+}
+
+/// A data event's fields (payload empty), read from `r`.
+fn read_meta(r: &mut Reader<'_>, ts_exit_ns: u64) -> Option<DataEvent> {
     let conn = ConnId {
         pid: r.u32()?,
         fd: r.u32()?,
@@ -207,7 +250,7 @@ pub(super) fn decode_data(ts_exit_ns: u64, b: &[u8]) -> Option<DataEvent> {
         ts_enter_ns,
         ts_exit_ns,
         len,
-        payload: bytes::Bytes::copy_from_slice(r.0),
+        payload: bytes::Bytes::new(),
     })
 }
 
