@@ -10,7 +10,8 @@
 //!   (read from the object), plus empty uprobes on the libssl symbols for the TLS row: the cost of
 //!   the hooks themselves, which no agent built on them can go below;
 //! - **agent**: `retry-agent run` with its defaults (recorder on; `--capture-tls true` for the TLS
-//!   row; once more without the Go uprobes for the Go server), private paths in a temporary
+//!   row; once more without the Go uprobes for the Go server; once more with
+//!   `--capture-summarize true` for haproxy, nginx and Go), private paths in a temporary
 //!   directory.
 //!
 //! It prints req/s for each, floor/none and agent/floor, the agent's CPU per request (its own
@@ -59,12 +60,21 @@ const LIBSSL: &[&str] = &[
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Server {
     Haproxy,
+    /// The same haproxy, quiet exchanges summarised in the kernel (`--capture-summarize true`).
+    #[value(name = "haproxy-summarize")]
+    HaproxySummarize,
     Nginx,
+    /// The same nginx, `--capture-summarize true`.
+    #[value(name = "nginx-summarize")]
+    NginxSummarize,
     /// The same nginx, responses captured to 256 bytes (`--capture-response-bytes`).
     #[value(name = "nginx-256")]
     NginxShortResponses,
     /// The agent's defaults: `--capture-go auto` (the Go uprobes only where a hit is cheap).
     Go,
+    /// The same Go server, `--capture-summarize true`.
+    #[value(name = "go-summarize")]
+    GoSummarize,
     /// The same Go server, the Go uprobes on whatever they cost here.
     GoUprobes,
     /// The same Go server, the agent without its Go uprobes: what they cost.
@@ -78,11 +88,14 @@ pub enum Server {
 }
 
 impl Server {
-    pub const ALL: [Server; 8] = [
+    pub const ALL: [Server; 11] = [
         Server::Haproxy,
+        Server::HaproxySummarize,
         Server::Nginx,
+        Server::NginxSummarize,
         Server::NginxShortResponses,
         Server::Go,
+        Server::GoSummarize,
         Server::GoUprobes,
         Server::GoNoUprobes,
         Server::HaproxyTls,
@@ -92,9 +105,12 @@ impl Server {
     fn label(self) -> &'static str {
         match self {
             Server::Haproxy => "haproxy answering itself",
+            Server::HaproxySummarize => "haproxy, --capture-summarize true",
             Server::Nginx => "nginx, 1 KiB file",
+            Server::NginxSummarize => "nginx, --capture-summarize true",
             Server::NginxShortResponses => "nginx, --capture-response-bytes 256",
             Server::Go => "Go net/http hello",
+            Server::GoSummarize => "Go hello, --capture-summarize true",
             Server::GoUprobes => "Go hello, --capture-go true",
             Server::GoNoUprobes => "Go hello, --capture-go false",
             Server::HaproxyTls => "haproxy over TLS",
@@ -113,6 +129,9 @@ impl Server {
             Server::GoUprobes => args.extend(["--capture-go", "true"]),
             Server::GoNoUprobes => args.extend(["--capture-go", "false"]),
             Server::NginxShortResponses => args.extend(["--capture-response-bytes", "256"]),
+            Server::HaproxySummarize | Server::NginxSummarize | Server::GoSummarize => {
+                args.extend(["--capture-summarize", "true"])
+            }
             _ => {}
         }
         args
@@ -122,17 +141,17 @@ impl Server {
     fn start(self, dir: &Path) -> Result<(Killed, String)> {
         let port = free_port()?;
         match self {
-            Server::Haproxy | Server::HaproxyTls => {
+            Server::Haproxy | Server::HaproxySummarize | Server::HaproxyTls => {
                 let scheme = if self.tls() { "https" } else { "http" };
                 Ok((
                     haproxy(dir, port, self.tls())?,
                     format!("{scheme}://127.0.0.1:{port}/"),
                 ))
             }
-            Server::Nginx | Server::NginxShortResponses => {
+            Server::Nginx | Server::NginxSummarize | Server::NginxShortResponses => {
                 Ok((nginx(dir, port)?, format!("http://127.0.0.1:{port}/1k.bin")))
             }
-            Server::Go | Server::GoUprobes | Server::GoNoUprobes => {
+            Server::Go | Server::GoSummarize | Server::GoUprobes | Server::GoNoUprobes => {
                 Ok((go_hello(dir, port)?, format!("http://127.0.0.1:{port}/")))
             }
             Server::HaproxyH2c => {

@@ -210,6 +210,16 @@ pub const SUMMARY_LINE: usize = 192;
 /// (`--capture-summarize`); a request that captured more is sent as it is.
 pub const HELD_BYTES: usize = 1024;
 
+/// Value of the kernel's `HELD` map: a request record held back by `--capture-summarize`, its
+/// header and its bytes as it would have gone to the ring. Userspace reads what a process
+/// that exited left there (its requests got no answer) and reports it before the exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldRequest {
+    pub header: DataHeader,
+    pub bytes: [u8; HELD_BYTES],
+}
+
 /// One HTTP/1 exchange that went quietly (`--capture-summarize`): the kernel held its request's
 /// record back until the response's first bytes showed a 2xx or 3xx status, nothing around it
 /// had failed, and sent this instead of the two records. `request` is the held request's
@@ -554,6 +564,8 @@ pub mod names {
     pub const SCOPE_CGROUPS: &str = "SCOPE_CGROUPS";
     /// Network namespace inodes in scope.
     pub const SCOPE_NETNS: &str = "SCOPE_NETNS";
+    /// Requests held for their answer's status (`--capture-summarize`), by connection.
+    pub const HELD: &str = "HELD";
     /// The steering object's (`retry-steer`) maps and programs.
     pub const STEER_CONFIG: &str = "STEER_CONFIG";
     pub const STEER_PORTS: &str = "STEER_PORTS";
@@ -589,6 +601,7 @@ mod pod {
     unsafe impl aya::Pod for SockTuple {}
     unsafe impl aya::Pod for DataHeader {}
     unsafe impl aya::Pod for SummaryRecord {}
+    unsafe impl aya::Pod for HeldRequest {}
     unsafe impl aya::Pod for ConnRecord {}
     unsafe impl aya::Pod for GoGrpcOffsets {}
     unsafe impl aya::Pod for ProcessExitRecord {}

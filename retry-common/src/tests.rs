@@ -47,6 +47,11 @@ fn summary_record_layout() {
 }
 
 #[test]
+fn held_request_layout() {
+    layout!(HeldRequest, size 120 + HELD_BYTES, { header @ 0, 120; bytes @ 120, HELD_BYTES });
+}
+
+#[test]
 fn conn_record_layout() {
     layout!(ConnRecord, size 112, {
         kind @ 0, 4; conn_kind @ 4, 4; pid @ 8, 4; tid @ 12, 4; fd @ 16, 4; role @ 20, 4;

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use core::mem::size_of;
 use retry_common::{
-    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, HELD_BYTES,
+    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, HeldRequest,
     MAX_PAYLOAD, PeerKey, ServerEst, SockOwner, arg_map,
 };
 
@@ -164,21 +164,14 @@ pub static SSL_ARGS: HashMap<u64, SslArgs> = HashMap::with_max_entries(16384, 0)
 #[map]
 pub static SSL_FDS: LruHashMap<SslKey, u32> = LruHashMap::with_max_entries(65536, 0);
 
-/// A request record held back by `--capture-summarize` (`summary`): its header and its bytes,
-/// as it would have gone to the ring.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Held {
-    pub header: DataHeader,
-    pub bytes: [u8; HELD_BYTES],
-}
-
 /// Requests held back until their response's status decides (`summary`), by connection (the
 /// tgid and the fd it was opened as). Not preallocated: a node pays for the requests in flight,
 /// not for the bound. A full map holds nothing more (the request is sent as it is); an entry
-/// goes when its response comes, at the next request, at close and at reset.
+/// goes when its response comes, at the next request, at close and at reset, and userspace
+/// takes (and reports) those of a process that exited.
 #[map]
-pub static HELD: HashMap<ConnKey, Held> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+pub static HELD: HashMap<ConnKey, HeldRequest> =
+    HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 /// When a thread (pid_tgid) last saw one of its calls fail (a failure status, a reset): a
 /// request it answers that started before is sent whole, so its verdict sees its own answer.
 #[map]

@@ -26,14 +26,14 @@ use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
 
 use aya_ebpf::helpers::generated;
 use retry_common::{
-    CONN_H2, CONN_HELD, CONN_QUIET, ConnInfo, ConnKey, DataHeader, HELD_BYTES, KIND_SUMMARY,
-    PeerKey, SUMMARY_LINE, SummaryRecord, config_flags, role, syscall,
+    CONN_H2, CONN_HELD, CONN_QUIET, ConnInfo, ConnKey, DataHeader, HELD_BYTES, HeldRequest,
+    KIND_SUMMARY, PeerKey, SUMMARY_LINE, SummaryRecord, config_flags, role, syscall,
 };
 
 use crate::{
     config::config,
     emit::{Src, copy_data, count_drop, emit_data, header, output, ring_flags, send_data},
-    maps::{EVENTS, HELD, HOT_PEERS, HOT_THREADS, Held, SCRATCH, SUMMARY_SEEN},
+    maps::{EVENTS, HELD, HOT_PEERS, HOT_THREADS, SCRATCH, SUMMARY_SEEN},
 };
 
 const GET: u32 = u32::from_le_bytes(*b"GET ");
@@ -118,10 +118,10 @@ fn request(
     {
         let h = header(pid_tgid, info, sc, (got, ret, total), ts);
         // SAFETY: slot 0 of the scratch starts with a header and HELD_BYTES ≤ MAX_PAYLOAD of
-        // payload; a `Held` is that prefix of it.
+        // payload; a `HeldRequest` is that prefix of it.
         let held = unsafe {
             core::ptr::write_unaligned(buf as *mut DataHeader, h);
-            HELD.insert(&own, &*(buf as *const Held), 0).is_ok()
+            HELD.insert(&own, &*(buf as *const HeldRequest), 0).is_ok()
         };
         if held {
             set_flags(conn, CONN_HELD, 0);
@@ -194,7 +194,7 @@ pub fn release(key: &ConnKey) {
     let Some(h) = HELD.get_ptr(key) else {
         return;
     };
-    // SAFETY: a map value of `size_of::<Held>()` bytes, valid for this program run; the mask
+    // SAFETY: a map value of `size_of::<HeldRequest>()` bytes, valid for this program run; the mask
     // restates captured ≤ HELD_BYTES for the verifier.
     unsafe {
         let captured = (*h).header.captured as usize;
@@ -227,7 +227,7 @@ pub fn mark_failed(pid_tgid: u64, info: &ConnInfo, now: u64) {
 
 #[inline(always)]
 fn summarize(
-    h: *const Held,
+    h: *const HeldRequest,
     pid_tgid: u64,
     info: &ConnInfo,
     sc: u32,

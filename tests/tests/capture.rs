@@ -894,3 +894,73 @@ async fn go_uprobes_auto_follow_the_measured_uprobe_cost() {
         drop(cap);
     }
 }
+
+/// `--capture-summarize` loses nothing: a quiet exchange arrives as one summary, and a request
+/// the kernel held when its server died (no answer, no close syscall: the process exited) is
+/// reported before the exit, so the crash is an exchange without an answer on both sides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_request_is_reported_when_its_server_dies() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load_with(&retry_agent::capture::CaptureConfig {
+        summarize: true,
+        summary_sample: 0,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let (mut server, port) = python_server("dying_server.py", &[]);
+    // One connection: /ok is answered, /die kills the server mid-request.
+    let mut curl = Proc::spawn(
+        std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "--max-time", "5"])
+            .arg(format!("http://127.0.0.1:{port}/ok"))
+            .arg(format!("http://127.0.0.1:{port}/die"))
+            .stdout(Stdio::null()),
+    );
+    let _ = curl.wait(Duration::from_secs(10));
+    assert!(
+        !server.wait(Duration::from_secs(5)).success(),
+        "the server died"
+    );
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(2),
+        involving(&[curl.pid(), server.pid()]),
+        |_| false,
+    )
+    .await;
+    let summarised: Vec<_> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Event::Summary(s) => Some((s.request.pid, s.request.payload.clone())),
+            _ => None,
+        })
+        .collect();
+    for pid in [curl.pid(), server.pid()] {
+        assert_eq!(
+            summarised
+                .iter()
+                .filter(|(p, line)| *p == pid && line.starts_with(b"GET /ok "))
+                .count(),
+            1,
+            "{summarised:?}\n{}",
+            dump(&evs)
+        );
+    }
+    let d = integration_tests::correlate::derive(&evs, Default::default());
+    for (pid, role) in [(curl.pid(), Role::Client), (server.pid(), Role::Server)] {
+        let died: Vec<_> = d
+            .exchanges
+            .values()
+            .filter(|x| x.pid == pid && x.role == role && x.path.as_deref() == Some("/die"))
+            .collect();
+        assert_eq!(died.len(), 1, "{role:?} /die\n{}", dump(&evs));
+        assert!(
+            died[0].failure.is_some() && died[0].status.is_none(),
+            "{:?}",
+            died[0]
+        );
+    }
+}

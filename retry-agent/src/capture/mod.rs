@@ -478,6 +478,9 @@ impl Capture {
         let mut conns: BpfHashMap<MapData, ConnKey, ConnInfo> =
             BpfHashMap::try_from(conns).map_err(CaptureError::map(names::CONNS))?;
 
+        let held = load::take_map(&mut ebpf, names::HELD)?;
+        let held: BpfHashMap<MapData, ConnKey, retry_common::HeldRequest> =
+            BpfHashMap::try_from(held).map_err(CaptureError::map(names::HELD))?;
         let agent_tgids = load::take_map(&mut ebpf, names::AGENT_TGIDS)?;
         let agent_tgids: BpfHashMap<MapData, u32, u8> =
             BpfHashMap::try_from(agent_tgids).map_err(CaptureError::map(names::AGENT_TGIDS))?;
@@ -500,6 +503,7 @@ impl Capture {
                 drops,
                 arg_failures,
                 conns,
+                held,
                 proc_root: cfg.proc_root.clone(),
                 poll_interval: Duration::from_millis(cfg.poll_ms.max(1)),
                 seen: Default::default(),

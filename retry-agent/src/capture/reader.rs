@@ -7,7 +7,7 @@ use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 // Looked up for every record: a fast hasher (pids are not attacker-chosen keys of note).
 use foldhash::{HashMap, HashSet};
-use retry_common::{ConnInfo, ConnKey};
+use retry_common::{ConnInfo, ConnKey, DataHeader, HeldRequest};
 use tokio::io::unix::AsyncFd;
 
 use super::{
@@ -41,6 +41,9 @@ pub(super) struct Reader {
     pub(super) drops: PerCpuArray<MapData, u64>,
     pub(super) arg_failures: PerCpuArray<MapData, u64>,
     pub(super) conns: BpfHashMap<MapData, ConnKey, ConnInfo>,
+    /// Requests the kernel holds for their answer (`--capture-summarize`): an exited process's
+    /// are taken and reported before its exit (they got no answer).
+    pub(super) held: BpfHashMap<MapData, ConnKey, HeldRequest>,
     pub(super) proc_root: PathBuf,
     pub(super) poll_interval: Duration,
     /// Pids whose `Event::Process` was sent, with the fds the kernel map tracks for them (so an
@@ -273,9 +276,17 @@ impl Reader {
             let Some(fds) = self.seen.remove(&pid) else {
                 return true;
             };
-            // The kernel cannot iterate its map on exit; drop the dead process's entries here.
+            // The kernel cannot iterate its map on exit; drop the dead process's entries here,
+            // and report the requests it held for them: they will get no answer.
             for fd in fds {
-                let _ = self.conns.remove(&ConnKey { tgid: pid, fd });
+                let key = ConnKey { tgid: pid, fd };
+                let _ = self.conns.remove(&key);
+                if let Ok(h) = self.held.get(&key, 0) {
+                    let _ = self.held.remove(&key);
+                    if !self.release_held(&h) {
+                        return false;
+                    }
+                }
             }
         } else if !self.seen.contains_key(&pid) {
             if self.is_ours(pid) {
@@ -325,6 +336,30 @@ impl Reader {
             self.nameless.remove(&pid);
         }
         info
+    }
+
+    /// A held request as the record it would have been. Returns false when the consumer is gone.
+    fn release_held(&mut self, h: &HeldRequest) -> bool {
+        let captured = usize::try_from(h.header.captured)
+            .unwrap_or(usize::MAX)
+            .min(h.bytes.len());
+        // SAFETY: `HeldRequest` is Pod: its header is plain bytes.
+        let header = unsafe {
+            std::slice::from_raw_parts(
+                (&h.header as *const DataHeader).cast::<u8>(),
+                size_of::<DataHeader>(),
+            )
+        };
+        let mut raw = Vec::with_capacity(header.len() + captured);
+        raw.extend_from_slice(header);
+        raw.extend_from_slice(h.bytes.get(..captured).unwrap_or_default());
+        match decode::decode_in(&raw, Some(&mut self.arena)) {
+            Ok(ev) => self.send(ev),
+            Err(_) => {
+                self.stats.0.decode_errors.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+        }
     }
 
     fn send(&mut self, ev: Event) -> bool {
