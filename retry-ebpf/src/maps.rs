@@ -180,6 +180,12 @@ pub static HOT_THREADS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(1638
 /// exchanges are sent whole for `Config::summary_hot_ns`, so retries and their outcomes are seen.
 #[map]
 pub static HOT_PEERS: LruHashMap<PeerKey, u64> = LruHashMap::with_max_entries(8192, 0);
+/// The connection whose request a thread (pid_tgid) read or wrote and the kernel holds: the
+/// thread's next request or answer on another connection sends it first, so userspace sees a
+/// thread's messages in their order (l7's one-request-per-thread reading, hedge detection
+/// depend on it), and an event loop's or a hedging client's overlapping requests go whole.
+#[map]
+pub static THREAD_HELD: LruHashMap<u64, ConnKey> = LruHashMap::with_max_entries(16384, 0);
 /// Per-CPU count of summarisable requests, for `Config::summary_sample`.
 #[map]
 pub static SUMMARY_SEEN: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);

@@ -19,7 +19,10 @@
 //!   several records (a body that follows its head), pipelines.
 //!
 //! Nothing is lost by holding: a held request goes out before anything else of its connection
-//! (a second request record, a close, a reset, a response that is not summarised). What is
+//! (a second request record, a close, a reset, a response that is not summarised), and
+//! before its thread's next request or answer on another connection (`THREAD_HELD`): userspace
+//! sees each thread's messages in their order, and a thread with two requests in flight (an
+//! event loop, a hedging or concurrent client) has both sent whole. What is
 //! given up is what userspace reads from a successful exchange's headers (trace ids, hedges
 //! among quiet exchanges, the sizes of summarised responses past their first record).
 use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
@@ -33,7 +36,7 @@ use retry_common::{
 use crate::{
     config::config,
     emit::{Src, copy_data, count_drop, emit_data, header, output, ring_flags, send_data},
-    maps::{EVENTS, HELD, HOT_PEERS, HOT_THREADS, SCRATCH, SUMMARY_SEEN},
+    maps::{EVENTS, HELD, HOT_PEERS, HOT_THREADS, SCRATCH, SUMMARY_SEEN, THREAD_HELD},
 };
 
 const GET: u32 = u32::from_le_bytes(*b"GET ");
@@ -101,13 +104,18 @@ fn request(
             return;
         }
     }
+    // A thread with a request held on another connection has two in flight: an event loop
+    // serving both, a client hedging or calling concurrently. That one goes now, in its place
+    // among the thread's messages, and this one whole.
+    let overlapping = release_other(pid_tgid, &own);
     let got = copy_data(key, info, sc, src, total);
     let Some(buf) = SCRATCH.get_ptr_mut(0) else {
         return;
     };
     let buf = buf as *mut u8;
     // SAFETY: the first slot's payload holds `got` bytes.
-    let holdable = key.fd == info.fd
+    let holdable = !overlapping
+        && key.fd == info.fd
         && got == total
         && got <= HELD_BYTES as u64
         && unsafe { starts_request(buf.add(size_of::<DataHeader>()), got) };
@@ -125,6 +133,7 @@ fn request(
         };
         if held {
             set_flags(conn, CONN_HELD, 0);
+            let _ = THREAD_HELD.insert(&pid_tgid, &own, 0);
             return;
         }
     }
@@ -147,6 +156,8 @@ fn response(
         tgid: key.tgid,
         fd: info.fd,
     };
+    // What this thread holds of another connection came before this answer.
+    release_other(pid_tgid, &own);
     if info.flags & CONN_HELD == 0 {
         if info.flags & CONN_QUIET != 0 {
             // The rest of a summarised response.
@@ -202,6 +213,22 @@ pub fn release(key: &ConnKey) {
         output(core::slice::from_raw_parts(h as *const u8, size));
     }
     let _ = HELD.remove(key);
+}
+
+/// Sends the request thread `pid_tgid` holds for a connection other than `own`, if it still
+/// holds one; whether it did. The thread's entry goes either way.
+#[inline(always)]
+fn release_other(pid_tgid: u64, own: &ConnKey) -> bool {
+    // SAFETY: plain value read, copied out.
+    let Some(other) = (unsafe { THREAD_HELD.get(&pid_tgid) }).copied() else {
+        return false;
+    };
+    let _ = THREAD_HELD.remove(&pid_tgid);
+    if other == *own || HELD.get_ptr(&other).is_none() {
+        return false;
+    }
+    release(&other);
+    true
 }
 
 /// With `--capture-summarize`: what a reset or close of connection `key` must send first.
