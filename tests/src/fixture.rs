@@ -49,6 +49,16 @@ pub fn load() -> Option<Capture> {
     })
 }
 
+/// `load` with every exchange read whole (`--capture-summarize false`): for tests of the data
+/// path itself (records, their bytes, framing), which quiet exchanges would otherwise skip.
+pub fn load_whole() -> Option<Capture> {
+    load_with(&CaptureConfig {
+        go: GoMode::On,
+        summarize: false,
+        ..CaptureConfig::default()
+    })
+}
+
 /// `load` with explicit settings.
 pub fn load_with(cfg: &CaptureConfig) -> Option<Capture> {
     match Capture::load(cfg) {

@@ -12,6 +12,17 @@ use integration_tests::{
     fixture::{Proc, can_run, free_port, python, wait_listening},
 };
 
+/// The process whose I/O a `trace` line shows: a data record's, or a kernel summary's (a quiet
+/// exchange, sent as one record).
+fn io_pid(v: &serde_json::Value) -> Option<u32> {
+    let pid = match v["type"].as_str()? {
+        "data" => &v["pid"],
+        "summary" => &v["request"]["pid"],
+        _ => return None,
+    };
+    pid.as_u64().and_then(|p| u32::try_from(p).ok())
+}
+
 /// The agent's own shims are proxy hops, not services: another process running the agent's
 /// binary is not observed, while its peers (and everyone else) still are, including a workload
 /// that took the agent's name (it is recognised by its executable, not its name).
@@ -167,17 +178,13 @@ fn other_agent_processes_are_not_observed_but_their_peers_are() {
             continue;
         };
         let v: serde_json::Value = serde_json::from_str(&line).expect("trace prints JSON lines");
-        if v["type"] == "data" {
-            pids.insert(v["pid"].as_u64().unwrap() as u32);
-        }
+        pids.extend(io_pid(&v));
         if pids.contains(&curl_pid) && pids.contains(&namesake_pid) && pids.len() >= 3 {
             // curl and the server's side of its connection are in; give late records a moment.
             std::thread::sleep(Duration::from_millis(300));
             while let Ok(line) = rx.try_recv() {
                 let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-                if v["type"] == "data" {
-                    pids.insert(v["pid"].as_u64().unwrap() as u32);
-                }
+                pids.extend(io_pid(&v));
             }
             break;
         }

@@ -6,7 +6,7 @@ use std::{process::Stdio, time::Duration};
 
 use integration_tests::fixture::{
     NetnsPair, Proc, Ready, can_run, collect, conn_events, data_events, dump, free_port, involving,
-    load, load_with, python, python_server, serve, wait_listening,
+    load, load_whole, load_with, python, python_server, serve, wait_listening,
 };
 use retry_agent::capture::{ConnEvent, ConnEventKind, DataEvent, Direction, Event, Role, Syscall};
 
@@ -144,7 +144,7 @@ async fn loopback_http_curl_and_python_client() {
     if !can_run() {
         return;
     }
-    let Some(mut cap) = load() else { return };
+    let Some(mut cap) = load_whole() else { return };
     let (server, port) = python_server("http_tid_server.py", &[]);
     let ps = port.to_string();
 
@@ -205,7 +205,7 @@ async fn loopback_ipv6() {
         eprintln!("skip: no IPv6 loopback");
         return;
     }
-    let Some(mut cap) = load() else { return };
+    let Some(mut cap) = load_whole() else { return };
     let port = free_port();
     let ps = port.to_string();
     let server = Proc::spawn(python("http_tid_server.py", &[&ps, "::1"]).stdout(Stdio::null()));
@@ -492,7 +492,7 @@ async fn veth_between_namespaces() {
     let Some(ns) = NetnsPair::create("h", 71) else {
         return;
     };
-    let Some(mut cap) = load() else { return };
+    let Some(mut cap) = load_whole() else { return };
     let port = 8080u16.to_string();
     let server = Proc::spawn(
         NetnsPair::python(&ns.a, "http_tid_server.py", &[&port, &ns.ip_a]).stdout(Stdio::null()),

@@ -213,6 +213,16 @@ fn memory_limit_and_bounds_follow_the_values() {
         env(&c, "RETRY_AGENT_CAPTURE_PAYLOAD_BYTES"),
         Some(int(&b["payloadBytes"]).to_string())
     );
+    // The chart's capture settings are the agent's defaults.
+    let summarize = v["capture"]["summarize"].as_bool().unwrap();
+    assert_eq!(
+        summarize,
+        retry_agent::capture::CaptureConfig::default().summarize
+    );
+    assert_eq!(
+        env(&c, "RETRY_AGENT_CAPTURE_SUMMARIZE"),
+        Some(summarize.to_string())
+    );
     let image = format!(
         "{}:{}",
         v["image"]["repository"].as_str().unwrap(),

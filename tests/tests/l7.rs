@@ -29,6 +29,16 @@ fn load_capture() -> Option<Capture> {
     })
 }
 
+/// `load_capture` with every exchange read whole: for what only whole records show (framing).
+fn load_capture_whole() -> Option<Capture> {
+    load_with(&CaptureConfig {
+        payload_bytes: 4096,
+        tls: true,
+        summarize: false,
+        ..CaptureConfig::default()
+    })
+}
+
 fn reassemble(evs: &[Event]) -> Vec<Exchange> {
     // RA_L7_DUMP=1 prints the captured events (JSON lines) for diagnosis.
     if std::env::var_os("RA_L7_DUMP").is_some() {
@@ -424,7 +434,7 @@ async fn zero_copy_bodies_are_framed() {
     if !can_run() {
         return;
     }
-    let Some(mut cap) = load_capture() else {
+    let Some(mut cap) = load_capture_whole() else {
         return;
     };
     let (mut server, port) = python_server("zero_copy_server.py", &[]);

@@ -339,6 +339,7 @@ impl Conn {
         p.resp_end_ts = Some(resp.ts_exit_ns);
         p.resp_bytes = resp.len;
         em.request_read(&info, &req_ctx);
+        em.stats.summarised_exchanges += 1;
         em.emit(p.into_exchange(&info, None));
     }
 

@@ -130,6 +130,8 @@ pub struct L7Stats {
     pub exchanges: u64,
     /// Of which marked `unknown` (decoder out of sync).
     pub unknown_exchanges: u64,
+    /// Of which made from a kernel summary (`--capture-summarize`): no headers were read.
+    pub summarised_exchanges: u64,
     /// Bytes seen on connections that are not HTTP (counted, not parsed).
     pub opaque_bytes: u64,
     /// HTTP/2 streams bound to a request context by a Go probe (`ConnEventKind::Stream`).

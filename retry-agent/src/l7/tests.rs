@@ -1323,4 +1323,5 @@ fn a_kernel_summary_is_one_exchange_between_whole_ones() {
         (Role::Client, Some(Method::Post), false)
     );
     assert_eq!(stats.parse_errors, 1);
+    assert_eq!((stats.exchanges, stats.summarised_exchanges), (4, 2));
 }

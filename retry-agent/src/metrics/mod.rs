@@ -146,6 +146,7 @@ pub struct Metrics {
     recorder_held_bytes: Gauge,
     recorder_history: GaugeF,
     l7_exchanges: Counter,
+    l7_summarised_exchanges: Counter,
     l7_evictions: Counter,
     l7_stream_bindings: Family<BindingLabels, Counter>,
 }
@@ -198,6 +199,7 @@ impl Metrics {
             recorder_held_bytes: Gauge::default(),
             recorder_history: GaugeF::default(),
             l7_exchanges: Counter::default(),
+            l7_summarised_exchanges: Counter::default(),
             l7_evictions: Counter::default(),
             l7_stream_bindings: Family::default(),
             registry: Registry::default(),
@@ -371,6 +373,11 @@ impl Metrics {
             "l7_exchanges",
             "HTTP exchanges reassembled",
             m.l7_exchanges.clone(),
+        );
+        registry.register(
+            "l7_summarised_exchanges",
+            "Of the exchanges, those made from a kernel summary (--capture-summarize): a quiet exchange's request line, status and times, no headers",
+            m.l7_summarised_exchanges.clone(),
         );
         registry.register(
             "l7_evictions",
@@ -605,6 +612,7 @@ impl Metrics {
     /// l7 totals since start (exchanges emitted, connections/streams evicted).
     pub fn observe_l7(&self, l: &crate::l7::L7Stats) {
         set_counter(&self.l7_exchanges, l.exchanges);
+        set_counter(&self.l7_summarised_exchanges, l.summarised_exchanges);
         set_counter(&self.l7_evictions, l.evictions());
         for (result, n) in [
             ("bound", l.stream_bindings),
