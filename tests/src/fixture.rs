@@ -253,6 +253,20 @@ pub fn involving(pids: &[u32]) -> impl FnMut(&Event) -> bool + use<> {
     move |e| pids.contains(&e.pid())
 }
 
+/// The data records of `evs`, and those a kernel summary stands for (its request, with its
+/// line as payload, then its response, without bytes): every I/O the capture reported.
+pub fn io_events(evs: &[Event]) -> Vec<&DataEvent> {
+    let mut out = Vec::new();
+    for e in evs {
+        match e {
+            Event::Data(d) => out.push(d),
+            Event::Summary(s) => out.extend([&s.request, &s.response]),
+            _ => {}
+        }
+    }
+    out
+}
+
 pub fn data_events(evs: &[Event]) -> Vec<&DataEvent> {
     evs.iter()
         .filter_map(|e| {

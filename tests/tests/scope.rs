@@ -10,8 +10,8 @@ use std::{
 };
 
 use integration_tests::fixture::{
-    NetnsPair, Proc, can_run, collect, conn_events, data_events, dump, fixture, free_port,
-    involving, load_with, wait_listening,
+    NetnsPair, Proc, can_run, collect, conn_events, dump, fixture, free_port, involving, io_events,
+    load_with, wait_listening,
 };
 use retry_agent::capture::{Capture, CaptureConfig, Event, Role};
 
@@ -19,11 +19,11 @@ fn tracked(evs: &[Event], pid: u32, role: Role) -> bool {
     conn_events(evs)
         .iter()
         .any(|c| c.pid == pid && c.role == role)
-        && data_events(evs).iter().any(|d| d.pid == pid)
+        && io_events(evs).iter().any(|d| d.pid == pid)
 }
 
 fn untouched(evs: &[Event], pid: u32) -> bool {
-    conn_events(evs).iter().all(|c| c.pid != pid) && data_events(evs).iter().all(|d| d.pid != pid)
+    conn_events(evs).iter().all(|c| c.pid != pid) && io_events(evs).iter().all(|d| d.pid != pid)
 }
 
 fn curl(cmd: &mut Command, url: &str) -> Proc {
