@@ -11,7 +11,7 @@
 //!   the hooks themselves, which no agent built on them can go below;
 //! - **agent**: `retry-agent run` with its defaults (recorder on; `--capture-tls true` for the TLS
 //!   row; once more without the Go uprobes for the Go server; once more with
-//!   `--capture-summarize true` for haproxy, nginx and Go), private paths in a temporary
+//!   `--capture-summarize false` for haproxy, nginx and Go), private paths in a temporary
 //!   directory.
 //!
 //! It prints req/s for each, floor/none and agent/floor, the agent's CPU per request (its own
@@ -60,21 +60,21 @@ const LIBSSL: &[&str] = &[
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Server {
     Haproxy,
-    /// The same haproxy, quiet exchanges summarised in the kernel (`--capture-summarize true`).
-    #[value(name = "haproxy-summarize")]
-    HaproxySummarize,
+    /// The same haproxy, every exchange read whole (`--capture-summarize false`).
+    #[value(name = "haproxy-whole")]
+    HaproxyWhole,
     Nginx,
-    /// The same nginx, `--capture-summarize true`.
-    #[value(name = "nginx-summarize")]
-    NginxSummarize,
+    /// The same nginx, `--capture-summarize false`.
+    #[value(name = "nginx-whole")]
+    NginxWhole,
     /// The same nginx, responses captured to 256 bytes (`--capture-response-bytes`).
     #[value(name = "nginx-256")]
     NginxShortResponses,
     /// The agent's defaults: `--capture-go auto` (the Go uprobes only where a hit is cheap).
     Go,
-    /// The same Go server, `--capture-summarize true`.
-    #[value(name = "go-summarize")]
-    GoSummarize,
+    /// The same Go server, `--capture-summarize false`.
+    #[value(name = "go-whole")]
+    GoWhole,
     /// The same Go server, the Go uprobes on whatever they cost here.
     GoUprobes,
     /// The same Go server, the agent without its Go uprobes: what they cost.
@@ -90,12 +90,12 @@ pub enum Server {
 impl Server {
     pub const ALL: [Server; 11] = [
         Server::Haproxy,
-        Server::HaproxySummarize,
+        Server::HaproxyWhole,
         Server::Nginx,
-        Server::NginxSummarize,
+        Server::NginxWhole,
         Server::NginxShortResponses,
         Server::Go,
-        Server::GoSummarize,
+        Server::GoWhole,
         Server::GoUprobes,
         Server::GoNoUprobes,
         Server::HaproxyTls,
@@ -105,12 +105,12 @@ impl Server {
     fn label(self) -> &'static str {
         match self {
             Server::Haproxy => "haproxy answering itself",
-            Server::HaproxySummarize => "haproxy, --capture-summarize true",
+            Server::HaproxyWhole => "haproxy, --capture-summarize false",
             Server::Nginx => "nginx, 1 KiB file",
-            Server::NginxSummarize => "nginx, --capture-summarize true",
+            Server::NginxWhole => "nginx, --capture-summarize false",
             Server::NginxShortResponses => "nginx, --capture-response-bytes 256",
             Server::Go => "Go net/http hello",
-            Server::GoSummarize => "Go hello, --capture-summarize true",
+            Server::GoWhole => "Go hello, --capture-summarize false",
             Server::GoUprobes => "Go hello, --capture-go true",
             Server::GoNoUprobes => "Go hello, --capture-go false",
             Server::HaproxyTls => "haproxy over TLS",
@@ -129,8 +129,8 @@ impl Server {
             Server::GoUprobes => args.extend(["--capture-go", "true"]),
             Server::GoNoUprobes => args.extend(["--capture-go", "false"]),
             Server::NginxShortResponses => args.extend(["--capture-response-bytes", "256"]),
-            Server::HaproxySummarize | Server::NginxSummarize | Server::GoSummarize => {
-                args.extend(["--capture-summarize", "true"])
+            Server::HaproxyWhole | Server::NginxWhole | Server::GoWhole => {
+                args.extend(["--capture-summarize", "false"])
             }
             _ => {}
         }
@@ -141,17 +141,17 @@ impl Server {
     fn start(self, dir: &Path) -> Result<(Killed, String)> {
         let port = free_port()?;
         match self {
-            Server::Haproxy | Server::HaproxySummarize | Server::HaproxyTls => {
+            Server::Haproxy | Server::HaproxyWhole | Server::HaproxyTls => {
                 let scheme = if self.tls() { "https" } else { "http" };
                 Ok((
                     haproxy(dir, port, self.tls())?,
                     format!("{scheme}://127.0.0.1:{port}/"),
                 ))
             }
-            Server::Nginx | Server::NginxSummarize | Server::NginxShortResponses => {
+            Server::Nginx | Server::NginxWhole | Server::NginxShortResponses => {
                 Ok((nginx(dir, port)?, format!("http://127.0.0.1:{port}/1k.bin")))
             }
-            Server::Go | Server::GoSummarize | Server::GoUprobes | Server::GoNoUprobes => {
+            Server::Go | Server::GoWhole | Server::GoUprobes | Server::GoNoUprobes => {
                 Ok((go_hello(dir, port)?, format!("http://127.0.0.1:{port}/")))
             }
             Server::HaproxyH2c => {

@@ -240,7 +240,7 @@ unsafe extern "C" fn copy_step(_index: u64, _ctx: *mut c_void) -> i64 {
 /// (fewer: the iovecs, the steps or readable memory ended). One flat buffer that fits one slot
 /// (read, write, send, recv: most calls) is one helper call; the rest take the `bpf_loop` walk.
 #[inline(always)]
-fn copy_payload(src: Src, want: u64) -> u64 {
+pub fn copy_payload(src: Src, want: u64) -> u64 {
     match src {
         Src::Flat(p) if want <= MAX_PAYLOAD as u64 => copy_flat(p, want),
         _ => copy_walk(src, want),

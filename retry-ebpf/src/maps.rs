@@ -180,12 +180,24 @@ pub static HOT_THREADS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(1638
 /// exchanges are sent whole for `Config::summary_hot_ns`, so retries and their outcomes are seen.
 #[map]
 pub static HOT_PEERS: LruHashMap<PeerKey, u64> = LruHashMap::with_max_entries(8192, 0);
-/// The connection whose request a thread (pid_tgid) read or wrote and the kernel holds: the
-/// thread's next request or answer on another connection sends it first, so userspace sees a
-/// thread's messages in their order (l7's one-request-per-thread reading, hedge detection
-/// depend on it), and an event loop's or a hedging client's overlapping requests go whole.
+/// The connection whose request a thread read (as a server) or wrote (as a client) and the
+/// kernel holds, by `summary::Io::thread`: the thread's next request or answer on another
+/// connection on that side sends it first, so userspace sees a thread's messages in their
+/// order (l7's one-request-per-thread reading and hedge detection depend on it).
 #[map]
-pub static THREAD_HELD: LruHashMap<u64, ConnKey> = LruHashMap::with_max_entries(16384, 0);
+pub static THREAD_HELD: LruHashMap<u64, ThreadHeld> = LruHashMap::with_max_entries(16384, 0);
+
+/// A thread's entry in `THREAD_HELD`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ThreadHeld {
+    /// The connection whose request it holds (fd `u32::MAX`: none).
+    pub conn: ConnKey,
+    /// Until when it holds nothing: it moved on from a held request to another connection
+    /// (an event loop reading ahead, a concurrent client), so what it would hold would be sent
+    /// whole anyway at its next message, at the cost of two map writes for nothing.
+    pub ahead_until: u64,
+}
 /// Per-CPU count of summarisable requests, for `Config::summary_sample`.
 #[map]
 pub static SUMMARY_SEEN: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);

@@ -20,9 +20,12 @@
 //!
 //! Nothing is lost by holding: a held request goes out before anything else of its connection
 //! (a second request record, a close, a reset, a response that is not summarised), and
-//! before its thread's next request or answer on another connection (`THREAD_HELD`): userspace
-//! sees each thread's messages in their order, and a thread with two requests in flight (an
-//! event loop, a hedging or concurrent client) has both sent whole. What is
+//! before its thread's next request or answer on another connection on the same side (served
+//! or called: `THREAD_HELD`), so userspace sees each thread's messages in their order. A
+//! thread only ever holds its latest request; summarised are those answered before the thread
+//! moved on (thread per request, an event loop that answers as it reads). A thread that moved
+//! on holds nothing for a second (`AHEAD_NS`): an event loop reading ahead or a concurrent
+//! client would only have its requests held and sent whole at their next message. What is
 //! given up is what userspace reads from a successful exchange's headers (trace ids, hedges
 //! among quiet exchanges, the sizes of summarised responses past their first record).
 use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
@@ -35,8 +38,10 @@ use retry_common::{
 
 use crate::{
     config::config,
-    emit::{Src, copy_data, count_drop, emit_data, header, output, ring_flags, send_data},
-    maps::{EVENTS, HELD, HOT_PEERS, HOT_THREADS, SCRATCH, SUMMARY_SEEN, THREAD_HELD},
+    emit::{
+        Src, copy_data, copy_payload, count_drop, emit_data, header, output, ring_flags, send_data,
+    },
+    maps::{EVENTS, HELD, HOT_PEERS, HOT_THREADS, SCRATCH, SUMMARY_SEEN, THREAD_HELD, ThreadHeld},
 };
 
 const GET: u32 = u32::from_le_bytes(*b"GET ");
@@ -50,81 +55,127 @@ const OPTIONS: u32 = u32::from_le_bytes(*b"OPTI");
 const HTTP1: u64 = u64::from_le_bytes(*b"HTTP/1.\0");
 const HTTP1_MASK: u64 = 0x00ff_ffff_ffff_ffff;
 
+/// One data syscall on a tracked connection, as the programs saw it.
+pub struct Io<'a> {
+    pub pid_tgid: u64,
+    /// The fd it was made on (an alias's own).
+    pub key: &'a ConnKey,
+    /// The connection's `CONNS` value (its flags are updated) and a copy of it.
+    pub conn: *mut ConnInfo,
+    pub info: &'a ConnInfo,
+    pub sc: u32,
+    pub src: Src,
+    /// Return value, bytes moved.
+    pub io: (i64, u64),
+    pub ts: (u64, u64),
+}
+
+impl Io<'_> {
+    /// The connection under the fd it was opened as (what `HELD` is keyed by).
+    #[inline(always)]
+    fn own(&self) -> ConnKey {
+        ConnKey {
+            tgid: self.key.tgid,
+            fd: self.info.fd,
+        }
+    }
+
+    #[inline(always)]
+    fn emit(&self) {
+        emit_data(
+            self.pid_tgid,
+            self.key,
+            self.info,
+            self.sc,
+            self.src,
+            self.io,
+            self.ts,
+        );
+    }
+
+    /// The thread on its side of its connections (`THREAD_HELD`'s key): a server thread's
+    /// held request is ordered among its other served messages, a client thread's among its
+    /// other calls; a server thread's own calls do not release the request it serves.
+    #[inline(always)]
+    fn thread(&self) -> u64 {
+        // Bit 63 is far above any tgid.
+        self.pid_tgid | (u64::from(self.info.role == role::SERVER) << 63)
+    }
+
+    /// Its bytes into the scratch slots: where they start, how many.
+    #[inline(always)]
+    fn copy(&self) -> Option<(*mut u8, u64)> {
+        let got = copy_data(self.key, self.info, self.sc, self.src, self.io.1);
+        let buf = SCRATCH.get_ptr_mut(0)? as *mut u8;
+        Some((buf, got))
+    }
+
+    /// The records of the `got` bytes `copy` left, as `emit_data` sends them.
+    #[inline(always)]
+    fn send(&self, got: u64) {
+        send_data(self.pid_tgid, self.info, self.sc, got, self.io, self.ts);
+    }
+
+    #[inline(always)]
+    fn set_flags(&self, set: u32, clear: u32) {
+        if self.conn.is_null() {
+            return;
+        }
+        // SAFETY: a `CONNS` value; a concurrent update only loses a flag (a hint: `HELD`
+        // decides).
+        unsafe { (*self.conn).flags = ((*self.conn).flags & !clear) | set };
+    }
+}
+
 /// The records of one data syscall on a tracked connection: summarised, held or sent as
-/// `emit_data` sends them. `conn` is the connection's `CONNS` value (its flags are updated).
+/// `emit_data` sends them.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub fn data(
-    pid_tgid: u64,
-    key: &ConnKey,
-    conn: *mut ConnInfo,
-    info: &ConnInfo,
-    sc: u32,
-    src: Src,
-    io: (i64, u64),
-    ts: (u64, u64),
-) {
-    let flags = config().flags;
-    if flags & config_flags::SUMMARIZE == 0
+pub fn data(io: &Io<'_>) {
+    let info = io.info;
+    if config().flags & config_flags::SUMMARIZE == 0
         || info.flags & CONN_H2 != 0
         || info.role == role::UNKNOWN
     {
-        emit_data(pid_tgid, key, info, sc, src, io, ts);
-        return;
-    }
-    if role::carries_response(info.role, syscall::is_egress(sc)) {
-        response(pid_tgid, key, conn, info, sc, src, io, ts);
+        io.emit();
+    } else if role::carries_response(info.role, syscall::is_egress(io.sc)) {
+        response(io);
     } else {
-        request(pid_tgid, key, conn, info, sc, src, io, ts);
+        request(io);
     }
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn request(
-    pid_tgid: u64,
-    key: &ConnKey,
-    conn: *mut ConnInfo,
-    info: &ConnInfo,
-    sc: u32,
-    src: Src,
-    (ret, total): (i64, u64),
-    ts: (u64, u64),
-) {
-    let own = ConnKey {
-        tgid: key.tgid,
-        fd: info.fd,
-    };
+fn request(io: &Io<'_>) {
+    let (info, own) = (io.info, io.own());
     if info.flags & (CONN_HELD | CONN_QUIET) != 0 {
-        set_flags(conn, 0, CONN_HELD | CONN_QUIET);
+        io.set_flags(0, CONN_HELD | CONN_QUIET);
         if info.flags & CONN_HELD != 0 {
             // More of the request (a body after its head), or a pipeline: both go whole.
             release(&own);
-            emit_data(pid_tgid, key, info, sc, src, (ret, total), ts);
+            io.emit();
             return;
         }
     }
-    // A thread with a request held on another connection has two in flight: an event loop
-    // serving both, a client hedging or calling concurrently. That one goes now, in its place
-    // among the thread's messages, and this one whole.
-    let overlapping = release_other(pid_tgid, &own);
-    let got = copy_data(key, info, sc, src, total);
-    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+    // A thread with a request held on another connection has two in flight (an event loop
+    // serving both, a client hedging or calling concurrently): that one goes now, in its place
+    // among the thread's messages, and the thread holds nothing for a while.
+    let ahead = moved_on(io.thread(), &own, io.ts.0);
+    let Some((buf, got)) = io.copy() else {
         return;
     };
-    let buf = buf as *mut u8;
+    let (ret, total) = io.io;
     // SAFETY: the first slot's payload holds `got` bytes.
-    let holdable = !overlapping
-        && key.fd == info.fd
+    let holdable = !ahead
+        && io.key.fd == info.fd
         && got == total
         && got <= HELD_BYTES as u64
         && unsafe { starts_request(buf.add(size_of::<DataHeader>()), got) };
     if holdable
-        && !(info.role == role::CLIENT && hot_peer(info, ts.0))
-        && crate::uprobes::go::context(pid_tgid) == 0
+        && !(info.role == role::CLIENT && hot_peer(info, io.ts.0))
+        && crate::uprobes::go::context(io.pid_tgid) == 0
         && !sampled()
     {
-        let h = header(pid_tgid, info, sc, (got, ret, total), ts);
+        let h = header(io.pid_tgid, info, io.sc, (got, ret, total), io.ts);
         // SAFETY: slot 0 of the scratch starts with a header and HELD_BYTES ≤ MAX_PAYLOAD of
         // payload; a `HeldRequest` is that prefix of it.
         let held = unsafe {
@@ -132,70 +183,74 @@ fn request(
             HELD.insert(&own, &*(buf as *const HeldRequest), 0).is_ok()
         };
         if held {
-            set_flags(conn, CONN_HELD, 0);
-            let _ = THREAD_HELD.insert(&pid_tgid, &own, 0);
+            io.set_flags(CONN_HELD, 0);
+            let entry = ThreadHeld {
+                conn: own,
+                ahead_until: 0,
+            };
+            let _ = THREAD_HELD.insert(&io.thread(), &entry, 0);
             return;
         }
     }
-    send_data(pid_tgid, info, sc, got, (ret, total), ts);
+    io.send(got);
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn response(
-    pid_tgid: u64,
-    key: &ConnKey,
-    conn: *mut ConnInfo,
-    info: &ConnInfo,
-    sc: u32,
-    src: Src,
-    (ret, total): (i64, u64),
-    ts: (u64, u64),
-) {
-    let own = ConnKey {
-        tgid: key.tgid,
-        fd: info.fd,
-    };
+fn response(io: &Io<'_>) {
+    let (info, own) = (io.info, io.own());
     // What this thread holds of another connection came before this answer.
-    release_other(pid_tgid, &own);
+    moved_on(io.thread(), &own, io.ts.0);
     if info.flags & CONN_HELD == 0 {
         if info.flags & CONN_QUIET != 0 {
             // The rest of a summarised response.
             return;
         }
-        if key.fd != info.fd {
+        if io.key.fd != info.fd {
             // An alias answering what the fd it was opened as read (never held, but cheap to
             // make sure: aliases are rare).
             release(&own);
         }
     }
-    let got = copy_data(key, info, sc, src, total);
-    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: the first slot's payload holds `got` bytes.
-    let status = unsafe { status_of((buf as *const u8).add(size_of::<DataHeader>()), got) };
-    if info.role == role::CLIENT && status >= 400 {
-        mark_failed(pid_tgid, info, ts.0);
-    }
     if info.flags & CONN_HELD != 0 {
-        set_flags(conn, 0, CONN_HELD);
+        io.set_flags(0, CONN_HELD);
         if let Some(h) = HELD.get_ptr(&own) {
-            // SAFETY: a map value, valid for this program run.
-            let (generation, start) = unsafe { ((*h).header.generation, (*h).header.ts_enter_ns) };
+            // The status line alone decides: a summarised answer's other bytes are never
+            // copied (a 1 KiB prefix was a fifth of nginx's eBPF time per request).
+            let peeked = copy_payload(io.src, STATUS_LINE.min(io.io.1));
+            // SAFETY: the first slot's payload holds `peeked` bytes; `h` is a map value, valid
+            // for this program run.
+            let (status, generation, start) = unsafe {
+                let buf = SCRATCH
+                    .get_ptr_mut(0)
+                    .map_or(core::ptr::null_mut(), |b| b as *mut u8);
+                let status = if buf.is_null() {
+                    0
+                } else {
+                    status_of(buf.add(size_of::<DataHeader>()), peeked)
+                };
+                (status, (*h).header.generation, (*h).header.ts_enter_ns)
+            };
             let quiet = (200..400).contains(&status)
                 && generation == info.generation
-                && (info.role == role::CLIENT || !hot_thread(pid_tgid, start));
+                && (info.role == role::CLIENT || !hot_thread(io.pid_tgid, start));
             if quiet {
-                summarize(h, pid_tgid, info, sc, status, (ret, total), ts);
+                summarize(h, io, status);
                 let _ = HELD.remove(&own);
-                set_flags(conn, CONN_QUIET, 0);
+                io.set_flags(CONN_QUIET, 0);
                 return;
             }
             release(&own);
         }
     }
-    send_data(pid_tgid, info, sc, got, (ret, total), ts);
+    let Some((buf, got)) = io.copy() else {
+        return;
+    };
+    // SAFETY: the first slot's payload holds `got` bytes.
+    let status = unsafe { status_of(buf.add(size_of::<DataHeader>()), got) };
+    if info.role == role::CLIENT && status >= 400 {
+        mark_failed(io.pid_tgid, info, io.ts.0);
+    }
+    io.send(got);
 }
 
 /// Sends the request held for connection `key`, if any: what comes next on the connection
@@ -215,20 +270,34 @@ pub fn release(key: &ConnKey) {
     let _ = HELD.remove(key);
 }
 
-/// Sends the request thread `pid_tgid` holds for a connection other than `own`, if it still
-/// holds one; whether it did. The thread's entry goes either way.
+/// Bytes of an answer read to decide on its held request: "HTTP/1.1 200".
+const STATUS_LINE: u64 = 12;
+/// How long a thread that moved on from a held request holds nothing.
+const AHEAD_NS: u64 = 1_000_000_000;
+/// `ThreadHeld::conn` when the thread holds nothing.
+const NO_CONN: ConnKey = ConnKey {
+    tgid: 0,
+    fd: u32::MAX,
+};
+
+/// `thread` (`Io::thread`) has a message on connection `own` at `now`: the request it holds
+/// for another connection, if any, goes first, and it is marked as reading ahead. Whether it
+/// reads ahead (holds nothing) now.
 #[inline(always)]
-fn release_other(pid_tgid: u64, own: &ConnKey) -> bool {
-    // SAFETY: plain value read, copied out.
-    let Some(other) = (unsafe { THREAD_HELD.get(&pid_tgid) }).copied() else {
+fn moved_on(thread: u64, own: &ConnKey, now: u64) -> bool {
+    let Some(t) = THREAD_HELD.get_ptr_mut(&thread) else {
         return false;
     };
-    let _ = THREAD_HELD.remove(&pid_tgid);
-    if other == *own || HELD.get_ptr(&other).is_none() {
-        return false;
+    // SAFETY: a map value, valid for this program run; only this thread writes its entry.
+    let t = unsafe { &mut *t };
+    if t.conn != NO_CONN {
+        if t.conn != *own && HELD.get_ptr(&t.conn).is_some() {
+            release(&t.conn);
+            t.ahead_until = now + AHEAD_NS;
+        }
+        t.conn = NO_CONN;
     }
-    release(&other);
-    true
+    now < t.ahead_until
 }
 
 /// With `--capture-summarize`: what a reset or close of connection `key` must send first.
@@ -253,15 +322,7 @@ pub fn mark_failed(pid_tgid: u64, info: &ConnInfo, now: u64) {
 }
 
 #[inline(always)]
-fn summarize(
-    h: *const HeldRequest,
-    pid_tgid: u64,
-    info: &ConnInfo,
-    sc: u32,
-    status: u32,
-    (ret, total): (i64, u64),
-    ts: (u64, u64),
-) {
+fn summarize(h: *const HeldRequest, io: &Io<'_>, status: u32) {
     let size = size_of::<SummaryRecord>();
     let Some(mut e) = EVENTS.reserve::<SummaryRecord>(0) else {
         count_drop();
@@ -273,7 +334,13 @@ fn summarize(
     unsafe {
         addr_of_mut!((*r).kind).write(KIND_SUMMARY);
         addr_of_mut!((*r).status).write(status);
-        addr_of_mut!((*r).response).write(header(pid_tgid, info, sc, (0, ret, total), ts));
+        addr_of_mut!((*r).response).write(header(
+            io.pid_tgid,
+            io.info,
+            io.sc,
+            (0, io.io.0, io.io.1),
+            io.ts,
+        ));
         let req = addr_of_mut!((*r).request);
         if generated::bpf_probe_read_kernel(
             req as *mut c_void,
@@ -371,13 +438,4 @@ fn sampled() -> bool {
         *p = (*p).wrapping_add(1);
         *p % every == 0
     }
-}
-
-#[inline(always)]
-fn set_flags(conn: *mut ConnInfo, set: u32, clear: u32) {
-    if conn.is_null() {
-        return;
-    }
-    // SAFETY: a `CONNS` value; a concurrent update only loses a flag (a hint: `HELD` decides).
-    unsafe { (*conn).flags = ((*conn).flags & !clear) | set };
 }

@@ -187,10 +187,10 @@ pub struct CaptureConfig {
     /// status and times) instead of its request's and response's bytes: the kernel holds each
     /// request back until its response's status line, and sends both whole when the answer is
     /// a failure, when the answering thread saw one of its own calls fail, when the client
-    /// called a destination that failed recently (--capture-summary-hot-secs), or when a thread
-    /// has two requests in flight (an event loop, a hedge). Summarised exchanges carry no
-    /// headers (no trace ids) and are recorded without their bytes; `false` reads every
-    /// exchange whole, at several times the agent's CPU per request on a busy node.
+    /// called a destination that failed recently (--capture-summary-hot-secs), or when the
+    /// thread moved on to another request before this one was answered (event loops under
+    /// load, concurrent or hedging clients). Summarised exchanges carry no headers (no trace
+    /// ids) and are recorded without their bytes; `false` reads every exchange whole.
     #[arg(long = "capture-summarize", env = "RETRY_AGENT_CAPTURE_SUMMARIZE", default_value_t = true, action = clap::ArgAction::Set)]
     pub summarize: bool,
     /// With --capture-summarize: one summarisable request in this many is sent whole anyway

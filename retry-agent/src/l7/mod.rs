@@ -28,7 +28,7 @@ pub use trace::trace_of_headers;
 pub use util::{DigestKey, Keyed, digest_key, route_template, set_digest_key};
 
 use crate::{
-    capture::{ConnEvent, ConnEventKind, ConnId, Event, Role, SummaryEvent},
+    capture::{ConnEvent, ConnEventKind, ConnId, DataEvent, Event, Role},
     settings::{InvalidConfig, Settings},
 };
 use conn::{Conn, Emitter, EndKind, InboundByThread};
@@ -193,46 +193,10 @@ impl Reassembler {
     /// appended to `out`.
     pub fn push(&mut self, ev: &Event, out: &mut Vec<Exchange>) {
         match ev {
-            Event::Data(d) => {
-                let mut em = Emitter {
-                    out,
-                    stats: &mut self.stats,
-                    next_id: &mut self.next_id,
-                    inbound: &mut self.inbound,
-                    handlers: &mut self.handlers,
-                    routes: &mut self.routes,
-                };
-                // One lookup for a known connection (nearly every event), two for a new one.
-                // A known one is looked up without reordering the table, and moved to its recent
-                // end at most every PROMOTE_NS: relinking on every event was ~3% of the agent's
-                // CPU under a keep-alive load.
-                if let Some(c) = self.conns.peek_mut(&d.conn) {
-                    let promote = d.ts_exit_ns >= c.promoted_ts.saturating_add(PROMOTE_NS);
-                    if promote {
-                        c.promoted_ts = d.ts_exit_ns;
-                    }
-                    c.data(d, &mut em);
-                    if promote {
-                        self.conns.promote(&d.conn);
-                    }
-                } else {
-                    // First sight of a connection mid-life: its bytes may start mid-message.
-                    let c = Conn::new(
-                        d.conn,
-                        d.pid,
-                        d.role,
-                        d.tuple,
-                        false,
-                        self.cfg.conn_buffer_bytes,
-                        self.cfg.max_inflight,
-                    );
-                    insert(&mut self.conns, d.conn, c, &mut em);
-                    if let Some(c) = self.conns.get_mut(&d.conn) {
-                        c.data(d, &mut em);
-                    }
-                }
-            }
-            Event::Summary(s) => self.summary(s, out),
+            Event::Data(d) => self.on_conn(d, d.ts_exit_ns, out, |c, em| c.data(d, em)),
+            Event::Summary(s) => self.on_conn(&s.request, s.response.ts_exit_ns, out, |c, em| {
+                c.summary(s, em)
+            }),
             Event::Conn(c) => self.conn_event(c, out),
             Event::ProcessExit { pid, ts_ns } => {
                 let dead: Vec<ConnId> = self
@@ -269,8 +233,15 @@ impl Reassembler {
         self.stats.connections = self.conns.len() as u64;
     }
 
-    /// A summarised exchange (`Event::Summary`), on its connection (new or known).
-    fn summary(&mut self, s: &SummaryEvent, out: &mut Vec<Exchange>) {
+    /// Gives `f` the connection record `d` is about (made on first sight, mid-life: its bytes
+    /// may start mid-message) with an emitter; `ts` is the record's time.
+    fn on_conn(
+        &mut self,
+        d: &DataEvent,
+        ts: u64,
+        out: &mut Vec<Exchange>,
+        f: impl FnOnce(&mut Conn, &mut Emitter<'_>),
+    ) {
         let mut em = Emitter {
             out,
             stats: &mut self.stats,
@@ -279,31 +250,33 @@ impl Reassembler {
             handlers: &mut self.handlers,
             routes: &mut self.routes,
         };
-        let (req, ts) = (&s.request, s.response.ts_exit_ns);
-        // As for data: promoted in the recency order at most every PROMOTE_NS.
-        if let Some(c) = self.conns.peek_mut(&req.conn) {
+        // One lookup for a known connection (nearly every event), two for a new one. A known
+        // one is looked up without reordering the table, and moved to its recent end at most
+        // every PROMOTE_NS: relinking on every event was ~3% of the agent's CPU under a
+        // keep-alive load.
+        if let Some(c) = self.conns.peek_mut(&d.conn) {
             let promote = ts >= c.promoted_ts.saturating_add(PROMOTE_NS);
             if promote {
                 c.promoted_ts = ts;
             }
-            c.summary(s, &mut em);
+            f(c, &mut em);
             if promote {
-                self.conns.promote(&req.conn);
+                self.conns.promote(&d.conn);
             }
             return;
         }
         let c = Conn::new(
-            req.conn,
-            req.pid,
-            req.role,
-            req.tuple,
+            d.conn,
+            d.pid,
+            d.role,
+            d.tuple,
             false,
             self.cfg.conn_buffer_bytes,
             self.cfg.max_inflight,
         );
-        insert(&mut self.conns, req.conn, c, &mut em);
-        if let Some(c) = self.conns.get_mut(&req.conn) {
-            c.summary(s, &mut em);
+        insert(&mut self.conns, d.conn, c, &mut em);
+        if let Some(c) = self.conns.get_mut(&d.conn) {
+            f(c, &mut em);
         }
     }
 

@@ -89,7 +89,16 @@ fn try_exit_io(sc: u32, ret: i64, args: &SyscallArgs) -> Result<(), i32> {
     // ran, so the call's only timestamp is its return.
     let ts = now();
     let (src, total) = payload_source(sc, buf, ret)?;
-    summary::data(pid_tgid, &key, conn, &info, sc, src, (ret, total), (ts, ts));
+    summary::data(&summary::Io {
+        pid_tgid,
+        key: &key,
+        conn,
+        info: &info,
+        sc,
+        src,
+        io: (ret, total),
+        ts: (ts, ts),
+    });
     Ok(())
 }
 
