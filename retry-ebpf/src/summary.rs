@@ -202,8 +202,17 @@ fn response(io: &Io<'_>) {
     moved_on(io.thread(), &own, io.ts.0);
     if info.flags & CONN_HELD == 0 {
         if info.flags & CONN_QUIET != 0 {
-            // The rest of a summarised response.
-            return;
+            // The rest of a summarised response, unless a new one starts (a 408 a server sends
+            // on an idle keep-alive connection before closing it): that one is sent.
+            let peeked = copy_payload(io.src, STATUS_LINE.min(io.io.1));
+            let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+                return;
+            };
+            // SAFETY: the first slot's payload holds `peeked` bytes.
+            if unsafe { status_of((buf as *const u8).add(size_of::<DataHeader>()), peeked) } == 0 {
+                return;
+            }
+            io.set_flags(0, CONN_QUIET);
         }
         if io.key.fd != info.fd {
             // An alias answering what the fd it was opened as read (never held, but cheap to

@@ -964,3 +964,46 @@ async fn a_held_request_is_reported_when_its_server_dies() {
         );
     }
 }
+
+/// After a summarised exchange the rest of its answer is left out, but not an answer that
+/// starts anew: a server's unsolicited 408 on the idle keep-alive connection is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_after_a_summarised_one_is_reported() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load_with(&retry_agent::capture::CaptureConfig {
+        summarize: true,
+        summary_sample: 0,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let (mut server, port) = serve(python, "idle_408.py", &["server"], Ready::SaysReady);
+    let mut client =
+        Proc::spawn(python("idle_408.py", &[&port.to_string(), "client"]).stdout(Stdio::piped()));
+    assert_eq!(client.read_line().trim(), "HTTP/1.1 408 Request Timeout");
+    let _ = client.wait(Duration::from_secs(5));
+    let _ = server.wait(Duration::from_secs(5));
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(2),
+        involving(&[client.pid(), server.pid()]),
+        |_| false,
+    )
+    .await;
+    let summaries = evs
+        .iter()
+        .filter(|e| matches!(e, Event::Summary(_)))
+        .count();
+    assert_eq!(summaries, 2, "the GET, from each end\n{}", dump(&evs));
+    for pid in [client.pid(), server.pid()] {
+        assert!(
+            data_events(&evs)
+                .iter()
+                .any(|d| d.pid == pid && d.payload.starts_with(b"HTTP/1.1 408")),
+            "the 408 at {pid}\n{}",
+            dump(&evs)
+        );
+    }
+}
