@@ -956,11 +956,21 @@ async fn a_held_request_is_reported_when_its_server_dies() {
             .values()
             .filter(|x| x.pid == pid && x.role == role && x.path.as_deref() == Some("/die"))
             .collect();
-        assert_eq!(died.len(), 1, "{role:?} /die\n{}", dump(&evs));
+        // curl tries a request that met a dead reused connection once more on a new one,
+        // which may still be accepted by the dying server's backlog: one or two on its side.
+        let expected = match role {
+            Role::Client => 1..=2,
+            _ => 1..=1,
+        };
         assert!(
-            died[0].failure.is_some() && died[0].status.is_none(),
-            "{:?}",
-            died[0]
+            expected.contains(&died.len()),
+            "{role:?} /die: {died:?}\n{}",
+            dump(&evs)
+        );
+        assert!(
+            died.iter()
+                .all(|x| x.failure.is_some() && x.status.is_none()),
+            "{died:?}"
         );
     }
 }
