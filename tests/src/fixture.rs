@@ -59,6 +59,17 @@ pub fn load_whole() -> Option<Capture> {
     })
 }
 
+/// `load` with every quiet exchange summarised, none sampled whole: tests of the summaries
+/// themselves, deterministic whatever the default sampling.
+pub fn load_summarizing() -> Option<Capture> {
+    load_with(&CaptureConfig {
+        go: GoMode::On,
+        summarize: true,
+        summary_sample: 0,
+        ..CaptureConfig::default()
+    })
+}
+
 /// `load` with explicit settings.
 pub fn load_with(cfg: &CaptureConfig) -> Option<Capture> {
     match Capture::load(cfg) {

@@ -6,7 +6,7 @@ use std::{process::Stdio, time::Duration};
 
 use integration_tests::fixture::{
     NetnsPair, Proc, Ready, can_run, collect, conn_events, data_events, dump, free_port, involving,
-    load, load_whole, load_with, python, python_server, serve, wait_listening,
+    load, load_summarizing, load_whole, load_with, python, python_server, serve, wait_listening,
 };
 use retry_agent::capture::{ConnEvent, ConnEventKind, DataEvent, Direction, Event, Role, Syscall};
 
@@ -903,11 +903,7 @@ async fn a_held_request_is_reported_when_its_server_dies() {
     if !can_run() {
         return;
     }
-    let Some(mut cap) = load_with(&retry_agent::capture::CaptureConfig {
-        summarize: true,
-        summary_sample: 0,
-        ..Default::default()
-    }) else {
+    let Some(mut cap) = load_summarizing() else {
         return;
     };
     let (mut server, port) = python_server("dying_server.py", &[]);
@@ -982,11 +978,7 @@ async fn an_answer_after_a_summarised_one_is_reported() {
     if !can_run() {
         return;
     }
-    let Some(mut cap) = load_with(&retry_agent::capture::CaptureConfig {
-        summarize: true,
-        summary_sample: 0,
-        ..Default::default()
-    }) else {
+    let Some(mut cap) = load_summarizing() else {
         return;
     };
     let (mut server, port) = serve(python, "idle_408.py", &["server"], Ready::SaysReady);

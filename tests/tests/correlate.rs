@@ -10,12 +10,12 @@ use std::{process::Stdio, time::Duration};
 use integration_tests::{
     correlate::{Derived, capture_while, derive, named},
     fixture::{
-        Proc, Ready, can_run, collect, load, load_whole, load_with, node, python, python_server,
-        serve,
+        Proc, Ready, can_run, collect, load, load_summarizing, load_whole, node, python,
+        python_server, serve,
     },
 };
 use retry_agent::{
-    capture::{CaptureConfig, Event, GoMode, Role},
+    capture::{Event, Role},
     correlate::{CorrelateConfig, Verdict},
     decide::{DecideConfig, Decider, Reason},
     l7::Claim,
@@ -76,12 +76,7 @@ async fn chain_verdicts_are_the_same_from_kernel_summaries() {
     if !can_run() {
         return;
     }
-    let Some(mut cap) = load_with(&CaptureConfig {
-        go: GoMode::On,
-        summarize: true,
-        summary_sample: 0,
-        ..CaptureConfig::default()
-    }) else {
+    let Some(mut cap) = load_summarizing() else {
         return;
     };
     let swallow: Vec<String> = (7..=9).map(|i| format!("/swallow/{i}")).collect();
