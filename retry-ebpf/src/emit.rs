@@ -412,12 +412,14 @@ pub fn copy_data(key: &ConnKey, info: &ConnInfo, sc: u32, src: Src, total: u64) 
     got
 }
 
-/// The header of a data record of this syscall carrying `captured` of its `len` bytes.
+/// The header of a data record of this syscall carrying `captured` of its `len` bytes;
+/// `goroutine`: `uprobes::go::context` of the thread, read once per syscall by the caller.
 #[inline(always)]
 pub fn header(
     pid_tgid: u64,
     info: &ConnInfo,
     sc: u32,
+    goroutine: u64,
     (captured, ret, len): (u64, i64, u64),
     (ts_enter_ns, ts_exit_ns): (u64, u64),
 ) -> DataHeader {
@@ -440,7 +442,7 @@ pub fn header(
         ret,
         len,
         tuple: info.tuple,
-        goroutine: crate::uprobes::go::context(pid_tgid),
+        goroutine,
     }
 }
 
@@ -459,6 +461,8 @@ pub fn send_data(
         Some(r) => r as *mut u8,
         None => return,
     };
+    // Once per syscall, not per record: a map lookup (and a register read) for Go processes.
+    let goroutine = crate::uprobes::go::context(pid_tgid);
     let mut done: u64 = 0;
     for slot in 0..H2_RECORDS as u64 {
         let captured = if got > done + MAX_PAYLOAD as u64 {
@@ -474,7 +478,7 @@ pub fn send_data(
         // SAFETY: slot < H2_RECORDS: the header and `captured` ≤ MAX_PAYLOAD bytes lie in the value.
         unsafe {
             let rec = buf.add(at as usize);
-            let header = header(pid_tgid, info, sc, (captured, ret, len), ts);
+            let header = header(pid_tgid, info, sc, goroutine, (captured, ret, len), ts);
             core::ptr::write_unaligned(rec as *mut DataHeader, header);
             let size = size_of::<DataHeader>()
                 + (captured as usize & (2 * MAX_PAYLOAD - 1)).min(MAX_PAYLOAD);

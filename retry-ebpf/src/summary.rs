@@ -175,7 +175,8 @@ fn request(io: &Io<'_>) {
         && crate::uprobes::go::context(io.pid_tgid) == 0
         && !sampled()
     {
-        let h = header(io.pid_tgid, info, io.sc, (got, ret, total), io.ts);
+        // Go request contexts are never held: this thread's goroutine context is 0.
+        let h = header(io.pid_tgid, info, io.sc, 0, (got, ret, total), io.ts);
         // SAFETY: slot 0 of the scratch starts with a header and HELD_BYTES ≤ MAX_PAYLOAD of
         // payload; a `HeldRequest` is that prefix of it.
         let held = unsafe {
@@ -347,6 +348,7 @@ fn summarize(h: *const HeldRequest, io: &Io<'_>, status: u32) {
             io.pid_tgid,
             io.info,
             io.sc,
+            crate::uprobes::go::context(io.pid_tgid),
             (0, io.io.0, io.io.1),
             io.ts,
         ));
