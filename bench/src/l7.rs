@@ -147,6 +147,7 @@ fn data(fd: u32, role: Role, dir: Direction, ts: u64, payload: &Bytes, len: u64)
         pid: c.pid,
         tid: c.pid,
         goid: None,
+        interleaved: false,
         ts_enter_ns: ts,
         ts_exit_ns: ts + 1000,
         len,

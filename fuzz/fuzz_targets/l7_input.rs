@@ -85,6 +85,7 @@ pub fn run(input: &[u8], h2: bool) {
                     pid: 1,
                     tid: 1,
                     goid: None,
+                    interleaved: false,
                     ts_enter_ns: ts,
                     ts_exit_ns: ts + 1,
                     len,

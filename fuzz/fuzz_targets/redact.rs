@@ -77,6 +77,7 @@ fn ev(fd: u32, payload: &[u8], len: u64) -> DataEvent {
         pid: 1,
         tid: 1,
         goid: None,
+        interleaved: false,
         ts_enter_ns: 1,
         ts_exit_ns: 1,
         len,

@@ -96,8 +96,17 @@ pub mod role {
 
 /// Direction of bytes relative to the process (`DataHeader::direction`).
 pub mod direction {
-    pub const EGRESS: u32 = 1;
-    pub const INGRESS: u32 = 2;
+    pub const EGRESS: u16 = 1;
+    pub const INGRESS: u16 = 2;
+}
+
+/// `DataHeader::flags`.
+pub mod data_flags {
+    /// A served request its thread read while it had another request unanswered, or that
+    /// waited held while its thread read another (`--capture-summarize`): the kernel sends a
+    /// held request late, so userspace cannot tell from the order it sees reads in that its
+    /// thread served two at once (an event loop reading ahead).
+    pub const INTERLEAVED: u16 = 1;
 }
 
 /// `ConnRecord::conn_kind`.
@@ -169,7 +178,9 @@ pub struct DataHeader {
     /// `role::*`.
     pub role: u32,
     /// `direction::*`.
-    pub direction: u32,
+    pub direction: u16,
+    /// `data_flags::*`.
+    pub flags: u16,
     /// Payload bytes that follow this header (≤ `len`, ≤ the configured size).
     pub captured: u32,
     /// Connection generation: CLOCK_MONOTONIC ns at connect/accept/pick-up, so fd reuse differs.

@@ -29,7 +29,7 @@ fn sock_tuple_layout() {
 fn data_header_layout() {
     layout!(DataHeader, size 120, {
         kind @ 0, 4; syscall @ 4, 4; pid @ 8, 4; tid @ 12, 4; fd @ 16, 4; role @ 20, 4;
-        direction @ 24, 4; captured @ 28, 4; generation @ 32, 8; ts_enter_ns @ 40, 8;
+        direction @ 24, 2; flags @ 26, 2; captured @ 28, 4; generation @ 32, 8; ts_enter_ns @ 40, 8;
         ts_exit_ns @ 48, 8; ret @ 56, 8; len @ 64, 8; tuple @ 72, 40; goroutine @ 112, 8;
     });
 }

@@ -363,7 +363,7 @@ pub fn emit_data(
     ts: (u64, u64),
 ) {
     let got = copy_data(key, info, sc, src, total);
-    send_data(pid_tgid, info, sc, got, (ret, total), ts);
+    send_data(pid_tgid, info, (sc, 0), got, (ret, total), ts);
 }
 
 /// The first step of [`emit_data`]: up to the configured prefix of the syscall's bytes into the
@@ -413,13 +413,14 @@ pub fn copy_data(key: &ConnKey, info: &ConnInfo, sc: u32, src: Src, total: u64) 
 }
 
 /// The header of a data record of this syscall carrying `captured` of its `len` bytes;
-/// `goroutine`: `uprobes::go::context` of the thread, read once per syscall by the caller.
+/// `goroutine`: `uprobes::go::context` of the thread, read once per syscall by the caller;
+/// `flags`: `data_flags::*`.
 #[inline(always)]
 pub fn header(
     pid_tgid: u64,
     info: &ConnInfo,
     sc: u32,
-    goroutine: u64,
+    (goroutine, flags): (u64, u16),
     (captured, ret, len): (u64, i64, u64),
     (ts_enter_ns, ts_exit_ns): (u64, u64),
 ) -> DataHeader {
@@ -435,6 +436,7 @@ pub fn header(
         } else {
             direction::INGRESS
         },
+        flags,
         captured: captured as u32,
         generation: info.generation,
         ts_enter_ns,
@@ -447,12 +449,12 @@ pub fn header(
 }
 
 /// The second step of [`emit_data`]: the records of the `got` bytes [`copy_data`] left in the
-/// scratch slots, each behind its header.
+/// scratch slots, each behind its header (with `flags`, `data_flags::*`).
 #[inline(always)]
 pub fn send_data(
     pid_tgid: u64,
     info: &ConnInfo,
-    sc: u32,
+    (sc, flags): (u32, u16),
     got: u64,
     (ret, total): (i64, u64),
     ts: (u64, u64),
@@ -478,7 +480,14 @@ pub fn send_data(
         // SAFETY: slot < H2_RECORDS: the header and `captured` ≤ MAX_PAYLOAD bytes lie in the value.
         unsafe {
             let rec = buf.add(at as usize);
-            let header = header(pid_tgid, info, sc, goroutine, (captured, ret, len), ts);
+            let header = header(
+                pid_tgid,
+                info,
+                sc,
+                (goroutine, flags),
+                (captured, ret, len),
+                ts,
+            );
             core::ptr::write_unaligned(rec as *mut DataHeader, header);
             let size = size_of::<DataHeader>()
                 + (captured as usize & (2 * MAX_PAYLOAD - 1)).min(MAX_PAYLOAD);

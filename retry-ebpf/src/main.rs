@@ -35,6 +35,10 @@
 //! connect and sockops programs); only the shim loads it.
 #![no_std]
 #![no_main]
+// `summary` counts a thread's held requests with an atomic add (`core::sync::atomic` has no RMW on
+// this target; the kernel's XADD is what the intrinsic lowers to).
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod config;
 mod ctx;

@@ -19,21 +19,33 @@
 //!   several records (a body that follows its head), pipelines.
 //!
 //! Nothing is lost by holding: a held request goes out before anything else of its connection
-//! (a second request record, a close, a reset, a response that is not summarised), and
-//! before its thread's next request or answer on another connection on the same side (served
-//! or called: `THREAD_HELD`), so userspace sees each thread's messages in their order. A
-//! thread only ever holds its latest request; summarised are those answered before the thread
-//! moved on (thread per request, an event loop that answers as it reads). A thread that moved
-//! on holds nothing for a second (`AHEAD_NS`): an event loop reading ahead or a concurrent
-//! client would only have its requests held and sent whole at their next message. What is
-//! given up is what userspace reads from a successful exchange's headers (trace ids, hedges
-//! among quiet exchanges, the sizes of summarised responses past their first record).
-use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
+//! (a second request record, a close, a reset, a response that is not summarised). Nor is
+//! what userspace reads from the order of a thread's messages:
+//! - a client thread's next call on another connection sends its held call first, and the
+//!   thread holds nothing for a second (`AHEAD_NS`): a concurrent client would only have its
+//!   calls held and sent whole at their next message. Hedges need it: a summary carries no
+//!   headers, so the twin that won, summarised, would not match the one given up, whole;
+//! - a server thread that reads a request while it holds others (an event loop reading ahead)
+//!   keeps them held: the new one and the one it read last are flagged
+//!   `data_flags::INTERLEAVED` (every earlier one was flagged when the next was read), which
+//!   is what l7's one-request-per-thread reading (`sole_on_thread`) would have learnt from the
+//!   order. A request sent whole goes after the one the thread held last (unflagged if that
+//!   was the only one: the order says it); so does an answer to a request the thread did not
+//!   hold. `THREAD_HELD` keeps each thread's last held request and how many it holds.
+//!
+//! What is given up is what userspace reads from a successful exchange's headers (trace ids,
+//! hedges among quiet exchanges, the sizes of summarised responses past their first record).
+use core::{
+    ffi::c_void,
+    intrinsics::{AtomicOrdering, atomic_xadd},
+    mem::size_of,
+    ptr::addr_of_mut,
+};
 
 use aya_ebpf::helpers::generated;
 use retry_common::{
     CONN_H2, CONN_HELD, CONN_QUIET, ConnInfo, ConnKey, DataHeader, HELD_BYTES, HeldRequest,
-    KIND_SUMMARY, PeerKey, SUMMARY_LINE, SummaryRecord, config_flags, role, syscall,
+    KIND_SUMMARY, PeerKey, SUMMARY_LINE, SummaryRecord, config_flags, data_flags, role, syscall,
 };
 
 use crate::{
@@ -71,6 +83,14 @@ pub struct Io<'a> {
 }
 
 impl Io<'_> {
+    /// The thread on its side of its connections (`THREAD_HELD`'s key): a server thread's
+    /// own calls neither release nor flag the requests it serves.
+    #[inline(always)]
+    fn thread(&self) -> u64 {
+        // Bit 63 is far above any tgid.
+        self.pid_tgid | (u64::from(self.info.role == role::SERVER) << 63)
+    }
+
     /// The connection under the fd it was opened as (what `HELD` is keyed by).
     #[inline(always)]
     fn own(&self) -> ConnKey {
@@ -93,15 +113,6 @@ impl Io<'_> {
         );
     }
 
-    /// The thread on its side of its connections (`THREAD_HELD`'s key): a server thread's
-    /// held request is ordered among its other served messages, a client thread's among its
-    /// other calls; a server thread's own calls do not release the request it serves.
-    #[inline(always)]
-    fn thread(&self) -> u64 {
-        // Bit 63 is far above any tgid.
-        self.pid_tgid | (u64::from(self.info.role == role::SERVER) << 63)
-    }
-
     /// Its bytes into the scratch slots: where they start, how many.
     #[inline(always)]
     fn copy(&self) -> Option<(*mut u8, u64)> {
@@ -112,8 +123,15 @@ impl Io<'_> {
 
     /// The records of the `got` bytes `copy` left, as `emit_data` sends them.
     #[inline(always)]
-    fn send(&self, got: u64) {
-        send_data(self.pid_tgid, self.info, self.sc, got, self.io, self.ts);
+    fn send(&self, got: u64, flags: u16) {
+        send_data(
+            self.pid_tgid,
+            self.info,
+            (self.sc, flags),
+            got,
+            self.io,
+            self.ts,
+        );
     }
 
     #[inline(always)]
@@ -156,10 +174,35 @@ fn request(io: &Io<'_>) {
             return;
         }
     }
-    // A thread with a request held on another connection has two in flight (an event loop
-    // serving both, a client hedging or calling concurrently): that one goes now, in its place
-    // among the thread's messages, and the thread holds nothing for a while.
-    let ahead = moved_on(io.thread(), &own, io.ts.0);
+    let thread = io.thread();
+    let server = info.role == role::SERVER;
+    let t = THREAD_HELD.get_ptr_mut(&thread);
+    // The request this thread holds for another connection, read or written last.
+    let prior = held_elsewhere(t, &own);
+    let mut ahead = false;
+    if !server && let Some(t) = t {
+        // A client with a call held on another connection has two in flight (concurrent
+        // calls, a hedge): that one goes now, in its place among the thread's calls, and the
+        // thread holds nothing for a while.
+        // SAFETY: a map value, valid for this program run; only this thread writes `conn`.
+        let t = unsafe { &mut *t };
+        if let Some(p) = &prior {
+            release(p);
+            t.ahead_until = io.ts.0 + AHEAD_NS;
+        }
+        t.conn = NO_CONN;
+        ahead = io.ts.0 < t.ahead_until;
+    }
+    // A server thread that holds requests (the last read, `prior`, or earlier ones) serves
+    // this one among them: flagged, as they are, since userspace sees held ones late.
+    // SAFETY: a map value, valid for this program run; `held` is read as a hint (an answer
+    // elsewhere may take one meanwhile).
+    let interleaved = server && t.is_some_and(|t| unsafe { (*t).held } > 0);
+    let flags = if interleaved {
+        data_flags::INTERLEAVED
+    } else {
+        0
+    };
     let Some((buf, got)) = io.copy() else {
         return;
     };
@@ -176,7 +219,14 @@ fn request(io: &Io<'_>) {
         && !sampled()
     {
         // Go request contexts are never held: this thread's goroutine context is 0.
-        let h = header(io.pid_tgid, info, io.sc, 0, (got, ret, total), io.ts);
+        let h = header(
+            io.pid_tgid,
+            info,
+            io.sc,
+            (0, flags),
+            (got, ret, total),
+            io.ts,
+        );
         // SAFETY: slot 0 of the scratch starts with a header and HELD_BYTES ≤ MAX_PAYLOAD of
         // payload; a `HeldRequest` is that prefix of it.
         let held = unsafe {
@@ -185,22 +235,91 @@ fn request(io: &Io<'_>) {
         };
         if held {
             io.set_flags(CONN_HELD, 0);
-            let entry = ThreadHeld {
-                conn: own,
-                ahead_until: 0,
-            };
-            let _ = THREAD_HELD.insert(&io.thread(), &entry, 0);
+            if let Some(p) = &prior
+                && let Some(ph) = HELD.get_ptr_mut(p)
+            {
+                // It waited while this one was read.
+                // SAFETY: a map value, valid for this program run.
+                unsafe { (*ph).header.flags |= data_flags::INTERLEAVED };
+            }
+            hold_on(thread, t, own);
             return;
         }
     }
-    io.send(got);
+    if server && let Some(t) = t {
+        // Sent whole: what the thread read before it goes first, in its place (unflagged if
+        // it was alone: userspace sees the two reads in their order).
+        if let Some(p) = &prior {
+            release(p);
+        }
+        // SAFETY: a map value, valid for this program run; only this thread writes `conn`.
+        unsafe { (*t).conn = NO_CONN };
+    }
+    io.send(got, flags);
+}
+
+/// `THREAD_HELD`'s entry of `thread` (`t`, if it has one) after it held a request on `own`.
+#[inline(always)]
+fn hold_on(thread: u64, t: Option<*mut ThreadHeld>, own: ConnKey) {
+    match t {
+        Some(t) => {
+            // SAFETY: a map value, valid for this program run; `held` is shared with other
+            // threads' answers, hence the atomic add.
+            unsafe {
+                (*t).conn = own;
+                if (*t).held < 0 {
+                    (*t).held = 0;
+                }
+                atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(addr_of_mut!((*t).held), 1);
+            }
+        }
+        None => {
+            let entry = ThreadHeld {
+                conn: own,
+                ahead_until: 0,
+                held: 1,
+            };
+            let _ = THREAD_HELD.insert(&thread, &entry, 0);
+        }
+    }
+}
+
+/// The connection of the request `t`'s thread holds and read last, if that is not `own` and
+/// it is still held.
+#[inline(always)]
+fn held_elsewhere(t: Option<*mut ThreadHeld>, own: &ConnKey) -> Option<ConnKey> {
+    let t = t?;
+    // SAFETY: a map value, valid for this program run.
+    let conn = unsafe { (*t).conn };
+    (conn != NO_CONN && conn != *own && HELD.get_ptr(&conn).is_some()).then_some(conn)
 }
 
 #[inline(always)]
 fn response(io: &Io<'_>) {
     let (info, own) = (io.info, io.own());
-    // What this thread holds of another connection came before this answer.
-    moved_on(io.thread(), &own, io.ts.0);
+    if let Some(t) = THREAD_HELD.get_ptr_mut(&io.thread()) {
+        // What this thread holds of another connection came before this answer, unless this
+        // is a server's answer to a request the thread held too: that one was flagged when a
+        // later one was read (which was flagged as read among held ones), so userspace needs
+        // no order.
+        let prior = held_elsewhere(Some(t), &own);
+        let keep = info.role == role::SERVER
+            && prior.is_some()
+            && info.flags & CONN_HELD != 0
+            // SAFETY: a map value, valid for this program run.
+            && HELD.get_ptr(&own).is_some_and(|h| unsafe { (*h).header.tid } == io.pid_tgid as u32);
+        // SAFETY: a map value, valid for this program run; only this thread writes `conn`.
+        let t = unsafe { &mut *t };
+        if !keep {
+            if let Some(p) = &prior {
+                release(p);
+                if info.role == role::CLIENT {
+                    t.ahead_until = io.ts.0 + AHEAD_NS;
+                }
+            }
+            t.conn = NO_CONN;
+        }
+    }
     if info.flags & CONN_HELD == 0 {
         if info.flags & CONN_QUIET != 0 {
             // The rest of a summarised response, unless a new one starts (a 408 a server sends
@@ -245,7 +364,7 @@ fn response(io: &Io<'_>) {
                 && (info.role == role::CLIENT || !hot_thread(io.pid_tgid, start));
             if quiet {
                 summarize(h, io, status);
-                let _ = HELD.remove(&own);
+                unhold(h, &own);
                 io.set_flags(CONN_QUIET, 0);
                 return;
             }
@@ -260,7 +379,7 @@ fn response(io: &Io<'_>) {
     if info.role == role::CLIENT && status >= 400 {
         mark_failed(io.pid_tgid, info, io.ts.0);
     }
-    io.send(got);
+    io.send(got, 0);
 }
 
 /// Sends the request held for connection `key`, if any: what comes next on the connection
@@ -277,38 +396,35 @@ pub fn release(key: &ConnKey) {
         let size = size_of::<DataHeader>() + (captured & (2 * HELD_BYTES - 1)).min(HELD_BYTES);
         output(core::slice::from_raw_parts(h as *const u8, size));
     }
+    unhold(h, key);
+}
+
+/// Takes the request `h` held for `key` out of `HELD` and off its thread's count.
+#[inline(always)]
+fn unhold(h: *const HeldRequest, key: &ConnKey) {
+    // SAFETY: a map value, valid until it is removed below.
+    let thread = unsafe {
+        let h = &(*h).header;
+        (u64::from(h.pid) << 32 | u64::from(h.tid)) | (u64::from(h.role == role::SERVER) << 63)
+    };
+    if let Some(t) = THREAD_HELD.get_ptr_mut(&thread) {
+        // SAFETY: a map value, valid for this program run; other threads change it too.
+        unsafe {
+            atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(addr_of_mut!((*t).held), -1)
+        };
+    }
     let _ = HELD.remove(key);
 }
 
 /// Bytes of an answer read to decide on its held request: "HTTP/1.1 200".
 const STATUS_LINE: u64 = 12;
-/// How long a thread that moved on from a held request holds nothing.
+/// How long a client thread that moved on from a held call holds nothing.
 const AHEAD_NS: u64 = 1_000_000_000;
 /// `ThreadHeld::conn` when the thread holds nothing.
 const NO_CONN: ConnKey = ConnKey {
     tgid: 0,
     fd: u32::MAX,
 };
-
-/// `thread` (`Io::thread`) has a message on connection `own` at `now`: the request it holds
-/// for another connection, if any, goes first, and it is marked as reading ahead. Whether it
-/// reads ahead (holds nothing) now.
-#[inline(always)]
-fn moved_on(thread: u64, own: &ConnKey, now: u64) -> bool {
-    let Some(t) = THREAD_HELD.get_ptr_mut(&thread) else {
-        return false;
-    };
-    // SAFETY: a map value, valid for this program run; only this thread writes its entry.
-    let t = unsafe { &mut *t };
-    if t.conn != NO_CONN {
-        if t.conn != *own && HELD.get_ptr(&t.conn).is_some() {
-            release(&t.conn);
-            t.ahead_until = now + AHEAD_NS;
-        }
-        t.conn = NO_CONN;
-    }
-    now < t.ahead_until
-}
 
 /// With `--capture-summarize`: what a reset or close of connection `key` must send first.
 #[inline(always)]
@@ -348,7 +464,7 @@ fn summarize(h: *const HeldRequest, io: &Io<'_>, status: u32) {
             io.pid_tgid,
             io.info,
             io.sc,
-            crate::uprobes::go::context(io.pid_tgid),
+            (crate::uprobes::go::context(io.pid_tgid), 0),
             (0, io.io.0, io.io.1),
             io.ts,
         ));

@@ -1009,3 +1009,47 @@ async fn an_answer_after_a_summarised_one_is_reported() {
         );
     }
 }
+
+/// An event loop that reads ahead (a request on each of two connections, then the answers,
+/// the second first) has both requests held and summarised, flagged as read among others its
+/// thread had not answered: their summaries reach userspace at their answers, so the order of
+/// reads no longer says they overlapped. A request it then serves alone is not flagged.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_an_event_loop_reads_ahead_are_summarised_and_flagged() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load_summarizing() else {
+        return;
+    };
+    let (mut server, port) = serve(python, "reading_ahead.py", &["server"], Ready::SaysReady);
+    let mut client = Proc::spawn(
+        python("reading_ahead.py", &[&port.to_string(), "client"]).stdout(Stdio::piped()),
+    );
+    assert_eq!(client.read_line().trim(), "done");
+    let _ = client.wait(Duration::from_secs(5));
+    let _ = server.wait(Duration::from_secs(5));
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(2),
+        involving(&[server.pid()]),
+        |_| false,
+    )
+    .await;
+    let served: Vec<(String, bool)> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Event::Summary(s) if s.request.pid == server.pid() => Some((
+                String::from_utf8_lossy(&s.request.payload).into_owned(),
+                s.request.interleaved,
+            )),
+            _ => None,
+        })
+        .collect();
+    let want = [
+        ("GET /y HTTP/1.1".to_owned(), true),
+        ("GET /x HTTP/1.1".to_owned(), true),
+        ("GET /z HTTP/1.1".to_owned(), false),
+    ];
+    assert_eq!(served, want, "\n{}", dump(&evs));
+}

@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use bytes::{Bytes, BytesMut};
 use retry_common::{
     AF_INET, AF_INET6, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT,
-    KIND_SUMMARY, ProcessExitRecord, SUMMARY_LINE, SockTuple, SummaryRecord, conn_kind, direction,
-    role, syscall,
+    KIND_SUMMARY, ProcessExitRecord, SUMMARY_LINE, SockTuple, SummaryRecord, conn_kind, data_flags,
+    direction, role, syscall,
 };
 
 use super::event::{
@@ -135,7 +135,7 @@ fn decode_data(raw: &[u8], arena: Option<&mut PayloadArena>) -> Result<DataEvent
             v => {
                 return Err(DecodeError::UnknownValue {
                     what: "direction",
-                    value: v,
+                    value: u32::from(v),
                 });
             }
         },
@@ -144,6 +144,7 @@ fn decode_data(raw: &[u8], arena: Option<&mut PayloadArena>) -> Result<DataEvent
         pid: h.pid,
         tid: h.tid,
         goid: (h.goroutine != 0).then_some(h.goroutine),
+        interleaved: h.flags & data_flags::INTERLEAVED != 0,
         ts_enter_ns: h.ts_enter_ns,
         ts_exit_ns: h.ts_exit_ns,
         len: h.len,

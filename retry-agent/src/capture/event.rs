@@ -85,6 +85,11 @@ pub struct DataEvent {
     /// goroutine it works for; `retry_common::GOROUTINE_ROOTED` set when traced to a request
     /// root by the Go uprobes).
     pub goid: Option<u64>,
+    /// A served request the kernel saw its thread read among others it had not answered
+    /// (`retry_common::data_flags::INTERLEAVED`): with `--capture-summarize` a held request
+    /// reaches userspace late, so the order of reads alone no longer tells.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interleaved: bool,
     pub ts_enter_ns: u64,
     pub ts_exit_ns: u64,
     /// Bytes the syscall actually moved (its positive return value).
@@ -358,6 +363,7 @@ mod tests {
             pid: 1,
             tid: 2,
             goid: None,
+            interleaved: false,
             ts_enter_ns: 10,
             ts_exit_ns: 11,
             len: 6,

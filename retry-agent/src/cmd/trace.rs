@@ -218,6 +218,7 @@ mod tests {
             pid,
             tid: pid,
             goid: None,
+            interleaved: false,
             ts_enter_ns: 1,
             ts_exit_ns: 2,
             len: 1,

@@ -67,8 +67,13 @@ impl Emitter<'_> {
     /// A request head arrived on a connection of `info`, read by `start.tid`.
     pub(crate) fn request_read(&mut self, info: &ConnInfo, start: &Ctx) {
         if info.role == Role::Server {
-            self.inbound
-                .read(info.pid, start.tid, info.id, start.ts_start);
+            self.inbound.read(
+                info.pid,
+                start.tid,
+                info.id,
+                start.ts_start,
+                start.interleaved,
+            );
         }
     }
 
@@ -141,6 +146,7 @@ fn ctx_of(d: &DataEvent) -> Ctx {
         ts_end: d.ts_exit_ns,
         tid: d.tid,
         goid: d.goid,
+        interleaved: d.interleaved,
     }
 }
 

@@ -210,6 +210,7 @@ impl Reassembler {
                     ts_end: *ts_ns,
                     tid: *pid,
                     goid: None,
+                    interleaved: false,
                 };
                 let mut em = Emitter {
                     out,
@@ -294,6 +295,7 @@ impl Reassembler {
             ts_end: ev.ts_ns,
             tid: ev.tid,
             goid: None,
+            interleaved: false,
         };
         let (cap, inflight) = (self.cfg.conn_buffer_bytes, self.cfg.max_inflight);
         let open = |conns: &mut LruCache<ConnId, Conn, ConnHasher>,
@@ -380,6 +382,7 @@ impl Reassembler {
                     ts_end: now_ns,
                     tid: 0,
                     goid: None,
+                    interleaved: false,
                 };
                 c.end(EndKind::Idle, &ctx, &mut em);
                 em.stats.evictions_idle += 1;
@@ -413,6 +416,7 @@ fn insert(
             ts_end: old.last_ts,
             tid: 0,
             goid: None,
+            interleaved: false,
         };
         old.end(EndKind::Evicted, &ctx, em);
         em.stats.evictions_lru += 1;

@@ -16,6 +16,9 @@ pub(crate) struct Ctx {
     pub ts_end: u64,
     pub tid: u32,
     pub goid: Option<u64>,
+    /// A request the kernel saw its thread read among others it had not answered
+    /// (`DataEvent::interleaved`).
+    pub interleaved: bool,
 }
 
 /// A request head, HTTP/1 or HTTP/2.

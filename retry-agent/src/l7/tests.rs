@@ -62,6 +62,7 @@ pub(super) fn data_trunc(
         pid: PID,
         tid,
         goid: None,
+        interleaved: false,
         ts_enter_ns: ts,
         ts_exit_ns: ts + 5,
         len,
@@ -1324,4 +1325,32 @@ fn a_kernel_summary_is_one_exchange_between_whole_ones() {
     );
     assert_eq!(stats.parse_errors, 1);
     assert_eq!((stats.exchanges, stats.summarised_exchanges), (4, 2));
+}
+
+#[test]
+fn summaries_of_an_event_loop_are_not_alone() {
+    // One thread read /x on fd 3, then /y on fd 4, and answered /y first: the kernel held both
+    // and sends each summary at its answer, /y's before /x's read ever reaches l7. Only the
+    // kernel's flag says the two overlapped.
+    let flagged = |mut e: Event| {
+        if let Event::Summary(s) = &mut e {
+            s.request.interleaved = true;
+        }
+        e
+    };
+    let events = [
+        flagged(summary(4, Role::Server, 20, b"GET /y HTTP/1.1", 200)),
+        flagged(summary(3, Role::Server, 10, b"GET /x HTTP/1.1", 200)),
+        // Later, alone: read and answered with nothing else in flight.
+        summary(3, Role::Server, 200, b"GET /z HTTP/1.1", 200),
+    ];
+    let (xs, _) = run(&events);
+    let alone: Vec<_> = xs
+        .iter()
+        .map(|x| (x.path.as_deref(), x.sole_on_thread))
+        .collect();
+    assert_eq!(
+        alone,
+        [(Some("/y"), false), (Some("/x"), false), (Some("/z"), true)]
+    );
 }

@@ -35,6 +35,7 @@ fn data(fd: u32, dir: Direction, ts: u64, payload: &[u8]) -> Event {
         pid: 10,
         tid: 11,
         goid: None,
+        interleaved: false,
         ts_enter_ns: ts,
         ts_exit_ns: ts,
         len: payload.len() as u64,

@@ -66,6 +66,7 @@ impl Side {
             pid: self.conn.pid,
             tid: self.tid,
             goid: None,
+            interleaved: false,
             ts_enter_ns: ts.saturating_sub(1_000),
             ts_exit_ns: ts,
             len: payload.len() as u64,

@@ -1,6 +1,6 @@
 use retry_common::{
     AF_INET, AF_INET6, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT,
-    ProcessExitRecord, SockTuple, conn_kind, direction, role, syscall,
+    ProcessExitRecord, SockTuple, conn_kind, data_flags, direction, role, syscall,
 };
 
 use super::*;
@@ -31,6 +31,7 @@ fn data_record(payload: &[u8], captured: u32) -> Vec<u8> {
         fd: 5,
         role: role::CLIENT,
         direction: direction::EGRESS,
+        flags: 0,
         captured,
         generation: 77,
         ts_enter_ns: 100,
@@ -342,6 +343,7 @@ fn summary_record(line: &[u8], status: u32) -> Vec<u8> {
         fd: 5,
         role: role::SERVER,
         direction: direction::INGRESS,
+        flags: data_flags::INTERLEAVED,
         captured: line.len() as u32,
         generation: 77,
         ts_enter_ns: 100,
@@ -355,6 +357,7 @@ fn summary_record(line: &[u8], status: u32) -> Vec<u8> {
         syscall: syscall::SENDTO,
         tid: 12,
         direction: direction::EGRESS,
+        flags: 0,
         captured: 0,
         ts_enter_ns: 180,
         ts_exit_ns: 180,
@@ -390,6 +393,8 @@ fn a_summary_is_its_two_records_and_only_the_request_line() {
         (Role::Server, Direction::Ingress, 11)
     );
     assert_eq!((a.direction, a.tid), (Direction::Egress, 12));
+    // The kernel's word that the request was read among others its thread had not answered.
+    assert!(q.interleaved && !a.interleaved);
     assert_eq!(
         (q.ts_exit_ns, q.len, a.ts_exit_ns, a.len),
         (100, 300, 180, 2000)

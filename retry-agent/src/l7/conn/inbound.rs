@@ -34,8 +34,17 @@ pub(crate) struct InboundByThread {
 }
 
 impl InboundByThread {
-    /// Thread `tid` of `pid` read the head of a request on `conn` starting at `start_ns`.
-    pub(crate) fn read(&mut self, pid: u32, tid: u32, conn: ConnId, start_ns: u64) {
+    /// Thread `tid` of `pid` read the head of a request on `conn` starting at `start_ns`;
+    /// `interleaved`: the kernel saw the thread read it among others it had not answered
+    /// (requests it held back, which reach here late: the order of reads alone cannot tell).
+    pub(crate) fn read(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        conn: ConnId,
+        start_ns: u64,
+        interleaved: bool,
+    ) {
         if self.threads.len() >= MAX_THREADS && !self.threads.contains_key(&(pid, tid)) {
             self.threads.clear();
         }
@@ -45,7 +54,7 @@ impl InboundByThread {
             reads.remove(0);
         }
         // Both overlap, whichever is answered first.
-        let interleaved = !reads.is_empty();
+        let interleaved = interleaved || !reads.is_empty();
         for r in reads.iter_mut() {
             r.interleaved = true;
         }
@@ -104,12 +113,12 @@ mod tests {
     fn a_thread_per_request_answers_alone() {
         let mut t = InboundByThread::default();
         for i in 0..20u64 {
-            t.read(1, 7, conn(4), i * 10);
+            t.read(1, 7, conn(4), i * 10, false);
             assert!(t.answer(1, 7, conn(4), i * 10, i * 10 + 5));
         }
         // Another thread's requests in between change nothing.
-        t.read(1, 7, conn(4), 300);
-        t.read(1, 8, conn(5), 301);
+        t.read(1, 7, conn(4), 300, false);
+        t.read(1, 8, conn(5), 301, false);
         assert!(t.answer(1, 8, conn(5), 301, 302));
         assert!(t.answer(1, 7, conn(4), 300, 310));
     }
@@ -118,18 +127,32 @@ mod tests {
     fn an_event_loop_never_answers_alone() {
         let mut t = InboundByThread::default();
         // Y read, X read, Y answered, X answered: both overlapped, whatever the order.
-        t.read(1, 7, conn(5), 30);
-        t.read(1, 7, conn(6), 35);
+        t.read(1, 7, conn(5), 30, false);
+        t.read(1, 7, conn(6), 35, false);
         assert!(!t.answer(1, 7, conn(5), 30, 40));
         assert!(!t.answer(1, 7, conn(6), 35, 50));
         // X read while Y was unanswered; X answered first.
-        t.read(1, 7, conn(5), 60);
-        t.read(1, 7, conn(6), 65);
+        t.read(1, 7, conn(5), 60, false);
+        t.read(1, 7, conn(6), 65, false);
         assert!(!t.answer(1, 7, conn(6), 65, 70));
         assert!(!t.answer(1, 7, conn(5), 60, 80));
         // Alone again afterwards.
-        t.read(1, 7, conn(5), 90);
+        t.read(1, 7, conn(5), 90, false);
         assert!(t.answer(1, 7, conn(5), 90, 95));
+    }
+
+    #[test]
+    fn the_kernels_word_on_reads_held_back_counts() {
+        let mut t = InboundByThread::default();
+        // An event loop read X, then Y, both held by the kernel; Y was answered first, and its
+        // summary came before X's: from the order alone Y was alone.
+        t.read(1, 7, conn(6), 35, true);
+        assert!(!t.answer(1, 7, conn(6), 35, 40));
+        t.read(1, 7, conn(5), 30, true);
+        assert!(!t.answer(1, 7, conn(5), 30, 50));
+        // Unflagged and alone: alone.
+        t.read(1, 7, conn(5), 60, false);
+        assert!(t.answer(1, 7, conn(5), 60, 70));
     }
 
     #[test]
@@ -138,16 +161,16 @@ mod tests {
         // An answer to a request never read is not known to be alone.
         assert!(!t.answer(1, 7, conn(4), 10, 20));
         // A read never answered (its connection evicted) spoils the next ones until it is stale.
-        t.read(1, 7, conn(4), 100);
-        t.read(1, 7, conn(5), 200);
+        t.read(1, 7, conn(4), 100, false);
+        t.read(1, 7, conn(5), 200, false);
         assert!(!t.answer(1, 7, conn(5), 200, 210));
         let later = 100 + STALE_NS;
-        t.read(1, 7, conn(5), later);
+        t.read(1, 7, conn(5), later, false);
         assert!(t.answer(1, 7, conn(5), later, later + 10));
         // A process that exits takes its threads' reads with it.
-        t.read(1, 7, conn(4), later + 20);
+        t.read(1, 7, conn(4), later + 20, false);
         t.forget_pid(1);
-        t.read(1, 7, conn(5), later + 30);
+        t.read(1, 7, conn(5), later + 30, false);
         assert!(t.answer(1, 7, conn(5), later + 30, later + 40));
     }
 }

@@ -190,6 +190,7 @@ pub(crate) fn connect_failure(
         ts_end: ts,
         tid,
         goid: None,
+        interleaved: false,
     };
     let info = ConnInfo {
         id,

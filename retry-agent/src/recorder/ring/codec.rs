@@ -23,6 +23,8 @@ const HAS_GOID: u8 = 2;
 const HAS_ENTER: u8 = 4;
 /// The thread's process is not the connection's.
 const HAS_PID: u8 = 8;
+/// `DataEvent::interleaved`.
+const INTERLEAVED: u8 = 16;
 
 /// Every [`Syscall`], indexed by its discriminant (checked by a test).
 pub(super) const SYSCALLS: [Syscall; 15] = [
@@ -115,7 +117,8 @@ pub(super) fn put_meta(buf: &mut Vec<u8>, d: &DataEvent) {
     let flags = if d.tuple.is_some() { HAS_TUPLE } else { 0 }
         | if d.goid.is_some() { HAS_GOID } else { 0 }
         | if enter { HAS_ENTER } else { 0 }
-        | if pid { HAS_PID } else { 0 };
+        | if pid { HAS_PID } else { 0 }
+        | if d.interleaved { INTERLEAVED } else { 0 };
     buf.extend_from_slice(&d.conn.pid.to_le_bytes());
     buf.extend_from_slice(&d.conn.fd.to_le_bytes());
     buf.extend_from_slice(&d.conn.generation.to_le_bytes());
@@ -225,6 +228,7 @@ fn read_meta(r: &mut Reader<'_>, ts_exit_ns: u64) -> Option<DataEvent> {
     } else {
         ts_exit_ns
     };
+    let interleaved = flags & INTERLEAVED != 0;
     let goid = if flags & HAS_GOID != 0 {
         Some(r.u64()?)
     } else {
@@ -247,6 +251,7 @@ fn read_meta(r: &mut Reader<'_>, ts_exit_ns: u64) -> Option<DataEvent> {
         pid,
         tid,
         goid,
+        interleaved,
         ts_enter_ns,
         ts_exit_ns,
         len,

@@ -30,6 +30,7 @@ fn event(tuple: Option<Tuple>, goid: Option<u64>, payload: &[u8]) -> DataEvent {
         pid: 7,
         tid: 8,
         goid,
+        interleaved: false,
         ts_enter_ns: 100,
         ts_exit_ns: 200,
         len: 1 << 40,
@@ -56,10 +57,12 @@ fn data_events_come_back_as_they_went_in() {
         for g in [None, Some(42)] {
             for p in [&b""[..], b"GET / HTTP/1.1\r\n\r\n"] {
                 // Entry and exit the same clock read (a syscall's) or not (TLS); the thread's
-                // process the connection's or another (an inherited socket).
+                // process the connection's or another (an inherited socket); read among others
+                // its thread had not answered or not.
                 for (enter, pid) in [(100, 7), (200, 7), (100, 70), (200, 70)] {
                     let mut d = event(t, g, p);
                     (d.ts_enter_ns, d.pid) = (enter, pid);
+                    d.interleaved = pid == 70;
                     ring.push_data(&d, |b| b.len());
                     want.push(d);
                 }
