@@ -219,7 +219,7 @@ pub struct DataRecord {
 pub const SUMMARY_LINE: usize = 192;
 /// Largest request prefix the kernel holds back while it waits for the response
 /// (`--capture-summarize`); a request that captured more is sent as it is.
-pub const HELD_BYTES: usize = 1024;
+pub const HELD_BYTES: usize = 512;
 
 /// Value of the kernel's `HELD` map: a request record held back by `--capture-summarize`, its
 /// header and its bytes as it would have gone to the ring. Userspace reads what a process
