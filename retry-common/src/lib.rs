@@ -214,9 +214,6 @@ pub struct DataRecord {
     pub payload: [u8; MAX_PAYLOAD],
 }
 
-/// Bytes of a summarised request kept in its `SummaryRecord`: the request line (method, path,
-/// query) as far as it goes; its headers are not sent.
-pub const SUMMARY_LINE: usize = 192;
 /// Largest request prefix the kernel holds back while it waits for the response
 /// (`--capture-summarize`); a request that captured more is sent as it is.
 pub const HELD_BYTES: usize = 512;
@@ -234,8 +231,11 @@ pub struct HeldRequest {
 /// One HTTP/1 exchange that went quietly (`--capture-summarize`): the kernel held its request's
 /// record back until the response's first bytes showed a 2xx or 3xx status, nothing around it
 /// had failed, and sent this instead of the two records. `request` is the held request's
-/// header (`captured`: bytes of `line` that are valid), `response` the header the response's
-/// first record would have had (`captured` 0); the response's later records are not sent.
+/// header and `bytes` the request as it was held (`captured` of them are valid: its head, and
+/// a body that came with it), so a summarised exchange carries what a whole one's request
+/// does (trace ids, retry markers, the authority a retry is matched on); `response` is the
+/// header the response's first record would have had (`captured` 0); the response's later
+/// records are not sent.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SummaryRecord {
@@ -245,7 +245,7 @@ pub struct SummaryRecord {
     pub status: u32,
     pub response: DataHeader,
     pub request: DataHeader,
-    pub line: [u8; SUMMARY_LINE],
+    pub bytes: [u8; HELD_BYTES],
 }
 
 /// A connection lifecycle record.

@@ -41,8 +41,8 @@ fn data_record_layout() {
 
 #[test]
 fn summary_record_layout() {
-    layout!(SummaryRecord, size 8 + 2 * 120 + SUMMARY_LINE, {
-        kind @ 0, 4; status @ 4, 4; response @ 8, 120; request @ 128, 120; line @ 248, SUMMARY_LINE;
+    layout!(SummaryRecord, size 8 + 2 * 120 + HELD_BYTES, {
+        kind @ 0, 4; status @ 4, 4; response @ 8, 120; request @ 128, 120; bytes @ 248, HELD_BYTES;
     });
 }
 

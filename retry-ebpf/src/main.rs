@@ -75,7 +75,7 @@ const _: () = assert!(size_of::<PeerKey>() == 20);
 const _: () = assert!(size_of::<ServerEst>() == 48);
 const _: () = assert!(size_of::<Config>() == 112);
 const _: () =
-    assert!(size_of::<retry_common::SummaryRecord>() == 8 + 2 * 120 + retry_common::SUMMARY_LINE);
+    assert!(size_of::<retry_common::SummaryRecord>() == 8 + 2 * 120 + retry_common::HELD_BYTES);
 
 /// errno values the programs report or compare with.
 mod errno {

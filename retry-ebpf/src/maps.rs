@@ -178,11 +178,10 @@ pub static HOT_THREADS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(1638
 /// exchanges are sent whole for `Config::summary_hot_ns`, so retries and their outcomes are seen.
 #[map]
 pub static HOT_PEERS: LruHashMap<PeerKey, u64> = LruHashMap::with_max_entries(8192, 0);
-/// The connection whose request a thread read (as a server) or wrote (as a client) last and
-/// the kernel holds, and how many it holds, by `summary::Io::thread`. A client thread's next
-/// call on another connection sends the held one first, so userspace sees its calls in their
-/// order (hedge detection depends on it); a server thread's requests read while it holds
-/// others are flagged `data_flags::INTERLEAVED` instead (an event loop reading ahead).
+/// The connection whose request a server thread read last and the kernel holds, and how many
+/// it holds, by thread (pid_tgid): a request it reads while it holds others is flagged
+/// `data_flags::INTERLEAVED` (an event loop reading ahead), as userspace sees held requests
+/// late, at their answers.
 #[map]
 pub static THREAD_HELD: LruHashMap<u64, ThreadHeld> = LruHashMap::with_max_entries(16384, 0);
 
@@ -190,12 +189,8 @@ pub static THREAD_HELD: LruHashMap<u64, ThreadHeld> = LruHashMap::with_max_entri
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ThreadHeld {
-    /// The connection whose request it holds and read or wrote last (fd `u32::MAX`: none).
+    /// The connection whose request it holds and read last (fd `u32::MAX`: none).
     pub conn: ConnKey,
-    /// Client threads: until when they hold nothing. One that moved on from a held call to
-    /// another connection (a concurrent client) would only have its calls held and sent whole
-    /// at their next message, at the cost of two map writes for nothing.
-    pub ahead_until: u64,
     /// Requests of this thread in `HELD` (changed atomically: an answer on another thread, a
     /// close or a reset takes one). Below zero after an eviction of this entry: read as none.
     pub held: i64,

@@ -4,7 +4,7 @@
 //! A request record that starts with a common method and was captured whole is held in `HELD`
 //! (per connection) instead of being sent. The response's first record decides: a 2xx or 3xx
 //! status line, on a connection whose request nothing made interesting, sends the summary (the
-//! two headers, the status and the request line) and leaves the rest of that response out
+//! two headers, the status and the request as held) and leaves the rest of that response out
 //! (`CONN_QUIET`); anything else sends the held request, then the response, as without this.
 //! What makes an exchange interesting, so it is sent whole:
 //! - its answer is not a 2xx/3xx (a failure, an upgrade, a 1xx);
@@ -20,21 +20,20 @@
 //!
 //! Nothing is lost by holding: a held request goes out before anything else of its connection
 //! (a second request record, a close, a reset, a response that is not summarised). Nor is
-//! what userspace reads from the order of a thread's messages:
-//! - a client thread's next call on another connection sends its held call first, and the
-//!   thread holds nothing for a second (`AHEAD_NS`): a concurrent client would only have its
-//!   calls held and sent whole at their next message. Hedges need it: a summary carries no
-//!   headers, so the twin that won, summarised, would not match the one given up, whole;
-//! - a server thread that reads a request while it holds others (an event loop reading ahead)
-//!   keeps them held: the new one and the one it read last are flagged
-//!   `data_flags::INTERLEAVED` (every earlier one was flagged when the next was read), which
-//!   is what l7's one-request-per-thread reading (`sole_on_thread`) would have learnt from the
-//!   order. A request sent whole goes after the one the thread held last (unflagged if that
-//!   was the only one: the order says it); so does an answer to a request the thread did not
-//!   hold. `THREAD_HELD` keeps each thread's last held request and how many it holds.
+//! what userspace reads from the order of a server thread's messages: a server thread that
+//! reads a request while it holds others (an event loop reading ahead) keeps them held, and
+//! the new one and the one it read last are flagged `data_flags::INTERLEAVED` (every earlier
+//! one was flagged when the next was read): what l7's one-request-per-thread reading
+//! (`sole_on_thread`) would have learnt from the order. A request sent whole goes after the
+//! one the thread held last (unflagged if that was the only one: the order says it); so does
+//! an answer to a request the thread did not hold. `THREAD_HELD` keeps each server thread's
+//! last held request and how many it holds. A client's calls need no order among themselves:
+//! a summary carries its request whole (up to `HELD_BYTES`), so a hedge's twin summarised
+//! matches the one given up, and `correlate` takes an attempt reported after the one that
+//! followed it (its out-of-order hedge).
 //!
-//! What is given up is what userspace reads from a successful exchange's headers (trace ids,
-//! hedges among quiet exchanges, the sizes of summarised responses past their first record).
+//! What is given up is what a summarised response's own bytes would say: its headers and its
+//! size past its first record.
 use core::{
     ffi::c_void,
     intrinsics::{AtomicOrdering, atomic_xadd},
@@ -45,7 +44,7 @@ use core::{
 use aya_ebpf::helpers::generated;
 use retry_common::{
     CONN_H2, CONN_HELD, CONN_QUIET, ConnInfo, ConnKey, DataHeader, HELD_BYTES, HeldRequest,
-    KIND_SUMMARY, PeerKey, SUMMARY_LINE, SummaryRecord, config_flags, data_flags, role, syscall,
+    KIND_SUMMARY, PeerKey, SummaryRecord, config_flags, data_flags, role, syscall,
 };
 
 use crate::{
@@ -83,14 +82,6 @@ pub struct Io<'a> {
 }
 
 impl Io<'_> {
-    /// The thread on its side of its connections (`THREAD_HELD`'s key): a server thread's
-    /// own calls neither release nor flag the requests it serves.
-    #[inline(always)]
-    fn thread(&self) -> u64 {
-        // Bit 63 is far above any tgid.
-        self.pid_tgid | (u64::from(self.info.role == role::SERVER) << 63)
-    }
-
     /// The connection under the fd it was opened as (what `HELD` is keyed by).
     #[inline(always)]
     fn own(&self) -> ConnKey {
@@ -174,25 +165,16 @@ fn request(io: &Io<'_>) {
             return;
         }
     }
-    let thread = io.thread();
+    let thread = io.pid_tgid;
     let server = info.role == role::SERVER;
-    let t = THREAD_HELD.get_ptr_mut(&thread);
-    // The request this thread holds for another connection, read or written last.
+    // Clients' calls are not ordered among themselves (see the module's header).
+    let t = if server {
+        THREAD_HELD.get_ptr_mut(&thread)
+    } else {
+        None
+    };
+    // The request this server thread holds for another connection, read last.
     let prior = held_elsewhere(t, &own);
-    let mut ahead = false;
-    if !server && let Some(t) = t {
-        // A client with a call held on another connection has two in flight (concurrent
-        // calls, a hedge): that one goes now, in its place among the thread's calls, and the
-        // thread holds nothing for a while.
-        // SAFETY: a map value, valid for this program run; only this thread writes `conn`.
-        let t = unsafe { &mut *t };
-        if let Some(p) = &prior {
-            release(p);
-            t.ahead_until = io.ts.0 + AHEAD_NS;
-        }
-        t.conn = NO_CONN;
-        ahead = io.ts.0 < t.ahead_until;
-    }
     // A server thread that holds requests (the last read, `prior`, or earlier ones) serves
     // this one among them: flagged, as they are, since userspace sees held ones late.
     // SAFETY: a map value, valid for this program run; `held` is read as a hint (an answer
@@ -208,8 +190,7 @@ fn request(io: &Io<'_>) {
     };
     let (ret, total) = io.io;
     // SAFETY: the first slot's payload holds `got` bytes.
-    let holdable = !ahead
-        && io.key.fd == info.fd
+    let holdable = io.key.fd == info.fd
         && got == total
         && got <= HELD_BYTES as u64
         && unsafe { starts_request(buf.add(size_of::<DataHeader>()), got) };
@@ -242,11 +223,13 @@ fn request(io: &Io<'_>) {
                 // SAFETY: a map value, valid for this program run.
                 unsafe { (*ph).header.flags |= data_flags::INTERLEAVED };
             }
-            hold_on(thread, t, own);
+            if server {
+                hold_on(thread, t, own);
+            }
             return;
         }
     }
-    if server && let Some(t) = t {
+    if let Some(t) = t {
         // Sent whole: what the thread read before it goes first, in its place (unflagged if
         // it was alone: userspace sees the two reads in their order).
         if let Some(p) = &prior {
@@ -274,11 +257,7 @@ fn hold_on(thread: u64, t: Option<*mut ThreadHeld>, own: ConnKey) {
             }
         }
         None => {
-            let entry = ThreadHeld {
-                conn: own,
-                ahead_until: 0,
-                held: 1,
-            };
+            let entry = ThreadHeld { conn: own, held: 1 };
             let _ = THREAD_HELD.insert(&thread, &entry, 0);
         }
     }
@@ -297,14 +276,15 @@ fn held_elsewhere(t: Option<*mut ThreadHeld>, own: &ConnKey) -> Option<ConnKey> 
 #[inline(always)]
 fn response(io: &Io<'_>) {
     let (info, own) = (io.info, io.own());
-    if let Some(t) = THREAD_HELD.get_ptr_mut(&io.thread()) {
+    if info.role == role::SERVER
+        && let Some(t) = THREAD_HELD.get_ptr_mut(&io.pid_tgid)
+    {
         // What this thread holds of another connection came before this answer, unless this
-        // is a server's answer to a request the thread held too: that one was flagged when a
-        // later one was read (which was flagged as read among held ones), so userspace needs
-        // no order.
+        // answer's own request is one the thread held too: that one was flagged when a later
+        // one was read (which was flagged as read among held ones), so userspace needs no
+        // order.
         let prior = held_elsewhere(Some(t), &own);
-        let keep = info.role == role::SERVER
-            && prior.is_some()
+        let keep = prior.is_some()
             && info.flags & CONN_HELD != 0
             // SAFETY: a map value, valid for this program run.
             && HELD.get_ptr(&own).is_some_and(|h| unsafe { (*h).header.tid } == io.pid_tgid as u32);
@@ -313,9 +293,6 @@ fn response(io: &Io<'_>) {
         if !keep {
             if let Some(p) = &prior {
                 release(p);
-                if info.role == role::CLIENT {
-                    t.ahead_until = io.ts.0 + AHEAD_NS;
-                }
             }
             t.conn = NO_CONN;
         }
@@ -403,11 +380,14 @@ pub fn release(key: &ConnKey) {
 #[inline(always)]
 fn unhold(h: *const HeldRequest, key: &ConnKey) {
     // SAFETY: a map value, valid until it is removed below.
-    let thread = unsafe {
+    let (server, thread) = unsafe {
         let h = &(*h).header;
-        (u64::from(h.pid) << 32 | u64::from(h.tid)) | (u64::from(h.role == role::SERVER) << 63)
+        (
+            h.role == role::SERVER,
+            u64::from(h.pid) << 32 | u64::from(h.tid),
+        )
     };
-    if let Some(t) = THREAD_HELD.get_ptr_mut(&thread) {
+    if server && let Some(t) = THREAD_HELD.get_ptr_mut(&thread) {
         // SAFETY: a map value, valid for this program run; other threads change it too.
         unsafe {
             atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(addr_of_mut!((*t).held), -1)
@@ -418,8 +398,6 @@ fn unhold(h: *const HeldRequest, key: &ConnKey) {
 
 /// Bytes of an answer read to decide on its held request: "HTTP/1.1 200".
 const STATUS_LINE: u64 = 12;
-/// How long a client thread that moved on from a held call holds nothing.
-const AHEAD_NS: u64 = 1_000_000_000;
 /// `ThreadHeld::conn` when the thread holds nothing.
 const NO_CONN: ConnKey = ConnKey {
     tgid: 0,
@@ -456,7 +434,8 @@ fn summarize(h: *const HeldRequest, io: &Io<'_>, status: u32) {
     };
     let r = e.as_mut_ptr();
     // SAFETY: `r` is the reserved record; every field is written before it is submitted (the
-    // request header and line by one copy of the held value's start, which has that layout).
+    // request header and its captured bytes by one copy of the held value's start, which has
+    // that layout; the mask restates captured ≤ HELD_BYTES for the verifier).
     unsafe {
         addr_of_mut!((*r).kind).write(KIND_SUMMARY);
         addr_of_mut!((*r).status).write(status);
@@ -469,18 +448,12 @@ fn summarize(h: *const HeldRequest, io: &Io<'_>, status: u32) {
             io.ts,
         ));
         let req = addr_of_mut!((*r).request);
-        if generated::bpf_probe_read_kernel(
-            req as *mut c_void,
-            (size_of::<DataHeader>() + SUMMARY_LINE) as u32,
-            h as *const c_void,
-        ) != 0
-        {
+        let captured = (*h).header.captured as usize;
+        let n = size_of::<DataHeader>() + (captured & (2 * HELD_BYTES - 1)).min(HELD_BYTES);
+        if generated::bpf_probe_read_kernel(req as *mut c_void, n as u32, h as *const c_void) != 0 {
             e.discard(0);
             count_drop();
             return;
-        }
-        if (*req).captured > SUMMARY_LINE as u32 {
-            (*req).captured = SUMMARY_LINE as u32;
         }
     }
     e.submit(ring_flags(size));

@@ -1040,7 +1040,11 @@ async fn requests_an_event_loop_reads_ahead_are_summarised_and_flagged() {
         .iter()
         .filter_map(|e| match e {
             Event::Summary(s) if s.request.pid == server.pid() => Some((
-                String::from_utf8_lossy(&s.request.payload).into_owned(),
+                String::from_utf8_lossy(&s.request.payload)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned(),
                 s.request.interleaved,
             )),
             _ => None,

@@ -4,9 +4,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use bytes::{Bytes, BytesMut};
 use retry_common::{
-    AF_INET, AF_INET6, ConnRecord, DataHeader, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT,
-    KIND_SUMMARY, ProcessExitRecord, SUMMARY_LINE, SockTuple, SummaryRecord, conn_kind, data_flags,
-    direction, role, syscall,
+    AF_INET, AF_INET6, ConnRecord, DataHeader, HELD_BYTES, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT,
+    KIND_SUMMARY, ProcessExitRecord, SockTuple, SummaryRecord, conn_kind, data_flags, direction,
+    role, syscall,
 };
 
 use super::event::{
@@ -173,29 +173,12 @@ fn decode_summary(
             },
         });
     }
-    // Only the request line: the bytes the kernel sent after it are the start of its headers,
-    // which a summary does not carry (nor must anything downstream see them).
+    // The request's header and its bytes lie in the record as a data record would hold them.
     let sent = usize::try_from(r.request.captured)
         .unwrap_or(usize::MAX)
-        .min(SUMMARY_LINE);
-    let line = r.line.get(..sent).unwrap_or_default();
-    let mut line_len = memchr::memchr(b'\n', line).unwrap_or(line.len());
-    if line_len > 0 && line.get(line_len - 1) == Some(&b'\r') {
-        line_len -= 1;
-    }
-    let mut head = r.request;
-    head.captured = line_len as u32;
-    let mut rec = [0u8; size_of::<DataHeader>() + SUMMARY_LINE];
-    // SAFETY: `DataHeader` is Pod; `rec` holds one and SUMMARY_LINE bytes more.
-    unsafe { std::ptr::write_unaligned(rec.as_mut_ptr().cast::<DataHeader>(), head) };
-    if let (Some(dst), Some(src)) = (
-        rec.get_mut(size_of::<DataHeader>()..size_of::<DataHeader>() + line_len),
-        line.get(..line_len),
-    ) {
-        dst.copy_from_slice(src);
-    }
+        .min(HELD_BYTES);
     let request = decode_data(
-        rec.get(..size_of::<DataHeader>() + line_len)
+        raw.get(at..at + size_of::<DataHeader>() + sent)
             .unwrap_or_default(),
         arena,
     )?;

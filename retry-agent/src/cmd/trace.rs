@@ -155,9 +155,9 @@ pub async fn run(args: TraceArgs) -> anyhow::Result<()> {
                                 (Some(r), Event::Data(d)) => {
                                     d.payload = crate::recorder::redact::redact_for_display(r, d);
                                 }
-                                (Some(_), Event::Summary(s)) => {
+                                (Some(r), Event::Summary(s)) => {
                                     s.request.payload =
-                                        crate::recorder::redact::redact_request_line(&s.request.payload).0;
+                                        crate::recorder::redact::redact_for_display(r, &s.request);
                                 }
                                 _ => {}
                             }

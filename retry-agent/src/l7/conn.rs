@@ -270,10 +270,7 @@ impl Conn {
             protocol: Protocol::Http1,
             ..self.info
         };
-        let line = req.payload.as_ref();
-        let line = memchr::memchr(b'\n', line).map_or(line, |end| line.get(..end).unwrap_or(line));
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(head) = http1::request_line(line) else {
+        let Some(head) = http1::summarised_request(&req.payload) else {
             em.stats.parse_errors += 1;
             return;
         };

@@ -7,27 +7,17 @@ mod head;
 pub(crate) use head::{could_start_request, find_head_end, looks_like_start};
 use head::{parse_request_head, parse_response_head};
 
-/// A request line alone (what a kernel summary keeps of a request): method, path, query digest,
-/// authority of an absolute target; `None` when it is not one.
-pub(crate) fn request_line(line: &[u8]) -> Option<super::msg::ReqInfo> {
-    // As a head without fields, so it is read by the one request-head parser; on the stack for
-    // a summary's line (at most SUMMARY_LINE bytes).
-    const END: &[u8] = b"\r\n\r\n";
-    let mut stack = [0u8; retry_common::SUMMARY_LINE + END.len()];
-    let heap;
-    let head: &[u8] = match stack.get_mut(..line.len() + END.len()) {
-        Some(h) => {
-            let (l, e) = h.split_at_mut(line.len());
-            l.copy_from_slice(line);
-            e.copy_from_slice(END);
-            h
-        }
-        None => {
-            heap = [line, END].concat();
-            &heap
-        }
-    };
-    parse_request_head(head, true).map(|(req, _, _)| req)
+/// A request a kernel summary held (its head, and a body that came with it): what a whole
+/// request's head gives (method, path, query digest, authority, trace id, retry markers);
+/// `None` when it is not a request.
+pub(crate) fn summarised_request(bytes: &[u8]) -> Option<super::msg::ReqInfo> {
+    match find_head_end(bytes, 0) {
+        Some(end) => parse_request_head(bytes.get(..end)?, true),
+        // The kernel holds what the client wrote in one call: a head cut there is read as far
+        // as it goes.
+        None => parse_request_head(bytes, false),
+    }
+    .map(|(req, _, _)| req)
 }
 
 use super::{

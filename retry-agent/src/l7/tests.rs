@@ -1233,9 +1233,14 @@ fn server_requests_served_alone_on_their_thread_are_marked() {
     );
 }
 
-/// A kernel summary of one exchange on connection `fd`: request line `line` read (server) or
-/// written (client) at `ts`, answered `status` at `ts + 50`.
+/// A kernel summary of one exchange on connection `fd`: a request of line `line` and no
+/// fields read (server) or written (client) at `ts`, answered `status` at `ts + 50`.
 pub(super) fn summary(fd: u32, role: Role, ts: u64, line: &[u8], status: u16) -> Event {
+    summary_of(fd, role, ts, &[line, b"\r\n\r\n"].concat(), status)
+}
+
+/// A kernel summary as `summary` makes it, of the request `request` as the kernel held it.
+pub(super) fn summary_of(fd: u32, role: Role, ts: u64, request: &[u8], status: u16) -> Event {
     let (req_dir, resp_dir) = match role {
         Role::Client => (Direction::Egress, Direction::Ingress),
         _ => (Direction::Ingress, Direction::Egress),
@@ -1245,7 +1250,7 @@ pub(super) fn summary(fd: u32, role: Role, ts: u64, line: &[u8], status: u16) ->
         _ => unreachable!(),
     };
     Event::Summary(Box::new(crate::capture::SummaryEvent {
-        request: part(req_dir, ts, 300, line),
+        request: part(req_dir, ts, 300, request),
         response: part(resp_dir, ts + 50, 1200, b""),
         status,
     }))
@@ -1317,7 +1322,7 @@ fn a_kernel_summary_is_one_exchange_between_whole_ones() {
         s.sole_on_thread,
         "read and answered with nothing in between"
     );
-    assert_eq!(s.trace_id, None, "a summary carries no headers");
+    assert_eq!(s.trace_id, None, "this one's request had no fields");
     let c = &xs[3];
     assert_eq!(
         (c.role, c.method.clone(), c.idempotent),
@@ -1352,5 +1357,31 @@ fn summaries_of_an_event_loop_are_not_alone() {
     assert_eq!(
         alone,
         [(Some("/y"), false), (Some("/x"), false), (Some("/z"), true)]
+    );
+}
+
+#[test]
+fn a_summary_reads_its_requests_fields_as_a_whole_one() {
+    let request = b"GET /p?q=1 HTTP/1.1\r\nHost: svc-b:8080\r\n\
+        traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\r\n";
+    let whole = [
+        data(4, Role::Client, Direction::Egress, 10, request),
+        data(
+            4,
+            Role::Client,
+            Direction::Ingress,
+            20,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        ),
+    ];
+    let (w, _) = run(&whole);
+    let (s, _) = run(&[summary_of(5, Role::Client, 10, request, 200)]);
+    let (w, s) = (&w[0], &s[0]);
+    assert_eq!(s.authority.as_deref(), Some("svc-b:8080"));
+    assert!(s.trace_id.is_some());
+    // What a retry is matched on is the same either way.
+    assert_eq!(
+        (&s.method, &s.authority, &s.path, s.query_hash, s.trace_id),
+        (&w.method, &w.authority, &w.path, w.query_hash, w.trace_id)
     );
 }

@@ -27,7 +27,7 @@ mod h2;
 #[cfg(test)]
 mod tests;
 
-use h1::{first_line, head_bytes};
+use h1::head_bytes;
 use h2::{H2, PREFACE as H2_PREFACE};
 
 /// Headers whose values the product reads (lower case). Everything else is masked.
@@ -343,23 +343,6 @@ fn is_request(d: &DataEvent) -> bool {
 /// per-connection state (the caller keeps one [`Redactor`] for the whole trace).
 pub fn redact_for_display(r: &mut Redactor, d: &DataEvent) -> Bytes {
     r.redact_payload(d).0
-}
-
-/// A summarised request's line (`SummaryEvent::request`, which carries nothing else), its
-/// query masked as in a whole head. Needs no stream state: the line is all there is.
-pub fn redact_request_line(line: &[u8]) -> (Bytes, Redacted) {
-    let mut b = BytesMut::from(line);
-    let red = redact_request_line_in_place(&mut b);
-    (b.freeze(), red)
-}
-
-/// [`redact_request_line`] on a copy the caller owns.
-pub fn redact_request_line_in_place(b: &mut [u8]) -> Redacted {
-    let mut red = Redacted::default();
-    let (mut info, mut state) = (HeadInfo::default(), Line::Start);
-    let n = b.len();
-    first_line(b, 0, n, 0, false, &mut info, &mut state, &mut red);
-    red
 }
 
 fn starts_message(b: &[u8]) -> bool {

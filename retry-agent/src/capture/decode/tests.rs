@@ -370,14 +370,14 @@ fn summary_record(line: &[u8], status: u32) -> Vec<u8> {
         status,
         response,
         request,
-        line: [0; retry_common::SUMMARY_LINE],
+        bytes: [0; retry_common::HELD_BYTES],
     };
-    r.line[..line.len()].copy_from_slice(line);
+    r.bytes[..line.len()].copy_from_slice(line);
     as_bytes(&r)
 }
 
 #[test]
-fn a_summary_is_its_two_records_and_only_the_request_line() {
+fn a_summary_is_its_two_records_and_the_held_request() {
     let raw = summary_record(
         b"GET /a/1?token=x HTTP/1.1\r\nAuthorization: Bearer s\r\n",
         204,
@@ -399,8 +399,12 @@ fn a_summary_is_its_two_records_and_only_the_request_line() {
         (q.ts_exit_ns, q.len, a.ts_exit_ns, a.len),
         (100, 300, 180, 2000)
     );
-    // What the kernel sent past the line (the start of the headers) is not kept.
-    assert_eq!(&q.payload[..], b"GET /a/1?token=x HTTP/1.1");
+    // The request as the kernel held it (`captured` bytes of it), headers and all: downstream
+    // reads and redacts it as a whole one.
+    assert_eq!(
+        &q.payload[..],
+        b"GET /a/1?token=x HTTP/1.1\r\nAuthorization: Bearer s\r\n"
+    );
     assert!(a.payload.is_empty());
     assert_eq!(Event::Summary(s.clone()).ts_ns(), 180);
     assert_eq!(Event::Summary(s).pid(), 10);
@@ -418,9 +422,9 @@ fn malformed_summaries_are_errors() {
     let at = std::mem::offset_of!(retry_common::SummaryRecord, request);
     bad[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
     assert!(decode(&bad).is_err());
-    // A line longer than the record holds is cut to it, never read past it.
+    // A request longer than the record holds is an error, never read past the record.
     let mut long = good;
     let captured = at + std::mem::offset_of!(DataHeader, captured);
     long[captured..captured + 4].copy_from_slice(&u32::MAX.to_le_bytes());
-    assert!(decode(&long).is_ok());
+    assert!(decode(&long).is_err());
 }

@@ -362,7 +362,7 @@ fn request_line_masking_equals_the_per_byte_rules() {
         if spaces == 0 && !query && line.starts_with(b"HTTP/1.") {
             continue;
         }
-        super::first_line(&mut got, 0, n, spaces, query, &mut info, &mut at, &mut red);
+        super::h1::first_line(&mut got, 0, n, spaces, query, &mut info, &mut at, &mut red);
         assert_eq!(got, want, "{:?}", String::from_utf8_lossy(&line));
         assert_eq!(
             at,
