@@ -85,7 +85,8 @@ pub fn run(input: &[u8], h2: bool) {
                     pid: 1,
                     tid: 1,
                     goid: None,
-                    interleaved: false,
+                    // The kernel's word on a read among others (any byte may carry it).
+                    interleaved: bits & 0x80 != 0,
                     ts_enter_ns: ts,
                     ts_exit_ns: ts + 1,
                     len,
