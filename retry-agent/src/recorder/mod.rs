@@ -352,17 +352,11 @@ impl Recorder {
     /// A kernel summary goes into the ring with its request redacted as a whole one would be
     /// (the connection's request stream is between messages: the kernel held a whole one).
     fn admit_summary(&mut self, s: &SummaryEvent) {
-        // On the stack: a summary's request is at most HELD_BYTES bytes.
-        let mut buf = [0u8; retry_common::HELD_BYTES];
-        let n = s.request.payload.len().min(buf.len());
-        let req = buf.get_mut(..n).unwrap_or_default();
-        req.copy_from_slice(s.request.payload.get(..n).unwrap_or_default());
-        let red = self.redactor.redact_in_place(&s.request, None, req);
-        self.ring.push_summary(
-            s,
-            req.get(..n.saturating_sub(red.dots_at_end))
-                .unwrap_or_default(),
-        );
+        let (redactor, mut red) = (&mut self.redactor, redact::Redacted::default());
+        self.ring.push_summary(s, |b| {
+            red = redactor.redact_in_place(&s.request, None, b);
+            b.len() - red.dots_at_end
+        });
         self.stats.redacted_headers_total += red.headers;
         self.stats.redacted_body_bytes_total += red.body_bytes;
         self.stored(s.response.ts_exit_ns);

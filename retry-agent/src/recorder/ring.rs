@@ -195,21 +195,32 @@ impl Ring {
         self.bytes += len;
     }
 
-    /// Append a kernel summary with `line`, its request line as redacted.
-    pub(super) fn push_summary(&mut self, s: &SummaryEvent, line: &[u8]) {
-        let len = HEADER + summary_len(s) - s.request.payload.len() + line.len();
+    /// Append a kernel summary; `redact` redacts its request's bytes in place and says how many
+    /// to keep, as for [`Self::push_data`].
+    pub(super) fn push_summary(
+        &mut self,
+        s: &SummaryEvent,
+        redact: impl FnOnce(&mut [u8]) -> usize,
+    ) {
         let ts_ns = s.response.ts_exit_ns;
-        let block = self.block_for(len);
-        // Unshared (`block_for`): no copy.
-        let buf = Arc::make_mut(&mut block.buf);
-        Header {
+        let header = |len| Header {
             len,
             kind: KIND_SUMMARY,
             charge: len,
             ts_ns,
-        }
-        .put(buf);
-        put_summary(buf, s, line);
+        };
+        let most = HEADER + summary_len(s);
+        let block = self.block_for(most);
+        // Unshared (`block_for`): no copy.
+        let buf = Arc::make_mut(&mut block.buf);
+        let start = buf.len();
+        header(most).put(buf);
+        put_summary(buf, s);
+        let at = buf.len() - s.request.payload.len();
+        let keep = buf.get_mut(at..).map_or(0, redact);
+        buf.truncate(at + keep);
+        let len = buf.len() - start;
+        header(len).overwrite(buf.get_mut(start..).unwrap_or_default());
         block.add(KIND_SUMMARY, len, ts_ns);
         self.records += 1;
         self.pushed += 1;

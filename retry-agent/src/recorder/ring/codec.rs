@@ -158,18 +158,18 @@ fn put_addr(buf: &mut Vec<u8>, a: &SocketAddr) {
 }
 
 /// Encoded size of a summary (header excluded): status, request exit time, both messages'
-/// fields, the request line.
+/// fields, the request's bytes.
 pub(super) fn summary_len(s: &SummaryEvent) -> usize {
     2 + 8 + meta_len(&s.request) + meta_len(&s.response) + s.request.payload.len()
 }
 
-/// A summary's fields (the response's exit time is the header's), then its request line.
-pub(super) fn put_summary(buf: &mut Vec<u8>, s: &SummaryEvent, line: &[u8]) {
+/// A summary's fields (the response's exit time is the header's), then its request's bytes.
+pub(super) fn put_summary(buf: &mut Vec<u8>, s: &SummaryEvent) {
     buf.extend_from_slice(&s.status.to_le_bytes());
     buf.extend_from_slice(&s.request.ts_exit_ns.to_le_bytes());
     put_meta(buf, &s.request);
     put_meta(buf, &s.response);
-    buf.extend_from_slice(line);
+    buf.extend_from_slice(&s.request.payload);
 }
 
 /// A summary from its encoding (header excluded) and its header's time.
