@@ -981,25 +981,14 @@ async fn an_answer_after_a_summarised_one_is_reported() {
     let Some(mut cap) = load_summarizing() else {
         return;
     };
-    let (mut server, port) = serve(python, "idle_408.py", &["server"], Ready::SaysReady);
-    let mut client =
-        Proc::spawn(python("idle_408.py", &[&port.to_string(), "client"]).stdout(Stdio::piped()));
-    assert_eq!(client.read_line().trim(), "HTTP/1.1 408 Request Timeout");
-    let _ = client.wait(Duration::from_secs(5));
-    let _ = server.wait(Duration::from_secs(5));
-    let evs = collect(
-        &mut cap,
-        Duration::from_secs(2),
-        involving(&[client.pid(), server.pid()]),
-        |_| false,
-    )
-    .await;
+    let (evs, server, client) =
+        server_and_client(&mut cap, "idle_408.py", "HTTP/1.1 408 Request Timeout").await;
     let summaries = evs
         .iter()
         .filter(|e| matches!(e, Event::Summary(_)))
         .count();
     assert_eq!(summaries, 2, "the GET, from each end\n{}", dump(&evs));
-    for pid in [client.pid(), server.pid()] {
+    for pid in [client, server] {
         assert!(
             data_events(&evs)
                 .iter()
@@ -1022,24 +1011,11 @@ async fn requests_an_event_loop_reads_ahead_are_summarised_and_flagged() {
     let Some(mut cap) = load_summarizing() else {
         return;
     };
-    let (mut server, port) = serve(python, "reading_ahead.py", &["server"], Ready::SaysReady);
-    let mut client = Proc::spawn(
-        python("reading_ahead.py", &[&port.to_string(), "client"]).stdout(Stdio::piped()),
-    );
-    assert_eq!(client.read_line().trim(), "done");
-    let _ = client.wait(Duration::from_secs(5));
-    let _ = server.wait(Duration::from_secs(5));
-    let evs = collect(
-        &mut cap,
-        Duration::from_secs(2),
-        involving(&[server.pid()]),
-        |_| false,
-    )
-    .await;
+    let (evs, server, _) = server_and_client(&mut cap, "reading_ahead.py", "done").await;
     let served: Vec<(String, bool)> = evs
         .iter()
         .filter_map(|e| match e {
-            Event::Summary(s) if s.request.pid == server.pid() => Some((
+            Event::Summary(s) if s.request.pid == server => Some((
                 String::from_utf8_lossy(&s.request.payload)
                     .lines()
                     .next()
@@ -1056,4 +1032,28 @@ async fn requests_an_event_loop_reads_ahead_are_summarised_and_flagged() {
         ("GET /z HTTP/1.1".to_owned(), false),
     ];
     assert_eq!(served, want, "\n{}", dump(&evs));
+}
+
+/// Runs the Python fixture `name` as `server`, then as `client` of it, which prints `said`;
+/// returns the events of both and their pids (server, client).
+async fn server_and_client(
+    cap: &mut retry_agent::capture::Capture,
+    name: &str,
+    said: &str,
+) -> (Vec<Event>, u32, u32) {
+    let (mut server, port) = serve(python, name, &["server"], Ready::SaysReady);
+    let mut client =
+        Proc::spawn(python(name, &[&port.to_string(), "client"]).stdout(Stdio::piped()));
+    assert_eq!(client.read_line().trim(), said);
+    let _ = client.wait(Duration::from_secs(5));
+    let _ = server.wait(Duration::from_secs(5));
+    let pids = (server.pid(), client.pid());
+    let evs = collect(
+        cap,
+        Duration::from_secs(2),
+        involving(&[pids.0, pids.1]),
+        |_| false,
+    )
+    .await;
+    (evs, pids.0, pids.1)
 }
