@@ -218,15 +218,9 @@ pub struct DataRecord {
 /// (`--capture-summarize`); a request that captured more is sent as it is.
 pub const HELD_BYTES: usize = 512;
 
-/// Value of the kernel's `HELD` map: a request record held back by `--capture-summarize`, its
-/// header and its bytes as it would have gone to the ring. Userspace reads what a process
-/// that exited left there (its requests got no answer) and reports it before the exit.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HeldRequest {
-    pub header: DataHeader,
-    pub bytes: [u8; HELD_BYTES],
-}
+/// What a summary record is before its request's bytes: `kind`, `status` and the two headers.
+/// A summary goes to the ring as this many bytes and the request's `captured` bytes after it.
+pub const SUMMARY_HEAD: usize = 8 + 2 * size_of::<DataHeader>();
 
 /// One HTTP/1 exchange that went quietly (`--capture-summarize`): the kernel held its request's
 /// record back until the response's first bytes showed a 2xx or 3xx status, nothing around it
@@ -235,7 +229,14 @@ pub struct HeldRequest {
 /// a body that came with it), so a summarised exchange carries what a whole one's request
 /// does (trace ids, retry markers, the authority a retry is matched on); `response` is the
 /// header the response's first record would have had (`captured` 0); the response's later
-/// records are not sent.
+/// records are not sent. On the ring the record ends after the request's `captured` bytes
+/// (`SUMMARY_HEAD` + captured: a short request makes a short record).
+///
+/// It is also the value of the kernel's `HELD` map, one per connection that held a request:
+/// `kind` is `KIND_SUMMARY` while it holds one (`request` and `bytes` are then the request's
+/// record, as it would have gone to the ring) and 0 when it holds none, so a connection's
+/// requests reuse its entry instead of adding and removing one each. Userspace reads what a
+/// process that exited left there (requests that got no answer) and reports it before the exit.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SummaryRecord {
@@ -612,7 +613,6 @@ mod pod {
     unsafe impl aya::Pod for SockTuple {}
     unsafe impl aya::Pod for DataHeader {}
     unsafe impl aya::Pod for SummaryRecord {}
-    unsafe impl aya::Pod for HeldRequest {}
     unsafe impl aya::Pod for ConnRecord {}
     unsafe impl aya::Pod for GoGrpcOffsets {}
     unsafe impl aya::Pod for ProcessExitRecord {}

@@ -7,8 +7,8 @@ use aya_ebpf::{
 };
 use core::mem::size_of;
 use retry_common::{
-    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, HeldRequest,
-    MAX_PAYLOAD, PeerKey, ServerEst, SockOwner, arg_map,
+    AcceptArgs, Config, ConnInfo, ConnKey, ConnectArgs, DataHeader, H2_RECORDS, MAX_PAYLOAD,
+    PeerKey, ServerEst, SockOwner, SummaryRecord, arg_map,
 };
 
 /// Size is overridden by userspace (`CaptureConfig::ring_bytes`).
@@ -162,14 +162,20 @@ pub static SSL_ARGS: HashMap<u64, SslArgs> = HashMap::with_max_entries(16384, 0)
 pub static SSL_FDS: LruHashMap<SslKey, u32> = LruHashMap::with_max_entries(65536, 0);
 
 /// Requests held back until their response's status decides (`summary`), by connection (the
-/// tgid and the fd it was opened as). Preallocated (8192 × ~690 B, ~5.5 MiB of kernel memory):
-/// a request held and taken again costs no allocation — not preallocated, the insert and the
-/// free of each held request were 6% of a busy node's CPU (haproxy answering itself: 3.7%
-/// `htab_map_update_elem`, 2.7% `unit_free`). A full map holds nothing more (the request is
-/// sent as it is); an entry goes when its response comes, at the next request, at close and at
-/// reset, and userspace takes (and reports) those of a process that exited.
+/// tgid and the fd it was opened as): one entry per connection that held a request, reused by
+/// its next ones (`SummaryRecord::kind` says whether it holds one now) and removed at close, so
+/// holding and answering a request writes a value in place instead of adding and removing an
+/// entry (the update and the delete, each under its bucket's lock, were a fifth of the
+/// programs' time per summarised exchange). The value is the summary record the answer sends,
+/// so it goes to the ring in one copy at its own size. Preallocated (8192 × 760 B, ~6 MiB of
+/// kernel memory): a full map holds nothing more (that connection's requests are sent as they
+/// are); userspace takes (and reports) the entries of a process that exited.
 #[map]
-pub static HELD: HashMap<ConnKey, HeldRequest> = HashMap::with_max_entries(8192, 0);
+pub static HELD: HashMap<ConnKey, SummaryRecord> = HashMap::with_max_entries(8192, 0);
+/// Zeroes: what a connection's `HELD` entry starts as (a `HashMap` insert copies its value
+/// from a map, not from a program's stack of 512 bytes).
+#[map]
+pub static HELD_BLANK: Array<SummaryRecord> = Array::with_max_entries(1, 0);
 /// When a thread (pid_tgid) last saw one of its calls fail (a failure status, a reset): a
 /// request it answers that started before is sent whole, so its verdict sees its own answer.
 #[map]

@@ -38,21 +38,21 @@ use core::{
     ffi::c_void,
     intrinsics::{AtomicOrdering, atomic_xadd},
     mem::size_of,
-    ptr::addr_of_mut,
+    ptr::{addr_of, addr_of_mut},
 };
 
 use aya_ebpf::helpers::generated;
 use retry_common::{
-    CONN_H2, CONN_HELD, CONN_QUIET, ConnInfo, ConnKey, DataHeader, HELD_BYTES, HeldRequest,
-    KIND_SUMMARY, PeerKey, SummaryRecord, config_flags, data_flags, role, syscall,
+    CONN_H2, CONN_HELD, CONN_QUIET, ConnInfo, ConnKey, DataHeader, HELD_BYTES, KIND_SUMMARY,
+    PeerKey, SUMMARY_HEAD, SummaryRecord, config_flags, data_flags, role, syscall,
 };
 
 use crate::{
     config::config,
-    emit::{
-        Src, copy_data, copy_payload, count_drop, emit_data, header, output, ring_flags, send_data,
+    emit::{Src, copy_data, copy_payload, emit_data, header, output, send_data},
+    maps::{
+        HELD, HELD_BLANK, HOT_PEERS, HOT_THREADS, SCRATCH, SUMMARY_SEEN, THREAD_HELD, ThreadHeld,
     },
-    maps::{EVENTS, HELD, HOT_PEERS, HOT_THREADS, SCRATCH, SUMMARY_SEEN, THREAD_HELD, ThreadHeld},
 };
 
 const GET: u32 = u32::from_le_bytes(*b"GET ");
@@ -208,20 +208,15 @@ fn request(io: &Io<'_>) {
             (got, ret, total),
             io.ts,
         );
-        // SAFETY: slot 0 of the scratch starts with a header and HELD_BYTES ≤ MAX_PAYLOAD of
-        // payload; a `HeldRequest` is that prefix of it.
-        let held = unsafe {
-            core::ptr::write_unaligned(buf as *mut DataHeader, h);
-            HELD.insert(&own, &*(buf as *const HeldRequest), 0).is_ok()
-        };
-        if held {
+        // SAFETY: slot 0 of the scratch holds `got` ≤ HELD_BYTES bytes of payload.
+        if unsafe { hold(&own, h, buf.add(size_of::<DataHeader>()), got) } {
             io.set_flags(CONN_HELD, 0);
             if let Some(p) = &prior
-                && let Some(ph) = HELD.get_ptr_mut(p)
+                && let Some(ph) = held(p)
             {
                 // It waited while this one was read.
                 // SAFETY: a map value, valid for this program run.
-                unsafe { (*ph).header.flags |= data_flags::INTERLEAVED };
+                unsafe { (*ph).request.flags |= data_flags::INTERLEAVED };
             }
             if server {
                 hold_on(thread, t, own);
@@ -239,6 +234,59 @@ fn request(io: &Io<'_>) {
         unsafe { (*t).conn = NO_CONN };
     }
     io.send(got, flags);
+}
+
+/// Holds the request `h` heads (its `got` bytes at `bytes`) in connection `own`'s `HELD` entry,
+/// made on its first request; false when the map is full (the request is sent as it is).
+///
+/// # Safety
+/// `bytes` points at `got` ≤ HELD_BYTES readable bytes.
+#[inline(always)]
+unsafe fn hold(own: &ConnKey, h: DataHeader, bytes: *const u8, got: u64) -> bool {
+    let slot = match HELD.get_ptr_mut(own) {
+        Some(s) => s,
+        None => {
+            let Some(blank) = HELD_BLANK.get_ptr(0) else {
+                return false;
+            };
+            // SAFETY: a map value that is never written.
+            if HELD.insert(own, unsafe { &*blank }, 0).is_err() {
+                return false;
+            }
+            let Some(s) = HELD.get_ptr_mut(own) else {
+                return false;
+            };
+            s
+        }
+    };
+    // SAFETY: a map value, valid for this program run; the mask restates got ≤ HELD_BYTES for
+    // the verifier. `kind` is written last: what another CPU finds held is whole (stores are
+    // not reordered on x86-64, the only target the programs are built for).
+    unsafe {
+        addr_of_mut!((*slot).request).write(h);
+        // Read back opaquely: LLVM knows got ≤ HELD_BYTES from the caller and would drop the
+        // mask, leaving the verifier the copy's bound (4 KiB) instead.
+        let got = core::ptr::read_volatile(&got);
+        let n = (got as usize & (2 * HELD_BYTES - 1)).min(HELD_BYTES);
+        if generated::bpf_probe_read_kernel(
+            addr_of_mut!((*slot).bytes) as *mut c_void,
+            n as u32,
+            bytes as *const c_void,
+        ) != 0
+        {
+            return false;
+        }
+        addr_of_mut!((*slot).kind).write(KIND_SUMMARY);
+    }
+    true
+}
+
+/// Connection `key`'s `HELD` entry if it holds a request now.
+#[inline(always)]
+fn held(key: &ConnKey) -> Option<*mut SummaryRecord> {
+    let h = HELD.get_ptr_mut(key)?;
+    // SAFETY: a map value, valid for this program run.
+    (unsafe { (*h).kind } == KIND_SUMMARY).then_some(h)
 }
 
 /// `THREAD_HELD`'s entry of `thread` (`t`, if it has one) after it held a request on `own`.
@@ -270,7 +318,7 @@ fn held_elsewhere(t: Option<*mut ThreadHeld>, own: &ConnKey) -> Option<ConnKey> 
     let t = t?;
     // SAFETY: a map value, valid for this program run.
     let conn = unsafe { (*t).conn };
-    (conn != NO_CONN && conn != *own && HELD.get_ptr(&conn).is_some()).then_some(conn)
+    (conn != NO_CONN && conn != *own && held(&conn).is_some()).then_some(conn)
 }
 
 #[inline(always)]
@@ -287,7 +335,7 @@ fn response(io: &Io<'_>) {
         let keep = prior.is_some()
             && info.flags & CONN_HELD != 0
             // SAFETY: a map value, valid for this program run.
-            && HELD.get_ptr(&own).is_some_and(|h| unsafe { (*h).header.tid } == io.pid_tgid as u32);
+            && held(&own).is_some_and(|h| unsafe { (*h).request.tid } == io.pid_tgid as u32);
         // SAFETY: a map value, valid for this program run; only this thread writes `conn`.
         let t = unsafe { &mut *t };
         if !keep {
@@ -319,7 +367,7 @@ fn response(io: &Io<'_>) {
     }
     if info.flags & CONN_HELD != 0 {
         io.set_flags(0, CONN_HELD);
-        if let Some(h) = HELD.get_ptr(&own) {
+        if let Some(h) = held(&own) {
             // The status line alone decides: a summarised answer's other bytes are never
             // copied (a 1 KiB prefix was a fifth of nginx's eBPF time per request).
             let peeked = copy_payload(io.src, STATUS_LINE.min(io.io.1));
@@ -334,14 +382,14 @@ fn response(io: &Io<'_>) {
                 } else {
                     status_of(buf.add(size_of::<DataHeader>()), peeked)
                 };
-                (status, (*h).header.generation, (*h).header.ts_enter_ns)
+                (status, (*h).request.generation, (*h).request.ts_enter_ns)
             };
             let quiet = (200..400).contains(&status)
                 && generation == info.generation
                 && (info.role == role::CLIENT || !hot_thread(io.pid_tgid, start));
             if quiet {
                 summarize(h, io, status);
-                unhold(h, &own);
+                unhold(h);
                 io.set_flags(CONN_QUIET, 0);
                 return;
             }
@@ -363,28 +411,33 @@ fn response(io: &Io<'_>) {
 /// (a close, a reset, an answer that is not summarised) must find it before it.
 #[inline(always)]
 pub fn release(key: &ConnKey) {
-    let Some(h) = HELD.get_ptr(key) else {
+    let Some(h) = held(key) else {
         return;
     };
-    // SAFETY: a map value of `size_of::<HeldRequest>()` bytes, valid for this program run; the mask
-    // restates captured ≤ HELD_BYTES for the verifier.
+    // SAFETY: a map value of `size_of::<SummaryRecord>()` bytes, valid for this program run,
+    // whose request record (header, then bytes) starts at `request`; the mask restates
+    // captured ≤ HELD_BYTES for the verifier.
     unsafe {
-        let captured = (*h).header.captured as usize;
+        let captured = (*h).request.captured as usize;
         let size = size_of::<DataHeader>() + (captured & (2 * HELD_BYTES - 1)).min(HELD_BYTES);
-        output(core::slice::from_raw_parts(h as *const u8, size));
+        output(core::slice::from_raw_parts(
+            addr_of!((*h).request) as *const u8,
+            size,
+        ));
     }
-    unhold(h, key);
+    unhold(h);
 }
 
-/// Takes the request `h` held for `key` out of `HELD` and off its thread's count.
+/// Takes the request `h` held out of its `HELD` entry (which stays for the connection's next
+/// requests) and off its thread's count.
 #[inline(always)]
-fn unhold(h: *const HeldRequest, key: &ConnKey) {
-    // SAFETY: a map value, valid until it is removed below.
+fn unhold(h: *mut SummaryRecord) {
+    // SAFETY: a map value, valid for this program run.
     let (server, thread) = unsafe {
-        let h = &(*h).header;
+        let r = &(*h).request;
         (
-            h.role == role::SERVER,
-            u64::from(h.pid) << 32 | u64::from(h.tid),
+            r.role == role::SERVER,
+            u64::from(r.pid) << 32 | u64::from(r.tid),
         )
     };
     if server && let Some(t) = THREAD_HELD.get_ptr_mut(&thread) {
@@ -393,7 +446,8 @@ fn unhold(h: *const HeldRequest, key: &ConnKey) {
             atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(addr_of_mut!((*t).held), -1)
         };
     }
-    let _ = HELD.remove(key);
+    // SAFETY: as above.
+    unsafe { addr_of_mut!((*h).kind).write(0) };
 }
 
 /// Bytes of an answer read to decide on its held request: "HTTP/1.1 200".
@@ -412,6 +466,16 @@ pub fn release_if_on(key: &ConnKey) {
     }
 }
 
+/// Connection `key` (the fd it was opened as) closes: what it held goes first, and its `HELD`
+/// entry goes.
+#[inline(always)]
+pub fn close(key: &ConnKey) {
+    if config().flags & config_flags::SUMMARIZE != 0 {
+        release(key);
+        let _ = HELD.remove(key);
+    }
+}
+
 /// A call of this thread failed (failure status, reset): requests it answers after are sent
 /// whole, and so are the exchanges with that destination for a while.
 #[inline(always)]
@@ -425,21 +489,17 @@ pub fn mark_failed(pid_tgid: u64, info: &ConnInfo, now: u64) {
     }
 }
 
+/// Sends the summary of the exchange whose request `h` holds, its answer's first record `io`
+/// showing `status`: written into the entry (which has the record's layout) and sent from
+/// there at its request's size.
 #[inline(always)]
-fn summarize(h: *const HeldRequest, io: &Io<'_>, status: u32) {
-    let size = size_of::<SummaryRecord>();
-    let Some(mut e) = EVENTS.reserve::<SummaryRecord>(0) else {
-        count_drop();
-        return;
-    };
-    let r = e.as_mut_ptr();
-    // SAFETY: `r` is the reserved record; every field is written before it is submitted (the
-    // request header and its captured bytes by one copy of the held value's start, which has
-    // that layout; the mask restates captured ≤ HELD_BYTES for the verifier).
+fn summarize(h: *mut SummaryRecord, io: &Io<'_>, status: u32) {
+    // SAFETY: a map value of `size_of::<SummaryRecord>()` bytes, valid for this program run;
+    // `kind` says KIND_SUMMARY already (it holds); the mask restates captured ≤ HELD_BYTES for
+    // the verifier.
     unsafe {
-        addr_of_mut!((*r).kind).write(KIND_SUMMARY);
-        addr_of_mut!((*r).status).write(status);
-        addr_of_mut!((*r).response).write(header(
+        addr_of_mut!((*h).status).write(status);
+        addr_of_mut!((*h).response).write(header(
             io.pid_tgid,
             io.info,
             io.sc,
@@ -447,16 +507,10 @@ fn summarize(h: *const HeldRequest, io: &Io<'_>, status: u32) {
             (0, io.io.0, io.io.1),
             io.ts,
         ));
-        let req = addr_of_mut!((*r).request);
-        let captured = (*h).header.captured as usize;
-        let n = size_of::<DataHeader>() + (captured & (2 * HELD_BYTES - 1)).min(HELD_BYTES);
-        if generated::bpf_probe_read_kernel(req as *mut c_void, n as u32, h as *const c_void) != 0 {
-            e.discard(0);
-            count_drop();
-            return;
-        }
+        let captured = (*h).request.captured as usize;
+        let size = SUMMARY_HEAD + (captured & (2 * HELD_BYTES - 1)).min(HELD_BYTES);
+        output(core::slice::from_raw_parts(h as *const u8, size));
     }
-    e.submit(ring_flags(size));
 }
 
 /// Whether `p` (with `got` bytes) starts a request of a common method.

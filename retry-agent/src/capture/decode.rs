@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use bytes::{Bytes, BytesMut};
 use retry_common::{
     AF_INET, AF_INET6, ConnRecord, DataHeader, HELD_BYTES, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT,
-    KIND_SUMMARY, ProcessExitRecord, SockTuple, SummaryRecord, conn_kind, data_flags, direction,
-    role, syscall,
+    KIND_SUMMARY, ProcessExitRecord, SUMMARY_HEAD, SockTuple, SummaryRecord, conn_kind, data_flags,
+    direction, role, syscall,
 };
 
 use super::event::{
@@ -155,45 +155,60 @@ fn decode_data(raw: &[u8], arena: Option<&mut PayloadArena>) -> Result<DataEvent
     })
 }
 
-/// A summary record: its two headers are data headers (the request's followed by its line),
-/// each read as a data record of its own and checked to be one.
+/// A summary record: its two headers are data headers, each read as a data record of its own
+/// and checked to be one. The record ends after the request's captured bytes (the kernel sends
+/// `SUMMARY_HEAD` and those), so a short request makes a short record; one cut shorter than
+/// that is refused.
 fn decode_summary(
     raw: &[u8],
     arena: Option<&mut PayloadArena>,
 ) -> Result<SummaryEvent, DecodeError> {
-    let r: SummaryRecord = read(raw, "summary record")?;
     let at = std::mem::offset_of!(SummaryRecord, request);
-    if r.request.kind != KIND_DATA || r.response.kind != KIND_DATA {
+    let head = raw.get(..SUMMARY_HEAD).ok_or(DecodeError::Short {
+        what: "summary record",
+        len: raw.len(),
+        need: SUMMARY_HEAD,
+    })?;
+    let status: u32 = read(&head[4..], "summary status")?;
+    let req: DataHeader = read(&head[at..], "summary's request header")?;
+    let resp: DataHeader = read(
+        &head[std::mem::offset_of!(SummaryRecord, response)..],
+        "summary's response header",
+    )?;
+    if req.kind != KIND_DATA || resp.kind != KIND_DATA {
         return Err(DecodeError::UnknownValue {
             what: "summary's data header kind",
-            value: if r.request.kind != KIND_DATA {
-                r.request.kind
+            value: if req.kind != KIND_DATA {
+                req.kind
             } else {
-                r.response.kind
+                resp.kind
             },
         });
     }
     // The request's header and its bytes lie in the record as a data record would hold them.
-    let sent = usize::try_from(r.request.captured)
+    let sent = usize::try_from(req.captured)
         .unwrap_or(usize::MAX)
         .min(HELD_BYTES);
+    let end = SUMMARY_HEAD + sent;
     let request = decode_data(
-        raw.get(at..at + size_of::<DataHeader>() + sent)
-            .unwrap_or_default(),
+        raw.get(at..end).ok_or(DecodeError::Short {
+            what: "summary record's request bytes",
+            len: raw.len(),
+            need: end,
+        })?,
         arena,
     )?;
     let mut response = decode_data(
-        raw.get(std::mem::offset_of!(SummaryRecord, response)..at)
-            .unwrap_or_default(),
+        &head[std::mem::offset_of!(SummaryRecord, response)..at],
         None,
     )?;
     response.payload = Bytes::new();
     Ok(SummaryEvent {
         request,
         response,
-        status: u16::try_from(r.status).map_err(|_| DecodeError::UnknownValue {
+        status: u16::try_from(status).map_err(|_| DecodeError::UnknownValue {
             what: "summary status",
-            value: r.status,
+            value: status,
         })?,
     })
 }

@@ -219,8 +219,8 @@ impl ProcessInfo {
 /// status was a 2xx or 3xx and nothing around it had failed, so neither message's bytes came.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SummaryEvent {
-    /// The request's record as the kernel held it, with only the start of its bytes (the
-    /// request line, up to `retry_common::SUMMARY_LINE` bytes) in `payload`.
+    /// The request's record as the kernel held it, its bytes as held (up to
+    /// `retry_common::HELD_BYTES`) in `payload`.
     pub request: DataEvent,
     /// The response's first record, without its bytes.
     pub response: DataEvent,

@@ -481,7 +481,7 @@ impl Capture {
             BpfHashMap::try_from(conns).map_err(CaptureError::map(names::CONNS))?;
 
         let held = load::take_map(&mut ebpf, names::HELD)?;
-        let held: BpfHashMap<MapData, ConnKey, retry_common::HeldRequest> =
+        let held: BpfHashMap<MapData, ConnKey, retry_common::SummaryRecord> =
             BpfHashMap::try_from(held).map_err(CaptureError::map(names::HELD))?;
         let agent_tgids = load::take_map(&mut ebpf, names::AGENT_TGIDS)?;
         let agent_tgids: BpfHashMap<MapData, u32, u8> =

@@ -7,7 +7,7 @@ use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 // Looked up for every record: a fast hasher (pids are not attacker-chosen keys of note).
 use foldhash::{HashMap, HashSet};
-use retry_common::{ConnInfo, ConnKey, DataHeader, HeldRequest};
+use retry_common::{ConnInfo, ConnKey, DataHeader, KIND_SUMMARY, SummaryRecord};
 use tokio::io::unix::AsyncFd;
 
 use super::{
@@ -43,7 +43,7 @@ pub(super) struct Reader {
     pub(super) conns: BpfHashMap<MapData, ConnKey, ConnInfo>,
     /// Requests the kernel holds for their answer (`--capture-summarize`): an exited process's
     /// are taken and reported before its exit (they got no answer).
-    pub(super) held: BpfHashMap<MapData, ConnKey, HeldRequest>,
+    pub(super) held: BpfHashMap<MapData, ConnKey, SummaryRecord>,
     pub(super) proc_root: PathBuf,
     pub(super) poll_interval: Duration,
     /// Pids whose `Event::Process` was sent, with the fds the kernel map tracks for them (so an
@@ -283,7 +283,8 @@ impl Reader {
                 let _ = self.conns.remove(&key);
                 if let Ok(h) = self.held.get(&key, 0) {
                     let _ = self.held.remove(&key);
-                    if !self.release_held(&h) {
+                    // An entry that holds nothing is the connection's, kept for its next request.
+                    if h.kind == KIND_SUMMARY && !self.release_held(&h) {
                         return false;
                     }
                 }
@@ -339,14 +340,14 @@ impl Reader {
     }
 
     /// A held request as the record it would have been. Returns false when the consumer is gone.
-    fn release_held(&mut self, h: &HeldRequest) -> bool {
-        let captured = usize::try_from(h.header.captured)
+    fn release_held(&mut self, h: &SummaryRecord) -> bool {
+        let captured = usize::try_from(h.request.captured)
             .unwrap_or(usize::MAX)
             .min(h.bytes.len());
-        // SAFETY: `HeldRequest` is Pod: its header is plain bytes.
+        // SAFETY: `SummaryRecord` is Pod: its headers are plain bytes.
         let header = unsafe {
             std::slice::from_raw_parts(
-                (&h.header as *const DataHeader).cast::<u8>(),
+                (&h.request as *const DataHeader).cast::<u8>(),
                 size_of::<DataHeader>(),
             )
         };

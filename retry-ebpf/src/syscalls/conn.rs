@@ -387,10 +387,8 @@ pub(crate) fn forget_fd(pid_tgid: u64, fd: u32) {
     if info.fd != fd {
         return;
     }
-    if info.flags & retry_common::CONN_HELD != 0 {
-        // A request that got no answer goes before the close that ends it.
-        crate::summary::release(&key);
-    }
+    // A request that got no answer goes before the close that ends it.
+    crate::summary::close(&key);
     emit_conn(
         conn_kind::CLOSE,
         pid_tgid,

@@ -373,7 +373,10 @@ fn summary_record(line: &[u8], status: u32) -> Vec<u8> {
         bytes: [0; retry_common::HELD_BYTES],
     };
     r.bytes[..line.len()].copy_from_slice(line);
-    as_bytes(&r)
+    // As the kernel sends it: up to the request's captured bytes.
+    let mut raw = as_bytes(&r);
+    raw.truncate(retry_common::SUMMARY_HEAD + line.len());
+    raw
 }
 
 #[test]
@@ -416,6 +419,11 @@ fn malformed_summaries_are_errors() {
     for cut in [4, 100, good.len() - 1] {
         assert!(decode(&good[..cut]).is_err(), "cut at {cut}");
     }
+    // A record with room past its request (the whole struct) reads the same.
+    let mut padded = good.clone();
+    padded.resize(size_of::<retry_common::SummaryRecord>(), 0xAA);
+    assert_eq!(decode(&padded).ok(), decode(&good).ok());
+    assert!(decode(&good).is_ok());
     assert!(decode(&summary_record(b"GET / HTTP/1.1\r\n", 70_000)).is_err());
     // An inner header that is not a data header (the kernel's copy failed).
     let mut bad = good.clone();
