@@ -183,14 +183,13 @@ pub struct CaptureConfig {
         value_delimiter = ','
     )]
     pub netns: Vec<String>,
-    /// Send a quiet HTTP/1 exchange from the kernel as one summary record (its request line,
-    /// status and times) instead of its request's and response's bytes: the kernel holds each
-    /// request back until its response's status line, and sends both whole when the answer is
-    /// a failure, when the answering thread saw one of its own calls fail, when the client
-    /// called a destination that failed recently (--capture-summary-hot-secs), or when the
-    /// thread moved on to another request before this one was answered (event loops under
-    /// load, concurrent or hedging clients). Summarised exchanges carry no headers (no trace
-    /// ids) and are recorded without their bytes; `false` reads every exchange whole.
+    /// Send a quiet HTTP/1 exchange from the kernel as one summary record (its request as
+    /// held, up to 512 bytes with its headers, the response's status and times) instead of its
+    /// request's and response's bytes: the kernel holds each request back until its response's
+    /// status line, and sends both whole when the answer is a failure, when the answering
+    /// thread saw one of its own calls fail, or when the client called a destination that
+    /// failed recently (--capture-summary-hot-secs). Summarised exchanges carry no response
+    /// headers and no response size past its first write; `false` reads every exchange whole.
     #[arg(long = "capture-summarize", env = "RETRY_AGENT_CAPTURE_SUMMARIZE", default_value_t = true, action = clap::ArgAction::Set)]
     pub summarize: bool,
     /// With --capture-summarize: one summarisable request in this many is sent whole anyway
