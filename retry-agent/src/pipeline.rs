@@ -148,7 +148,6 @@ pub struct Pipeline {
     /// computed from bytes the recorder masked).
     exchange_hook: Option<ExchangeHook>,
     /// Scratch buffers (reused: no allocation per event on the hot path).
-    xs: Vec<Exchange>,
     vs: Vec<Verdict>,
     /// Where this push's derived records start in the output (for the tap).
     mark: (usize, usize, usize, usize),
@@ -170,7 +169,6 @@ impl Pipeline {
             next_burst_ns: 0,
             tap: None,
             exchange_hook: None,
-            xs: Vec::new(),
             vs: Vec::new(),
             mark: (0, 0, 0, 0),
             keep_exchanges: true,
@@ -199,8 +197,9 @@ impl Pipeline {
     }
 
     /// For a caller that never reads [`StageOutput::exchanges`] (the live loop): each push's
-    /// exchanges move into the tap instead of being copied for it, and leave the output. A copy
-    /// of every exchange was ~5% of the agent's CPU under a keep-alive load.
+    /// exchanges leave the output once the tap read them (by reference), instead of staying
+    /// there for the caller. A copy of every exchange for the tap was ~5% of the agent's CPU
+    /// under a keep-alive load, moving it into the tap ~1.5%.
     pub fn hand_exchanges_to_tap(mut self) -> Self {
         self.keep_exchanges = false;
         self
@@ -237,12 +236,12 @@ impl Pipeline {
         match ev {
             Event::Process(p) => self.engine.on_process(p),
             Event::ProcessExit { pid, .. } => {
-                self.reassembler.push(ev, &mut self.xs);
+                self.reassembler.push(ev, &mut out.exchanges);
                 self.engine.on_process_exit(*pid);
             }
-            _ => self.reassembler.push(ev, &mut self.xs),
+            _ => self.reassembler.push(ev, &mut out.exchanges),
         }
-        self.correlate(out);
+        self.correlate(out, self.mark.0);
         let disowning = disowned(out, self.mark);
         self.disowning |= disowning;
         let ts = ev.ts_ns();
@@ -263,8 +262,11 @@ impl Pipeline {
         if let Some(tap) = &mut self.tap {
             tap.tap(
                 Input::Event(ev),
-                Derived::new(out, self.mark, self.keep_exchanges),
+                Derived::new(out, self.mark),
             );
+            if !self.keep_exchanges {
+                out.exchanges.truncate(self.mark.0);
+            }
         }
     }
 
@@ -284,8 +286,11 @@ impl Pipeline {
         if let Some(tap) = &mut self.tap {
             tap.tap(
                 Input::Tick { now_ns },
-                Derived::new(out, self.mark, self.keep_exchanges),
+                Derived::new(out, self.mark),
             );
+            if !self.keep_exchanges {
+                out.exchanges.truncate(self.mark.0);
+            }
         }
     }
 
@@ -304,13 +309,15 @@ impl Pipeline {
         );
     }
 
-    fn correlate(&mut self, out: &mut StageOutput) {
-        for mut x in self.xs.drain(..) {
+    /// Correlates the exchanges l7 added to `out` from index `from` on. l7 writes them there
+    /// directly: an exchange (440 bytes) moved through a staging vector on its way was ~4% of
+    /// the agent's CPU under a keep-alive load.
+    fn correlate(&mut self, out: &mut StageOutput, from: usize) {
+        for x in out.exchanges.get_mut(from..).unwrap_or_default() {
             if let Some(hook) = self.exchange_hook.as_mut() {
-                hook(&mut x);
+                hook(x);
             }
-            self.engine.push(&x, &mut self.vs);
-            out.exchanges.push(x);
+            self.engine.push(x, &mut self.vs);
         }
         out.verdicts.append(&mut self.vs);
     }
@@ -327,8 +334,9 @@ impl Pipeline {
 
     /// One evaluation at `now_ns`: l7 and correlate timers, edge figures, decisions.
     fn evaluate(&mut self, now_ns: u64, out: &mut StageOutput) {
-        self.reassembler.tick(now_ns, &mut self.xs);
-        self.correlate(out);
+        let from = out.exchanges.len();
+        self.reassembler.tick(now_ns, &mut out.exchanges);
+        self.correlate(out, from);
         self.engine.tick(now_ns, &mut self.vs);
         out.verdicts.append(&mut self.vs);
         let edges = self.engine.edges();
@@ -367,53 +375,28 @@ fn failed(out: &StageOutput, from: usize) -> bool {
 
 /// The records one push or tick gained, in stage order: exchanges, verdicts, edge figures,
 /// decisions. As an iterator it yields [`Record`]s; a tap that keeps exchanges as they are
-/// takes them first with [`Derived::next_exchange`], by value and unboxed (a box per exchange,
-/// made here and freed in the recorder, was ~2% of the agent's CPU under a keep-alive load).
-/// The exchanges are copies, or with `keep_exchanges` false, moved out of the output.
+/// takes them first with [`Derived::next_exchange`], by reference (a box per exchange, made
+/// here and freed in the recorder, was ~2% of the agent's CPU under a keep-alive load).
 pub struct Derived<'a> {
-    copied: std::slice::Iter<'a, Exchange>,
-    moved: Option<std::vec::Drain<'a, Exchange>>,
+    exchanges: std::slice::Iter<'a, Exchange>,
     verdicts: std::slice::Iter<'a, Verdict>,
     snapshots: std::slice::Iter<'a, EdgeSnapshot>,
     decisions: std::slice::Iter<'a, Decision>,
 }
 
 impl<'a> Derived<'a> {
-    fn new(
-        out: &'a mut StageOutput,
-        mark: (usize, usize, usize, usize),
-        keep_exchanges: bool,
-    ) -> Self {
-        let StageOutput {
-            exchanges,
-            verdicts,
-            decisions,
-            snapshots,
-        } = out;
-        let start = mark.0.min(exchanges.len());
-        let (copied, moved) = if keep_exchanges {
-            (exchanges[start..].iter(), None)
-        } else {
-            (
-                <&[Exchange]>::default().iter(),
-                Some(exchanges.drain(start..)),
-            )
-        };
+    fn new(out: &'a StageOutput, mark: (usize, usize, usize, usize)) -> Self {
         Derived {
-            copied,
-            moved,
-            verdicts: verdicts.get(mark.1..).unwrap_or_default().iter(),
-            snapshots: snapshots.get(mark.3..).unwrap_or_default().iter(),
-            decisions: decisions.get(mark.2..).unwrap_or_default().iter(),
+            exchanges: out.exchanges.get(mark.0..).unwrap_or_default().iter(),
+            verdicts: out.verdicts.get(mark.1..).unwrap_or_default().iter(),
+            snapshots: out.snapshots.get(mark.3..).unwrap_or_default().iter(),
+            decisions: out.decisions.get(mark.2..).unwrap_or_default().iter(),
         }
     }
 
     /// The next exchange, before any other record.
-    pub fn next_exchange(&mut self) -> Option<Exchange> {
-        match self.copied.next() {
-            Some(x) => Some(x.clone()),
-            None => self.moved.as_mut()?.next(),
-        }
+    pub fn next_exchange(&mut self) -> Option<&'a Exchange> {
+        self.exchanges.next()
     }
 }
 
@@ -422,7 +405,7 @@ impl Iterator for Derived<'_> {
 
     fn next(&mut self) -> Option<Record> {
         if let Some(x) = self.next_exchange() {
-            return Some(Record::Exchange(Box::new(x)));
+            return Some(Record::Exchange(Box::new(x.clone())));
         }
         if let Some(v) = self.verdicts.next() {
             return Some(Record::Verdict(v.clone()));

@@ -329,7 +329,7 @@ impl Recorder {
     }
 
     /// Record an exchange (the ring keeps its encoding).
-    pub fn record_exchange(&mut self, x: Exchange) {
+    pub fn record_exchange(&mut self, x: &Exchange) {
         if !self.cfg.enabled {
             return;
         }
@@ -362,15 +362,15 @@ impl Recorder {
         self.stored(s.response.ts_exit_ns);
     }
 
-    fn admit_exchange(&mut self, x: Exchange) {
+    fn admit_exchange(&mut self, x: &Exchange) {
         let ts_ns = x.end_ns();
-        self.ring.push_exchange(&x);
+        self.ring.push_exchange(x);
         self.stored(ts_ns);
     }
 
     fn admit(&mut self, rec: Record) {
         match rec {
-            Record::Exchange(x) => return self.admit_exchange(*x),
+            Record::Exchange(x) => return self.admit_exchange(&x),
             Record::Event(Event::Data(d)) => return self.admit_data(&d),
             Record::Event(Event::Summary(s)) => return self.admit_summary(&s),
             _ => {}
