@@ -1034,6 +1034,80 @@ async fn requests_an_event_loop_reads_ahead_are_summarised_and_flagged() {
     assert_eq!(served, want, "\n{}", dump(&evs));
 }
 
+/// A connection's entry in the kernel's `HELD` map (reused by each request it holds) goes when
+/// the connection closes. A client opens 4,200 connections, a summarised request on each,
+/// closes them, then opens 4,200 more on fds the first round never had: with the first round's
+/// entries left behind, the map (8192 entries) fills and the second round's last requests are
+/// sent whole; with them gone, every request at the client is summarised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_connection_leaves_nothing_held_behind() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load_summarizing() else {
+        return;
+    };
+    const ROUND: usize = 4_200;
+    const N: usize = 2 * ROUND;
+    let n = ROUND.to_string();
+    let (server, port) = serve(
+        python,
+        "many_connections.py",
+        &["server", &n],
+        Ready::SaysReady,
+    );
+    let client = Proc::spawn(
+        python("many_connections.py", &[&port.to_string(), "client", &n]).stdout(Stdio::piped()),
+    );
+    let pids = [server.pid(), client.pid()];
+    let last = format!("GET /{} ", N - 1);
+    let last_seen = |e: &Event| match e {
+        Event::Summary(s) => {
+            s.request.pid == pids[1] && s.request.payload.starts_with(last.as_bytes())
+        }
+        Event::Data(d) => d.pid == pids[1] && d.payload.starts_with(last.as_bytes()),
+        _ => false,
+    };
+    // Only the client's requests are kept (summaries, and requests sent whole), collected while
+    // it runs: the whole run's events would not fit the ring.
+    let evs = collect(
+        &mut cap,
+        Duration::from_secs(60),
+        |e| match e {
+            Event::Summary(s) => s.request.pid == pids[1],
+            Event::Data(d) => d.pid == pids[1] && d.payload.starts_with(b"GET /"),
+            _ => false,
+        },
+        |evs| evs.last().is_some_and(last_seen),
+    )
+    .await;
+    let summarised = evs
+        .iter()
+        .filter(|e| matches!(e, Event::Summary(_)))
+        .count();
+    let whole: Vec<String> = data_events(&evs)
+        .iter()
+        .map(|d| {
+            String::from_utf8_lossy(&d.payload)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        evs.last().is_some_and(last_seen),
+        "the last request was not seen: {} events",
+        evs.len()
+    );
+    assert_eq!(
+        (summarised, whole.len()),
+        (N, 0),
+        "the client's requests summarised, and sent whole (first: {:?})",
+        whole.get(..5.min(whole.len()))
+    );
+}
+
 /// Runs the Python fixture `name` as `server`, then as `client` of it, which prints `said`;
 /// returns the events of both and their pids (server, client).
 async fn server_and_client(
