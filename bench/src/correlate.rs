@@ -34,7 +34,7 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-fn pin_to_one_core() {
+pub(crate) fn pin_to_one_core() {
     // Best effort: the figure is per core; without taskset the scheduler may still move us.
     let pid = std::process::id().to_string();
     let _ = Command::new("taskset")

@@ -12,6 +12,7 @@ mod capture;
 mod correlate;
 mod l7;
 mod overhead;
+mod quiet;
 mod recorder;
 mod rounds;
 mod shim;
@@ -24,6 +25,8 @@ enum What {
     Shim,
     Recorder,
     Overhead,
+    /// Userspace CPU per quiet keep-alive request, from its summary records (decode, pipeline, recorder).
+    Quiet,
 }
 
 #[derive(Debug, Parser)]
@@ -68,6 +71,7 @@ fn main() -> Result<()> {
         What::Shim => shim::run(&agent_bin()?, rounds),
         What::Recorder => recorder::run(),
         What::Overhead => overhead::run(&agent_bin()?, &cli.rows, rounds),
+        What::Quiet => quiet::run(),
     }
 }
 

@@ -18,6 +18,8 @@ pub enum What {
     Recorder,
     /// none / floor (empty programs on the same hooks) / agent, for haproxy, nginx, Go and TLS.
     Overhead,
+    /// The agent's userspace CPU per quiet keep-alive request, from its kernel summaries.
+    Quiet,
 }
 
 #[derive(Debug, Args)]
