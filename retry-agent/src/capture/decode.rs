@@ -122,6 +122,17 @@ fn decode_data(raw: &[u8], arena: Option<&mut PayloadArena>) -> Result<DataEvent
         len: raw.len(),
         need: end,
     })?;
+    data_event(
+        &h,
+        match arena {
+            Some(a) => a.copy(payload),
+            None => Bytes::copy_from_slice(payload),
+        },
+    )
+}
+
+/// The event of data header `h`, carrying `payload`.
+fn data_event(h: &DataHeader, payload: Bytes) -> Result<DataEvent, DecodeError> {
     Ok(DataEvent {
         conn: ConnId {
             pid: h.pid,
@@ -148,32 +159,31 @@ fn decode_data(raw: &[u8], arena: Option<&mut PayloadArena>) -> Result<DataEvent
         ts_enter_ns: h.ts_enter_ns,
         ts_exit_ns: h.ts_exit_ns,
         len: h.len,
-        payload: match arena {
-            Some(a) => a.copy(payload),
-            None => Bytes::copy_from_slice(payload),
-        },
+        payload,
     })
 }
 
-/// A summary record: its two headers are data headers, each read as a data record of its own
-/// and checked to be one. The record ends after the request's captured bytes (the kernel sends
+/// A summary record: its two headers are data headers (checked to be), each read as a data
+/// record's, the request's with the bytes that follow the headers. The record ends after the request's captured bytes (the kernel sends
 /// `SUMMARY_HEAD` and those), so a short request makes a short record; one cut shorter than
 /// that is refused.
 fn decode_summary(
     raw: &[u8],
     arena: Option<&mut PayloadArena>,
 ) -> Result<SummaryEvent, DecodeError> {
-    let at = std::mem::offset_of!(SummaryRecord, request);
     let head = raw.get(..SUMMARY_HEAD).ok_or(DecodeError::Short {
         what: "summary record",
         len: raw.len(),
         need: SUMMARY_HEAD,
     })?;
     let status: u32 = read(&head[4..], "summary status")?;
-    let req: DataHeader = read(&head[at..], "summary's request header")?;
     let resp: DataHeader = read(
         &head[std::mem::offset_of!(SummaryRecord, response)..],
         "summary's response header",
+    )?;
+    let req: DataHeader = read(
+        &head[std::mem::offset_of!(SummaryRecord, request)..],
+        "summary's request header",
     )?;
     if req.kind != KIND_DATA || resp.kind != KIND_DATA {
         return Err(DecodeError::UnknownValue {
@@ -185,31 +195,28 @@ fn decode_summary(
             },
         });
     }
-    // The request's header and its bytes lie in the record as a data record would hold them.
+    let status = u16::try_from(status).map_err(|_| DecodeError::UnknownValue {
+        what: "summary status",
+        value: status,
+    })?;
+    // The request's bytes follow the headers, as a data record's follow its header.
     let sent = usize::try_from(req.captured)
         .unwrap_or(usize::MAX)
         .min(HELD_BYTES);
     let end = SUMMARY_HEAD + sent;
-    let request = decode_data(
-        raw.get(at..end).ok_or(DecodeError::Short {
-            what: "summary record's request bytes",
-            len: raw.len(),
-            need: end,
-        })?,
-        arena,
-    )?;
-    let mut response = decode_data(
-        &head[std::mem::offset_of!(SummaryRecord, response)..at],
-        None,
-    )?;
-    response.payload = Bytes::new();
+    let bytes = raw.get(SUMMARY_HEAD..end).ok_or(DecodeError::Short {
+        what: "summary record's request bytes",
+        len: raw.len(),
+        need: end,
+    })?;
+    let bytes = match arena {
+        Some(a) => a.copy(bytes),
+        None => Bytes::copy_from_slice(bytes),
+    };
     Ok(SummaryEvent {
-        request,
-        response,
-        status: u16::try_from(status).map_err(|_| DecodeError::UnknownValue {
-            what: "summary status",
-            value: status,
-        })?,
+        request: data_event(&req, bytes)?,
+        response: data_event(&resp, Bytes::new())?,
+        status,
     })
 }
 
