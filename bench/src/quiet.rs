@@ -237,7 +237,12 @@ pub fn run() -> Result<()> {
         })
         .collect();
     let events: usize = batches.iter().map(Vec::len).sum();
-    anyhow::ensure!(events == raw.len(), "{} of {} records decoded", events, raw.len());
+    anyhow::ensure!(
+        events == raw.len(),
+        "{} of {} records decoded",
+        events,
+        raw.len()
+    );
     let feed = |p: &mut Pipeline| {
         let mut out = StageOutput::default();
         for ev in &processes() {

@@ -260,10 +260,7 @@ impl Pipeline {
             self.burst(ts, out);
         }
         if let Some(tap) = &mut self.tap {
-            tap.tap(
-                Input::Event(ev),
-                Derived::new(out, self.mark),
-            );
+            tap.tap(Input::Event(ev), Derived::new(out, self.mark));
             if !self.keep_exchanges {
                 out.exchanges.truncate(self.mark.0);
             }
@@ -284,10 +281,7 @@ impl Pipeline {
         self.mark_out(out);
         self.evaluate(now_ns, out);
         if let Some(tap) = &mut self.tap {
-            tap.tap(
-                Input::Tick { now_ns },
-                Derived::new(out, self.mark),
-            );
+            tap.tap(Input::Tick { now_ns }, Derived::new(out, self.mark));
             if !self.keep_exchanges {
                 out.exchanges.truncate(self.mark.0);
             }
