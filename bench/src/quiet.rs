@@ -7,6 +7,7 @@
 //! enough to compare builds (best of 5, thread CPU time). Figures, never pass/fail.
 use std::hint::black_box;
 
+use crate::recorder::cpu_ns;
 use anyhow::Result;
 use retry_agent::{
     capture::{
@@ -31,14 +32,6 @@ const BATCH: usize = 512;
 const SERVER: u32 = 100;
 const CLIENT: u32 = 200;
 const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: 127.0.0.1:18080\r\n\r\n";
-
-/// CPU time of this thread in ns (scheduler accounting).
-fn cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
-}
 
 fn bytes_of<T: Copy>(v: &T) -> Vec<u8> {
     // SAFETY: the retry-common records are repr(C) with explicit padding (their layout tests
@@ -75,11 +68,10 @@ fn conn(kind: u32, pid: u32, fd: u32, r: u32, t: SockTuple, ts_ns: u64) -> Vec<u
 
 /// The summary record of one end of an exchange, cut where the kernel cuts it.
 fn summary(pid: u32, fd: u32, r: u32, t: SockTuple, (start, end): (u64, u64)) -> Vec<u8> {
+    let (i, e) = (direction::INGRESS, direction::EGRESS);
     let (req_sc, resp_sc, req_dir, resp_dir) = if r == role::SERVER {
-        let (i, e) = (direction::INGRESS, direction::EGRESS);
         (syscall::RECVFROM, syscall::SENDTO, i, e)
     } else {
-        let (i, e) = (direction::INGRESS, direction::EGRESS);
         (syscall::WRITE, syscall::READ, e, i)
     };
     let request = DataHeader {

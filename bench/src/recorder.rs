@@ -27,7 +27,7 @@ use retry_agent::{
 
 /// CPU time of this thread in ns (scheduler accounting, ns precision): the timed loops run on
 /// one thread, so other engineers' builds on the same box do not count against them.
-fn cpu_ns() -> u64 {
+pub(crate) fn cpu_ns() -> u64 {
     std::fs::read_to_string("/proc/thread-self/schedstat")
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))

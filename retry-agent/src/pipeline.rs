@@ -259,8 +259,14 @@ impl Pipeline {
         {
             self.burst(ts, out);
         }
+        self.hand_to_tap(Input::Event(ev), out);
+    }
+
+    /// What this push or tick derived, to the tap (if any); with `keep_exchanges` off the
+    /// exchanges then leave the output.
+    fn hand_to_tap(&mut self, input: Input<'_>, out: &mut StageOutput) {
         if let Some(tap) = &mut self.tap {
-            tap.tap(Input::Event(ev), Derived::new(out, self.mark));
+            tap.tap(input, Derived::new(out, self.mark));
             if !self.keep_exchanges {
                 out.exchanges.truncate(self.mark.0);
             }
@@ -280,12 +286,7 @@ impl Pipeline {
     pub fn tick(&mut self, now_ns: u64, out: &mut StageOutput) {
         self.mark_out(out);
         self.evaluate(now_ns, out);
-        if let Some(tap) = &mut self.tap {
-            tap.tap(Input::Tick { now_ns }, Derived::new(out, self.mark));
-            if !self.keep_exchanges {
-                out.exchanges.truncate(self.mark.0);
-            }
-        }
+        self.hand_to_tap(Input::Tick { now_ns }, out);
     }
 
     /// End of input (replay end, shutdown): judge everything still pending.

@@ -411,21 +411,36 @@ fn response(io: &Io<'_>) {
 /// (a close, a reset, an answer that is not summarised) must find it before it.
 #[inline(always)]
 pub fn release(key: &ConnKey) {
-    let Some(h) = held(key) else {
-        return;
-    };
+    if let Some(h) = held(key) {
+        send_held(h);
+    }
+}
+
+/// Sends the request the entry `h` holds as the record it would have been, and takes it out.
+#[inline(always)]
+fn send_held(h: *mut SummaryRecord) {
     // SAFETY: a map value of `size_of::<SummaryRecord>()` bytes, valid for this program run,
-    // whose request record (header, then bytes) starts at `request`; the mask restates
-    // captured ≤ HELD_BYTES for the verifier.
+    // whose request record (header, then bytes) starts at `request`.
     unsafe {
-        let captured = (*h).request.captured as usize;
-        let size = size_of::<DataHeader>() + (captured & (2 * HELD_BYTES - 1)).min(HELD_BYTES);
+        let size = size_of::<DataHeader>() + held_len(h);
         output(core::slice::from_raw_parts(
             addr_of!((*h).request) as *const u8,
             size,
         ));
     }
     unhold(h);
+}
+
+/// How many request bytes the entry `h` holds, the mask restating captured ≤ HELD_BYTES for
+/// the verifier.
+///
+/// # Safety
+/// `h` is a `HELD` value, valid for this program run.
+#[inline(always)]
+unsafe fn held_len(h: *const SummaryRecord) -> usize {
+    // SAFETY: the caller's contract.
+    let captured = unsafe { (*h).request.captured } as usize;
+    (captured & (2 * HELD_BYTES - 1)).min(HELD_BYTES)
 }
 
 /// Takes the request `h` held out of its `HELD` entry (which stays for the connection's next
@@ -470,10 +485,18 @@ pub fn release_if_on(key: &ConnKey) {
 /// entry goes.
 #[inline(always)]
 pub fn close(key: &ConnKey) {
-    if config().flags & config_flags::SUMMARIZE != 0 {
-        release(key);
-        let _ = HELD.remove(key);
+    if config().flags & config_flags::SUMMARIZE == 0 {
+        return;
     }
+    // A connection that never held has no entry: no delete (a bucket lock) for it.
+    let Some(h) = HELD.get_ptr_mut(key) else {
+        return;
+    };
+    // SAFETY: a map value, valid for this program run.
+    if unsafe { (*h).kind } == KIND_SUMMARY {
+        send_held(h);
+    }
+    let _ = HELD.remove(key);
 }
 
 /// A call of this thread failed (failure status, reset): requests it answers after are sent
@@ -495,8 +518,7 @@ pub fn mark_failed(pid_tgid: u64, info: &ConnInfo, now: u64) {
 #[inline(always)]
 fn summarize(h: *mut SummaryRecord, io: &Io<'_>, status: u32) {
     // SAFETY: a map value of `size_of::<SummaryRecord>()` bytes, valid for this program run;
-    // `kind` says KIND_SUMMARY already (it holds); the mask restates captured ≤ HELD_BYTES for
-    // the verifier.
+    // `kind` says KIND_SUMMARY already (it holds).
     unsafe {
         addr_of_mut!((*h).status).write(status);
         addr_of_mut!((*h).response).write(header(
@@ -507,8 +529,7 @@ fn summarize(h: *mut SummaryRecord, io: &Io<'_>, status: u32) {
             (0, io.io.0, io.io.1),
             io.ts,
         ));
-        let captured = (*h).request.captured as usize;
-        let size = SUMMARY_HEAD + (captured & (2 * HELD_BYTES - 1)).min(HELD_BYTES);
+        let size = SUMMARY_HEAD + held_len(h);
         output(core::slice::from_raw_parts(h as *const u8, size));
     }
 }

@@ -122,13 +122,15 @@ fn decode_data(raw: &[u8], arena: Option<&mut PayloadArena>) -> Result<DataEvent
         len: raw.len(),
         need: end,
     })?;
-    data_event(
-        &h,
-        match arena {
-            Some(a) => a.copy(payload),
-            None => Bytes::copy_from_slice(payload),
-        },
-    )
+    data_event(&h, copied(payload, arena))
+}
+
+/// `b` as an event's own bytes: cut from `arena` when given.
+fn copied(b: &[u8], arena: Option<&mut PayloadArena>) -> Bytes {
+    match arena {
+        Some(a) => a.copy(b),
+        None => Bytes::copy_from_slice(b),
+    }
 }
 
 /// The event of data header `h`, carrying `payload`.
@@ -209,12 +211,8 @@ fn decode_summary(
         len: raw.len(),
         need: end,
     })?;
-    let bytes = match arena {
-        Some(a) => a.copy(bytes),
-        None => Bytes::copy_from_slice(bytes),
-    };
     Ok(SummaryEvent {
-        request: data_event(&req, bytes)?,
+        request: data_event(&req, copied(bytes, arena))?,
         response: data_event(&resp, Bytes::new())?,
         status,
     })

@@ -7,7 +7,7 @@ use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 // Looked up for every record: a fast hasher (pids are not attacker-chosen keys of note).
 use foldhash::{HashMap, HashSet};
-use retry_common::{ConnInfo, ConnKey, DataHeader, KIND_SUMMARY, SummaryRecord};
+use retry_common::{ConnInfo, ConnKey, KIND_SUMMARY, SUMMARY_HEAD, SummaryRecord};
 use tokio::io::unix::AsyncFd;
 
 use super::{
@@ -344,17 +344,17 @@ impl Reader {
         let captured = usize::try_from(h.request.captured)
             .unwrap_or(usize::MAX)
             .min(h.bytes.len());
-        // SAFETY: `SummaryRecord` is Pod: its headers are plain bytes.
-        let header = unsafe {
+        // SAFETY: `SummaryRecord` is Pod (repr(C), no padding): its bytes are plain bytes.
+        let all = unsafe {
             std::slice::from_raw_parts(
-                (&h.request as *const DataHeader).cast::<u8>(),
-                size_of::<DataHeader>(),
+                (h as *const SummaryRecord).cast::<u8>(),
+                size_of::<SummaryRecord>(),
             )
         };
-        let mut raw = Vec::with_capacity(header.len() + captured);
-        raw.extend_from_slice(header);
-        raw.extend_from_slice(h.bytes.get(..captured).unwrap_or_default());
-        match decode::decode_in(&raw, Some(&mut self.arena)) {
+        // The request's header and its bytes lie one after the other, a data record as it is.
+        let at = std::mem::offset_of!(SummaryRecord, request);
+        let raw = all.get(at..SUMMARY_HEAD + captured).unwrap_or_default();
+        match decode::decode_in(raw, Some(&mut self.arena)) {
             Ok(ev) => self.send(ev),
             Err(_) => {
                 self.stats.0.decode_errors.fetch_add(1, Ordering::Relaxed);
