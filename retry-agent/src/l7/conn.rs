@@ -9,8 +9,6 @@ mod h2;
 mod inbound;
 mod pending;
 
-use foldhash::HashMap;
-
 use crate::capture::{ConnId, DataEvent, Direction, Role, SummaryEvent, Syscall, Tuple};
 
 use super::{
@@ -20,11 +18,11 @@ use super::{
     http1::{self, H1Parser, Side},
     http2::{self, H2Dir, PREFACE},
     msg::{Ctx, RespInfo},
-    util::{BodyHasher, Routes},
+    util::Routes,
 };
 use detect::DetectDir;
 use h1::H1Conn;
-use h2::{H2Conn, H2Stream};
+use h2::{H2Conn, Streams};
 pub(crate) use inbound::InboundByThread;
 use pending::Pending;
 pub(crate) use pending::{EndKind, connect_failure};
@@ -337,17 +335,9 @@ impl Conn {
         self.info.protocol = Protocol::Http2;
         let req = H2Dir::new(Side::Request, true, true, self.cap);
         let resp = H2Dir::new(Side::Response, false, true, self.cap);
-        let mut streams = HashMap::default();
-        streams.insert(
-            1,
-            H2Stream {
-                p: stream1,
-                hasher: BodyHasher::default(),
-            },
-        );
         self.proto = Proto::Http2(Box::new(H2Conn::new(
             [req, resp],
-            streams,
+            Streams::with(1, stream1),
             self.max_inflight,
         )));
     }

@@ -207,7 +207,7 @@ impl Conn {
                 };
                 Proto::Http2(Box::new(H2Conn::new(
                     [req, resp],
-                    HashMap::default(),
+                    Streams::default(),
                     self.max_inflight,
                 )))
             }

@@ -21,10 +21,93 @@ pub(super) struct H2Stream {
     pub(super) hasher: BodyHasher,
 }
 
+/// Finished streams' boxes a connection keeps for its next streams.
+const MAX_SPARE: usize = 32;
+
+/// A connection's streams in flight, by id. Boxed, and a finished stream's box is kept for the
+/// next: a stream (~400 bytes) then never moves, where a map of values copied it in at its
+/// HEADERS and out at its end (a fifth of gRPC's reassembly time in `cargo xtask bench l7`).
+#[derive(Default)]
+pub(super) struct Streams {
+    live: HashMap<u32, Box<H2Stream>>,
+    /// Boxes of finished streams, at most `MAX_SPARE` (the map of values this replaced kept
+    /// room for as many streams as were ever in flight at once, a box's worth each).
+    spare: Vec<Box<H2Stream>>,
+}
+
+impl Streams {
+    /// A table holding `first` (an upgraded HTTP/1 request, stream 1).
+    pub(super) fn with(id: u32, p: Pending) -> Self {
+        let mut s = Streams::default();
+        s.live.insert(
+            id,
+            Box::new(H2Stream {
+                p,
+                hasher: BodyHasher::default(),
+            }),
+        );
+        s
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    pub(super) fn contains(&self, id: u32) -> bool {
+        self.live.contains_key(&id)
+    }
+
+    pub(super) fn get_mut(&mut self, id: u32) -> Option<&mut H2Stream> {
+        self.live.get_mut(&id).map(|b| &mut **b)
+    }
+
+    pub(super) fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.live.keys().copied()
+    }
+
+    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut H2Stream> {
+        self.live.values_mut().map(|b| &mut **b)
+    }
+
+    /// Stream `id`, made by `new` if it is not in flight.
+    fn get_or_insert(&mut self, id: u32, new: impl FnOnce() -> Pending) -> &mut H2Stream {
+        let Streams { live, spare } = self;
+        let b = live.entry(id).or_insert_with(|| {
+            let p = new();
+            match spare.pop() {
+                Some(mut b) => {
+                    b.p = p;
+                    b.hasher = BodyHasher::default();
+                    b
+                }
+                None => Box::new(H2Stream {
+                    p,
+                    hasher: BodyHasher::default(),
+                }),
+            }
+        });
+        &mut **b
+    }
+
+    /// Take stream `id` out of flight; `f` reads it before its box goes to the spares.
+    fn remove_with<R>(&mut self, id: u32, f: impl FnOnce(&mut H2Stream) -> R) -> Option<R> {
+        let mut b = self.live.remove(&id)?;
+        let r = f(&mut b);
+        if self.spare.len() < MAX_SPARE {
+            self.spare.push(b);
+        }
+        Some(r)
+    }
+}
+
 pub(super) struct H2Conn {
     /// [request side (client → server), response side].
     pub(super) dirs: [H2Dir; 2],
-    pub(super) streams: HashMap<u32, H2Stream>,
+    pub(super) streams: Streams,
     pub(super) max_inflight: usize,
     /// Bindings of streams not seen yet (a client stream's id is bound on the caller's
     /// goroutine while the writer goroutine may still be sending its HEADERS), oldest first,
@@ -44,11 +127,7 @@ pub(super) enum Writers {
 }
 
 impl H2Conn {
-    pub(super) fn new(
-        dirs: [H2Dir; 2],
-        streams: HashMap<u32, H2Stream>,
-        max_inflight: usize,
-    ) -> Self {
+    pub(super) fn new(dirs: [H2Dir; 2], streams: Streams, max_inflight: usize) -> Self {
         H2Conn {
             dirs,
             streams,
@@ -107,7 +186,7 @@ impl H2Conn {
 
     /// A Go probe says stream `id` serves request context `context` since `ts`.
     pub(super) fn bind(&mut self, id: u32, context: u64, ts: u64) {
-        if let Some(s) = self.streams.get_mut(&id) {
+        if let Some(s) = self.streams.get_mut(id) {
             s.p.bound = Some((context, ts));
             return;
         }
@@ -118,18 +197,19 @@ impl H2Conn {
     }
 
     pub(super) fn end(&mut self, kind: EndKind, ctx: &Ctx, info: &ConnInfo, em: &mut Emitter<'_>) {
-        let mut ids: Vec<u32> = self.streams.keys().copied().collect();
+        let mut ids: Vec<u32> = self.streams.ids().collect();
         ids.sort_unstable();
+        let writers = self.writers;
         for id in ids {
-            if let Some(mut s) = self.streams.remove(&id) {
+            self.streams.remove_with(id, |s| {
                 let started = s.p.response_started();
                 if kind == EndKind::Evicted {
                     s.p.unknown = true;
                 }
                 let failure = end_failure(info.role, kind, started);
                 s.p.conn_ended = ended_at(kind, ctx);
-                emit(em, info, self.writers, s.p, failure);
-            }
+                emit(em, info, writers, &mut s.p, failure);
+            });
         }
     }
 }
@@ -139,17 +219,17 @@ fn emit(
     em: &mut Emitter<'_>,
     info: &ConnInfo,
     writers: Writers,
-    p: Pending,
+    p: &mut Pending,
     failure: Option<Failure>,
 ) {
-    let mut x = p.into_exchange(info, failure);
+    let mut x = p.take_exchange(info, failure);
     x.threads_multiplexed = writers == Writers::Multiplexed && info.role == Role::Client;
     em.emit(x);
 }
 
 struct H2Pairing<'a, 'b> {
     side: Side,
-    streams: &'a mut HashMap<u32, H2Stream>,
+    streams: &'a mut Streams,
     early: &'a mut Vec<(u32, (u64, u64))>,
     writers: &'a mut Writers,
     info: &'a ConnInfo,
@@ -159,25 +239,33 @@ struct H2Pairing<'a, 'b> {
 
 impl H2Pairing<'_, '_> {
     fn finish(&mut self, stream: u32, failure: Option<Failure>) {
-        if let Some(s) = self.streams.remove(&stream) {
-            emit(self.em, self.info, *self.writers, s.p, failure);
-        }
+        let (em, info, writers) = (&mut *self.em, self.info, *self.writers);
+        self.streams
+            .remove_with(stream, |s| emit(em, info, writers, &mut s.p, failure));
     }
 
     fn stream(&mut self, id: u32, start: &Ctx, unknown: bool) -> &mut H2Stream {
-        if !self.streams.contains_key(&id) && self.streams.len() >= self.max_inflight {
+        if !self.streams.contains(id) && self.streams.len() >= self.max_inflight {
             // Bounded: give up the oldest stream rather than grow.
-            if let Some(&oldest) = self.streams.keys().min()
-                && let Some(mut s) = self.streams.remove(&oldest)
-            {
-                s.p.unknown = true;
-                self.em.stats.evictions_inflight += 1;
-                emit(self.em, self.info, *self.writers, s.p, None);
+            if let Some(oldest) = self.streams.ids().min() {
+                let (em, info, writers) = (&mut *self.em, self.info, *self.writers);
+                self.streams.remove_with(oldest, |s| {
+                    s.p.unknown = true;
+                    em.stats.evictions_inflight += 1;
+                    emit(em, info, writers, &mut s.p, None);
+                });
             }
         }
-        self.streams.entry(id).or_insert_with(|| {
+        let H2Pairing {
+            streams,
+            early,
+            info,
+            em,
+            ..
+        } = self;
+        streams.get_or_insert(id, || {
             if !unknown {
-                self.em.request_read(self.info, start);
+                em.request_read(info, start);
             }
             let mut p = Pending::new(
                 u64::from(id),
@@ -189,13 +277,10 @@ impl H2Pairing<'_, '_> {
             );
             p.no_request = unknown;
             p.stream_id = Some(id);
-            if let Some(i) = self.early.iter().position(|&(s, _)| s == id) {
-                p.bound = Some(self.early.remove(i).1);
+            if let Some(i) = early.iter().position(|&(s, _)| s == id) {
+                p.bound = Some(early.remove(i).1);
             }
-            H2Stream {
-                p,
-                hasher: BodyHasher::default(),
-            }
+            p
         })
     }
 
@@ -208,7 +293,7 @@ impl H2Pairing<'_, '_> {
         start: &Ctx,
         ctx: &Ctx,
     ) {
-        let fresh = !self.streams.contains_key(&stream);
+        let fresh = !self.streams.contains(stream);
         // One comparison, not a walk of the streams in flight: while not multiplexed they were
         // all written by one thread.
         if fresh
@@ -250,7 +335,7 @@ impl H2Pairing<'_, '_> {
         start: &Ctx,
         ctx: &Ctx,
     ) {
-        let seen = self.streams.contains_key(&stream);
+        let seen = self.streams.contains(stream);
         let s = self.stream(stream, start, !seen);
         if !seen {
             s.p.unknown = true;
@@ -304,20 +389,20 @@ impl H2Sink for H2Pairing<'_, '_> {
 
     fn data_bytes(&mut self, stream: u32, bytes: &[u8]) {
         if self.side == Side::Request
-            && let Some(s) = self.streams.get_mut(&stream)
+            && let Some(s) = self.streams.get_mut(stream)
         {
             s.hasher.feed(bytes);
         }
     }
 
     fn data_gap(&mut self, stream: u32) {
-        if let Some(s) = self.streams.get_mut(&stream) {
+        if let Some(s) = self.streams.get_mut(stream) {
             s.hasher.gap();
         }
     }
 
     fn data_end(&mut self, stream: u32, len: u64, end_stream: bool, ctx: &Ctx) {
-        let Some(s) = self.streams.get_mut(&stream) else {
+        let Some(s) = self.streams.get_mut(stream) else {
             return;
         };
         match self.side {
@@ -342,7 +427,7 @@ impl H2Sink for H2Pairing<'_, '_> {
     }
 
     fn rst(&mut self, stream: u32, code: u32, ctx: &Ctx) {
-        if let Some(s) = self.streams.get_mut(&stream) {
+        if let Some(s) = self.streams.get_mut(stream) {
             if s.p.resp_end_ts.is_none() && s.p.resp_start.is_some() {
                 s.p.resp_end_ts = Some(ctx.ts_end);
             }
@@ -357,8 +442,7 @@ impl H2Sink for H2Pairing<'_, '_> {
         // Client streams above last-stream-id were not (and will not be) processed.
         let mut ids: Vec<u32> = self
             .streams
-            .keys()
-            .copied()
+            .ids()
             .filter(|&id| id > last_stream && id % 2 == 1)
             .collect();
         ids.sort_unstable();
