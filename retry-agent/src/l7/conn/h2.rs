@@ -31,7 +31,9 @@ const MAX_SPARE: usize = 32;
 pub(super) struct Streams {
     live: HashMap<u32, Box<H2Stream>>,
     /// Boxes of finished streams, at most `MAX_SPARE` (the map of values this replaced kept
-    /// room for as many streams as were ever in flight at once, a box's worth each).
+    /// room for as many streams as were ever in flight at once, a box's worth each). Boxes, not
+    /// values: one moves into `live` as a pointer.
+    #[expect(clippy::vec_box, reason = "the boxes are what is reused")]
     spare: Vec<Box<H2Stream>>,
 }
 
@@ -76,7 +78,7 @@ impl Streams {
     /// Stream `id`, made by `new` if it is not in flight.
     fn get_or_insert(&mut self, id: u32, new: impl FnOnce() -> Pending) -> &mut H2Stream {
         let Streams { live, spare } = self;
-        let b = live.entry(id).or_insert_with(|| {
+        live.entry(id).or_insert_with(|| {
             let p = new();
             match spare.pop() {
                 Some(mut b) => {
@@ -89,8 +91,7 @@ impl Streams {
                     hasher: BodyHasher::default(),
                 }),
             }
-        });
-        &mut **b
+        })
     }
 
     /// Take stream `id` out of flight; `f` reads it before its box goes to the spares.
