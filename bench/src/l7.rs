@@ -10,7 +10,10 @@ use anyhow::Result;
 use bytes::Bytes;
 use retry_agent::{
     capture::{ConnEvent, ConnEventKind, ConnId, DataEvent, Direction, Event, Role, Syscall},
-    l7::{Exchange, L7Config, Reassembler, hpack::huffman},
+    l7::{
+        Exchange, L7Config, Reassembler,
+        hpack::{self, huffman},
+    },
 };
 
 pub fn run() -> Result<()> {
@@ -23,6 +26,7 @@ pub fn run() -> Result<()> {
         grpc_unary(Hpack::IndexAll),
         grpc_unary(Hpack::TracePerCall),
         grpc_unary(Hpack::TracePerCallHuffman),
+        grpc_unary(Hpack::TracePerCallAsGo),
     ] {
         if only.as_deref().is_some_and(|o| !w.name.starts_with(o)) {
             continue;
@@ -306,6 +310,106 @@ enum Hpack {
     /// The same with every string Huffman-coded, as real clients send them (gRPC's, Go's,
     /// hyper's, Envoy's encoders Huffman-code a string whenever that is shorter).
     TracePerCallHuffman,
+    /// A new `traceparent` per call as grpc-go's encoder (Go's `hpack`) sends it: every field
+    /// indexed once in the table, each `traceparent` a literal with incremental indexing and
+    /// its name from the table, strings Huffman-coded when shorter ([`Encoder`]).
+    TracePerCallAsGo,
+}
+
+/// An HPACK encoder as Go's `hpack.Encoder` encodes: a field in the table (static or dynamic)
+/// is sent indexed; otherwise as a literal with incremental indexing, its name indexed when the
+/// table has it; strings Huffman-coded when that is shorter. A round's blocks start with the
+/// table emptied (two size updates, 0 then 4096), so the round replays from any table.
+struct Encoder {
+    /// Newest first.
+    table: std::collections::VecDeque<(Vec<u8>, Vec<u8>)>,
+    size: usize,
+}
+
+impl Encoder {
+    const MAX: usize = 4096;
+
+    fn new() -> Self {
+        Encoder {
+            table: Default::default(),
+            size: 0,
+        }
+    }
+
+    /// The round's first block: the table emptied, then `fields`.
+    fn first_block(&mut self, fields: &[(&[u8], &[u8])]) -> Vec<u8> {
+        self.table.clear();
+        self.size = 0;
+        // Size update to 0, then to 4096 (5-bit prefix: 31, then 4065 in 7-bit groups).
+        let mut b = vec![0x20, 0x3f, 0xe1, 0x1f];
+        b.extend(self.block(fields));
+        b
+    }
+
+    fn block(&mut self, fields: &[(&[u8], &[u8])]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for &(n, v) in fields {
+            let all = || {
+                hpack::STATIC_TABLE
+                    .iter()
+                    .map(|&(n, v)| (n, v))
+                    .chain(self.table.iter().map(|(n, v)| (&n[..], &v[..])))
+            };
+            if let Some(i) = all().position(|f| f == (n, v)) {
+                int(&mut b, 0x80, 7, i + 1);
+                continue;
+            }
+            match all().position(|f| f.0 == n) {
+                Some(i) => int(&mut b, 0x40, 6, i + 1),
+                None => {
+                    b.push(0x40);
+                    shorter_string(&mut b, n);
+                }
+            }
+            shorter_string(&mut b, v);
+            let need = n.len() + v.len() + 32;
+            while self.size + need > Self::MAX
+                && let Some((n, v)) = self.table.pop_back()
+            {
+                self.size -= n.len() + v.len() + 32;
+            }
+            self.table.push_front((n.to_vec(), v.to_vec()));
+            self.size += need;
+        }
+        b
+    }
+}
+
+/// An HPACK integer with an `n`-bit prefix after the pattern `first`.
+fn int(out: &mut Vec<u8>, first: u8, n: u8, v: usize) {
+    let max = (1usize << n) - 1;
+    if v < max {
+        out.push(first | v as u8);
+        return;
+    }
+    out.push(first | max as u8);
+    let mut v = v - max;
+    while v >= 0x80 {
+        out.push(0x80 | (v & 0x7f) as u8);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A string literal, Huffman-coded when that is shorter (as Go's encoder chooses).
+fn shorter_string(out: &mut Vec<u8>, s: &[u8]) {
+    let huff = huffman::encoded_len(s) < s.len();
+    let len = if huff {
+        huffman::encoded_len(s)
+    } else {
+        s.len()
+    };
+    int(out, if huff { 0x80 } else { 0 }, 7, len);
+    if huff {
+        huffman::encode(s, out);
+    } else {
+        out.extend_from_slice(s);
+    }
 }
 
 /// A literal header field with incremental indexing, new name, no Huffman (short strings).
@@ -336,15 +440,20 @@ fn traced_request_block(fields: &[(&[u8], &[u8])], conn: u32, call: u32, huff: b
         string(&mut b, n, huff);
         string(&mut b, v, huff);
     }
-    let tp = format!(
-        "00-{:032x}-{:016x}-01",
-        (u64::from(conn) << 32) | u64::from(call),
-        call + 1
-    );
+    let tp = traceparent(conn, call);
     b.push(0x40);
     string(&mut b, b"traceparent", huff);
     string(&mut b, tp.as_bytes(), huff);
     b
+}
+
+/// A W3C `traceparent` unique to (connection, call).
+fn traceparent(conn: u32, call: u32) -> String {
+    format!(
+        "00-{:032x}-{:016x}-01",
+        (u64::from(conn) << 32) | u64::from(call),
+        call + 1
+    )
 }
 
 /// Indexed fields for the dynamic table's entries, given as their insertion order (first
@@ -424,6 +533,7 @@ fn grpc_unary(hpack: Hpack) -> Workload {
         ));
         let mut batch_req = Vec::new();
         let mut batch_resp = Vec::new();
+        let (mut go_client, mut go_server) = (Encoder::new(), Encoder::new());
         for call in 0..CALLS {
             // Stream ids restart per round: the round replays the same ids after they closed,
             // which the reassembler treats as new streams.
@@ -431,16 +541,40 @@ fn grpc_unary(hpack: Hpack) -> Workload {
             let enc = |e: &mut loona_hpack::Encoder, b: &Option<Vec<u8>>, h: &[(&[u8], &[u8])]| {
                 b.clone().unwrap_or_else(|| e.encode(h.iter().copied()))
             };
-            let req = if matches!(hpack, Hpack::TracePerCall | Hpack::TracePerCallHuffman) {
-                traced_request_block(&req_h, fd, call, hpack == Hpack::TracePerCallHuffman)
+            let (req, resp, trail) = if hpack == Hpack::TracePerCallAsGo {
+                let tp = traceparent(fd, call);
+                let mut fields = req_h.to_vec();
+                fields.push((b"traceparent", tp.as_bytes()));
+                if call == 0 {
+                    (
+                        go_client.first_block(&fields),
+                        go_server.first_block(&resp_h),
+                        go_server.block(&trailers),
+                    )
+                } else {
+                    (
+                        go_client.block(&fields),
+                        go_server.block(&resp_h),
+                        go_server.block(&trailers),
+                    )
+                }
             } else {
-                enc(&mut ce, &req_block, &req_h)
+                let req = if matches!(hpack, Hpack::TracePerCall | Hpack::TracePerCallHuffman) {
+                    traced_request_block(&req_h, fd, call, hpack == Hpack::TracePerCallHuffman)
+                } else {
+                    enc(&mut ce, &req_block, &req_h)
+                };
+                (
+                    req,
+                    enc(&mut se, &resp_block, &resp_h),
+                    enc(&mut se, &trailers_block, &trailers),
+                )
             };
             batch_req.extend(frame(1, 0x4, id, &req));
             batch_req.extend(frame(0, 0x1, id, &msg));
-            batch_resp.extend(frame(1, 0x4, id, &enc(&mut se, &resp_block, &resp_h)));
+            batch_resp.extend(frame(1, 0x4, id, &resp));
             batch_resp.extend(frame(0, 0, id, &msg));
-            batch_resp.extend(frame(1, 0x5, id, &enc(&mut se, &trailers_block, &trailers)));
+            batch_resp.extend(frame(1, 0x5, id, &trail));
             if call % 8 == 7 {
                 let (q, p) = (
                     Bytes::from(std::mem::take(&mut batch_req)),
@@ -472,6 +606,9 @@ fn grpc_unary(hpack: Hpack) -> Workload {
             Hpack::TracePerCall => "grpc unary, 8 in flight, 100 B, a new traceparent per call",
             Hpack::TracePerCallHuffman => {
                 "grpc unary, 8 in flight, 100 B, a new traceparent per call, Huffman-coded"
+            }
+            Hpack::TracePerCallAsGo => {
+                "grpc unary, 8 in flight, 100 B, a new traceparent per call, as grpc-go encodes"
             }
         },
         setup,
