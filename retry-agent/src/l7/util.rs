@@ -64,6 +64,17 @@ pub fn digest_key() -> &'static DigestKey {
     DIGEST_KEY.get_or_init(DigestKey::random)
 }
 
+/// A hasher of the process's key for one of l7's domains, cloned from one made once: keying
+/// and the domain octet cost as much as hashing a request's 100-byte body.
+pub(crate) fn domain_hasher(domain: u8) -> Keyed {
+    static MADE: std::sync::OnceLock<[Keyed; 4]> = std::sync::OnceLock::new();
+    let made = MADE.get_or_init(|| std::array::from_fn(|d| digest_key().hasher(d as u8)));
+    match made.get(usize::from(domain)) {
+        Some(h) => h.clone(),
+        None => digest_key().hasher(domain),
+    }
+}
+
 /// A streaming keyed digest: the result depends on the bytes, not on how they were fed.
 #[derive(Clone, Debug)]
 pub struct Keyed(siphasher::sip::SipHasher13);
@@ -108,7 +119,7 @@ impl BodyHasher {
             && !b.is_empty()
         {
             self.h
-                .get_or_insert_with(|| digest_key().hasher(DOMAIN_BODY))
+                .get_or_insert_with(|| domain_hasher(DOMAIN_BODY))
                 .write(b);
             self.n += take;
         }
@@ -164,7 +175,7 @@ pub(crate) fn query_hash_of_target(target: &[u8]) -> Option<u64> {
     let q = target.iter().position(|&c| c == b'?')?;
     let rest = target.get(q + 1..)?;
     let end = rest.iter().position(|&c| c == b'#').unwrap_or(rest.len());
-    let mut h = digest_key().hasher(DOMAIN_QUERY);
+    let mut h = domain_hasher(DOMAIN_QUERY);
     h.write(rest.get(..end)?);
     Some(h.finish())
 }
