@@ -60,17 +60,10 @@ impl Pending {
         self.resp.is_some() || self.resp_bytes > 0
     }
 
-    pub(super) fn into_exchange(mut self, info: &ConnInfo, failure: Option<Failure>) -> Exchange {
-        self.take_exchange(info, failure)
-    }
-
-    /// The exchange, its strings taken from `self` rather than `self` moved: an HTTP/2 stream's
-    /// `Pending` stays where it lies (its box goes back to the connection's spares).
-    pub(super) fn take_exchange(&mut self, info: &ConnInfo, failure: Option<Failure>) -> Exchange {
-        let resp = self.resp.take().unwrap_or_default();
-        let req = std::mem::take(&mut self.req);
+    pub(super) fn into_exchange(self, info: &ConnInfo, failure: Option<Failure>) -> Exchange {
+        let resp = self.resp.unwrap_or_default();
         let signals: Signals = resp.signals;
-        let unknown = self.unknown || req.unknown || resp.unknown;
+        let unknown = self.unknown || self.req.unknown || resp.unknown;
         // A client that closes after reading an error status line chose not to read the body
         // (urllib raises on a 5xx head and closes): the status is the outcome, not an abandonment.
         // A success head cut off mid-body stays abandoned (the client may have timed out).
@@ -82,8 +75,9 @@ impl Pending {
             f => f,
         };
         let outcome = classify(failure, &signals);
-        let method = req.method;
-        let idempotent = method.as_ref().is_some_and(Method::is_idempotent) || req.idempotency_key;
+        let method = self.req.method;
+        let idempotent =
+            method.as_ref().is_some_and(Method::is_idempotent) || self.req.idempotency_key;
         let resp_tid = self
             .resp_start
             .map(|c| c.tid)
@@ -116,18 +110,18 @@ impl Pending {
             response_end_ns: self.resp_end_ts,
             // Set by `Emitter::emit`, from its memo of recent paths.
             route: None,
-            path: req.path,
-            query_hash: req.query_hash,
-            authority: req.authority,
+            path: self.req.path,
+            query_hash: self.req.query_hash,
+            authority: self.req.authority,
             method,
             status: signals.status,
             grpc_status: signals.grpc_status,
             outcome,
             failure,
             idempotent,
-            idempotency_key: req.idempotency_key,
-            retry_markers: req.markers,
-            trace_id: req.trace_source.map(|_| req.trace_hash),
+            idempotency_key: self.req.idempotency_key,
+            retry_markers: self.req.markers,
+            trace_id: self.req.trace_source.map(|_| self.req.trace_hash),
             retry_after: signals.retry_after || signals.pushback,
             claim_header: resp.claim,
             body_hash: self.body_hash,
