@@ -101,7 +101,7 @@ pub fn decode_in(raw: &[u8], arena: Option<&mut PayloadArena>) -> Result<Event, 
     match kind {
         KIND_DATA => decode_data(raw, arena).map(Event::Data),
         KIND_CONN => decode_conn(raw).map(Event::Conn),
-        KIND_SUMMARY => decode_summary(raw, arena).map(|s| Event::Summary(Box::new(s))),
+        KIND_SUMMARY => decode_summary(raw, arena).map(Event::Summary),
         KIND_PROCESS_EXIT => {
             let r: ProcessExitRecord = read(raw, "process exit record")?;
             Ok(Event::ProcessExit {

@@ -1249,11 +1249,11 @@ pub(super) fn summary_of(fd: u32, role: Role, ts: u64, request: &[u8], status: u
         Event::Data(d) => d,
         _ => unreachable!(),
     };
-    Event::Summary(Box::new(crate::capture::SummaryEvent {
+    Event::Summary(crate::capture::SummaryEvent {
         request: part(req_dir, ts, 300, request),
         response: part(resp_dir, ts + 50, 1200, b""),
         status,
-    }))
+    })
 }
 
 #[test]

@@ -111,9 +111,7 @@ impl Entry<'_> {
     pub(super) fn to_record(&self) -> Option<Record> {
         Some(match self {
             Entry::Data(ts, b) => Record::Event(Event::Data(decode_data(*ts, b)?)),
-            Entry::Summary(ts, b) => {
-                Record::Event(Event::Summary(Box::new(decode_summary(*ts, b)?)))
-            }
+            Entry::Summary(ts, b) => Record::Event(Event::Summary(decode_summary(*ts, b)?)),
             Entry::Exchange(b) => Record::Exchange(Box::new(decode_exchange(b)?)),
             Entry::Other(r) => (*r).clone(),
         })

@@ -979,7 +979,7 @@ fn a_kernel_summary_reaches_a_dump_with_its_query_masked() {
         status: 200,
     };
     r.record(Record::Event(data(3, Direction::Egress, 1, SECRET_REQ)));
-    r.record(Record::Event(Event::Summary(Box::new(s.clone()))));
+    r.record(Record::Event(Event::Summary(s.clone())));
     r.record(Record::Event(data(3, Direction::Ingress, 30, SECRET_RESP)));
     let raw = std::fs::read(r.dump(DumpReason::OnDemand).unwrap()).unwrap();
     let out = DumpReader::read(&raw).unwrap();
@@ -998,7 +998,7 @@ fn a_kernel_summary_reaches_a_dump_with_its_query_masked() {
         },
         ..s
     };
-    assert_eq!(**got, masked, "everything but the query as it was");
+    assert_eq!(*got, masked, "everything but the query as it was");
     assert!(!String::from_utf8_lossy(&raw).contains("SECRET"));
     let _ = std::fs::remove_dir_all(dir);
 }
