@@ -96,7 +96,7 @@ pub struct CaptureConfig {
         long = "capture-channel-capacity",
         alias = "channel-capacity",
         env = "RETRY_AGENT_CAPTURE_CHANNEL_CAPACITY",
-        default_value_t = 1843
+        default_value_t = 1675
     )]
     pub channel_capacity: usize,
     /// Where to read process metadata and pre-existing connections.

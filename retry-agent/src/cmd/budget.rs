@@ -18,8 +18,9 @@ const MIB: u64 = 1 << 20;
 /// release `retry-agent run` measured 23–24 MiB), plus the allocator's slack over the tables'
 /// estimates (6% under a flood).
 pub const FIXED_BYTES: u64 = 28 * MIB;
-/// A decoded event waiting in the reader's channel, beyond its payload prefix.
-pub const EVENT_OVERHEAD_BYTES: u64 = 256;
+/// A decoded event waiting in the reader's channel, beyond its payload prefix: the `Event`
+/// itself (352 bytes since summaries are held inline) and its payload's share of the arena.
+pub const EVENT_OVERHEAD_BYTES: u64 = 384;
 /// One l7 connection with a request pending: measured 2.8 KiB (50,000 connections, one HTTP/1
 /// request head each); idle connections cost less, one holding a long head up to
 /// `--l7-conn-buffer-bytes` more.

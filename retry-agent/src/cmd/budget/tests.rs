@@ -150,3 +150,12 @@ fn the_ceiling_names_every_part() {
     }
     assert!(text.starts_with("63.0 MiB"), "{text}");
 }
+
+#[test]
+fn a_queued_event_is_charged_at_least_its_size() {
+    let event = std::mem::size_of::<crate::capture::Event>() as u64;
+    assert!(
+        event + 32 <= EVENT_OVERHEAD_BYTES,
+        "an Event is {event} bytes: EVENT_OVERHEAD_BYTES must cover it and its payload's handle"
+    );
+}
