@@ -356,11 +356,11 @@ impl Encoder {
                     .chain(self.table.iter().map(|(n, v)| (&n[..], &v[..])))
             };
             if let Some(i) = all().position(|f| f == (n, v)) {
-                int(&mut b, 0x80, 7, i + 1);
+                hpack::encode_int(&mut b, 0x80, 7, i + 1);
                 continue;
             }
             match all().position(|f| f.0 == n) {
-                Some(i) => int(&mut b, 0x40, 6, i + 1),
+                Some(i) => hpack::encode_int(&mut b, 0x40, 6, i + 1),
                 None => {
                     b.push(0x40);
                     shorter_string(&mut b, n);
@@ -380,54 +380,16 @@ impl Encoder {
     }
 }
 
-/// An HPACK integer with an `n`-bit prefix after the pattern `first`.
-fn int(out: &mut Vec<u8>, first: u8, n: u8, v: usize) {
-    let max = (1usize << n) - 1;
-    if v < max {
-        out.push(first | v as u8);
-        return;
-    }
-    out.push(first | max as u8);
-    let mut v = v - max;
-    while v >= 0x80 {
-        out.push(0x80 | (v & 0x7f) as u8);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 /// A string literal, Huffman-coded when that is shorter (as Go's encoder chooses).
 fn shorter_string(out: &mut Vec<u8>, s: &[u8]) {
-    let huff = huffman::encoded_len(s) < s.len();
-    let len = if huff {
-        huffman::encoded_len(s)
-    } else {
-        s.len()
-    };
-    int(out, if huff { 0x80 } else { 0 }, 7, len);
-    if huff {
-        huffman::encode(s, out);
-    } else {
-        out.extend_from_slice(s);
-    }
+    hpack::encode_str(out, s, huffman::encoded_len(s) < s.len());
 }
 
 /// A literal header field with incremental indexing, new name, no Huffman (short strings).
 fn literal_indexed(out: &mut Vec<u8>, (n, v): (&[u8], &[u8])) {
     out.push(0x40);
-    string(out, n, false);
-    string(out, v, false);
-}
-
-/// A string literal shorter than 127 octets as sent, Huffman-coded or not.
-fn string(out: &mut Vec<u8>, s: &[u8], huff: bool) {
-    if huff {
-        out.push(0x80 | huffman::encoded_len(s) as u8);
-        huffman::encode(s, out);
-    } else {
-        out.push(s.len() as u8);
-        out.extend_from_slice(s);
-    }
+    hpack::encode_str(out, n, false);
+    hpack::encode_str(out, v, false);
 }
 
 /// The request fields as literals without indexing (literal names where the static table has
@@ -437,13 +399,13 @@ fn traced_request_block(fields: &[(&[u8], &[u8])], conn: u32, call: u32, huff: b
     let mut b = Vec::new();
     for (n, v) in fields {
         b.push(0x00);
-        string(&mut b, n, huff);
-        string(&mut b, v, huff);
+        hpack::encode_str(&mut b, n, huff);
+        hpack::encode_str(&mut b, v, huff);
     }
     let tp = traceparent(conn, call);
     b.push(0x40);
-    string(&mut b, b"traceparent", huff);
-    string(&mut b, tp.as_bytes(), huff);
+    hpack::encode_str(&mut b, b"traceparent", huff);
+    hpack::encode_str(&mut b, tp.as_bytes(), huff);
     b
 }
 

@@ -185,6 +185,36 @@ fn string<'a>(huff: bool, raw: &'a [u8], scratch: &'a mut Vec<u8>) -> Result<&'a
     Ok(scratch)
 }
 
+/// Write an integer with an `n`-bit prefix (§5.1) after the pattern `first`: for the tests and
+/// benchmarks that encode what real clients send.
+#[cfg(any(test, feature = "testkit"))]
+pub fn encode_int(out: &mut Vec<u8>, first: u8, n: u8, v: usize) {
+    let max = (1usize << n) - 1;
+    if v < max {
+        out.push(first | v as u8);
+        return;
+    }
+    out.push(first | max as u8);
+    let mut rest = v - max;
+    while rest >= 0x80 {
+        out.push(0x80 | (rest & 0x7f) as u8);
+        rest >>= 7;
+    }
+    out.push(rest as u8);
+}
+
+/// Write a string literal (§5.2), Huffman-coded or not.
+#[cfg(any(test, feature = "testkit"))]
+pub fn encode_str(out: &mut Vec<u8>, s: &[u8], huff: bool) {
+    if huff {
+        encode_int(out, 0x80, 7, huffman::encoded_len(s));
+        huffman::encode(s, out);
+    } else {
+        encode_int(out, 0, 7, s.len());
+        out.extend_from_slice(s);
+    }
+}
+
 /// One dynamic table entry: name and value in one allocation.
 struct Entry {
     bytes: Box<[u8]>,

@@ -229,42 +229,17 @@ impl Enc {
         }
     }
 
-    fn int(out: &mut Vec<u8>, first: u8, bits: u8, v: usize) {
-        let mask = (1usize << bits) - 1;
-        if v < mask {
-            out.push(first | v as u8);
-            return;
-        }
-        out.push(first | mask as u8);
-        let mut rest = v - mask;
-        while rest >= 128 {
-            out.push((rest % 128) as u8 | 0x80);
-            rest /= 128;
-        }
-        out.push(rest as u8);
-    }
-
-    fn string(out: &mut Vec<u8>, s: &[u8], huff: bool) {
-        if huff {
-            Self::int(out, 0x80, 7, huffman::encoded_len(s));
-            huffman::encode(s, out);
-        } else {
-            Self::int(out, 0, 7, s.len());
-            out.extend_from_slice(s);
-        }
-    }
-
     fn block(&mut self, rng: &mut Rng, fields: &Fields) -> Vec<u8> {
         let mut out = Vec::new();
         if rng.below(8) == 0 {
             let max = rng.below(DEFAULT_TABLE_SIZE + 1);
-            Self::int(&mut out, 0x20, 5, max);
+            encode_int(&mut out, 0x20, 5, max);
             self.max = max;
             self.evict(max);
         }
         for (n, v) in fields {
             if let Some(i) = self.find(n, Some(v)).filter(|_| rng.below(3) > 0) {
-                Self::int(&mut out, 0x80, 7, i);
+                encode_int(&mut out, 0x80, 7, i);
                 continue;
             }
             let (first, bits, index) = match rng.below(3) {
@@ -273,13 +248,13 @@ impl Enc {
                 _ => (0x10, 4, false),
             };
             match self.find(n, None).filter(|_| rng.below(2) == 0) {
-                Some(i) => Self::int(&mut out, first, bits, i),
+                Some(i) => encode_int(&mut out, first, bits, i),
                 None => {
                     out.push(first);
-                    Self::string(&mut out, n, rng.below(2) == 0);
+                    encode_str(&mut out, n, rng.below(2) == 0);
                 }
             }
-            Self::string(&mut out, v, rng.below(2) == 0);
+            encode_str(&mut out, v, rng.below(2) == 0);
             if index {
                 let need = n.len() + v.len() + 32;
                 if need > self.max {
@@ -423,8 +398,8 @@ fn a_long_string_leaves_no_large_buffer_behind() {
     let mut d = Decoder::new(DEFAULT_TABLE_SIZE);
     let long = vec![b'c'; 5000];
     let mut block = vec![0x00];
-    Enc::string(&mut block, b"cookie", true);
-    Enc::string(&mut block, &long, true);
+    encode_str(&mut block, b"cookie", true);
+    encode_str(&mut block, &long, true);
     assert_eq!(
         fields(&mut d, &block).unwrap(),
         vec![(b"cookie".to_vec(), long)]
