@@ -21,6 +21,15 @@ pub(super) struct H2Stream {
     pub(super) hasher: BodyHasher,
 }
 
+impl H2Stream {
+    fn new(p: Pending) -> Self {
+        H2Stream {
+            p,
+            hasher: BodyHasher::default(),
+        }
+    }
+}
+
 /// Finished streams' boxes a connection keeps for its next streams.
 const MAX_SPARE: usize = 32;
 
@@ -42,13 +51,7 @@ impl Streams {
     /// A table holding `first` (an upgraded HTTP/1 request, stream 1).
     pub(super) fn with(id: u32, p: Pending) -> Self {
         let mut s = Streams::default();
-        s.live.insert(
-            id,
-            Box::new(H2Stream {
-                p,
-                hasher: BodyHasher::default(),
-            }),
-        );
+        s.get_or_insert(id, || p);
         s
     }
 
@@ -80,17 +83,13 @@ impl Streams {
     fn get_or_insert(&mut self, id: u32, new: impl FnOnce() -> Pending) -> &mut H2Stream {
         let Streams { live, spare } = self;
         live.entry(id).or_insert_with(|| {
-            let p = new();
+            let s = H2Stream::new(new());
             match spare.pop() {
                 Some(mut b) => {
-                    b.p = p;
-                    b.hasher = BodyHasher::default();
+                    *b = s;
                     b
                 }
-                None => Box::new(H2Stream {
-                    p,
-                    hasher: BodyHasher::default(),
-                }),
+                None => Box::new(s),
             }
         })
     }
