@@ -25,6 +25,7 @@ pub use exchange::{
 };
 
 pub use trace::trace_of_headers;
+pub(crate) use util::domain_hasher;
 pub use util::{DigestKey, Keyed, digest_key, route_template, set_digest_key};
 
 use crate::{

@@ -64,10 +64,12 @@ pub fn digest_key() -> &'static DigestKey {
     DIGEST_KEY.get_or_init(DigestKey::random)
 }
 
-/// A hasher of the process's key for one of l7's domains, cloned from one made once: keying
-/// and the domain octet cost as much as hashing a request's 100-byte body.
+/// A hasher of the process's key for `domain`, cloned from one made once: keying and the
+/// domain octet cost as much as hashing a request's 100-byte body. Every digest of the
+/// process's key goes through here (l7's, the recorder's, the shim's); the domains the agent
+/// uses are all below 32.
 pub(crate) fn domain_hasher(domain: u8) -> Keyed {
-    static MADE: std::sync::OnceLock<[Keyed; 4]> = std::sync::OnceLock::new();
+    static MADE: std::sync::OnceLock<[Keyed; 32]> = std::sync::OnceLock::new();
     let made = MADE.get_or_init(|| std::array::from_fn(|d| digest_key().hasher(d as u8)));
     match made.get(usize::from(domain)) {
         Some(h) => h.clone(),

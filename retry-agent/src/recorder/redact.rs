@@ -294,7 +294,6 @@ impl Redactor {
         if unseen > 0 {
             skip(st, unseen);
         }
-        let key = crate::l7::digest_key();
         // Response bodies are only masked: retries repeat requests, so a request body's digest
         // tells a dump's reader which requests were the same; a response's tells them little,
         // and hashing it was ~10% of the agent's CPU serving 1 KiB files.
@@ -310,7 +309,7 @@ impl Redactor {
                     }
                     continue;
                 }
-                let mut h = key.hasher(DOMAIN_RUN);
+                let mut h = crate::l7::domain_hasher(DOMAIN_RUN);
                 h.write(run);
                 let digest = h.finish();
                 // The digest's 16 hex digits (as many as fit), then dots: a fill, not a

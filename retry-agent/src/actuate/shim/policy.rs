@@ -80,7 +80,7 @@ const DOMAIN_BODY: u8 = 0x11;
 /// Keyed digest of every credential header (name and value, in order): two callers with
 /// different tokens never share a key, and no token is kept.
 pub fn credential_digest(h: &HeaderMap) -> u64 {
-    let mut d = crate::l7::digest_key().hasher(DOMAIN_CREDENTIAL);
+    let mut d = crate::l7::domain_hasher(DOMAIN_CREDENTIAL);
     let mut any = false;
     for (n, v) in h.iter().filter(|(n, _)| is_credential(n)) {
         any = true;
@@ -102,7 +102,7 @@ pub struct BodyDigest {
 impl Default for BodyDigest {
     fn default() -> Self {
         BodyDigest {
-            h: crate::l7::digest_key().hasher(DOMAIN_BODY),
+            h: crate::l7::domain_hasher(DOMAIN_BODY),
             n: 0,
         }
     }
