@@ -6,7 +6,7 @@
 //! were ~5% of the agent's CPU. The bound stays in events (`--capture-channel-capacity`, what
 //! the memory budget sizes): a shared count of queued events, checked before each batch.
 use std::sync::{
-    Arc,
+    Arc, Mutex,
     atomic::{AtomicUsize, Ordering},
 };
 
@@ -20,6 +20,12 @@ pub(super) const BATCH_MAX: usize = 512;
 /// Batches in flight at most (the event bound is the real one; this only caps the channel's
 /// own slots).
 const BATCHES: usize = 1024;
+/// Emptied batches kept for the reader to fill again at most.
+const SPARES: usize = 4;
+
+/// Batches the pipeline emptied, back to the reader: a new one is 512 events (~180 KiB) that
+/// the reader's thread would allocate and the pipeline's free, once per flush.
+type Spares = Arc<Mutex<Vec<Vec<Event>>>>;
 
 /// The reader's end: collects a batch, sends it whole, counts what the bound refuses.
 pub(super) struct Sender {
@@ -27,6 +33,7 @@ pub(super) struct Sender {
     queued: Arc<AtomicUsize>,
     capacity: usize,
     batch: Vec<Event>,
+    spares: Spares,
 }
 
 /// What a flush did with the batch.
@@ -74,7 +81,13 @@ impl Sender {
         }
         // Counted before the send, so the consumer's decrement never runs ahead of it.
         self.queued.fetch_add(sent, Ordering::AcqRel);
-        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH_MAX));
+        let next = self
+            .spares
+            .lock()
+            .ok()
+            .and_then(|mut s| s.pop())
+            .unwrap_or_else(|| Vec::with_capacity(BATCH_MAX));
+        let batch = std::mem::replace(&mut self.batch, next);
         match self.tx.try_send(batch) {
             Ok(()) => Flushed::Sent { dropped },
             Err(mpsc::error::TrySendError::Full(mut b)) => {
@@ -96,6 +109,7 @@ pub struct Events {
     queued: Arc<AtomicUsize>,
     /// What `recv` has not handed out yet of the last batch.
     rest: std::vec::IntoIter<Event>,
+    spares: Spares,
 }
 
 impl Events {
@@ -107,6 +121,19 @@ impl Events {
         let batch = self.rx.recv().await?;
         self.queued.fetch_sub(batch.len(), Ordering::AcqRel);
         Some(batch)
+    }
+
+    /// Hands a batch `recv_batch` returned back, emptied here, for the reader to fill again.
+    pub fn recycle(&self, mut batch: Vec<Event>) {
+        batch.clear();
+        if batch.capacity() < BATCH_MAX {
+            return;
+        }
+        if let Ok(mut s) = self.spares.lock()
+            && s.len() < SPARES
+        {
+            s.push(batch);
+        }
     }
 
     /// The next event; `None` once the reader is gone. Cancel-safe (a received batch is kept
@@ -127,17 +154,20 @@ impl Events {
 pub(super) fn channel(capacity: usize) -> (Sender, Events) {
     let (tx, rx) = mpsc::channel(BATCHES);
     let queued = Arc::new(AtomicUsize::new(0));
+    let spares = Spares::default();
     (
         Sender {
             tx,
             queued: queued.clone(),
             capacity,
             batch: Vec::with_capacity(BATCH_MAX),
+            spares: spares.clone(),
         },
         Events {
             rx,
             queued,
             rest: Vec::new().into_iter(),
+            spares,
         },
     )
 }

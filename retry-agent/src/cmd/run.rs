@@ -179,6 +179,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                         drain(&mut out, pipeline, &state, &to_actuators);
                     }
                 });
+                capture.events().recycle(batch);
                 claims_due |= pipeline.take_disowned_evidence();
                 if claims_due && claims_sent.elapsed() >= CLAIMS_SOONEST {
                     send(&to_actuators, ToActuators::Claims(pipeline.engine.service_claims()));

@@ -354,7 +354,7 @@ impl Recorder {
     fn admit_summary(&mut self, s: &SummaryEvent) {
         let (redactor, mut red) = (&mut self.redactor, redact::Redacted::default());
         self.ring.push_summary(s, |b| {
-            red = redactor.redact_in_place(&s.request, None, b);
+            red = redactor.redact_summary_request(&s.request, b);
             b.len() - red.dots_at_end
         });
         self.stats.redacted_headers_total += red.headers;

@@ -87,3 +87,34 @@ async fn room_counts_the_queue_and_the_batch_and_an_empty_stream_always_has_some
     let (tx, _rx) = channel(1);
     assert!(tx.has_room(2));
 }
+
+#[tokio::test]
+async fn a_recycled_batch_is_filled_again() {
+    let (mut tx, mut rx) = channel(10);
+    tx.push(ev(1));
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 0 });
+    // The batch being filled now was made at that flush; the one after it is the recycled one.
+    tx.push(ev(2));
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 0 });
+    let first = rx.recv_batch().await.unwrap();
+    assert_eq!(pids(&first), vec![1]);
+    let at = first.as_ptr();
+    rx.recycle(first);
+    tx.push(ev(3));
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 0 });
+    tx.push(ev(4));
+    assert_eq!(tx.flush(), Flushed::Sent { dropped: 0 });
+    assert_eq!(pids(&rx.recv_batch().await.unwrap()), vec![2]);
+    let third = rx.recv_batch().await.unwrap();
+    assert_eq!(pids(&third), vec![3]);
+    let fourth = rx.recv_batch().await.unwrap();
+    assert_eq!(pids(&fourth), vec![4]);
+    assert_eq!(
+        fourth.as_ptr(),
+        at,
+        "the emptied batch came back to be filled"
+    );
+    // A batch smaller than the reader's is not kept.
+    rx.recycle(Vec::new());
+    assert!(rx.spares.lock().unwrap().is_empty());
+}

@@ -467,3 +467,35 @@ fn request_bodies_keep_a_digest_and_response_bodies_are_dots() {
         );
     }
 }
+
+/// A kernel summary's request redacts as the same record would on a fresh connection, and a
+/// whole one leaves nothing tracked; one that ends inside its body leaves its connection in
+/// that body, so the rest (sent later, as data) is masked as body, not read as a new head.
+#[test]
+fn a_summary_request_redacts_as_a_whole_record_would() {
+    let mut r = Redactor::new();
+    let get =
+        b"GET /a?token=SECRETQUERY1 HTTP/1.1\r\nHost: shop\r\nCookie: sid=SECRETCOOKIE\r\n\r\n";
+    for (wire, tracked_after) in [(get.as_slice(), 0), (H1, 0), (&H1[..H1.len() - 8], 1)] {
+        let d = ev(wire, wire.len() as u64);
+        let mut buf = wire.to_vec();
+        let red = r.redact_summary_request(&d, &mut buf);
+        let (want, want_red) = Redactor::new().redact_payload(&d);
+        assert_eq!(buf, want.to_vec());
+        assert_eq!(
+            (red.headers, red.body_bytes, red.dots_at_end),
+            (want_red.headers, want_red.body_bytes, want_red.dots_at_end)
+        );
+        assert_clean(&buf, &[], "summary request");
+        assert_eq!(r.tracked(), tracked_after);
+    }
+    // The body's last 8 bytes follow as data: body, digested and masked.
+    let rest = &H1[H1.len() - 8..];
+    let (out, red) = r.redact_payload(&ev(rest, rest.len() as u64));
+    assert_eq!(red.body_bytes, 8);
+    assert!(
+        !contains(&out, b"1234"),
+        "{:?}",
+        String::from_utf8_lossy(&out)
+    );
+}
