@@ -25,8 +25,8 @@ pub use exchange::{
 };
 
 pub use trace::trace_of_headers;
-pub(crate) use util::domain_hasher;
 pub use util::{DigestKey, Keyed, digest_key, route_template, set_digest_key};
+pub(crate) use util::{Domain, domain_hasher};
 
 use crate::{
     capture::{ConnEvent, ConnEventKind, ConnId, DataEvent, Event, Role},

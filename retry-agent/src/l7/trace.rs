@@ -2,7 +2,7 @@
 //! `x-b3-traceid`, `uber-trace-id` or `x-request-id`, kept as a hash only (never the value).
 //! Services that forward it to their outbound calls let the engine tie a call to the inbound
 //! request it was made for, whatever thread or event-loop turn did the I/O.
-use super::util::{DOMAIN_TRACE, domain_hasher};
+use super::util::{Domain, domain_hasher};
 
 /// Which header gave the trace id; a lower rank wins when a request carries several, so the
 /// same request hashes the same whatever order its headers came in.
@@ -47,7 +47,7 @@ pub(crate) fn trace_of_header(name: &[u8], value: &[u8]) -> Option<(TraceSource,
     } else if name.eq_ignore_ascii_case(b"x-request-id") {
         let ok = !v.is_empty() && v.len() <= MAX_REQUEST_ID && v.iter().all(u8::is_ascii_graphic);
         ok.then(|| {
-            let mut h = domain_hasher(DOMAIN_TRACE);
+            let mut h = domain_hasher(Domain::Trace);
             h.write(b"x-request-id\0");
             h.write(v);
             (TraceSource::RequestId, h.finish())
@@ -125,7 +125,7 @@ fn hex_trace_id(s: &[u8]) -> Option<u64> {
     if bad != 0 || nonzero == 0 {
         return None;
     }
-    let mut h = domain_hasher(DOMAIN_TRACE);
+    let mut h = domain_hasher(Domain::Trace);
     h.write(b"trace-id\0");
     h.write(&id);
     Some(h.finish())
@@ -157,7 +157,7 @@ mod tests {
     /// they are fed (dumps and live runs of other versions compare equal).
     #[test]
     fn the_id_is_the_digest_of_the_padded_form() {
-        let mut h = digest_key().hasher(DOMAIN_TRACE);
+        let mut h = digest_key().hasher(Domain::Trace);
         h.write(b"trace-id\0");
         for b in b"00000000000000000af7651916cd43dd" {
             h.write(&[*b]);

@@ -45,9 +45,9 @@ impl DigestKey {
 
     /// A keyed hasher (SipHash-1-3: a PRF for short inputs); `domain` separates the uses of one
     /// key so a digest of one kind never equals a digest of another kind of the same bytes.
-    pub fn hasher(&self, domain: u8) -> Keyed {
+    pub(crate) fn hasher(&self, domain: Domain) -> Keyed {
         let mut h = siphasher::sip::SipHasher13::new_with_key(&self.0);
-        std::hash::Hasher::write_u8(&mut h, domain);
+        std::hash::Hasher::write_u8(&mut h, domain as u8);
         Keyed(h)
     }
 }
@@ -66,12 +66,11 @@ pub fn digest_key() -> &'static DigestKey {
 
 /// A hasher of the process's key for `domain`, cloned from one made once: keying and the
 /// domain octet cost as much as hashing a request's 100-byte body. Every digest of the
-/// process's key goes through here (l7's, the recorder's, the shim's); the domains the agent
-/// uses are all below 32.
-pub(crate) fn domain_hasher(domain: u8) -> Keyed {
-    static MADE: std::sync::OnceLock<[Keyed; 32]> = std::sync::OnceLock::new();
-    let made = MADE.get_or_init(|| std::array::from_fn(|d| digest_key().hasher(d as u8)));
-    match made.get(usize::from(domain)) {
+/// process's key goes through here (l7's, the recorder's, the shim's).
+pub(crate) fn domain_hasher(domain: Domain) -> Keyed {
+    static MADE: std::sync::OnceLock<[Keyed; Domain::ALL.len()]> = std::sync::OnceLock::new();
+    let made = MADE.get_or_init(|| Domain::ALL.map(|d| digest_key().hasher(d)));
+    match made.get(domain.index()) {
         Some(h) => h.clone(),
         None => digest_key().hasher(domain),
     }
@@ -90,11 +89,48 @@ impl Keyed {
     }
 }
 
-/// Digest domains (one per kind of input).
-pub(crate) const DOMAIN_QUERY: u8 = 1;
-pub(crate) const DOMAIN_BODY: u8 = 2;
-/// Propagated trace ids (l7::trace): keyed like every digest that may reach a dump.
-pub(crate) const DOMAIN_TRACE: u8 = 3;
+/// Digest domains, one per kind of input, all here: the octet each writes first is its
+/// discriminant, so two kinds cannot share one (the recorder's body runs once shared l7's
+/// trace ids').
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Domain {
+    /// Request query strings (`Exchange::query_hash`).
+    Query = 1,
+    /// Request bodies' first bytes (`Exchange::body_hash`).
+    Body = 2,
+    /// Propagated trace ids (l7::trace): keyed like every digest that may reach a dump.
+    Trace = 3,
+    /// Body runs the recorder masks (their digest is what a dump shows of them). 3 before
+    /// this domain was its own: dumps written before show other digests of the same bytes.
+    BodyRun = 4,
+    /// The shim's credential headers and bodies (never stored, never shown).
+    ShimCredential = 0x10,
+    ShimBody = 0x11,
+}
+
+impl Domain {
+    const ALL: [Domain; 6] = [
+        Domain::Query,
+        Domain::Body,
+        Domain::Trace,
+        Domain::BodyRun,
+        Domain::ShimCredential,
+        Domain::ShimBody,
+    ];
+
+    /// Its place in `ALL`.
+    fn index(self) -> usize {
+        match self {
+            Domain::Query => 0,
+            Domain::Body => 1,
+            Domain::Trace => 2,
+            Domain::BodyRun => 3,
+            Domain::ShimCredential => 4,
+            Domain::ShimBody => 5,
+        }
+    }
+}
 
 /// How many leading request-body bytes feed `body_hash`: enough to tell payloads apart, small
 /// enough that the hash only ever covers bytes a default capture prefix holds.
@@ -121,7 +157,7 @@ impl BodyHasher {
             && !b.is_empty()
         {
             self.h
-                .get_or_insert_with(|| domain_hasher(DOMAIN_BODY))
+                .get_or_insert_with(|| domain_hasher(Domain::Body))
                 .write(b);
             self.n += take;
         }
@@ -177,7 +213,7 @@ pub(crate) fn query_hash_of_target(target: &[u8]) -> Option<u64> {
     let q = target.iter().position(|&c| c == b'?')?;
     let rest = target.get(q + 1..)?;
     let end = rest.iter().position(|&c| c == b'#').unwrap_or(rest.len());
-    let mut h = domain_hasher(DOMAIN_QUERY);
+    let mut h = domain_hasher(Domain::Query);
     h.write(rest.get(..end)?);
     Some(h.finish())
 }
@@ -486,12 +522,27 @@ mod tests {
         d.feed(b"a");
         assert_ne!(d.finish(), Some(0xaf63_dc4c_8601_ec8c));
         assert_ne!(d.finish(), query_hash_of_target(b"/?a"));
-        let mut other = DigestKey::from_bytes([7; 16]).hasher(DOMAIN_BODY);
+        let mut other = DigestKey::from_bytes([7; 16]).hasher(Domain::Body);
         other.write(b"a");
         assert_ne!(
             d.finish(),
             Some(other.finish()),
             "another key, another digest"
         );
+    }
+
+    #[test]
+    fn every_domain_has_its_own_hasher() {
+        for (i, d) in Domain::ALL.into_iter().enumerate() {
+            assert_eq!(d.index(), i, "{d:?}");
+            assert_eq!(domain_hasher(d).finish(), digest_key().hasher(d).finish());
+            for e in Domain::ALL.into_iter().filter(|&e| e != d) {
+                assert_ne!(
+                    domain_hasher(d).finish(),
+                    domain_hasher(e).finish(),
+                    "{d:?} {e:?}"
+                );
+            }
+        }
     }
 }

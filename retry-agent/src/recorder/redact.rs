@@ -113,8 +113,6 @@ const METHODS: &[&[u8]] = &[
 const HEX: &[u8; 16] = b"0123456789abcdef";
 /// Per-process bound on tracked streams (the state is small; the cap guards against fd churn).
 const MAX_STREAMS: usize = 65_536;
-/// Digest domain of masked body runs.
-const DOMAIN_RUN: u8 = 3;
 
 /// What one redaction removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -321,7 +319,7 @@ impl Redactor {
                     }
                     continue;
                 }
-                let mut h = crate::l7::domain_hasher(DOMAIN_RUN);
+                let mut h = crate::l7::domain_hasher(crate::l7::Domain::BodyRun);
                 h.write(run);
                 let digest = h.finish();
                 // The digest's 16 hex digits (as many as fit), then dots: a fill, not a

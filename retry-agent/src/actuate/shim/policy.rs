@@ -73,14 +73,10 @@ pub fn is_credential(name: &HeaderName) -> bool {
         .any(|w| n.contains(w))
 }
 
-/// Digests under the shim's own process key (never stored, never shown).
-const DOMAIN_CREDENTIAL: u8 = 0x10;
-const DOMAIN_BODY: u8 = 0x11;
-
 /// Keyed digest of every credential header (name and value, in order): two callers with
 /// different tokens never share a key, and no token is kept.
 pub fn credential_digest(h: &HeaderMap) -> u64 {
-    let mut d = crate::l7::domain_hasher(DOMAIN_CREDENTIAL);
+    let mut d = crate::l7::domain_hasher(crate::l7::Domain::ShimCredential);
     let mut any = false;
     for (n, v) in h.iter().filter(|(n, _)| is_credential(n)) {
         any = true;
@@ -102,7 +98,7 @@ pub struct BodyDigest {
 impl Default for BodyDigest {
     fn default() -> Self {
         BodyDigest {
-            h: crate::l7::domain_hasher(DOMAIN_BODY),
+            h: crate::l7::domain_hasher(crate::l7::Domain::ShimBody),
             n: 0,
         }
     }
