@@ -151,14 +151,9 @@ fn measure(w: &Workload) {
     );
 }
 
+/// This thread's CPU time in seconds.
 fn thread_cpu_secs() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+    crate::thread_cpu_ns() as f64 / 1e9
 }
 
 fn conn(fd: u32) -> ConnId {

@@ -75,6 +75,17 @@ fn main() -> Result<()> {
     }
 }
 
+/// CPU time of the calling thread, in nanoseconds: what the single-core benches divide by.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
 /// Whether this process runs as root.
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

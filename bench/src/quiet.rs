@@ -7,7 +7,7 @@
 //! enough to compare builds (best of 5, thread CPU time). Figures, never pass/fail.
 use std::hint::black_box;
 
-use crate::recorder::cpu_ns;
+use crate::thread_cpu_ns;
 use anyhow::Result;
 use retry_agent::{
     capture::{
@@ -192,9 +192,9 @@ fn pipeline() -> Pipeline {
 fn best(mut f: impl FnMut()) -> f64 {
     (0..5)
         .map(|_| {
-            let c = cpu_ns();
+            let c = thread_cpu_ns();
             f();
-            cpu_ns().saturating_sub(c) as f64
+            thread_cpu_ns().saturating_sub(c) as f64
         })
         .fold(f64::MAX, f64::min)
 }

@@ -25,26 +25,21 @@ use retry_agent::{
     testkit::StormScenario,
 };
 
-/// CPU time of this thread in ns (scheduler accounting, ns precision): the timed loops run on
-/// one thread, so other engineers' builds on the same box do not count against them.
-pub(crate) fn cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
-}
+use crate::thread_cpu_ns;
 
+/// Wall and CPU time of a loop: the timed loops run on one thread, so CPU time (the thread's
+/// own) does not count other work on the same box against them.
 struct Timed {
     wall_s: f64,
     cpu_s: f64,
 }
 
 fn timed(f: impl FnOnce()) -> Timed {
-    let (w, c) = (Instant::now(), cpu_ns());
+    let (w, c) = (Instant::now(), thread_cpu_ns());
     f();
     Timed {
         wall_s: w.elapsed().as_secs_f64(),
-        cpu_s: (cpu_ns().saturating_sub(c)) as f64 / 1e9,
+        cpu_s: (thread_cpu_ns().saturating_sub(c)) as f64 / 1e9,
     }
 }
 
