@@ -83,5 +83,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             cmd.env("RETRY_AGENT_ENVOY", envoy);
         }
     }
+    // Not while the integration tests (or another bench) load the cores.
+    let _machine = sh::machine_lock("the bench")?;
     sh::run(&mut cmd)
 }

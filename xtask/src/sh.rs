@@ -28,3 +28,35 @@ fn show(cmd: &Command) -> String {
     }
     s
 }
+
+/// The machine-wide lock the integration tests and the benches take, held until dropped: both
+/// load programs, start servers and saturate the 2 cores, so while one runs the other's
+/// timings and figures mean nothing. A run that finds it taken says so and waits.
+pub struct MachineLock {
+    _held: std::fs::File,
+}
+
+pub const MACHINE_LOCK: &str = "/tmp/ra-integration.lock";
+
+pub fn machine_lock(what: &str) -> Result<MachineLock> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(MACHINE_LOCK)
+        .with_context(|| format!("opening {MACHINE_LOCK}"))?;
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            eprintln!(
+                "xtask: {what} waits for {MACHINE_LOCK} (another test or bench run holds it)"
+            );
+            f.lock()
+                .with_context(|| format!("locking {MACHINE_LOCK}"))?;
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {MACHINE_LOCK}"));
+        }
+    }
+    Ok(MachineLock { _held: f })
+}

@@ -6,7 +6,10 @@ use std::process::Command;
 use anyhow::{Result, bail};
 use clap::Args;
 
-use crate::{build, lint, setup, sh::run};
+use crate::{
+    build, lint, setup,
+    sh::{machine_lock, run},
+};
 
 #[derive(Debug, Args)]
 pub struct TestArgs {
@@ -41,6 +44,7 @@ pub fn run_tests(args: TestArgs) -> Result<()> {
     if !setup::is_root() {
         bail!("integration tests load eBPF programs and create network namespaces: run as root");
     }
+    let _machine = machine_lock("the integration tests")?;
     // The integration tests run the agent binary itself (trace, shim, the lab's agent modes):
     // build it now, with this object embedded, so no test runs a stale or partial build. The
     // memory test holds the release build (what users run) to the budget.
