@@ -101,27 +101,40 @@ fn addr_len(a: &SocketAddr) -> usize {
 
 /// Encoded size of a data event's fields before its payload. Its exit time is the header's.
 pub(super) fn meta_len(d: &DataEvent) -> usize {
-    let fixed = 16 + 4 + 4 + 8;
+    16 + fields_len(d, true)
+}
+
+/// Encoded size of what `put_fields` writes.
+fn fields_len(d: &DataEvent, tuple: bool) -> usize {
+    let fixed = 4 + 4 + 8;
     fixed
         + if d.ts_enter_ns != d.ts_exit_ns { 8 } else { 0 }
         + if d.pid != d.conn.pid { 4 } else { 0 }
         + d.goid.map_or(0, |_| 8)
         + d.tuple
             .as_ref()
+            .filter(|_| tuple)
             .map_or(0, |t| addr_len(&t.local) + addr_len(&t.remote))
 }
 
 /// A data event's fields; its exit time goes in the record's header, whose time it is.
 pub(super) fn put_meta(buf: &mut Vec<u8>, d: &DataEvent) {
+    buf.extend_from_slice(&d.conn.pid.to_le_bytes());
+    buf.extend_from_slice(&d.conn.fd.to_le_bytes());
+    buf.extend_from_slice(&d.conn.generation.to_le_bytes());
+    put_fields(buf, d, true);
+}
+
+/// A data event's fields after its connection: with its tuple or (`tuple` false: a summary's
+/// answer, whose connection and tuple are its request's) without.
+fn put_fields(buf: &mut Vec<u8>, d: &DataEvent, tuple: bool) {
     let (enter, pid) = (d.ts_enter_ns != d.ts_exit_ns, d.pid != d.conn.pid);
-    let flags = if d.tuple.is_some() { HAS_TUPLE } else { 0 }
+    let tuple = d.tuple.as_ref().filter(|_| tuple);
+    let flags = if tuple.is_some() { HAS_TUPLE } else { 0 }
         | if d.goid.is_some() { HAS_GOID } else { 0 }
         | if enter { HAS_ENTER } else { 0 }
         | if pid { HAS_PID } else { 0 }
         | if d.interleaved { INTERLEAVED } else { 0 };
-    buf.extend_from_slice(&d.conn.pid.to_le_bytes());
-    buf.extend_from_slice(&d.conn.fd.to_le_bytes());
-    buf.extend_from_slice(&d.conn.generation.to_le_bytes());
     buf.extend_from_slice(&[d.role as u8, d.direction as u8, d.syscall as u8, flags]);
     buf.extend_from_slice(&d.tid.to_le_bytes());
     buf.extend_from_slice(&d.len.to_le_bytes());
@@ -134,7 +147,7 @@ pub(super) fn put_meta(buf: &mut Vec<u8>, d: &DataEvent) {
     if let Some(g) = d.goid {
         buf.extend_from_slice(&g.to_le_bytes());
     }
-    if let Some(t) = &d.tuple {
+    if let Some(t) = tuple {
         put_addr(buf, &t.local);
         put_addr(buf, &t.remote);
     }
@@ -160,7 +173,19 @@ fn put_addr(buf: &mut Vec<u8>, a: &SocketAddr) {
 /// Encoded size of a summary (header excluded): status, request exit time, both messages'
 /// fields, the request's bytes.
 pub(super) fn summary_len(s: &SummaryEvent) -> usize {
-    2 + 8 + meta_len(&s.request) + meta_len(&s.response) + s.request.payload.len()
+    let response = if same_conn(s) {
+        fields_len(&s.response, false)
+    } else {
+        meta_len(&s.response)
+    };
+    2 + 8 + meta_len(&s.request) + 1 + response + s.request.payload.len()
+}
+
+/// Whether a summary's answer has its request's connection and tuple (always, but for a
+/// connection whose tuple the kernel learnt between the two): then they are kept once, the
+/// commonest record under load 16 bytes and two addresses shorter.
+fn same_conn(s: &SummaryEvent) -> bool {
+    s.request.conn == s.response.conn && s.request.tuple == s.response.tuple
 }
 
 /// A summary's fields (the response's exit time is the header's), then its request's bytes.
@@ -168,7 +193,13 @@ pub(super) fn put_summary(buf: &mut Vec<u8>, s: &SummaryEvent) {
     buf.extend_from_slice(&s.status.to_le_bytes());
     buf.extend_from_slice(&s.request.ts_exit_ns.to_le_bytes());
     put_meta(buf, &s.request);
-    put_meta(buf, &s.response);
+    if same_conn(s) {
+        buf.push(1);
+        put_fields(buf, &s.response, false);
+    } else {
+        buf.push(0);
+        put_meta(buf, &s.response);
+    }
     buf.extend_from_slice(&s.request.payload);
 }
 
@@ -178,7 +209,14 @@ pub(super) fn decode_summary(ts_exit_ns: u64, b: &[u8]) -> Option<SummaryEvent> 
     let status = r.u16()?;
     let request_exit = r.u64()?;
     let request = read_meta(&mut r, request_exit)?;
-    let response = read_meta(&mut r, ts_exit_ns)?;
+    let response = match r.u8()? {
+        0 => read_meta(&mut r, ts_exit_ns)?,
+        1 => DataEvent {
+            tuple: request.tuple,
+            ..read_fields(&mut r, request.conn, ts_exit_ns)?
+        },
+        _ => return None,
+    };
     Some(SummaryEvent {
         request: DataEvent {
             payload: bytes::Bytes::copy_from_slice(r.0),
@@ -206,6 +244,11 @@ fn read_meta(r: &mut Reader<'_>, ts_exit_ns: u64) -> Option<DataEvent> {
         fd: r.u32()?,
         generation: r.u64()?,
     };
+    read_fields(r, conn, ts_exit_ns)
+}
+
+/// What `put_fields` wrote, of a data event on `conn` (no tuple unless it wrote one).
+fn read_fields(r: &mut Reader<'_>, conn: ConnId, ts_exit_ns: u64) -> Option<DataEvent> {
     let role = match r.u8()? {
         0 => Role::Client,
         1 => Role::Server,

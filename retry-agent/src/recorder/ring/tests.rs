@@ -5,7 +5,7 @@ use super::{
     codec::{HEADER, SYSCALLS, meta_len},
     *,
 };
-use crate::capture::{ConnId, DataEvent, Direction, Role, Syscall, Tuple};
+use crate::capture::{ConnId, DataEvent, Direction, Role, SummaryEvent, Syscall, Tuple};
 
 #[test]
 fn every_syscall_decodes_to_itself() {
@@ -80,6 +80,50 @@ fn data_events_come_back_as_they_went_in() {
         })
         .collect();
     assert_eq!(got, want);
+}
+
+/// A summary comes back whole: its answer on the request's connection and tuple (kept once,
+/// so stored shorter) or, where the kernel learnt the tuple between the two, on its own.
+#[test]
+fn summaries_come_back_as_they_went_in() {
+    let tuple = Some(Tuple {
+        local: "10.0.0.1:1".parse().unwrap(),
+        remote: "10.0.0.2:80".parse().unwrap(),
+    });
+    let summary = |response_tuple: Option<Tuple>| {
+        let mut request = event(tuple, None, b"GET / HTTP/1.1\r\n\r\n");
+        (request.role, request.direction, request.syscall) =
+            (Role::Client, Direction::Egress, Syscall::Write);
+        (request.ts_enter_ns, request.ts_exit_ns, request.len) = (100, 100, 18);
+        let mut response = event(response_tuple, Some(5), b"");
+        (response.role, response.tid) = (Role::Client, 11);
+        (response.ts_enter_ns, response.ts_exit_ns, response.len) = (300, 300, 99);
+        SummaryEvent {
+            request,
+            response,
+            status: 204,
+        }
+    };
+    let mut ring = Ring::default();
+    let (same, learnt) = (summary(tuple), summary(None));
+    // Status, the request's exit, its fields, which layout the answer has, the answer's
+    // fields without its connection (16 bytes) and tuple (two IPv4 addresses, 14), the bytes.
+    let compact = HEADER + 2 + 8 + meta_len(&same.request) + 1 + meta_len(&same.response) - 16 - 14
+        + same.request.payload.len();
+    ring.push_summary(&same, |b| b.len());
+    assert_eq!(ring.bytes, compact);
+    let after_same = ring.bytes;
+    ring.push_summary(&learnt, |b| b.len());
+    let got: Vec<SummaryEvent> = ring
+        .iter()
+        .map(|(_, e)| match e.to_record() {
+            Some(Record::Event(Event::Summary(s))) => s,
+            _ => panic!("not a summary"),
+        })
+        .collect();
+    assert_eq!(got, vec![same, learnt]);
+    // The learnt one keeps its answer's connection (and would its tuple, had it one).
+    assert_eq!(ring.bytes - after_same, after_same + 16);
 }
 
 #[test]
