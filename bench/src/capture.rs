@@ -22,7 +22,25 @@ const ROUNDS: usize = 2;
 pub(crate) const SECONDS: u64 = 8;
 pub(crate) const CONNECTIONS: u32 = 16;
 
+/// A child the bench started, killed when dropped, and by the kernel should the bench die
+/// without dropping it (a signal): a floor's bpftrace left attached slowed every later run
+/// and, started under `flock`, held the machine lock.
 pub(crate) struct Killed(pub(crate) Child);
+
+impl Killed {
+    pub(crate) fn spawn(cmd: &mut Command) -> std::io::Result<Killed> {
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent's.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(cmd, || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.spawn().map(Killed)
+    }
+}
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -102,15 +120,15 @@ pub(crate) fn haproxy_bind(dir: &Path, port: u16, ssl: &str) -> Result<Killed> {
              frontend bench\n  bind 127.0.0.1:{port}{ssl}\n  http-request return status 200 content-type text/plain string ok\n"
         ),
     )?;
-    let child = Command::new("haproxy")
-        .arg("-f")
-        .arg(&cfg)
-        .arg("-db")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting haproxy (apt-get install haproxy)")?;
-    let h = Killed(child);
+    let h = Killed::spawn(
+        Command::new("haproxy")
+            .arg("-f")
+            .arg(&cfg)
+            .arg("-db")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .context("starting haproxy (apt-get install haproxy)")?;
     wait_port(port)?;
     Ok(h)
 }
@@ -197,10 +215,8 @@ pub(crate) fn spawn_until(cmd: &mut Command, said: Said, needle: &str) -> Result
         Said::Stdout => cmd.stdout(Stdio::piped()),
         Said::Stderr => cmd.stderr(Stdio::piped()),
     };
-    let mut child = Killed(
-        cmd.spawn()
-            .with_context(|| format!("starting {:?}", cmd.get_program()))?,
-    );
+    let mut child =
+        Killed::spawn(cmd).with_context(|| format!("starting {:?}", cmd.get_program()))?;
     let stream: Box<dyn Read + Send> = match said {
         Said::Stdout => Box::new(child.0.stdout.take().context("child stdout")?),
         Said::Stderr => Box::new(child.0.stderr.take().context("child stderr")?),

@@ -208,16 +208,16 @@ fn nginx(dir: &Path, port: u16) -> Result<Killed> {
              keepalive_requests 1000000;\n  server {{ listen 127.0.0.1:{port}; root {r}/www; }}\n}}\n"
         ),
     )?;
-    let child = Command::new("nginx")
-        .arg("-c")
-        .arg(&conf)
-        .arg("-p")
-        .arg(&root)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting nginx (apt-get install nginx)")?;
-    let n = Killed(child);
+    let n = Killed::spawn(
+        Command::new("nginx")
+            .arg("-c")
+            .arg(&conf)
+            .arg("-p")
+            .arg(&root)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .context("starting nginx (apt-get install nginx)")?;
     wait_port(port)?;
     Ok(n)
 }
@@ -236,13 +236,13 @@ fn go_hello(dir: &Path, port: u16) -> Result<Killed> {
     if !built.success() {
         bail!("go build {} failed", src.display());
     }
-    let child = Command::new(&bin)
-        .arg(format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting the Go server")?;
-    let g = Killed(child);
+    let g = Killed::spawn(
+        Command::new(&bin)
+            .arg(format!("127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .context("starting the Go server")?;
     wait_port(port)?;
     Ok(g)
 }

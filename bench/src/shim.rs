@@ -28,21 +28,16 @@
 use std::{
     net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
 };
 
-use crate::rounds::{median, ratio_text};
+use crate::{
+    capture::Killed,
+    rounds::{median, ratio_text},
+};
 use anyhow::{Context, Result, bail};
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Removes the bench's steering chain however the bench ends.
 struct Cleanup {
@@ -415,23 +410,21 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
     )?;
     let envoy_cfg = dir.join("envoy.yaml");
     std::fs::write(&envoy_cfg, envoy_config(&h1, &h2))?;
-    let _backend = Kill(
+    let _backend = Killed::spawn(
         Command::new("haproxy")
             .arg("-db")
             .arg("-f")
             .arg(&be_cfg)
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
-    let hap = Kill(
+            .stdout(Stdio::null()),
+    )?;
+    let hap = Killed::spawn(
         Command::new("haproxy")
             .arg("-db")
             .arg("-f")
             .arg(&fwd_cfg)
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
-    let env = Kill(
+            .stdout(Stdio::null()),
+    )?;
+    let env = Killed::spawn(
         Command::new(&envoy)
             .arg("-c")
             .arg(&envoy_cfg)
@@ -443,9 +436,8 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
                 "error",
             ])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
+            .stderr(Stdio::null()),
+    )?;
     let chain = format!("RABENCH_{}", std::process::id() % 100_000);
     let _cleanup = Cleanup {
         bin: bin.clone(),
@@ -461,7 +453,7 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
     let start_shim = |name: &str, port: u16, chain: &str, dports: String, flags: &[&str]| {
         let run = dir.join(format!("shim-{name}"));
         std::fs::create_dir_all(&run)?;
-        anyhow::Ok(Kill(
+        anyhow::Ok(Killed::spawn(
             Command::new(&bin)
                 .args(["--log", "warn", "shim", "--port", &port.to_string()])
                 .args(["--chain", chain, "--dport", &dports])
@@ -470,9 +462,8 @@ pub fn run(bin: &Path, rounds: usize) -> Result<()> {
                 .arg(run.join("no-agent.sock"))
                 .arg("--run-dir")
                 .arg(&run)
-                .stdout(Stdio::null())
-                .spawn()?,
-        ))
+                .stdout(Stdio::null()),
+        )?)
     };
     let shim_port = free_port()?;
     let dports = format!("{},{}", h1.shim, h2.shim);
