@@ -31,15 +31,6 @@ enum Drained {
     More,
 }
 
-/// What becomes of an event the reader decoded.
-enum Fate {
-    Send,
-    /// An ignored process's, or an exit of one never traced.
-    Skip,
-    /// The consumer is gone.
-    Gone,
-}
-
 /// Bound on `Reader::forked_from` (entries normally live one record long).
 const FORKED_FROM_MAX: usize = 4096;
 
@@ -262,25 +253,10 @@ impl Reader {
         true
     }
 
-    /// Sends `ev` on unless it is an ignored process's. Returns false when the consumer is gone.
-    /// Inlined, and `admit` reads the event in place: an `Event` is 352 bytes, and each move
-    /// between decoding and the batch was a copy (~4% of the agent's CPU).
-    #[inline(always)]
     fn forward(&mut self, ev: Event) -> bool {
-        match self.admit(&ev) {
-            Fate::Send => self.send(ev),
-            Fate::Skip => true,
-            Fate::Gone => false,
-        }
-    }
-
-    /// What `forward` does with `ev`, after what it sets off: a process described first, an
-    /// exited process's held requests released, its kernel entries and an ignored process's
-    /// sockets untracked.
-    fn admit(&mut self, ev: &Event) -> Fate {
         let pid = ev.pid();
         if self.ignored.contains(&pid) {
-            match ev {
+            match &ev {
                 Event::ProcessExit { .. } => {
                     self.ignored.remove(&pid);
                 }
@@ -293,12 +269,12 @@ impl Reader {
                 }
                 _ => {}
             }
-            return Fate::Skip;
+            return true;
         }
         if let Event::ProcessExit { .. } = ev {
             // Exits of processes never traced are noise.
             let Some(fds) = self.seen.remove(&pid) else {
-                return Fate::Skip;
+                return true;
             };
             // The kernel cannot iterate its map on exit; drop the dead process's entries here,
             // and report the requests it held for them: they will get no answer.
@@ -309,21 +285,21 @@ impl Reader {
                     let _ = self.held.remove(&key);
                     // An entry that holds nothing is the connection's, kept for its next request.
                     if h.kind == KIND_SUMMARY && !self.release_held(&h) {
-                        return Fate::Gone;
+                        return false;
                     }
                 }
             }
         } else if !self.seen.contains_key(&pid) {
             if self.is_ours(pid) {
-                return self.admit(ev);
+                return self.forward(ev);
             }
             let info = self.describe(pid);
             self.seen.insert(pid, HashSet::default());
             if !self.send(Event::Process(info)) {
-                return Fate::Gone;
+                return false;
             }
         }
-        if let (Event::Conn(c), Some(fds)) = (ev, self.seen.get_mut(&pid)) {
+        if let (Event::Conn(c), Some(fds)) = (&ev, self.seen.get_mut(&pid)) {
             match c.kind {
                 ConnEventKind::Close => {
                     fds.remove(&c.conn.fd);
@@ -334,7 +310,7 @@ impl Reader {
                 _ => {}
             }
         }
-        Fate::Send
+        self.send(ev)
     }
 
     /// Reads a process's metadata; one already gone (no name) is described as the parent it was
@@ -387,7 +363,6 @@ impl Reader {
         }
     }
 
-    #[inline(always)]
     fn send(&mut self, ev: Event) -> bool {
         let f = self.tx.push(ev);
         self.count(f)

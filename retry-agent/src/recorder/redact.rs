@@ -287,9 +287,11 @@ impl Redactor {
     /// kernel holds only a record that starts a request and is all the syscall moved), so it
     /// is framed from a message start without the connection's tracked state, which it leaves
     /// as it was unless the request ends inside its body (a head sent before the rest of its
-    /// body): then the connection goes on from there. The state it skips is one a record
-    /// starting a message would have resynchronised anyway (the walk's rule), and the lookup
-    /// per summary was ~2% of the agent's CPU under a keep-alive load.
+    /// body): then the connection goes on from there. The state it skips is between messages
+    /// on a quiet connection; a body's a record starting a message resynchronises anyway (the
+    /// walk's rule); one caught inside a head or a chunk stays for the connection's next
+    /// record, whose unreadable lines it masks. The lookup per summary was ~2% of the agent's
+    /// CPU under a keep-alive load.
     pub fn redact_summary_request(&mut self, d: &DataEvent, buf: &mut [u8]) -> Redacted {
         let mut st = Stream::Start;
         let mut red = Redacted::default();
