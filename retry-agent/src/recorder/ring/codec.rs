@@ -101,19 +101,13 @@ fn addr_len(a: &SocketAddr) -> usize {
 
 /// Encoded size of a data event's fields before its payload. Its exit time is the header's.
 pub(super) fn meta_len(d: &DataEvent) -> usize {
-    16 + fields_len(d, true)
-}
-
-/// Encoded size of what `put_fields` writes.
-fn fields_len(d: &DataEvent, tuple: bool) -> usize {
-    let fixed = 4 + 4 + 8;
+    let fixed = 16 + 4 + 4 + 8;
     fixed
         + if d.ts_enter_ns != d.ts_exit_ns { 8 } else { 0 }
         + if d.pid != d.conn.pid { 4 } else { 0 }
         + d.goid.map_or(0, |_| 8)
         + d.tuple
             .as_ref()
-            .filter(|_| tuple)
             .map_or(0, |t| addr_len(&t.local) + addr_len(&t.remote))
 }
 
@@ -170,15 +164,12 @@ fn put_addr(buf: &mut Vec<u8>, a: &SocketAddr) {
     }
 }
 
-/// Encoded size of a summary (header excluded): status, request exit time, both messages'
-/// fields, the request's bytes.
+/// Most a summary's encoding takes (header excluded): status, request exit time, both
+/// messages' fields whole, the request's bytes. `put_summary` writes fewer when the answer
+/// shares its request's connection; the ring reads the length it wrote, so a bound is enough
+/// and the two are not compared twice per summary.
 pub(super) fn summary_len(s: &SummaryEvent) -> usize {
-    let response = if same_conn(s) {
-        fields_len(&s.response, false)
-    } else {
-        meta_len(&s.response)
-    };
-    2 + 8 + meta_len(&s.request) + 1 + response + s.request.payload.len()
+    2 + 8 + meta_len(&s.request) + 1 + meta_len(&s.response) + s.request.payload.len()
 }
 
 /// Whether a summary's answer has its request's connection and tuple (always, but for a
