@@ -36,7 +36,7 @@ pub struct MachineLock {
     _held: std::fs::File,
 }
 
-pub const MACHINE_LOCK: &str = "/tmp/ra-integration.lock";
+const MACHINE_LOCK: &str = "/tmp/ra-integration.lock";
 
 pub fn machine_lock(what: &str) -> Result<MachineLock> {
     let f = std::fs::OpenOptions::new()
