@@ -104,6 +104,7 @@ fn summary(pid: u32, fd: u32, r: u32, t: SockTuple, (start, end): (u64, u64)) ->
     let mut rec = SummaryRecord {
         kind: KIND_SUMMARY,
         status: 200,
+        weight: 1,
         response,
         request,
         bytes: [0; retry_common::HELD_BYTES],

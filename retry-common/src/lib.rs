@@ -26,6 +26,9 @@ pub enum EventKind {
     ProcessExec = 4,
     /// A quiet HTTP/1 exchange the kernel summarised (`SummaryRecord`).
     Summary = 5,
+    /// Quiet exchanges of a connection the kernel counted and did not send
+    /// (`SummaryRecord::weight`): a copy of its `HELD` entry of status 0 (the whole struct).
+    Tally = 6,
 }
 
 /// `EventKind` values as raw integers, for matching on the first `u32` of a record.
@@ -34,6 +37,7 @@ pub const KIND_CONN: u32 = EventKind::Conn as u32;
 pub const KIND_PROCESS_EXIT: u32 = EventKind::ProcessExit as u32;
 pub const KIND_PROCESS_EXEC: u32 = EventKind::ProcessExec as u32;
 pub const KIND_SUMMARY: u32 = EventKind::Summary as u32;
+pub const KIND_TALLY: u32 = EventKind::Tally as u32;
 
 /// Which syscall moved the bytes (`DataHeader::syscall`).
 pub mod syscall {
@@ -240,10 +244,18 @@ pub const SUMMARY_HEAD: usize = 8 + 2 * size_of::<DataHeader>();
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SummaryRecord {
-    /// `KIND_SUMMARY`.
+    /// `KIND_SUMMARY` (`KIND_TALLY` for a tally).
     pub kind: u32,
-    /// The response's status code, as its status line says.
-    pub status: u32,
+    /// The response's status code, as its status line says; 0 in a tally (see `weight`).
+    pub status: u16,
+    /// How many quiet exchanges of its connection the record stands for
+    /// (`Config::summary_every`): itself and those the kernel counted without sending since
+    /// the connection's last record. A tally (`KIND_TALLY`, `status` 0) stands for `weight`
+    /// counted ones only, sent before anything else of the connection goes (a close, a record
+    /// sent whole): its `request` and `bytes` are the connection's latest held request's (the
+    /// last counted one, or one that follows them), for its identity.
+    /// In the kernel's `HELD` entry, between records, the count of those counted so far.
+    pub weight: u16,
     pub response: DataHeader,
     pub request: DataHeader,
     pub bytes: [u8; HELD_BYTES],
@@ -330,6 +342,9 @@ pub const CONN_HELD: u32 = 2;
 /// `--capture-summarize`: the response in progress belongs to a summarised exchange: its
 /// further records are not sent (until the next request).
 pub const CONN_QUIET: u32 = 4;
+/// `--capture-summary-every`: the connection's `HELD` entry counts quiet exchanges not sent
+/// yet, which a tally sends before anything else of the connection.
+pub const CONN_COUNTED: u32 = 8;
 /// Records one syscall of an HTTP/2 connection is split into at most, each carrying up to
 /// `MAX_PAYLOAD` bytes: a syscall larger than `H2_RECORDS × MAX_PAYLOAD` still ends in a gap.
 pub const H2_RECORDS: u32 = 4;
@@ -473,6 +488,13 @@ pub struct Config {
     /// With `config_flags::SUMMARIZE`: how long a destination whose answer was a failure (or a
     /// reset) stays "hot" — its exchanges sent whole, so retries and their outcomes are seen.
     pub summary_hot_ns: u64,
+    /// With `config_flags::SUMMARIZE`: a connection's quiet exchanges go as one summary in this
+    /// many (≤ `u16::MAX`; 0 or 1: each), the summary weighted with those counted and not sent
+    /// before it (`SummaryRecord::weight`), and only within `summary_window_ns` of the
+    /// connection's previous record: a slow connection's quiet exchanges each go.
+    pub summary_every: u32,
+    pub _pad: u32,
+    pub summary_window_ns: u64,
 }
 
 /// `Config::flags`.

@@ -42,7 +42,7 @@ fn data_record_layout() {
 #[test]
 fn summary_record_layout() {
     layout!(SummaryRecord, size 8 + 2 * 120 + HELD_BYTES, {
-        kind @ 0, 4; status @ 4, 4; response @ 8, 120; request @ 128, 120; bytes @ 248, HELD_BYTES;
+        kind @ 0, 4; status @ 4, 2; weight @ 6, 2; response @ 8, 120; request @ 128, 120; bytes @ 248, HELD_BYTES;
     });
     assert_eq!(SUMMARY_HEAD, offset_of!(SummaryRecord, bytes));
 }
@@ -86,10 +86,11 @@ fn map_key_and_value_layouts() {
         inode_sb @ 40, 4; sb_dev @ 44, 4; task_nsproxy @ 48, 4; nsproxy_net_ns @ 52, 4; net_ns @ 56, 4;
         ns_inum @ 60, 4;
     });
-    layout!(Config, size 112, {
+    layout!(Config, size 128, {
         agent_tgid @ 0, 4; payload_bytes @ 4, 4; wakeup_bytes @ 8, 4; flags @ 12, 4; exe_ino @ 16, 8;
         exe_dev @ 24, 4; cgroup_levels @ 28, 4; offsets @ 32, 64; response_bytes @ 96, 4;
-        summary_sample @ 100, 4; summary_hot_ns @ 104, 8;
+        summary_sample @ 100, 4; summary_hot_ns @ 104, 8; summary_every @ 112, 4; _pad @ 116, 4;
+        summary_window_ns @ 120, 8;
     });
 }
 
@@ -100,6 +101,7 @@ fn kind_tags_are_distinct_and_first() {
     assert_eq!(KIND_PROCESS_EXIT, 3);
     assert_eq!(KIND_PROCESS_EXEC, 4);
     assert_eq!(KIND_SUMMARY, 5);
+    assert_eq!(KIND_TALLY, 6);
     assert_eq!(offset_of!(SummaryRecord, kind), 0);
     assert_eq!(offset_of!(DataHeader, kind), 0);
     assert_eq!(offset_of!(ConnRecord, kind), 0);

@@ -73,7 +73,7 @@ const _: () = assert!(size_of::<ConnInfo>() == 72);
 const _: () = assert!(size_of::<SockOwner>() == 72);
 const _: () = assert!(size_of::<PeerKey>() == 20);
 const _: () = assert!(size_of::<ServerEst>() == 48);
-const _: () = assert!(size_of::<Config>() == 112);
+const _: () = assert!(size_of::<Config>() == 128);
 const _: () =
     assert!(size_of::<retry_common::SummaryRecord>() == 8 + 2 * 120 + retry_common::HELD_BYTES);
 

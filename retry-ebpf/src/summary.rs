@@ -43,15 +43,19 @@ use core::{
 
 use aya_ebpf::helpers::generated;
 use retry_common::{
-    CONN_H2, CONN_HELD, CONN_QUIET, ConnInfo, ConnKey, DataHeader, HELD_BYTES, KIND_SUMMARY,
-    PeerKey, SUMMARY_HEAD, SummaryRecord, config_flags, data_flags, role, syscall,
+    CONN_COUNTED, CONN_H2, CONN_HELD, CONN_QUIET, ConnInfo, ConnKey, DataHeader, HELD_BYTES,
+    KIND_SUMMARY, KIND_TALLY, PeerKey, SUMMARY_HEAD, SummaryRecord, config_flags, data_flags, role,
+    syscall,
 };
 
 use crate::{
     config::config,
-    emit::{Src, copy_data, copy_payload, emit_data, header, output, send_data},
+    emit::{
+        Src, copy_data, copy_payload, count_drop, emit_data, header, output, ring_flags, send_data,
+    },
     maps::{
-        HELD, HELD_BLANK, HOT_PEERS, HOT_THREADS, SCRATCH, SUMMARY_SEEN, THREAD_HELD, ThreadHeld,
+        EVENTS, HELD, HELD_BLANK, HOT_PEERS, HOT_THREADS, SCRATCH, SUMMARY_SEEN, THREAD_HELD,
+        ThreadHeld,
     },
 };
 
@@ -125,6 +129,15 @@ impl Io<'_> {
         );
     }
 
+    /// What the connection counted and did not send goes before a record sent whole.
+    #[inline(always)]
+    fn release_counted(&self) {
+        if self.info.flags & CONN_COUNTED != 0 {
+            release(&self.own());
+            self.set_flags(0, CONN_COUNTED);
+        }
+    }
+
     #[inline(always)]
     fn set_flags(&self, set: u32, clear: u32) {
         if self.conn.is_null() {
@@ -161,6 +174,7 @@ fn request(io: &Io<'_>) {
         if info.flags & CONN_HELD != 0 {
             // More of the request (a body after its head), or a pipeline: both go whole.
             release(&own);
+            io.set_flags(0, CONN_COUNTED);
             io.emit();
             return;
         }
@@ -233,6 +247,7 @@ fn request(io: &Io<'_>) {
         // SAFETY: a map value, valid for this program run; only this thread writes `conn`.
         unsafe { (*t).conn = NO_CONN };
     }
+    io.release_counted();
     io.send(got, flags);
 }
 
@@ -388,14 +403,21 @@ fn response(io: &Io<'_>) {
                 && generation == info.generation
                 && (info.role == role::CLIENT || !hot_thread(io.pid_tgid, start));
             if quiet {
-                summarize(h, io, status);
-                unhold(h);
-                io.set_flags(CONN_QUIET, 0);
+                if counted(h, io.ts.1) {
+                    unhold(h);
+                    io.set_flags(CONN_QUIET | CONN_COUNTED, 0);
+                } else {
+                    summarize(h, io, status);
+                    unhold(h);
+                    io.set_flags(CONN_QUIET, CONN_COUNTED);
+                }
                 return;
             }
             release(&own);
+            io.set_flags(0, CONN_COUNTED);
         }
     }
+    io.release_counted();
     let Some((buf, got)) = io.copy() else {
         return;
     };
@@ -407,12 +429,17 @@ fn response(io: &Io<'_>) {
     io.send(got, 0);
 }
 
-/// Sends the request held for connection `key`, if any: what comes next on the connection
-/// (a close, a reset, an answer that is not summarised) must find it before it.
+/// Sends the tally of the quiet exchanges connection `key` counted and did not send, then the
+/// request it holds, if any: what comes next on the connection (a close, a reset, a record
+/// sent whole) must find them before it.
 #[inline(always)]
 pub fn release(key: &ConnKey) {
-    if let Some(h) = held(key) {
-        send_held(h);
+    if let Some(h) = HELD.get_ptr_mut(key) {
+        tally(h);
+        // SAFETY: a map value, valid for this program run.
+        if unsafe { (*h).kind } == KIND_SUMMARY {
+            send_held(h);
+        }
     }
 }
 
@@ -492,6 +519,7 @@ pub fn close(key: &ConnKey) {
     let Some(h) = HELD.get_ptr_mut(key) else {
         return;
     };
+    tally(h);
     // SAFETY: a map value, valid for this program run.
     if unsafe { (*h).kind } == KIND_SUMMARY {
         send_held(h);
@@ -520,7 +548,11 @@ fn summarize(h: *mut SummaryRecord, io: &Io<'_>, status: u32) {
     // SAFETY: a map value of `size_of::<SummaryRecord>()` bytes, valid for this program run;
     // `kind` says KIND_SUMMARY already (it holds).
     unsafe {
-        addr_of_mut!((*h).status).write(status);
+        // A status that made the exchange quiet (2xx/3xx) fits.
+        addr_of_mut!((*h).status).write(status as u16);
+        // Itself and those counted since the connection's last record.
+        let weight = (*h).weight;
+        addr_of_mut!((*h).weight).write(weight.saturating_add(1));
         addr_of_mut!((*h).response).write(header(
             io.pid_tgid,
             io.info,
@@ -531,6 +563,69 @@ fn summarize(h: *mut SummaryRecord, io: &Io<'_>, status: u32) {
         ));
         let size = SUMMARY_HEAD + held_len(h);
         output(core::slice::from_raw_parts(h as *const u8, size));
+        addr_of_mut!((*h).weight).write(0);
+    }
+}
+
+/// Whether the quiet exchange whose request `h` holds, answered at `now`, is counted in its
+/// entry instead of sent (`Config::summary_every`): while its connection's last record
+/// (`response`'s time, that of the last summary or tally; none in a new entry) is recent and
+/// fewer than `summary_every - 1` wait. An interleaved one may be counted too: what its
+/// overlap says of a failed request on its thread, that request says itself (the kernel
+/// flags every request read while another was held, and the one held last), and a server
+/// thread's answers after one of its calls failed go whole (`HOT_THREADS`).
+#[inline(always)]
+fn counted(h: *mut SummaryRecord, now: u64) -> bool {
+    let cfg = config();
+    if cfg.summary_every <= 1 {
+        return false;
+    }
+    // SAFETY: a map value, valid for this program run.
+    unsafe {
+        let weight = u32::from((*h).weight);
+        let last = (*h).response.ts_exit_ns;
+        if last == 0
+            || now.saturating_sub(last) >= cfg.summary_window_ns
+            || weight + 1 >= cfg.summary_every
+        {
+            return false;
+        }
+        addr_of_mut!((*h).weight).write((weight + 1) as u16);
+    }
+    true
+}
+
+/// Sends what entry `h` counted and did not send as a tally: a copy of the entry, of kind
+/// `KIND_TALLY` and status 0, whose `weight` says how many, timed now (which starts the
+/// connection's window again). A copy, because the entry may hold the request that follows
+/// them (which goes after), whose `kind` says so: its request is then that one.
+#[inline(always)]
+fn tally(h: *mut SummaryRecord) {
+    // SAFETY: a map value of `size_of::<SummaryRecord>()` bytes, valid for this program run;
+    // the ring's entry is as large, written before it is submitted.
+    unsafe {
+        if (*h).weight == 0 {
+            return;
+        }
+        let now = generated::bpf_ktime_get_ns();
+        let size = size_of::<SummaryRecord>();
+        let Some(mut e) = EVENTS.reserve::<SummaryRecord>(0) else {
+            count_drop();
+            return;
+        };
+        let t = e.as_mut_ptr();
+        if generated::bpf_probe_read_kernel(t as *mut c_void, size as u32, h as *const c_void) != 0
+        {
+            e.discard(0);
+            return;
+        }
+        addr_of_mut!((*t).kind).write(KIND_TALLY);
+        addr_of_mut!((*t).status).write(0);
+        addr_of_mut!((*t).response.ts_enter_ns).write(now);
+        addr_of_mut!((*t).response.ts_exit_ns).write(now);
+        e.submit(ring_flags(size));
+        addr_of_mut!((*h).weight).write(0);
+        addr_of_mut!((*h).response.ts_exit_ns).write(now);
     }
 }
 

@@ -59,13 +59,14 @@ pub fn load_whole() -> Option<Capture> {
     })
 }
 
-/// `load` with every quiet exchange summarised, none sampled whole: tests of the summaries
-/// themselves, deterministic whatever the default sampling.
+/// `load` with every quiet exchange summarised, none sampled whole and each sent: tests of the
+/// summaries themselves, deterministic whatever the default sampling.
 pub fn load_summarizing() -> Option<Capture> {
     load_with(&CaptureConfig {
         go: GoMode::On,
         summarize: true,
         summary_sample: 0,
+        summary_every: 1,
         ..CaptureConfig::default()
     })
 }

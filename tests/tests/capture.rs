@@ -1108,6 +1108,75 @@ async fn a_closed_connection_leaves_nothing_held_behind() {
     );
 }
 
+/// `--capture-summary-every`: a keep-alive connection's quiet exchanges leave the kernel as one
+/// summary in N, weighted with those counted before it, and what is counted reaches userspace
+/// before anything else of the connection (the failure that follows, the close): summed, the
+/// weights are every quiet exchange of each side, and the engine counts every exchange. curl
+/// makes 40 quiet calls, one the server answers 503 (after which the client's calls to it go
+/// whole: retries are read whole), and 20 more, on one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counted_quiet_exchanges_keep_their_counts() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load_with(&retry_agent::capture::CaptureConfig {
+        summarize: true,
+        summary_sample: 0,
+        summary_every: 8,
+        summary_window_ms: 5_000,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let (mut server, port) = python_server("keepalive_http_server.py", &[]);
+    let url = |path: &str| format!("http://127.0.0.1:{port}{path}");
+    let mut urls: Vec<String> = (0..40).map(|i| url(&format!("/ok/{i}"))).collect();
+    urls.push(url("/busy"));
+    urls.extend((40..60).map(|i| url(&format!("/ok/{i}"))));
+    let mut curl = Proc::spawn(
+        std::process::Command::new("curl")
+            .args(["-s", "--max-time", "20"])
+            .args(&urls)
+            .stdout(Stdio::null()),
+    );
+    assert!(curl.wait(Duration::from_secs(30)).success(), "curl failed");
+    let pids = [curl.pid(), server.pid()];
+    let evs = collect(&mut cap, Duration::from_secs(2), involving(&pids), |_| {
+        false
+    })
+    .await;
+    server.kill();
+    let weights = |pid: u32| -> (u32, usize) {
+        let mine = evs.iter().filter_map(|e| match e {
+            Event::Summary(s) if s.request.pid == pid => Some(s.weight),
+            _ => None,
+        });
+        (mine.clone().sum(), mine.count())
+    };
+    let (client, server_side) = (weights(pids[0]), weights(pids[1]));
+    // Every quiet exchange of each side, in far fewer records.
+    assert_eq!((client.0, server_side.0), (40, 60), "\n{}", dump(&evs));
+    assert!(
+        client.1 <= 12 && server_side.1 <= 16,
+        "one in 8 sent, and the counts before the failure and the close: {client:?} {server_side:?}"
+    );
+    // What the client counted went before its failed call.
+    let busy = evs
+        .iter()
+        .position(|e| matches!(e, Event::Data(d) if d.pid == pids[0] && d.payload.starts_with(b"GET /busy ")))
+        .unwrap_or_else(|| panic!("the client's /busy whole\n{}", dump(&evs)));
+    assert!(
+        !evs[busy..]
+            .iter()
+            .any(|e| matches!(e, Event::Summary(s) if s.request.pid == pids[0])),
+        "a count of the client's after its failure\n{}",
+        dump(&evs)
+    );
+    let d = integration_tests::correlate::derive(&evs, Default::default());
+    let s = d.engine.stats();
+    assert_eq!((s.outbound, s.inbound), (61, 61), "{s:?}");
+}
+
 /// Runs the Python fixture `name` as `server`, then as `client` of it, which prints `said`;
 /// returns the events of both and their pids (server, client).
 async fn server_and_client(

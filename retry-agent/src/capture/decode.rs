@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use bytes::{Bytes, BytesMut};
 use retry_common::{
     AF_INET, AF_INET6, ConnRecord, DataHeader, HELD_BYTES, KIND_CONN, KIND_DATA, KIND_PROCESS_EXIT,
-    KIND_SUMMARY, ProcessExitRecord, SUMMARY_HEAD, SockTuple, SummaryRecord, conn_kind, data_flags,
-    direction, role, syscall,
+    KIND_SUMMARY, KIND_TALLY, ProcessExitRecord, SUMMARY_HEAD, SockTuple, SummaryRecord, conn_kind,
+    data_flags, direction, role, syscall,
 };
 
 use super::event::{
@@ -101,7 +101,7 @@ pub fn decode_in(raw: &[u8], arena: Option<&mut PayloadArena>) -> Result<Event, 
     match kind {
         KIND_DATA => decode_data(raw, arena).map(Event::Data),
         KIND_CONN => decode_conn(raw).map(Event::Conn),
-        KIND_SUMMARY => decode_summary(raw, arena).map(Event::Summary),
+        KIND_SUMMARY | KIND_TALLY => decode_summary(raw, arena).map(Event::Summary),
         KIND_PROCESS_EXIT => {
             let r: ProcessExitRecord = read(raw, "process exit record")?;
             Ok(Event::ProcessExit {
@@ -178,7 +178,17 @@ fn decode_summary(
         len: raw.len(),
         need: SUMMARY_HEAD,
     })?;
-    let status: u32 = read(&head[4..], "summary status")?;
+    let kind: u32 = read(head, "summary kind")?;
+    let status: u16 = read(&head[4..], "summary status")?;
+    let weight: u16 = read(&head[6..], "summary weight")?;
+    // A tally is status 0 (what `SummaryEvent::is_tally` reads); a summary's is a status line's.
+    let status = if kind == KIND_TALLY { 0 } else { status };
+    if status == 0 && kind != KIND_TALLY {
+        return Err(DecodeError::UnknownValue {
+            what: "summary status",
+            value: 0,
+        });
+    }
     let resp: DataHeader = read(
         &head[std::mem::offset_of!(SummaryRecord, response)..],
         "summary's response header",
@@ -197,10 +207,6 @@ fn decode_summary(
             },
         });
     }
-    let status = u16::try_from(status).map_err(|_| DecodeError::UnknownValue {
-        what: "summary status",
-        value: status,
-    })?;
     // The request's bytes follow the headers, as a data record's follow its header.
     let sent = usize::try_from(req.captured)
         .unwrap_or(usize::MAX)
@@ -215,6 +221,8 @@ fn decode_summary(
         request: data_event(&req, copied(bytes, arena))?,
         response: data_event(&resp, Bytes::new())?,
         status,
+        // Records of kernels before weights said 0: one.
+        weight: u32::from(weight).max(1),
     })
 }
 

@@ -224,8 +224,29 @@ pub struct SummaryEvent {
     pub request: DataEvent,
     /// The response's first record, without its bytes.
     pub response: DataEvent,
-    /// The response's status code.
+    /// The response's status code; 0 in a tally (`is_tally`).
     pub status: u16,
+    /// How many quiet exchanges of its connection it stands for (`--capture-summary-every`):
+    /// itself and those the kernel counted since the connection's last record. A tally stands
+    /// for `weight` counted ones only: its request is the connection's last held one, for its
+    /// identity, and its response's times are when the kernel sent it.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub weight: u32,
+}
+
+impl SummaryEvent {
+    /// Quiet exchanges counted and not sent, none of which this is.
+    pub fn is_tally(&self) -> bool {
+        self.status == 0
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(w: &u32) -> bool {
+    *w == 1
 }
 
 /// Everything the capture layer emits.

@@ -48,6 +48,9 @@ pub(super) fn kernel_config(
         response_bytes: cfg.response_prefix().min(MAX_PAYLOAD as u32),
         summary_sample: cfg.summary_sample,
         summary_hot_ns: cfg.summary_hot_secs.saturating_mul(1_000_000_000),
+        summary_every: u32::from(cfg.summary_every),
+        _pad: 0,
+        summary_window_ns: cfg.summary_window_ms.saturating_mul(1_000_000),
     }
 }
 

@@ -209,6 +209,28 @@ pub struct CaptureConfig {
         default_value_t = 30
     )]
     pub summary_hot_secs: u64,
+    /// With --capture-summarize: a connection's quiet exchanges leave the kernel as one summary
+    /// in this many, weighted with those counted and not sent before it (which go as a count
+    /// before anything else of the connection: a close, a failure, a request sent whole), so
+    /// every figure keeps its counts while the agent reads one exchange in N of a busy
+    /// keep-alive connection. Only within --capture-summary-window-ms of the connection's last
+    /// record: a slow connection's exchanges each go. 1: each quiet exchange goes.
+    #[arg(
+        long = "capture-summary-every",
+        env = "RETRY_AGENT_CAPTURE_SUMMARY_EVERY",
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub summary_every: u16,
+    /// With --capture-summary-every: how long, in milliseconds, after a connection's last
+    /// record its quiet exchanges may be counted instead of sent (how late a count may come on
+    /// a connection that goes on working).
+    #[arg(
+        long = "capture-summary-window-ms",
+        env = "RETRY_AGENT_CAPTURE_SUMMARY_WINDOW_MS",
+        default_value_t = 100
+    )]
+    pub summary_window_ms: u64,
 }
 
 impl CaptureConfig {

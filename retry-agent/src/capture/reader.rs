@@ -7,7 +7,7 @@ use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 // Looked up for every record: a fast hasher (pids are not attacker-chosen keys of note).
 use foldhash::{HashMap, HashSet};
-use retry_common::{ConnInfo, ConnKey, KIND_SUMMARY, SUMMARY_HEAD, SummaryRecord};
+use retry_common::{ConnInfo, ConnKey, KIND_SUMMARY, KIND_TALLY, SUMMARY_HEAD, SummaryRecord};
 use tokio::io::unix::AsyncFd;
 
 use super::{
@@ -283,6 +283,10 @@ impl Reader {
                 let _ = self.conns.remove(&key);
                 if let Ok(h) = self.held.get(&key, 0) {
                     let _ = self.held.remove(&key);
+                    // What it counted and did not send goes as the kernel's close would, first.
+                    if h.weight > 0 && !self.release_tally(h, ev.ts_ns()) {
+                        return false;
+                    }
                     // An entry that holds nothing is the connection's, kept for its next request.
                     if h.kind == KIND_SUMMARY && !self.release_held(&h) {
                         return false;
@@ -354,6 +358,33 @@ impl Reader {
         // The request's header and its bytes lie one after the other, a data record as it is.
         let at = std::mem::offset_of!(SummaryRecord, request);
         let raw = all.get(at..SUMMARY_HEAD + captured).unwrap_or_default();
+        match decode::decode_in(raw, Some(&mut self.arena)) {
+            Ok(ev) => self.send(ev),
+            Err(_) => {
+                self.stats.0.decode_errors.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+        }
+    }
+
+    /// The tally of the quiet exchanges entry `h` counted, timed `now`, as the kernel sends one.
+    /// Returns false when the consumer is gone.
+    fn release_tally(&mut self, mut h: SummaryRecord, now: u64) -> bool {
+        h.kind = KIND_TALLY;
+        h.status = 0;
+        h.response.ts_enter_ns = now;
+        h.response.ts_exit_ns = now;
+        let captured = usize::try_from(h.request.captured)
+            .unwrap_or(usize::MAX)
+            .min(h.bytes.len());
+        // SAFETY: as in `release_held`.
+        let all = unsafe {
+            std::slice::from_raw_parts(
+                (&h as *const SummaryRecord).cast::<u8>(),
+                size_of::<SummaryRecord>(),
+            )
+        };
+        let raw = all.get(..SUMMARY_HEAD + captured).unwrap_or_default();
         match decode::decode_in(raw, Some(&mut self.arena)) {
             Ok(ev) => self.send(ev),
             Err(_) => {

@@ -623,8 +623,11 @@ impl Engine {
     /// Feed one completed exchange; verdicts for failed inbound exchanges are appended to `out`
     /// (possibly later, once the context window closes, from `tick` or a later `push`).
     pub fn push(&mut self, ex: &Exchange, out: &mut Vec<Verdict>) {
-        self.stats.exchanges += 1;
+        self.stats.exchanges += u64::from(ex.weight);
         match ex.role {
+            // Quiet exchanges the kernel counted (`Exchange::tally`): counts only.
+            Role::Client if ex.tally => self.tally_calls(ex),
+            Role::Server if ex.tally => self.tally_served(ex),
             Role::Client => self.push_client(ex),
             Role::Server => self.push_server(ex, out),
             // Unresolved side: nothing sound to say about it.

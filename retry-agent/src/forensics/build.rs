@@ -70,7 +70,8 @@ pub(super) fn build(
         },
         source,
         replay_check: None,
-        exchanges: d.exchanges.len() as u64,
+        // A summary stands for its weight, a tally for the exchanges it counted.
+        exchanges: d.exchanges.iter().map(|x| u64::from(x.weight)).sum(),
         failed_exchanges: d.exchanges.iter().filter(|x| x.failed()).count() as u64,
         verdict_links: verdict_links(&d.verdicts),
         verdicts,
@@ -213,7 +214,8 @@ fn fault_and_recovery(d: &Derived, any_failure: bool, clock: &Clock<'_>) -> Vec<
     ) && let Some(ok) = d
         .exchanges
         .iter()
-        .filter(|x| !x.failed() && x.end_ns() > last.end_ns())
+        // A tally's time is when the kernel sent its count, not when they went well.
+        .filter(|x| !x.failed() && !x.tally && x.end_ns() > last.end_ns())
         .min_by_key(|x| x.end_ns())
     {
         t.push(clock.entry(

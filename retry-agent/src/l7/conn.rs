@@ -83,6 +83,15 @@ impl Emitter<'_> {
         {
             ex.handler_end_ns = Some(next);
         }
+        if ex.tally {
+            // Counts, not an exchange: no thread read it here, nothing answers it.
+            self.stats.counted_exchanges += u64::from(ex.weight);
+            ex.id = ExchangeId(*self.next_id);
+            *self.next_id += 1;
+            self.out.push(ex);
+            return;
+        }
+        self.stats.counted_exchanges += u64::from(ex.weight.saturating_sub(1));
         if ex.role == Role::Server {
             ex.sole_on_thread =
                 self.inbound
@@ -285,9 +294,22 @@ impl Conn {
         p.resp_start = Some(resp_ctx);
         p.resp_end_ts = Some(resp.ts_exit_ns);
         p.resp_bytes = resp.len;
-        em.request_read(&info, &req_ctx);
-        em.stats.summarised_exchanges += 1;
-        em.emit(p.into_exchange(&info, None));
+        let mut ex = p.into_exchange(&info, None);
+        ex.weight = s.weight;
+        if s.is_tally() {
+            // Quiet exchanges the kernel counted: its request is the connection's last held
+            // one, which names the route they were on; each had a 2xx/3xx status, none of
+            // which it says.
+            ex.tally = true;
+            ex.status = None;
+            ex.outcome = crate::l7::OutcomeClass::Success;
+            ex.failure = None;
+            ex.unknown = false;
+        } else {
+            em.request_read(&info, &req_ctx);
+            em.stats.summarised_exchanges += 1;
+        }
+        em.emit(ex);
     }
 
     fn feed(

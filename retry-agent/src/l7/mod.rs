@@ -133,6 +133,9 @@ pub struct L7Stats {
     pub unknown_exchanges: u64,
     /// Of which made from a kernel summary (`--capture-summarize`): no headers were read.
     pub summarised_exchanges: u64,
+    /// Quiet exchanges the kernel counted and did not send (`--capture-summary-every`): in
+    /// the weights of summaries and tallies, not in `exchanges`.
+    pub counted_exchanges: u64,
     /// Bytes seen on connections that are not HTTP (counted, not parsed).
     pub opaque_bytes: u64,
     /// HTTP/2 streams bound to a request context by a Go probe (`ConnEventKind::Stream`).

@@ -1253,6 +1253,7 @@ pub(super) fn summary_of(fd: u32, role: Role, ts: u64, request: &[u8], status: u
         request: part(req_dir, ts, 300, request),
         response: part(resp_dir, ts + 50, 1200, b""),
         status,
+        weight: 1,
     })
 }
 
@@ -1383,5 +1384,53 @@ fn a_summary_reads_its_requests_fields_as_a_whole_one() {
     assert_eq!(
         (&s.method, &s.authority, &s.path, s.query_hash, s.trace_id),
         (&w.method, &w.authority, &w.path, w.query_hash, w.trace_id)
+    );
+}
+
+#[test]
+fn weighted_summaries_and_tallies_carry_their_counts() {
+    let weighted = |ev: Event, weight: u32, tally: bool| match ev {
+        Event::Summary(s) => Event::Summary(crate::capture::SummaryEvent {
+            weight,
+            status: if tally { 0 } else { s.status },
+            ..s
+        }),
+        _ => unreachable!(),
+    };
+    let events = [
+        conn_ev(3, Role::Server, 1, ConnEventKind::Accept),
+        weighted(
+            summary(3, Role::Server, 10, b"GET /a HTTP/1.1", 200),
+            16,
+            false,
+        ),
+        weighted(
+            summary(3, Role::Server, 100, b"GET /b HTTP/1.1", 200),
+            5,
+            true,
+        ),
+        conn_ev(3, Role::Server, 200, ConnEventKind::Close),
+    ];
+    let (out, stats) = run(&events);
+    let got: Vec<_> = out
+        .iter()
+        .map(|x| (x.weight, x.tally, x.outcome, x.status, x.route.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (16, false, OutcomeClass::Success, Some(200), Some("/a")),
+            // The count, on the route of the connection's last held request; no status.
+            (5, true, OutcomeClass::Success, None, Some("/b")),
+        ]
+    );
+    // 15 counted with the summary, 5 in the tally; the tally is no exchange of its own.
+    assert_eq!(
+        (
+            stats.exchanges,
+            stats.summarised_exchanges,
+            stats.counted_exchanges
+        ),
+        (1, 1, 20)
     );
 }

@@ -147,6 +147,7 @@ pub struct Metrics {
     recorder_history: GaugeF,
     l7_exchanges: Counter,
     l7_summarised_exchanges: Counter,
+    l7_counted_exchanges: Counter,
     l7_evictions: Counter,
     l7_stream_bindings: Family<BindingLabels, Counter>,
 }
@@ -200,6 +201,7 @@ impl Metrics {
             recorder_history: GaugeF::default(),
             l7_exchanges: Counter::default(),
             l7_summarised_exchanges: Counter::default(),
+            l7_counted_exchanges: Counter::default(),
             l7_evictions: Counter::default(),
             l7_stream_bindings: Family::default(),
             registry: Registry::default(),
@@ -378,6 +380,11 @@ impl Metrics {
             "l7_summarised_exchanges",
             "Of the exchanges, those made from a kernel summary (--capture-summarize): a quiet exchange's request line, status and times, no headers",
             m.l7_summarised_exchanges.clone(),
+        );
+        registry.register(
+            "l7_counted_exchanges",
+            "Quiet exchanges the kernel counted and did not send (--capture-summary-every): in the edge and service figures through their summaries' weights, not in l7_exchanges",
+            m.l7_counted_exchanges.clone(),
         );
         registry.register(
             "l7_evictions",
@@ -613,6 +620,7 @@ impl Metrics {
     pub fn observe_l7(&self, l: &crate::l7::L7Stats) {
         set_counter(&self.l7_exchanges, l.exchanges);
         set_counter(&self.l7_summarised_exchanges, l.summarised_exchanges);
+        set_counter(&self.l7_counted_exchanges, l.counted_exchanges);
         set_counter(&self.l7_evictions, l.evictions());
         for (result, n) in [
             ("bound", l.stream_bindings),

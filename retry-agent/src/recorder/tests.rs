@@ -977,6 +977,7 @@ fn a_kernel_summary_reaches_a_dump_with_its_query_masked() {
             ..part(data(3, Direction::Ingress, 20, b""))
         },
         status: 200,
+        weight: 1,
     };
     r.record(Record::Event(data(3, Direction::Egress, 1, SECRET_REQ)));
     r.record(Record::Event(Event::Summary(s.clone())));

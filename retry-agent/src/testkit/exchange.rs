@@ -80,7 +80,22 @@ impl ExchangeBuilder {
             handler_end_ns: None,
             threads_multiplexed: false,
             ended_ns: None,
+            weight: 1,
+            tally: false,
         })
+    }
+
+    /// A summary standing for `w` quiet exchanges of its connection.
+    pub fn weight(mut self, w: u32) -> Self {
+        self.0.weight = w;
+        self
+    }
+
+    /// A tally of `n` quiet exchanges counted on its connection.
+    pub fn tally(mut self, n: u32) -> Self {
+        self.0.weight = n;
+        self.0.tally = true;
+        self
     }
 
     /// An inbound exchange: `pid` read a request on `tid` at `local` from `remote`.

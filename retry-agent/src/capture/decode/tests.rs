@@ -334,7 +334,12 @@ fn payloads_from_the_arena_equal_copied_ones() {
     }
 }
 
-fn summary_record(line: &[u8], status: u32) -> Vec<u8> {
+fn summary_record(line: &[u8], status: u16) -> Vec<u8> {
+    record_of(retry_common::KIND_SUMMARY, line, status, 1)
+}
+
+/// A `SummaryRecord` of `kind` (summary or tally) as the kernel sends it.
+fn record_of(kind: u32, line: &[u8], status: u16, weight: u16) -> Vec<u8> {
     let request = DataHeader {
         kind: KIND_DATA,
         syscall: syscall::RECVFROM,
@@ -366,8 +371,9 @@ fn summary_record(line: &[u8], status: u32) -> Vec<u8> {
         ..request
     };
     let mut r = retry_common::SummaryRecord {
-        kind: retry_common::KIND_SUMMARY,
+        kind,
         status,
+        weight,
         response,
         request,
         bytes: [0; retry_common::HELD_BYTES],
@@ -424,7 +430,8 @@ fn malformed_summaries_are_errors() {
     padded.resize(size_of::<retry_common::SummaryRecord>(), 0xAA);
     assert_eq!(decode(&padded).ok(), decode(&good).ok());
     assert!(decode(&good).is_ok());
-    assert!(decode(&summary_record(b"GET / HTTP/1.1\r\n", 70_000)).is_err());
+    // A summary says its status; only a tally has none.
+    assert!(decode(&summary_record(b"GET / HTTP/1.1\r\n", 0)).is_err());
     // An inner header that is not a data header (the kernel's copy failed).
     let mut bad = good.clone();
     let at = std::mem::offset_of!(retry_common::SummaryRecord, request);
@@ -435,4 +442,26 @@ fn malformed_summaries_are_errors() {
     let captured = at + std::mem::offset_of!(DataHeader, captured);
     long[captured..captured + 4].copy_from_slice(&u32::MAX.to_le_bytes());
     assert!(decode(&long).is_err());
+}
+
+#[test]
+fn weights_and_tallies() {
+    use retry_common::{KIND_SUMMARY, KIND_TALLY};
+    let line = b"GET /a HTTP/1.1\r\n";
+    let Ok(Event::Summary(s)) = decode(&record_of(KIND_SUMMARY, line, 200, 16)) else {
+        panic!("not a summary")
+    };
+    assert_eq!((s.status, s.weight, s.is_tally()), (200, 16, false));
+    // A kernel that does not weigh (0) sends each: one.
+    let Ok(Event::Summary(s)) = decode(&record_of(KIND_SUMMARY, line, 200, 0)) else {
+        panic!("not a summary")
+    };
+    assert_eq!(s.weight, 1);
+    // A tally: the count, the connection's last request for its identity, no status (whatever
+    // the entry's field held from its last summary).
+    let Ok(Event::Summary(t)) = decode(&record_of(KIND_TALLY, line, 204, 5)) else {
+        panic!("not a tally")
+    };
+    assert_eq!((t.status, t.weight, t.is_tally()), (0, 5, true));
+    assert_eq!(&t.request.payload[..], line);
 }

@@ -23,7 +23,7 @@ impl Engine {
     /// process-wide histories, its thread window, then its verdict queued (failed) or what its
     /// success teaches the failure memory.
     pub(super) fn push_server(&mut self, ex: &Exchange, out: &mut Vec<Verdict>) {
-        self.stats.inbound += 1;
+        self.stats.inbound += u64::from(ex.weight);
         let svc = self.svc_for(ex.pid, ex.local);
         self.remember_listener(ex);
         // The caller went away (gave up, reset): a timeout mismatch, not this service's error, so
@@ -80,10 +80,19 @@ impl Engine {
         }
     }
 
+    /// A server's tally: quiet requests the kernel counted, served, in the service's bucket;
+    /// nothing else (no window, no verdict: none of them is this).
+    pub(super) fn tally_served(&mut self, ex: &Exchange) {
+        self.stats.inbound += u64::from(ex.weight);
+        let svc = self.svc_for(ex.pid, ex.local);
+        self.book_served(ex, svc, false);
+    }
+
+    /// A summary's weight counts as that many requests served.
     fn book_served(&mut self, ex: &Exchange, svc: u32, failed: bool) {
         let ep = self.epoch(ex.request_start_ns);
         if let Some(b) = self.svcs.get_mut(svc as usize).and_then(|s| s.ring.at(ep)) {
-            b.served += 1;
+            b.served = b.served.saturating_add(ex.weight);
             b.failures += u32::from(failed);
         }
     }

@@ -26,7 +26,7 @@ impl Engine {
     /// One client-side exchange, in named steps: its edge and retry, the callee's claim it
     /// carries, the counters and the edge's bucket, then the child it is of its thread.
     pub(super) fn push_client(&mut self, ex: &Exchange) {
-        self.stats.outbound += 1;
+        self.stats.outbound += u64::from(ex.weight);
         let edge = self.edge_for(ex.pid, ex.remote);
         let tuple = tuple_key(ex.local, ex.remote);
         if let Some(local) = ex.local {
@@ -161,19 +161,23 @@ impl Engine {
     }
 
     /// The edge's totals and its time bucket.
+    /// A summary's weight counts as that many calls, those the kernel counted before it as
+    /// first attempts (quiet ones: what follows a failure is sent whole).
     fn book_call(&mut self, ex: &Exchange, c: &Call) {
         if let Some(e) = self.edges.get_mut(c.edge as usize) {
-            e.requests_total += 1;
+            e.requests_total += u64::from(ex.weight);
             e.retries_total += u64::from(c.retry);
         }
         let Some(b) = self.edge_bucket(c.edge, ex.request_start_ns) else {
             return;
         };
-        b.requests += 1;
+        b.requests = b.requests.saturating_add(ex.weight);
+        let counted = ex.weight.saturating_sub(1);
         if c.retry {
             b.retries += 1;
+            b.first = b.first.saturating_add(counted);
         } else {
-            b.first += 1;
+            b.first = b.first.saturating_add(ex.weight);
         }
         b.failures += u32::from(c.failed);
         b.hedged += u32::from(c.hedged);
@@ -201,6 +205,20 @@ impl Engine {
             {
                 *n += 1;
             }
+        }
+    }
+
+    /// A client's tally: quiet calls the kernel counted, first attempts that went well, on the
+    /// edge and in its bucket; nothing else (no retry, no child: none of them is this).
+    pub(super) fn tally_calls(&mut self, ex: &Exchange) {
+        self.stats.outbound += u64::from(ex.weight);
+        let edge = self.edge_for(ex.pid, ex.remote);
+        if let Some(e) = self.edges.get_mut(edge as usize) {
+            e.requests_total += u64::from(ex.weight);
+        }
+        if let Some(b) = self.edge_bucket(edge, ex.request_start_ns) {
+            b.requests = b.requests.saturating_add(ex.weight);
+            b.first = b.first.saturating_add(ex.weight);
         }
     }
 

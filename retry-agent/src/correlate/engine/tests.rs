@@ -3006,3 +3006,49 @@ fn callers_sharing_a_local_address_are_told_apart_by_their_destination() {
     assert_eq!(caller(&mut w, b_id).as_deref(), Some("a"));
     assert_eq!(caller(&mut w, via_vip).as_deref(), Some("d"));
 }
+
+/// `--capture-summary-every`: a summary counts as its weight, a tally as the calls it counted,
+/// and neither count is a call the engine reads more into (a tally is no attempt a later call
+/// retries, and no request served).
+#[test]
+fn weights_and_tallies_count_and_say_nothing_else() {
+    let mut w = World::new();
+    let t = 10_000 * MS;
+    let remote = addr("203.0.113.9:443");
+    let call = |id, port, at: u64| X::client(id, A, 100, eph(A, port), remote, at, at + MS);
+    let id = w.id();
+    w.push(call(id, 1, t).route("/r").status(200).weight(16).build());
+    let id = w.id();
+    w.push(call(id, 1, t + 10 * MS).route("/r").tally(5).build());
+    // The same request failing, then retried: one retry, whatever was counted before.
+    let id = w.id();
+    w.push(call(id, 2, t + 20 * MS).route("/r").status(503).build());
+    let id = w.id();
+    w.push(call(id, 2, t + 30 * MS).route("/r").status(200).build());
+    // A served tally and a weighted inbound summary.
+    let from = addr("192.168.1.1:5000");
+    let id = w.id();
+    w.push(
+        X::server(id, B, 200, svc(B), from, t, t + MS)
+            .status(200)
+            .weight(8)
+            .build(),
+    );
+    let id = w.id();
+    w.push(
+        X::server(id, B, 200, svc(B), from, t + MS, t + 2 * MS)
+            .tally(3)
+            .build(),
+    );
+    let s = w.e.stats();
+    assert_eq!((s.exchanges, s.outbound, s.inbound), (34, 23, 11));
+    assert_eq!(s.retries, 1);
+    w.e.tick(t + 5_000 * MS, &mut w.v);
+    let e = w.edge("a", "203.0.113.9:443");
+    assert_eq!((e.requests, e.retries, e.first_attempts), (23, 1, 22));
+    assert!(
+        w.finish().is_empty(),
+        "no verdict on quiet counts: {:?}",
+        w.v
+    );
+}

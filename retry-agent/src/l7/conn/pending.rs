@@ -136,6 +136,8 @@ impl Pending {
             handler_end_ns: None,
             threads_multiplexed: false,
             ended_ns: self.conn_ended,
+            weight: 1,
+            tally: false,
         }
     }
 }

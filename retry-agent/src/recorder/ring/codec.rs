@@ -169,8 +169,13 @@ fn put_addr(buf: &mut Vec<u8>, a: &SocketAddr) {
 /// shares its request's connection; the ring reads the length it wrote, so a bound is enough
 /// and the two are not compared twice per summary.
 pub(super) fn summary_len(s: &SummaryEvent) -> usize {
-    2 + 8 + meta_len(&s.request) + 1 + meta_len(&s.response) + s.request.payload.len()
+    2 + 8 + meta_len(&s.request) + 1 + 4 + meta_len(&s.response) + s.request.payload.len()
 }
+
+/// The marker byte after a summary's request: its answer shares the request's connection
+/// (`same_conn`), and a weight other than 1 follows (4 bytes).
+const SAME_CONN: u8 = 1;
+const WEIGHTED: u8 = 2;
 
 /// Whether a summary's answer has its request's connection and tuple (always, but for a
 /// connection whose tuple the kernel learnt between the two): then they are kept once, the
@@ -184,11 +189,15 @@ pub(super) fn put_summary(buf: &mut Vec<u8>, s: &SummaryEvent) {
     buf.extend_from_slice(&s.status.to_le_bytes());
     buf.extend_from_slice(&s.request.ts_exit_ns.to_le_bytes());
     put_meta(buf, &s.request);
-    if same_conn(s) {
-        buf.push(1);
+    let same = same_conn(s);
+    let weighted = s.weight != 1;
+    buf.push(if same { SAME_CONN } else { 0 } | if weighted { WEIGHTED } else { 0 });
+    if weighted {
+        buf.extend_from_slice(&s.weight.to_le_bytes());
+    }
+    if same {
         put_fields(buf, &s.response, false);
     } else {
-        buf.push(0);
         put_meta(buf, &s.response);
     }
     buf.extend_from_slice(&s.request.payload);
@@ -200,13 +209,18 @@ pub(super) fn decode_summary(ts_exit_ns: u64, b: &[u8]) -> Option<SummaryEvent> 
     let status = r.u16()?;
     let request_exit = r.u64()?;
     let request = read_meta(&mut r, request_exit)?;
-    let response = match r.u8()? {
-        0 => read_meta(&mut r, ts_exit_ns)?,
-        1 => DataEvent {
+    let marker = r.u8()?;
+    if marker & !(SAME_CONN | WEIGHTED) != 0 {
+        return None;
+    }
+    let weight = if marker & WEIGHTED != 0 { r.u32()? } else { 1 };
+    let response = if marker & SAME_CONN != 0 {
+        DataEvent {
             tuple: request.tuple,
             ..read_fields(&mut r, request.conn, ts_exit_ns)?
-        },
-        _ => return None,
+        }
+    } else {
+        read_meta(&mut r, ts_exit_ns)?
     };
     Some(SummaryEvent {
         request: DataEvent {
@@ -215,6 +229,7 @@ pub(super) fn decode_summary(ts_exit_ns: u64, b: &[u8]) -> Option<SummaryEvent> 
         },
         response,
         status,
+        weight,
     })
 }
 

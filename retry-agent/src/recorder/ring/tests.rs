@@ -102,6 +102,7 @@ fn summaries_come_back_as_they_went_in() {
             request,
             response,
             status: 204,
+            weight: 1,
         }
     };
     let mut ring = Ring::default();
@@ -121,9 +122,22 @@ fn summaries_come_back_as_they_went_in() {
             _ => panic!("not a summary"),
         })
         .collect();
-    assert_eq!(got, vec![same, learnt]);
+    assert_eq!(got, vec![same.clone(), learnt]);
     // The learnt one keeps its answer's connection (and would its tuple, had it one).
     assert_eq!(ring.bytes - after_same, after_same + 16);
+    // A weight other than one takes 4 bytes, and comes back; so does a tally's.
+    for (status, weight) in [(204, 16), (0, 3)] {
+        let mut ring = Ring::default();
+        let weighted = SummaryEvent {
+            status,
+            weight,
+            ..same.clone()
+        };
+        ring.push_summary(&weighted, |b| b.len());
+        assert_eq!(ring.bytes, compact + 4);
+        let back = ring.iter().map(|(_, e)| e.to_record()).next().flatten();
+        assert!(matches!(back, Some(Record::Event(Event::Summary(s))) if s == weighted));
+    }
 }
 
 #[test]
@@ -348,6 +362,8 @@ fn full_exchange() -> Exchange {
         handler_end_ns: Some(27),
         threads_multiplexed: true,
         ended_ns: Some(28),
+        weight: 29,
+        tally: true,
     }
 }
 

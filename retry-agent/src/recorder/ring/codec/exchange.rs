@@ -41,6 +41,8 @@ const RETRY_AFTER: u32 = 1 << 26;
 const UNKNOWN: u32 = 1 << 27;
 const SOLE_ON_THREAD: u32 = 1 << 28;
 const THREADS_MULTIPLEXED: u32 = 1 << 29;
+const WEIGHT: u32 = 1 << 30;
+const TALLY: u32 = 1 << 31;
 
 /// Appends `x`'s encoding to `buf`.
 pub(in crate::recorder::ring) fn put_exchange(buf: &mut Vec<u8>, x: &Exchange) {
@@ -91,6 +93,8 @@ pub(in crate::recorder::ring) fn put_exchange(buf: &mut Vec<u8>, x: &Exchange) {
         handler_end_ns,
         threads_multiplexed,
         ended_ns,
+        weight,
+        tally,
     } = x;
     let word_at = buf.len();
     buf.extend_from_slice(&[0; 4]);
@@ -143,6 +147,7 @@ pub(in crate::recorder::ring) fn put_exchange(buf: &mut Vec<u8>, x: &Exchange) {
     w.opt(HANDLER_START, *handler_start_ns, Writer::u64);
     w.opt(HANDLER_END, *handler_end_ns, Writer::u64);
     w.opt(ENDED, *ended_ns, Writer::u64);
+    w.opt(WEIGHT, (*weight != 1).then_some(*weight), Writer::u32);
     for (set, bit) in [
         (*idempotent, IDEMPOTENT),
         (*idempotency_key, IDEMPOTENCY_KEY),
@@ -150,6 +155,7 @@ pub(in crate::recorder::ring) fn put_exchange(buf: &mut Vec<u8>, x: &Exchange) {
         (*unknown, UNKNOWN),
         (*sole_on_thread, SOLE_ON_THREAD),
         (*threads_multiplexed, THREADS_MULTIPLEXED),
+        (*tally, TALLY),
     ] {
         if set {
             w.word |= bit;
@@ -210,6 +216,7 @@ pub(in crate::recorder::ring) fn decode_exchange(b: &[u8]) -> Option<Exchange> {
     let handler_start_ns = opt!(HANDLER_START, r.u64());
     let handler_end_ns = opt!(HANDLER_END, r.u64());
     let ended_ns = opt!(ENDED, r.u64());
+    let weight = opt!(WEIGHT, r.u32()).unwrap_or(1);
     // A record is exactly its fields: anything left over says it was not an exchange.
     r.0.is_empty().then_some(Exchange {
         id,
@@ -251,6 +258,8 @@ pub(in crate::recorder::ring) fn decode_exchange(b: &[u8]) -> Option<Exchange> {
         handler_end_ns,
         threads_multiplexed: has(THREADS_MULTIPLEXED),
         ended_ns,
+        weight,
+        tally: has(TALLY),
     })
 }
 
