@@ -32,8 +32,15 @@
 //! matches the one given up, and `correlate` takes an attempt reported after the one that
 //! followed it (its out-of-order hedge).
 //!
+//! With `Config::summary_every` N > 1 a connection's quiet exchanges are counted in its `HELD`
+//! entry (`weight`) and one in N is sent, weighted with those counted before it, while its last
+//! record is within `Config::summary_window_ns` (`counted`); what is counted goes before
+//! anything else of the connection, as a tally (`tally`, from `release` and `close`; a
+//! connection with counts is flagged `CONN_COUNTED`, so a record sent whole finds them without a
+//! lookup).
+//!
 //! What is given up is what a summarised response's own bytes would say: its headers and its
-//! size past its first record.
+//! size past its first record; and, counted, what its times and threads would.
 use core::{
     ffi::c_void,
     intrinsics::{AtomicOrdering, atomic_xadd},
@@ -508,10 +515,12 @@ pub fn release_if_on(key: &ConnKey) {
     }
 }
 
-/// Connection `key` (the fd it was opened as) closes: what it held goes first, and its `HELD`
-/// entry goes.
+/// Connection `key` (the fd it was opened as, `info`) closes: what it counted and held goes
+/// first, and its `HELD` entry goes. A client closing on a request that got no answer gave up
+/// on it: a failure of its thread and of that destination (`mark_failed`), so what the thread
+/// answers next and the retry that may follow are read whole, not counted.
 #[inline(always)]
-pub fn close(key: &ConnKey) {
+pub fn close(pid_tgid: u64, key: &ConnKey, info: &ConnInfo) {
     if config().flags & config_flags::SUMMARIZE == 0 {
         return;
     }
@@ -523,6 +532,9 @@ pub fn close(key: &ConnKey) {
     // SAFETY: a map value, valid for this program run.
     if unsafe { (*h).kind } == KIND_SUMMARY {
         send_held(h);
+        if info.role == role::CLIENT {
+            mark_failed(pid_tgid, info, crate::ctx::now());
+        }
     }
     let _ = HELD.remove(key);
 }
@@ -607,7 +619,7 @@ fn tally(h: *mut SummaryRecord) {
         if (*h).weight == 0 {
             return;
         }
-        let now = generated::bpf_ktime_get_ns();
+        let now = crate::ctx::now();
         let size = size_of::<SummaryRecord>();
         let Some(mut e) = EVENTS.reserve::<SummaryRecord>(0) else {
             count_drop();

@@ -223,6 +223,15 @@ fn memory_limit_and_bounds_follow_the_values() {
         env(&c, "RETRY_AGENT_CAPTURE_SUMMARIZE"),
         Some(summarize.to_string())
     );
+    let every = int(&v["capture"]["summaryEvery"]);
+    assert_eq!(
+        every,
+        u64::from(retry_agent::capture::CaptureConfig::default().summary_every)
+    );
+    assert_eq!(
+        env(&c, "RETRY_AGENT_CAPTURE_SUMMARY_EVERY"),
+        Some(every.to_string())
+    );
     let image = format!(
         "{}:{}",
         v["image"]["repository"].as_str().unwrap(),

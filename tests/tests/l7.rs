@@ -20,11 +20,14 @@ use retry_agent::{
 };
 
 /// Capture with the largest payload prefix, so header blocks are whole (the default of 256
-/// bytes is exercised by the unit tests' truncation cases).
+/// bytes is exercised by the unit tests' truncation cases), and each quiet exchange sent: these
+/// tests compare exchanges one by one with what the peers logged (counted ones keep their
+/// counts, `capture::counted_quiet_exchanges_keep_their_counts`, not each exchange).
 fn load_capture() -> Option<Capture> {
     load_with(&CaptureConfig {
         payload_bytes: 4096,
         tls: true,
+        summary_every: 1,
         ..CaptureConfig::default()
     })
 }

@@ -388,7 +388,7 @@ pub(crate) fn forget_fd(pid_tgid: u64, fd: u32) {
         return;
     }
     // A request that got no answer goes before the close that ends it.
-    crate::summary::close(&key);
+    crate::summary::close(pid_tgid, &key, &info);
     emit_conn(
         conn_kind::CLOSE,
         pid_tgid,
