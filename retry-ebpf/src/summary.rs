@@ -232,9 +232,7 @@ fn request(io: &Io<'_>) {
         // SAFETY: slot 0 of the scratch holds `got` ≤ HELD_BYTES bytes of payload.
         if unsafe { hold(&own, h, buf.add(size_of::<DataHeader>()), got) } {
             io.set_flags(CONN_HELD, 0);
-            if let Some(p) = &prior
-                && let Some(ph) = held(p)
-            {
+            if let Some((_, ph)) = prior {
                 // It waited while this one was read.
                 // SAFETY: a map value, valid for this program run.
                 unsafe { (*ph).request.flags |= data_flags::INTERLEAVED };
@@ -248,8 +246,8 @@ fn request(io: &Io<'_>) {
     if let Some(t) = t {
         // Sent whole: what the thread read before it goes first, in its place (unflagged if
         // it was alone: userspace sees the two reads in their order).
-        if let Some(p) = &prior {
-            release(p);
+        if let Some((_, ph)) = prior {
+            release_entry(ph);
         }
         // SAFETY: a map value, valid for this program run; only this thread writes `conn`.
         unsafe { (*t).conn = NO_CONN };
@@ -333,36 +331,51 @@ fn hold_on(thread: u64, t: Option<*mut ThreadHeld>, own: ConnKey) {
     }
 }
 
-/// The connection of the request `t`'s thread holds and read last, if that is not `own` and
-/// it is still held.
+/// The connection of the request `t`'s thread holds and read last, and its `HELD` entry, if
+/// that is not `own` and it is still held.
 #[inline(always)]
-fn held_elsewhere(t: Option<*mut ThreadHeld>, own: &ConnKey) -> Option<ConnKey> {
+fn held_elsewhere(
+    t: Option<*mut ThreadHeld>,
+    own: &ConnKey,
+) -> Option<(ConnKey, *mut SummaryRecord)> {
     let t = t?;
     // SAFETY: a map value, valid for this program run.
     let conn = unsafe { (*t).conn };
-    (conn != NO_CONN && conn != *own && held(&conn).is_some()).then_some(conn)
+    if conn == NO_CONN || conn == *own {
+        return None;
+    }
+    held(&conn).map(|h| (conn, h))
 }
 
 #[inline(always)]
 fn response(io: &Io<'_>) {
     let (info, own) = (io.info, io.own());
+    // Looked up once: what follows reads it (a lookup is ~50 ns, a busy server's answer made
+    // five before).
+    let own_h = if info.flags & CONN_HELD != 0 {
+        held(&own)
+    } else {
+        None
+    };
     if info.role == role::SERVER
         && let Some(t) = THREAD_HELD.get_ptr_mut(&io.pid_tgid)
     {
-        // What this thread holds of another connection came before this answer, unless this
-        // answer's own request is one the thread held too: that one was flagged when a later
-        // one was read (which was flagged as read among held ones), so userspace needs no
-        // order.
-        let prior = held_elsewhere(Some(t), &own);
-        let keep = prior.is_some()
-            && info.flags & CONN_HELD != 0
-            // SAFETY: a map value, valid for this program run.
-            && held(&own).is_some_and(|h| unsafe { (*h).request.tid } == io.pid_tgid as u32);
         // SAFETY: a map value, valid for this program run; only this thread writes `conn`.
         let t = unsafe { &mut *t };
-        if !keep {
-            if let Some(p) = &prior {
-                release(p);
+        // SAFETY: a map value, valid for this program run.
+        let mine = own_h.is_some_and(|h| unsafe { (*h).request.tid } == io.pid_tgid as u32);
+        if mine {
+            // This answer's own request is one the thread held: one it held of another
+            // connection since was flagged with it when read (and it when the next was), so
+            // userspace needs no order and that one stays held. `conn` may be left naming a
+            // connection no longer held: `held_elsewhere` checks.
+            if t.conn == own {
+                t.conn = NO_CONN;
+            }
+        } else {
+            // What this thread holds of another connection came before this answer.
+            if let Some((_, ph)) = held_elsewhere(Some(t), &own) {
+                release_entry(ph);
             }
             t.conn = NO_CONN;
         }
@@ -389,7 +402,7 @@ fn response(io: &Io<'_>) {
     }
     if info.flags & CONN_HELD != 0 {
         io.set_flags(0, CONN_HELD);
-        if let Some(h) = held(&own) {
+        if let Some(h) = own_h {
             // The status line alone decides: a summarised answer's other bytes are never
             // copied (a 1 KiB prefix was a fifth of nginx's eBPF time per request).
             let peeked = copy_payload(io.src, STATUS_LINE.min(io.io.1));
@@ -442,11 +455,17 @@ fn response(io: &Io<'_>) {
 #[inline(always)]
 pub fn release(key: &ConnKey) {
     if let Some(h) = HELD.get_ptr_mut(key) {
-        tally(h);
-        // SAFETY: a map value, valid for this program run.
-        if unsafe { (*h).kind } == KIND_SUMMARY {
-            send_held(h);
-        }
+        release_entry(h);
+    }
+}
+
+/// `release` of the connection whose `HELD` entry is `h`.
+#[inline(always)]
+fn release_entry(h: *mut SummaryRecord) {
+    tally(h);
+    // SAFETY: a map value, valid for this program run.
+    if unsafe { (*h).kind } == KIND_SUMMARY {
+        send_held(h);
     }
 }
 
