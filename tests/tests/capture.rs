@@ -1177,6 +1177,68 @@ async fn counted_quiet_exchanges_keep_their_counts() {
     assert_eq!((s.outbound, s.inbound), (61, 61), "{s:?}");
 }
 
+/// A client that gives up on a call (closes its connection with the request unanswered) failed
+/// it: its next calls to that destination are read whole, not counted, so a retry that follows
+/// a timeout on a pooled connection is seen. 20 quiet calls on one keep-alive connection, one
+/// given up on another, then 5 more on the first: those 5 arrive whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_makes_its_destination_read_whole() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load_with(&retry_agent::capture::CaptureConfig {
+        summarize: true,
+        summary_sample: 0,
+        summary_every: 8,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let (evs, _, client) = server_and_client(&mut cap, "giving_up.py", "done").await;
+    let line = |p: &[u8]| {
+        String::from_utf8_lossy(p)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let after_whole = data_events(&evs)
+        .iter()
+        .filter(|d| d.pid == client && d.payload.starts_with(b"GET /after/"))
+        .count();
+    let after_summarised: Vec<String> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Event::Summary(s)
+                if s.request.pid == client && s.request.payload.starts_with(b"GET /after/") =>
+            {
+                Some(line(&s.request.payload))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        (after_whole, after_summarised.len()),
+        (5, 0),
+        "{after_summarised:?}\n{}",
+        dump(&evs)
+    );
+    // Before it, the first connection's quiet calls were counted: 20 in a few records.
+    let before: Vec<u32> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Event::Summary(s)
+                if s.request.pid == client && s.request.payload.starts_with(b"GET /ok/") =>
+            {
+                Some(s.weight)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(before.iter().sum::<u32>(), 20, "{before:?}");
+    assert!(before.len() < 20, "{before:?}");
+}
+
 /// Runs the Python fixture `name` as `server`, then as `client` of it, which prints `said`;
 /// returns the events of both and their pids (server, client).
 async fn server_and_client(
