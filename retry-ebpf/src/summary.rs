@@ -433,7 +433,7 @@ fn response(io: &Io<'_>) {
                 }
                 return;
             }
-            release(&own);
+            release_entry(h);
             io.set_flags(0, CONN_COUNTED);
         }
     }

@@ -413,6 +413,8 @@ pub struct ServiceClaim {
 /// Engine counters since start (for metrics).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EngineStats {
+    /// Exchanges pushed, each by its weight (a summary stands for the quiet ones the kernel
+    /// counted before it, a tally for those it counted): inbound + outbound.
     pub exchanges: u64,
     pub inbound: u64,
     pub outbound: u64,

@@ -3007,9 +3007,9 @@ fn callers_sharing_a_local_address_are_told_apart_by_their_destination() {
     assert_eq!(caller(&mut w, via_vip).as_deref(), Some("d"));
 }
 
-/// `--capture-summary-every`: a summary counts as its weight, a tally as the calls it counted,
-/// and neither count is a call the engine reads more into (a tally is no attempt a later call
-/// retries, and no request served).
+/// `--capture-summary-every`: a summary counts as its weight, a tally as the calls or requests
+/// it counted, and neither count is one the engine reads more into (a tally is no attempt a
+/// later call retries, no window on its thread, no verdict).
 #[test]
 fn weights_and_tallies_count_and_say_nothing_else() {
     let mut w = World::new();
