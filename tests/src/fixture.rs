@@ -71,6 +71,18 @@ pub fn load_summarizing() -> Option<Capture> {
     })
 }
 
+/// `load` with every quiet exchange summarised, none sampled whole, and one in `every` sent,
+/// counted within `window_ms` of its connection's last record: tests of counting.
+pub fn load_counting(every: u16, window_ms: u64) -> Option<Capture> {
+    load_with(&CaptureConfig {
+        summarize: true,
+        summary_sample: 0,
+        summary_every: every,
+        summary_window_ms: window_ms,
+        ..CaptureConfig::default()
+    })
+}
+
 /// `load` with explicit settings.
 pub fn load_with(cfg: &CaptureConfig) -> Option<Capture> {
     match Capture::load(cfg) {

@@ -6,7 +6,8 @@ use std::{process::Stdio, time::Duration};
 
 use integration_tests::fixture::{
     NetnsPair, Proc, Ready, can_run, collect, conn_events, data_events, dump, free_port, involving,
-    load, load_summarizing, load_whole, load_with, python, python_server, serve, wait_listening,
+    load, load_counting, load_summarizing, load_whole, load_with, python, python_server, serve,
+    wait_listening,
 };
 use retry_agent::capture::{ConnEvent, ConnEventKind, DataEvent, Direction, Event, Role, Syscall};
 
@@ -1119,13 +1120,7 @@ async fn counted_quiet_exchanges_keep_their_counts() {
     if !can_run() {
         return;
     }
-    let Some(mut cap) = load_with(&retry_agent::capture::CaptureConfig {
-        summarize: true,
-        summary_sample: 0,
-        summary_every: 8,
-        summary_window_ms: 5_000,
-        ..Default::default()
-    }) else {
+    let Some(mut cap) = load_counting(8, 5_000) else {
         return;
     };
     let (mut server, port) = python_server("keepalive_http_server.py", &[]);
@@ -1186,12 +1181,7 @@ async fn a_call_given_up_makes_its_destination_read_whole() {
     if !can_run() {
         return;
     }
-    let Some(mut cap) = load_with(&retry_agent::capture::CaptureConfig {
-        summarize: true,
-        summary_sample: 0,
-        summary_every: 8,
-        ..Default::default()
-    }) else {
+    let Some(mut cap) = load_counting(8, 100) else {
         return;
     };
     let (evs, _, client) = server_and_client(&mut cap, "giving_up.py", "done").await;

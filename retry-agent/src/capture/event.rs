@@ -241,11 +241,13 @@ impl SummaryEvent {
     }
 }
 
-fn one() -> u32 {
+/// Serde's default of a weight (`SummaryEvent::weight`, l7's `Exchange::weight`).
+pub(crate) fn one() -> u32 {
     1
 }
 
-fn is_one(w: &u32) -> bool {
+/// A weight serde leaves out.
+pub(crate) fn is_one(w: &u32) -> bool {
     *w == 1
 }
 

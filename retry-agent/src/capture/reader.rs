@@ -343,8 +343,26 @@ impl Reader {
         info
     }
 
-    /// A held request as the record it would have been. Returns false when the consumer is gone.
+    /// A held request as the record it would have been: the request's header and its bytes
+    /// lie one after the other in the entry, a data record as it is. Returns false when the
+    /// consumer is gone.
     fn release_held(&mut self, h: &SummaryRecord) -> bool {
+        self.send_from(h, std::mem::offset_of!(SummaryRecord, request))
+    }
+
+    /// The tally of the quiet exchanges entry `h` counted, timed `now`, as the kernel sends one.
+    /// Returns false when the consumer is gone.
+    fn release_tally(&mut self, mut h: SummaryRecord, now: u64) -> bool {
+        h.kind = KIND_TALLY;
+        h.status = 0;
+        h.response.ts_enter_ns = now;
+        h.response.ts_exit_ns = now;
+        self.send_from(&h, 0)
+    }
+
+    /// Decodes and sends entry `h`'s bytes from offset `at` to the end of its request's
+    /// captured bytes (a decode error is counted). Returns false when the consumer is gone.
+    fn send_from(&mut self, h: &SummaryRecord, at: usize) -> bool {
         let captured = usize::try_from(h.request.captured)
             .unwrap_or(usize::MAX)
             .min(h.bytes.len());
@@ -355,36 +373,7 @@ impl Reader {
                 size_of::<SummaryRecord>(),
             )
         };
-        // The request's header and its bytes lie one after the other, a data record as it is.
-        let at = std::mem::offset_of!(SummaryRecord, request);
         let raw = all.get(at..SUMMARY_HEAD + captured).unwrap_or_default();
-        match decode::decode_in(raw, Some(&mut self.arena)) {
-            Ok(ev) => self.send(ev),
-            Err(_) => {
-                self.stats.0.decode_errors.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-        }
-    }
-
-    /// The tally of the quiet exchanges entry `h` counted, timed `now`, as the kernel sends one.
-    /// Returns false when the consumer is gone.
-    fn release_tally(&mut self, mut h: SummaryRecord, now: u64) -> bool {
-        h.kind = KIND_TALLY;
-        h.status = 0;
-        h.response.ts_enter_ns = now;
-        h.response.ts_exit_ns = now;
-        let captured = usize::try_from(h.request.captured)
-            .unwrap_or(usize::MAX)
-            .min(h.bytes.len());
-        // SAFETY: as in `release_held`.
-        let all = unsafe {
-            std::slice::from_raw_parts(
-                (&h as *const SummaryRecord).cast::<u8>(),
-                size_of::<SummaryRecord>(),
-            )
-        };
-        let raw = all.get(..SUMMARY_HEAD + captured).unwrap_or_default();
         match decode::decode_in(raw, Some(&mut self.arena)) {
             Ok(ev) => self.send(ev),
             Err(_) => {

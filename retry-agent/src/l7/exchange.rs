@@ -261,21 +261,16 @@ pub struct Exchange {
     /// How many exchanges of its connection it stands for (`--capture-summary-every`): itself
     /// and the quiet ones the kernel counted since the connection's last record, which only
     /// counts read (edge and service figures); 1 for all but summaries.
-    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[serde(
+        default = "crate::capture::event::one",
+        skip_serializing_if = "crate::capture::event::is_one"
+    )]
     pub weight: u32,
     /// A tally: `weight` quiet exchanges of its connection the kernel counted, none of which
     /// this is. Its request fields are the connection's last held request's and its times when
     /// the count was sent: only counts read it (`Engine::push` books it and nothing else).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tally: bool,
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn is_one(w: &u32) -> bool {
-    *w == 1
 }
 
 impl Exchange {
