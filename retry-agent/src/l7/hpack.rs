@@ -5,8 +5,10 @@
 //! Our own rather than loona-hpack's (still a dev-dependency: the tests check this decoder
 //! against it): that one builds a hash map of the 257 Huffman codes for every Huffman-coded
 //! string and walks the string a bit at a time through it, and every real HTTP/2 client (gRPC,
-//! Go, hyper, Envoy, browsers) Huffman-codes its literals. Here Huffman strings decode four bits
-//! a step through a table built once (`huffman`), into scratch buffers the decoder reuses; raw
+//! Go, hyper, Envoy, browsers) Huffman-codes its literals. Here Huffman strings decode an octet
+//! a step through a table built once (`huffman`), into scratch buffers the decoder reuses, and
+//! a short string decoded lately on this thread is copied from a memo of them instead (`memo`:
+//! literals sent again and again, names a table never keeps, are most of what is decoded); raw
 //! strings and table entries are handed to the caller borrowed. A field costs an allocation only
 //! when it enters the dynamic table (one per entry, name and value together).
 //!
@@ -15,6 +17,7 @@
 use std::collections::VecDeque;
 
 pub mod huffman;
+mod memo;
 #[cfg(test)]
 mod tests;
 
@@ -181,7 +184,7 @@ fn string<'a>(huff: bool, raw: &'a [u8], scratch: &'a mut Vec<u8>) -> Result<&'a
         return Ok(raw);
     }
     scratch.clear();
-    huffman::decode(raw, scratch).map_err(|_| HpackError::Huffman)?;
+    memo::decode(raw, scratch).map_err(|_| HpackError::Huffman)?;
     Ok(scratch)
 }
 

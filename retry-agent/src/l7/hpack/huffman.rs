@@ -1,4 +1,4 @@
-//! HPACK's Huffman code (RFC 7541 Appendix B), decoded four bits a step.
+//! HPACK's Huffman code (RFC 7541 Appendix B), decoded an octet a step.
 //!
 //! The code is canonical (codes of one length are consecutive, in symbol order, and shorter codes
 //! sort first), so it is fully given by each symbol's code length: `CODE_LENGTHS` is the
@@ -50,9 +50,13 @@ fn codes() -> [u32; 257] {
     codes
 }
 
-/// One step on an octet, packed: the node reached (bits 0–7), the symbols emitted on the way
-/// (8–15, 16–23), how many (24–25), and whether EOS was met (`FAIL`).
-const FAIL: u32 = 1 << 26;
+/// One step on an octet, packed: how many symbols were emitted on the way (bits 0–1), whether
+/// EOS was met (`FAIL`, bit 2), the node reached (8–15: already the next step's row, so the
+/// next index is a mask and an OR — the decoder's critical path — not a zero-extend, shift
+/// and OR), the symbols (16–23, 24–31).
+const FAIL: u32 = 1 << 2;
+/// Bits of a step that hold the node reached, as its row's offset (`node << 8`).
+const ROW: u32 = 0xff00;
 
 struct Machine {
     /// Indexed by `node << 8 | octet`.
@@ -138,9 +142,9 @@ fn build() -> Machine {
                 continue;
             };
             let symbols: Vec<u8> = first.into_iter().chain(second).collect();
-            let mut packed = next as u32 | (symbols.len() as u32) << 24;
+            let mut packed = (next as u32) << 8 | symbols.len() as u32;
             for (k, &sym) in symbols.iter().enumerate() {
-                packed |= u32::from(sym) << (8 + 8 * k);
+                packed |= u32::from(sym) << (16 + 8 * k);
             }
             *step = packed;
         }
@@ -158,22 +162,22 @@ pub fn decode(raw: &[u8], out: &mut Vec<u8>) -> Result<(), InvalidHuffman> {
     // Two symbols an octet at most; written unconditionally, the count says how many hold.
     out.resize(start + 2 * raw.len() + 2, 0);
     let mut at = start;
-    let mut state = 0u8;
+    let mut row = 0usize;
     for &b in raw {
-        let step = steps[usize::from(state) << 8 | usize::from(b)];
+        let step = steps[row | usize::from(b)];
         if step & FAIL != 0 {
             out.truncate(start);
             return Err(InvalidHuffman);
         }
         if let Some(w) = out.get_mut(at..at + 2) {
-            w[0] = (step >> 8) as u8;
-            w[1] = (step >> 16) as u8;
+            w[0] = (step >> 16) as u8;
+            w[1] = (step >> 24) as u8;
         }
-        at += (step >> 24) as usize & 3;
-        state = step as u8;
+        at += (step & 3) as usize;
+        row = (step & ROW) as usize;
     }
     out.truncate(at);
-    if m.accepts[usize::from(state)] {
+    if m.accepts[row >> 8] {
         Ok(())
     } else {
         out.truncate(start);
