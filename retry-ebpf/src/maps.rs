@@ -184,6 +184,11 @@ pub static HOT_THREADS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(1638
 /// exchanges are sent whole for `Config::summary_hot_ns`, so retries and their outcomes are seen.
 #[map]
 pub static HOT_PEERS: LruHashMap<PeerKey, u64> = LruHashMap::with_max_entries(8192, 0);
+/// When any call on this node last failed (the latest stamp in `HOT_THREADS` and `HOT_PEERS`):
+/// while it is older than what they are asked about, neither can answer yes, and the quiet path
+/// skips their lookups (an array slot is read in place; a hash lookup is ~50 ns).
+#[map]
+pub static LAST_FAIL: Array<u64> = Array::with_max_entries(1, 0);
 /// The connection whose request a server thread read last and the kernel holds, and how many
 /// it holds, by thread (pid_tgid): a request it reads while it holds others is flagged
 /// `data_flags::INTERLEAVED` (an event loop reading ahead), as userspace sees held requests

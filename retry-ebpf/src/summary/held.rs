@@ -149,6 +149,13 @@ pub(super) unsafe fn held_len(h: *const SummaryRecord) -> usize {
 /// requests) and off its thread's count.
 #[inline(always)]
 pub(super) fn unhold(h: *mut SummaryRecord) {
+    unhold_from(h, None);
+}
+
+/// `unhold`, given the `THREAD_HELD` entry of the thread that held it when the caller has it
+/// (`own`: a server thread answering what it read itself), which saves looking it up again.
+#[inline(always)]
+pub(super) fn unhold_from(h: *mut SummaryRecord, own: Option<*mut ThreadHeld>) {
     // SAFETY: a map value, valid for this program run.
     let (server, thread) = unsafe {
         let r = &(*h).request;
@@ -157,7 +164,12 @@ pub(super) fn unhold(h: *mut SummaryRecord) {
             u64::from(r.pid) << 32 | u64::from(r.tid),
         )
     };
-    if server && let Some(t) = THREAD_HELD.get_ptr_mut(&thread) {
+    let t = match own {
+        Some(t) => Some(t),
+        None if server => THREAD_HELD.get_ptr_mut(&thread),
+        None => None,
+    };
+    if let Some(t) = t {
         // SAFETY: a map value, valid for this program run; other threads change it too.
         unsafe {
             atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(addr_of_mut!((*t).held), -1)

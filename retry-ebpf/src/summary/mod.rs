@@ -59,7 +59,7 @@ use self::{
 use crate::{
     config::config,
     emit::{Src, copy_data, emit_data, send_data},
-    maps::{HELD, HOT_PEERS, HOT_THREADS, SCRATCH},
+    maps::{HELD, HOT_PEERS, HOT_THREADS, LAST_FAIL, SCRATCH},
 };
 
 /// One data syscall on a tracked connection, as the programs saw it.
@@ -217,6 +217,22 @@ pub fn mark_failed(pid_tgid: u64, info: &ConnInfo, now: u64) {
     if info.role == role::CLIENT {
         let _ = HOT_PEERS.insert(&peer(info), &now, 0);
     }
+    if let Some(last) = LAST_FAIL.get_ptr_mut(0) {
+        // SAFETY: a map value; two CPUs failing at once may leave the older stamp of the two
+        // (a few nanoseconds apart), never one older than both marks' own.
+        unsafe {
+            if *last < now {
+                *last = now;
+            }
+        }
+    }
+}
+
+/// When any call on this node last failed: 0 when none has, `u64::MAX` (ask the maps) if the
+/// slot cannot be read.
+#[inline(always)]
+fn last_fail() -> u64 {
+    LAST_FAIL.get(0).copied().unwrap_or(u64::MAX)
 }
 
 #[inline(always)]
@@ -228,17 +244,26 @@ fn peer(info: &ConnInfo) -> PeerKey {
     }
 }
 
+/// Whether the destination of `info` failed a call within `Config::summary_hot_ns` of `now`.
 #[inline(always)]
 fn hot_peer(info: &ConnInfo, now: u64) -> bool {
+    let hot_ns = config().summary_hot_ns;
+    if now.saturating_sub(last_fail()) >= hot_ns {
+        return false;
+    }
     // SAFETY: plain value read.
     match unsafe { HOT_PEERS.get(&peer(info)) } {
-        Some(&at) => now.saturating_sub(at) < config().summary_hot_ns,
+        Some(&at) => now.saturating_sub(at) < hot_ns,
         None => false,
     }
 }
 
+/// Whether a call of thread `pid_tgid` failed at or after `since`.
 #[inline(always)]
 fn hot_thread(pid_tgid: u64, since: u64) -> bool {
+    if last_fail() < since {
+        return false;
+    }
     // SAFETY: plain value read.
     unsafe { HOT_THREADS.get(&pid_tgid) }.is_some_and(|&at| at >= since)
 }

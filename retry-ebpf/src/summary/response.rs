@@ -11,7 +11,7 @@ use retry_common::{
 use super::{
     Io, NO_CONN,
     bytes::status_of,
-    held::{held, held_elsewhere, held_len, release_entry, unhold},
+    held::{held, held_elsewhere, held_len, release_entry, unhold_from},
     hot_thread, mark_failed, release,
 };
 use crate::{
@@ -33,14 +33,17 @@ pub(super) fn response(io: &Io<'_>) {
     } else {
         None
     };
+    // This thread's `THREAD_HELD` entry when the request answered is one it held itself.
+    let mut mine_t = None;
     if info.role == role::SERVER
-        && let Some(t) = THREAD_HELD.get_ptr_mut(&io.pid_tgid)
+        && let Some(tp) = THREAD_HELD.get_ptr_mut(&io.pid_tgid)
     {
         // SAFETY: a map value, valid for this program run; only this thread writes `conn`.
-        let t = unsafe { &mut *t };
+        let t = unsafe { &mut *tp };
         // SAFETY: a map value, valid for this program run.
         let mine = own_h.is_some_and(|h| unsafe { (*h).request.tid } == io.pid_tgid as u32);
         if mine {
+            mine_t = Some(tp);
             // This answer's own request is one the thread held: one it held of another
             // connection since was flagged with it when read (and it when the next was), so
             // userspace needs no order and that one stays held. `conn` may be left naming a
@@ -100,11 +103,11 @@ pub(super) fn response(io: &Io<'_>) {
                 && (info.role == role::CLIENT || !hot_thread(io.pid_tgid, start));
             if quiet {
                 if counted(h, io.ts.1) {
-                    unhold(h);
+                    unhold_from(h, mine_t);
                     io.set_flags(CONN_QUIET | CONN_COUNTED, 0);
                 } else {
                     summarize(h, io, status);
-                    unhold(h);
+                    unhold_from(h, mine_t);
                     io.set_flags(CONN_QUIET, CONN_COUNTED);
                 }
                 return;
