@@ -238,11 +238,19 @@ unsafe extern "C" fn copy_step(_index: u64, _ctx: *mut c_void) -> i64 {
 /// Copies up to `want` bytes of the syscall's source into the payload parts of the scratch
 /// slots, MAX_PAYLOAD bytes per slot; returns how many were copied, contiguous from the start
 /// (fewer: the iovecs, the steps or readable memory ended). One flat buffer that fits one slot
-/// (read, write, send, recv: most calls) is one helper call; the rest take the `bpf_loop` walk.
+/// (read, write, send, recv: most calls) is one helper call; so is an iovec array whose first
+/// iovec holds all that is wanted (a status line peeked in a `writev`'s headers), after reading
+/// that iovec; the rest take the `bpf_loop` walk.
 #[inline(always)]
 pub fn copy_payload(src: Src, want: u64) -> u64 {
     match src {
         Src::Flat(p) if want <= MAX_PAYLOAD as u64 => copy_flat(p, want),
+        Src::Iov(p) if want <= MAX_PAYLOAD as u64 => match read_user::<[u64; 2]>(p) {
+            // struct iovec { iov_base, iov_len }: the walk's setup and its callbacks were most of
+            // nginx's answer (a `writev` of headers and file).
+            Ok([base, len]) if len >= want => copy_flat(base, want),
+            _ => copy_walk(src, want),
+        },
         _ => copy_walk(src, want),
     }
 }
