@@ -79,6 +79,8 @@ pub(super) fn response(io: &Io<'_>) {
             release(&own);
         }
     }
+    // Whether this connection's entry was released here (its counts sent with it).
+    let mut released = false;
     if info.flags & CONN_HELD != 0 {
         io.set_flags(0, CONN_HELD);
         if let Some(h) = own_h {
@@ -112,11 +114,15 @@ pub(super) fn response(io: &Io<'_>) {
                 }
                 return;
             }
+            // Its tally went with it: the connection's counts are sent.
             release_entry(h);
             io.set_flags(0, CONN_COUNTED);
+            released = true;
         }
     }
-    io.release_counted();
+    if !released {
+        io.release_counted();
+    }
     let Some((buf, got)) = io.copy() else {
         return;
     };
