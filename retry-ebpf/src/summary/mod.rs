@@ -121,13 +121,26 @@ impl Io<'_> {
         );
     }
 
-    /// What the connection counted and did not send goes before a record sent whole.
+    /// What the connection counted and did not send goes before a record sent whole. Read from
+    /// the connection's live flags, not the syscall's copy: counts this run already sent (a
+    /// failed answer releasing its entry) cleared the flag there, and need no second lookup.
     #[inline(always)]
     fn release_counted(&self) {
-        if self.info.flags & CONN_COUNTED != 0 {
+        if self.flags() & CONN_COUNTED != 0 {
             release(&self.own());
             self.set_flags(0, CONN_COUNTED);
         }
+    }
+
+    /// The connection's flags as they are now (`set_flags` writes them), the copy's if there is
+    /// no `CONNS` value.
+    #[inline(always)]
+    fn flags(&self) -> u32 {
+        if self.conn.is_null() {
+            return self.info.flags;
+        }
+        // SAFETY: a `CONNS` value, valid for this program run.
+        unsafe { (*self.conn).flags }
     }
 
     #[inline(always)]

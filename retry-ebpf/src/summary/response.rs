@@ -79,8 +79,6 @@ pub(super) fn response(io: &Io<'_>) {
             release(&own);
         }
     }
-    // Whether this connection's entry was released here (its counts sent with it).
-    let mut released = false;
     if info.flags & CONN_HELD != 0 {
         io.set_flags(0, CONN_HELD);
         if let Some(h) = own_h {
@@ -114,15 +112,12 @@ pub(super) fn response(io: &Io<'_>) {
                 }
                 return;
             }
-            // Its tally went with it: the connection's counts are sent.
+            // Its tally goes with it: the connection's counts are sent.
             release_entry(h);
             io.set_flags(0, CONN_COUNTED);
-            released = true;
         }
     }
-    if !released {
-        io.release_counted();
-    }
+    io.release_counted();
     let Some((buf, got)) = io.copy() else {
         return;
     };
