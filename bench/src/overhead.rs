@@ -20,11 +20,12 @@
 //! capture drops. Figures only, never pass/fail: the
 //! machine is shared, so compare ratios from one run.
 //!
-//! `--rounds N` measures each row N times, none → floor → agent in each round (a fresh agent per
+//! `--rounds N` (default 3) measures each row N times, none → floor → agent in each round (a fresh agent per
 //! round), and prints the median of each figure and of the per-round ratios, with the ratios'
 //! range: on a shared machine one round's floor can be hit by a neighbour (a TLS floor at 0.38
 //! of no instrumentation), and only figures taken side by side in one round compare.
-//! `--rows tls,haproxy` measures only those rows.
+//! `--rows tls,haproxy` measures only those rows; without it, haproxy, nginx, go, tls and h2c
+//! (the other rows are variants for a closer look at one lever). Three rounds unless told.
 use std::{
     io::{Read, Write},
     net::TcpStream,
@@ -98,6 +99,17 @@ impl Server {
         Server::GoWhole,
         Server::GoUprobes,
         Server::GoNoUprobes,
+        Server::HaproxyTls,
+        Server::HaproxyH2c,
+    ];
+
+    /// What `--rows` measures when not given: the three servers of issue 12's table, TLS and
+    /// h2c; the other rows are variants of these (whole exchanges, Go uprobes forced either
+    /// way, short responses) for a closer look at one lever.
+    pub const DEFAULT: [Server; 5] = [
+        Server::Haproxy,
+        Server::Nginx,
+        Server::Go,
         Server::HaproxyTls,
         Server::HaproxyH2c,
     ];
@@ -450,9 +462,13 @@ pub fn run(bin: &Path, rows_wanted: &[Server], rounds: usize) -> Result<()> {
     let dir: PathBuf = std::env::temp_dir().join(format!("raover-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut rows = Vec::new();
-    let servers = Server::ALL
-        .into_iter()
-        .filter(|s| rows_wanted.is_empty() || rows_wanted.contains(s));
+    let servers = Server::ALL.into_iter().filter(|s| {
+        if rows_wanted.is_empty() {
+            Server::DEFAULT.contains(s)
+        } else {
+            rows_wanted.contains(s)
+        }
+    });
     for server in servers {
         eprintln!("bench overhead: {}…", server.label());
         match measure(server, bin, &dir, rounds) {

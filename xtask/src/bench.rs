@@ -29,11 +29,12 @@ pub struct BenchArgs {
     /// include the TLS uprobes.
     #[arg(long)]
     tls: bool,
-    /// overhead: only these rows (haproxy, nginx, nginx-256, go, go-uprobes, go-off, tls, h2c).
+    /// overhead: only these rows (default haproxy, nginx, go, tls, h2c; also haproxy-whole,
+    /// nginx-whole, nginx-256, go-whole, go-uprobes, go-off).
     #[arg(long)]
     rows: Option<String>,
-    /// overhead, shim: rounds (every row or path once per round); medians and the ratios'
-    /// ranges are printed.
+    /// overhead, shim: rounds (every row or path once per round; default 3 for overhead, 1 for
+    /// the shim); medians and the ratios' ranges are printed.
     #[arg(long)]
     rounds: Option<usize>,
 }
