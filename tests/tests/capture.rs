@@ -1172,6 +1172,37 @@ async fn counted_quiet_exchanges_keep_their_counts() {
     assert_eq!((s.outbound, s.inbound), (61, 61), "{s:?}");
 }
 
+/// Counts stay whole when a connection's next request does not start in one write: 20 quiet
+/// calls counted one in 8 on a keep-alive connection, then a request whose method is split
+/// across two writes (`GE`, then the rest), then 6 more. The kernel read `GE` where it holds
+/// requests: what it counted goes as a tally that names no request (those bytes start none),
+/// and every call is counted once, on both sides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_split_in_its_method_keeps_the_counts_before_it() {
+    if !can_run() {
+        return;
+    }
+    let Some(mut cap) = load_counting(8, 5_000) else {
+        return;
+    };
+    let (evs, _, client) = server_and_client(&mut cap, "split_method.py", "done").await;
+    let split = data_events(&evs)
+        .iter()
+        .filter(|d| d.pid == client && d.payload.as_ref() == b"GE")
+        .count();
+    assert_eq!(split, 1, "the client's `GE` whole\n{}", dump(&evs));
+    assert!(
+        evs.iter().any(|e| matches!(e, Event::Summary(s)
+            if s.request.pid == client && s.is_tally() && s.request.payload.is_empty())),
+        "a tally of the client's that names no request\n{}",
+        dump(&evs)
+    );
+    let d = integration_tests::correlate::derive(&evs, Default::default());
+    let s = d.engine.stats();
+    // 20 + the split one + 5 + /bye, each side; a tally lost would leave 4 out.
+    assert_eq!((s.outbound, s.inbound), (27, 27), "{s:?}\n{}", dump(&evs));
+}
+
 /// A client that gives up on a call (closes its connection with the request unanswered) failed
 /// it: its next calls to that destination are read whole, not counted, so a retry that follows
 /// a timeout on a pooled connection is seen. 20 quiet calls on one keep-alive connection, one

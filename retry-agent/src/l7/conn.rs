@@ -17,7 +17,7 @@ use super::{
     exchange::{Exchange, ExchangeId, Protocol},
     http1::{self, H1Parser, Side},
     http2::{self, H2Dir, PREFACE},
-    msg::{Ctx, RespInfo},
+    msg::{Ctx, ReqInfo, RespInfo},
     util::Routes,
 };
 use detect::DetectDir;
@@ -277,9 +277,15 @@ impl Conn {
             protocol: Protocol::Http1,
             ..self.info
         };
-        let Some(head) = http1::summarised_request(&req.payload) else {
-            em.stats.parse_errors += 1;
-            return;
+        let head = match http1::summarised_request(&req.payload) {
+            Some(head) => head,
+            // A tally whose connection's entry names no request (what the kernel read into it
+            // last did not start one): its counts still count, on no route.
+            None if s.is_tally() && req.payload.is_empty() => ReqInfo::default(),
+            None => {
+                em.stats.parse_errors += 1;
+                return;
+            }
         };
         let (req_ctx, resp_ctx) = (ctx_of(req), ctx_of(resp));
         let mut p = Pending::new(0, head, &req_ctx);

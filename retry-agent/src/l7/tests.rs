@@ -1434,3 +1434,31 @@ fn weighted_summaries_and_tallies_carry_their_counts() {
         (1, 1, 20)
     );
 }
+
+#[test]
+fn a_tally_that_names_no_request_keeps_its_counts_on_no_route() {
+    // The kernel read bytes that start no request into the connection's entry after counting
+    // three exchanges (a request it could not hold): the tally names none.
+    let with = |ev: Event, weight: u32, tally: bool| match ev {
+        Event::Summary(s) => Event::Summary(crate::capture::SummaryEvent {
+            weight,
+            status: if tally { 0 } else { s.status },
+            ..s
+        }),
+        _ => unreachable!(),
+    };
+    let events = [
+        conn_ev(3, Role::Server, 1, ConnEventKind::Accept),
+        with(summary_of(3, Role::Server, 100, b"", 200), 3, true),
+        // A summary is an exchange of its own: without its request it is a parse error.
+        with(summary_of(3, Role::Server, 150, b"", 200), 1, false),
+        conn_ev(3, Role::Server, 200, ConnEventKind::Close),
+    ];
+    let (out, stats) = run(&events);
+    let got: Vec<_> = out
+        .iter()
+        .map(|x| (x.weight, x.tally, x.outcome, x.route.as_deref()))
+        .collect();
+    assert_eq!(got, [(3, true, OutcomeClass::Success, None)]);
+    assert_eq!((stats.counted_exchanges, stats.parse_errors), (3, 1));
+}

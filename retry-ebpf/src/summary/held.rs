@@ -17,41 +17,45 @@ use crate::{
     maps::{HELD, HELD_BLANK, THREAD_HELD, ThreadHeld},
 };
 
-/// Holds the request `h` heads (its `got` bytes at `bytes`) in connection `own`'s `HELD` entry,
-/// made on its first request; false when the map is full (the request is sent as it is).
+/// Connection `own`'s `HELD` entry, made on its first request; None when the map is full.
+#[inline(always)]
+fn entry(own: &ConnKey) -> Option<*mut SummaryRecord> {
+    if let Some(s) = HELD.get_ptr_mut(own) {
+        return Some(s);
+    }
+    // SAFETY: a map value that is never written.
+    let blank = unsafe { &*HELD_BLANK.get_ptr(0)? };
+    HELD.insert(own, blank, 0).ok()?;
+    HELD.get_ptr_mut(own)
+}
+
+/// `got` masked for the verifier: LLVM knows got ≤ HELD_BYTES from the callers and would drop
+/// a plain mask, leaving the verifier the copy's bound (4 KiB) instead, hence the opaque read.
+#[inline(always)]
+fn held_bound(got: u64) -> u32 {
+    // SAFETY: a read of a local.
+    let got = unsafe { core::ptr::read_volatile(&got) };
+    (got as usize & (2 * HELD_BYTES - 1)).min(HELD_BYTES) as u32
+}
+
+/// Holds the request `h` heads (its `got` bytes at `bytes`) in connection `own`'s `HELD` entry;
+/// false when the map is full (the request is sent as it is).
 ///
 /// # Safety
 /// `bytes` points at `got` ≤ HELD_BYTES readable bytes.
 #[inline(always)]
 pub(super) unsafe fn hold(own: &ConnKey, h: DataHeader, bytes: *const u8, got: u64) -> bool {
-    let slot = match HELD.get_ptr_mut(own) {
-        Some(s) => s,
-        None => {
-            let Some(blank) = HELD_BLANK.get_ptr(0) else {
-                return false;
-            };
-            // SAFETY: a map value that is never written.
-            if HELD.insert(own, unsafe { &*blank }, 0).is_err() {
-                return false;
-            }
-            let Some(s) = HELD.get_ptr_mut(own) else {
-                return false;
-            };
-            s
-        }
+    let Some(slot) = entry(own) else {
+        return false;
     };
-    // SAFETY: a map value, valid for this program run; the mask restates got ≤ HELD_BYTES for
-    // the verifier. `kind` is written last: what another CPU finds held is whole (stores are
-    // not reordered on x86-64, the only target the programs are built for).
+    // SAFETY: a map value, valid for this program run. `kind` is written last: what another
+    // CPU finds held is whole (stores are not reordered on x86-64, the only target the
+    // programs are built for).
     unsafe {
         addr_of_mut!((*slot).request).write(h);
-        // Read back opaquely: LLVM knows got ≤ HELD_BYTES from the caller and would drop the
-        // mask, leaving the verifier the copy's bound (4 KiB) instead.
-        let got = core::ptr::read_volatile(&got);
-        let n = (got as usize & (2 * HELD_BYTES - 1)).min(HELD_BYTES);
         if generated::bpf_probe_read_kernel(
             addr_of_mut!((*slot).bytes) as *mut c_void,
-            n as u32,
+            held_bound(got),
             bytes as *const c_void,
         ) != 0
         {
@@ -177,4 +181,69 @@ pub(super) fn unhold_from(h: *mut SummaryRecord, own: Option<*mut ThreadHeld>) {
     }
     // SAFETY: as above.
     unsafe { addr_of_mut!((*h).kind).write(0) };
+}
+
+/// What [`hold_user`] did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Direct {
+    /// The request is held.
+    Held,
+    /// It goes as it is: its bytes do not start a request (a body, a preface, another
+    /// protocol), or `keep` said so.
+    Whole,
+    /// Not tried, or the read failed: the copy through the scratch decides.
+    Untried,
+}
+
+/// `hold`, reading the request's `got` bytes from user memory at `src` straight into the
+/// connection's entry (one copy instead of two: user memory → scratch → entry), when they
+/// start a request (`header` makes its record's header) and `keep` says it is held. Untried
+/// when the entry holds a request already (its `CONN_HELD` flag was lost to a concurrent
+/// update: reading into it would spoil that request's bytes) or cannot be made.
+///
+/// The entry's request names the route of the exchanges it counted (`weight`, sent as a
+/// tally): what is read into it and not held is still a request with its own header (a tally
+/// going now names that one, as it would a held one that followed them), or it is not, and
+/// the entry names none (`captured` 0: its counts go on no route).
+#[inline(always)]
+pub(super) fn hold_user(
+    own: &ConnKey,
+    src: u64,
+    got: u64,
+    header: impl FnOnce() -> DataHeader,
+    keep: impl FnOnce() -> bool,
+) -> Direct {
+    let Some(slot) = entry(own) else {
+        return Direct::Untried;
+    };
+    // SAFETY: a map value, valid for this program run; the helper checks the user address
+    // and fails cleanly. The bytes are written before `kind` says the entry holds them.
+    unsafe {
+        if (*slot).kind == KIND_SUMMARY {
+            return Direct::Untried;
+        }
+        let n = held_bound(got);
+        let read = generated::bpf_probe_read_user(
+            addr_of_mut!((*slot).bytes) as *mut c_void,
+            n,
+            src as *const c_void,
+        );
+        // A failed read zeroes what it was to fill.
+        if read != 0
+            || !super::bytes::starts_request(addr_of!((*slot).bytes) as *const u8, u64::from(n))
+        {
+            addr_of_mut!((*slot).request.captured).write(0);
+            return if read != 0 {
+                Direct::Untried
+            } else {
+                Direct::Whole
+            };
+        }
+        addr_of_mut!((*slot).request).write(header());
+        if !keep() {
+            return Direct::Whole;
+        }
+        addr_of_mut!((*slot).kind).write(KIND_SUMMARY);
+    }
+    Direct::Held
 }

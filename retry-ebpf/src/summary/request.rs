@@ -3,18 +3,20 @@
 
 use core::mem::size_of;
 
-use retry_common::{CONN_COUNTED, CONN_HELD, CONN_QUIET, DataHeader, HELD_BYTES, data_flags, role};
+use retry_common::{
+    CONN_COUNTED, CONN_HELD, CONN_QUIET, ConnKey, DataHeader, HELD_BYTES, data_flags, role,
+};
 
 use super::{
     Io, NO_CONN,
     bytes::starts_request,
-    held::{held_elsewhere, hold, hold_on, release_entry},
+    held::{Direct, held_elsewhere, hold, hold_on, hold_user, release_entry},
     hot_peer, release,
 };
 use crate::{
     config::config,
-    emit::header,
-    maps::{SUMMARY_SEEN, THREAD_HELD},
+    emit::{Src, header},
+    maps::{SUMMARY_SEEN, THREAD_HELD, ThreadHeld},
 };
 
 #[inline(always)]
@@ -50,42 +52,56 @@ pub(super) fn request(io: &Io<'_>) {
     } else {
         0
     };
-    let Some((buf, got)) = io.copy() else {
-        return;
-    };
     let (ret, total) = io.io;
-    // SAFETY: the first slot's payload holds `got` bytes.
-    let holdable = io.key.fd == info.fd
-        && got == total
-        && got <= HELD_BYTES as u64
-        && unsafe { starts_request(buf.add(size_of::<DataHeader>()), got) };
-    if holdable
-        && !(info.role == role::CLIENT && hot_peer(info, io.ts.0))
-        && crate::uprobes::go::context(io.pid_tgid) == 0
-        && !sampled()
-    {
-        // Go request contexts are never held: this thread's goroutine context is 0.
-        let h = header(
+    // What decides whether it is held, but its bytes.
+    let shape = io.key.fd == info.fd && total <= HELD_BYTES as u64;
+    let allowed = || {
+        !(info.role == role::CLIENT && hot_peer(info, io.ts.0))
+            // Go request contexts are never held: this thread's goroutine context is 0.
+            && crate::uprobes::go::context(io.pid_tgid) == 0
+    };
+    let header_of = |got: u64| {
+        header(
             io.pid_tgid,
             info,
             io.sc,
             (0, flags),
             (got, ret, total),
             io.ts,
-        );
-        // SAFETY: slot 0 of the scratch holds `got` ≤ HELD_BYTES bytes of payload.
-        if unsafe { hold(&own, h, buf.add(size_of::<DataHeader>()), got) } {
-            io.set_flags(CONN_HELD, 0);
-            if let Some((_, ph)) = prior {
-                // It waited while this one was read.
-                // SAFETY: a map value, valid for this program run.
-                unsafe { (*ph).request.flags |= data_flags::INTERLEAVED };
-            }
-            if server {
-                hold_on(thread, t, own);
-            }
-            return;
-        }
+        )
+    };
+    // A request in one buffer, as most are, is read from user memory into its entry.
+    let mut direct = Direct::Untried;
+    if let Src::Flat(src) = io.src
+        && shape
+        && total <= u64::from(config().payload_bytes)
+    {
+        direct = if allowed() {
+            hold_user(&own, src, total, || header_of(total), || !sampled())
+        } else {
+            Direct::Whole
+        };
+    }
+    if direct == Direct::Held {
+        held_now(io, own, t, prior);
+        return;
+    }
+    let Some((buf, got)) = io.copy() else {
+        return;
+    };
+    // SAFETY: the first slot's payload holds `got` bytes.
+    let holdable = direct == Direct::Untried
+        && shape
+        && got == total
+        && unsafe { starts_request(buf.add(size_of::<DataHeader>()), got) };
+    // SAFETY: slot 0 of the scratch holds `got` ≤ HELD_BYTES bytes of payload.
+    if holdable
+        && allowed()
+        && !sampled()
+        && unsafe { hold(&own, header_of(got), buf.add(size_of::<DataHeader>()), got) }
+    {
+        held_now(io, own, t, prior);
+        return;
     }
     if let Some(t) = t {
         // Sent whole: what the thread read before it goes first, in its place (unflagged if
@@ -98,6 +114,26 @@ pub(super) fn request(io: &Io<'_>) {
     }
     io.release_counted();
     io.send(got, flags);
+}
+
+/// Connection `own` holds the request `io` read or wrote: flagged so, the request its thread
+/// (`t`) read before it (`prior`) flagged as waiting, and counted on a server thread.
+#[inline(always)]
+fn held_now(
+    io: &Io<'_>,
+    own: ConnKey,
+    t: Option<*mut ThreadHeld>,
+    prior: Option<(ConnKey, *mut retry_common::SummaryRecord)>,
+) {
+    io.set_flags(CONN_HELD, 0);
+    if let Some((_, ph)) = prior {
+        // It waited while this one was read.
+        // SAFETY: a map value, valid for this program run.
+        unsafe { (*ph).request.flags |= data_flags::INTERLEAVED };
+    }
+    if io.info.role == role::SERVER {
+        hold_on(io.pid_tgid, t, own);
+    }
 }
 
 /// One in `Config::summary_sample` summarisable requests is sent whole.
