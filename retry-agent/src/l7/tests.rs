@@ -1387,16 +1387,20 @@ fn a_summary_reads_its_requests_fields_as_a_whole_one() {
     );
 }
 
-#[test]
-fn weighted_summaries_and_tallies_carry_their_counts() {
-    let weighted = |ev: Event, weight: u32, tally: bool| match ev {
+/// `summary`'s event standing for `weight` exchanges; a tally (status 0) if `tally`.
+fn weighted(ev: Event, weight: u32, tally: bool) -> Event {
+    match ev {
         Event::Summary(s) => Event::Summary(crate::capture::SummaryEvent {
             weight,
             status: if tally { 0 } else { s.status },
             ..s
         }),
-        _ => unreachable!(),
-    };
+        _ => unreachable!("a summary"),
+    }
+}
+
+#[test]
+fn weighted_summaries_and_tallies_carry_their_counts() {
     let events = [
         conn_ev(3, Role::Server, 1, ConnEventKind::Accept),
         weighted(
@@ -1439,19 +1443,11 @@ fn weighted_summaries_and_tallies_carry_their_counts() {
 fn a_tally_that_names_no_request_keeps_its_counts_on_no_route() {
     // The kernel read bytes that start no request into the connection's entry after counting
     // three exchanges (a request it could not hold): the tally names none.
-    let with = |ev: Event, weight: u32, tally: bool| match ev {
-        Event::Summary(s) => Event::Summary(crate::capture::SummaryEvent {
-            weight,
-            status: if tally { 0 } else { s.status },
-            ..s
-        }),
-        _ => unreachable!(),
-    };
     let events = [
         conn_ev(3, Role::Server, 1, ConnEventKind::Accept),
-        with(summary_of(3, Role::Server, 100, b"", 200), 3, true),
+        weighted(summary_of(3, Role::Server, 100, b"", 200), 3, true),
         // A summary is an exchange of its own: without its request it is a parse error.
-        with(summary_of(3, Role::Server, 150, b"", 200), 1, false),
+        weighted(summary_of(3, Role::Server, 150, b"", 200), 1, false),
         conn_ev(3, Role::Server, 200, ConnEventKind::Close),
     ];
     let (out, stats) = run(&events);
