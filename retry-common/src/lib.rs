@@ -345,6 +345,9 @@ pub const CONN_QUIET: u32 = 4;
 /// `--capture-summary-every`: the connection's `HELD` entry counts quiet exchanges not sent
 /// yet, which a tally sends before anything else of the connection.
 pub const CONN_COUNTED: u32 = 8;
+/// `--capture-summarize`: the connection has held a request, so it has a `HELD` entry (kept
+/// until its close): its next requests may be read straight into it.
+pub const CONN_ENTRY: u32 = 16;
 /// Records one syscall of an HTTP/2 connection is split into at most, each carrying up to
 /// `MAX_PAYLOAD` bytes: a syscall larger than `H2_RECORDS × MAX_PAYLOAD` still ends in a gap.
 pub const H2_RECORDS: u32 = 4;

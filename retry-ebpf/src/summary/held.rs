@@ -197,9 +197,12 @@ pub(super) enum Direct {
 
 /// `hold`, reading the request's `got` bytes from user memory at `src` straight into the
 /// connection's entry (one copy instead of two: user memory → scratch → entry), when they
-/// start a request (`header` makes its record's header) and `keep` says it is held. Untried
-/// when the entry holds a request already (its `CONN_HELD` flag was lost to a concurrent
-/// update: reading into it would spoil that request's bytes) or cannot be made.
+/// start a request (`header` makes its record's header) and `keep` says it is held. Only into
+/// an entry the connection has (it held before, `CONN_ENTRY`): one is never made for bytes not
+/// known to be a request, so connections that never hold (other protocols) take no `HELD`
+/// entry and no second copy. Untried when there is none, or it holds a request already (its
+/// `CONN_HELD` flag was lost to a concurrent update: reading into it would spoil that
+/// request's bytes).
 ///
 /// The entry's request names the route of the exchanges it counted (`weight`, sent as a
 /// tally): what is read into it and not held is still a request with its own header (a tally
@@ -213,7 +216,7 @@ pub(super) fn hold_user(
     header: impl FnOnce() -> DataHeader,
     keep: impl FnOnce() -> bool,
 ) -> Direct {
-    let Some(slot) = entry(own) else {
+    let Some(slot) = HELD.get_ptr_mut(own) else {
         return Direct::Untried;
     };
     // SAFETY: a map value, valid for this program run; the helper checks the user address

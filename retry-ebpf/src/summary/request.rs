@@ -4,7 +4,8 @@
 use core::mem::size_of;
 
 use retry_common::{
-    CONN_COUNTED, CONN_HELD, CONN_QUIET, ConnKey, DataHeader, HELD_BYTES, data_flags, role,
+    CONN_COUNTED, CONN_ENTRY, CONN_HELD, CONN_QUIET, ConnKey, DataHeader, HELD_BYTES, data_flags,
+    role,
 };
 
 use super::{
@@ -70,9 +71,11 @@ pub(super) fn request(io: &Io<'_>) {
             io.ts,
         )
     };
-    // A request in one buffer, as most are, is read from user memory into its entry.
+    // A request in one buffer, as most are, is read from user memory into its connection's
+    // entry, once it has one.
     let mut direct = Direct::Untried;
     if let Src::Flat(src) = io.src
+        && info.flags & CONN_ENTRY != 0
         && shape
         && total <= u64::from(config().payload_bytes)
     {
@@ -125,7 +128,7 @@ fn held_now(
     t: Option<*mut ThreadHeld>,
     prior: Option<(ConnKey, *mut retry_common::SummaryRecord)>,
 ) {
-    io.set_flags(CONN_HELD, 0);
+    io.set_flags(CONN_HELD | CONN_ENTRY, 0);
     if let Some((_, ph)) = prior {
         // It waited while this one was read.
         // SAFETY: a map value, valid for this program run.
