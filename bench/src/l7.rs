@@ -424,6 +424,13 @@ fn indexed(order: &[usize], total: usize) -> Vec<u8> {
 }
 
 /// gRPC clients: unary calls, 8 in flight per connection, 100-byte messages.
+/// The gRPC row `as grpc-go encodes`, for the recorder bench's redaction: (set-up events, one
+/// round that can be replayed as often as needed).
+pub(crate) fn grpc_as_go_events() -> (Vec<Event>, Vec<Event>) {
+    let w = grpc_unary(Hpack::TracePerCallAsGo);
+    (w.setup, w.round)
+}
+
 fn grpc_unary(hpack: Hpack) -> Workload {
     const GRPC_CONNS: u32 = 64;
     const CALLS: u32 = 64;
