@@ -88,6 +88,11 @@ pub struct RecorderConfig {
         default_value_t = 60
     )]
     pub auto_after_secs: u64,
+    /// Pack each full block (64 KiB) of the ring with zstd: redacted traffic packs several times
+    /// over, so the same memory bound keeps that much more history (off: blocks stay plain,
+    /// the CPU for packing is saved; dumps read either).
+    #[arg(long = "recorder-pack", env = "RETRY_AGENT_RECORDER_PACK", default_value_t = true, action = ArgAction::Set)]
+    pub pack: bool,
     /// The node's secret key for the query and body digests in exchanges and dumps (created
     /// 0600 at first start): without it, a dump's digests of short secrets cannot be brute-forced.
     #[arg(
@@ -241,9 +246,11 @@ impl Recorder {
         Ok(Recorder {
             window_ns: cfg.window_secs.saturating_mul(1_000_000_000),
             max_bytes,
+            // Packing starts when the ring is half full: a ring that never fills (a quiet node)
+            // spends nothing on it.
+            ring: Ring::new(cfg.pack.then_some(max_bytes / 2)),
             cfg,
             pipeline: None,
-            ring: Ring::default(),
             processes: HashMap::new(),
             redactor: redact::Redactor::new(),
             stats: RecorderStats::default(),

@@ -295,7 +295,7 @@ fn retired_blocks_count_until_the_snapshot_lets_them_go() {
     ring.evict(0, blocks * BLOCK);
     assert_eq!(ring.len(), 0, "the held blocks take the whole bound");
     // Drained: each block is let go once read, while the next ones are still held.
-    let first = Arc::downgrade(&frozen.blocks[0].0);
+    let first = Arc::downgrade(&frozen.blocks[0].buf);
     let mut read = 0;
     frozen
         .drain(|ts, _| {
@@ -506,4 +506,135 @@ fn a_snapshot_from_an_earlier_ones_end_takes_up_where_it_ended() {
     assert!(third.first_seq > first.end_seq);
     assert_eq!(times(&third).first(), Some(&1500));
     assert_eq!(third.iter().count() as u64, third.end_seq - third.first_seq);
+}
+
+/// `n` requests (and a tick every ten) into `ring`.
+fn fill(ring: &mut Ring, n: u64) {
+    for i in 0..n {
+        let p = format!(
+            "GET /orders/{i}?page={} HTTP/1.1\r\nHost: orders\r\nUser-Agent: ********\r\n\r\n",
+            i % 50
+        );
+        let mut d = event(None, None, p.as_bytes());
+        d.ts_exit_ns = i;
+        ring.push_data(&d, |b| b.len());
+        if i.is_multiple_of(10) {
+            ring.push_other(Record::Tick { now_ns: i });
+        }
+    }
+}
+
+/// A ring that packs its full blocks and one that does not, fed the same records.
+fn plain_and_packed(n: u64) -> (Ring, Ring) {
+    let (mut plain, mut packed) = (Ring::new(None), Ring::new(Some(0)));
+    fill(&mut plain, n);
+    fill(&mut packed, n);
+    (plain, packed)
+}
+
+/// A ring packs only once it holds what it was told to pack above: a ring that never fills
+/// spends nothing on packing.
+#[test]
+fn a_ring_packs_only_above_its_threshold() {
+    let (plain, _) = plain_and_packed(5000);
+    let mut ring = Ring::new(Some(plain.bytes() / 2));
+    fill(&mut ring, 5000);
+    let packed: Vec<bool> = ring.blocks.iter().map(|b| b.packed.is_some()).collect();
+    let first = packed.iter().position(|&p| p).unwrap();
+    assert!(
+        first > 0 && packed[first..packed.len() - 1].iter().all(|&p| p),
+        "{packed:?}"
+    );
+    assert_eq!(records(ring.iter()), records(plain.iter()));
+}
+
+fn records<'a>(entries: impl Iterator<Item = (u64, Entry<'a>)>) -> Vec<(u64, Option<Record>)> {
+    entries.map(|(ts, e)| (ts, e.to_record())).collect()
+}
+
+/// Full blocks are packed: the ring reads the same records in the same order (live, frozen,
+/// drained, frozen from an earlier snapshot's end inside a packed block), and is charged what
+/// the packed blocks hold, so the same bound keeps several times the history.
+#[test]
+fn packed_blocks_read_as_plain_ones_for_less() {
+    let (plain, packed) = plain_and_packed(5000);
+    let n_packed = packed.blocks.iter().filter(|b| b.packed.is_some()).count();
+    assert!(n_packed >= 2, "{n_packed} blocks packed");
+    assert_eq!(n_packed + 1, packed.blocks.len(), "every full block packed");
+    assert!(
+        packed.bytes() * 3 < plain.bytes(),
+        "{} vs {} bytes",
+        packed.bytes(),
+        plain.bytes()
+    );
+    assert_eq!((packed.len(), packed.front_ts()), (plain.len(), Some(0)));
+    let want = records(plain.iter());
+    assert_eq!(want.len(), 5500);
+    assert!(want.iter().all(|(_, r)| r.is_some()));
+    assert_eq!(records(packed.iter()), want);
+    let frozen = packed.freeze(0, 0, usize::MAX);
+    assert_eq!(records(frozen.iter()), want);
+    let mut drained = Vec::new();
+    frozen
+        .drain(|ts, e| {
+            drained.push((ts, e.to_record()));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    assert_eq!(drained, want);
+    // An earlier snapshot ended inside the second block, a packed one.
+    let second = &packed.blocks[1];
+    assert!(second.packed.is_some());
+    let since = second.start_seq + second.records as u64 / 2;
+    let (a, b) = (
+        plain.freeze(0, since, usize::MAX),
+        packed.freeze(0, since, usize::MAX),
+    );
+    assert_eq!((b.first_seq, b.end_seq), (a.first_seq, a.end_seq));
+    assert_eq!(records(b.iter()), records(a.iter()));
+}
+
+/// A packed block is let go whole: while its newest record is within the horizon its older
+/// ones stay (nothing newer is lost), and once it aged it goes unread.
+#[test]
+fn a_packed_block_ages_whole() {
+    let (mut plain, mut packed) = plain_and_packed(5000);
+    let second = &packed.blocks[1];
+    let horizon = second.newest_ns - 5;
+    plain.evict(horizon, usize::MAX);
+    packed.evict(horizon, usize::MAX);
+    let newer = |r: &Ring| {
+        records(r.iter())
+            .into_iter()
+            .filter(|(ts, _)| *ts >= horizon)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(newer(&packed), newer(&plain));
+    assert!(
+        packed.front_ts() < plain.front_ts(),
+        "the second block kept whole"
+    );
+    assert_eq!(packed.len(), records(packed.iter()).len());
+    packed.evict(5000, 0);
+    assert_eq!((packed.len(), packed.bytes()), (0, 0));
+    assert!(packed.blocks.is_empty());
+}
+
+/// A packed block that does not unpack (its frame damaged) loses its own records, never
+/// misreads them, and the blocks after it still read.
+#[test]
+fn a_damaged_packed_block_loses_only_its_records() {
+    let (plain, mut packed) = plain_and_packed(5000);
+    let (from, lost) = (
+        packed.blocks[1].start_seq as usize,
+        packed.blocks[1].records,
+    );
+    assert!(packed.blocks[1].others > 0, "it marks other records too");
+    let buf = Arc::get_mut(&mut packed.blocks[1].buf).unwrap();
+    let mid = buf.len() / 2;
+    buf[mid] ^= 0x55;
+    let mut want = records(plain.iter());
+    want.drain(from..from + lost);
+    assert_eq!(records(packed.iter()), want);
+    assert_eq!(records(packed.freeze(0, 0, usize::MAX).iter()), want);
 }
