@@ -2356,6 +2356,36 @@ fn an_unseen_response_gets_no_verdict() {
     assert!(v.iter().any(|v| v.exchange == id_503), "{v:?}");
 }
 
+/// The same on the caller's side: a call whose response capture lost (or whose HTTP/2 header
+/// block could not be decoded: a connection picked up mid-life, its HPACK table unknown) is
+/// not a failure of the edge: a restarted agent on a node of long-lived gRPC connections saw
+/// every such call fail, and a fault. One whose error status was seen still is.
+#[test]
+fn an_unseen_call_outcome_is_no_failure_of_the_edge() {
+    let mut w = World::new();
+    let remote = "203.0.113.9:443";
+    for i in 0..10 {
+        let t = (1_000 + i * 50) * MS;
+        let local = eph(B, w.port());
+        let mut x = X::client(w.id(), B, 200, local, addr(remote), t, t + MS)
+            .route("/r")
+            .build();
+        x.unknown = true;
+        x.status = None;
+        x.outcome = OutcomeClass::Unknown;
+        w.push(x);
+    }
+    let local = eph(B, w.port());
+    let mut seen_503 = X::client(w.id(), B, 200, local, addr(remote), 1_600 * MS, 1_601 * MS)
+        .route("/r")
+        .status(503)
+        .build();
+    seen_503.unknown = true;
+    w.push(seen_503);
+    let e = w.edges_now("b", remote).expect("the edge");
+    assert_eq!((e.requests, e.failures), (11, 1));
+}
+
 /// A request to B on thread 200 from `t` to `end_ms` later, carrying trace id `trace`.
 fn traced_request(t: u64, id: u64, trace: u64, end_ms: u64, status: u16) -> Exchange {
     X::server(
