@@ -72,7 +72,7 @@ pub(super) fn build(
         replay_check: None,
         // A summary stands for its weight, a tally for the exchanges it counted.
         exchanges: d.exchanges.iter().map(|x| u64::from(x.weight)).sum(),
-        failed_exchanges: d.exchanges.iter().filter(|x| x.failed()).count() as u64,
+        failed_exchanges: d.exchanges.iter().filter(|x| x.failure_seen()).count() as u64,
         verdict_links: verdict_links(&d.verdicts),
         verdicts,
         timeline,
@@ -130,7 +130,7 @@ fn timeline(d: &Derived, clock: &Clock<'_>) -> Vec<TimelineEntry> {
     let first_fail = d
         .exchanges
         .iter()
-        .filter(|x| x.failed())
+        .filter(|x| x.failure_seen())
         .min_by_key(|x| x.end_ns());
     if let Some(x) = first_fail {
         t.push(clock.entry(x.end_ns(), TimelineKind::FirstFailure, failure_detail(x)));
@@ -209,7 +209,7 @@ fn fault_and_recovery(d: &Derived, any_failure: bool, clock: &Clock<'_>) -> Vec<
         any_failure,
         d.exchanges
             .iter()
-            .filter(|x| x.failed())
+            .filter(|x| x.failure_seen())
             .max_by_key(|x| x.end_ns()),
     ) && let Some(ok) = d
         .exchanges

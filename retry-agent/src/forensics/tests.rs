@@ -401,3 +401,46 @@ fn evidence(basis: Basis, callee: Ownership, within_budget: bool) -> Evidence {
         retries_within_budget: within_budget,
     }
 }
+
+/// An exchange whose outcome capture did not see (unknown, no status: a header block of a
+/// connection older than the capture) is no failure of the report: neither its first failure
+/// nor one of its failed exchanges.
+#[test]
+fn an_unseen_outcome_is_not_the_first_failure() {
+    let dir = temp_dir("forensics-unseen");
+    std::fs::create_dir_all(&dir).unwrap();
+    let a: std::net::SocketAddr = "127.0.0.1:1000".parse().unwrap();
+    let x = |id: u64, t: u64| crate::testkit::ExchangeBuilder::server(id, 1, 1, a, a, t, t + 1);
+    let mut unseen = x(1, 5 * S).build();
+    (unseen.unknown, unseen.status) = (true, None);
+    unseen.outcome = crate::l7::OutcomeClass::Unknown;
+    let seen = x(2, 8 * S).status(503).build();
+    let path = dir.join("unseen.radump");
+    let header = DumpHeader::new(DumpReason::OnDemand, RecorderConfig::default(), 0, 10 * S);
+    let file = std::fs::File::create(&path).unwrap();
+    let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).unwrap();
+    for r in [unseen, seen].map(|x| Record::Exchange(Box::new(x))) {
+        w.push(&r).unwrap();
+    }
+    std::io::Write::flush(&mut w.finish().unwrap()).unwrap();
+    let r = analyse(
+        &path,
+        &Options {
+            recorded: true,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let first = r
+        .timeline
+        .iter()
+        .find(|t| t.kind == TimelineKind::FirstFailure)
+        .map(|t| t.detail.as_str());
+    assert_eq!(
+        first,
+        Some("503 /work at 127.0.0.1:1000"),
+        "{:?}",
+        r.timeline
+    );
+    assert_eq!(r.failed_exchanges, 1);
+}

@@ -286,6 +286,11 @@ impl Exchange {
             && self.grpc_status.is_none()
             && self.failure.is_none()
     }
+    /// Failed, as far as capture saw: an outcome that went by unseen is no failure (and no
+    /// success either).
+    pub fn failure_seen(&self) -> bool {
+        self.failed() && !self.outcome_unseen()
+    }
     /// When the exchange ended (last response byte, or the failure).
     pub fn end_ns(&self) -> u64 {
         self.response_end_ns.unwrap_or(self.request_end_ns)

@@ -39,7 +39,7 @@ impl Engine {
         let (retry, hedged, prev_class, gap, in_hedge) = self.detect_retry(ex, edge);
         // An outcome capture did not see (a lost response record, a header block of a
         // connection picked up mid-life) is no failure, as on the server's side (`push_server`).
-        let failed = ex.failed() && !ex.outcome_unseen();
+        let failed = ex.failure_seen();
         let call = Call {
             edge,
             retry,
