@@ -409,7 +409,11 @@ impl Ring {
                 let buf = match b.packed {
                     Some((len, _)) => match unpack(&b.buf, len) {
                         Some(plain) => Arc::new(Vec::from(plain)),
-                        None => continue,
+                        None => {
+                            // Lost whole, its markers' structs with it.
+                            others += b.others;
+                            continue;
+                        }
                     },
                     None => b.buf.clone(),
                 };
