@@ -125,7 +125,12 @@ fn a_dump_under_load_stays_within_the_recorders_bound() {
     if !can_run() {
         return;
     }
-    let (agent, api, dir) = release_agent("ra-memory-dump", &["--recorder-max-mib", "24"]);
+    // Plain blocks, so the ring fills within the load's seconds (packed, the same bound holds
+    // several times the history: `recorder::ring` tests that packing keeps the bound).
+    let (agent, api, dir) = release_agent(
+        "ra-memory-dump",
+        &["--recorder-max-mib", "24", "--recorder-pack", "false"],
+    );
     let port = free_port();
     let cfg = dir.join("haproxy.cfg");
     std::fs::write(
