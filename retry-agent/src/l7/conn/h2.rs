@@ -209,7 +209,7 @@ impl H2Conn {
                 }
                 let failure = end_failure(info.role, kind, started);
                 s.p.conn_ended = ended_at(kind, ctx);
-                emit(em, info, writers, std::mem::take(&mut s.p), failure);
+                emit(em, info, writers, &mut s.p, failure);
             });
         }
     }
@@ -220,10 +220,10 @@ fn emit(
     em: &mut Emitter<'_>,
     info: &ConnInfo,
     writers: Writers,
-    p: Pending,
+    p: &mut Pending,
     failure: Option<Failure>,
 ) {
-    let mut x = p.into_exchange(info, failure);
+    let mut x = p.take_exchange(info, failure);
     x.threads_multiplexed = writers == Writers::Multiplexed && info.role == Role::Client;
     em.emit(x);
 }
@@ -241,9 +241,8 @@ struct H2Pairing<'a, 'b> {
 impl H2Pairing<'_, '_> {
     fn finish(&mut self, stream: u32, failure: Option<Failure>) {
         let (em, info, writers) = (&mut *self.em, self.info, *self.writers);
-        self.streams.remove_with(stream, |s| {
-            emit(em, info, writers, std::mem::take(&mut s.p), failure)
-        });
+        self.streams
+            .remove_with(stream, |s| emit(em, info, writers, &mut s.p, failure));
     }
 
     fn stream(&mut self, id: u32, start: &Ctx, unknown: bool) -> &mut H2Stream {
@@ -254,7 +253,7 @@ impl H2Pairing<'_, '_> {
                 self.streams.remove_with(oldest, |s| {
                     s.p.unknown = true;
                     em.stats.evictions_inflight += 1;
-                    emit(em, info, writers, std::mem::take(&mut s.p), None);
+                    emit(em, info, writers, &mut s.p, None);
                 });
             }
         }

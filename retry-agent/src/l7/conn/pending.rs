@@ -60,8 +60,15 @@ impl Pending {
         self.resp.is_some() || self.resp_bytes > 0
     }
 
-    pub(super) fn into_exchange(self, info: &ConnInfo, failure: Option<Failure>) -> Exchange {
-        let resp = self.resp.unwrap_or_default();
+    pub(super) fn into_exchange(mut self, info: &ConnInfo, failure: Option<Failure>) -> Exchange {
+        self.take_exchange(info, failure)
+    }
+
+    /// The exchange, its strings taken: what is left is stale (an HTTP/2 stream's box is
+    /// written anew when reused). Read in place, not moved out whole: a `Pending` taken from
+    /// its box and moved into this was ~3% of the gRPC reassembly's time.
+    pub(super) fn take_exchange(&mut self, info: &ConnInfo, failure: Option<Failure>) -> Exchange {
+        let resp = self.resp.take().unwrap_or_default();
         let signals: Signals = resp.signals;
         let unknown = self.unknown || self.req.unknown || resp.unknown;
         // A client that closes after reading an error status line chose not to read the body
@@ -75,7 +82,7 @@ impl Pending {
             f => f,
         };
         let outcome = classify(failure, &signals);
-        let method = self.req.method;
+        let method = self.req.method.take();
         let idempotent =
             method.as_ref().is_some_and(Method::is_idempotent) || self.req.idempotency_key;
         let resp_tid = self
@@ -110,9 +117,9 @@ impl Pending {
             response_end_ns: self.resp_end_ts,
             // Set by `Emitter::emit`, from its memo of recent paths.
             route: None,
-            path: self.req.path,
+            path: self.req.path.take(),
             query_hash: self.req.query_hash,
-            authority: self.req.authority,
+            authority: self.req.authority.take(),
             method,
             status: signals.status,
             grpc_status: signals.grpc_status,
@@ -120,7 +127,7 @@ impl Pending {
             failure,
             idempotent,
             idempotency_key: self.req.idempotency_key,
-            retry_markers: self.req.markers,
+            retry_markers: std::mem::take(&mut self.req.markers),
             trace_id: self.req.trace_source.map(|_| self.req.trace_hash),
             retry_after: signals.retry_after || signals.pushback,
             claim_header: resp.claim,
