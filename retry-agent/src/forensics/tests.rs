@@ -271,30 +271,14 @@ mod report {
             issued_at_ns: 55 * S,
             ..d
         }));
-        std::fs::create_dir_all(dir).unwrap();
-        let path = dir.join("incident.radump");
-        let header = DumpHeader::new(DumpReason::OnDemand, RecorderConfig::default(), 0, 60 * S);
-        let file = std::fs::File::create(&path).unwrap();
-        let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).unwrap();
-        for r in &records {
-            w.push(r).unwrap();
-        }
-        std::io::Write::flush(&mut w.finish().unwrap()).unwrap();
-        path
+        super::write_dump(&dir.join("incident.radump"), 60 * S, &records)
     }
 
     #[test]
     fn report_tells_the_story_of_the_incident() {
         let dir = temp_dir("forensics");
         let path = incident_dump(&dir);
-        let r = analyse(
-            &path,
-            &Options {
-                recorded: true,
-                ..Options::default()
-            },
-        )
-        .unwrap();
+        let r = super::recorded_report(&path);
         let kinds: Vec<(TimelineKind, u64)> =
             r.timeline.iter().map(|t| (t.kind, t.ts_ns / S)).collect();
         assert_eq!(
@@ -408,29 +392,14 @@ fn evidence(basis: Basis, callee: Ownership, within_budget: bool) -> Evidence {
 #[test]
 fn an_unseen_outcome_is_not_the_first_failure() {
     let dir = temp_dir("forensics-unseen");
-    std::fs::create_dir_all(&dir).unwrap();
     let a: std::net::SocketAddr = "127.0.0.1:1000".parse().unwrap();
     let x = |id: u64, t: u64| crate::testkit::ExchangeBuilder::server(id, 1, 1, a, a, t, t + 1);
     let mut unseen = x(1, 5 * S).build();
     (unseen.unknown, unseen.status) = (true, None);
     unseen.outcome = crate::l7::OutcomeClass::Unknown;
     let seen = x(2, 8 * S).status(503).build();
-    let path = dir.join("unseen.radump");
-    let header = DumpHeader::new(DumpReason::OnDemand, RecorderConfig::default(), 0, 10 * S);
-    let file = std::fs::File::create(&path).unwrap();
-    let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).unwrap();
-    for r in [unseen, seen].map(|x| Record::Exchange(Box::new(x))) {
-        w.push(&r).unwrap();
-    }
-    std::io::Write::flush(&mut w.finish().unwrap()).unwrap();
-    let r = analyse(
-        &path,
-        &Options {
-            recorded: true,
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let records = [unseen, seen].map(|x| Record::Exchange(Box::new(x)));
+    let r = recorded_report(&write_dump(&dir.join("unseen.radump"), 10 * S, &records));
     let first = r
         .timeline
         .iter()
@@ -443,4 +412,31 @@ fn an_unseen_outcome_is_not_the_first_failure() {
         r.timeline
     );
     assert_eq!(r.failed_exchanges, 1);
+}
+
+/// `records` written as a dump at `path` (its directory made), covering 0..`to_ns`.
+fn write_dump(path: &std::path::Path, to_ns: u64, records: &[Record]) -> PathBuf {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let header = DumpHeader::new(DumpReason::OnDemand, RecorderConfig::default(), 0, to_ns);
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = DumpWriter::new(std::io::BufWriter::new(file), &header).unwrap();
+    for r in records {
+        w.push(r).unwrap();
+    }
+    std::io::Write::flush(&mut w.finish().unwrap()).unwrap();
+    path.to_path_buf()
+}
+
+/// The report of the dump at `path`, from its recorded exchanges and verdicts (no replay).
+fn recorded_report(path: &std::path::Path) -> IncidentReport {
+    analyse(
+        path,
+        &Options {
+            recorded: true,
+            ..Options::default()
+        },
+    )
+    .unwrap()
 }
