@@ -204,6 +204,9 @@ struct Child {
     edge: u32,
     tuple: u64,
     outcome: OutcomeClass,
+    /// Its outcome went by unseen (`Exchange::outcome_unseen`): `outcome` says unknown, which
+    /// is no evidence that it failed.
+    unseen: bool,
     status: Option<u16>,
     claim_header: Option<Claim>,
     retry: bool,
@@ -224,6 +227,11 @@ struct Child {
 }
 
 impl Child {
+    /// Failed, as far as capture saw.
+    fn failed(&self) -> bool {
+        self.outcome.is_failure() && !self.unseen
+    }
+
     /// Recovered by a retry that started by `t`.
     fn recovered_by(&self, t: u64) -> bool {
         self.recovered_at.is_some_and(|r| r <= t)

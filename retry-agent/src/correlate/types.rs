@@ -114,15 +114,19 @@ pub enum Unlinked {
     WaitExpired,
     /// The process's histories no longer reach back to the request (a busy process).
     HistoryLost,
+    /// Its calls were placed, but capture did not see how one ended (a lost response record, an
+    /// HTTP/2 connection picked up mid-life): it may have failed, or not.
+    OutcomeUnseen,
 }
 
 impl Unlinked {
-    pub const ALL: [Unlinked; 5] = [
+    pub const ALL: [Unlinked; 6] = [
         Unlinked::NoTrace,
         Unlinked::TraceShared,
         Unlinked::UntracedCall,
         Unlinked::WaitExpired,
         Unlinked::HistoryLost,
+        Unlinked::OutcomeUnseen,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -132,6 +136,7 @@ impl Unlinked {
             Unlinked::UntracedCall => "untraced_call",
             Unlinked::WaitExpired => "wait_expired",
             Unlinked::HistoryLost => "history_lost",
+            Unlinked::OutcomeUnseen => "outcome_unseen",
         }
     }
 

@@ -69,6 +69,10 @@ pub(super) struct Evidence<'a> {
     pub orphan_failed: bool,
     /// `--at-least-once`: own retryable errors no one below retried.
     pub at_least_once: bool,
+    /// A call made for it to a fail-close dependency ended with an outcome capture did not see
+    /// (a lost response record, a header block of a connection picked up mid-life): it may have
+    /// failed. Not in `failed`.
+    pub unseen: bool,
 }
 
 /// Why the request got its claim.
@@ -88,6 +92,8 @@ pub(super) enum Reason {
     ContextLost,
     /// A handed-off call failed where it could not be placed: it may have been this request's.
     OrphanFailure,
+    /// None of its calls failed as far as capture saw, but one's outcome went unseen.
+    OutcomeUnseen,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +114,9 @@ pub(super) fn decide(e: &Evidence<'_>) -> Decision {
     } else if !e.failed.iter().any(FailedCall::is_cause) {
         if e.orphan_failed && e.context == Context::Followed {
             (Claim::Missing, Reason::OrphanFailure)
+        } else if e.unseen {
+            // Claimed would say no call caused it, unclaimed that one did: neither is known.
+            (Claim::Missing, Reason::OutcomeUnseen)
         } else if e.failed.is_empty() {
             (Claim::Claimed, Reason::OwnError)
         } else {

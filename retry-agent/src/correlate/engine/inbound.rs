@@ -205,7 +205,7 @@ impl Engine {
                 ctx.children
                     .iter()
                     .filter(in_window)
-                    .filter(|c| c.outcome.is_failure())
+                    .filter(|c| c.failed())
                     .filter(|c| {
                         !ctx.children.iter().filter(in_window).any(|r| {
                             r.retry

@@ -71,6 +71,7 @@ impl Engine {
             edge,
             tuple,
             outcome: ex.outcome,
+            unseen: ex.outcome_unseen(),
             status: ex.status,
             claim_header: ex.claim_header,
             retry,

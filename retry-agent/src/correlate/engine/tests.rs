@@ -2386,6 +2386,43 @@ fn an_unseen_call_outcome_is_no_failure_of_the_edge() {
     assert_eq!((e.requests, e.failures), (11, 1));
 }
 
+/// A failed request whose only call ended unseen is neither claimed (the call may have failed)
+/// nor unclaimed (it may not have): `missing`, counted as `outcome_unseen`. Beside a call whose
+/// failure was seen it is unclaimed as before.
+#[test]
+fn a_failed_request_over_an_unseen_call_outcome_is_missing() {
+    let mut w = World::new();
+    let remote = "203.0.113.9:443";
+    let unseen_call = |w: &mut World, t: u64| {
+        let local = eph(B, w.port());
+        let mut x = X::client(w.id(), B, 200, local, addr(remote), t + MS, t + 3 * MS)
+            .route("/r")
+            .build();
+        x.unknown = true;
+        x.status = None;
+        x.outcome = OutcomeClass::Unknown;
+        w.push(x);
+    };
+    let t = 1_000 * MS;
+    w.next_request();
+    unseen_call(&mut w, t);
+    let alone = w.inbound(B, 200, t, 10 * MS, 500);
+    let t = 1_100 * MS;
+    w.next_request();
+    unseen_call(&mut w, t);
+    // Retried (at-least-once would otherwise keep the error ours).
+    w.call_remote(B, 200, remote, t + 4 * MS, MS, 503, None);
+    w.call_remote(B, 200, remote, t + 6 * MS, MS, 503, None);
+    let beside = w.inbound(B, 200, t, 10 * MS, 502);
+    w.e.tick(t + 2_000 * MS, &mut w.v);
+    let v = w.verdict(alone);
+    assert_eq!((v.claim, v.link), (Claim::Missing, Link::Unlinked));
+    assert_eq!(w.e.stats().unlinked[Unlinked::OutcomeUnseen.index()], 1);
+    let v = w.verdict(beside);
+    assert_eq!(v.claim, Claim::Unclaimed);
+    assert_eq!(v.caused_by.len(), 2, "the failures seen: {:?}", v.caused_by);
+}
+
 /// A request to B on thread 200 from `t` to `end_ms` later, carrying trace id `trace`.
 fn traced_request(t: u64, id: u64, trace: u64, end_ms: u64, status: u16) -> Exchange {
     X::server(

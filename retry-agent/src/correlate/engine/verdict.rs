@@ -35,9 +35,18 @@ impl Found {
         }
         self.children
             .iter()
-            .filter(|c| c.outcome.is_failure() && !c.recovered_by(answered) && c.end <= answered)
+            .filter(|c| c.failed() && !c.recovered_by(answered) && c.end <= answered)
             .copied()
             .collect()
+    }
+
+    /// Its calls whose outcome went unseen, by `answered` (none known when the context is
+    /// lost): each may have failed.
+    fn unseen_children(&self, answered: u64) -> impl Iterator<Item = &Child> {
+        let known = self.context != Context::Lost;
+        self.children
+            .iter()
+            .filter(move |c| known && c.unseen && !c.recovered_by(answered) && c.end <= answered)
     }
 }
 
@@ -56,7 +65,7 @@ fn unplaced(found: &Found) -> bool {
         && found
             .children
             .iter()
-            .all(|c| !c.outcome.is_failure() || c.recovered_by(found.answered))
+            .all(|c| !c.failed() || c.recovered_by(found.answered))
 }
 
 /// How long a failed request may wait past its end for its process's concurrent requests to be
@@ -203,6 +212,9 @@ impl Engine {
             process_failed: found.process_failed,
             orphan_failed: found.orphan_failed,
             at_least_once: self.cfg.at_least_once,
+            unseen: found
+                .unseen_children(found.answered)
+                .any(|c| self.fail_close(c.edge)),
         })
     }
 
@@ -222,7 +234,11 @@ impl Engine {
         };
         let link = verdict_link(p, found, decision.claim);
         if decision.claim == Claim::Missing {
-            let why = found.unlinked.unwrap_or(Unlinked::NoTrace);
+            let why = if decision.reason == Reason::OutcomeUnseen {
+                Unlinked::OutcomeUnseen
+            } else {
+                found.unlinked.unwrap_or(Unlinked::NoTrace)
+            };
             if let Some(n) = self.stats.unlinked.get_mut(why.index()) {
                 *n += 1;
             }
