@@ -386,6 +386,9 @@ struct RetryState {
     thread: u64,
     /// The caller gave it up (closed or cancelled while waiting): a hedge's loser.
     given_up: bool,
+    /// It failed as far as capture saw (`Exchange::failure_seen`): a repeat after one whose
+    /// outcome went unseen (a lost response record) is no evidence of a retry.
+    failed: bool,
 }
 
 #[derive(Clone, Copy)]

@@ -294,7 +294,7 @@ impl Engine {
                         attempt = p.attempt + 1;
                         in_hedge = true;
                     }
-                } else if p.outcome.is_failure()
+                } else if p.failed
                     && start - p.end <= window
                     && !self.context_ended(ex.pid, p, start)
                 {
@@ -354,6 +354,7 @@ impl Engine {
                 attempt,
                 thread,
                 given_up,
+                failed: ex.failure_seen(),
             },
         );
         (out.0, out.1, out.2, out.3, in_hedge)

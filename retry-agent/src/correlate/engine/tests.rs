@@ -1049,6 +1049,26 @@ fn retry_after_failure_and_new_request_after_success() {
     );
 }
 
+/// A repeat after an attempt whose outcome capture did not see (its response records lost) is
+/// no retry: nothing says the first failed, and counting it would make capture loss look like
+/// amplification. After a seen failure it is one.
+#[test]
+fn a_repeat_after_an_unseen_outcome_is_no_retry() {
+    let mut w = World::new();
+    let t = 1_000 * MS;
+    let mut x = get(&mut w, t, MS, 200, "/a");
+    x.unknown = true;
+    x.status = None;
+    x.outcome = OutcomeClass::Unknown;
+    w.push(x);
+    let x = get(&mut w, t + 10 * MS, MS, 503, "/a");
+    w.push(x);
+    assert_eq!(w.e.stats().retries, 0);
+    let x = get(&mut w, t + 20 * MS, MS, 200, "/a");
+    w.push(x);
+    assert_eq!(w.e.stats().retries, 1);
+}
+
 #[test]
 fn another_query_on_the_same_path_is_another_request() {
     let mut w = World::new();
