@@ -146,6 +146,49 @@ fn attach_rank(s: &ProgramSpec) -> u8 {
     }
 }
 
+/// The kernel's ENOTSUPP (not userspace's EOPNOTSUPP): what `bpf_prog_load` returns when the
+/// JIT fails on a program the verifier accepted and the interpreter is not built in.
+const ENOTSUPP: i32 = 524;
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| r.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// Why a program did not load, told apart: refused by the verifier (its log says why), or
+/// accepted and then failed by the kernel's JIT, or anything else.
+pub(super) fn load_error(prog: &str, e: ProgramError) -> CaptureError {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            // A verifier refusal is EINVAL or EACCES; ENOTSUPP comes after it, from the JIT.
+            let jit = io_error.raw_os_error() == Some(ENOTSUPP);
+            let log = verifier_log.to_string();
+            let source = Box::new(ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            });
+            if jit {
+                CaptureError::Jit {
+                    program: prog.to_string(),
+                    kernel: kernel_release(),
+                    source,
+                }
+            } else {
+                CaptureError::Verifier {
+                    program: prog.to_string(),
+                    log,
+                    source,
+                }
+            }
+        }
+        source => CaptureError::program(prog)(source),
+    }
+}
+
 fn attach_tracepoint(
     ebpf: &mut Ebpf,
     prog: &str,
@@ -157,23 +200,7 @@ fn attach_tracepoint(
         .ok_or(ProgramError::NotLoaded)
         .map_err(CaptureError::program(prog))?;
     let program: &mut TracePoint = program.try_into().map_err(CaptureError::program(prog))?;
-    match program.load() {
-        Ok(()) => {}
-        Err(ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        }) => {
-            return Err(CaptureError::Verifier {
-                program: prog.to_string(),
-                log: verifier_log.to_string(),
-                source: Box::new(ProgramError::LoadError {
-                    io_error,
-                    verifier_log,
-                }),
-            });
-        }
-        Err(source) => return Err(CaptureError::program(prog)(source)),
-    }
+    program.load().map_err(|e| load_error(prog, e))?;
     program
         .attach(category, tp)
         .map_err(CaptureError::program(prog))?;

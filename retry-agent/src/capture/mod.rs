@@ -79,6 +79,18 @@ pub enum CaptureError {
         #[source]
         source: Box<ProgramError>,
     },
+    /// The verifier accepted the program and the kernel's JIT failed to compile it (ENOTSUPP;
+    /// the kernel log says `bpf_jit: fatal error`): on x86-64 its passes did not converge on
+    /// one layout of a program this large, which the kernel's JIT, not the program, decides.
+    #[error(
+        "the kernel's BPF JIT could not compile program {program} (ENOTSUPP after the verifier accepted it; the kernel log says \"bpf_jit: fatal error\"): a limit of this kernel's JIT for programs of this size, not a refusal of what the program does; please report the kernel version ({kernel}) with this message"
+    )]
+    Jit {
+        program: String,
+        kernel: String,
+        #[source]
+        source: Box<ProgramError>,
+    },
     #[error("program {program}")]
     Program {
         program: String,

@@ -64,3 +64,25 @@ fn programs_go_in_consumers_first() {
         ]
     );
 }
+
+/// A program the JIT failed after the verifier accepted it is not reported as the verifier's
+/// refusal (the log of an accepted program says nothing wrong): ENOTSUPP is the JIT's.
+#[test]
+fn a_jit_failure_is_not_called_a_verifier_refusal() {
+    let failed = |errno: i32| aya::programs::ProgramError::LoadError {
+        io_error: std::io::Error::from_raw_os_error(errno),
+        verifier_log: aya_obj::VerifierLog::new("processed 85385 insns".to_owned()),
+    };
+    let jit = load::load_error("ra_exit_readv", failed(524));
+    assert!(matches!(jit, CaptureError::Jit { .. }), "{jit}");
+    let text = jit.to_string();
+    assert!(
+        text.contains("ra_exit_readv") && text.contains("bpf_jit: fatal error"),
+        "{text}"
+    );
+    let refused = load::load_error("ra_exit_readv", failed(libc::EACCES));
+    assert!(
+        matches!(refused, CaptureError::Verifier { .. }),
+        "{refused}"
+    );
+}
