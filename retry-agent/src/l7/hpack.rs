@@ -14,6 +14,12 @@
 //!
 //! Malformed input is an error, never a panic; the caller decides what an error means (for all
 //! three, that this direction's table is unknowable from then on).
+//!
+//! A decoder whose table is unknowable (a connection picked up mid-life, a block missed) can
+//! `forget` it and go on in part: a field of the static table, a literal, and a reference to an
+//! entry added since are read as they are (an index names the entry added that many insertions
+//! ago, whatever the table's size: an entry the sender evicted is one it never refers to); a
+//! reference into what came before is unresolved, and counted (`unresolved`), never guessed.
 use std::collections::VecDeque;
 
 pub mod huffman;
@@ -218,11 +224,16 @@ pub fn encode_str(out: &mut Vec<u8>, s: &[u8], huff: bool) {
     }
 }
 
-/// One dynamic table entry: name and value in one allocation.
+/// One dynamic table entry: name and value in one allocation. `name_len` is `UNSEEN` for one
+/// added while the table was partly unknown whose name was an unresolved reference: its place
+/// is known, not its field.
 struct Entry {
     bytes: Box<[u8]>,
     name_len: usize,
 }
+
+/// `Entry::name_len` of an entry whose field is unknown.
+const UNSEEN: usize = usize::MAX;
 
 impl Entry {
     fn name(&self) -> &[u8] {
@@ -231,9 +242,16 @@ impl Entry {
     fn value(&self) -> &[u8] {
         &self.bytes[self.name_len..]
     }
-    /// An entry's size for the table's bound (§4.1).
+    /// An entry's size for the table's bound (§4.1); an unseen one's, at least.
     fn size(&self) -> usize {
         self.bytes.len() + 32
+    }
+
+    fn unseen() -> Entry {
+        Entry {
+            bytes: Box::default(),
+            name_len: UNSEEN,
+        }
     }
 }
 
@@ -242,18 +260,28 @@ struct Table {
     entries: VecDeque<Entry>,
     size: usize,
     max: usize,
+    /// What the table held before its oldest entry here is unknown (`Decoder::forget`).
+    partial: bool,
 }
 
+/// A field's name and value, borrowed.
+type Field<'a> = (&'a [u8], &'a [u8]);
+
 impl Table {
-    fn get(&self, index: usize) -> Result<(&[u8], &[u8]), HpackError> {
+    /// The field at `index`; `None` when it is one this decoder cannot know (partial table).
+    fn get(&self, index: usize) -> Result<Option<Field<'_>>, HpackError> {
         if let Some(&(n, v)) = index.checked_sub(1).and_then(|i| STATIC_TABLE.get(i)) {
-            return Ok((n, v));
+            return Ok(Some((n, v)));
         }
-        index
+        match index
             .checked_sub(STATIC_TABLE.len() + 1)
-            .and_then(|i| self.entries.get(i))
-            .map(|e| (e.name(), e.value()))
-            .ok_or(HpackError::BadIndex(index))
+            .map(|i| self.entries.get(i))
+        {
+            Some(Some(e)) if e.name_len != UNSEEN => Ok(Some((e.name(), e.value()))),
+            Some(Some(_)) => Ok(None),
+            Some(None) if self.partial => Ok(None),
+            _ => Err(HpackError::BadIndex(index)),
+        }
     }
 
     fn evict_to(&mut self, max: usize) {
@@ -286,6 +314,8 @@ pub struct Decoder {
     max_allowed: usize,
     name_buf: Vec<u8>,
     value_buf: Vec<u8>,
+    /// Fields of the last block that referred to entries this decoder cannot know.
+    unresolved: usize,
 }
 
 impl Decoder {
@@ -296,11 +326,33 @@ impl Decoder {
                 entries: VecDeque::new(),
                 size: 0,
                 max: DEFAULT_TABLE_SIZE.min(max_allowed),
+                partial: false,
             },
             max_allowed,
             name_buf: Vec::new(),
             value_buf: Vec::new(),
+            unresolved: 0,
         }
+    }
+
+    /// The sender's table is unknowable from here (blocks went by unseen, or one did not
+    /// decode): what this decoder holds is dropped and the next blocks are read in part (see
+    /// the module's header). The table's bound is kept: a later size update still applies.
+    pub fn forget(&mut self) {
+        self.table.entries.clear();
+        self.table.size = 0;
+        self.table.partial = true;
+    }
+
+    /// Whether the table is partly unknown (since `forget`).
+    pub fn partial(&self) -> bool {
+        self.table.partial
+    }
+
+    /// How many fields of the last block decoded referred to entries this decoder cannot know
+    /// (0 unless `partial`): they were not handed over.
+    pub fn unresolved(&self) -> usize {
+        self.unresolved
     }
 
     /// The dynamic table's current size (§4.1) and bound.
@@ -345,6 +397,7 @@ impl Decoder {
         wants: impl Fn(&[u8]) -> bool,
         mut field: impl FnMut(&[u8], Option<&[u8]>),
     ) -> Result<(), HpackError> {
+        self.unresolved = 0;
         let mut p = 0;
         while let Some(&first) = block.get(p) {
             let repr = Repr::of(first);
@@ -355,8 +408,10 @@ impl Decoder {
                     if index == 0 {
                         return Err(HpackError::BadIndex(0));
                     }
-                    let (n, v) = self.table.get(index)?;
-                    field(n, Some(v));
+                    match self.table.get(index)? {
+                        Some((n, v)) => field(n, Some(v)),
+                        None => self.unresolved += 1,
+                    }
                 }
                 Repr::SizeUpdate => {
                     if index > self.max_allowed {
@@ -376,8 +431,18 @@ impl Decoder {
                         let (huff, raw, after) = read_str(block, p)?;
                         p = after;
                         string(huff, raw, name_buf)?
+                    } else if let Some((n, _)) = table.get(index)? {
+                        n
                     } else {
-                        table.get(index)?.0
+                        // A name this decoder cannot know: its value is skipped; an entry it
+                        // adds keeps its place, unseen.
+                        let (_, _, after) = read_str(block, p)?;
+                        p = after;
+                        self.unresolved += 1;
+                        if repr == Repr::Incremental {
+                            table.insert(Entry::unseen());
+                        }
+                        continue;
                     };
                     let (huff, raw, after) = read_str(block, p)?;
                     p = after;

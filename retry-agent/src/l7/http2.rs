@@ -3,8 +3,14 @@
 //!
 //! HPACK state is cumulative: once a header block is missed or cut short (capture started
 //! mid-connection, block larger than the captured prefix) the dynamic table is unknowable for
-//! the rest of the connection, so later blocks are reported as unknown instead of decoded with
-//! a table that may be wrong. Frame payloads we do not need are skipped by counting.
+//! the rest of the connection. Later blocks are then read in part (`hpack::Decoder::forget`):
+//! static fields, literals and entries added since are read, references into the unknown part
+//! are not, and a block with any such field is unknown (`unknown`), with what it cannot vouch
+//! for left out: a request's method (without its whole head, two calls cannot be told to be the
+//! same), an answer's status unless it says a failure (a 200 may carry a gRPC error in a field
+//! that did not resolve). An HTTP/2 connection older than the agent (a DaemonSet rollout among
+//! long-lived ones) so still shows its proxies' and servers' error statuses and its new paths.
+//! Frame payloads we do not need are skipped by counting.
 use super::{
     hpack,
     http1::{Side, recycle},
@@ -184,7 +190,7 @@ pub(crate) struct H2Dir {
     block_start: Ctx,
     in_block: bool,
     decoder: hpack::Decoder,
-    /// False once the dynamic table is unknowable.
+    /// False once the dynamic table is unknowable (blocks are then read in part).
     hpack_ok: bool,
     cap: usize,
     repeats: Repeats,
@@ -194,7 +200,10 @@ impl H2Dir {
     /// `preface`: this is the client direction of a connection seen from its start.
     /// `hpack_ok`: false when capture started mid-connection.
     pub(crate) fn new(side: Side, preface: bool, hpack_ok: bool, cap: usize) -> Self {
-        let decoder = hpack::Decoder::new(MAX_HPACK_TABLE);
+        let mut decoder = hpack::Decoder::new(MAX_HPACK_TABLE);
+        if !hpack_ok {
+            decoder.forget();
+        }
         H2Dir {
             side,
             state: if preface {
@@ -347,11 +356,18 @@ impl H2Dir {
     fn lose(&mut self, ctx: &Ctx, sink: &mut impl H2Sink) {
         self.state = State::Lost;
         // Header blocks may have gone by unseen: the dynamic table is unknowable from here on.
-        self.hpack_ok = false;
+        self.unknowable();
         self.in_block = false;
         self.block.clear();
         self.payload.clear();
         sink.lost(ctx);
+    }
+
+    /// The sender's dynamic table is unknowable from here: blocks are read in part.
+    fn unknowable(&mut self) {
+        self.hpack_ok = false;
+        self.decoder.forget();
+        self.repeats.clear();
     }
 
     /// A frame whose header and payload are all in one syscall's captured bytes: the same steps
@@ -554,22 +570,15 @@ impl H2Dir {
     /// `bytes` is the whole header block (or, when `block_cut`, its captured prefix).
     fn end_block_of(&mut self, bytes: &[u8], ctx: &Ctx, sink: &mut impl H2Sink) {
         self.in_block = false;
-        let block = match (self.hpack_ok, self.block_cut) {
-            (true, false) => self.decode(bytes, false),
-            (true, true) => {
-                sink.truncated();
-                // What the block's captured prefix says, then the table is unknowable: the
-                // rest of the block may have added entries.
-                let b = self.decode(bytes, true);
-                self.hpack_ok = false;
-                b
-            }
-            (false, cut) => {
-                if cut {
-                    sink.truncated();
-                }
-                Block::Unknown
-            }
+        let block = if self.block_cut {
+            sink.truncated();
+            // What the block's captured prefix says, then the table is unknowable: the rest of
+            // the block may have added entries.
+            let b = self.decode(bytes, true);
+            self.unknowable();
+            b
+        } else {
+            self.decode(bytes, false)
         };
         if self.block_push {
             // Promised requests are not exchanges we pair; decoding kept the table in sync.
@@ -624,9 +633,12 @@ impl H2Dir {
                     }
                 }),
         };
-        if partial {
+        if partial || self.decoder.unresolved() > 0 {
             req.unknown = true;
             resp.unknown = true;
+        }
+        if self.decoder.unresolved() > 0 {
+            vouch_for_what_resolved(&mut req, &mut resp);
         }
         match res {
             Ok(()) => match side {
@@ -639,10 +651,23 @@ impl H2Dir {
             },
             Err(e) => {
                 tracing::debug!(error = %e, "HPACK block did not decode; decoder state unknowable");
-                self.hpack_ok = false;
+                self.unknowable();
                 Block::Unknown
             }
         }
+    }
+}
+
+/// A header block with fields that did not resolve (a table partly unknown) keeps only what
+/// they cannot contradict. A request's method goes: with its head partly unknown, two calls
+/// are not known to be the same one (retries are told by method, path and more). An answer's
+/// status goes unless it is a failure: the unresolved fields may have been the gRPC status a
+/// 200 carries, and a failed call must not read as a success.
+fn vouch_for_what_resolved(req: &mut ReqInfo, resp: &mut RespInfo) {
+    req.method = None;
+    let sig = &mut resp.signals;
+    if sig.grpc_status.is_none() && sig.status.is_some_and(|st| st < 400) {
+        sig.status = None;
     }
 }
 

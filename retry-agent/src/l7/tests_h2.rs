@@ -344,9 +344,13 @@ fn mid_connection_start_is_unknown_and_the_next_connection_recovers() {
     let (ex, _) = run(&ev);
     assert_eq!(ex.len(), 1, "{ex:#?}");
     assert!(ex[0].unknown, "decoder state was unknowable");
-    assert_eq!(ex[0].path, None, "no guessed fields");
+    // The path went as a literal (read as sent); what referred to the unseen part did not
+    // resolve, so the method is not vouched for, nor the 200 (its gRPC status did not resolve).
+    assert_eq!(ex[0].path.as_deref(), Some("/svc/Warm"));
+    assert_eq!(ex[0].method, None, "no guessed fields");
     assert_eq!(ex[0].stream_id, Some(3));
     assert_eq!(ex[0].outcome, OutcomeClass::Unknown);
+    assert!(ex[0].outcome_unseen());
     // A fresh connection decodes again.
     let (mut c, mut s) = (Peer::new(), Peer::new());
     let mut all = ev.clone();
@@ -358,6 +362,71 @@ fn mid_connection_start_is_unknown_and_the_next_connection_recovers() {
     assert_eq!(ex.len(), 2);
     assert!(!ex[1].unknown);
     assert_eq!(ex[1].path.as_deref(), Some("/svc/Fresh"));
+}
+
+/// An HTTP/2 connection older than capture (an agent restarted among long-lived connections):
+/// its blocks refer to a table whose start went by unseen. What they carry as literals, or
+/// refer to entries added since, is read: a proxy's 503 is a failure of its edge, a new
+/// path is its route. A 200 whose other fields did not resolve vouches for nothing (its gRPC
+/// status may have been an error): its outcome is unseen, neither failure nor success. So is
+/// an answer whose trailers did not resolve, whatever its head said.
+#[test]
+fn a_connection_older_than_capture_still_shows_its_failures() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let warm: &[(&str, &str)] = &[
+        (":status", "200"),
+        ("content-type", "application/grpc"),
+        ("grpc-status", "0"),
+    ];
+    // What the unseen start of the connection put into both tables.
+    let _ = c.headers(1, true, &hs(&req_headers("/svc/Warm")));
+    let _ = s.headers(1, true, warm);
+    // A 503 from a proxy: `:status` by its static name, the value a literal.
+    let mut w = vec![(OUT, c.headers(3, true, &hs(&req_headers("/svc/New"))))];
+    w.push((
+        IN,
+        s.headers(
+            3,
+            true,
+            &[(":status", "503"), ("content-type", "application/grpc")],
+        ),
+    ));
+    // A trailers-only answer: its 200 is static, its grpc-status refers to the unseen part.
+    w.push((OUT, c.headers(5, true, &hs(&req_headers("/svc/New")))));
+    w.push((IN, s.headers(5, true, warm)));
+    // A head read whole (a static 200, a content-type the 503 added), trailers that refer to
+    // the unseen part.
+    w.push((OUT, c.headers(7, true, &hs(&req_headers("/svc/New")))));
+    let mut resp = s.headers(
+        7,
+        false,
+        &[(":status", "200"), ("content-type", "application/grpc")],
+    );
+    resp.extend(s.headers(7, true, &[("grpc-status", "0")]));
+    w.push((IN, resp));
+    let mut ev: Vec<Event> = Vec::new();
+    for (i, (dir, b)) in w.into_iter().enumerate() {
+        ev.push(data(3, Role::Client, dir, 10 + i as u64, &b));
+    }
+    let (ex, _) = run(&ev);
+    assert_eq!(ex.len(), 3, "{ex:#?}");
+    let by = |id: u32| {
+        ex.iter()
+            .find(|x| x.stream_id == Some(id))
+            .expect("the stream")
+    };
+    let failed = by(3);
+    assert_eq!(failed.status, Some(503));
+    assert_eq!(failed.outcome, OutcomeClass::Transient);
+    assert!(failed.failure_seen());
+    assert_eq!(failed.path.as_deref(), Some("/svc/New"));
+    assert_eq!(failed.method, None, "the head is not all known");
+    let trailers_only = by(5);
+    assert_eq!(trailers_only.status, None, "{trailers_only:#?}");
+    assert!(trailers_only.outcome_unseen());
+    let late_trailers = by(7);
+    assert_eq!(late_trailers.status, None, "{late_trailers:#?}");
+    assert!(late_trailers.outcome_unseen());
 }
 
 #[test]
@@ -390,8 +459,13 @@ fn truncated_header_block_makes_later_streams_unknown() {
     assert_eq!(ex[0].path.as_deref(), Some("/svc/Big"));
     assert_eq!(ex[0].method, Some(Method::Post));
     assert!(
-        ex[1].unknown && ex[1].path.is_none(),
+        ex[1].unknown && ex[1].method.is_none(),
         "the request decoder lost its table"
+    );
+    assert_eq!(
+        ex[1].path.as_deref(),
+        Some("/svc/After"),
+        "a literal is read"
     );
     assert_eq!(
         ex[1].status,
@@ -437,7 +511,7 @@ fn block_over_the_buffer_cap_is_cut_alike_whole_or_in_pieces() {
     assert!(ex[0].unknown);
     assert_eq!(ex[0].path.as_deref(), Some("/svc/Big"));
     assert!(
-        ex[1].unknown && ex[1].path.is_none(),
+        ex[1].unknown && ex[1].method.is_none(),
         "the table is unknowable after the cut"
     );
     assert_eq!(ex[1].status, Some(200));

@@ -353,6 +353,14 @@ impl H2Pairing<'_, '_> {
                     // Trailers: gRPC status and friends.
                     Some(have) => {
                         let sig = &mut have.signals;
+                        if r.unknown && r.signals.grpc_status.is_none() {
+                            // Trailers not all read (a table partly unknown): the gRPC status
+                            // they carried may have been a failure the head's 200 hides.
+                            have.unknown = true;
+                            if sig.grpc_status.is_none() && sig.status.is_some_and(|st| st < 400) {
+                                sig.status = None;
+                            }
+                        }
                         sig.grpc_status = r.signals.grpc_status.or(sig.grpc_status);
                         sig.retry_after |= r.signals.retry_after;
                         sig.pushback |= r.signals.pushback;

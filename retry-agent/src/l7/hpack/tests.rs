@@ -407,3 +407,53 @@ fn a_long_string_leaves_no_large_buffer_behind() {
     assert!(d.value_buf.capacity() <= MAX_KEPT_BUFFER);
     assert!(d.name_buf.capacity() <= MAX_KEPT_BUFFER);
 }
+
+/// Blocks of a connection whose start went by unseen: a decoder that forgot its table reads
+/// static fields, literals and what was added since (by how many insertions ago, as the
+/// sender counts), and counts the references into the unknown part instead of failing; an
+/// entry added under a name that did not resolve keeps its place.
+#[test]
+fn a_forgotten_table_is_read_in_part() {
+    let mut d = Decoder::new(DEFAULT_TABLE_SIZE);
+    d.forget();
+    assert!(d.partial());
+    let mut b = Vec::new();
+    // :method GET (static 2), then index 62 (the unseen part), then x-a: 1 added (literal name).
+    b.push(0x82);
+    b.push(0x80 | 62);
+    b.push(0x40);
+    encode_str(&mut b, b"x-a", false);
+    encode_str(&mut b, b"1", true);
+    assert_eq!(
+        fields(&mut d, &b).unwrap(),
+        pairs(&[(":method", "GET"), ("x-a", "1")])
+    );
+    assert_eq!(d.unresolved(), 1);
+    // Added under a name from the unseen part (index 70: below it now), then :status 503 by
+    // its static name, then index 63 (x-a, one insertion ago) and 64 (beyond what was seen).
+    let mut b = Vec::new();
+    encode_int(&mut b, 0x40, 6, 70);
+    encode_str(&mut b, b"secret", false);
+    encode_int(&mut b, 0x00, 4, 8);
+    encode_str(&mut b, b"503", false);
+    b.push(0x80 | 63);
+    b.push(0x80 | 64);
+    assert_eq!(
+        fields(&mut d, &b).unwrap(),
+        pairs(&[(":status", "503"), ("x-a", "1")])
+    );
+    assert_eq!(d.unresolved(), 2);
+    // The unseen entry holds 62: it resolves to nothing, and does not shift x-a away.
+    assert_eq!(
+        fields(&mut d, &[0x80 | 62, 0x80 | 63]).unwrap(),
+        pairs(&[("x-a", "1")])
+    );
+    assert_eq!(d.unresolved(), 1);
+    // A whole decoder still calls a reference past its table an error.
+    let mut whole = Decoder::new(DEFAULT_TABLE_SIZE);
+    assert_eq!(
+        fields(&mut whole, &[0x80 | 62]),
+        Err(HpackError::BadIndex(62))
+    );
+    assert_eq!(whole.unresolved(), 0);
+}
