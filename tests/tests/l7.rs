@@ -1,9 +1,9 @@
 //! L7 reassembly against real peers: `cargo test -p integration-tests --test l7` as root.
 //!
 //! Each test loads the capture in-process, drives real clients and servers over loopback
-//! (Python http.server + curl + requests + Node http; grpcio server + client), feeds the
-//! captured events through `l7::Reassembler`, and checks that the exchanges reconstructed on
-//! both sides equal what the peers themselves logged.
+//! (Python http.server + curl + requests + Node http and h2c; HAProxy h2c; grpcio server +
+//! client), feeds the captured events through `l7::Reassembler`, and checks that the exchanges
+//! reconstructed on both sides equal what the peers themselves logged.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{
     process::{Command, Stdio},
@@ -275,6 +275,86 @@ async fn node_h2c_exchanges_equal_what_the_peers_logged() {
     assert_eq!(
         classes,
         vec![Success, Transient, Success, Overload, Semantic, Success]
+    );
+}
+
+/// An HTTP/2 connection older than the capture (the agent restarted among long-lived
+/// connections): its blocks refer to a table whose start went by unseen. HAProxy answers from
+/// the static table and literals, so its answers are read whole; Node's requests refer to its
+/// table, so they come without a method. Each `/fail` answered 503 shows as a failure (before,
+/// every block of such a connection was unknown: no status at all, no failure ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_connection_older_than_capture_still_shows_its_failures() {
+    if !can_run() || !have("node", "--version") || !have("haproxy", "-v") {
+        return;
+    }
+    let port = free_port();
+    let cfg = std::env::temp_dir().join(format!("ra-l7-h2-older-{}.cfg", std::process::id()));
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n  nbthread 1\ndefaults\n  mode http\n  timeout client 30s\n  timeout server 30s\n  timeout connect 5s\n\
+             frontend f\n  bind 127.0.0.1:{port} proto h2\n\
+             http-request return status 503 content-type text/plain string no if {{ path /fail }}\n\
+             http-request return status 200 content-type text/plain string ok\n"
+        ),
+    )
+    .unwrap();
+    let _haproxy = Proc::spawn(
+        Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let ps = port.to_string();
+    let mut client =
+        Proc::spawn(node("node_h2c_long_client.js", &[&ps, "6"]).stdout(Stdio::piped()));
+    // Its session, and both HPACK tables, in use before capture starts.
+    assert!(
+        client.read_line().starts_with('/'),
+        "the client's first call"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let Some(mut cap) = load_capture() else {
+        return;
+    };
+    let pids = [client.pid()];
+    let evs = collect(&mut cap, Duration::from_secs(2), involving(&pids), |_| {
+        false
+    })
+    .await;
+    client.kill();
+    let _ = std::fs::remove_file(&cfg);
+    let ex = reassemble(&evs);
+    let calls: Vec<&Exchange> = ex
+        .iter()
+        .filter(|e| e.pid == client.pid() && e.protocol == Protocol::Http2)
+        .collect();
+    assert!(calls.len() > 20, "{} calls: {ex:#?}", calls.len());
+    // Picked up mid-life: the requests' method is not vouched for, and nothing is guessed.
+    assert!(
+        calls.iter().all(|e| e.unknown && e.method.is_none()),
+        "{calls:#?}"
+    );
+    let status_of = |path: &str| -> Vec<Option<u16>> {
+        calls
+            .iter()
+            .filter(|e| e.path.as_deref() == Some(path))
+            .map(|e| e.status)
+            .collect()
+    };
+    let (ok, fail) = (status_of("/ok"), status_of("/fail"));
+    assert!(ok.len() > 5 && fail.len() > 5, "{calls:#?}");
+    assert!(ok.iter().all(|s| *s == Some(200)), "{ok:?}");
+    assert!(fail.iter().all(|s| *s == Some(503)), "{fail:?}");
+    assert!(
+        calls
+            .iter()
+            .filter(|e| e.path.as_deref() == Some("/fail"))
+            .all(|e| e.failure_seen() && e.outcome == OutcomeClass::Transient)
     );
 }
 
