@@ -323,6 +323,31 @@ pub fn dump(evs: &[Event]) -> String {
         .join("\n")
 }
 
+/// HAProxy answering itself on 127.0.0.1:`port` (`bind` added to its bind line, e.g.
+/// ` proto h2`), with `rules` (`http-request …` lines) before its default 200: its config
+/// written to `cfg`, listening when this returns, killed when dropped.
+pub fn haproxy_answering(cfg: &std::path::Path, port: u16, bind: &str, rules: &[&str]) -> Proc {
+    let mut text = format!(
+        "global\n  nbthread 1\ndefaults\n  mode http\n  timeout client 30s\n  timeout server 30s\n  timeout connect 5s\n\
+         frontend f\n  bind 127.0.0.1:{port}{bind}\n"
+    );
+    for r in rules {
+        text.push_str(&format!("  {r}\n"));
+    }
+    text.push_str("  http-request return status 200 content-type text/plain string ok\n");
+    std::fs::write(cfg, text).unwrap_or_else(|e| panic!("writing {}: {e}", cfg.display()));
+    let p = Proc::spawn(
+        Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(cfg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_listening(&format!("127.0.0.1:{port}"), None);
+    p
+}
+
 /// Waits until something accepts TCP connections at `addr` (probing from the test process, which
 /// the capture ignores as the agent's own pid), optionally inside a netns. The limit only bounds
 /// a broken start: an agent's programs can spend 20 s in the verifier on a loaded 2-core box.

@@ -11,8 +11,8 @@ use std::{
 };
 
 use integration_tests::fixture::{
-    Proc, Ready, can_run, collect, free_port, have, involving, load_with, node, python,
-    python_server, serve, wait_listening,
+    Proc, Ready, can_run, collect, free_port, haproxy_answering, have, involving, load_with, node,
+    python, python_server, serve, wait_listening,
 };
 use retry_agent::{
     capture::{Capture, CaptureConfig, Event, Role},
@@ -290,25 +290,12 @@ async fn an_h2c_connection_older_than_capture_still_shows_its_failures() {
     }
     let port = free_port();
     let cfg = std::env::temp_dir().join(format!("ra-l7-h2-older-{}.cfg", std::process::id()));
-    std::fs::write(
+    let _haproxy = haproxy_answering(
         &cfg,
-        format!(
-            "global\n  nbthread 1\ndefaults\n  mode http\n  timeout client 30s\n  timeout server 30s\n  timeout connect 5s\n\
-             frontend f\n  bind 127.0.0.1:{port} proto h2\n\
-             http-request return status 503 content-type text/plain string no if {{ path /fail }}\n\
-             http-request return status 200 content-type text/plain string ok\n"
-        ),
-    )
-    .unwrap();
-    let _haproxy = Proc::spawn(
-        Command::new("haproxy")
-            .arg("-db")
-            .arg("-f")
-            .arg(&cfg)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
+        port,
+        " proto h2",
+        &["http-request return status 503 content-type text/plain string no if { path /fail }"],
     );
-    wait_listening(&format!("127.0.0.1:{port}"), None);
     let ps = port.to_string();
     let mut client =
         Proc::spawn(node("node_h2c_long_client.js", &[&ps, "6"]).stdout(Stdio::piped()));

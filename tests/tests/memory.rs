@@ -8,7 +8,10 @@ use std::{
 
 use integration_tests::{
     actuate::{release_agent_bin, skip_reason, wait_until},
-    fixture::{NetnsPair, Proc, can_run, collect, free_port, load_with, python, wait_listening},
+    fixture::{
+        NetnsPair, Proc, can_run, collect, free_port, haproxy_answering, load_with, python,
+        wait_listening,
+    },
 };
 use retry_agent::capture::{CaptureConfig, Event, Role};
 use retry_common::arg_map;
@@ -132,24 +135,7 @@ fn a_dump_under_load_stays_within_the_recorders_bound() {
         &["--recorder-max-mib", "24", "--recorder-pack", "false"],
     );
     let port = free_port();
-    let cfg = dir.join("haproxy.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n  nbthread 1\ndefaults\n  mode http\n  timeout client 30s\n  timeout server 30s\n  timeout connect 5s\n\
-             frontend f\n  bind 127.0.0.1:{port}\n  http-request return status 200 content-type text/plain string ok\n"
-        ),
-    )
-    .unwrap();
-    let _haproxy = Proc::spawn(
-        Command::new("haproxy")
-            .arg("-db")
-            .arg("-f")
-            .arg(&cfg)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    );
-    wait_listening(&format!("127.0.0.1:{port}"), None);
+    let _haproxy = haproxy_answering(&dir.join("haproxy.cfg"), port, "", &[]);
     let _wrk = Proc::from_child(
         Command::new("wrk")
             .args(["-t1", "-c8", "-d30s", &format!("http://127.0.0.1:{port}/")])

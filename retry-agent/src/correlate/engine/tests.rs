@@ -1056,11 +1056,8 @@ fn retry_after_failure_and_new_request_after_success() {
 fn a_repeat_after_an_unseen_outcome_is_no_retry() {
     let mut w = World::new();
     let t = 1_000 * MS;
-    let mut x = get(&mut w, t, MS, 200, "/a");
-    x.unknown = true;
-    x.status = None;
-    x.outcome = OutcomeClass::Unknown;
-    w.push(x);
+    let x = get(&mut w, t, MS, 200, "/a");
+    w.push(unseen(x));
     let x = get(&mut w, t + 10 * MS, MS, 503, "/a");
     w.push(x);
     assert_eq!(w.e.stats().retries, 0);
@@ -2376,6 +2373,14 @@ fn an_unseen_response_gets_no_verdict() {
     assert!(v.iter().any(|v| v.exchange == id_503), "{v:?}");
 }
 
+/// `x` as capture reports a call whose response it did not see: unknown, no status.
+fn unseen(mut x: Exchange) -> Exchange {
+    x.unknown = true;
+    x.status = None;
+    x.outcome = OutcomeClass::Unknown;
+    x
+}
+
 /// The same on the caller's side: a call whose response capture lost (or whose HTTP/2 header
 /// block could not be decoded: a connection picked up mid-life, its HPACK table unknown) is
 /// not a failure of the edge: a restarted agent on a node of long-lived gRPC connections saw
@@ -2387,13 +2392,10 @@ fn an_unseen_call_outcome_is_no_failure_of_the_edge() {
     for i in 0..10 {
         let t = (1_000 + i * 50) * MS;
         let local = eph(B, w.port());
-        let mut x = X::client(w.id(), B, 200, local, addr(remote), t, t + MS)
+        let x = X::client(w.id(), B, 200, local, addr(remote), t, t + MS)
             .route("/r")
             .build();
-        x.unknown = true;
-        x.status = None;
-        x.outcome = OutcomeClass::Unknown;
-        w.push(x);
+        w.push(unseen(x));
     }
     let local = eph(B, w.port());
     let mut seen_503 = X::client(w.id(), B, 200, local, addr(remote), 1_600 * MS, 1_601 * MS)
@@ -2415,13 +2417,10 @@ fn a_failed_request_over_an_unseen_call_outcome_is_missing() {
     let remote = "203.0.113.9:443";
     let unseen_call = |w: &mut World, t: u64| {
         let local = eph(B, w.port());
-        let mut x = X::client(w.id(), B, 200, local, addr(remote), t + MS, t + 3 * MS)
+        let x = X::client(w.id(), B, 200, local, addr(remote), t + MS, t + 3 * MS)
             .route("/r")
             .build();
-        x.unknown = true;
-        x.status = None;
-        x.outcome = OutcomeClass::Unknown;
-        w.push(x);
+        w.push(unseen(x));
     };
     let t = 1_000 * MS;
     w.next_request();

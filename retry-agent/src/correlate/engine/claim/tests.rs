@@ -62,6 +62,18 @@ const fn row(
     }
 }
 
+/// `row`, with a call beside `failed` whose outcome capture did not see.
+const fn unseen(
+    name: &'static str,
+    failed: &'static [FailedCall],
+    want: Claim,
+    why: Reason,
+) -> Row {
+    let mut r = row(name, failed, false, want, why);
+    r.unseen = true;
+    r
+}
+
 use Context::{Followed, Linked, Lost};
 use Reason::*;
 
@@ -290,39 +302,24 @@ const ROWS: &[Row] = &[
         why: AtLeastOnce,
     },
     // ---- a call's outcome capture did not see ----
-    Row {
-        name: "followed, no call failed, one's outcome unseen -> missing",
-        context: Followed,
-        failed: &[],
-        process_failed: false,
-        orphan_failed: false,
-        at_least_once: false,
-        unseen: true,
-        want: Missing,
-        why: OutcomeUnseen,
-    },
-    Row {
-        name: "followed, a fail-open failure and an unseen outcome -> missing",
-        context: Followed,
-        failed: &[open(Claimed)],
-        process_failed: false,
-        orphan_failed: false,
-        at_least_once: false,
-        unseen: true,
-        want: Missing,
-        why: OutcomeUnseen,
-    },
-    Row {
-        name: "followed, a seen cause beside an unseen outcome -> unclaimed",
-        context: Followed,
-        failed: &[close(Claimed, false, false)],
-        process_failed: true,
-        orphan_failed: false,
-        at_least_once: false,
-        unseen: true,
-        want: Unclaimed,
-        why: Dependency,
-    },
+    unseen(
+        "followed, no call failed, one's outcome unseen -> missing",
+        &[],
+        Missing,
+        OutcomeUnseen,
+    ),
+    unseen(
+        "followed, a fail-open failure and an unseen outcome -> missing",
+        &[open(Claimed)],
+        Missing,
+        OutcomeUnseen,
+    ),
+    unseen(
+        "followed, a seen cause beside an unseen outcome -> unclaimed",
+        &[close(Claimed, false, false)],
+        Unclaimed,
+        Dependency,
+    ),
 ];
 
 #[test]
