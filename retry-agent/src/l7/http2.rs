@@ -189,9 +189,8 @@ pub(crate) struct H2Dir {
     block_cut: bool,
     block_start: Ctx,
     in_block: bool,
+    /// Partial (`hpack::Decoder::partial`) once the sender's table is unknowable.
     decoder: hpack::Decoder,
-    /// False once the dynamic table is unknowable (blocks are then read in part).
-    hpack_ok: bool,
     cap: usize,
     repeats: Repeats,
 }
@@ -228,7 +227,6 @@ impl H2Dir {
             block_start: Ctx::default(),
             in_block: false,
             decoder,
-            hpack_ok,
             cap: cap.max(256),
             repeats: Repeats::default(),
         }
@@ -365,7 +363,6 @@ impl H2Dir {
 
     /// The sender's dynamic table is unknowable from here: blocks are read in part.
     fn unknowable(&mut self) {
-        self.hpack_ok = false;
         self.decoder.forget();
         self.repeats.clear();
     }
@@ -633,12 +630,17 @@ impl H2Dir {
                     }
                 }),
         };
-        if partial || self.decoder.unresolved() > 0 {
+        let unresolved = self.decoder.unresolved() > 0;
+        if partial || unresolved {
             req.unknown = true;
             resp.unknown = true;
         }
-        if self.decoder.unresolved() > 0 {
-            vouch_for_what_resolved(&mut req, &mut resp);
+        if unresolved {
+            req.method = None;
+        }
+        // An answer's last block cut short may have lost its gRPC status as surely.
+        if unresolved || (partial && self.block_end_stream) {
+            vouch_for_what_resolved(&mut resp);
         }
         match res {
             Ok(()) => match side {
@@ -658,13 +660,12 @@ impl H2Dir {
     }
 }
 
-/// A header block with fields that did not resolve (a table partly unknown) keeps only what
-/// they cannot contradict. A request's method goes: with its head partly unknown, two calls
-/// are not known to be the same one (retries are told by method, path and more). An answer's
-/// status goes unless it is a failure: the unresolved fields may have been the gRPC status a
-/// 200 carries, and a failed call must not read as a success.
-fn vouch_for_what_resolved(req: &mut ReqInfo, resp: &mut RespInfo) {
-    req.method = None;
+/// An answer's header block not all read (fields that did not resolve in a table partly
+/// unknown, or the end of a block cut short) keeps only what the rest cannot contradict: its
+/// status goes unless it is a failure, since the fields not read may have been the gRPC status
+/// a 200 carries, and a failed call must not read as a success. (A request's method goes in
+/// the same case: with its head partly unknown, two calls are not known to be the same one.)
+fn vouch_for_what_resolved(resp: &mut RespInfo) {
     let sig = &mut resp.signals;
     if sig.grpc_status.is_none() && sig.status.is_some_and(|st| st < 400) {
         sig.status = None;

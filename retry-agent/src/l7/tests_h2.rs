@@ -476,6 +476,35 @@ fn truncated_header_block_makes_later_streams_unknown() {
     assert_eq!(stats.truncations, 1);
 }
 
+/// A trailers-only answer (gRPC's error form: status, then grpc-status, in one block that ends
+/// the stream) captured in part: its 200 vouches for nothing, the gRPC status went uncaptured.
+#[test]
+fn a_cut_trailers_only_answer_is_no_success() {
+    let (mut c, mut s) = (Peer::new(), Peer::new());
+    let req = c.headers(1, true, &hs(&req_headers("/svc/Fails")));
+    let big = "v".repeat(3000);
+    let resp = s.headers(
+        1,
+        true,
+        &[(":status", "200"), ("x-big", &big), ("grpc-status", "14")],
+    );
+    let mut ev = client_conn(3, vec![(OUT, req)]);
+    ev.push(data_trunc(
+        3,
+        Role::Client,
+        IN,
+        40,
+        7,
+        &resp[..100],
+        resp.len() as u64,
+    ));
+    let (ex, stats) = run(&ev);
+    assert_eq!(ex.len(), 1, "{ex:#?}");
+    assert_eq!(ex[0].status, None, "{:#?}", ex[0]);
+    assert!(ex[0].outcome_unseen());
+    assert_eq!(stats.truncations, 1);
+}
+
 /// A header block larger than the connection's buffer, captured whole in one syscall: read
 /// where it lies, it is cut at the same byte as when its frame arrives in pieces and is
 /// buffered (same exchanges, same truncation count).
