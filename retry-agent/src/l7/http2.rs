@@ -1,29 +1,19 @@
 //! HTTP/2 (h2c, gRPC): frame parsing per direction through captured prefixes, header blocks
-//! (HEADERS + CONTINUATION, PUSH_PROMISE) decoded with one HPACK decoder per direction.
-//!
-//! HPACK state is cumulative: once a header block is missed or cut short (capture started
-//! mid-connection, block larger than the captured prefix) the dynamic table is unknowable for
-//! the rest of the connection. Later blocks are then read in part (`hpack::Decoder::forget`):
-//! static fields, literals and entries added since are read, references into the unknown part
-//! are not, and a block with any such field is unknown (`unknown`), with what it cannot vouch
-//! for left out: a request's method (without its whole head, two calls cannot be told to be the
-//! same), an answer's status unless it says a failure (a 200 may carry a gRPC error in a field
-//! that did not resolve). An HTTP/2 connection older than the agent (a DaemonSet rollout among
-//! long-lived ones) so still shows its proxies' and servers' error statuses and its new paths.
-//! Frame payloads we do not need are skipped by counting.
+//! (HEADERS + CONTINUATION, PUSH_PROMISE) joined and handed to `blocks`, which reads them with
+//! one HPACK decoder per direction (in part once the sender's table is unknowable: a block
+//! missed or cut short, capture started mid-connection). Frame payloads we do not need are
+//! skipped by counting.
 use super::{
-    hpack,
     http1::{Side, recycle},
-    msg::{
-        Ctx, ReqInfo, RespInfo, apply_request_header, apply_response_header, parse_method,
-        path_string, request_header_read, response_header_read,
-    },
-    util::{MAX_AUTHORITY, bounded_string, path_of_target, query_hash_of_target},
+    msg::{Ctx, ReqInfo, RespInfo},
 };
 
+mod blocks;
 mod repeats;
 
-use repeats::Repeats;
+use blocks::Blocks;
+// Its tests tell blocks that leave the table alone from the rest.
+#[cfg(test)]
 pub(crate) use repeats::table_preserving;
 
 pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -40,10 +30,6 @@ const FLAG_END_STREAM: u8 = 0x1;
 const FLAG_END_HEADERS: u8 = 0x4;
 const FLAG_PADDED: u8 = 0x8;
 const FLAG_PRIORITY: u8 = 0x20;
-
-/// Largest HPACK dynamic table a peer may ask for that we honour (bounded memory per
-/// direction); a larger size update makes the decoder unknowable, not unbounded.
-const MAX_HPACK_TABLE: usize = 64 * 1024;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct FrameHeader {
@@ -189,20 +175,15 @@ pub(crate) struct H2Dir {
     block_cut: bool,
     block_start: Ctx,
     in_block: bool,
-    /// Partial (`hpack::Decoder::partial`) once the sender's table is unknowable.
-    decoder: hpack::Decoder,
+    /// Its header blocks as fields.
+    blocks: Blocks,
     cap: usize,
-    repeats: Repeats,
 }
 
 impl H2Dir {
     /// `preface`: this is the client direction of a connection seen from its start.
     /// `hpack_ok`: false when capture started mid-connection.
     pub(crate) fn new(side: Side, preface: bool, hpack_ok: bool, cap: usize) -> Self {
-        let mut decoder = hpack::Decoder::new(MAX_HPACK_TABLE);
-        if !hpack_ok {
-            decoder.forget();
-        }
         H2Dir {
             side,
             state: if preface {
@@ -226,9 +207,8 @@ impl H2Dir {
             block_cut: false,
             block_start: Ctx::default(),
             in_block: false,
-            decoder,
+            blocks: Blocks::new(hpack_ok),
             cap: cap.max(256),
-            repeats: Repeats::default(),
         }
     }
 
@@ -354,17 +334,11 @@ impl H2Dir {
     fn lose(&mut self, ctx: &Ctx, sink: &mut impl H2Sink) {
         self.state = State::Lost;
         // Header blocks may have gone by unseen: the dynamic table is unknowable from here on.
-        self.unknowable();
+        self.blocks.forget();
         self.in_block = false;
         self.block.clear();
         self.payload.clear();
         sink.lost(ctx);
-    }
-
-    /// The sender's dynamic table is unknowable from here: blocks are read in part.
-    fn unknowable(&mut self) {
-        self.decoder.forget();
-        self.repeats.clear();
     }
 
     /// A frame whose header and payload are all in one syscall's captured bytes: the same steps
@@ -567,120 +541,28 @@ impl H2Dir {
     /// `bytes` is the whole header block (or, when `block_cut`, its captured prefix).
     fn end_block_of(&mut self, bytes: &[u8], ctx: &Ctx, sink: &mut impl H2Sink) {
         self.in_block = false;
-        let block = if self.block_cut {
-            sink.truncated();
-            // What the block's captured prefix says, then the table is unknowable: the rest of
-            // the block may have added entries.
-            let b = self.decode(bytes, true);
-            self.unknowable();
-            b
+        // A promised request's fields are a request's.
+        let side = if self.block_push {
+            Side::Request
         } else {
-            self.decode(bytes, false)
+            self.side
         };
+        let shape = blocks::Shape {
+            side,
+            cut: self.block_cut,
+            ends_stream: self.block_end_stream,
+            remembered: !self.block_push,
+        };
+        if self.block_cut {
+            sink.truncated();
+        }
+        let block = self.blocks.read(bytes, shape);
         if self.block_push {
             // Promised requests are not exchanges we pair; decoding kept the table in sync.
             return;
         }
         let start = self.block_start;
         sink.headers(self.block_stream, block, self.block_end_stream, &start, ctx);
-    }
-
-    /// Decode a header block; `partial`: it is only the captured prefix of the block, so an
-    /// error at its end is expected and what decoded is reported as unknown (incomplete).
-    fn decode(&mut self, bytes: &[u8], partial: bool) -> Block {
-        let repeatable = !partial && !self.block_push && table_preserving(bytes);
-        if repeatable {
-            if let Some(b) = self.repeats.get(bytes) {
-                return b.clone();
-            }
-        } else {
-            self.repeats.clear();
-        }
-        let block = self.decode_hpack(bytes, partial);
-        if repeatable && !matches!(block, Block::Unknown) {
-            self.repeats.put(bytes, &block);
-        }
-        block
-    }
-
-    fn decode_hpack(&mut self, bytes: &[u8], partial: bool) -> Block {
-        let side = if self.block_push {
-            Side::Request
-        } else {
-            self.side
-        };
-        let mut req = ReqInfo::default();
-        let mut resp = RespInfo::default();
-        // Values of fields nothing here reads are not decoded (Huffman costs most of HPACK).
-        let res = match side {
-            Side::Request => self.decoder.decode_some(
-                bytes,
-                |n| n.first() == Some(&b':') || request_header_read(n),
-                |n, v| {
-                    if let Some(v) = v {
-                        apply_h2_request_header(&mut req, n, v)
-                    }
-                },
-            ),
-            Side::Response => self
-                .decoder
-                .decode_some(bytes, response_header_read, |n, v| {
-                    if let Some(v) = v {
-                        apply_response_header(&mut resp, n, v)
-                    }
-                }),
-        };
-        let unresolved = self.decoder.unresolved() > 0;
-        if partial || unresolved {
-            req.unknown = true;
-            resp.unknown = true;
-        }
-        if unresolved {
-            req.method = None;
-        }
-        // An answer's last block cut short may have lost its gRPC status as surely.
-        if unresolved || (partial && self.block_end_stream) {
-            vouch_for_what_resolved(&mut resp);
-        }
-        match res {
-            Ok(()) => match side {
-                Side::Request => Block::Request(req),
-                Side::Response => Block::Response(resp),
-            },
-            Err(_) if partial => match side {
-                Side::Request => Block::Request(req),
-                Side::Response => Block::Response(resp),
-            },
-            Err(e) => {
-                tracing::debug!(error = %e, "HPACK block did not decode; decoder state unknowable");
-                self.unknowable();
-                Block::Unknown
-            }
-        }
-    }
-}
-
-/// An answer's header block not all read (fields that did not resolve in a table partly
-/// unknown, or the end of a block cut short) keeps only what the rest cannot contradict: its
-/// status goes unless it is a failure, since the fields not read may have been the gRPC status
-/// a 200 carries, and a failed call must not read as a success. (A request's method goes in
-/// the same case: with its head partly unknown, two calls are not known to be the same one.)
-fn vouch_for_what_resolved(resp: &mut RespInfo) {
-    let sig = &mut resp.signals;
-    if sig.grpc_status.is_none() && sig.status.is_some_and(|st| st < 400) {
-        sig.status = None;
-    }
-}
-
-fn apply_h2_request_header(req: &mut ReqInfo, n: &[u8], v: &[u8]) {
-    match n {
-        b":method" => req.method = Some(parse_method(v)),
-        b":path" => {
-            req.path = Some(path_string(path_of_target(v)));
-            req.query_hash = query_hash_of_target(v);
-        }
-        b":authority" => req.authority = Some(bounded_string(v, MAX_AUTHORITY)),
-        _ => apply_request_header(req, n, v),
     }
 }
 

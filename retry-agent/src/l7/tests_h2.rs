@@ -44,6 +44,19 @@ impl Peer {
     }
 }
 
+/// A write of `whole` on client connection fd 3 of which capture kept the first `kept` bytes.
+fn cut(dir: Direction, ts: u64, whole: &[u8], kept: usize) -> Event {
+    data_trunc(
+        3,
+        Role::Client,
+        dir,
+        ts,
+        7,
+        &whole[..kept],
+        whole.len() as u64,
+    )
+}
+
 fn grpc_msg(body: &[u8]) -> Vec<u8> {
     let mut m = vec![0u8];
     m.extend_from_slice(&(body.len() as u32).to_be_bytes());
@@ -440,15 +453,7 @@ fn truncated_header_block_makes_later_streams_unknown() {
     let resp1 = s.headers(1, true, &[(":status", "200"), ("grpc-status", "0")]);
     let resp3 = s.headers(3, true, &[(":status", "200"), ("grpc-status", "0")]);
     let mut ev = client_conn(3, vec![]);
-    ev.push(data_trunc(
-        3,
-        Role::Client,
-        OUT,
-        10,
-        7,
-        &req1[..200],
-        req1.len() as u64,
-    ));
+    ev.push(cut(OUT, 10, &req1, 200));
     ev.push(data(3, Role::Client, IN, 20, &resp1));
     ev.push(data(3, Role::Client, OUT, 30, &req3));
     ev.push(data(3, Role::Client, IN, 40, &resp3));
@@ -489,15 +494,7 @@ fn a_cut_trailers_only_answer_is_no_success() {
         &[(":status", "200"), ("x-big", &big), ("grpc-status", "14")],
     );
     let mut ev = client_conn(3, vec![(OUT, req)]);
-    ev.push(data_trunc(
-        3,
-        Role::Client,
-        IN,
-        40,
-        7,
-        &resp[..100],
-        resp.len() as u64,
-    ));
+    ev.push(cut(IN, 40, &resp, 100));
     let (ex, stats) = run(&ev);
     assert_eq!(ex.len(), 1, "{ex:#?}");
     assert_eq!(ex[0].status, None, "{:#?}", ex[0]);
