@@ -310,3 +310,16 @@ pub fn legacy_env(
     }
     out
 }
+
+/// An error and its sources on one line (`outer: cause: root cause`), for messages that leave
+/// the process whole: logs, API answers, what a stage keeps of an error it went on after.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -4,12 +4,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 use std::{process::Stdio, time::Duration};
 
-use integration_tests::fixture::{
-    NetnsPair, Proc, Ready, can_run, collect, conn_events, data_events, dump, free_port, involving,
-    load, load_counting, load_summarizing, load_whole, load_with, python, python_server, serve,
-    wait_listening,
+use integration_tests::{
+    altered,
+    fixture::{
+        NetnsPair, Proc, Ready, can_run, collect, conn_events, data_events, dump, free_port,
+        involving, load, load_counting, load_summarizing, load_whole, load_with, python,
+        python_server, serve, wait_listening,
+    },
 };
-use retry_agent::capture::{ConnEvent, ConnEventKind, DataEvent, Direction, Event, Role, Syscall};
+use retry_agent::capture::{
+    Capture, CaptureConfig, CaptureError, ConnEvent, ConnEventKind, DataEvent, Direction, Event,
+    GapReason, GoMode, Role, Syscall,
+};
 
 const ECONNREFUSED: i32 = 111;
 const ECONNRESET: i32 = 104;
@@ -1282,4 +1288,134 @@ async fn server_and_client(
     )
     .await;
     (evs, pids.0, pids.1)
+}
+
+/// Settings as `load` has them, for the altered objects.
+fn altered_config() -> CaptureConfig {
+    CaptureConfig {
+        go: GoMode::On,
+        ..CaptureConfig::default()
+    }
+}
+
+/// The gaps that are not a syscall this kernel lacks, as (program, reason).
+fn missed(cap: &Capture) -> Vec<(String, GapReason)> {
+    cap.gaps()
+        .iter()
+        .filter(|g| g.reason != GapReason::NoTracepoint)
+        .map(|g| (g.program.clone(), g.reason))
+        .collect()
+}
+
+/// A data program the kernel refuses (here the verifier, on another kernel its JIT) leaves that
+/// syscall's I/O unseen, named, and the capture runs: before, the whole load failed and a node
+/// had no capture at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_program_the_kernel_refuses_is_a_named_gap_and_capture_goes_on() {
+    if !can_run() {
+        return;
+    }
+    let obj = altered::refusing("ra_exit_readv");
+    let mut cap = Capture::load_object(&altered_config(), &obj)
+        .unwrap_or_else(|e| panic!("capture without readv failed to load: {e}"));
+    assert_eq!(
+        missed(&cap),
+        vec![("ra_exit_readv".to_string(), GapReason::Verifier)]
+    );
+    let gap = cap
+        .gaps()
+        .iter()
+        .find(|g| g.program == "ra_exit_readv")
+        .unwrap();
+    assert_eq!(gap.tracepoint, "syscalls/sys_exit_readv");
+    assert!(
+        gap.detail
+            .contains("verifier rejected program ra_exit_readv")
+            && gap.detail.contains("unreachable insn"),
+        "{}",
+        gap.detail
+    );
+
+    let (echo, port) = python_server("echo_server.py", &[]);
+    let mut client = Proc::spawn(&mut python("vectored_client.py", &[&port.to_string()]));
+    assert!(client.wait(Duration::from_secs(10)).success());
+    let pids = [echo.pid(), client.pid()];
+    let evs = collect(&mut cap, Duration::from_secs(3), involving(&pids), |_| {
+        false
+    })
+    .await;
+    let data = data_events(&evs);
+    let seen = |sc: Syscall| {
+        data.iter()
+            .any(|d| d.pid == client.pid() && d.syscall == sc)
+    };
+    // Every other syscall of the client is seen; readv, whose program is missing, is not.
+    for sc in [
+        Syscall::Writev,
+        Syscall::Sendmsg,
+        Syscall::Recvmsg,
+        Syscall::Sendmmsg,
+        Syscall::Recvmmsg,
+    ] {
+        assert!(seen(sc), "no {sc:?} from the client\n{}", dump(&evs));
+    }
+    assert!(!seen(Syscall::Readv), "readv seen without its program");
+}
+
+/// A program the capture cannot do without (connections' closing) that the kernel refuses, or
+/// whose tracepoint it lacks, fails the load naming it, and leaves nothing loaded behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_program_the_kernel_refuses_fails_the_load_naming_it() {
+    if !can_run() {
+        return;
+    }
+    let before = retry_agent::capture::loaded_program_ids();
+    match Capture::load_object(&altered_config(), &altered::refusing("ra_enter_close")) {
+        Err(CaptureError::Verifier { program, log, .. }) => {
+            assert_eq!(program, "ra_enter_close");
+            assert!(log.contains("unreachable insn"), "{log}");
+        }
+        Err(e) => panic!("another error than the verifier's: {e}"),
+        Ok(_) => panic!("the capture loaded without its close program"),
+    }
+    match Capture::load_object(
+        &altered_config(),
+        &altered::without_tracepoint("sys_enter_close"),
+    ) {
+        Err(e @ CaptureError::NoTracepoint { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("ra_enter_close") && text.contains("syscalls/sys_enter_clos_"),
+                "{text}"
+            );
+        }
+        Err(e) => panic!("another error than the missing tracepoint: {e}"),
+        Ok(_) => panic!("the capture loaded without its close tracepoint"),
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = retry_agent::capture::loaded_program_ids();
+    let left: Vec<_> = after.iter().filter(|id| !before.contains(id)).collect();
+    assert!(left.is_empty(), "programs left loaded: {left:?}");
+}
+
+/// A tracepoint the kernel does not have (a syscall this architecture lacks) is skipped: a gap
+/// of its own kind, since no process can make that call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tracepoint_the_kernel_lacks_is_skipped() {
+    if !can_run() {
+        return;
+    }
+    let obj = altered::without_tracepoint("sys_exit_readv");
+    let cap = Capture::load_object(&altered_config(), &obj)
+        .unwrap_or_else(|e| panic!("capture failed to load: {e}"));
+    let gap = cap
+        .gaps()
+        .iter()
+        .find(|g| g.program == "ra_exit_readv")
+        .unwrap_or_else(|| panic!("no gap for readv: {:?}", cap.gaps()));
+    assert_eq!(
+        (gap.tracepoint.as_str(), gap.reason),
+        ("syscalls/sys_exit_read_", GapReason::NoTracepoint)
+    );
+    assert!(missed(&cap).is_empty(), "{:?}", cap.gaps());
 }

@@ -11,6 +11,7 @@ use retry_common::{Config, MAX_PAYLOAD, config_flags, names};
 
 use super::{
     CaptureConfig, CaptureError, Scope, btf,
+    gaps::{self, Gap},
     programs::{Hook, ProgramSpec, ProgramsError, UprobeTarget},
 };
 
@@ -103,15 +104,36 @@ pub(super) fn check_accounted(ebpf: &Ebpf, specs: &[ProgramSpec]) -> Result<(), 
     Ok(())
 }
 
-/// Attaches every program whose hook is fixed (tracepoints); returns how many. Uprobe families
-/// are attached per file of their target by their own module, later (`tls` for libssl).
-pub(super) fn attach_fixed(ebpf: &mut Ebpf, specs: &[ProgramSpec]) -> Result<usize, CaptureError> {
-    let mut n = 0;
+/// The tracepoint programs attached at load, and those the capture runs without.
+#[derive(Debug, Default)]
+pub(super) struct Attached {
+    pub count: usize,
+    pub gaps: Vec<Gap>,
+}
+
+/// Attaches every program whose hook is fixed (tracepoints). One that the kernel has no
+/// tracepoint for, or that does not load or attach, is a [`Gap`] unless the capture needs it
+/// ([`gaps::required`]), which fails the load. Uprobe families are attached per file of their
+/// target by their own module, later (`tls` for libssl).
+pub(super) fn attach_fixed(
+    ebpf: &mut Ebpf,
+    specs: &[ProgramSpec],
+) -> Result<Attached, CaptureError> {
+    let events = gaps::tracefs_events();
+    let mut attached = Attached::default();
     for spec in attach_order(specs) {
         match &spec.hook {
             Hook::Tracepoint { category, name } => {
-                attach_tracepoint(ebpf, &spec.name, category, name)?;
-                n += 1;
+                let tracepoint = format!("{category}/{name}");
+                if !gaps::has_tracepoint(events.as_deref(), category, name) {
+                    attached.gaps.push(gaps::absent(spec, tracepoint)?);
+                    continue;
+                }
+                let outcome = attach_tracepoint(ebpf, &spec.name, category, name);
+                match gaps::settle(spec, tracepoint, outcome)? {
+                    Some(gap) => attached.gaps.push(gap),
+                    None => attached.count += 1,
+                }
             }
             Hook::Uprobe(u) => match u.target {
                 UprobeTarget::Libssl
@@ -121,7 +143,7 @@ pub(super) fn attach_fixed(ebpf: &mut Ebpf, specs: &[ProgramSpec]) -> Result<usi
             },
         }
     }
-    Ok(n)
+    Ok(attached)
 }
 
 /// The order programs are attached in: consumers before producers. A program that removes what

@@ -9,7 +9,8 @@
 //! stops the reader and detaches every program (nothing is pinned).
 //!
 //! Module map: `config` (the `--capture-*` settings), `programs` (what the object holds and where each program goes, read from its
-//! sections), `load` (prerequisites, the settings map, attaching), `tls` (the libssl uprobe
+//! sections), `load` (prerequisites, the settings map, attaching), `gaps` (which programs the
+//! capture can run without, and what it misses then), `tls` (the libssl uprobe
 //! family, per library file), `btf` (kernel struct offsets), `scope` (`--capture-cgroup`,
 //! `--capture-netns`: the part of the machine observed), `pickup` + `procfs` (connections
 //! that predate the agent, process metadata), `reader` (the ring reader task), `decode` +
@@ -38,6 +39,7 @@ pub use event::{
     Syscall, Tuple,
 };
 pub use events::Events;
+pub use gaps::{Gap, GapReason};
 pub use programs::ProgramsError;
 pub use scope::{Scope, ScopeError, ScopedCgroup};
 pub use stats::{
@@ -91,6 +93,10 @@ pub enum CaptureError {
         #[source]
         source: Box<ProgramError>,
     },
+    #[error(
+        "this kernel has no tracepoint {tracepoint}, which program {program} needs: are syscall tracepoints built in (CONFIG_FTRACE_SYSCALLS)?"
+    )]
+    NoTracepoint { program: String, tracepoint: String },
     #[error("program {program}")]
     Program {
         program: String,
@@ -143,6 +149,8 @@ pub struct Capture {
     tls: Option<TlsState>,
     go: Option<GoState>,
     attached: usize,
+    /// Programs the capture runs without ([`gaps`]).
+    gaps: Vec<Gap>,
     /// What one uprobe hit costs on this node, when measured (`--capture-go auto`, or TLS on).
     uprobe_cost: Option<Duration>,
 }
@@ -178,13 +186,24 @@ impl Capture {
     /// Checks the environment, loads and attaches every program, picks up existing connections
     /// from /proc and starts the ring reader. Must be called inside a tokio runtime.
     pub fn load(cfg: &CaptureConfig) -> Result<Capture, CaptureError> {
+        Self::load_from(cfg, EBPF_OBJECT)
+    }
+
+    /// [`Capture::load`] with another object than the embedded one: for tests that load it
+    /// altered (a program made to fail the verifier, a tracepoint the kernel does not have).
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn load_object(cfg: &CaptureConfig, object: &[u8]) -> Result<Capture, CaptureError> {
+        Self::load_from(cfg, object)
+    }
+
+    fn load_from(cfg: &CaptureConfig, object: &[u8]) -> Result<Capture, CaptureError> {
         cfg.validate().map_err(CaptureError::Config)?;
         let rt = tokio::runtime::Handle::try_current().map_err(|_| CaptureError::NoRuntime)?;
         load::preflight()?;
-        if EBPF_OBJECT.is_empty() {
+        if object.is_empty() {
             return Err(CaptureError::EmptyObject);
         }
-        let specs = programs::programs(EBPF_OBJECT).map_err(CaptureError::Programs)?;
+        let specs = programs::programs(object).map_err(CaptureError::Programs)?;
         load::raise_memlock();
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(names::EVENTS, cfg.ring_bytes);
@@ -192,7 +211,7 @@ impl Capture {
             loader.map_max_entries(map, cfg.arg_map_entries);
         }
         let mut ebpf = loader
-            .load(EBPF_OBJECT)
+            .load(object)
             .map_err(|e| CaptureError::Load(Box::new(e)))?;
         load::check_accounted(&ebpf, &specs)?;
 
@@ -213,7 +232,26 @@ impl Capture {
             tracing::info!(cgroups = ?scope.cgroups, netns = ?scope.netns, "observing part of the machine");
         }
 
-        let attached = load::attach_fixed(&mut ebpf, &specs)?;
+        let load::Attached {
+            count: attached,
+            gaps,
+        } = load::attach_fixed(&mut ebpf, &specs)?;
+        for g in &gaps {
+            match g.reason {
+                GapReason::NoTracepoint => tracing::info!(
+                    program = %g.program,
+                    tracepoint = %g.tracepoint,
+                    "this kernel has no such syscall: nothing can make the calls the program would see"
+                ),
+                _ => tracing::error!(
+                    program = %g.program,
+                    tracepoint = %g.tracepoint,
+                    reason = g.reason.as_str(),
+                    error = %g.detail,
+                    "capture runs without this program: what it would see goes unseen (retry_agent_capture_programs_missing)"
+                ),
+            }
+        }
         let mut tls_probes = cfg.tls.then(|| tls::TlsProbes::new(tls::plan(&specs)));
         if let Some(t) = tls_probes.as_mut() {
             let n = t.instrument(&mut ebpf, &tls::candidates(&cfg.tls_libs, &cfg.proc_root));
@@ -302,6 +340,7 @@ impl Capture {
             tls,
             go,
             attached,
+            gaps,
             uprobe_cost,
         })
     }
@@ -373,6 +412,11 @@ impl Capture {
         self.attached
     }
 
+    /// The programs of the object the capture runs without, and why.
+    pub fn gaps(&self) -> &[Gap] {
+        &self.gaps
+    }
+
     /// libssl files instrumented so far (0 with `--tls false`).
     pub fn tls_libraries(&self) -> usize {
         self.tls.as_ref().map_or(0, |t| t.probes.instrumented())
@@ -439,6 +483,7 @@ mod btf;
 mod calibrate;
 mod config;
 mod events;
+mod gaps;
 pub mod golang;
 mod load;
 mod own_exe;

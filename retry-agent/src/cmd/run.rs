@@ -144,6 +144,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut out = StageOutput::default();
     // Decided and measured once, at load.
     metrics.observe_uprobes(capture.go_enabled(), capture.uprobe_cost());
+    metrics.observe_gaps(capture.gaps());
     let mut publish = tokio::time::interval(PUBLISH_EVERY);
     publish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

@@ -89,6 +89,13 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+/// A program of the eBPF object: bounded by the object (a few dozen), not by what is observed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GapLabels {
+    program: String,
+    reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MapLabels {
     map: &'static str,
@@ -140,6 +147,7 @@ pub struct Metrics {
     capture_events: Counter,
     capture_drops: Counter,
     capture_arg_insert_failures: Family<MapLabels, Counter>,
+    capture_programs_missing: Family<GapLabels, Gauge>,
     actuator_operations: Family<ActuatorLabels, Counter>,
     recorder_evictions: Counter,
     recorder_bytes: Gauge,
@@ -194,6 +202,7 @@ impl Metrics {
             capture_events: Counter::default(),
             capture_drops: Counter::default(),
             capture_arg_insert_failures: Family::default(),
+            capture_programs_missing: Family::default(),
             actuator_operations: Family::default(),
             recorder_evictions: Counter::default(),
             recorder_bytes: Gauge::default(),
@@ -342,6 +351,11 @@ impl Metrics {
             "capture_arg_insert_failures",
             "Traced syscalls lost because the kernel's per-thread argument map was full, by map",
             m.capture_arg_insert_failures.clone(),
+        );
+        registry.register(
+            "capture_programs_missing",
+            "Programs of the eBPF object the capture runs without (1), by program and reason: no_tracepoint (the kernel has no such syscall: nothing is missed), verifier, jit or attach (what the program would see goes unseen)",
+            m.capture_programs_missing.clone(),
         );
         registry.register(
             "actuator_operations",
@@ -563,6 +577,18 @@ impl Metrics {
         set(&self.go_programs_failed, failed);
         set(&self.go_grpc_programs, grpc.0);
         set(&self.go_grpc_programs_unlinked, grpc.1);
+    }
+
+    /// The programs the capture runs without (once, at load).
+    pub fn observe_gaps(&self, gaps: &[crate::capture::Gap]) {
+        for g in gaps {
+            self.capture_programs_missing
+                .get_or_create(&GapLabels {
+                    program: g.program.clone(),
+                    reason: g.reason.as_str(),
+                })
+                .set(1);
+        }
     }
 
     /// Capture totals since start (events decoded, events lost).

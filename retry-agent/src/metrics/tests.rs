@@ -145,6 +145,29 @@ fn the_recorder_says_what_it_holds() {
 }
 
 #[test]
+fn programs_the_capture_runs_without_are_named() {
+    let m = Metrics::new();
+    assert!(!m.encode().contains("retry_agent_capture_programs_missing{"));
+    let gap = |program: &str, reason| crate::capture::Gap {
+        program: program.into(),
+        tracepoint: String::new(),
+        reason,
+        detail: String::new(),
+    };
+    m.observe_gaps(&[
+        gap("ra_exit_readv", crate::capture::GapReason::Jit),
+        gap("ra_enter_dup2", crate::capture::GapReason::NoTracepoint),
+    ]);
+    let text = m.encode();
+    for want in [
+        r#"retry_agent_capture_programs_missing{program="ra_exit_readv",reason="jit"} 1"#,
+        r#"retry_agent_capture_programs_missing{program="ra_enter_dup2",reason="no_tracepoint"} 1"#,
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+}
+
+#[test]
 fn counters_never_go_backwards() {
     let m = Metrics::new();
     m.observe_capture(10, 5);

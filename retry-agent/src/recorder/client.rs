@@ -46,20 +46,9 @@ pub async fn dump_api_response(rec: &SharedRecorder, body: &[u8]) -> (u16, Strin
         ),
         Err(e) => {
             tracing::warn!(error = %e, "recorder: on-demand dump failed");
-            (500, json(None, Some(error_chain(&e))))
+            (500, json(None, Some(crate::settings::error_chain(&e))))
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn json(path: Option<String>, error: Option<String>) -> String {

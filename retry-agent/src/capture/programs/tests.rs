@@ -92,6 +92,19 @@ fn every_program_in_the_object_is_attached() {
             "{category}:{name} is not attached"
         );
     }
+    // Every program the capture cannot run without is here, on its tracepoint: one renamed
+    // or moved would otherwise turn a required program into a quiet gap.
+    for (program, tp) in super::super::gaps::REQUIRED {
+        let (category, name) = tp.split_once('/').expect("category/name");
+        let want = Hook::Tracepoint {
+            category: category.into(),
+            name: name.into(),
+        };
+        assert!(
+            specs.iter().any(|s| s.name == *program && s.hook == want),
+            "required {program} is not in the object on {tp}"
+        );
+    }
     // Data syscalls are read at their exit alone (`ctx::syscall_args` on the kernel side): an
     // entry program would be paid on every read and write of every process for nothing.
     assert!(
