@@ -442,6 +442,54 @@ fn a_connection_older_than_capture_still_shows_its_failures() {
     assert!(late_trailers.outcome_unseen());
 }
 
+/// A server that indexes its fields (Go's and nghttp2's encoders) answers a connection older
+/// than capture with a static `:status` beside references into the unseen part of its table.
+/// A head that leaves its stream open cannot carry a gRPC status, so its status stands: the
+/// answer is a success, seen, not an unseen outcome (which it was while every unresolved head
+/// lost its 200). Its trailers, if any, still decide for gRPC.
+#[test]
+fn an_open_head_with_unresolved_fields_keeps_its_status() {
+    let mut c = Peer::new();
+    let _ = c.headers(1, true, &hs(&req_headers("/warm")));
+    // The server's blocks as an indexing encoder writes them: `:status` from the static table
+    // (0x88: 200, 0x8d: 404), then its content-type from the dynamic entry it added in the
+    // unseen start of the connection (0xbe: index 62).
+    let head = |id: u32, status: u8, end_stream: bool| {
+        let flags = END_HEADERS | if end_stream { END_STREAM } else { 0 };
+        frame(H, flags, id, &[status, 0xbe])
+    };
+    let mut w = Vec::new();
+    for (id, status) in [(3, 0x88), (5, 0x8d)] {
+        w.push((OUT, c.headers(id, true, &hs(&req_headers("/page")))));
+        let mut resp = head(id, status, false);
+        resp.extend(frame(0, END_STREAM, id, b"body"));
+        w.push((IN, resp));
+    }
+    // The same bytes as a trailers-only answer still vouch for no success.
+    w.push((OUT, c.headers(7, true, &hs(&req_headers("/page")))));
+    w.push((IN, head(7, 0x88, true)));
+    let ev: Vec<Event> = w
+        .into_iter()
+        .enumerate()
+        .map(|(i, (dir, b))| data(3, Role::Client, dir, 10 + i as u64, &b))
+        .collect();
+    let (ex, _) = run(&ev);
+    let by = |id: u32| {
+        ex.iter()
+            .find(|x| x.stream_id == Some(id))
+            .unwrap_or_else(|| panic!("no stream {id}: {ex:#?}"))
+    };
+    let ok = by(3);
+    assert_eq!((ok.status, ok.outcome), (Some(200), OutcomeClass::Success));
+    assert!(ok.unknown && !ok.outcome_unseen(), "{ok:#?}");
+    let missing = by(5);
+    assert_eq!(missing.status, Some(404));
+    assert!(missing.failure_seen(), "{missing:#?}");
+    let trailers_only = by(7);
+    assert_eq!(trailers_only.status, None, "{trailers_only:#?}");
+    assert!(trailers_only.outcome_unseen());
+}
+
 #[test]
 fn truncated_header_block_makes_later_streams_unknown() {
     let (mut c, mut s) = (Peer::new(), Peer::new());

@@ -7,9 +7,11 @@
 //! static fields, literals and entries added since are read, references into the unknown part
 //! are not, and a block with any such field is unknown (`unknown`), with what it cannot vouch
 //! for left out: a request's method (without its whole head, two calls cannot be told to be the
-//! same), an answer's status unless it says a failure (a 200 may carry a gRPC error in a field
-//! that did not resolve). An HTTP/2 connection older than the agent (a DaemonSet rollout among
-//! long-lived ones) so still shows its proxies' and servers' error statuses and its new paths.
+//! same), the status of an answer's last block unless it says a failure (a 200 may carry a gRPC
+//! error in a field that did not resolve; a head that leaves its stream open cannot, its
+//! trailers do). An HTTP/2 connection older than the agent (a DaemonSet rollout among
+//! long-lived ones) so still shows its proxies' and servers' statuses and its new paths, even
+//! when the server refers to fields it indexed before (Go's, nghttp2's `content-type`).
 use super::{
     super::{
         hpack,
@@ -72,21 +74,34 @@ impl Blocks {
     /// The fields of header block `bytes`, come as `shape` says.
     pub(super) fn read(&mut self, bytes: &[u8], shape: Shape) -> Block {
         let repeatable = !shape.cut && shape.remembered && table_preserving(bytes);
-        let block = if repeatable {
-            if let Some(b) = self.repeats.get(bytes) {
-                return b.clone();
+        let mut block = if repeatable {
+            match self.repeats.get(bytes) {
+                Some(b) => b.clone(),
+                None => {
+                    let b = self.decode(bytes, shape);
+                    if !matches!(b, Block::Unknown) {
+                        self.repeats.put(bytes, &b);
+                    }
+                    b
+                }
             }
-            self.decode(bytes, shape)
         } else {
             self.repeats.clear();
             self.decode(bytes, shape)
         };
-        if repeatable && !matches!(block, Block::Unknown) {
-            self.repeats.put(bytes, &block);
-        }
         if shape.cut {
             // The rest of the block may have added entries.
             self.forget();
+        }
+        // Only an answer's last block can hide a gRPC status (trailers, or a trailers-only
+        // answer): a head that leaves its stream open keeps its status, which its trailers,
+        // read on their own, may still take back (`conn::h2`). Applied to what the memory of
+        // repeats gives too: the same bytes come as a head and as a trailers-only answer.
+        if shape.ends_stream
+            && let Block::Response(r) = &mut block
+            && r.unknown
+        {
+            vouch_for_what_resolved(r);
         }
         block
     }
@@ -121,10 +136,6 @@ impl Blocks {
         if unresolved {
             req.method = None;
         }
-        // An answer's last block cut short may have lost its gRPC status as surely.
-        if unresolved || (shape.cut && shape.ends_stream) {
-            vouch_for_what_resolved(&mut resp);
-        }
         match res {
             Err(e) if !shape.cut => {
                 tracing::debug!(error = %e, "HPACK block did not decode; decoder state unknowable");
@@ -139,10 +150,11 @@ impl Blocks {
     }
 }
 
-/// An answer's header block not all read (fields that did not resolve in a table partly
+/// An answer's last header block not all read (fields that did not resolve in a table partly
 /// unknown, or the end of a block cut short) keeps only what the rest cannot contradict: its
 /// status goes unless it is a failure, since the fields not read may have been the gRPC status
-/// a 200 carries, and a failed call must not read as a success. (A request's method goes in
+/// a 200 carries, and a failed call must not read as a success. (`x-envoy-ratelimited` on a
+/// 200 is not guarded against: Envoy sends it with a 429.) (A request's method goes in
 /// the same case: with its head partly unknown, two calls are not known to be the same one.)
 fn vouch_for_what_resolved(resp: &mut RespInfo) {
     let sig = &mut resp.signals;
