@@ -380,7 +380,20 @@ impl Decoder {
         wants: impl Fn(&[u8]) -> bool,
         field: impl FnMut(&[u8], Option<&[u8]>),
     ) -> Result<(), HpackError> {
-        let res = self.decode_fields(block, wants, field);
+        self.decode_in_part(block, wants, field, || {})
+    }
+
+    /// As [`Decoder::decode_some`], calling `unresolved()` in a field's place when it refers to
+    /// an entry this decoder cannot know (a partial table): a reader that walks the block's
+    /// fields itself keeps its count of them in step.
+    pub fn decode_in_part(
+        &mut self,
+        block: &[u8],
+        wants: impl Fn(&[u8]) -> bool,
+        field: impl FnMut(&[u8], Option<&[u8]>),
+        unresolved: impl FnMut(),
+    ) -> Result<(), HpackError> {
+        let res = self.decode_fields(block, wants, field, unresolved);
         // A decoder lives as long as its connection and there may be thousands: a rare long
         // string's buffer is not kept.
         for buf in [&mut self.name_buf, &mut self.value_buf] {
@@ -396,6 +409,7 @@ impl Decoder {
         block: &[u8],
         wants: impl Fn(&[u8]) -> bool,
         mut field: impl FnMut(&[u8], Option<&[u8]>),
+        mut unresolved: impl FnMut(),
     ) -> Result<(), HpackError> {
         self.unresolved = 0;
         let mut p = 0;
@@ -410,7 +424,10 @@ impl Decoder {
                     }
                     match self.table.get(index)? {
                         Some((n, v)) => field(n, Some(v)),
-                        None => self.unresolved += 1,
+                        None => {
+                            self.unresolved += 1;
+                            unresolved();
+                        }
                     }
                 }
                 Repr::SizeUpdate => {
@@ -439,6 +456,7 @@ impl Decoder {
                         let (_, _, after) = read_str(block, p)?;
                         p = after;
                         self.unresolved += 1;
+                        unresolved();
                         if repr == Repr::Incremental {
                             table.insert(Entry::unseen());
                         }

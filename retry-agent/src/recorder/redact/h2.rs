@@ -6,8 +6,12 @@
 //! name sent as a Huffman literal or as a dynamic-table index is known. A header block that does
 //! not arrive whole in one record is masked whole, but still fed to the decoder once complete, so
 //! the table stays in step. When the table cannot be trusted (a block decoded
-//! with an error, uncaptured bytes inside a block, capture started mid-connection), fields whose
-//! name comes from the dynamic table are masked: what cannot be classified is not kept.
+//! with an error, uncaptured bytes inside a block, capture started mid-connection), the decoder
+//! forgets it and reads on in part (`hpack::Decoder::forget`): a name from an entry added since
+//! is known exactly (an index counts the insertions since), and a field whose name refers to
+//! the unseen part is masked: what cannot be classified is not kept. (Masking every name from
+//! the dynamic table instead masked, for the life of a connection older than the agent, even
+//! the `:authority` and `content-type` its peer indexed afterwards.)
 use std::borrow::Cow;
 
 use super::{Redacted, mask_query};
@@ -52,9 +56,11 @@ pub(super) struct H2 {
     /// Fragments of the current header block, when held.
     held: Vec<u8>,
     holding: bool,
+    /// Part of the current header block went uncaptured or over the bound: it is not decoded
+    /// (its table changes are unknowable; the decoder forgot its table at the loss).
+    held_lost: bool,
+    /// Partial (`Decoder::partial`) once the sender's table is unknowable.
     decoder: Decoder,
-    /// The decoder's dynamic table is in step with the sender's.
-    hpack_ok: bool,
     /// What the decoder read of the block being masked.
     decoded: Decoded,
 }
@@ -65,9 +71,13 @@ pub(super) struct H2 {
 struct Decoded {
     bytes: Vec<u8>,
     /// Per field: its name's end in `bytes` (it starts where the previous field ended), and
-    /// the end of a decoded value after it.
+    /// the end of a decoded value after it; `UNRESOLVED` for a field whose name the decoder
+    /// could not know.
     fields: Vec<(usize, Option<usize>)>,
 }
+
+/// `Decoded::fields`' name end of a field that did not resolve.
+const UNRESOLVED: usize = usize::MAX;
 
 impl Decoded {
     fn clear(&mut self) {
@@ -94,15 +104,27 @@ impl Decoded {
         self.fields.push((name_end, value_end));
     }
 
+    /// A field the decoder could not read: it takes its place, with nothing in `bytes`.
+    fn push_unresolved(&mut self) {
+        self.fields.push((UNRESOLVED, None));
+    }
+
+    /// Where `field`'s name starts: where the last field before it that resolved ended.
     fn start(&self, field: usize) -> usize {
-        field
-            .checked_sub(1)
-            .and_then(|i| self.fields.get(i))
+        self.fields
+            .get(..field)
+            .unwrap_or_default()
+            .iter()
+            .rev()
+            .find(|&&(n, _)| n != UNRESOLVED)
             .map_or(0, |&(n, v)| v.unwrap_or(n))
     }
 
     fn name(&self, field: usize) -> Option<&[u8]> {
         let &(end, _) = self.fields.get(field)?;
+        if end == UNRESOLVED {
+            return None;
+        }
         self.bytes.get(self.start(field)..end)
     }
 
@@ -124,7 +146,10 @@ impl H2 {
     /// step (a connection seen from its start).
     pub(super) fn new(preface: bool, hpack_ok: bool) -> Self {
         // Peers may announce a larger table than the default; the decoder must not refuse it.
-        let decoder = Decoder::new(1 << 20);
+        let mut decoder = Decoder::new(1 << 20);
+        if !hpack_ok {
+            decoder.forget();
+        }
         H2 {
             preface_left: if preface { PREFACE.len() } else { 0 },
             hdr: [0; 9],
@@ -138,8 +163,8 @@ impl H2 {
             frame: Vec::new(),
             held: Vec::new(),
             holding: false,
+            held_lost: false,
             decoder,
-            hpack_ok,
             decoded: Decoded::default(),
         }
     }
@@ -151,7 +176,7 @@ impl H2 {
         }
         if matches!(self.kind, HEADERS | CONTINUATION | PUSH_PROMISE) {
             // Part of a header block is gone: the table can no longer be followed.
-            self.hpack_ok = false;
+            self.lose_block();
             self.holding = false;
             release(&mut self.held);
             release(&mut self.frame);
@@ -229,7 +254,7 @@ impl H2 {
                     {
                         self.frame.extend_from_slice(p);
                     } else {
-                        self.hpack_ok = false;
+                        self.lose_block();
                     }
                     red.headers += 1;
                     if let Some(p) = b.get_mut(from..to) {
@@ -272,6 +297,7 @@ impl H2 {
         }
         if matches!(self.kind, HEADERS | PUSH_PROMISE) {
             self.continuing = self.flags & END_HEADERS == 0;
+            self.held_lost = false;
         }
         FrameCheck::Ok
     }
@@ -290,20 +316,27 @@ impl H2 {
             if self.held.len() + frag.len() <= MAX_HELD {
                 self.held.extend_from_slice(frag);
             } else {
-                self.hpack_ok = false;
+                self.lose_block();
             }
         } else {
-            self.hpack_ok = false;
+            self.lose_block();
         }
         self.frame = frame;
         release(&mut self.frame);
         if !self.continuing {
-            if self.hpack_ok && self.decoder.decode(&self.held, |_, _| {}).is_err() {
-                self.hpack_ok = false;
+            if !self.held_lost && self.decoder.decode(&self.held, |_, _| {}).is_err() {
+                self.decoder.forget();
             }
             release(&mut self.held);
             self.holding = false;
         }
+    }
+
+    /// Part of the held block is gone: the table is unknowable after it, and what is held of
+    /// it is not decoded (a prefix would add entries the rest may have evicted).
+    fn lose_block(&mut self) {
+        self.decoder.forget();
+        self.held_lost = true;
     }
 
     /// Mask one whole header-block frame payload in place.
@@ -319,24 +352,21 @@ impl H2 {
         let Some(block) = payload.get_mut(from..to) else {
             return;
         };
-        let decoded = &mut self.decoded;
-        decoded.clear();
-        if self.hpack_ok
-            && self
-                .decoder
-                .decode_some(
-                    block,
-                    |n| n == b":path",
-                    |n, v| {
-                        // Only `:path`'s value is read; a value entering the table is not kept.
-                        decoded.push(n, v.filter(|_| n == b":path"))
-                    },
-                )
-                .is_err()
-        {
-            self.hpack_ok = false;
+        let decoded = std::cell::RefCell::new(std::mem::take(&mut self.decoded));
+        decoded.borrow_mut().clear();
+        let read = self.decoder.decode_in_part(
+            block,
+            |n| n == b":path",
+            // Only `:path`'s value is read; a value entering the table is not kept.
+            |n, v| decoded.borrow_mut().push(n, v.filter(|_| n == b":path")),
+            || decoded.borrow_mut().push_unresolved(),
+        );
+        self.decoded = decoded.into_inner();
+        if read.is_err() {
+            // Fields after the error went unread, and what they added is unknown.
+            self.decoder.forget();
         }
-        mask_fields(block, self.hpack_ok.then_some(&self.decoded), red);
+        mask_fields(block, read.is_ok().then_some(&self.decoded), red);
         self.decoded.release();
     }
 }
@@ -626,7 +656,7 @@ mod tests {
         h.bytes(first, 0, &mut red, &mut body).unwrap();
         assert!(h.holding, "the block is held across records");
         h.bytes(second, 0, &mut red, &mut body).unwrap();
-        assert!(h.hpack_ok, "both blocks decoded in step");
+        assert!(!h.decoder.partial(), "both blocks decoded in step");
         assert_eq!(h.decoder.table_size().0, 8 + 1_000 + 32);
         for (what, cap) in [
             ("held", h.held.capacity()),

@@ -256,6 +256,42 @@ fn http2_whole_masks_by_decoded_name() {
     );
 }
 
+/// A connection older than capture: its first blocks refer to a table that went by unseen. A
+/// field named by an entry added since is judged by that name (an `:authority` kept, gRPC
+/// metadata masked); one named from the unseen part is masked. Before, every name from the
+/// dynamic table was masked for the connection's life, the `:authority` its peer indexed
+/// since included.
+#[test]
+fn http2_older_than_capture_judges_names_added_since() {
+    // :authority (static 1) with incremental indexing, then a new name, incremental: dynamic 62
+    // is x-auth-token, 63 :authority.
+    let mut b1 = Vec::new();
+    lit(&mut b1, &[0x41], b"svc");
+    b1.push(0x40);
+    lit(&mut b1, &[], b"x-auth-token");
+    lit(&mut b1, &[], b"SECRETMETA1");
+    // Literals without indexing named by dynamic 62, 63 and 64 (the unseen part).
+    let mut b2 = vec![0xbf];
+    lit(&mut b2, &[0x0f, 0x2f], b"SECRETMETA2");
+    lit(&mut b2, &[0x0f, 0x30], b"svc-two");
+    lit(&mut b2, &[0x0f, 0x31], b"SECRETUNSEEN");
+    let mut wire = frame(0x1, 0x4, 7, &b1);
+    wire.extend(frame(0x1, 0x4, 9, &b2));
+    for pieces in [vec![(0, &wire[..])], {
+        let at = frame(0x1, 0x4, 7, &b1).len();
+        vec![(0, &wire[..at]), (at as u64, &wire[at..])]
+    }] {
+        let out = redact_pieces(&pieces).concat();
+        assert_clean(&out, &[], "older than capture");
+        assert!(
+            contains(&out, b"svc-two"),
+            "{:?}",
+            String::from_utf8_lossy(&out)
+        );
+        assert!(contains(&out, b"svc"));
+    }
+}
+
 #[test]
 fn http2_every_split_and_drop_keeps_no_secret() {
     every_split(&h2_wire(), &[HUFF_CUSTOM_VALUE.to_vec()], 7);
