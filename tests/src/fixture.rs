@@ -12,7 +12,7 @@ use std::{
 };
 
 use retry_agent::capture::{
-    Capture, CaptureConfig, CaptureError, ConnEvent, DataEvent, Event, GoMode,
+    Capture, CaptureConfig, CaptureError, ConnEvent, DataEvent, Event, GapReason, GoMode,
 };
 
 /// Whether the capture tests can run here; prints why not.
@@ -83,10 +83,23 @@ pub fn load_counting(every: u16, window_ms: u64) -> Option<Capture> {
     })
 }
 
-/// `load` with explicit settings.
+/// `load` with explicit settings. Every program the kernel has a tracepoint for must load: the
+/// capture would run without one the kernel refused (`Capture::gaps`), and a test suite that
+/// let it would not notice a program grown past what this kernel's verifier or JIT takes.
 pub fn load_with(cfg: &CaptureConfig) -> Option<Capture> {
     match Capture::load(cfg) {
-        Ok(c) => Some(c),
+        Ok(c) => {
+            let refused: Vec<_> = c
+                .gaps()
+                .iter()
+                .filter(|g| g.reason != GapReason::NoTracepoint)
+                .collect();
+            assert!(
+                refused.is_empty(),
+                "programs the kernel refused: {refused:#?}"
+            );
+            Some(c)
+        }
         Err(
             e @ (CaptureError::MissingCapability(_)
             | CaptureError::TracefsNotMounted
