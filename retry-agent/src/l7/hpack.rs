@@ -378,22 +378,25 @@ impl Decoder {
         &mut self,
         block: &[u8],
         wants: impl Fn(&[u8]) -> bool,
-        field: impl FnMut(&[u8], Option<&[u8]>),
+        mut field: impl FnMut(&[u8], Option<&[u8]>),
     ) -> Result<(), HpackError> {
-        self.decode_in_part(block, wants, field, || {})
+        self.decode_in_part(block, wants, |f| {
+            if let Some((n, v)) = f {
+                field(n, v)
+            }
+        })
     }
 
-    /// As [`Decoder::decode_some`], calling `unresolved()` in a field's place when it refers to
-    /// an entry this decoder cannot know (a partial table): a reader that walks the block's
-    /// fields itself keeps its count of them in step.
+    /// As [`Decoder::decode_some`], with `None` handed over in the place of a field that
+    /// refers to an entry this decoder cannot know (a partial table): a reader that walks the
+    /// block's fields itself keeps its count of them in step.
     pub fn decode_in_part(
         &mut self,
         block: &[u8],
         wants: impl Fn(&[u8]) -> bool,
-        field: impl FnMut(&[u8], Option<&[u8]>),
-        unresolved: impl FnMut(),
+        field: impl FnMut(Option<(&[u8], Option<&[u8]>)>),
     ) -> Result<(), HpackError> {
-        let res = self.decode_fields(block, wants, field, unresolved);
+        let res = self.decode_fields(block, wants, field);
         // A decoder lives as long as its connection and there may be thousands: a rare long
         // string's buffer is not kept.
         for buf in [&mut self.name_buf, &mut self.value_buf] {
@@ -408,8 +411,7 @@ impl Decoder {
         &mut self,
         block: &[u8],
         wants: impl Fn(&[u8]) -> bool,
-        mut field: impl FnMut(&[u8], Option<&[u8]>),
-        mut unresolved: impl FnMut(),
+        mut field: impl FnMut(Option<(&[u8], Option<&[u8]>)>),
     ) -> Result<(), HpackError> {
         self.unresolved = 0;
         let mut p = 0;
@@ -423,10 +425,10 @@ impl Decoder {
                         return Err(HpackError::BadIndex(0));
                     }
                     match self.table.get(index)? {
-                        Some((n, v)) => field(n, Some(v)),
+                        Some((n, v)) => field(Some((n, Some(v)))),
                         None => {
                             self.unresolved += 1;
-                            unresolved();
+                            field(None);
                         }
                     }
                 }
@@ -456,7 +458,7 @@ impl Decoder {
                         let (_, _, after) = read_str(block, p)?;
                         p = after;
                         self.unresolved += 1;
-                        unresolved();
+                        field(None);
                         if repr == Repr::Incremental {
                             table.insert(Entry::unseen());
                         }
@@ -470,11 +472,11 @@ impl Decoder {
                         } else {
                             None
                         };
-                        field(name, value);
+                        field(Some((name, value)));
                         continue;
                     }
                     let value = string(huff, raw, value_buf)?;
-                    field(name, Some(value));
+                    field(Some((name, Some(value))));
                     let mut bytes = Vec::with_capacity(name.len() + value.len());
                     bytes.extend_from_slice(name);
                     bytes.extend_from_slice(value);

@@ -352,16 +352,17 @@ impl H2 {
         let Some(block) = payload.get_mut(from..to) else {
             return;
         };
-        let decoded = std::cell::RefCell::new(std::mem::take(&mut self.decoded));
-        decoded.borrow_mut().clear();
+        let decoded = &mut self.decoded;
+        decoded.clear();
         let read = self.decoder.decode_in_part(
             block,
             |n| n == b":path",
-            // Only `:path`'s value is read; a value entering the table is not kept.
-            |n, v| decoded.borrow_mut().push(n, v.filter(|_| n == b":path")),
-            || decoded.borrow_mut().push_unresolved(),
+            |f| match f {
+                // Only `:path`'s value is read; a value entering the table is not kept.
+                Some((n, v)) => decoded.push(n, v.filter(|_| n == b":path")),
+                None => decoded.push_unresolved(),
+            },
         );
-        self.decoded = decoded.into_inner();
         if read.is_err() {
             // Fields after the error went unread, and what they added is unknown.
             self.decoder.forget();
