@@ -10,7 +10,7 @@
 //! `dup2` or sockets inherited across `fork` not followed. A gap is logged, kept
 //! ([`super::Capture::gaps`]) and exported (`retry_agent_capture_programs_missing`); a
 //! required program that fails stops the load with the reason, as before.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::{CaptureError, programs::ProgramSpec};
 
@@ -70,17 +70,6 @@ pub(super) const REQUIRED: &[(&str, &str)] = &[
 /// Whether the capture cannot run without `spec`.
 pub(super) fn required(spec: &ProgramSpec) -> bool {
     REQUIRED.iter().any(|(program, _)| *program == spec.name)
-}
-
-/// The tracefs `events` directory, where preflight found or mounted it.
-pub(super) fn tracefs_events() -> Option<PathBuf> {
-    [
-        "/sys/kernel/tracing/events",
-        "/sys/kernel/debug/tracing/events",
-    ]
-    .into_iter()
-    .map(PathBuf::from)
-    .find(|p| p.is_dir())
 }
 
 /// Whether `events` (a tracefs `events` directory) has the tracepoint; true when there is no

@@ -1,6 +1,6 @@
 //! Getting the object into the kernel: prerequisites checked and named, the settings map
 //! written, every program attached where its section says ([`super::programs`]).
-use std::path::Path;
+use std::path::PathBuf;
 
 use aya::{
     Ebpf,
@@ -119,7 +119,7 @@ pub(super) fn attach_fixed(
     ebpf: &mut Ebpf,
     specs: &[ProgramSpec],
 ) -> Result<Attached, CaptureError> {
-    let events = gaps::tracefs_events();
+    let events = tracefs_events();
     let mut attached = Attached::default();
     for spec in attach_order(specs) {
         match &spec.hook {
@@ -246,6 +246,17 @@ fn own_exe_kernel_id() -> Option<(u64, u32)> {
     Some((m.ino(), (major << 20) | (minor & 0xfffff)))
 }
 
+/// The tracefs `events` directory, where it is mounted (`preflight` mounts it when missing).
+pub(super) fn tracefs_events() -> Option<PathBuf> {
+    [
+        "/sys/kernel/tracing/events",
+        "/sys/kernel/debug/tracing/events",
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_dir())
+}
+
 /// Names the first missing prerequisite instead of letting the bpf() syscall fail obscurely.
 pub(super) fn preflight() -> Result<(), CaptureError> {
     if let Ok(status) = std::fs::read_to_string("/proc/self/status")
@@ -277,9 +288,8 @@ pub(super) fn preflight() -> Result<(), CaptureError> {
             return Err(CaptureError::KernelTooOld(release.trim().to_string()));
         }
     }
-    let tracefs = Path::new("/sys/kernel/tracing/events");
-    if !tracefs.exists() && !Path::new("/sys/kernel/debug/tracing/events").exists() {
-        if mount("tracefs", "/sys/kernel/tracing", "tracefs") && tracefs.exists() {
+    if tracefs_events().is_none() {
+        if mount("tracefs", "/sys/kernel/tracing", "tracefs") && tracefs_events().is_some() {
             tracing::info!("mounted tracefs at /sys/kernel/tracing");
         } else {
             return Err(CaptureError::TracefsNotMounted);

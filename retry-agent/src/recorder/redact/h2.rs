@@ -71,13 +71,9 @@ pub(super) struct H2 {
 struct Decoded {
     bytes: Vec<u8>,
     /// Per field: its name's end in `bytes` (it starts where the previous field ended), and
-    /// the end of a decoded value after it; `UNRESOLVED` for a field whose name the decoder
-    /// could not know.
+    /// the end of a decoded value after it.
     fields: Vec<(usize, Option<usize>)>,
 }
-
-/// `Decoded::fields`' name end of a field that did not resolve.
-const UNRESOLVED: usize = usize::MAX;
 
 impl Decoded {
     fn clear(&mut self) {
@@ -104,27 +100,21 @@ impl Decoded {
         self.fields.push((name_end, value_end));
     }
 
-    /// A field the decoder could not read: it takes its place, with nothing in `bytes`.
+    /// A field whose name the decoder could not know takes its place as a nameless one: no
+    /// name is on the allow-list, so its value is masked.
     fn push_unresolved(&mut self) {
-        self.fields.push((UNRESOLVED, None));
+        self.push(b"", None);
     }
 
-    /// Where `field`'s name starts: where the last field before it that resolved ended.
     fn start(&self, field: usize) -> usize {
-        self.fields
-            .get(..field)
-            .unwrap_or_default()
-            .iter()
-            .rev()
-            .find(|&&(n, _)| n != UNRESOLVED)
+        field
+            .checked_sub(1)
+            .and_then(|i| self.fields.get(i))
             .map_or(0, |&(n, v)| v.unwrap_or(n))
     }
 
     fn name(&self, field: usize) -> Option<&[u8]> {
         let &(end, _) = self.fields.get(field)?;
-        if end == UNRESOLVED {
-            return None;
-        }
         self.bytes.get(self.start(field)..end)
     }
 
